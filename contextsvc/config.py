@@ -1,0 +1,202 @@
+"""Every number of the service, in one settings object.
+
+Values come from, lowest to highest precedence: the defaults below, a TOML config file
+(``CONTEXTSVC_CONFIG`` or ``--config``), ``CONTEXTSVC_*`` environment variables, CLI flags.
+Fields marked "per profile" may be overridden by a named profile or a request's inline profile.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MB = 1024 * 1024
+
+
+class Durability(StrEnum):
+    """When the files store forces appended records to disk."""
+
+    #: fsync before every append is acknowledged: an acknowledged message survives a crash.
+    FSYNC = "fsync"
+    #: fsync at most every ``fsync_batch_ms``: a crash (of the machine, not only the process)
+    #: may lose appends acknowledged within that last interval.
+    BATCH = "batch"
+
+
+class CompressionDefaults(BaseModel):
+    """Compression knobs; each is overridable per profile."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    threshold: float = Field(0.90, gt=0, le=1)
+    target: float = Field(0.65, gt=0, le=1)
+    keep_recent: int = Field(4, ge=1)
+    summary_max_tokens: int = Field(6000, ge=64)
+    summary_prompt: str = ""
+    summarizer: str = "extractive"
+    strategies: list[str] = Field(default_factory=lambda: ["clear_tool_results", "summarize"])
+    critical_tool_names: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _target_below_threshold(self) -> CompressionDefaults:
+        if self.target >= self.threshold:
+            raise ValueError(f"compression target {self.target} must be below threshold {self.threshold}")
+        return self
+
+
+class ProfileConfig(BaseModel):
+    """A named server profile (from the config file's ``[profiles.NAME]`` tables)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "default"
+    context_window: int = Field(32768, ge=256)
+    system_prompt: str = ""
+    vision: bool = False
+    output_reserve_tokens: int = Field(2048, ge=0)
+    message_token_budget: int = Field(0, ge=0)
+    compression: CompressionDefaults = Field(default_factory=CompressionDefaults)
+
+
+class Limits(BaseModel):
+    """Request limits; breaking one is INVALID_ARGUMENT with the field named."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_content_chars: int = Field(4 * MB, ge=1)
+    max_messages_per_append: int = Field(500, ge=1)
+    max_images_per_message: int = Field(8, ge=0)
+    max_image_bytes_per_append: int = Field(50 * MB, ge=1)
+    max_metadata_bytes: int = Field(64 * 1024, ge=0)
+    max_tool_calls_per_message: int = Field(128, ge=0)
+    max_name_chars: int = Field(512, ge=1)
+    default_page_size: int = Field(50, ge=1)
+    max_page_size: int = Field(1000, ge=1)
+    # Room for one maximal append: 50 MB of images plus content plus framing.
+    grpc_max_receive_bytes: int = Field(64 * MB, ge=MB)
+    grpc_max_send_bytes: int = Field(64 * MB, ge=MB)
+
+
+class TokenSettings(BaseModel):
+    """Token accounting numbers (DESIGN §5.3)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fallback_chars_per_token: float = Field(1.8, gt=0)
+    calibration_window: int = Field(8, ge=2)
+    calibration_min_spread: float = Field(1.25, gt=1)
+    calibration_min_slope: float = Field(0.25, gt=0)
+    calibration_max_slope: float = Field(1.0, gt=0)
+    truncation_ratio: float = Field(0.70, gt=0, le=1)
+    image_tokens_fallback: int = Field(1024, ge=1)
+    view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
+    #: model name -> path of a tokenizer.json for exact counting.
+    tokenizer_files: dict[str, str] = Field(default_factory=dict)
+
+
+class SummarizerSettings(BaseModel):
+    """Summarizer numbers and endpoints (DESIGN §5.4, §5.5)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(0.3, ge=0, le=2)
+    input_cap_chars: int = Field(32_000, ge=1000)
+    input_head_share: float = Field(0.75, gt=0, lt=1)
+    meta_summary_chars: int = Field(10_600, ge=1000)
+    critical_result_chars: int = Field(4000, ge=100)
+    result_preview_chars: int = Field(800, ge=50)
+    args_preview_chars: int = Field(120, ge=10)
+    image_budget_fraction: float = Field(0.25, gt=0, le=1)
+    hard_truncate_fraction: float = Field(0.5, gt=0, lt=1)
+    memory_flush_soft_tokens: int = Field(4000, ge=0)
+    forced_min_shrink: float = Field(0.10, ge=0, lt=1)
+    openai_base_url: str = "http://127.0.0.1:8000"
+    openai_model: str = "default"
+    openai_api_key: str = ""
+    ollama_base_url: str = "http://127.0.0.1:11434"
+    ollama_model: str = "default"
+    timeout_seconds: float = Field(60.0, gt=0)
+    max_retries: int = Field(2, ge=0)
+
+
+class Settings(BaseSettings):
+    """The one home of every setting. Env: ``CONTEXTSVC_<FIELD>``; nested: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``."""
+
+    model_config = SettingsConfigDict(env_prefix="CONTEXTSVC_", env_nested_delimiter="__", extra="forbid")
+
+    listen: str = "127.0.0.1:50051"
+    store: str = "files:./.contextsvc"
+    config: str = ""
+    log_level: str = "INFO"
+
+    durability: Durability = Durability.FSYNC
+    fsync_batch_ms: int = Field(50, ge=1, le=10_000)
+    shutdown_grace_seconds: float = Field(5.0, ge=0)
+
+    default_profile: str = "default"
+    profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
+    #: stored role=system records whose metadata.source lets them reach the model.
+    llm_system_sources: list[str] = Field(default_factory=lambda: ["task_note", "synapse_event"])
+    pinned_max_fraction: float = Field(0.25, gt=0, le=1)
+
+    #: events kept in memory for StreamEvents resume (in-process bus).
+    event_retention: int = Field(10_000, ge=10)
+    #: listing previews are cut to this many characters.
+    preview_chars: int = Field(160, ge=10)
+
+    limits: Limits = Field(default_factory=Limits)
+    tokens: TokenSettings = Field(default_factory=TokenSettings)
+    summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_has_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"listen must be HOST:PORT, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _default_profile_exists(self) -> Settings:
+        if self.default_profile not in self.profiles:
+            self.profiles[self.default_profile] = ProfileConfig()
+        return self
+
+    def profile(self, profile_id: str) -> ProfileConfig | None:
+        return self.profiles.get(profile_id or self.default_profile)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from defaults, an optional TOML file, the environment, and overrides.
+
+    ``overrides`` (from CLI flags) win over everything; None values are ignored.
+    """
+    cleaned = {k: v for k, v in overrides.items() if v is not None}
+    env_only = Settings(**cleaned)
+    path = config_file or env_only.config
+    if not path:
+        return env_only
+    file_values = _read_toml(Path(path))
+    # Environment and flags beat the file: start from the file, then re-apply them.
+    return Settings(**{**file_values, **_explicit(env_only), **cleaned, "config": str(path)})
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _explicit(settings: Settings) -> dict[str, Any]:
+    """Fields that were set by the environment (not defaults)."""
+    return {name: getattr(settings, name) for name in settings.model_fields_set}

@@ -1,0 +1,1 @@
+"""The pure domain: messages, sessions, turns, legal views. Imports no I/O libraries."""

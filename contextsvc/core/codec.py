@@ -1,0 +1,114 @@
+"""Plain-JSON form of messages and sessions, shared by every store that serializes rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+from contextsvc.core.session import SessionInfo
+
+_FLAG_NAMES = tuple(Flags.__dataclass_fields__)
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _parse_time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+def message_to_dict(m: Message) -> dict[str, Any]:
+    """Compact dict: defaults are left out so logs stay small."""
+    d: dict[str, Any] = {"seq": m.sequence_number, "role": m.role.value}
+    if m.content:
+        d["content"] = m.content
+    if m.images:
+        d["images"] = [
+            {
+                "blob_id": i.blob_id,
+                "mime_type": i.mime_type,
+                "width": i.width,
+                "height": i.height,
+                "size_bytes": i.size_bytes,
+                "token_count": i.token_count,
+            }
+            for i in m.images
+        ]
+    if m.tool_calls:
+        d["tool_calls"] = [{"id": c.id, "name": c.name, "arguments_json": c.arguments_json} for c in m.tool_calls]
+    for key in ("tool_call_id", "name", "thinking"):
+        value = getattr(m, key)
+        if value:
+            d[key] = value
+    flags = {n: getattr(m.flags, n) for n in _FLAG_NAMES if getattr(m.flags, n) != getattr(_DEFAULT_FLAGS, n)}
+    if flags:
+        d["flags"] = flags
+    if m.metadata:
+        d["metadata"] = m.metadata
+    if m.create_time is not None:
+        d["time"] = _time(m.create_time)
+    if m.token_count:
+        d["tokens"] = m.token_count
+    if m.replaces is not None:
+        d["replaces"] = list(m.replaces)
+    if m.context_anchor:
+        d["anchor"] = m.context_anchor
+    return d
+
+
+_DEFAULT_FLAGS = Flags()
+
+
+def message_from_dict(d: dict[str, Any]) -> Message:
+    replaces = d.get("replaces")
+    return Message(
+        role=Role(d["role"]),
+        content=d.get("content", ""),
+        images=tuple(ImageRef(**i) for i in d.get("images", ())),
+        tool_calls=tuple(ToolCall(**c) for c in d.get("tool_calls", ())),
+        tool_call_id=d.get("tool_call_id", ""),
+        name=d.get("name", ""),
+        thinking=d.get("thinking", ""),
+        flags=Flags(**d.get("flags", {})),
+        metadata=d.get("metadata", {}),
+        sequence_number=int(d.get("seq", 0)),
+        create_time=_parse_time(d.get("time")),
+        token_count=int(d.get("tokens", 0)),
+        replaces=(int(replaces[0]), int(replaces[1])) if replaces else None,
+        context_anchor=int(d.get("anchor", 0)),
+    )
+
+
+def session_to_dict(s: SessionInfo) -> dict[str, Any]:
+    """Header fields only; counters are derived from the rows by the stores."""
+    return {
+        "id": s.id,
+        "user_id": s.user_id,
+        "profile_id": s.profile_id,
+        "name": s.name,
+        "pinned": s.pinned,
+        "metadata": s.metadata,
+        "create_time": _time(s.create_time),
+        "update_time": _time(s.update_time),
+        "context_tokens": s.context_tokens,
+        "context_truncated": s.context_truncated,
+        "state": s.state,
+    }
+
+
+def session_from_dict(d: dict[str, Any]) -> SessionInfo:
+    return SessionInfo(
+        id=d["id"],
+        user_id=d["user_id"],
+        profile_id=d.get("profile_id", ""),
+        name=d.get("name", ""),
+        pinned=bool(d.get("pinned", False)),
+        metadata=d.get("metadata") or {},
+        create_time=_parse_time(d.get("create_time")),
+        update_time=_parse_time(d.get("update_time")),
+        context_tokens=int(d.get("context_tokens", 0)),
+        context_truncated=bool(d.get("context_truncated", False)),
+        state=d.get("state") or {},
+    )

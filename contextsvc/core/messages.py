@@ -1,0 +1,95 @@
+"""Messages and their flags, as the core sees them (never protobuf)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class BufferKind(StrEnum):
+    DISPLAY = "display"
+    CONTEXT = "context"
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments_json: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class ImageRef:
+    """An image stored once in the blob store, addressed by the SHA-256 of its bytes."""
+
+    blob_id: str
+    mime_type: str = ""
+    width: int = 0
+    height: int = 0
+    size_bytes: int = 0
+    token_count: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Flags:
+    is_context: bool = True
+    is_display: bool = True
+    is_summary: bool = False
+    is_compression: bool = False
+    is_compression_critical: bool = False
+    is_plan: bool = False
+    is_recall: bool = False
+    is_pinned: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Message:
+    """One stored row. ``sequence_number`` is 0 until the store assigns it.
+
+    ``context_anchor`` places a context-only row in the context order at the position of another
+    sequence number (a summary sits where the first message it replaced was; a cleared tool result
+    placeholder sits where its original was). 0 means "at its own sequence number".
+    """
+
+    role: Role
+    content: str = ""
+    images: tuple[ImageRef, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+    thinking: str = ""
+    flags: Flags = field(default_factory=Flags)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    sequence_number: int = 0
+    create_time: datetime | None = None
+    token_count: int = 0
+    replaces: tuple[int, int] | None = None
+    context_anchor: int = 0
+
+    def with_flags(self, **changes: bool) -> Message:
+        return dataclasses.replace(self, flags=dataclasses.replace(self.flags, **changes))
+
+    @property
+    def source(self) -> str:
+        """``metadata.source`` of a stored system record ('' when absent)."""
+        value = self.metadata.get("source", "")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def context_sort_key(self) -> tuple[int, int]:
+        return (self.context_anchor or self.sequence_number, self.sequence_number)
+
+
+def context_order(rows: list[Message]) -> list[Message]:
+    """The context buffer: rows flagged ``is_context``, in context order."""
+    return sorted((m for m in rows if m.flags.is_context), key=lambda m: m.context_sort_key)

@@ -1,0 +1,59 @@
+"""Sessions as the core sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(slots=True, frozen=True)
+class Principal:
+    """Who is calling. Admins see every session; others only their own."""
+
+    user_id: str
+    is_admin: bool = False
+
+    def may_read(self, owner: str) -> bool:
+        return self.is_admin or owner == self.user_id
+
+
+ANONYMOUS = Principal(user_id="anonymous", is_admin=True)
+
+
+@dataclass(slots=True, frozen=True)
+class SessionInfo:
+    """A session's header and counters; never its history.
+
+    ``state`` is a small JSON-able mapping the engine owns (baseline, compaction cycle, the
+    views built for RecordBaseline...). Stores persist it verbatim and never interpret it.
+    """
+
+    id: str
+    user_id: str
+    profile_id: str
+    name: str = ""
+    pinned: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+    create_time: datetime | None = None
+    update_time: datetime | None = None
+    context_tokens: int = 0
+    context_truncated: bool = False
+    display_message_count: int = 0
+    context_message_count: int = 0
+    last_sequence: int = 0
+    preview: str = ""
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class SessionPage:
+    sessions: list[SessionInfo]
+    total: int
+
+
+@dataclass(slots=True, frozen=True)
+class AppendResult:
+    sequence_numbers: list[int]
+    session: SessionInfo
+    replayed: bool = False

@@ -1,0 +1,100 @@
+"""Domain errors: one hierarchy, mapped to gRPC statuses only in the API adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class ContextError(Exception):
+    """Root of every error contextsvc raises on purpose."""
+
+    reason: str = "CONTEXT_ERROR"
+
+    def __init__(self, message: str, *, reason: str | None = None, metadata: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+
+class NotFound(ContextError):
+    """The session (or message) does not exist or belongs to someone else."""
+
+    reason = "NOT_FOUND"
+
+
+class FieldViolation:
+    """One bad field of a request, named by its path (``messages[2].content``)."""
+
+    __slots__ = ("description", "field")
+
+    def __init__(self, field: str, description: str):
+        self.field = field
+        self.description = description
+
+    def __repr__(self) -> str:
+        return f"FieldViolation({self.field!r}, {self.description!r})"
+
+
+class InvalidArgument(ContextError):
+    """The request is malformed; ``violations`` name the offending fields."""
+
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        violations: list[FieldViolation] | None = None,
+        reason: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ):
+        super().__init__(message, reason=reason, metadata=metadata)
+        self.violations = list(violations or [])
+
+    @classmethod
+    def field(cls, field: str, description: str, *, reason: str | None = None) -> InvalidArgument:
+        return cls(f"{field}: {description}", violations=[FieldViolation(field, description)], reason=reason)
+
+
+class FailedPrecondition(ContextError):
+    """The request is valid but the session's state does not allow it."""
+
+    reason = "FAILED_PRECONDITION"
+
+
+class NothingToCompact(FailedPrecondition):
+    """Compression was asked for but nothing could be removed from the context."""
+
+    reason = "NOTHING_TO_COMPACT"
+
+
+class ContextTooLarge(FailedPrecondition):
+    """The view does not fit the window even after compression."""
+
+    reason = "CONTEXT_TOO_LARGE"
+
+
+class Conflict(ContextError):
+    """A concurrent operation on the same session got there first."""
+
+    reason = "CONFLICT"
+
+
+class Unavailable(ContextError):
+    """A backing service (store, summarizer) is unreachable; retrying may help."""
+
+    reason = "UNAVAILABLE"
+
+
+class Unimplemented(ContextError):
+    """The RPC exists in the contract but its capability has not landed yet."""
+
+    reason = "UNIMPLEMENTED"
+
+
+class Unauthenticated(ContextError):
+    """Credentials are missing or wrong."""
+
+    reason = "UNAUTHENTICATED"

@@ -1,0 +1,189 @@
+"""The ports the engine depends on. Adapters (stores, event buses, summarizers) implement them.
+
+Every store passes the same conformance suite (tests/conformance/); the docstrings here are
+the contract that suite checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from contextsvc.core.messages import BufferKind, Message
+from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class SessionStore(Protocol):
+    """Sessions and their rows. Every method that names a session checks ownership through
+    ``caller`` and raises ``NotFound`` for an unknown session *and* for another user's session.
+
+    Mutations of one session are serialized by the store (sequence numbers never collide);
+    readers never see half of a mutation.
+    """
+
+    async def open(self) -> None:
+        """Connect / load / migrate. Called once before use."""
+        ...
+
+    async def close(self) -> None:
+        """Flush pending writes and release resources."""
+        ...
+
+    async def create_session(
+        self,
+        *,
+        caller: Principal,
+        profile_id: str,
+        name: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        """Create an empty session owned by ``caller.user_id``."""
+        ...
+
+    async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo: ...
+
+    async def list_sessions(
+        self,
+        *,
+        caller: Principal,
+        offset: int,
+        limit: int,
+        profile_id: str = "",
+        query: str = "",
+    ) -> SessionPage:
+        """Sessions ``caller`` may read: pinned first, then newest ``update_time`` first, then id.
+
+        ``query`` matches (case-insensitive substring) the name or any display message's content.
+        Summaries carry counters and a preview; no history is returned.
+        """
+        ...
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        name: str | None = None,
+        pinned: bool | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SessionInfo:
+        """Change the given header fields (None = unchanged)."""
+        ...
+
+    async def delete_session(self, session_id: str, *, caller: Principal) -> None:
+        """Remove the session, its rows, blobs references and index chunks."""
+        ...
+
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        caller: Principal,
+        request_id: str = "",
+        context_tokens_delta: int = 0,
+    ) -> AppendResult:
+        """Assign the next gap-free sequence numbers and store ``messages`` atomically.
+
+        A repeated non-empty ``request_id`` for the same session appends nothing and returns the
+        first call's sequence numbers with ``replayed=True``. ``context_tokens_delta`` is added to
+        the session's ``context_tokens`` in the same step.
+        """
+        ...
+
+    async def list_messages(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        buffer: BufferKind,
+        before_sequence: int = 0,
+        limit: int = 50,
+    ) -> list[Message]:
+        """Up to ``limit`` newest rows of the buffer with sequence < ``before_sequence`` (0 = no
+        bound), returned oldest first. DISPLAY: rows with ``is_display``, by sequence. CONTEXT:
+        rows with ``is_context``, in context order (see ``context_order``), paged by sequence."""
+        ...
+
+    async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
+        """The whole context buffer in context order. Must not cost more with a longer display
+        history: stores keep the context rows indexed."""
+        ...
+
+    async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
+        """Every stored row with first <= sequence <= last, by sequence (both buffers)."""
+        ...
+
+    async def set_context_flags(
+        self, session_id: str, sequence_numbers: Sequence[int], *, caller: Principal, is_context: bool
+    ) -> None:
+        """Persist ``is_context`` explicitly for the given rows (context-only rows included)."""
+        ...
+
+    async def update_state(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        context_tokens: int | None = None,
+        context_truncated: bool | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> SessionInfo:
+        """Replace the given counters / engine state (None = unchanged)."""
+        ...
+
+    async def commit_compaction(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        demote: Sequence[int],
+        append: Sequence[Message],
+        context_tokens: int,
+        state: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """In one atomic step: demote ``demote`` from the context, append ``append`` (summary,
+        compression record, placeholders) and set the counters. Returns the new sequence numbers.
+        Readers see either the old or the new context, never a mix."""
+        ...
+
+    async def put_blob(self, data: bytes, *, blob_id: str) -> None:
+        """Store bytes under their content address (idempotent: stored once)."""
+        ...
+
+    async def get_blob(self, blob_id: str) -> bytes | None: ...
+
+
+@dataclass(slots=True, frozen=True)
+class StoredEvent:
+    """An event as it travels on the bus. ``payload`` is a core-level dict; the API adapter maps
+    ``kind`` + ``payload`` onto the protobuf oneof."""
+
+    event_id: int
+    session_id: str
+    user_id: str
+    time: datetime
+    kind: str
+    payload: Mapping[str, Any]
+
+
+class EventBus(Protocol):
+    """Publishes events and lets watchers replay retained ones and then follow live ones."""
+
+    async def publish(self, *, session_id: str, user_id: str, kind: str, payload: Mapping[str, Any]) -> StoredEvent: ...
+
+    def subscribe(
+        self, *, caller: Principal, session_id: str = "", after_event_id: int = 0
+    ) -> AsyncIterator[StoredEvent]:
+        """Retained events with id > ``after_event_id`` (when non-zero), then live ones, in id
+        order, without gaps or duplicates, filtered to what ``caller`` may read."""
+        ...
+
+    async def close(self) -> None: ...
