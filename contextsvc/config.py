@@ -96,6 +96,10 @@ class TokenSettings(BaseModel):
     truncation_ratio: float = Field(0.70, gt=0, le=1)
     image_tokens_fallback: int = Field(1024, ge=1)
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
+    #: how long a replica trusts its cached calibration before re-reading the store's observations.
+    calibration_refresh_seconds: float = Field(5.0, ge=0)
+    #: built views remembered per session for RecordBaseline.
+    views_kept_per_session: int = Field(16, ge=1)
     #: model name -> path of a tokenizer.json for exact counting.
     tokenizer_files: dict[str, str] = Field(default_factory=dict)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 
@@ -19,7 +20,43 @@ class Clock(Protocol):
     def now(self) -> datetime: ...
 
 
-class SessionStore(Protocol):
+@dataclass(slots=True, frozen=True)
+class ViewRecord:
+    """What RecordBaseline needs to know about a view BuildContext returned, on any replica."""
+
+    view_id: str
+    model: str
+    chars: int
+    estimated_tokens: int
+    had_images: bool
+    last_sequence: int
+    create_time: datetime
+    #: the session's compaction count when the view was built: a baseline from a view older than
+    #: the last compaction describes a context that no longer exists.
+    epoch: int = 0
+
+
+class TokenStore(Protocol):
+    """Calibration observations and built-view records. Part of every SessionStore."""
+
+    async def add_calibration_observation(self, model: str, observation: Observation) -> None:
+        """Persist one observation for ``model`` (shared by every replica on the same store)."""
+        ...
+
+    async def list_calibration_observations(self, model: str, *, limit: int) -> list[Observation]:
+        """The newest ``limit`` observations of ``model``, oldest first. Never another model's."""
+        ...
+
+    async def save_view(self, session_id: str, view: ViewRecord, *, keep: int) -> None:
+        """Remember a built view (the newest ``keep`` per session are kept). Views are soft state:
+        a store may write them without forcing them to disk; losing one only means a later
+        RecordBaseline for it is refused as unknown."""
+        ...
+
+    async def get_view(self, session_id: str, view_id: str) -> ViewRecord | None: ...
+
+
+class SessionStore(TokenStore, Protocol):
     """Sessions and their rows. Every method that names a session checks ownership through
     ``caller`` and raises ``NotFound`` for an unknown session *and* for another user's session.
 

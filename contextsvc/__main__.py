@@ -1,0 +1,3 @@
+from contextsvc.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,210 @@
+"""Protobuf <-> core conversion. The only place (with the servicer) that sees generated types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from contextsvc._gen.v1 import events_pb2, resources_pb2
+from contextsvc.core.messages import BufferKind, Flags, Message, Role, ToolCall
+from contextsvc.core.profile import CompressionOverrides, ProfileOverrides
+from contextsvc.core.session import SessionInfo
+from contextsvc.engine.validation import IncomingImage, IncomingMessage
+from contextsvc.errors import FieldViolation, InvalidArgument
+from contextsvc.ports import StoredEvent
+
+_ROLE_FROM_PB = {
+    resources_pb2.ROLE_SYSTEM: Role.SYSTEM,
+    resources_pb2.ROLE_USER: Role.USER,
+    resources_pb2.ROLE_ASSISTANT: Role.ASSISTANT,
+    resources_pb2.ROLE_TOOL: Role.TOOL,
+}
+_ROLE_TO_PB = {v: k for k, v in _ROLE_FROM_PB.items()}
+
+
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def struct_to_dict(value: struct_pb2.Struct) -> dict[str, Any]:
+    return json_format.MessageToDict(value)
+
+
+def dict_to_struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    if value:
+        out.update(dict(value))
+    return out
+
+
+def buffer_from_pb(value: int) -> BufferKind:
+    from contextsvc._gen.v1 import context_service_pb2 as svc
+
+    if value in (svc.BUFFER_UNSPECIFIED, svc.BUFFER_DISPLAY):
+        return BufferKind.DISPLAY
+    if value == svc.BUFFER_CONTEXT:
+        return BufferKind.CONTEXT
+    raise InvalidArgument.field("buffer", f"unknown buffer {value}")
+
+
+def incoming_from_pb(pb: resources_pb2.Message, path: str) -> IncomingMessage:
+    """A client's message; output-only fields (sequence number, summary flags...) are ignored."""
+    role = _ROLE_FROM_PB.get(pb.role)
+    if role is None:
+        raise InvalidArgument(
+            f"{path}.role: must be one of ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL",
+            violations=[FieldViolation(f"{path}.role", f"unknown or unset role {pb.role}")],
+        )
+    f = pb.flags
+    flags = Flags(
+        is_context=f.is_context if f.HasField("is_context") else True,
+        is_display=f.is_display if f.HasField("is_display") else True,
+        is_compression_critical=f.is_compression_critical,
+        is_plan=f.is_plan,
+        is_recall=f.is_recall,
+        is_pinned=f.is_pinned,
+    )
+    message = Message(
+        role=role,
+        content=pb.content,
+        tool_calls=tuple(ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in pb.tool_calls),
+        tool_call_id=pb.tool_call_id,
+        name=pb.name,
+        thinking=pb.thinking,
+        flags=flags,
+        metadata=struct_to_dict(pb.metadata) if pb.HasField("metadata") else {},
+    )
+    images = tuple(IncomingImage(data=i.data, blob_id=i.blob_id) for i in pb.images)
+    return IncomingMessage(message=message, images=images)
+
+
+def profile_from_pb(pb: resources_pb2.Profile | None) -> ProfileOverrides:
+    if pb is None:
+        return ProfileOverrides()
+    c = pb.compression
+
+    def opt(msg: Any, name: str) -> Any:
+        return getattr(msg, name) if msg.HasField(name) else None
+
+    return ProfileOverrides(
+        profile_id=pb.profile_id,
+        model=opt(pb, "model"),
+        context_window=opt(pb, "context_window"),
+        system_prompt=opt(pb, "system_prompt"),
+        vision=opt(pb, "vision"),
+        output_reserve_tokens=opt(pb, "output_reserve_tokens"),
+        message_token_budget=opt(pb, "message_token_budget"),
+        compression=CompressionOverrides(
+            enabled=opt(c, "enabled"),
+            threshold=opt(c, "threshold"),
+            target=opt(c, "target"),
+            keep_recent=opt(c, "keep_recent"),
+            summary_max_tokens=opt(c, "summary_max_tokens"),
+            summary_prompt=opt(c, "summary_prompt"),
+            summarizer=opt(c, "summarizer"),
+            strategies=tuple(c.strategies),
+            critical_tool_names=tuple(c.critical_tool_names),
+        ),
+    )
+
+
+def session_to_pb(s: SessionInfo) -> resources_pb2.Session:
+    return resources_pb2.Session(
+        id=s.id,
+        profile_id=s.profile_id,
+        user_id=s.user_id,
+        name=s.name,
+        pinned=s.pinned,
+        create_time=timestamp(s.create_time),
+        update_time=timestamp(s.update_time),
+        context_tokens=s.context_tokens,
+        display_message_count=s.display_message_count,
+        metadata=dict_to_struct(s.metadata),
+        context_message_count=s.context_message_count,
+        context_truncated=s.context_truncated,
+        preview=s.preview,
+    )
+
+
+def message_to_pb(m: Message, *, truncated_in_view: bool = False) -> resources_pb2.Message:
+    f = m.flags
+    pb = resources_pb2.Message(
+        sequence_number=m.sequence_number,
+        role=_ROLE_TO_PB[m.role],
+        content=m.content,
+        images=[
+            resources_pb2.Image(
+                blob_id=i.blob_id,
+                mime_type=i.mime_type,
+                width=i.width,
+                height=i.height,
+                token_count=i.token_count,
+            )
+            for i in m.images
+        ],
+        tool_calls=[
+            resources_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in m.tool_calls
+        ],
+        tool_call_id=m.tool_call_id,
+        name=m.name,
+        thinking=m.thinking,
+        flags=resources_pb2.MessageFlags(
+            is_context=f.is_context,
+            is_display=f.is_display,
+            is_summary=f.is_summary,
+            is_compression=f.is_compression,
+            is_compression_critical=f.is_compression_critical,
+            is_plan=f.is_plan,
+            is_recall=f.is_recall,
+            is_pinned=f.is_pinned,
+        ),
+        create_time=timestamp(m.create_time),
+        token_count=m.token_count,
+        truncated_in_view=truncated_in_view,
+    )
+    if m.metadata:
+        pb.metadata.CopyFrom(dict_to_struct(m.metadata))
+    if m.replaces is not None:
+        pb.replaces.CopyFrom(resources_pb2.SequenceRange(first=m.replaces[0], last=m.replaces[1]))
+    return pb
+
+
+def event_to_pb(e: StoredEvent) -> events_pb2.Event:
+    pb = events_pb2.Event(event_id=e.event_id, session_id=e.session_id, time=timestamp(e.time))
+    payload = dict(e.payload)
+    if e.kind == "messages_appended":
+        pb.messages_appended.CopyFrom(
+            events_pb2.MessagesAppended(
+                sequence_numbers=payload.get("sequence_numbers", []),
+                context_tokens=payload.get("context_tokens", 0),
+                request_id=payload.get("request_id", ""),
+                turn_complete=payload.get("turn_complete", False),
+            )
+        )
+    elif e.kind == "session_deleted":
+        pb.session_deleted.CopyFrom(events_pb2.SessionDeleted())
+    else:
+        _extended_event(pb, e.kind, payload)
+    return pb
+
+
+def _extended_event(pb: events_pb2.Event, kind: str, payload: dict[str, Any]) -> None:
+    """Events whose payload maps one-to-one onto the protobuf message of the same name."""
+    target = {
+        "compression_started": pb.compression_started,
+        "context_compressed": pb.context_compressed,
+        "baseline_recorded": pb.baseline_recorded,
+        "context_truncated": pb.context_truncated,
+        "memory_flush_due": pb.memory_flush_due,
+        "compression_refused": pb.compression_refused,
+    }.get(kind)
+    if target is None:
+        raise ValueError(f"unknown event kind {kind!r}")
+    json_format.ParseDict(payload, target, ignore_unknown_fields=True)

@@ -1,0 +1,237 @@
+"""The gRPC servicer: request validation at the edge, proto <-> core mapping, error mapping."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import empty_pb2
+
+from contextsvc import errors
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
+from contextsvc._gen.v1 import events_pb2, resources_pb2
+from contextsvc.api import mapping
+from contextsvc.api.auth import caller_of
+from contextsvc.api.errors import internal_status, to_status
+from contextsvc.api.views import build_response, estimate_to_pb, report_to_compress_response
+from contextsvc.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+_UPDATABLE = {"name", "pinned", "metadata"}
+
+
+def unary(
+    fn: Callable[[ContextServicer, Req, Context], Awaitable[Resp]],
+) -> Callable[[ContextServicer, Req, Context], Awaitable[Resp]]:
+    """Turn domain errors into statuses with details; anything unexpected is INTERNAL and logged."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: ContextServicer, request: Req, context: Context) -> Resp:
+        try:
+            return await fn(self, request, context)
+        except errors.ContextError as exc:
+            await context.abort_with_status(to_status(exc))
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            await context.abort_with_status(internal_status())
+        raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+    return wrapper
+
+
+class ContextServicer(pb_grpc.ContextServiceServicer):
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    @unary
+    async def CreateSession(self, request: pb.CreateSessionRequest, context: Context) -> resources_pb2.Session:
+        session = await self._engine.sessions.create(
+            caller_of(context),
+            profile_id=request.profile_id,
+            name=request.name,
+            metadata=mapping.struct_to_dict(request.metadata),
+        )
+        return mapping.session_to_pb(session)
+
+    @unary
+    async def GetSession(self, request: pb.GetSessionRequest, context: Context) -> resources_pb2.Session:
+        return mapping.session_to_pb(await self._engine.sessions.get(caller_of(context), request.session_id))
+
+    @unary
+    async def ListSessions(self, request: pb.ListSessionsRequest, context: Context) -> pb.ListSessionsResponse:
+        result = await self._engine.sessions.list(
+            caller_of(context),
+            page_size=request.page_size,
+            page_token=request.page_token,
+            profile_id=request.profile_id,
+            query=request.query,
+        )
+        return pb.ListSessionsResponse(
+            sessions=[mapping.session_to_pb(s) for s in result.sessions],
+            next_page_token=result.next_page_token,
+            total_size=result.total,
+        )
+
+    @unary
+    async def UpdateSession(self, request: pb.UpdateSessionRequest, context: Context) -> resources_pb2.Session:
+        paths = list(request.update_mask.paths)
+        if not paths:
+            raise errors.InvalidArgument.field("update_mask", "name at least one of: name, pinned, metadata")
+        unknown = [p for p in paths if p not in _UPDATABLE]
+        if unknown:
+            raise errors.InvalidArgument.field(
+                "update_mask", f"cannot update {', '.join(unknown)}; updatable: name, pinned, metadata"
+            )
+        s = request.session
+        session = await self._engine.sessions.update(
+            caller_of(context),
+            s.id,
+            name=s.name if "name" in paths else None,
+            pinned=s.pinned if "pinned" in paths else None,
+            metadata=mapping.struct_to_dict(s.metadata) if "metadata" in paths else None,
+        )
+        return mapping.session_to_pb(session)
+
+    @unary
+    async def DeleteSession(self, request: pb.DeleteSessionRequest, context: Context) -> empty_pb2.Empty:
+        await self._engine.sessions.delete(caller_of(context), request.session_id)
+        return empty_pb2.Empty()
+
+    @unary
+    async def AppendMessages(self, request: pb.AppendMessagesRequest, context: Context) -> pb.AppendMessagesResponse:
+        incoming = [mapping.incoming_from_pb(m, f"messages[{i}]") for i, m in enumerate(request.messages)]
+        outcome = await self._engine.append(
+            caller_of(context),
+            request.session_id,
+            incoming,
+            request_id=request.request_id,
+            turn_complete=request.turn_complete,
+        )
+        return pb.AppendMessagesResponse(
+            sequence_numbers=outcome.sequence_numbers,
+            context_tokens=outcome.context_tokens,
+            window_fraction=outcome.window_fraction,
+        )
+
+    @unary
+    async def ListMessages(self, request: pb.ListMessagesRequest, context: Context) -> pb.ListMessagesResponse:
+        page = await self._engine.sessions.list_messages(
+            caller_of(context),
+            request.session_id,
+            buffer=mapping.buffer_from_pb(request.buffer),
+            page_size=request.page_size,
+            before_sequence=request.before_sequence,
+        )
+        return pb.ListMessagesResponse(
+            messages=[mapping.message_to_pb(m) for m in page.messages],
+            next_before_sequence=page.next_before_sequence,
+        )
+
+    @unary
+    async def BuildContext(self, request: pb.BuildContextRequest, context: Context) -> pb.BuildContextResponse:
+        incoming = mapping.incoming_from_pb(request.incoming, "incoming") if request.HasField("incoming") else None
+        built = await self._engine.build_context(
+            caller_of(context),
+            request.session_id,
+            profile=mapping.profile_from_pb(request.profile if request.HasField("profile") else None),
+            incoming=incoming,
+            mid_turn=request.phase == pb.PHASE_MID_TURN,
+            auto_compress=request.auto_compress if request.HasField("auto_compress") else True,
+        )
+        return build_response(built)
+
+    @unary
+    async def EstimateTokens(self, request: pb.EstimateTokensRequest, context: Context) -> pb.EstimateTokensResponse:
+        messages = [mapping.incoming_from_pb(m, f"messages[{i}]") for i, m in enumerate(request.messages)]
+        estimate = await self._engine.estimate_tokens(
+            caller_of(context),
+            model=request.model,
+            messages=messages,
+            session_id=request.session_id,
+            profile=mapping.profile_from_pb(request.profile if request.HasField("profile") else None),
+        )
+        return pb.EstimateTokensResponse(estimate=estimate_to_pb(estimate))
+
+    @unary
+    async def RecordBaseline(self, request: pb.RecordBaselineRequest, context: Context) -> pb.RecordBaselineResponse:
+        result = await self._engine.record_baseline(
+            caller_of(context), request.session_id, view_id=request.view_id, prompt_tokens=request.prompt_tokens
+        )
+        cal = result.calibration
+        return pb.RecordBaselineResponse(
+            recorded=result.recorded,
+            truncated=result.truncated,
+            calibration=resources_pb2.Calibration(
+                model=result.model,
+                overhead=cal.overhead,
+                tokens_per_char=cal.tokens_per_char,
+                observations=cal.observations,
+                fitted=cal.fitted,
+            ),
+        )
+
+    @unary
+    async def Compress(self, request: pb.CompressRequest, context: Context) -> pb.CompressResponse:
+        report = await self._engine.compress(
+            caller_of(context),
+            request.session_id,
+            profile=mapping.profile_from_pb(request.profile if request.HasField("profile") else None),
+            note=request.reason,
+            dry_run=request.dry_run,
+        )
+        return report_to_compress_response(report)
+
+    async def StreamEvents(self, request: pb.StreamEventsRequest, context: Context) -> AsyncIterator[events_pb2.Event]:
+        try:
+            async for event in self._engine.sessions.events(
+                caller_of(context), session_id=request.session_id, after_event_id=request.after_event_id
+            ):
+                yield mapping.event_to_pb(event)
+        except errors.ContextError as exc:
+            await context.abort_with_status(to_status(exc))
+        except Exception:
+            log.exception("unexpected error in StreamEvents")
+            await context.abort_with_status(internal_status())
+
+    @unary
+    async def SearchHistory(self, request: pb.SearchHistoryRequest, context: Context) -> pb.SearchHistoryResponse:
+        chunks = await self._engine.search_history(
+            caller_of(context), request.session_id, query=request.query, limit=request.limit
+        )
+        return pb.SearchHistoryResponse(
+            chunks=[
+                pb.HistoryChunk(
+                    text=c.text,
+                    first_sequence=c.first_sequence,
+                    last_sequence=c.last_sequence,
+                    start_time=mapping.timestamp(c.start_time),
+                    end_time=mapping.timestamp(c.end_time),
+                    breadcrumbs=list(c.breadcrumbs),
+                    score=c.score,
+                )
+                for c in chunks
+            ]
+        )
+
+    @unary
+    async def ExpandSummary(self, request: pb.ExpandSummaryRequest, context: Context) -> pb.ExpandSummaryResponse:
+        messages = await self._engine.expand_summary(
+            caller_of(context), request.session_id, sequence_number=request.sequence_number
+        )
+        return pb.ExpandSummaryResponse(messages=[mapping.message_to_pb(m) for m in messages])
+
+    @unary
+    async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> resources_pb2.Session:
+        session = await self._engine.sessions.fork(
+            caller_of(context), request.session_id, at_sequence=request.at_sequence
+        )
+        return mapping.session_to_pb(session)

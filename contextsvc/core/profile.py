@@ -1,0 +1,121 @@
+"""Profiles: what a request may override, and the effective profile a build uses.
+
+Precedence: the request's inline fields, then the named server profile, then the defaults of
+the settings object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contextsvc.config import CompressionDefaults, ProfileConfig, Settings
+from contextsvc.errors import InvalidArgument
+
+
+@dataclass(slots=True, frozen=True)
+class CompressionOverrides:
+    enabled: bool | None = None
+    threshold: float | None = None
+    target: float | None = None
+    keep_recent: int | None = None
+    summary_max_tokens: int | None = None
+    summary_prompt: str | None = None
+    summarizer: str | None = None
+    strategies: tuple[str, ...] = ()
+    critical_tool_names: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class ProfileOverrides:
+    profile_id: str = ""
+    model: str | None = None
+    context_window: int | None = None
+    system_prompt: str | None = None
+    vision: bool | None = None
+    output_reserve_tokens: int | None = None
+    message_token_budget: int | None = None
+    compression: CompressionOverrides = field(default_factory=CompressionOverrides)
+
+
+@dataclass(slots=True, frozen=True)
+class EffectiveProfile:
+    profile_id: str
+    model: str
+    context_window: int
+    system_prompt: str
+    vision: bool
+    output_reserve_tokens: int
+    message_token_budget: int
+    compression: CompressionDefaults
+
+    @property
+    def output_reserve(self) -> int:
+        """The answer's headroom, capped at a quarter of the window so small windows stay usable."""
+        return min(self.output_reserve_tokens, self.context_window // 4)
+
+    @property
+    def per_message_budget(self) -> int:
+        return self.message_token_budget or self.context_window // 6
+
+
+def resolve_profile(
+    settings: Settings, session_profile_id: str, overrides: ProfileOverrides | None
+) -> EffectiveProfile:
+    """Merge a request's overrides onto the named profile (request's, else the session's)."""
+    o = overrides or ProfileOverrides()
+    name = o.profile_id or session_profile_id or settings.default_profile
+    base = settings.profile(name)
+    if base is None:
+        raise InvalidArgument.field("profile.profile_id", f"unknown profile {name!r}", reason="UNKNOWN_PROFILE")
+    return _merge(name, base, o)
+
+
+def _merge(name: str, base: ProfileConfig, o: ProfileOverrides) -> EffectiveProfile:
+    c = o.compression
+    updates = {
+        key: value
+        for key, value in (
+            ("enabled", c.enabled),
+            ("threshold", c.threshold),
+            ("target", c.target),
+            ("keep_recent", c.keep_recent),
+            ("summary_max_tokens", c.summary_max_tokens),
+            ("summary_prompt", c.summary_prompt),
+            ("summarizer", c.summarizer),
+            ("strategies", list(c.strategies) or None),
+            ("critical_tool_names", list(c.critical_tool_names) or None),
+        )
+        if value is not None
+    }
+    try:
+        compression = CompressionDefaults.model_validate({**base.compression.model_dump(), **updates})
+    except ValueError as exc:
+        raise InvalidArgument.field("profile.compression", _first_error(exc)) from None
+    window = o.context_window if o.context_window is not None else base.context_window
+    if window < 256:
+        raise InvalidArgument.field("profile.context_window", "must be at least 256 tokens")
+    reserve = o.output_reserve_tokens if o.output_reserve_tokens is not None else base.output_reserve_tokens
+    budget = o.message_token_budget if o.message_token_budget is not None else base.message_token_budget
+    if reserve < 0:
+        raise InvalidArgument.field("profile.output_reserve_tokens", "must not be negative")
+    if budget < 0:
+        raise InvalidArgument.field("profile.message_token_budget", "must not be negative")
+    return EffectiveProfile(
+        profile_id=name,
+        model=o.model or base.model,
+        context_window=window,
+        system_prompt=o.system_prompt if o.system_prompt is not None else base.system_prompt,
+        vision=o.vision if o.vision is not None else base.vision,
+        output_reserve_tokens=reserve,
+        message_token_budget=budget,
+        compression=compression,
+    )
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{loc}: {first.get('msg', exc)}" if loc else str(first.get("msg", exc))
+    return str(exc)

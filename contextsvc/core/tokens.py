@@ -1,0 +1,311 @@
+"""Sizing messages and estimating the tokens of a view (DESIGN §5.2, §5.3).
+
+What is counted is the view the model is sent — after per-message truncation and image
+budgeting — never the raw stored context: deciding on the raw size while printing the cut
+size was how a session once died "too large" over a prompt the model never received.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from contextsvc.config import TokenSettings
+from contextsvc.core.calibration import Calibration
+from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
+from contextsvc.core.messages import Message
+
+_DEFAULTS = TokenSettings()
+
+
+class EstimateMethod(StrEnum):
+    """How an estimate was obtained (mirrors the contract's ``EstimateMethod``)."""
+
+    CALIBRATED = "calibrated"
+    FALLBACK = "fallback"
+    BASELINE_DELTA = "baseline_delta"
+    EXACT = "exact"
+
+
+# --- what a message weighs in characters ---------------------------------------------------
+
+
+def message_parts(m: Message) -> tuple[str, ...]:
+    """The text of ``m`` that reaches the model, the only text counted.
+
+    Counted: ``content``, ``thinking``, each tool call's ``id``, ``name`` and ``arguments_json``,
+    and the message's ``tool_call_id`` and ``name``. Not counted: the role and the chat template's
+    framing (a per-prompt constant the calibration's overhead absorbs), metadata, flags,
+    timestamps, and images (priced by their pixels, never by their bytes).
+    """
+    parts = [m.content, m.thinking]
+    for call in m.tool_calls:
+        parts += (call.id, call.name, call.arguments_json)
+    parts += (m.tool_call_id, m.name)
+    return tuple(p for p in parts if p)
+
+
+def message_chars(m: Message) -> int:
+    """Characters of ``message_parts(m)``."""
+    return sum(len(p) for p in message_parts(m))
+
+
+def messages_chars(messages: Iterable[Message]) -> int:
+    """Characters of every message; what a baseline's ``chars`` means for the calibration."""
+    return sum(message_chars(m) for m in messages)
+
+
+def image_tokens_of(messages: Iterable[Message], *, fallback_tokens: int = DEFAULT_FALLBACK_TOKENS) -> int:
+    """Tokens of every image the messages carry, each priced by its own size."""
+    return sum(ref_tokens(ref, fallback_tokens=fallback_tokens) for m in messages for ref in m.images)
+
+
+# --- text counters -------------------------------------------------------------------------
+
+
+class TextCounter(Protocol):
+    """Counts text tokens. ``overhead`` is added once per prompt (template framing)."""
+
+    @property
+    def method(self) -> EstimateMethod: ...
+
+    @property
+    def overhead(self) -> int: ...
+
+    def count_text(self, text: str) -> int: ...
+
+    def count_messages(self, messages: Iterable[Message]) -> int:
+        """Text tokens of the messages, without the overhead; images excluded."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
+class CalibratedCounter:
+    """Counts with a model's calibration line (or the chars/1.8 fallback)."""
+
+    calibration: Calibration
+
+    @property
+    def method(self) -> EstimateMethod:
+        return EstimateMethod.CALIBRATED if self.calibration.fitted else EstimateMethod.FALLBACK
+
+    @property
+    def overhead(self) -> int:
+        return round(self.calibration.overhead)
+
+    def count_text(self, text: str) -> int:
+        return self.calibration.estimate_delta(len(text))
+
+    def count_messages(self, messages: Iterable[Message]) -> int:
+        # Sum chars first, round once: per-message rounding would drift on long contexts.
+        return self.calibration.estimate_delta(messages_chars(messages))
+
+
+@dataclass(slots=True, frozen=True)
+class ExactCounter:
+    """Counts with a real tokenizer (``count`` maps text to its token count).
+
+    Parts are encoded one by one, as a chat template separates them; the template's own
+    tokens are not known here and are given as ``overhead`` (default 0).
+    """
+
+    count: Callable[[str], int]
+    overhead: int = 0
+
+    @property
+    def method(self) -> EstimateMethod:
+        return EstimateMethod.EXACT
+
+    def count_text(self, text: str) -> int:
+        return self.count(text) if text else 0
+
+    def count_messages(self, messages: Iterable[Message]) -> int:
+        return sum(self.count(p) for m in messages for p in message_parts(m))
+
+
+@functools.lru_cache(maxsize=16)
+def load_tokenizer(path: str) -> Callable[[str], int]:
+    """A token-counting function from a Hugging Face ``tokenizer.json`` (cached per path).
+
+    ``tokenizers`` is imported here, not at module level, so the core imports without it.
+    Raises ValueError naming the path when the file is missing or not a tokenizer.
+    """
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # pragma: no cover - it is a declared dependency
+        raise ValueError(f"tokenizer file {path!r} is configured but the 'tokenizers' package is missing") from None
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as exc:  # the Rust side raises a bare Exception for a missing or bad file
+        raise ValueError(f"cannot load tokenizer file {path!r}: {exc}") from None
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    return count
+
+
+def counter_for(model: str, calibration: Calibration, settings: TokenSettings) -> TextCounter:
+    """The exact counter when the operator configured a tokenizer file for ``model``, else the calibrated one."""
+    path = settings.tokenizer_files.get(model)
+    if path:
+        return ExactCounter(load_tokenizer(path))
+    return CalibratedCounter(calibration)
+
+
+# --- window arithmetic ---------------------------------------------------------------------
+
+
+def output_reserve(window: int, reserve: int) -> int:
+    """Tokens kept free for the reply: ``reserve`` capped at a quarter of the window.
+
+    The cap keeps a deliberately small window from failing every size check.
+    """
+    return max(0, min(reserve, window // 4))
+
+
+def message_budget(window: int, budget: int) -> int:
+    """Per-message view budget in tokens; 0 means ``window // 6``."""
+    return budget if budget > 0 else window // 6
+
+
+def truncation_check(reported: int, estimated: int, ratio: float = _DEFAULTS.truncation_ratio) -> bool:
+    """True when the provider's ``reported`` count is below ``ratio`` of our ``estimated`` view.
+
+    Such a count means the provider silently cut the prompt's head: it must not become the
+    baseline (the previous one survives) and the session is flagged ``context_truncated``.
+    """
+    return estimated > 0 and reported < ratio * estimated
+
+
+# --- the estimate of a view ----------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class TokenSegments:
+    """Where a view's tokens go. Images are all in ``images`` (incoming ones too); the
+    counter's per-prompt overhead is in ``system``. The segments sum to the estimate's total."""
+
+    system: int = 0
+    records: int = 0
+    summaries: int = 0
+    pinned: int = 0
+    messages: int = 0
+    images: int = 0
+    incoming: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.system + self.records + self.summaries + self.pinned + self.messages + self.images + self.incoming
+
+
+@dataclass(slots=True, frozen=True)
+class TokenEstimate:
+    """A view's estimate. ``budget`` is what the view may use: window minus the output reserve."""
+
+    total: int
+    text: int
+    images: int
+    method: EstimateMethod
+    window: int
+    budget: int
+    fraction: float
+    segments: TokenSegments
+
+    @property
+    def over_budget(self) -> bool:
+        return self.total > self.budget
+
+
+@dataclass(slots=True, frozen=True)
+class Baseline:
+    """The real prompt count of an earlier view, and the newest stored sequence number it held."""
+
+    tokens: int
+    last_sequence: int
+
+
+def baseline_delta(
+    baseline_tokens: int,
+    messages_since: Iterable[Message],
+    counter: TextCounter,
+    *,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+) -> int:
+    """The real count of the last view plus the estimate of what was appended after it."""
+    since = list(messages_since)
+    return baseline_tokens + counter.count_messages(since) + image_tokens_of(since, fallback_tokens=image_fallback)
+
+
+def estimate(
+    *,
+    counter: TextCounter,
+    window: int,
+    reserve: int,
+    system: str = "",
+    records: Sequence[Message] = (),
+    context: Sequence[Message] = (),
+    incoming: Sequence[Message] = (),
+    baseline: Baseline | None = None,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+) -> TokenEstimate:
+    """Estimate the view made of ``system`` prompt, ``records``, ``context`` and ``incoming``.
+
+    Pass the messages as they appear in the view (already truncated, images already
+    budgeted). ``reserve`` is the profile's output reserve before the window/4 cap.
+
+    With a ``baseline``, the total is the baseline plus the estimate of the records/context
+    rows newer than ``baseline.last_sequence`` and the incoming messages (method
+    BASELINE_DELTA); the per-segment estimate is then scaled to that total so the breakdown
+    keeps its proportions and still sums to it.
+    """
+    summaries = [m for m in context if m.flags.is_summary]
+    pinned = [m for m in context if m.flags.is_pinned and not m.flags.is_summary]
+    others = [m for m in context if not m.flags.is_pinned and not m.flags.is_summary]
+    raw = TokenSegments(
+        # A negative fitted intercept cannot make a segment negative.
+        system=max(0, counter.overhead + counter.count_text(system)),
+        records=counter.count_messages(records),
+        summaries=counter.count_messages(summaries),
+        pinned=counter.count_messages(pinned),
+        messages=counter.count_messages(others),
+        images=image_tokens_of([*records, *context, *incoming], fallback_tokens=image_fallback),
+        incoming=counter.count_messages(incoming),
+    )
+    segments, method = raw, counter.method
+    if baseline is not None:
+        # Rows newer than the baseline's view; an unnumbered row cannot be in it either.
+        since = [
+            m for m in (*records, *context) if m.sequence_number == 0 or m.sequence_number > baseline.last_sequence
+        ]
+        total = baseline_delta(baseline.tokens, [*since, *incoming], counter, image_fallback=image_fallback)
+        segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
+    total = segments.total
+    return TokenEstimate(
+        total=total,
+        text=total - segments.images,
+        images=segments.images,
+        method=method,
+        window=window,
+        budget=window - output_reserve(window, reserve),
+        fraction=total / window if window > 0 else 0.0,
+        segments=segments,
+    )
+
+
+def _scaled(raw: TokenSegments, total: int) -> TokenSegments:
+    """``raw`` scaled to sum to ``total`` (largest-remainder rounding)."""
+    names = ("system", "records", "summaries", "pinned", "messages", "images", "incoming")
+    values = [getattr(raw, n) for n in names]
+    base = sum(values)
+    if base <= 0:
+        return TokenSegments(messages=total)
+    exact = [v * total / base for v in values]
+    floors = [int(x) for x in exact]
+    short = total - sum(floors)
+    for i in sorted(range(len(names)), key=lambda i: exact[i] - floors[i], reverse=True)[:short]:
+        floors[i] += 1
+    return TokenSegments(**dict(zip(names, floors, strict=True)))

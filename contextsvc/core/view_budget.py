@@ -1,0 +1,199 @@
+"""The view's size rules (DESIGN §5.2): per-message cuts, the image budget, the size guard.
+
+Everything here works on copies: the stored message is never touched, the view is derived.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from contextsvc.config import TokenSettings
+from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
+from contextsvc.core.messages import ImageRef, Message
+from contextsvc.core.tokens import TextCounter, message_chars, output_reserve
+from contextsvc.errors import ContextTooLarge
+
+#: Share of the kept characters taken from the head of a cut field; the rest is its tail.
+HEAD_SHARE = 0.5
+#: Rounds of re-measuring a cut message; a tokenizer is not linear in chars, a line is.
+_CUT_ROUNDS = 4
+
+
+def cut_marker(chars: int) -> str:
+    """The marker left where ``chars`` characters were cut."""
+    return f"\n[… {chars:,} chars cut …]\n"
+
+
+# --- per-message truncation ----------------------------------------------------------------
+
+
+def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
+    """``m`` as the view shows it: unchanged when within ``budget`` tokens or pinned, else a copy
+    whose ``content`` and ``thinking`` are cut head + tail with a marker saying how much was cut.
+
+    Only those two fields are cut: tool-call arguments must stay valid JSON for the runtime
+    that parses them, so a message too large in its arguments alone stays too large (the size
+    guard and compression deal with it).
+    """
+    if m.flags.is_pinned:
+        return m  # pinned messages are never truncated
+    tokens = counter.count_messages([m])
+    if tokens <= budget:
+        return m
+    budget = max(budget, 0)
+    chars = message_chars(m)
+    original = (m.content, m.thinking)
+    # Aim by the message's own density (tokens per char), then re-measure: exact tokenizers are
+    # not linear, so a few rounds tighten the cut until it fits.
+    allowed = chars * budget // tokens
+    cut = m
+    for _ in range(_CUT_ROUNDS):
+        content, thinking = _cut_fields(original, excess=chars - allowed)
+        if (content, thinking) == original:
+            return m  # nothing cuttable (e.g. the size is in tool-call arguments)
+        cut = dataclasses.replace(m, content=content, thinking=thinking)
+        now = counter.count_messages([cut])
+        if now <= budget:
+            break
+        allowed = max(0, message_chars(cut) * budget // now - len(cut_marker(chars)))
+    return cut
+
+
+def _cut_fields(fields: tuple[str, str], *, excess: int) -> tuple[str, str]:
+    """Remove ``excess`` characters (plus room for the markers), largest field first."""
+    out = list(fields)
+    for i in sorted(range(len(fields)), key=lambda i: len(fields[i]), reverse=True):
+        text = fields[i]
+        if excess <= 0 or not text:
+            break
+        marker_room = len(cut_marker(len(text)))
+        keep = max(0, len(text) - excess - marker_room)
+        removed = len(text) - keep
+        if removed <= marker_room:
+            continue  # cutting would not make it shorter
+        head = int(keep * HEAD_SHARE)
+        out[i] = text[:head] + cut_marker(removed) + text[len(text) - (keep - head) :]
+        excess -= removed - marker_room
+    return out[0], out[1]
+
+
+def truncate_view(messages: Sequence[Message], budget: int, counter: TextCounter) -> list[Message]:
+    """Every message through ``truncate_for_view``; the untouched ones are the same objects."""
+    return [truncate_for_view(m, budget, counter) for m in messages]
+
+
+# --- images --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class ImageSlot:
+    """One image of the view: the message's sequence number (0 = incoming), its blob and price."""
+
+    sequence_number: int
+    blob_id: str
+    tokens: int
+
+
+@dataclass(slots=True, frozen=True)
+class ImagePlan:
+    """The view's messages after image budgeting, with what was kept and left out."""
+
+    messages: list[Message]
+    kept: tuple[ImageSlot, ...]
+    left_out: tuple[ImageSlot, ...]
+    notices: tuple[str, ...]
+    budget: int
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.kept)
+
+
+def image_budget(window: int, text_tokens: int, fraction: float = TokenSettings().view_image_budget_fraction) -> int:
+    """Tokens images may take in a view: ``fraction * window - text_tokens`` (never negative)."""
+    return max(0, int(fraction * window) - text_tokens)
+
+
+def budget_images(
+    messages: Sequence[Message],
+    *,
+    window: int,
+    text_tokens: int,
+    vision: bool,
+    fraction: float = TokenSettings().view_image_budget_fraction,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+) -> ImagePlan:
+    """Keep the newest images that fit the image budget; leave the rest out with a notice.
+
+    Images are taken newest message first, each priced by its own size; one that does not fit
+    is skipped and older, smaller ones may still fit. A message that lost images gets a notice
+    appended to its view copy naming them (sequence number and blob id) so the model knows
+    they exist and a runtime can fetch them. Without ``vision`` no image is kept.
+    ``text_tokens`` is the view's text estimate (the notices add a few tokens: re-estimate).
+    """
+    budget = image_budget(window, text_tokens, fraction) if vision else 0
+    remaining = budget
+    keep: set[tuple[int, int]] = set()  # (message index, image index)
+    for i in range(len(messages) - 1, -1, -1):
+        for j, ref in enumerate(messages[i].images):
+            cost = ref_tokens(ref, fallback_tokens=image_fallback)
+            if vision and cost <= remaining:
+                keep.add((i, j))
+                remaining -= cost
+    reason = "over the image budget" if vision else "this model has no vision"
+    out: list[Message] = []
+    kept: list[ImageSlot] = []
+    left: list[ImageSlot] = []
+    notices: list[str] = []
+    for i, m in enumerate(messages):
+        if not m.images:
+            out.append(m)
+            continue
+        slots = [
+            ImageSlot(m.sequence_number, r.blob_id, ref_tokens(r, fallback_tokens=image_fallback)) for r in m.images
+        ]
+        mine_kept = [s for j, s in enumerate(slots) if (i, j) in keep]
+        mine_left = [s for j, s in enumerate(slots) if (i, j) not in keep]
+        kept += mine_kept
+        left += mine_left
+        if not mine_left:
+            out.append(m)
+            continue
+        notice = _notice(m.sequence_number, mine_left, reason)
+        notices.append(notice)
+        refs: tuple[ImageRef, ...] = tuple(r for j, r in enumerate(m.images) if (i, j) in keep)
+        content = f"{m.content}\n\n{notice}" if m.content else notice
+        out.append(dataclasses.replace(m, images=refs, content=content))
+    return ImagePlan(out, tuple(kept), tuple(left), tuple(notices), budget)
+
+
+def _notice(sequence_number: int, left: Sequence[ImageSlot], reason: str) -> str:
+    where = f"message #{sequence_number}" if sequence_number else "the incoming message"
+    blobs = ", ".join(f"blob {s.blob_id}" for s in left)
+    return f"[{len(left)} image(s) of {where} not in this view ({reason}): {blobs}]"
+
+
+# --- the size guard ------------------------------------------------------------------------
+
+
+def too_large(estimate_total: int, window: int, reserve: int) -> ContextTooLarge | None:
+    """The CONTEXT_TOO_LARGE error when the view's estimate exceeds ``window - reserve``
+    (reserve capped at window/4), else None. The error's metadata holds the very numbers
+    compared, so what it prints is what was decided."""
+    budget = window - output_reserve(window, reserve)
+    if estimate_total <= budget:
+        return None
+    return ContextTooLarge(
+        f"the view needs ~{estimate_total} tokens but {budget} fit "
+        f"(window {window} minus {window - budget} reserved for the reply), even after compression",
+        metadata={"estimate": str(estimate_total), "budget": str(budget), "window": str(window)},
+    )
+
+
+def check_fits(estimate_total: int, window: int, reserve: int) -> None:
+    """Raise ``ContextTooLarge`` when the view does not fit (see ``too_large``)."""
+    error = too_large(estimate_total, window, reserve)
+    if error is not None:
+        raise error

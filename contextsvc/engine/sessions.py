@@ -1,0 +1,242 @@
+"""Use cases on sessions and their history: create, read, list, update, delete, append, fork."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contextsvc.config import Settings
+from contextsvc.core.messages import BufferKind, Message
+from contextsvc.core.profile import resolve_profile
+from contextsvc.core.session import Principal, SessionInfo
+from contextsvc.engine.accounting import TokenAccounting
+from contextsvc.engine.attachments import store_images
+from contextsvc.engine.paging import decode_page_token, encode_page_token
+from contextsvc.engine.validation import (
+    IncomingMessage,
+    check_messages,
+    check_metadata,
+    check_name,
+    check_page_size,
+    require_session_id,
+)
+from contextsvc.errors import FailedPrecondition, InvalidArgument
+from contextsvc.ports import Clock, EventBus, SessionStore, StoredEvent
+
+# Metadata key of a compression record listing the sequence ranges it demoted (used by fork).
+DEMOTED_RANGES_KEY = "demoted_ranges"
+
+
+@dataclass(slots=True, frozen=True)
+class SessionList:
+    sessions: list[SessionInfo]
+    next_page_token: str
+    total: int
+
+
+@dataclass(slots=True, frozen=True)
+class AppendOutcome:
+    sequence_numbers: list[int]
+    context_tokens: int
+    window_fraction: float
+    replayed: bool
+
+
+@dataclass(slots=True, frozen=True)
+class MessagePage:
+    messages: list[Message]
+    next_before_sequence: int
+
+
+class SessionService:
+    """Everything about a session except building views and compressing them."""
+
+    def __init__(
+        self,
+        *,
+        store: SessionStore,
+        bus: EventBus,
+        settings: Settings,
+        clock: Clock,
+        accounting: TokenAccounting,
+    ):
+        self._store = store
+        self._bus = bus
+        self._settings = settings
+        self._clock = clock
+        self._accounting = accounting
+        self._limits = settings.limits
+
+    async def create(
+        self, caller: Principal, *, profile_id: str, name: str, metadata: Mapping[str, Any]
+    ) -> SessionInfo:
+        if profile_id and self._settings.profile(profile_id) is None:
+            known = ", ".join(sorted(self._settings.profiles))
+            raise InvalidArgument.field("profile_id", f"unknown profile {profile_id!r} (known: {known})")
+        check_name(name, self._limits, "name")
+        check_metadata(metadata, self._limits, "metadata")
+        return await self._store.create_session(
+            caller=caller, profile_id=profile_id or self._settings.default_profile, name=name, metadata=metadata
+        )
+
+    async def get(self, caller: Principal, session_id: str) -> SessionInfo:
+        return await self._store.get_session(require_session_id(session_id), caller=caller)
+
+    async def list(
+        self, caller: Principal, *, page_size: int, page_token: str, profile_id: str, query: str
+    ) -> SessionList:
+        limit = check_page_size(page_size, self._limits)
+        offset = decode_page_token(page_token, "sessions", profile_id, query)
+        page = await self._store.list_sessions(
+            caller=caller, offset=offset, limit=limit, profile_id=profile_id, query=query
+        )
+        end = offset + len(page.sessions)
+        token = encode_page_token(end, "sessions", profile_id, query) if end < page.total else ""
+        return SessionList(sessions=page.sessions, next_page_token=token, total=page.total)
+
+    async def update(
+        self,
+        caller: Principal,
+        session_id: str,
+        *,
+        name: str | None,
+        pinned: bool | None,
+        metadata: Mapping[str, Any] | None,
+    ) -> SessionInfo:
+        sid = require_session_id(session_id, "session.id")
+        if name is not None:
+            check_name(name, self._limits, "session.name")
+        if metadata is not None:
+            check_metadata(metadata, self._limits, "session.metadata")
+        return await self._store.update_session(sid, caller=caller, name=name, pinned=pinned, metadata=metadata)
+
+    async def delete(self, caller: Principal, session_id: str) -> None:
+        sid = require_session_id(session_id)
+        session = await self._store.get_session(sid, caller=caller)
+        await self._store.delete_session(sid, caller=caller)
+        await self._bus.publish(session_id=sid, user_id=session.user_id, kind="session_deleted", payload={})
+
+    async def append(
+        self,
+        caller: Principal,
+        session_id: str,
+        incoming: Sequence[IncomingMessage],
+        *,
+        request_id: str,
+        turn_complete: bool,
+    ) -> AppendOutcome:
+        sid = require_session_id(session_id)
+        if len(request_id) > 128:
+            raise InvalidArgument.field("request_id", "exceeds 128 characters")
+        check_messages(incoming, self._limits)
+        session = await self._store.get_session(sid, caller=caller)
+        profile = resolve_profile(self._settings, session.profile_id, None)
+        now = self._clock.now()
+        await self._accounting.ensure_loaded(profile.model)
+        rows: list[Message] = []
+        for i, item in enumerate(incoming):
+            images = await store_images(self._store, item.images, self._settings.tokens, f"messages[{i}].images")
+            message = dataclasses.replace(item.message, images=images, create_time=now, sequence_number=0)
+            message = dataclasses.replace(message, token_count=self._accounting.message_tokens(profile.model, message))
+            rows.append(message)
+        if any(m.flags.is_pinned for m in rows):
+            await self._check_pinned_cap(caller, sid, rows, profile.context_window)
+        delta = sum(m.token_count for m in rows if m.flags.is_context)
+        result = await self._store.append_messages(
+            sid, rows, caller=caller, request_id=request_id, context_tokens_delta=delta
+        )
+        tokens = result.session.context_tokens
+        if not result.replayed:
+            await self._bus.publish(
+                session_id=sid,
+                user_id=result.session.user_id,
+                kind="messages_appended",
+                payload={
+                    "sequence_numbers": result.sequence_numbers,
+                    "context_tokens": tokens,
+                    "request_id": request_id,
+                    "turn_complete": turn_complete,
+                },
+            )
+        return AppendOutcome(
+            sequence_numbers=result.sequence_numbers,
+            context_tokens=tokens,
+            window_fraction=tokens / profile.context_window,
+            replayed=result.replayed,
+        )
+
+    async def _check_pinned_cap(self, caller: Principal, sid: str, rows: Sequence[Message], window: int) -> None:
+        """Pinned messages are never compressed, so their total must leave room for the rest."""
+        context = await self._store.load_context(sid, caller=caller)
+        pinned = sum(m.token_count for m in [*context, *rows] if m.flags.is_pinned and m.flags.is_context)
+        cap = int(window * self._settings.pinned_max_fraction)
+        if pinned > cap:
+            raise FailedPrecondition(
+                f"pinned messages would take {pinned} tokens; the cap is {cap} "
+                f"({self._settings.pinned_max_fraction:.0%} of the {window}-token window)",
+                reason="PINNED_CAP_EXCEEDED",
+                metadata={"pinned_tokens": str(pinned), "cap": str(cap)},
+            )
+
+    async def list_messages(
+        self, caller: Principal, session_id: str, *, buffer: BufferKind, page_size: int, before_sequence: int
+    ) -> MessagePage:
+        sid = require_session_id(session_id)
+        limit = check_page_size(page_size, self._limits)
+        if before_sequence < 0:
+            raise InvalidArgument.field("before_sequence", "must not be negative")
+        # One extra row tells whether an older page exists without a second query.
+        rows = await self._store.list_messages(
+            sid, caller=caller, buffer=buffer, before_sequence=before_sequence, limit=limit + 1
+        )
+        more = len(rows) > limit
+        page = rows[-limit:] if more else rows
+        next_before = min(m.sequence_number for m in page) if more and page else 0
+        return MessagePage(messages=page, next_before_sequence=next_before)
+
+    async def fork(self, caller: Principal, session_id: str, *, at_sequence: int) -> SessionInfo:
+        """A new session whose two buffers are the parent's as they stood right after ``at_sequence``."""
+        sid = require_session_id(session_id)
+        if at_sequence < 0:
+            raise InvalidArgument.field("at_sequence", "must not be negative")
+        parent = await self._store.get_session(sid, caller=caller)
+        last = at_sequence or parent.last_sequence
+        if last > parent.last_sequence:
+            raise InvalidArgument.field("at_sequence", f"is past the session's last message ({parent.last_sequence})")
+        every = await self._store.get_messages(sid, caller=caller, first=1, last=parent.last_sequence)
+        rows = [m for m in every if m.sequence_number <= last]
+        # Compactions committed after the fork point demoted rows that were still context then.
+        restore: set[int] = set()
+        for m in every:
+            if m.sequence_number > last and m.flags.is_compression:
+                for first_seq, last_seq in m.metadata.get(DEMOTED_RANGES_KEY, []):
+                    restore.update(range(int(first_seq), int(last_seq) + 1))
+        copied = [m.with_flags(is_context=True) if m.sequence_number in restore else m for m in rows]
+        child = await self._store.create_session(
+            caller=caller,
+            profile_id=parent.profile_id,
+            name=f"{parent.name or 'session'} (fork)",
+            metadata={**parent.metadata, "forked_from": sid, "forked_at": last},
+        )
+        if copied:
+            tokens = sum(m.token_count for m in copied if m.flags.is_context)
+            # Rows keep their numbers: the parent's are gap-free from 1, so the fork's come out the same.
+            await self._store.append_messages(
+                child.id,
+                [dataclasses.replace(m, sequence_number=0) for m in copied],
+                caller=caller,
+                context_tokens_delta=tokens,
+            )
+        return await self._store.get_session(child.id, caller=caller)
+
+    async def events(self, caller: Principal, *, session_id: str, after_event_id: int) -> AsyncIterator[StoredEvent]:
+        if after_event_id < 0:
+            raise InvalidArgument.field("after_event_id", "must not be negative")
+        sid = ""
+        if session_id:
+            sid = require_session_id(session_id)
+            await self._store.get_session(sid, caller=caller)
+        async for event in self._bus.subscribe(caller=caller, session_id=sid, after_event_id=after_event_id):
+            yield event

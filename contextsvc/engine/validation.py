@@ -1,0 +1,145 @@
+"""Request limits and shape rules. Violations name the field as the API spells it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contextsvc.config import Limits
+from contextsvc.core.messages import Message, Role
+from contextsvc.errors import FieldViolation, InvalidArgument
+
+
+@dataclass(slots=True, frozen=True)
+class IncomingImage:
+    """An image as a client sent it: new bytes, or a reference to an already stored blob."""
+
+    data: bytes = b""
+    blob_id: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class IncomingMessage:
+    """A message to append: the core message (no images yet) and its images as sent."""
+
+    message: Message
+    images: tuple[IncomingImage, ...] = ()
+
+
+def require_session_id(session_id: str, field: str = "session_id") -> str:
+    if not session_id:
+        raise InvalidArgument.field(field, "is required")
+    try:
+        return str(uuid.UUID(session_id))
+    except ValueError:
+        raise InvalidArgument.field(field, "must be a UUID") from None
+
+
+def metadata_size(metadata: Mapping[str, Any]) -> int:
+    return len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def check_metadata(metadata: Mapping[str, Any], limits: Limits, field: str) -> None:
+    size = metadata_size(metadata)
+    if size > limits.max_metadata_bytes:
+        raise InvalidArgument.field(field, f"is {size} bytes; the limit is {limits.max_metadata_bytes}")
+
+
+def check_name(name: str, limits: Limits, field: str) -> None:
+    if len(name) > limits.max_name_chars:
+        raise InvalidArgument.field(field, f"is {len(name)} characters; the limit is {limits.max_name_chars}")
+
+
+def check_page_size(page_size: int, limits: Limits, field: str = "page_size") -> int:
+    """AIP-158: 0 means the default, above the maximum is clamped, negative is an error."""
+    if page_size < 0:
+        raise InvalidArgument.field(field, "must not be negative")
+    if page_size == 0:
+        return limits.default_page_size
+    return min(page_size, limits.max_page_size)
+
+
+def check_messages(messages: Sequence[IncomingMessage], limits: Limits, field: str = "messages") -> None:
+    """Every violation of an append at once, so a client fixes them in one round trip."""
+    violations: list[FieldViolation] = []
+    if not messages:
+        violations.append(FieldViolation(field, "at least one message is required"))
+    if len(messages) > limits.max_messages_per_append:
+        violations.append(
+            FieldViolation(field, f"{len(messages)} messages; the limit is {limits.max_messages_per_append} per call")
+        )
+    image_bytes = 0
+    for i, incoming in enumerate(messages):
+        path = f"{field}[{i}]"
+        m = incoming.message
+        violations.extend(_message_violations(m, incoming.images, limits, path))
+        image_bytes += sum(len(img.data) for img in incoming.images)
+    if image_bytes > limits.max_image_bytes_per_append:
+        violations.append(
+            FieldViolation(
+                field, f"images total {image_bytes} bytes; the limit is {limits.max_image_bytes_per_append} per call"
+            )
+        )
+    if violations:
+        first = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        raise InvalidArgument(f"{first.field}: {first.description}{more}", violations=violations)
+
+
+def _message_violations(m: Message, images: Sequence[IncomingImage], limits: Limits, path: str) -> list[FieldViolation]:
+    out: list[FieldViolation] = []
+    if len(m.content) > limits.max_content_chars:
+        out.append(
+            FieldViolation(
+                f"{path}.content", f"is {len(m.content)} characters; the limit is {limits.max_content_chars}"
+            )
+        )
+    if len(m.thinking) > limits.max_content_chars:
+        out.append(
+            FieldViolation(
+                f"{path}.thinking", f"is {len(m.thinking)} characters; the limit is {limits.max_content_chars}"
+            )
+        )
+    if len(images) > limits.max_images_per_message:
+        out.append(
+            FieldViolation(f"{path}.images", f"{len(images)} images; the limit is {limits.max_images_per_message}")
+        )
+    for j, img in enumerate(images):
+        if bool(img.data) == bool(img.blob_id):
+            out.append(FieldViolation(f"{path}.images[{j}]", "set exactly one of data or blob_id"))
+    if len(m.tool_calls) > limits.max_tool_calls_per_message:
+        out.append(
+            FieldViolation(
+                f"{path}.tool_calls", f"{len(m.tool_calls)} calls; the limit is {limits.max_tool_calls_per_message}"
+            )
+        )
+    if m.tool_calls and m.role is not Role.ASSISTANT:
+        out.append(FieldViolation(f"{path}.tool_calls", "only assistant messages carry tool calls"))
+    seen: set[str] = set()
+    for j, call in enumerate(m.tool_calls):
+        if not call.id:
+            out.append(FieldViolation(f"{path}.tool_calls[{j}].id", "is required"))
+        elif call.id in seen:
+            out.append(FieldViolation(f"{path}.tool_calls[{j}].id", f"duplicate id {call.id!r}"))
+        seen.add(call.id)
+        if not call.name:
+            out.append(FieldViolation(f"{path}.tool_calls[{j}].name", "is required"))
+        if call.arguments_json:
+            try:
+                json.loads(call.arguments_json)
+            except ValueError:
+                out.append(FieldViolation(f"{path}.tool_calls[{j}].arguments_json", "is not valid JSON"))
+    if m.role is Role.TOOL and not m.tool_call_id:
+        out.append(FieldViolation(f"{path}.tool_call_id", "is required for a tool result"))
+    if m.role is not Role.TOOL and m.tool_call_id:
+        out.append(FieldViolation(f"{path}.tool_call_id", "only tool results carry a tool_call_id"))
+    if not m.flags.is_context and not m.flags.is_display:
+        out.append(FieldViolation(f"{path}.flags", "a message must be in at least one buffer"))
+    if metadata_size(m.metadata) > limits.max_metadata_bytes:
+        out.append(FieldViolation(f"{path}.metadata", f"exceeds {limits.max_metadata_bytes} bytes"))
+    if len(m.name) > limits.max_name_chars:
+        out.append(FieldViolation(f"{path}.name", f"exceeds {limits.max_name_chars} characters"))
+    return out

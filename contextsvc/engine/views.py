@@ -1,0 +1,301 @@
+"""BuildContext, EstimateTokens and RecordBaseline: the view a model is sent, and what it cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contextsvc.config import Settings
+from contextsvc.core.calibration import Calibration, Observation
+from contextsvc.core.images import inspect_image
+from contextsvc.core.messages import ImageRef, Message
+from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
+from contextsvc.core.session import Principal, SessionInfo
+from contextsvc.core.tokens import Baseline, TokenEstimate, estimate, messages_chars, truncation_check
+from contextsvc.core.view import Segment, build_view
+from contextsvc.core.view_budget import budget_images, too_large, truncate_for_view
+from contextsvc.engine.accounting import TokenAccounting
+from contextsvc.engine.state import EngineState
+from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
+from contextsvc.errors import InvalidArgument, NotFound
+from contextsvc.ports import Clock, EventBus, SessionStore, ViewRecord
+
+
+@dataclass(slots=True, frozen=True)
+class ViewMessage:
+    """One message of a built view; images carry their bytes so the runtime can send them."""
+
+    message: Message
+    image_data: tuple[bytes, ...]
+    truncated: bool
+
+
+@dataclass(slots=True, frozen=True)
+class BuiltView:
+    messages: list[ViewMessage]
+    view_id: str
+    estimate: TokenEstimate
+    notices: list[str]
+    compression: Any = None
+
+
+@dataclass(slots=True, frozen=True)
+class BaselineResult:
+    recorded: bool
+    truncated: bool
+    model: str
+    calibration: Calibration
+
+
+@dataclass(slots=True, frozen=True)
+class _Assembled:
+    rows: list[Message]
+    segments: list[Segment]
+    truncated: list[bool]
+    estimate: TokenEstimate
+    notices: list[str]
+
+
+class ViewService:
+    def __init__(
+        self,
+        *,
+        store: SessionStore,
+        bus: EventBus,
+        settings: Settings,
+        clock: Clock,
+        accounting: TokenAccounting,
+    ):
+        self._store = store
+        self._bus = bus
+        self._settings = settings
+        self._clock = clock
+        self._accounting = accounting
+
+    async def prepare_incoming(
+        self, incoming: IncomingMessage | None, field: str
+    ) -> tuple[Message | None, dict[str, bytes]]:
+        """Validate the not-yet-stored message and price its images from their bytes (nothing stored)."""
+        if incoming is None:
+            return None, {}
+        check_messages([incoming], self._settings.limits, field=field)
+        refs: list[ImageRef] = []
+        data: dict[str, bytes] = {}
+        for j, image in enumerate(incoming.images):
+            raw = image.data
+            if image.blob_id:
+                found = await self._store.get_blob(image.blob_id)
+                if found is None:
+                    raise InvalidArgument.field(f"{field}.images[{j}].blob_id", "no stored image has this id")
+                raw = found
+            info = inspect_image(raw, fallback_tokens=self._settings.tokens.image_tokens_fallback)
+            blob_id = image.blob_id or _sha256(raw)
+            data[blob_id] = raw
+            refs.append(
+                ImageRef(
+                    blob_id=blob_id,
+                    mime_type=info.mime_type,
+                    width=info.width,
+                    height=info.height,
+                    size_bytes=len(raw),
+                    token_count=info.tokens,
+                )
+            )
+        return dataclasses.replace(incoming.message, images=tuple(refs)), data
+
+    def assemble(
+        self,
+        profile: EffectiveProfile,
+        context: Sequence[Message],
+        incoming: Message | None,
+        state: EngineState,
+    ) -> _Assembled:
+        """The view of ``context`` for ``profile``: ordered, legal, cut per message, images budgeted,
+        estimated. Pure given its inputs; shared by BuildContext and EstimateTokens."""
+        tokens = self._settings.tokens
+        counter = self._accounting.counter(profile.model)
+        view = build_view(profile.system_prompt, self._settings.llm_system_sources, context, incoming)
+        budget = profile.per_message_budget
+        rows: list[Message] = []
+        truncated: list[bool] = []
+        notices: list[str] = []
+        for m, seg in zip(view.messages, view.segments, strict=True):
+            cut = m if seg is Segment.SYSTEM else truncate_for_view(m, budget, counter)
+            rows.append(cut)
+            truncated.append(cut is not m)
+            if cut is not m:
+                where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
+                notices.append(f"{where} was cut to fit the per-message budget of {budget} tokens")
+        text_tokens = counter.count_messages(rows) + counter.overhead
+        plan = budget_images(
+            rows,
+            window=profile.context_window,
+            text_tokens=text_tokens,
+            vision=profile.vision,
+            fraction=tokens.view_image_budget_fraction,
+            image_fallback=tokens.image_tokens_fallback,
+        )
+        rows = plan.messages
+        notices.extend(plan.notices)
+        segments = list(view.segments)
+        by_segment: dict[Segment, list[Message]] = {s: [] for s in Segment}
+        for m, seg in zip(rows, segments, strict=True):
+            by_segment[seg].append(m)
+        baseline = state.baseline
+        est = estimate(
+            counter=counter,
+            window=profile.context_window,
+            reserve=profile.output_reserve_tokens,
+            system=by_segment[Segment.SYSTEM][0].content if by_segment[Segment.SYSTEM] else "",
+            records=by_segment[Segment.RECORDS],
+            context=[
+                m
+                for m, seg in zip(rows, segments, strict=True)
+                if seg not in (Segment.SYSTEM, Segment.RECORDS, Segment.INCOMING)
+            ],
+            incoming=by_segment[Segment.INCOMING],
+            baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
+            image_fallback=tokens.image_tokens_fallback,
+        )
+        return _Assembled(rows=rows, segments=segments, truncated=truncated, estimate=est, notices=notices)
+
+    async def build(
+        self,
+        caller: Principal,
+        session: SessionInfo,
+        profile: EffectiveProfile,
+        incoming: Message | None,
+        incoming_data: dict[str, bytes],
+    ) -> BuiltView:
+        """Build, size-check and remember the view of ``session``'s current context."""
+        context = await self._store.load_context(session.id, caller=caller)
+        state = EngineState.of(session)
+        built = self.assemble(profile, context, incoming, state)
+        error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens)
+        if error is not None:
+            raise error
+        view_id = uuid.uuid4().hex
+        had_images = any(m.images for m in built.rows)
+        await self._store.save_view(
+            session.id,
+            ViewRecord(
+                view_id=view_id,
+                model=profile.model,
+                chars=messages_chars(built.rows),
+                estimated_tokens=built.estimate.total,
+                had_images=had_images,
+                last_sequence=max((m.sequence_number for m in context), default=0),
+                create_time=self._clock.now(),
+                epoch=state.epoch,
+            ),
+            keep=self._settings.tokens.views_kept_per_session,
+        )
+        messages = []
+        for m, cut in zip(built.rows, built.truncated, strict=True):
+            data = []
+            for ref in m.images:
+                raw = incoming_data.get(ref.blob_id)
+                if raw is None:
+                    raw = await self._store.get_blob(ref.blob_id) or b""
+                data.append(raw)
+            messages.append(ViewMessage(message=m, image_data=tuple(data), truncated=cut))
+        return BuiltView(messages=messages, view_id=view_id, estimate=built.estimate, notices=built.notices)
+
+    async def estimate_messages(
+        self, *, model: str, profile: EffectiveProfile, messages: Sequence[IncomingMessage]
+    ) -> TokenEstimate:
+        """An arbitrary message list priced for ``model`` (no session, nothing stored)."""
+        if not messages:
+            raise InvalidArgument.field("messages", "give messages or a session_id")
+        check_messages(messages, self._settings.limits)
+        rows = []
+        for i, item in enumerate(messages):
+            m, _ = await self.prepare_incoming(item, f"messages[{i}]")
+            assert m is not None
+            rows.append(m)
+        profile = dataclasses.replace(profile, model=model or profile.model)
+        await self._accounting.ensure_loaded(profile.model)
+        counter = self._accounting.counter(profile.model)
+        return estimate(
+            counter=counter,
+            window=profile.context_window,
+            reserve=profile.output_reserve_tokens,
+            context=rows,
+            image_fallback=self._settings.tokens.image_tokens_fallback,
+        )
+
+    async def estimate_session(
+        self, caller: Principal, session_id: str, *, model: str, overrides: ProfileOverrides
+    ) -> TokenEstimate:
+        session = await self._store.get_session(require_session_id(session_id), caller=caller)
+        profile = resolve_profile(self._settings, session.profile_id, overrides)
+        profile = dataclasses.replace(profile, model=model or profile.model)
+        await self._accounting.ensure_loaded(profile.model)
+        context = await self._store.load_context(session.id, caller=caller)
+        return self.assemble(profile, context, None, EngineState.of(session)).estimate
+
+    async def record_baseline(
+        self, caller: Principal, session_id: str, *, view_id: str, prompt_tokens: int
+    ) -> BaselineResult:
+        sid = require_session_id(session_id)
+        if not view_id:
+            raise InvalidArgument.field("view_id", "is required")
+        if prompt_tokens <= 0:
+            raise InvalidArgument.field("prompt_tokens", "must be positive")
+        session = await self._store.get_session(sid, caller=caller)
+        view = await self._store.get_view(sid, view_id)
+        if view is None:
+            raise NotFound(
+                f"view {view_id} of session {sid} is unknown or too old; build a new one",
+                reason="VIEW_NOT_FOUND",
+                metadata={"view_id": view_id},
+            )
+        state = EngineState.of(session)
+        if truncation_check(prompt_tokens, view.estimated_tokens, self._settings.tokens.truncation_ratio):
+            # The provider silently cut the prompt's head: keep the previous honest baseline and
+            # make the post-turn check compress regardless of the threshold.
+            await self._store.update_state(sid, caller=caller, context_truncated=True)
+            await self._bus.publish(
+                session_id=sid,
+                user_id=session.user_id,
+                kind="context_truncated",
+                payload={"view_id": view_id, "prompt_tokens": prompt_tokens, "estimated_tokens": view.estimated_tokens},
+            )
+            calibration = await self._accounting.ensure_loaded(view.model)
+            return BaselineResult(recorded=False, truncated=True, model=view.model, calibration=calibration)
+        calibration = await self._accounting.observe(
+            view.model, Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images)
+        )
+        if view.epoch == state.epoch:
+            newer = [
+                m for m in await self._store.load_context(sid, caller=caller) if m.sequence_number > view.last_sequence
+            ]
+            context_tokens = prompt_tokens + self._accounting.messages_tokens(view.model, newer)
+            await self._store.update_state(
+                sid,
+                caller=caller,
+                context_tokens=context_tokens,
+                context_truncated=False,
+                state=state.with_baseline(prompt_tokens, view.last_sequence, view_id).to_dict(),
+            )
+        await self._bus.publish(
+            session_id=sid,
+            user_id=session.user_id,
+            kind="baseline_recorded",
+            payload={
+                "view_id": view_id,
+                "prompt_tokens": prompt_tokens,
+                "estimated_tokens": view.estimated_tokens,
+                "model": view.model,
+            },
+        )
+        return BaselineResult(recorded=True, truncated=False, model=view.model, calibration=calibration)
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

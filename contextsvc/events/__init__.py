@@ -1,0 +1,1 @@
+"""Event buses: in-process (single replica) and PostgreSQL LISTEN/NOTIFY (many replicas)."""

@@ -1,0 +1,101 @@
+"""Server bootstrap: wire store, bus and engine into a grpc.aio server; stop gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
+from contextsvc.api.servicer import ContextServicer
+from contextsvc.clock import SystemClock
+from contextsvc.config import Settings
+from contextsvc.engine.engine import Engine
+from contextsvc.events.memory_bus import MemoryEventBus
+from contextsvc.ports import EventBus, SessionStore
+from contextsvc.stores import open_store
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = context_service_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name
+
+
+@dataclass(slots=True)
+class RunningServer:
+    server: grpc.aio.Server
+    health: health_aio.HealthServicer
+    engine: Engine
+    store: SessionStore
+    bus: EventBus
+    port: int
+
+
+def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
+    """Replicas sharing PostgreSQL share its event bus; otherwise events stay in this process."""
+    make_shared: Callable[[], EventBus] | None = getattr(store, "make_event_bus", None)
+    if make_shared is not None:
+        return make_shared()
+    return MemoryEventBus(retention=settings.event_retention)
+
+
+async def start(settings: Settings) -> RunningServer:
+    store = open_store(settings.store, settings)
+    await store.open()
+    bus = _make_bus(settings, store)
+    engine = Engine(store=store, bus=bus, settings=settings, clock=SystemClock())
+    limits = settings.limits
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
+            ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
+        ]
+    )
+    context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    try:
+        port = server.add_insecure_port(settings.listen)
+    except RuntimeError as exc:
+        await store.close()
+        raise OSError(f"cannot listen on {settings.listen}: {exc}") from None
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server=server, health=health, engine=engine, store=store, bus=bus, port=port)
+
+
+async def stop(running: RunningServer, grace: float) -> None:
+    """Health NOT_SERVING first so balancers drain us, then finish in-flight calls, then close."""
+    for name in ("", SERVICE_NAME):
+        await running.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await running.server.stop(grace)
+    await running.engine.close()
+    await running.bus.close()
+    await running.store.close()
+
+
+async def serve(settings: Settings) -> None:
+    running = await start(settings)
+    host = settings.listen.rpartition(":")[0]
+    # Tests and scripts read this line to learn the port when listening on port 0.
+    print(f"contextsvc listening on {host}:{running.port} (store: {settings.store})", flush=True)
+    log.info("serving", extra={"listen": f"{host}:{running.port}", "store": settings.store})
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
+    await stop(running, settings.shutdown_grace_seconds)
+    log.info("stopped")

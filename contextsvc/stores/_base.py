@@ -1,0 +1,351 @@
+"""The ``SessionStore`` methods over sessions held in memory, shared by the memory and files stores.
+
+Subclasses make it durable through four hooks (``_persist_create``, ``_persist``,
+``_persist_delete``, ``_after_apply``) and provide the blob methods. Every mutation runs under
+the session's lock inside a shielded task: a caller cancelled half-way (a client deadline) can
+neither split a record between disk and memory nor let the next mutation overtake it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from contextsvc.clock import SYSTEM_CLOCK
+from contextsvc.config import Settings
+from contextsvc.core.messages import BufferKind, Message
+from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
+from contextsvc.errors import Conflict, InvalidArgument, NotFound
+from contextsvc.ports import Clock
+from contextsvc.stores._session import (
+    AppendRecord,
+    CompactionRecord,
+    FlagsRecord,
+    HeaderRecord,
+    Record,
+    SessionState,
+    StateRecord,
+    utc,
+)
+
+T = TypeVar("T")
+
+_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_BLOB_ID = re.compile(r"[0-9a-f]{64}")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def is_session_id(value: object) -> bool:
+    """A canonical (lowercase, hyphenated) UUID: the only ids a store ever builds a path from."""
+    return isinstance(value, str) and _SESSION_ID.fullmatch(value) is not None
+
+
+def is_blob_id(value: object) -> bool:
+    """A lowercase hex SHA-256."""
+    return isinstance(value, str) and _BLOB_ID.fullmatch(value) is not None
+
+
+def check_blob(data: bytes, blob_id: str) -> None:
+    """Blobs are content-addressed: ``blob_id`` must be the SHA-256 of ``data``."""
+    if not is_blob_id(blob_id):
+        raise InvalidArgument.field("blob_id", "must be the lowercase hex SHA-256 of the bytes")
+    if hashlib.sha256(data).hexdigest() != blob_id:
+        raise InvalidArgument.field("blob_id", "does not match the SHA-256 of the bytes")
+
+
+def session_not_found(session_id: str) -> NotFound:
+    # Same answer for unknown and foreign sessions: never reveal that another user's exists.
+    return NotFound("session not found", metadata={"session_id": str(session_id)[:64]})
+
+
+def _list_key(st: SessionState) -> tuple[bool, int, str]:
+    # Integer microseconds: a float timestamp cannot tell neighbouring microseconds apart.
+    micros = (st.update_time - _EPOCH) // _MICROSECOND if st.update_time is not None else 0
+    return (not st.pinned, -micros, st.id)
+
+
+class RowStore:
+    """Sessions in a dict of ``SessionState``; mutations build a record, persist it, apply it."""
+
+    def __init__(self, settings: Settings | None, clock: Clock | None, sessions: dict[str, SessionState]) -> None:
+        self._settings = settings if settings is not None else Settings()
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._sessions = sessions
+        self._create_lock = asyncio.Lock()
+        self._inflight: set[asyncio.Future[Any]] = set()
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    async def _persist_create(self, st: SessionState) -> None:
+        """Make a new, empty session durable."""
+
+    async def _persist(self, st: SessionState, record: Record) -> None:
+        """Make ``record`` durable before it is applied to memory."""
+
+    async def _persist_delete(self, st: SessionState) -> None:
+        """Remove what ``_persist_create`` and ``_persist`` wrote."""
+
+    async def _after_apply(self, st: SessionState) -> None:
+        """Housekeeping after a mutation, still under the session lock."""
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return utc(self._clock.now())
+
+    def _info(self, st: SessionState) -> SessionInfo:
+        return st.info(self._settings.preview_chars)
+
+    def _owned(self, session_id: str, caller: Principal) -> SessionState:
+        st = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if st is None or st.deleted or not caller.may_read(st.user_id):
+            raise session_not_found(session_id)
+        return st
+
+    async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
+        async def run() -> T:
+            return await work()
+
+        task = asyncio.ensure_future(run())
+        self._inflight.add(task)
+        task.add_done_callback(_settle)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
+    async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]]) -> T:
+        async def locked() -> T:
+            async with st.lock:
+                if st.deleted:
+                    raise session_not_found(st.id)
+                return await work()
+
+        return await self._shielded(locked)
+
+    async def _commit(self, st: SessionState, record: Record) -> None:
+        await self._persist(st, record)
+        st.apply(record)
+        await self._after_apply(st)
+
+    async def _drain(self) -> None:
+        """Wait for mutations still running for callers that went away."""
+        while self._inflight:
+            await asyncio.wait(list(self._inflight))
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        *,
+        caller: Principal,
+        profile_id: str,
+        name: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        sid = session_id if session_id is not None else str(uuid.uuid4())
+        if not is_session_id(sid):
+            raise InvalidArgument.field("session_id", "must be a lowercase hyphenated UUID")
+        now = self._now()
+        st = SessionState(
+            SessionInfo(
+                id=sid,
+                user_id=caller.user_id,
+                profile_id=profile_id,
+                name=name,
+                metadata=copy.deepcopy(dict(metadata or {})),
+                create_time=now,
+                update_time=now,
+            )
+        )
+
+        async def work() -> SessionInfo:
+            async with self._create_lock:
+                if sid in self._sessions:
+                    raise Conflict("session already exists", metadata={"session_id": sid})
+                await self._persist_create(st)
+                self._sessions[sid] = st
+            return self._info(st)
+
+        return await self._shielded(work)
+
+    async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo:
+        return self._info(self._owned(session_id, caller))
+
+    async def list_sessions(
+        self,
+        *,
+        caller: Principal,
+        offset: int,
+        limit: int,
+        profile_id: str = "",
+        query: str = "",
+    ) -> SessionPage:
+        if offset < 0:
+            raise InvalidArgument.field("offset", "must not be negative")
+        if limit < 0:
+            raise InvalidArgument.field("limit", "must not be negative")
+        needle = query.lower()
+        visible = [
+            st
+            for st in list(self._sessions.values())
+            if not st.deleted
+            and caller.may_read(st.user_id)
+            and (not profile_id or st.profile_id == profile_id)
+            and (not needle or st.matches(needle))
+        ]
+        visible.sort(key=_list_key)
+        return SessionPage([self._info(st) for st in visible[offset : offset + limit]], total=len(visible))
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        name: str | None = None,
+        pinned: bool | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SessionInfo:
+        st = self._owned(session_id, caller)
+        if name is None and pinned is None and metadata is None:
+            return self._info(st)
+
+        async def work() -> SessionInfo:
+            meta = copy.deepcopy(dict(metadata)) if metadata is not None else None
+            await self._commit(st, HeaderRecord(self._now(), name=name, pinned=pinned, metadata=meta))
+            return self._info(st)
+
+        return await self._serialized(st, work)
+
+    async def delete_session(self, session_id: str, *, caller: Principal) -> None:
+        st = self._owned(session_id, caller)
+
+        async def work() -> None:
+            await self._persist_delete(st)
+            st.deleted = True
+            self._sessions.pop(st.id, None)
+
+        await self._serialized(st, work)
+
+    # -- rows ------------------------------------------------------------------------------
+
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        caller: Principal,
+        request_id: str = "",
+        context_tokens_delta: int = 0,
+    ) -> AppendResult:
+        st = self._owned(session_id, caller)
+
+        async def work() -> AppendResult:
+            if request_id:
+                first = st.requests.get(request_id)
+                if first is not None:
+                    return AppendResult(list(first), self._info(st), replayed=True)
+            now = self._now()
+            record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta)
+            await self._commit(st, record)
+            return AppendResult([m.sequence_number for m in record.messages], self._info(st))
+
+        return await self._serialized(st, work)
+
+    async def list_messages(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        buffer: BufferKind,
+        before_sequence: int = 0,
+        limit: int = 50,
+    ) -> list[Message]:
+        st = self._owned(session_id, caller)
+        if before_sequence < 0:
+            raise InvalidArgument.field("before_sequence", "must not be negative")
+        if limit < 0:
+            raise InvalidArgument.field("limit", "must not be negative")
+        if BufferKind(buffer) is BufferKind.CONTEXT:
+            return st.context_page(before_sequence, limit)
+        return st.display_page(before_sequence, limit)
+
+    async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
+        return self._owned(session_id, caller).context()
+
+    async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
+        return self._owned(session_id, caller).span(first, last)
+
+    async def set_context_flags(
+        self, session_id: str, sequence_numbers: Sequence[int], *, caller: Principal, is_context: bool
+    ) -> None:
+        st = self._owned(session_id, caller)
+        wanted = tuple(sorted(set(sequence_numbers)))
+
+        async def work() -> None:
+            _check_rows(st, wanted)
+            await self._commit(st, FlagsRecord(self._now(), wanted, is_context))
+
+        await self._serialized(st, work)
+
+    async def update_state(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        context_tokens: int | None = None,
+        context_truncated: bool | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> SessionInfo:
+        st = self._owned(session_id, caller)
+        if context_tokens is None and context_truncated is None and state is None:
+            return self._info(st)
+
+        async def work() -> SessionInfo:
+            new_state = copy.deepcopy(dict(state)) if state is not None else None
+            await self._commit(st, StateRecord(self._now(), context_tokens, context_truncated, new_state))
+            return self._info(st)
+
+        return await self._serialized(st, work)
+
+    async def commit_compaction(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        demote: Sequence[int],
+        append: Sequence[Message],
+        context_tokens: int,
+        state: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        st = self._owned(session_id, caller)
+        demoted = tuple(sorted(set(demote)))
+
+        async def work() -> list[int]:
+            _check_rows(st, demoted)
+            now = self._now()
+            new_state = copy.deepcopy(dict(state)) if state is not None else None
+            record = CompactionRecord(now, demoted, st.number(append, now), context_tokens, new_state)
+            await self._commit(st, record)
+            return [m.sequence_number for m in record.messages]
+
+        return await self._serialized(st, work)
+
+
+def _check_rows(st: SessionState, sequence_numbers: Sequence[int]) -> None:
+    bad = st.unknown(sequence_numbers)
+    if bad:
+        raise NotFound("message not found", metadata={"session_id": st.id, "sequence_number": str(bad[0])})
+
+
+def _settle(task: asyncio.Future[Any]) -> None:
+    # A caller that was cancelled never awaits its task; fetch the outcome so asyncio does not
+    # report "exception was never retrieved" (the caller already got its CancelledError).
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,301 @@
+"""One session held in memory, changed only by applying records.
+
+The memory and files stores share this model: the files store writes each record to the
+session's log before applying it, and replays the same records on load, so a reload goes
+through exactly the code that built the state in the first place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from contextsvc.core.messages import Message
+from contextsvc.core.session import SessionInfo
+
+
+@dataclass(slots=True, frozen=True)
+class AppendRecord:
+    """Rows appended with their sequence numbers already assigned. ``time`` None (a rewritten
+    log) leaves ``update_time`` alone."""
+
+    time: datetime | None
+    messages: tuple[Message, ...]
+    request_id: str = ""
+    context_tokens_delta: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class FlagsRecord:
+    """An explicit ``is_context`` change, context-only rows included."""
+
+    time: datetime
+    sequence_numbers: tuple[int, ...]
+    is_context: bool
+
+
+@dataclass(slots=True, frozen=True)
+class HeaderRecord:
+    """Header fields set by the owner (None = unchanged)."""
+
+    time: datetime
+    name: str | None = None
+    pinned: bool | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class StateRecord:
+    """Counters and engine state (None = unchanged)."""
+
+    time: datetime
+    context_tokens: int | None = None
+    context_truncated: bool | None = None
+    state: dict[str, Any] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class CompactionRecord:
+    """Demotions, appended rows and counters of one compaction: applied all at once."""
+
+    time: datetime
+    demote: tuple[int, ...]
+    messages: tuple[Message, ...]
+    context_tokens: int
+    state: dict[str, Any] | None = None
+
+
+Record = AppendRecord | FlagsRecord | HeaderRecord | StateRecord | CompactionRecord
+
+
+class RecordError(ValueError):
+    """A record does not fit the session it is applied to (a corrupt log)."""
+
+
+def utc(value: datetime) -> datetime:
+    """Aware UTC; a naive value is taken to be UTC already."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class SessionState:
+    """Header, rows and incrementally maintained counters of one session.
+
+    ``rows[i]`` holds sequence number ``i + 1`` (numbers are gap-free). The context buffer is
+    kept as its own sorted index, so reading it costs the context size, not the history size.
+    """
+
+    __slots__ = (
+        "_ctx",
+        "_ctx_keys",
+        "_ctx_seqs",
+        "context_tokens",
+        "context_truncated",
+        "create_time",
+        "deleted",
+        "display_count",
+        "id",
+        "lock",
+        "metadata",
+        "name",
+        "pinned",
+        "preview_source",
+        "profile_id",
+        "requests",
+        "rows",
+        "state",
+        "update_time",
+        "user_id",
+    )
+
+    def __init__(self, header: SessionInfo) -> None:
+        self.id = header.id
+        self.user_id = header.user_id
+        self.profile_id = header.profile_id
+        self.name = header.name
+        self.pinned = header.pinned
+        self.metadata: dict[str, Any] = copy.deepcopy(header.metadata)
+        self.create_time = header.create_time
+        self.update_time = header.update_time
+        self.context_tokens = header.context_tokens
+        self.context_truncated = header.context_truncated
+        self.state: dict[str, Any] = copy.deepcopy(header.state)
+        self.rows: list[Message] = []
+        self._ctx: list[Message] = []
+        self._ctx_keys: list[tuple[int, int]] = []
+        self._ctx_seqs: list[int] = []
+        self.display_count = 0
+        #: content of the newest display row with non-empty content (cut when read).
+        self.preview_source = ""
+        #: request_id -> the sequence numbers its first append got.
+        self.requests: dict[str, tuple[int, ...]] = {}
+        self.lock = asyncio.Lock()
+        self.deleted = False
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def last_sequence(self) -> int:
+        return len(self.rows)
+
+    def info(self, preview_chars: int) -> SessionInfo:
+        """A snapshot the caller may keep (dicts copied)."""
+        return SessionInfo(
+            id=self.id,
+            user_id=self.user_id,
+            profile_id=self.profile_id,
+            name=self.name,
+            pinned=self.pinned,
+            metadata=copy.deepcopy(self.metadata),
+            create_time=self.create_time,
+            update_time=self.update_time,
+            context_tokens=self.context_tokens,
+            context_truncated=self.context_truncated,
+            display_message_count=self.display_count,
+            context_message_count=len(self._ctx),
+            last_sequence=len(self.rows),
+            preview=self.preview_source[:preview_chars],
+            state=copy.deepcopy(self.state),
+        )
+
+    def context(self) -> list[Message]:
+        return list(self._ctx)
+
+    def context_page(self, before: int, limit: int) -> list[Message]:
+        """The ``limit`` context rows with the highest sequence < ``before``, in context order."""
+        end = bisect_left(self._ctx_seqs, before) if before > 0 else len(self._ctx_seqs)
+        seqs = self._ctx_seqs[max(0, end - limit) : end]
+        return sorted((self.rows[s - 1] for s in seqs), key=lambda m: m.context_sort_key)
+
+    def display_page(self, before: int, limit: int) -> list[Message]:
+        """The ``limit`` newest display rows with sequence < ``before``, oldest first."""
+        top = len(self.rows) if before <= 0 else min(before - 1, len(self.rows))
+        picked: list[Message] = []
+        for index in range(top - 1, -1, -1):
+            if len(picked) >= limit:
+                break
+            row = self.rows[index]
+            if row.flags.is_display:
+                picked.append(row)
+        picked.reverse()
+        return picked
+
+    def span(self, first: int, last: int) -> list[Message]:
+        return self.rows[max(first, 1) - 1 : max(last, 0)]
+
+    def matches(self, needle: str) -> bool:
+        """Case-insensitive substring over the name and every display row's content."""
+        if needle in self.name.lower():
+            return True
+        return any(row.flags.is_display and needle in row.content.lower() for row in self.rows)
+
+    # -- building records ----------------------------------------------------------------
+
+    def number(self, messages: Sequence[Message], time: datetime) -> tuple[Message, ...]:
+        """Assign the next sequence numbers (and a create time where missing)."""
+        start = len(self.rows) + 1
+        return tuple(
+            dataclasses.replace(
+                m,
+                sequence_number=start + i,
+                create_time=utc(m.create_time) if m.create_time is not None else time,
+                # The store keeps its own copy: a caller mutating its dict must not change history.
+                metadata=copy.deepcopy(m.metadata),
+            )
+            for i, m in enumerate(messages)
+        )
+
+    def unknown(self, sequence_numbers: Iterable[int]) -> list[int]:
+        return sorted({s for s in sequence_numbers if not 1 <= s <= len(self.rows)})
+
+    # -- applying records ----------------------------------------------------------------
+
+    def apply(self, record: Record) -> None:
+        """Apply one record; raises ``RecordError`` (changing nothing) if it does not fit."""
+        if isinstance(record, AppendRecord):
+            self._check_numbers(record.messages)
+            for m in record.messages:
+                self._add_row(m)
+            if record.request_id:
+                self.requests[record.request_id] = tuple(m.sequence_number for m in record.messages)
+            self.context_tokens += record.context_tokens_delta
+        elif isinstance(record, FlagsRecord):
+            self._check_known(record.sequence_numbers)
+            self._set_context(record.sequence_numbers, record.is_context)
+        elif isinstance(record, HeaderRecord):
+            if record.name is not None:
+                self.name = record.name
+            if record.pinned is not None:
+                self.pinned = record.pinned
+            if record.metadata is not None:
+                self.metadata = copy.deepcopy(record.metadata)
+        elif isinstance(record, StateRecord):
+            self._set_state(record.context_tokens, record.context_truncated, record.state)
+        else:
+            self._check_known(record.demote)
+            self._check_numbers(record.messages)
+            self._set_context(record.demote, False)
+            for m in record.messages:
+                self._add_row(m)
+            self._set_state(record.context_tokens, None, record.state)
+        if record.time is not None:
+            self.update_time = record.time
+
+    def _check_numbers(self, messages: Sequence[Message]) -> None:
+        expected = len(self.rows) + 1
+        for i, m in enumerate(messages):
+            if m.sequence_number != expected + i:
+                raise RecordError(f"row {m.sequence_number} where {expected + i} was expected")
+
+    def _check_known(self, sequence_numbers: Sequence[int]) -> None:
+        bad = self.unknown(sequence_numbers)
+        if bad:
+            raise RecordError(f"unknown sequence numbers {bad[:5]}")
+
+    def _add_row(self, m: Message) -> None:
+        self.rows.append(m)
+        if m.flags.is_display:
+            self.display_count += 1
+            if m.content:
+                self.preview_source = m.content
+        if m.flags.is_context:
+            self._index(m)
+
+    def _set_context(self, sequence_numbers: Iterable[int], value: bool) -> None:
+        for seq in sorted(set(sequence_numbers)):
+            row = self.rows[seq - 1]
+            if row.flags.is_context == value:
+                continue
+            if value:
+                row = row.with_flags(is_context=True)
+                self.rows[seq - 1] = row
+                self._index(row)
+            else:
+                self._unindex(row)
+                self.rows[seq - 1] = row.with_flags(is_context=False)
+
+    def _set_state(self, tokens: int | None, truncated: bool | None, state: Mapping[str, Any] | None) -> None:
+        if tokens is not None:
+            self.context_tokens = tokens
+        if truncated is not None:
+            self.context_truncated = truncated
+        if state is not None:
+            self.state = copy.deepcopy(dict(state))
+
+    def _index(self, row: Message) -> None:
+        key = row.context_sort_key
+        at = bisect_left(self._ctx_keys, key)
+        self._ctx_keys.insert(at, key)
+        self._ctx.insert(at, row)
+        insort(self._ctx_seqs, row.sequence_number)
+
+    def _unindex(self, row: Message) -> None:
+        at = bisect_left(self._ctx_keys, row.context_sort_key)
+        del self._ctx_keys[at]
+        del self._ctx[at]
+        del self._ctx_seqs[bisect_left(self._ctx_seqs, row.sequence_number)]

@@ -1,0 +1,544 @@
+"""The files store, the embedded default: one append-only JSONL log per session.
+
+Layout under the data directory::
+
+    sessions/<session-id>.jsonl                 the session's log
+    sessions/<session-id>.jsonl.torn-<time>     a log set aside on load (also ``.corrupt-<time>``)
+    blobs/<ab>/<sha256>                         image bytes, stored once under their SHA-256
+
+A log's first line is the session header (``{"t": "session", ...}``, fields as in
+``core/codec.py``); every mutation then appends one record: ``append`` (rows, request id,
+token delta), ``flags`` (explicit ``is_context`` changes by sequence number, context-only rows
+included), ``header`` (name / pinned / metadata), ``state`` (counters, engine state) or
+``compaction`` (demotions + appended rows + counters in one line). Every session is loaded at
+``open()`` and kept in memory; reads are served from memory, writes go to the log first and then
+to memory. Logs are rewritten compactly when flag/header/state records pile up
+(``rewrite_log``).
+
+Durability (``settings.durability``):
+
+* ``fsync`` (the default): a mutation's record is written and fsynced before the call returns.
+  An acknowledged append survives a process crash, a kernel crash and a power loss (on a disk
+  that honours fsync). A crash can lose only the mutation in flight, which was never
+  acknowledged; its partial line is dropped on the next load.
+* ``batch``: the record is handed to the operating system before the call returns, and a
+  background task fsyncs the written logs at most ``fsync_batch_ms`` (default 50 ms) later. A
+  process crash (kill -9, out of memory) loses nothing that was acknowledged. A machine crash or
+  power loss may lose mutations acknowledged within that last interval.
+
+In both modes, creating and deleting a session, rewriting a log and storing a blob are durable
+before the call returns (temp file + fsync + ``os.replace`` + directory fsync), and a
+compaction is a single record, so after any crash a session shows all of a compaction or none.
+
+Recovery on load: a torn last line (no trailing newline, or not valid JSON) is what a crash in
+the middle of a write leaves; the log is copied aside (``.torn-<time>``), a warning is logged and
+the log is rewritten without that line. A bad line anywhere else is corruption: the log is
+copied aside (``.corrupt-<time>``), an error is logged and the session loads what precedes the
+bad line. Deleting a session removes its log and any copies set aside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from contextsvc.config import Durability, Settings
+from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
+from contextsvc.errors import Conflict, Unavailable
+from contextsvc.ports import Clock
+from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._session import (
+    AppendRecord,
+    CompactionRecord,
+    FlagsRecord,
+    HeaderRecord,
+    Record,
+    RecordError,
+    SessionState,
+    StateRecord,
+)
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+_LOG_SUFFIX = ".jsonl"
+_TMP_SUFFIX = ".tmp"
+
+
+@dataclass(slots=True)
+class FilesStoreStats:
+    """Counters an operator (or a test) can read to see the store's disk work."""
+
+    #: fsyncs of session logs after appends (fsync mode) or by the batch flusher.
+    log_fsyncs: int = 0
+    #: passes of the batch flusher that fsynced at least one log.
+    batch_flushes: int = 0
+    #: logs rewritten (on demand, automatically, or after recovery on load).
+    rewrites: int = 0
+    #: blobs written (a blob already stored is not written again).
+    blob_writes: int = 0
+    #: logs that needed recovery on load (torn or corrupt).
+    recovered_logs: int = 0
+
+
+@dataclass(slots=True)
+class _Log:
+    path: Path
+    size: int
+    #: flag/header/state records since the log was last written whole.
+    overhead: int = 0
+
+
+class FilesStore(RowStore):
+    """A ``SessionStore`` over JSONL logs in a data directory (see the module docstring)."""
+
+    #: A log is rewritten once it holds more flag/header/state records than
+    #: max(REWRITE_MIN_OVERHEAD, REWRITE_OVERHEAD_PER_ROW x its row count).
+    REWRITE_MIN_OVERHEAD = 256
+    REWRITE_OVERHEAD_PER_ROW = 2
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        settings: Settings | None = None,
+        *,
+        clock: Clock | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(settings, clock, {})
+        self.root = Path(path)
+        self._sessions_dir = self.root / "sessions"
+        self._blobs_dir = self.root / "blobs"
+        self._logs: dict[str, _Log] = {}
+        self._dirty: set[str] = set()
+        self._dirty_event = asyncio.Event()
+        self._sleep = sleep if sleep is not None else asyncio.sleep
+        self._flusher: asyncio.Task[None] | None = None
+        self.stats = FilesStoreStats()
+
+    @property
+    def pending_fsync(self) -> int:
+        """Logs written but not yet fsynced (batch mode)."""
+        return len(self._dirty)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        loaded = await asyncio.to_thread(self._load_all)
+        for st, log in loaded:
+            self._sessions[st.id] = st
+            self._logs[st.id] = log
+        if self._settings.durability is Durability.BATCH and self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_loop(), name="contextsvc-files-fsync")
+
+    async def close(self) -> None:
+        await self._drain()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            try:
+                await self._flusher
+            except asyncio.CancelledError:
+                pass
+            self._flusher = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        """fsync every log written since its last fsync (batch mode; nothing to do in fsync mode)."""
+        self._dirty_event.clear()
+        paths = [self._logs[sid].path for sid in sorted(self._dirty) if sid in self._logs]
+        self._dirty.clear()
+        if not paths:
+            return
+        await asyncio.to_thread(_fsync_paths, paths)
+        self.stats.log_fsyncs += len(paths)
+        self.stats.batch_flushes += 1
+
+    async def _flush_loop(self) -> None:
+        # Sleep only while something is dirty: an idle store does not wake up.
+        while True:
+            await self._dirty_event.wait()
+            await self._sleep(self._settings.fsync_batch_ms / 1000)
+            try:
+                await self.flush()
+            except OSError:
+                logger.exception("files store: fsync of session logs failed; recent appends may not be durable")
+
+    async def rewrite_log(self, session_id: str) -> None:
+        """Rewrite the session's log compactly (atomically: temp file, fsync, rename, dir fsync)."""
+        st = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if st is None or st.deleted:
+            raise session_not_found(session_id)
+
+        async def work() -> None:
+            await self._rewrite(st)
+
+        await self._serialized(st, work)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    async def _persist_create(self, st: SessionState) -> None:
+        path = self._log_path(st.id)
+        data = _dumps(_session_line(st))
+        try:
+            await asyncio.to_thread(_create_file, path, data)
+        except FileExistsError:
+            raise Conflict("session already exists", metadata={"session_id": st.id}) from None
+        except OSError as exc:
+            raise _unavailable("create", st.id, exc) from exc
+        self._logs[st.id] = _Log(path, len(data))
+
+    async def _persist(self, st: SessionState, record: Record) -> None:
+        log = self._logs[st.id]
+        data = _dumps(_encode(record))
+        sync = self._settings.durability is Durability.FSYNC
+        try:
+            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync)
+        except OSError as exc:
+            raise _unavailable("append to", st.id, exc) from exc
+        if sync:
+            self.stats.log_fsyncs += 1
+        else:
+            self._dirty.add(st.id)
+            self._dirty_event.set()
+        if isinstance(record, FlagsRecord | HeaderRecord | StateRecord):
+            log.overhead += 1
+
+    async def _after_apply(self, st: SessionState) -> None:
+        log = self._logs[st.id]
+        if log.overhead > max(self.REWRITE_MIN_OVERHEAD, self.REWRITE_OVERHEAD_PER_ROW * st.last_sequence):
+            await self._rewrite(st)
+
+    async def _persist_delete(self, st: SessionState) -> None:
+        try:
+            await asyncio.to_thread(_remove_logs, self._sessions_dir, st.id)
+        except OSError as exc:
+            raise _unavailable("delete", st.id, exc) from exc
+        self._logs.pop(st.id, None)
+        self._dirty.discard(st.id)
+
+    async def _rewrite(self, st: SessionState) -> None:
+        log = self._logs[st.id]
+        try:
+            log.size = await asyncio.to_thread(_rewrite_log, st, log.path)
+        except OSError as exc:
+            raise _unavailable("rewrite", st.id, exc) from exc
+        log.overhead = 0
+        self._dirty.discard(st.id)  # the rewrite fsynced everything
+        self.stats.rewrites += 1
+
+    # -- blobs -----------------------------------------------------------------------------
+
+    async def put_blob(self, data: bytes, *, blob_id: str) -> None:
+        data = bytes(data)
+        try:
+            wrote = await asyncio.to_thread(self._put_blob, data, blob_id)
+        except OSError as exc:
+            logger.error("files store: cannot write blob %s: %s", blob_id, exc)
+            raise Unavailable("the blob could not be stored") from exc
+        if wrote:
+            self.stats.blob_writes += 1
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        if not is_blob_id(blob_id):
+            return None
+        try:
+            return await asyncio.to_thread(self._blob_path(blob_id).read_bytes)
+        except FileNotFoundError:
+            return None
+
+    def _put_blob(self, data: bytes, blob_id: str) -> bool:
+        check_blob(data, blob_id)  # hashing off the event loop: a blob may be megabytes
+        path = self._blob_path(blob_id)
+        if path.exists():
+            return False
+        if not path.parent.exists():
+            path.parent.mkdir(exist_ok=True)
+            _fsync_dir(self._blobs_dir)
+        _write_atomic(path, data)
+        return True
+
+    def _blob_path(self, blob_id: str) -> Path:
+        assert is_blob_id(blob_id)  # never build a path from an unchecked id
+        return self._blobs_dir / blob_id[:2] / blob_id
+
+    def _log_path(self, session_id: str) -> Path:
+        assert is_session_id(session_id)  # never build a path from an unchecked id
+        return self._sessions_dir / f"{session_id}{_LOG_SUFFIX}"
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _load_all(self) -> list[tuple[SessionState, _Log]]:
+        for folder in (self._sessions_dir, self._blobs_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        _remove_temp_files(self._sessions_dir)
+        for sub in self._blobs_dir.iterdir():
+            if sub.is_dir():
+                _remove_temp_files(sub)
+        loaded = []
+        for path in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}")):
+            if not is_session_id(path.name[: -len(_LOG_SUFFIX)]):
+                logger.warning("files store: ignoring %s: not named <session-uuid>%s", path, _LOG_SUFFIX)
+                continue
+            result = self._load_log(path)
+            if result is not None:
+                loaded.append(result)
+        return loaded
+
+    def _load_log(self, path: Path) -> tuple[SessionState, _Log] | None:
+        session_id = path.name[: -len(_LOG_SUFFIX)]
+        lines = path.read_bytes().split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline, as every complete log does
+        st: SessionState | None = None
+        overhead = 0
+        problem = ""
+        bad_line = 0
+        for index, raw in enumerate(lines):
+            try:
+                obj = json.loads(raw)
+                if st is None:
+                    st = _header(obj, session_id)
+                    continue
+                record = _decode(obj)
+                st.apply(record)
+                overhead += isinstance(record, FlagsRecord | HeaderRecord | StateRecord)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                problem = "torn" if index == len(lines) - 1 and not tail else "corrupt"
+            except (RecordError, KeyError, IndexError, TypeError, ValueError, AttributeError):
+                problem = "corrupt"
+            if problem:
+                bad_line = index + 1
+                break
+        else:
+            if tail:
+                problem, bad_line = "torn", len(lines) + 1
+        if st is None:
+            aside = self._set_aside(path, "corrupt", copy=False)
+            logger.error("files store: session %s not loaded: its log has no valid header; moved to %s", session_id, aside)
+            return None
+        if not problem:
+            return st, _Log(path, path.stat().st_size, overhead)
+        aside = self._set_aside(path, problem, copy=True)
+        self.stats.recovered_logs += 1
+        if problem == "torn":
+            logger.warning(
+                "files store: session %s: torn last line %d dropped (an interrupted write); original kept at %s",
+                session_id,
+                bad_line,
+                aside,
+            )
+        else:
+            logger.error(
+                "files store: session %s: corrupt line %d; loaded the %d rows before it; original kept at %s",
+                session_id,
+                bad_line,
+                st.last_sequence,
+                aside,
+            )
+        size = _rewrite_log(st, path)
+        self.stats.rewrites += 1
+        return st, _Log(path, size)
+
+    def _set_aside(self, path: Path, problem: str, *, copy: bool) -> Path:
+        stamp = self._now().strftime("%Y%m%dT%H%M%S%fZ")
+        aside = path.with_name(f"{path.name}.{problem}-{stamp}")
+        if copy:
+            shutil.copyfile(path, aside)
+        else:
+            os.replace(path, aside)
+        _fsync_dir(path.parent)
+        return aside
+
+
+# -- records <-> JSON --------------------------------------------------------------------------
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    """One JSON line. JSON escapes newlines inside strings, so a line is always one record."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        # A lone surrogate cannot be UTF-8: the ASCII form escapes it and still round-trips.
+        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _session_line(st: SessionState) -> dict[str, Any]:
+    return {
+        "t": "session",
+        "format": FORMAT,
+        "session": session_to_dict(st.info(0)),
+        "requests": {key: list(value) for key, value in st.requests.items()},
+    }
+
+
+def _header(obj: Any, session_id: str) -> SessionState:
+    if obj.get("t") != "session" or obj.get("format") != FORMAT:
+        raise RecordError("first line is not a session header of a known format")
+    info = session_from_dict(obj["session"])
+    if info.id != session_id:
+        raise RecordError(f"header names session {info.id!r}")
+    st = SessionState(info)
+    st.requests = {str(key): tuple(int(s) for s in value) for key, value in obj.get("requests", {}).items()}
+    return st
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _encode(record: Record) -> dict[str, Any]:
+    d: dict[str, Any]
+    if isinstance(record, AppendRecord):
+        d = {"t": "append", "messages": [message_to_dict(m) for m in record.messages]}
+        if record.request_id:
+            d["request_id"] = record.request_id
+        if record.context_tokens_delta:
+            d["delta"] = record.context_tokens_delta
+    elif isinstance(record, FlagsRecord):
+        d = {"t": "flags", "seqs": list(record.sequence_numbers), "is_context": record.is_context}
+    elif isinstance(record, HeaderRecord):
+        d = {"t": "header"}
+        for key in ("name", "pinned", "metadata"):
+            if getattr(record, key) is not None:
+                d[key] = getattr(record, key)
+    elif isinstance(record, StateRecord):
+        d = {"t": "state"}
+        for key in ("context_tokens", "context_truncated", "state"):
+            if getattr(record, key) is not None:
+                d[key] = getattr(record, key)
+    else:
+        d = {
+            "t": "compaction",
+            "demote": list(record.demote),
+            "messages": [message_to_dict(m) for m in record.messages],
+            "context_tokens": record.context_tokens,
+        }
+        if record.state is not None:
+            d["state"] = record.state
+    if record.time is not None:
+        d["time"] = _time(record.time)
+    return d
+
+
+def _decode(d: dict[str, Any]) -> Record:
+    kind = d["t"]
+    time = datetime.fromisoformat(d["time"]) if "time" in d else None
+    if kind == "append":
+        messages = tuple(message_from_dict(m) for m in d["messages"])
+        return AppendRecord(time, messages, str(d.get("request_id", "")), int(d.get("delta", 0)))
+    if time is None:
+        raise RecordError(f"{kind!r} record without a time")
+    if kind == "flags":
+        return FlagsRecord(time, tuple(int(s) for s in d["seqs"]), bool(d["is_context"]))
+    if kind == "header":
+        return HeaderRecord(time, name=d.get("name"), pinned=d.get("pinned"), metadata=d.get("metadata"))
+    if kind == "state":
+        return StateRecord(time, d.get("context_tokens"), d.get("context_truncated"), d.get("state"))
+    if kind == "compaction":
+        messages = tuple(message_from_dict(m) for m in d["messages"])
+        demote = tuple(int(s) for s in d["demote"])
+        return CompactionRecord(time, demote, messages, int(d["context_tokens"]), d.get("state"))
+    raise RecordError(f"unknown record type {kind!r}")
+
+
+# -- blocking file operations (run in a worker thread) --------------------------------------
+
+
+def _append_at(path: Path, expected_size: int, data: bytes, sync: bool) -> int:
+    """Write ``data`` at the log's known end and return the new size.
+
+    Writing at the known end (not O_APPEND) and cutting anything past it first means a record
+    whose write failed half-way (disk full) never ends up in the middle of the log.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size < expected_size:
+            raise OSError(f"{path} is shorter than the store wrote ({size} < {expected_size} bytes)")
+        if size > expected_size:
+            os.ftruncate(fd, expected_size)
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], expected_size + done)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return expected_size + len(data)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Temp file, flush, fsync, ``os.replace``, fsync of the directory: all or nothing."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _create_file(path: Path, data: bytes) -> None:
+    if path.exists():
+        raise FileExistsError(path)
+    _write_atomic(path, data)
+
+
+def _rewrite_log(st: SessionState, path: Path) -> int:
+    parts = [_dumps(_session_line(st))]
+    parts.extend(_dumps({"t": "append", "messages": [message_to_dict(row)]}) for row in st.rows)
+    data = b"".join(parts)
+    _write_atomic(path, data)
+    return len(data)
+
+
+def _remove_logs(folder: Path, session_id: str) -> None:
+    for path in [folder / f"{session_id}{_LOG_SUFFIX}", *folder.glob(f"{session_id}{_LOG_SUFFIX}.*")]:
+        path.unlink(missing_ok=True)
+    _fsync_dir(folder)
+
+
+def _remove_temp_files(folder: Path) -> None:
+    # Left by a crash during an atomic write; the target was never replaced.
+    for path in folder.glob(f".*{_TMP_SUFFIX}"):
+        path.unlink(missing_ok=True)
+
+
+def _fsync_paths(paths: list[Path]) -> None:
+    # fsync through a fresh descriptor flushes the file's dirty pages whichever descriptor wrote them.
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # deleted since it was written
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unavailable(action: str, session_id: str, exc: OSError) -> Unavailable:
+    logger.error("files store: cannot %s the log of session %s: %s", action, session_id, exc)
+    return Unavailable("the session store could not write to disk", metadata={"session_id": session_id})

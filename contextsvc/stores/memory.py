@@ -1,0 +1,45 @@
+"""The memory store: everything in process memory, for tests and throwaway runs.
+
+Several ``MemoryStore`` objects may share one ``MemoryData``; a store "reopened" over the same
+data sees every session as it was, which is how the conformance suite tests reloads.
+"""
+
+from __future__ import annotations
+
+from contextsvc.config import Settings
+from contextsvc.ports import Clock
+from contextsvc.stores._base import RowStore, check_blob, is_blob_id
+from contextsvc.stores._session import SessionState
+
+
+class MemoryData:
+    """The backing state of a memory store: sessions by id and blobs by content address."""
+
+    __slots__ = ("blobs", "sessions")
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, SessionState] = {}
+        self.blobs: dict[str, bytes] = {}
+
+
+class MemoryStore(RowStore):
+    """A ``SessionStore`` in memory; nothing survives the process."""
+
+    def __init__(
+        self, settings: Settings | None = None, *, clock: Clock | None = None, data: MemoryData | None = None
+    ) -> None:
+        self.data = data if data is not None else MemoryData()
+        super().__init__(settings, clock, self.data.sessions)
+
+    async def open(self) -> None:
+        """Nothing to load."""
+
+    async def close(self) -> None:
+        await self._drain()
+
+    async def put_blob(self, data: bytes, *, blob_id: str) -> None:
+        check_blob(data, blob_id)
+        self.data.blobs.setdefault(blob_id, bytes(data))
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        return self.data.blobs.get(blob_id) if is_blob_id(blob_id) else None

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# A private, throwaway PostgreSQL cluster for tests.
+#
+#   scripts/pg-test-cluster.sh start DIR   initdb (first time) + start; prints the connection URL
+#   scripts/pg-test-cluster.sh stop DIR    fast shutdown (no error when not running)
+#   scripts/pg-test-cluster.sh url DIR     prints the connection URL of DIR's cluster
+#
+# The cluster lives entirely in DIR (data, Unix socket, log, port file), listens on 127.0.0.1
+# only, on a free port picked at the first start and reused on later starts so a restarted
+# server keeps its URL (pools reconnect to the same address). Auth is trust: never use it for
+# anything but tests. A system cluster, if any, is never touched.
+#
+# When the server programs are missing they are installed from Debian's archive (root only).
+# As root the server runs as the `postgres` user, because initdb refuses to run as root.
+set -euo pipefail
+
+die() {
+  echo "pg-test-cluster: $*" >&2
+  exit 1
+}
+
+usage() { die "usage: $0 start|stop|url DIR"; }
+
+[[ $# -eq 2 ]] || usage
+cmd=$1
+dir=$2
+
+# Debian keeps initdb/pg_ctl in /usr/lib/postgresql/<version>/bin, not on PATH.
+find_pgbin() {
+  local candidate
+  candidate=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  if [[ -n $candidate && -x $candidate/initdb && -x $candidate/pg_ctl ]]; then
+    echo "$candidate"
+  fi
+}
+
+ensure_installed() {
+  PGBIN=$(find_pgbin)
+  [[ -n $PGBIN ]] && return 0
+  [[ $(id -u) -eq 0 ]] || die "PostgreSQL server programs are missing; install postgresql (as root) first"
+  echo "pg-test-cluster: installing PostgreSQL (apt-get)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends postgresql postgresql-contrib >&2
+  PGBIN=$(find_pgbin)
+  [[ -n $PGBIN ]] || die "installed postgresql but found no initdb under /usr/lib/postgresql/*/bin"
+}
+
+# Run a server program as the cluster's owner.
+as_owner() {
+  if [[ $(id -u) -eq 0 ]]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+port_in_use() {
+  python3 - "$1" <<'EOF'
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(0)
+finally:
+    s.close()
+sys.exit(1)
+EOF
+}
+
+data=$dir/data
+sock=$dir/sock
+portfile=$dir/port
+logfile=$dir/server.log
+
+url() {
+  [[ -s $portfile ]] || die "no cluster started in $dir"
+  echo "postgresql://postgres@127.0.0.1:$(cat "$portfile")/postgres"
+}
+
+running() {
+  [[ -f $data/PG_VERSION ]] && as_owner "$PGBIN/pg_ctl" -D "$data" status >/dev/null 2>&1
+}
+
+start() {
+  ensure_installed
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  data=$dir/data sock=$dir/sock portfile=$dir/port logfile=$dir/server.log
+  # One start at a time per DIR (two test processes may race to start the same cluster).
+  exec 9>"$dir/.lock"
+  flock 9
+  if [[ $(id -u) -eq 0 ]]; then
+    id postgres >/dev/null 2>&1 || die "user 'postgres' is missing (it comes with the postgresql package)"
+    chown postgres: "$dir"
+    runuser -u postgres -- test -w "$dir" || die "$dir is not reachable by user postgres (a parent is private?)"
+  fi
+  if [[ ! -f $data/PG_VERSION ]]; then
+    rm -rf "$data"
+    as_owner mkdir -p "$data" "$sock"
+    as_owner "$PGBIN/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
+      || die "initdb failed; see $dir/initdb.log"
+  fi
+  if running; then
+    url
+    return 0
+  fi
+  local attempt port
+  for attempt in 1 2 3 4 5; do
+    port=""
+    if [[ -s $portfile ]] && ! port_in_use "$(cat "$portfile")"; then
+      port=$(cat "$portfile")
+    elif [[ -s $portfile && $attempt -eq 1 ]]; then
+      # The recorded port was taken while we were down: wait briefly for it (a restart keeps
+      # the URL stable), then fall back to a new one.
+      sleep 1
+      continue
+    else
+      port=$(free_port)
+    fi
+    echo "$port" >"$portfile"
+    if as_owner "$PGBIN/pg_ctl" -D "$data" -l "$logfile" -w -t 60 \
+      -o "-p $port -k $sock -c listen_addresses=127.0.0.1" start >/dev/null 2>&1; then
+      url
+      return 0
+    fi
+    # Lost a race for the port (or another start failure): try a fresh port.
+    rm -f "$portfile"
+  done
+  tail -n 20 "$logfile" >&2 || true
+  die "could not start PostgreSQL in $dir"
+}
+
+stop() {
+  PGBIN=$(find_pgbin)
+  [[ -n $PGBIN && -d $dir ]] || return 0
+  if running; then
+    as_owner "$PGBIN/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
+  fi
+}
+
+case $cmd in
+  start) start ;;
+  stop) stop ;;
+  url) url ;;
+  *) usage ;;
+esac

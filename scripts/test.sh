@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The project's one test command (README "Run the tests"; .ci/run calls it).
+# Installs what the tests need, then runs: buf lint, the codegen drift check, ruff, mypy and pytest
+# (unit, conformance on memory/files/PostgreSQL, end-to-end against real server processes).
+# PostgreSQL is installed if missing and started as a private throwaway cluster by the test fixtures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "install (python package with dev extras)"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "Location .* is ignored" || true
+
+step "buf lint (contract)"
+scripts/buf.sh lint
+
+step "generated code matches protos/"
+python3 scripts/gen_protos.py --check
+
+step "ruff"
+python3 -m ruff check .
+python3 -m ruff format --check .
+
+step "mypy contextsvc"
+python3 -m mypy contextsvc
+
+step "pytest"
+python3 -m pytest "$@"

@@ -1,0 +1,285 @@
+"""The server process: health, reflection, sessions, appends, paging, errors, events."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import field_mask_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import resources_pb2 as r
+from tests.support.rpc import all_messages, assistant, error_details, tool, user
+from tests.support.server import ServerProcess
+
+EVERY_RPC = {
+    "CreateSession",
+    "GetSession",
+    "ListSessions",
+    "UpdateSession",
+    "DeleteSession",
+    "AppendMessages",
+    "ListMessages",
+    "BuildContext",
+    "EstimateTokens",
+    "RecordBaseline",
+    "Compress",
+    "StreamEvents",
+    "SearchHistory",
+    "ExpandSummary",
+    "ForkSession",
+}
+
+
+def test_health_serving_within_3s_and_reflection_lists_every_rpc(tmp_path: Any) -> None:
+    started = time.monotonic()
+    proc = ServerProcess(f"files:{tmp_path / 'd'}").start()
+    try:
+        with proc.channel() as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=3, wait_for_ready=True)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            assert time.monotonic() - started < 3.0
+            named = health.Check(health_pb2.HealthCheckRequest(service="contextsvc.v1.ContextService"), timeout=3)
+            assert named.status == health_pb2.HealthCheckResponse.SERVING
+            db = ProtoReflectionDescriptorDatabase(ch)
+            assert "contextsvc.v1.ContextService" in set(db.get_services())
+            from google.protobuf.descriptor_pool import DescriptorPool
+
+            service = DescriptorPool(db).FindServiceByName("contextsvc.v1.ContextService")
+            assert {m.name for m in service.methods} == EVERY_RPC
+    finally:
+        assert proc.terminate() == 0
+
+
+def test_sigterm_stops_gracefully(server: ServerProcess) -> None:
+    with server.channel() as ch:
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5, wait_for_ready=True)
+    started = time.monotonic()
+    assert server.terminate(timeout=15) == 0
+    assert time.monotonic() - started < 10
+    assert '"event": "stopped"' in server.stderr_text
+
+
+def test_session_lifecycle(stub: Any) -> None:
+    created = stub.CreateSession(pb.CreateSessionRequest(name="first", profile_id="default"))
+    assert created.id and created.user_id == "anonymous" and created.profile_id == "default"
+    got = stub.GetSession(pb.GetSessionRequest(session_id=created.id))
+    assert got.name == "first" and got.display_message_count == 0
+
+    updated = stub.UpdateSession(
+        pb.UpdateSessionRequest(
+            session=r.Session(id=created.id, name="renamed", pinned=True),
+            update_mask=field_mask_pb2.FieldMask(paths=["name", "pinned"]),
+        )
+    )
+    assert (updated.name, updated.pinned) == ("renamed", True)
+
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id=created.id))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.GetSession(pb.GetSessionRequest(session_id=created.id))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_details(err.value)["reason"] == "NOT_FOUND"
+
+
+def test_list_sessions_pages_with_opaque_tokens_and_filters(stub: Any) -> None:
+    ids = [stub.CreateSession(pb.CreateSessionRequest(name=f"s{i}")).id for i in range(7)]
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=ids[3], messages=[user("needle in a haystack")]))
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = stub.ListSessions(pb.ListSessionsRequest(page_size=3, page_token=token))
+        assert page.total_size == 7
+        seen += [s.id for s in page.sessions]
+        token = page.next_page_token
+        if not token:
+            break
+    assert sorted(seen) == sorted(ids)
+    found = stub.ListSessions(pb.ListSessionsRequest(query="NEEDLE"))
+    assert [s.id for s in found.sessions] == [ids[3]] and found.total_size == 1
+    assert "needle" in found.sessions[0].preview
+    assert stub.ListSessions(pb.ListSessionsRequest(profile_id="nope")).total_size == 0
+
+
+def test_append_is_idempotent_by_request_id(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    req = pb.AppendMessagesRequest(session_id=sid, messages=[user("a"), user("b")], request_id="req-1")
+    first = stub.AppendMessages(req)
+    again = stub.AppendMessages(req)
+    assert list(first.sequence_numbers) == [1, 2] == list(again.sequence_numbers)
+    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count == 2
+
+
+def test_concurrent_appends_get_distinct_contiguous_sequence_numbers(server: ServerProcess) -> None:
+    with server.channel() as ch:
+        stub = server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+
+        def append(i: int) -> list[int]:
+            resp = stub.AppendMessages(
+                pb.AppendMessagesRequest(session_id=sid, messages=[user(f"c{i}-a"), user(f"c{i}-b")])
+            )
+            return list(resp.sequence_numbers)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            results = list(pool.map(append, range(40)))
+        flat = sorted(n for seqs in results for n in seqs)
+        assert flat == list(range(1, 81))
+        assert all(seqs[1] == seqs[0] + 1 for seqs in results)  # one append stays contiguous
+
+
+def test_list_messages_pages_backwards_through_both_buffers(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user(f"m{i}") for i in range(25)]))
+    page = stub.ListMessages(pb.ListMessagesRequest(session_id=sid, page_size=10))
+    assert [m.sequence_number for m in page.messages] == list(range(16, 26))
+    assert page.next_before_sequence == 16
+    msgs = all_messages(stub, sid, page_size=7)
+    assert [m.content for m in msgs] == [f"m{i}" for i in range(25)]
+    ctx = all_messages(stub, sid, buffer=pb.BUFFER_CONTEXT, page_size=7)
+    assert [m.sequence_number for m in ctx] == list(range(1, 26))
+
+
+def _code_and_fields(call: Any) -> tuple[grpc.StatusCode, list[str], str]:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    details = error_details(err.value)
+    return err.value.code(), details["fields"], details["reason"]
+
+
+def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    cases: list[tuple[Any, str]] = [
+        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[r.Message(content="x")])),
+         "messages[0].role"),
+        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[r.Message(role=42)])),
+         "messages[0].role"),
+        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id="", messages=[user("x")])), "session_id"),
+        (lambda: stub.GetSession(pb.GetSessionRequest(session_id="../../etc/passwd")), "session_id"),
+        (lambda: stub.AppendMessages(
+            pb.AppendMessagesRequest(session_id=sid, messages=[user("x" * (4 * 1024 * 1024 + 1))])),
+         "messages[0].content"),
+        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(
+            session_id=sid,
+            messages=[r.Message(role=r.ROLE_USER, content="pics", images=[r.Image(data=b"\x89PNG") for _ in range(9)])],
+        )), "messages[0].images"),
+        (lambda: stub.ListSessions(pb.ListSessionsRequest(page_size=-1)), "page_size"),
+        (lambda: stub.ListSessions(pb.ListSessionsRequest(page_token="not-a-token")), "page_token"),
+        (lambda: stub.ListMessages(pb.ListMessagesRequest(session_id=sid, page_size=-5)), "page_size"),
+        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[tool("", "x")])),
+         "messages[0].tool_call_id"),
+        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid)), "messages"),
+        (lambda: stub.UpdateSession(pb.UpdateSessionRequest(
+            session=r.Session(id=sid), update_mask=field_mask_pb2.FieldMask(paths=["user_id"]))), "update_mask"),
+        (lambda: stub.CreateSession(pb.CreateSessionRequest(profile_id="no-such-profile")), "profile_id"),
+    ]
+    for call, field in cases:
+        code, fields, reason = _code_and_fields(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, field
+        assert field in fields, (field, fields)
+        assert reason
+    # Nothing was stored by any of them.
+    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count == 0
+
+
+def test_page_token_is_bound_to_its_filter(stub: Any) -> None:
+    for i in range(3):
+        stub.CreateSession(pb.CreateSessionRequest(name=f"x{i}"))
+    token = stub.ListSessions(pb.ListSessionsRequest(page_size=1)).next_page_token
+    assert token
+    code, fields, _ = _code_and_fields(
+        lambda: stub.ListSessions(pb.ListSessionsRequest(page_size=1, page_token=token, query="x1"))
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and fields == ["page_token"]
+
+
+def test_page_size_over_maximum_is_clamped(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("a")]))
+    page = stub.ListMessages(pb.ListMessagesRequest(session_id=sid, page_size=10**9))
+    assert len(page.messages) == 1
+
+
+def test_capabilities_not_landed_answer_unimplemented_naming_what_is_missing(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    for call in (
+        lambda: stub.Compress(pb.CompressRequest(session_id=sid)),
+        lambda: stub.SearchHistory(pb.SearchHistoryRequest(session_id=sid, query="x")),
+        lambda: stub.ExpandSummary(pb.ExpandSummaryRequest(session_id=sid, sequence_number=1)),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "compression" in err.value.details()
+
+
+def test_stream_events_delivers_appends_and_deletion_and_resumes(server: ServerProcess) -> None:
+    with server.channel() as ch:
+        stub = server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        received: list[Any] = []
+        ready = threading.Event()
+
+        stream = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid))
+
+        def consume() -> None:
+            ready.set()
+            for event in stream:
+                received.append(event)
+                if event.WhichOneof("payload") == "session_deleted":
+                    return
+
+        t = threading.Thread(target=consume)
+        t.start()
+        ready.wait(5)
+        time.sleep(0.3)  # let the server register the subscription before publishing
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("one")], request_id="r1"))
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("two"), user("three")]))
+        stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid))
+        t.join(10)
+        stream.cancel()
+        kinds = [e.WhichOneof("payload") for e in received]
+        assert kinds == ["messages_appended", "messages_appended", "session_deleted"]
+        assert list(received[0].messages_appended.sequence_numbers) == [1]
+        assert received[0].messages_appended.request_id == "r1"
+        assert list(received[1].messages_appended.sequence_numbers) == [2, 3]
+        ids = [e.event_id for e in received]
+        assert ids == sorted(ids)
+
+        # Resume after the first event: the rest is replayed, nothing twice.
+        replay = stub.StreamEvents(pb.StreamEventsRequest(after_event_id=ids[0]))
+        got: list[int] = []
+        for event in replay:
+            if event.session_id == sid:
+                got.append(event.event_id)
+            if len(got) == 2:
+                break
+        replay.cancel()
+        assert got == ids[1:]
+
+
+def test_stream_events_of_unknown_session_is_not_found(stub: Any) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.StreamEvents(pb.StreamEventsRequest(session_id="00000000-0000-0000-0000-000000000000"))))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_fork_copies_both_buffers_up_to_a_message(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest(name="parent")).id
+    stub.AppendMessages(
+        pb.AppendMessagesRequest(
+            session_id=sid,
+            messages=[user("q1"), assistant("", [("c1", "ls")]), tool("c1", "out"), assistant("a1"), user("q2")],
+        )
+    )
+    child = stub.ForkSession(pb.ForkSessionRequest(session_id=sid, at_sequence=4))
+    assert child.id != sid and child.display_message_count == 4
+    assert [m.content for m in all_messages(stub, child.id)] == ["q1", "", "out", "a1"]
+    code, fields, _ = _code_and_fields(lambda: stub.ForkSession(pb.ForkSessionRequest(session_id=sid, at_sequence=99)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and fields == ["at_sequence"]

@@ -1,0 +1,84 @@
+"""Start a real ``contextsvc serve`` process on a free loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from contextsvc._gen.v1 import context_service_pb2_grpc
+
+_LISTENING = re.compile(r"contextsvc listening on (\S+):(\d+)")
+START_TIMEOUT_S = 20.0
+
+
+class ServerProcess:
+    """One server process. ``start()`` returns once it prints its address; stopped by its own pid."""
+
+    def __init__(self, store: str, *, extra_args: Sequence[str] = (), env: dict[str, str] | None = None):
+        self.store = store
+        self.extra_args = list(extra_args)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+        self.stderr_text = ""
+
+    def start(self, listen: str = "127.0.0.1:0") -> ServerProcess:
+        cmd = [sys.executable, "-m", "contextsvc", "serve", "--listen", listen, "--store", self.store, *self.extra_args]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if ready:
+                line = self.proc.stdout.readline()
+                match = _LISTENING.search(line)
+                if match:
+                    self.address = f"{match.group(1)}:{match.group(2)}"
+                    return self
+            if self.proc.poll() is not None:
+                break
+        self.kill()
+        raise RuntimeError(f"server did not start: {self.stderr_text[-3000:]}")
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.address)
+
+    def stub(self, channel: grpc.Channel) -> context_service_pb2_grpc.ContextServiceStub:
+        return context_service_pb2_grpc.ContextServiceStub(channel)
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait: the graceful path. Returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self._collect()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: the crash path."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._collect()
+
+    def _collect(self) -> None:
+        if self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
+            self.stderr_text += self.proc.stderr.read()
+            self.proc.stderr.close()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()

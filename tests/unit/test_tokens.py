@@ -1,0 +1,230 @@
+"""Message sizing and view estimates (DESIGN §5.2, §5.3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contextsvc.config import TokenSettings
+from contextsvc.core.calibration import Calibration, Observation, fallback, fit
+from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+from contextsvc.core.tokens import (
+    Baseline,
+    CalibratedCounter,
+    EstimateMethod,
+    ExactCounter,
+    TokenSegments,
+    baseline_delta,
+    counter_for,
+    estimate,
+    load_tokenizer,
+    message_budget,
+    message_chars,
+    messages_chars,
+    output_reserve,
+    truncation_check,
+)
+
+S = TokenSettings()
+FALLBACK = CalibratedCounter(fallback(S))
+LINE = CalibratedCounter(fit([Observation(1000, 400), Observation(2000, 700)], S))  # 100 + 0.3/char
+
+
+def msg(
+    content: str = "",
+    seq: int = 0,
+    *,
+    role: Role = Role.USER,
+    flags: Flags | None = None,
+    images: tuple[ImageRef, ...] = (),
+) -> Message:
+    return Message(role=role, content=content, sequence_number=seq, flags=flags or Flags(), images=images)
+
+
+# --- message_chars -------------------------------------------------------------------------
+
+
+def test_message_chars_counts_what_reaches_the_model() -> None:
+    m = Message(
+        role=Role.ASSISTANT,
+        content="abc",  # 3
+        thinking="hmm",  # 3
+        tool_calls=(ToolCall("call_1", "read", '{"p":1}'), ToolCall("c2", "ls")),  # 6+4+7, 2+2
+        tool_call_id="t1",  # 2
+        name="bob",  # 3
+        images=(ImageRef("x" * 64, width=10, height=10),),  # not chars
+        metadata={"source": "x" * 1000},  # not chars
+    )
+    assert message_chars(m) == 3 + 3 + 17 + 4 + 2 + 3
+    assert messages_chars([m, msg("12345")]) == message_chars(m) + 5
+
+
+def test_an_empty_message_weighs_nothing() -> None:
+    assert message_chars(msg()) == 0
+
+
+# --- counters ------------------------------------------------------------------------------
+
+
+def test_calibrated_counter_methods() -> None:
+    assert FALLBACK.method is EstimateMethod.FALLBACK and FALLBACK.overhead == 0
+    assert LINE.method is EstimateMethod.CALIBRATED and LINE.overhead == 100
+    assert LINE.count_text("x" * 1000) == 300
+    # chars are summed before rounding: 3 x 1 char would be 0 each, 3 chars together are 1
+    assert LINE.count_messages([msg("a"), msg("b"), msg("c")]) == 1
+
+
+def _word_tokenizer(tmp_path: Path) -> str:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "read": 3}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def test_exact_counter_from_a_tokenizer_file(tmp_path: Path) -> None:
+    count = load_tokenizer(_word_tokenizer(tmp_path))
+    assert count("hello world hello") == 3
+    exact = ExactCounter(count)
+    assert exact.method is EstimateMethod.EXACT
+    m = Message(role=Role.ASSISTANT, content="hello world", tool_calls=(ToolCall("id1", "read", "x y"),))
+    assert exact.count_messages([m]) == 2 + 1 + 1 + 2  # content, id, name, args
+
+
+def test_counter_for_uses_the_configured_tokenizer(tmp_path: Path) -> None:
+    settings = TokenSettings(tokenizer_files={"llama": _word_tokenizer(tmp_path)})
+    assert counter_for("llama", fallback(settings), settings).method is EstimateMethod.EXACT
+    assert counter_for("other", fallback(settings), settings).method is EstimateMethod.FALLBACK
+
+
+def test_a_missing_tokenizer_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"nope\.json"):
+        load_tokenizer(str(tmp_path / "nope.json"))
+
+
+# --- window arithmetic ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("window", "reserve", "expected"),
+    [(32768, 2048, 2048), (4096, 2048, 1024), (1000, 2048, 250), (32768, 0, 0)],
+)
+def test_output_reserve_is_capped_at_a_quarter_of_the_window(window: int, reserve: int, expected: int) -> None:
+    assert output_reserve(window, reserve) == expected
+
+
+@pytest.mark.parametrize(("window", "budget", "expected"), [(32768, 0, 5461), (32768, 1000, 1000), (600, 0, 100)])
+def test_message_budget(window: int, budget: int, expected: int) -> None:
+    assert message_budget(window, budget) == expected
+
+
+@pytest.mark.parametrize(
+    ("reported", "estimated", "truncated"),
+    [(699, 1000, True), (700, 1000, False), (1200, 1000, False), (0, 1000, True), (0, 0, False), (500, 0, False)],
+)
+def test_truncation_check(reported: int, estimated: int, truncated: bool) -> None:
+    assert truncation_check(reported, estimated) is truncated
+    assert S.truncation_ratio == 0.70
+
+
+def test_truncation_ratio_is_a_parameter() -> None:
+    assert truncation_check(850, 1000, ratio=0.9)
+    assert not truncation_check(850, 1000, ratio=0.8)
+
+
+# --- estimates -----------------------------------------------------------------------------
+
+
+def test_estimate_breaks_a_view_into_segments() -> None:
+    img = ImageRef("b" * 64, width=1024, height=1024)  # 1026
+    est = estimate(
+        counter=LINE,
+        window=10_000,
+        reserve=2048,
+        system="s" * 1000,  # 300 + overhead 100
+        records=[msg("r" * 100, 1, role=Role.SYSTEM)],  # 30
+        context=[
+            msg("u" * 200, 2, flags=Flags(is_summary=True, is_display=False)),  # 60
+            msg("p" * 10, 3, flags=Flags(is_pinned=True)),  # 3
+            msg("m" * 1000, 4, images=(img,)),  # 300
+        ],
+        incoming=[msg("i" * 20, images=(ImageRef("c" * 64),))],  # 6 + 1024 fallback image
+    )
+    assert est.segments == TokenSegments(
+        system=400, records=30, summaries=60, pinned=3, messages=300, images=1026 + 1024, incoming=6
+    )
+    assert est.total == est.segments.total == 400 + 30 + 60 + 3 + 300 + 2050 + 6
+    assert (est.text, est.images) == (est.total - 2050, 2050)
+    assert est.method is EstimateMethod.CALIBRATED
+    assert (est.window, est.budget) == (10_000, 10_000 - 2048)
+    assert est.fraction == pytest.approx(est.total / 10_000)
+    assert not est.over_budget
+
+
+def test_estimate_of_nothing_is_zero() -> None:
+    est = estimate(counter=FALLBACK, window=1000, reserve=2048)
+    assert (est.total, est.method, est.budget, est.fraction) == (0, EstimateMethod.FALLBACK, 750, 0.0)
+
+
+def test_a_negative_intercept_never_makes_a_negative_segment() -> None:
+    counter = CalibratedCounter(Calibration(-500.0, 0.5, 2, fitted=True))
+    est = estimate(counter=counter, window=1000, reserve=0, system="x" * 10, context=[msg("y" * 100, 1)])
+    assert est.segments.system == 0 and est.total == 50
+
+
+def test_baseline_delta_adds_the_new_messages_to_the_real_count() -> None:
+    since = [msg("x" * 1000, 11), msg("y" * 800, 12, images=(ImageRef("i", width=100, height=100),))]
+    assert baseline_delta(5000, since, LINE) == 5000 + 540 + 258
+    assert baseline_delta(5000, [], LINE) == 5000
+
+
+def test_estimate_with_a_baseline_counts_only_what_came_after_it() -> None:
+    context = [msg("a" * 10_000, 1), msg("b" * 10_000, 2), msg("c" * 1000, 3)]
+    incoming = [msg("d" * 100)]
+    est = estimate(
+        counter=LINE,
+        window=100_000,
+        reserve=2048,
+        system="s" * 1000,
+        context=context,
+        incoming=incoming,
+        baseline=Baseline(tokens=7000, last_sequence=2),
+    )
+    assert est.method is EstimateMethod.BASELINE_DELTA
+    assert est.total == 7000 + 300 + 30
+    # the breakdown keeps the calibrated proportions and sums to the baseline-based total
+    assert est.segments.total == est.total
+    raw = estimate(counter=LINE, window=100_000, reserve=2048, system="s" * 1000, context=context, incoming=incoming)
+    assert raw.total == 400 + 6300 + 30
+    assert est.segments.messages > est.segments.system > est.segments.incoming > 0
+
+
+@given(
+    st.lists(st.integers(0, 50_000), min_size=1, max_size=20),
+    st.integers(0, 200_000),
+    st.integers(0, 25),
+)
+def test_estimate_segments_always_sum_to_the_total(sizes: list[int], baseline: int, boundary: int) -> None:
+    context = [msg("x" * n, i + 1, flags=Flags(is_pinned=i % 3 == 0)) for i, n in enumerate(sizes)]
+    for base in (None, Baseline(baseline, boundary)):
+        est = estimate(counter=LINE, window=50_000, reserve=1000, system="sys", context=context, baseline=base)
+        assert est.segments.total == est.total == est.text + est.images
+        assert min(vars_of(est.segments)) >= 0
+
+
+def vars_of(seg: TokenSegments) -> list[int]:
+    return [seg.system, seg.records, seg.summaries, seg.pinned, seg.messages, seg.images, seg.incoming]
+
+
+def test_exact_method_is_reported(tmp_path: Path) -> None:
+    exact = ExactCounter(load_tokenizer(_word_tokenizer(tmp_path)))
+    est = estimate(counter=exact, window=1000, reserve=0, system="hello", context=[msg("hello world", 1)])
+    assert (est.total, est.method) == (3, EstimateMethod.EXACT)
