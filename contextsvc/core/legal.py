@@ -85,7 +85,9 @@ def legal_suffix_start(messages: Sequence[Message], start: int = 0) -> int:
     """The smallest ``j >= start`` such that ``messages[j:]`` is a legal suffix; ``len(messages)`` if none.
 
     ``messages[j]`` is then a user message and ``messages[j:]`` is legal without repair, so the
-    caller can keep that tail verbatim. An empty tail (``len(messages)``) is trivially legal.
+    caller can keep that tail verbatim. An empty tail (``len(messages)``) is trivially legal. Pass
+    the conversation without its ``role=system`` records: a system row is illegal inside a tail, so
+    no tail that holds one is a legal suffix.
     """
     n = len(messages)
     shape = analyze(messages)

@@ -1,7 +1,7 @@
 """The ``SessionStore`` methods over sessions held in memory, shared by the memory and files stores.
 
-Subclasses make it durable through four hooks (``_persist_create``, ``_persist``,
-``_persist_delete``, ``_after_apply``) and provide the blob methods. Every mutation runs under
+Subclasses make it durable through hooks (``_persist_create``, ``_persist``, ``_persist_delete``,
+``_after_apply``, ``_persist_observation``) and provide the blob methods. Every mutation runs under
 the session's lock inside a shielded task: a caller cancelled half-way (a client deadline) can
 neither split a record between disk and memory nor let the next mutation overtake it.
 """
@@ -19,16 +19,18 @@ from typing import Any, TypeVar
 
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
+from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound
-from contextsvc.ports import Clock
+from contextsvc.ports import Clock, ViewRecord
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
     FlagsRecord,
     HeaderRecord,
     Record,
+    SaveViewRecord,
     SessionState,
     StateRecord,
     utc,
@@ -74,11 +76,20 @@ def _list_key(st: SessionState) -> tuple[bool, int, str]:
 class RowStore:
     """Sessions in a dict of ``SessionState``; mutations build a record, persist it, apply it."""
 
-    def __init__(self, settings: Settings | None, clock: Clock | None, sessions: dict[str, SessionState]) -> None:
+    def __init__(
+        self,
+        settings: Settings | None,
+        clock: Clock | None,
+        sessions: dict[str, SessionState],
+        observations: dict[str, list[Observation]],
+    ) -> None:
         self._settings = settings if settings is not None else Settings()
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._sessions = sessions
+        #: model -> its newest observations, oldest first.
+        self._observations = observations
         self._create_lock = asyncio.Lock()
+        self._calibration_lock = asyncio.Lock()
         self._inflight: set[asyncio.Future[Any]] = set()
 
     # -- hooks -----------------------------------------------------------------------------
@@ -94,6 +105,14 @@ class RowStore:
 
     async def _after_apply(self, st: SessionState) -> None:
         """Housekeeping after a mutation, still under the session lock."""
+
+    async def _persist_observation(self, model: str, observation: Observation) -> None:
+        """Make a calibration observation durable before it is kept in memory."""
+
+    @property
+    def observations_kept(self) -> int:
+        """Observations kept per model: a few fitting windows, so history beyond the fit stays bounded."""
+        return 4 * self._settings.tokens.calibration_window
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -336,6 +355,39 @@ class RowStore:
             return [m.sequence_number for m in record.messages]
 
         return await self._serialized(st, work)
+
+    # -- calibration and views (TokenStore) --------------------------------------------------
+
+    async def add_calibration_observation(self, model: str, observation: Observation) -> None:
+        async def work() -> None:
+            async with self._calibration_lock:
+                await self._persist_observation(model, observation)
+                kept = self._observations.setdefault(model, [])
+                kept.append(observation)
+                del kept[: -self.observations_kept]
+
+        await self._shielded(work)
+
+    async def list_calibration_observations(self, model: str, *, limit: int) -> list[Observation]:
+        if limit <= 0:
+            return []
+        return list(self._observations.get(model, ())[-limit:])
+
+    async def save_view(self, session_id: str, view: ViewRecord, *, keep: int) -> None:
+        st = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if st is None or st.deleted:
+            raise session_not_found(session_id)
+
+        async def work() -> None:
+            await self._commit(st, SaveViewRecord(view, keep))
+
+        await self._serialized(st, work)
+
+    async def get_view(self, session_id: str, view_id: str) -> ViewRecord | None:
+        st = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if st is None or st.deleted:
+            return None
+        return st.views.get(view_id)
 
 
 def _check_rows(st: SessionState, sequence_numbers: Sequence[int]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from contextsvc.core.messages import Message
 from contextsvc.core.session import SessionInfo
+from contextsvc.ports import ViewRecord
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,7 +72,19 @@ class CompactionRecord:
     state: dict[str, Any] | None = None
 
 
-Record = AppendRecord | FlagsRecord | HeaderRecord | StateRecord | CompactionRecord
+@dataclass(slots=True, frozen=True)
+class SaveViewRecord:
+    """A built view remembered for RecordBaseline (soft state: never bumps ``update_time``)."""
+
+    view: ViewRecord
+    keep: int
+
+    @property
+    def time(self) -> None:
+        return None
+
+
+Record = AppendRecord | FlagsRecord | HeaderRecord | StateRecord | CompactionRecord | SaveViewRecord
 
 
 class RecordError(ValueError):
@@ -111,6 +124,7 @@ class SessionState:
         "state",
         "update_time",
         "user_id",
+        "views",
     )
 
     def __init__(self, header: SessionInfo) -> None:
@@ -134,6 +148,8 @@ class SessionState:
         self.preview_source = ""
         #: request_id -> the sequence numbers its first append got.
         self.requests: dict[str, tuple[int, ...]] = {}
+        #: view_id -> view, oldest first (dicts keep insertion order).
+        self.views: dict[str, ViewRecord] = {}
         self.lock = asyncio.Lock()
         self.deleted = False
 
@@ -236,6 +252,8 @@ class SessionState:
                 self.metadata = copy.deepcopy(record.metadata)
         elif isinstance(record, StateRecord):
             self._set_state(record.context_tokens, record.context_truncated, record.state)
+        elif isinstance(record, SaveViewRecord):
+            self.remember_view(record.view, record.keep)
         else:
             self._check_known(record.demote)
             self._check_numbers(record.messages)
@@ -245,6 +263,12 @@ class SessionState:
             self._set_state(record.context_tokens, None, record.state)
         if record.time is not None:
             self.update_time = record.time
+
+    def remember_view(self, view: ViewRecord, keep: int) -> None:
+        self.views.pop(view.view_id, None)
+        self.views[view.view_id] = view
+        while len(self.views) > max(keep, 1):
+            del self.views[next(iter(self.views))]
 
     def _check_numbers(self, messages: Sequence[Message]) -> None:
         expected = len(self.rows) + 1

@@ -5,12 +5,14 @@ Layout under the data directory::
     sessions/<session-id>.jsonl                 the session's log
     sessions/<session-id>.jsonl.torn-<time>     a log set aside on load (also ``.corrupt-<time>``)
     blobs/<ab>/<sha256>                         image bytes, stored once under their SHA-256
+    calibration.jsonl                           calibration observations, one per line, every model
 
 A log's first line is the session header (``{"t": "session", ...}``, fields as in
 ``core/codec.py``); every mutation then appends one record: ``append`` (rows, request id,
 token delta), ``flags`` (explicit ``is_context`` changes by sequence number, context-only rows
 included), ``header`` (name / pinned / metadata), ``state`` (counters, engine state) or
-``compaction`` (demotions + appended rows + counters in one line). Every session is loaded at
+``compaction`` (demotions + appended rows + counters in one line) or ``view`` (a built view kept
+for RecordBaseline: soft state, written but never fsynced on its own). Every session is loaded at
 ``open()`` and kept in memory; reads are served from memory, writes go to the log first and then
 to memory. Logs are rewritten compactly when flag/header/state records pile up
 (``rewrite_log``).
@@ -40,6 +42,8 @@ bad line. Deleting a session removes its log and any copies set aside.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -52,9 +56,10 @@ from pathlib import Path
 from typing import Any
 
 from contextsvc.config import Durability, Settings
+from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
 from contextsvc.errors import Conflict, Unavailable
-from contextsvc.ports import Clock
+from contextsvc.ports import Clock, ViewRecord
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._session import (
     AppendRecord,
@@ -63,6 +68,7 @@ from contextsvc.stores._session import (
     HeaderRecord,
     Record,
     RecordError,
+    SaveViewRecord,
     SessionState,
     StateRecord,
 )
@@ -71,6 +77,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 1
 _LOG_SUFFIX = ".jsonl"
+_CALIBRATION = "calibration.jsonl"
 _TMP_SUFFIX = ".tmp"
 
 
@@ -94,14 +101,14 @@ class FilesStoreStats:
 class _Log:
     path: Path
     size: int
-    #: flag/header/state records since the log was last written whole.
+    #: flag/header/state/view records since the log was last written whole.
     overhead: int = 0
 
 
 class FilesStore(RowStore):
     """A ``SessionStore`` over JSONL logs in a data directory (see the module docstring)."""
 
-    #: A log is rewritten once it holds more flag/header/state records than
+    #: A log is rewritten once it holds more flag/header/state/view records than
     #: max(REWRITE_MIN_OVERHEAD, REWRITE_OVERHEAD_PER_ROW x its row count).
     REWRITE_MIN_OVERHEAD = 256
     REWRITE_OVERHEAD_PER_ROW = 2
@@ -114,12 +121,14 @@ class FilesStore(RowStore):
         clock: Clock | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
-        super().__init__(settings, clock, {})
+        super().__init__(settings, clock, {}, {})
         self.root = Path(path)
         self._sessions_dir = self.root / "sessions"
         self._blobs_dir = self.root / "blobs"
         self._logs: dict[str, _Log] = {}
-        self._dirty: set[str] = set()
+        self._calibration = _Log(self.root / _CALIBRATION, 0)
+        #: files written since their last fsync (batch mode).
+        self._dirty: set[Path] = set()
         self._dirty_event = asyncio.Event()
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._flusher: asyncio.Task[None] | None = None
@@ -127,13 +136,15 @@ class FilesStore(RowStore):
 
     @property
     def pending_fsync(self) -> int:
-        """Logs written but not yet fsynced (batch mode)."""
+        """Files written but not yet fsynced (batch mode)."""
         return len(self._dirty)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        loaded = await asyncio.to_thread(self._load_all)
+        loaded, observations, calibration = await asyncio.to_thread(self._load_all)
+        self._observations.update(observations)
+        self._calibration = calibration
         for st, log in loaded:
             self._sessions[st.id] = st
             self._logs[st.id] = log
@@ -144,17 +155,15 @@ class FilesStore(RowStore):
         await self._drain()
         if self._flusher is not None:
             self._flusher.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
-            except asyncio.CancelledError:
-                pass
             self._flusher = None
         await self.flush()
 
     async def flush(self) -> None:
         """fsync every log written since its last fsync (batch mode; nothing to do in fsync mode)."""
         self._dirty_event.clear()
-        paths = [self._logs[sid].path for sid in sorted(self._dirty) if sid in self._logs]
+        paths = sorted(self._dirty)
         self._dirty.clear()
         if not paths:
             return
@@ -198,19 +207,41 @@ class FilesStore(RowStore):
 
     async def _persist(self, st: SessionState, record: Record) -> None:
         log = self._logs[st.id]
-        data = _dumps(_encode(record))
-        sync = self._settings.durability is Durability.FSYNC
         try:
-            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync)
+            await self._append(log, _dumps(_encode(record)), soft=isinstance(record, SaveViewRecord))
         except OSError as exc:
             raise _unavailable("append to", st.id, exc) from exc
+        if isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord):
+            log.overhead += 1
+
+    async def _append(self, log: _Log, data: bytes, *, soft: bool = False) -> None:
+        """Append one line; fsync it now (fsync mode) or soon (batch mode). ``soft`` lines are
+        only written: they reach the disk with the next fsync of the same file."""
+        sync = self._settings.durability is Durability.FSYNC and not soft
+        log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync)
         if sync:
             self.stats.log_fsyncs += 1
-        else:
-            self._dirty.add(st.id)
+        elif not soft:
+            self._dirty.add(log.path)
             self._dirty_event.set()
-        if isinstance(record, FlagsRecord | HeaderRecord | StateRecord):
-            log.overhead += 1
+
+    async def _persist_observation(self, model: str, observation: Observation) -> None:
+        log = self._calibration
+        line = {"model": model, "chars": observation.chars, "tokens": observation.tokens}
+        if observation.had_images:
+            line["had_images"] = True
+        try:
+            await self._append(log, _dumps(line))
+        except OSError as exc:
+            logger.error("files store: cannot append to %s: %s", log.path, exc)
+            raise Unavailable("the calibration log could not be written") from exc
+        log.overhead += 1
+        if log.overhead > 2 * self.observations_kept * max(1, len(self._observations)):
+            kept = {m: list(obs) for m, obs in self._observations.items()}
+            kept.setdefault(model, []).append(observation)
+            log.size = await asyncio.to_thread(_rewrite_calibration, log.path, kept, self.observations_kept)
+            log.overhead = sum(min(len(v), self.observations_kept) for v in kept.values())
+            self._dirty.discard(log.path)
 
     async def _after_apply(self, st: SessionState) -> None:
         log = self._logs[st.id]
@@ -222,8 +253,9 @@ class FilesStore(RowStore):
             await asyncio.to_thread(_remove_logs, self._sessions_dir, st.id)
         except OSError as exc:
             raise _unavailable("delete", st.id, exc) from exc
-        self._logs.pop(st.id, None)
-        self._dirty.discard(st.id)
+        log = self._logs.pop(st.id, None)
+        if log is not None:
+            self._dirty.discard(log.path)
 
     async def _rewrite(self, st: SessionState) -> None:
         log = self._logs[st.id]
@@ -232,7 +264,7 @@ class FilesStore(RowStore):
         except OSError as exc:
             raise _unavailable("rewrite", st.id, exc) from exc
         log.overhead = 0
-        self._dirty.discard(st.id)  # the rewrite fsynced everything
+        self._dirty.discard(log.path)  # the rewrite fsynced everything
         self.stats.rewrites += 1
 
     # -- blobs -----------------------------------------------------------------------------
@@ -276,9 +308,12 @@ class FilesStore(RowStore):
 
     # -- loading ---------------------------------------------------------------------------
 
-    def _load_all(self) -> list[tuple[SessionState, _Log]]:
-        for folder in (self._sessions_dir, self._blobs_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+    def _load_all(self) -> tuple[list[tuple[SessionState, _Log]], dict[str, list[Observation]], _Log]:
+        if not (self._sessions_dir.is_dir() and self._blobs_dir.is_dir()):
+            for folder in (self._sessions_dir, self._blobs_dir):
+                folder.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(self.root)  # the new folders' entries, before any log relies on them
+        _remove_temp_files(self.root)
         _remove_temp_files(self._sessions_dir)
         for sub in self._blobs_dir.iterdir():
             if sub.is_dir():
@@ -291,7 +326,34 @@ class FilesStore(RowStore):
             result = self._load_log(path)
             if result is not None:
                 loaded.append(result)
-        return loaded
+        observations, calibration = self._load_calibration()
+        return loaded, observations, calibration
+
+    def _load_calibration(self) -> tuple[dict[str, list[Observation]], _Log]:
+        path = self.root / _CALIBRATION
+        if not path.exists():
+            path.touch()
+            _fsync_dir(self.root)
+        lines = path.read_bytes().split(b"\n")
+        tail = lines.pop()
+        observations: dict[str, list[Observation]] = {}
+        bad = 0
+        for raw in lines:
+            try:
+                d = json.loads(raw)
+                obs = Observation(int(d["chars"]), int(d["tokens"]), bool(d.get("had_images", False)))
+                observations.setdefault(str(d["model"]), []).append(obs)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                bad += 1
+        if not bad and not tail:
+            return observations, _Log(path, path.stat().st_size, len(lines))
+        # Observations only tune estimates: keep what is readable and go on, original kept aside.
+        aside = self._set_aside(path, "torn" if not bad else "corrupt", copy=True)
+        logger.warning(
+            "files store: %d unreadable calibration line(s) skipped; original kept at %s", bad + bool(tail), aside
+        )
+        size = _rewrite_calibration(path, observations, self.observations_kept)
+        return observations, _Log(path, size, sum(len(v) for v in observations.values()))
 
     def _load_log(self, path: Path) -> tuple[SessionState, _Log] | None:
         session_id = path.name[: -len(_LOG_SUFFIX)]
@@ -309,7 +371,7 @@ class FilesStore(RowStore):
                     continue
                 record = _decode(obj)
                 st.apply(record)
-                overhead += isinstance(record, FlagsRecord | HeaderRecord | StateRecord)
+                overhead += isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 problem = "torn" if index == len(lines) - 1 and not tail else "corrupt"
             except (RecordError, KeyError, IndexError, TypeError, ValueError, AttributeError):
@@ -322,7 +384,9 @@ class FilesStore(RowStore):
                 problem, bad_line = "torn", len(lines) + 1
         if st is None:
             aside = self._set_aside(path, "corrupt", copy=False)
-            logger.error("files store: session %s not loaded: its log has no valid header; moved to %s", session_id, aside)
+            logger.error(
+                "files store: session %s not loaded: its log has no valid header; moved to %s", session_id, aside
+            )
             return None
         if not problem:
             return st, _Log(path, path.stat().st_size, overhead)
@@ -377,6 +441,7 @@ def _session_line(st: SessionState) -> dict[str, Any]:
         "format": FORMAT,
         "session": session_to_dict(st.info(0)),
         "requests": {key: list(value) for key, value in st.requests.items()},
+        "views": [_view_to_dict(v) for v in st.views.values()],
     }
 
 
@@ -388,7 +453,19 @@ def _header(obj: Any, session_id: str) -> SessionState:
         raise RecordError(f"header names session {info.id!r}")
     st = SessionState(info)
     st.requests = {str(key): tuple(int(s) for s in value) for key, value in obj.get("requests", {}).items()}
+    for view in obj.get("views", ()):
+        st.remember_view(_view_from_dict(view), len(obj["views"]))
     return st
+
+
+def _view_to_dict(view: ViewRecord) -> dict[str, Any]:
+    d = dataclasses.asdict(view)
+    d["create_time"] = view.create_time.isoformat()
+    return d
+
+
+def _view_from_dict(d: dict[str, Any]) -> ViewRecord:
+    return ViewRecord(**{**d, "create_time": datetime.fromisoformat(d["create_time"])})
 
 
 def _time(value: datetime | None) -> str | None:
@@ -410,6 +487,8 @@ def _encode(record: Record) -> dict[str, Any]:
         for key in ("name", "pinned", "metadata"):
             if getattr(record, key) is not None:
                 d[key] = getattr(record, key)
+    elif isinstance(record, SaveViewRecord):
+        d = {"t": "view", "view": _view_to_dict(record.view), "keep": record.keep}
     elif isinstance(record, StateRecord):
         d = {"t": "state"}
         for key in ("context_tokens", "context_truncated", "state"):
@@ -435,6 +514,8 @@ def _decode(d: dict[str, Any]) -> Record:
     if kind == "append":
         messages = tuple(message_from_dict(m) for m in d["messages"])
         return AppendRecord(time, messages, str(d.get("request_id", "")), int(d.get("delta", 0)))
+    if kind == "view":
+        return SaveViewRecord(_view_from_dict(d["view"]), int(d["keep"]))
     if time is None:
         raise RecordError(f"{kind!r} record without a time")
     if kind == "flags":
@@ -502,6 +583,19 @@ def _rewrite_log(st: SessionState, path: Path) -> int:
     parts = [_dumps(_session_line(st))]
     parts.extend(_dumps({"t": "append", "messages": [message_to_dict(row)]}) for row in st.rows)
     data = b"".join(parts)
+    _write_atomic(path, data)
+    return len(data)
+
+
+def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]], keep: int) -> int:
+    lines = []
+    for model, kept in observations.items():
+        for obs in kept[-keep:]:
+            line: dict[str, Any] = {"model": model, "chars": obs.chars, "tokens": obs.tokens}
+            if obs.had_images:
+                line["had_images"] = True
+            lines.append(_dumps(line))
+    data = b"".join(lines)
     _write_atomic(path, data)
     return len(data)
 

@@ -7,19 +7,21 @@ data sees every session as it was, which is how the conformance suite tests relo
 from __future__ import annotations
 
 from contextsvc.config import Settings
+from contextsvc.core.calibration import Observation
 from contextsvc.ports import Clock
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id
 from contextsvc.stores._session import SessionState
 
 
 class MemoryData:
-    """The backing state of a memory store: sessions by id and blobs by content address."""
+    """The backing state of a memory store: sessions, blobs, calibration observations."""
 
-    __slots__ = ("blobs", "sessions")
+    __slots__ = ("blobs", "observations", "sessions")
 
     def __init__(self) -> None:
         self.sessions: dict[str, SessionState] = {}
         self.blobs: dict[str, bytes] = {}
+        self.observations: dict[str, list[Observation]] = {}
 
 
 class MemoryStore(RowStore):
@@ -29,7 +31,7 @@ class MemoryStore(RowStore):
         self, settings: Settings | None = None, *, clock: Clock | None = None, data: MemoryData | None = None
     ) -> None:
         self.data = data if data is not None else MemoryData()
-        super().__init__(settings, clock, self.data.sessions)
+        super().__init__(settings, clock, self.data.sessions, self.data.observations)
 
     async def open(self) -> None:
         """Nothing to load."""

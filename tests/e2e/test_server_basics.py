@@ -156,27 +156,49 @@ def _code_and_fields(call: Any) -> tuple[grpc.StatusCode, list[str], str]:
 def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> None:
     sid = stub.CreateSession(pb.CreateSessionRequest()).id
     cases: list[tuple[Any, str]] = [
-        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[r.Message(content="x")])),
-         "messages[0].role"),
-        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[r.Message(role=42)])),
-         "messages[0].role"),
+        (
+            lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[r.Message(content="x")])),
+            "messages[0].role",
+        ),
+        (
+            lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[r.Message(role=42)])),
+            "messages[0].role",
+        ),
         (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id="", messages=[user("x")])), "session_id"),
         (lambda: stub.GetSession(pb.GetSessionRequest(session_id="../../etc/passwd")), "session_id"),
-        (lambda: stub.AppendMessages(
-            pb.AppendMessagesRequest(session_id=sid, messages=[user("x" * (4 * 1024 * 1024 + 1))])),
-         "messages[0].content"),
-        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(
-            session_id=sid,
-            messages=[r.Message(role=r.ROLE_USER, content="pics", images=[r.Image(data=b"\x89PNG") for _ in range(9)])],
-        )), "messages[0].images"),
+        (
+            lambda: stub.AppendMessages(
+                pb.AppendMessagesRequest(session_id=sid, messages=[user("x" * (4 * 1024 * 1024 + 1))])
+            ),
+            "messages[0].content",
+        ),
+        (
+            lambda: stub.AppendMessages(
+                pb.AppendMessagesRequest(
+                    session_id=sid,
+                    messages=[
+                        r.Message(role=r.ROLE_USER, content="pics", images=[r.Image(data=b"\x89PNG") for _ in range(9)])
+                    ],
+                )
+            ),
+            "messages[0].images",
+        ),
         (lambda: stub.ListSessions(pb.ListSessionsRequest(page_size=-1)), "page_size"),
         (lambda: stub.ListSessions(pb.ListSessionsRequest(page_token="not-a-token")), "page_token"),
         (lambda: stub.ListMessages(pb.ListMessagesRequest(session_id=sid, page_size=-5)), "page_size"),
-        (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[tool("", "x")])),
-         "messages[0].tool_call_id"),
+        (
+            lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[tool("", "x")])),
+            "messages[0].tool_call_id",
+        ),
         (lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid)), "messages"),
-        (lambda: stub.UpdateSession(pb.UpdateSessionRequest(
-            session=r.Session(id=sid), update_mask=field_mask_pb2.FieldMask(paths=["user_id"]))), "update_mask"),
+        (
+            lambda: stub.UpdateSession(
+                pb.UpdateSessionRequest(
+                    session=r.Session(id=sid), update_mask=field_mask_pb2.FieldMask(paths=["user_id"])
+                )
+            ),
+            "update_mask",
+        ),
         (lambda: stub.CreateSession(pb.CreateSessionRequest(profile_id="no-such-profile")), "profile_id"),
     ]
     for call, field in cases:

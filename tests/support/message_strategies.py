@@ -90,7 +90,9 @@ def well_formed_conversations(draw: st.DrawFn, *, max_turns: int = 5, pending: b
     for t in range(draw(st.integers(0 if rows else 1, max_turns))):
         rows.extend(draw(_turn(t)))
     if pending and draw(st.integers(0, 3)) == 0:
-        rows.append(assistant(draw(st.sampled_from(["", "running"])), *[f"p{k}" for k in range(draw(st.integers(1, 2)))]))
+        rows.append(
+            assistant(draw(st.sampled_from(["", "running"])), *[f"p{k}" for k in range(draw(st.integers(1, 2)))])
+        )
     return numbered(rows)
 
 

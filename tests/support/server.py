@@ -8,8 +8,10 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from typing import IO
 
 import grpc
 
@@ -28,12 +30,14 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
-        self.stderr_text = ""
+        self._stderr_file: IO[str] | None = None
 
     def start(self, listen: str = "127.0.0.1:0") -> ServerProcess:
         cmd = [sys.executable, "-m", "contextsvc", "serve", "--listen", listen, "--store", self.store, *self.extra_args]
+        # stderr goes to a file: a pipe nobody reads would block a chatty server.
+        self._stderr_file = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True
+            cmd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True, env=self.env, start_new_session=True
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -51,6 +55,14 @@ class ServerProcess:
         raise RuntimeError(f"server did not start: {self.stderr_text[-3000:]}")
 
     @property
+    def stderr_text(self) -> str:
+        """Everything the process wrote to stderr so far (its JSON log lines)."""
+        if self._stderr_file is None:
+            return ""
+        self._stderr_file.seek(0)
+        return self._stderr_file.read()
+
+    @property
     def port(self) -> int:
         return int(self.address.rpartition(":")[2])
 
@@ -65,20 +77,10 @@ class ServerProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self._collect()
-        return code
+        return self.proc.wait(timeout)
 
     def kill(self) -> None:
         """SIGKILL: the crash path."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-        self._collect()
-
-    def _collect(self) -> None:
-        if self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
-            self.stderr_text += self.proc.stderr.read()
-            self.proc.stderr.close()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()

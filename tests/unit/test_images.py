@@ -177,3 +177,19 @@ def test_an_extreme_aspect_bomb_is_priced_by_its_shape() -> None:
 )
 def test_ref_tokens(ref: ImageRef, tokens: int) -> None:
     assert ref_tokens(ref) == tokens
+
+
+_SEEDS = [_encoded("PNG", (64, 48)), _encoded("JPEG", (64, 48)), _encoded("GIF", (64, 48)), _png_header(9, 9)]
+
+
+@given(st.sampled_from(_SEEDS), st.integers(0, 200), st.binary(max_size=8), st.integers(0, 300))
+def test_mangled_headers_never_raise(seed: bytes, at: int, junk: bytes, cut: int) -> None:
+    data = (seed[:at] + junk + seed[at + len(junk) :])[: max(cut, 1)]
+    info = inspect_image(data)
+    assert info.tokens == 1024 or 258 <= info.tokens <= 4098
+    assert (info.width == 0) == (info.height == 0)
+
+
+@given(st.binary(max_size=64))
+def test_random_bytes_never_raise(data: bytes) -> None:
+    assert inspect_image(data).tokens > 0

@@ -185,7 +185,7 @@ def test_rows_are_partitioned(rows: list[Message]) -> None:
 @given(message_sequences())
 def test_groups_answer_only_within_their_run(rows: list[Message]) -> None:
     shape = analyze(rows)
-    answering = set()
+    answering: set[int] = set()
     for g in shape.groups:
         assert rows[g.start].role is Role.ASSISTANT and rows[g.start].tool_calls
         assert g.answered <= set(g.call_ids)

@@ -1,0 +1,80 @@
+"""Blobs (content-addressed, stored once), calibration observations and built views."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from contextsvc.core.calibration import Observation
+from contextsvc.errors import InvalidArgument, NotFound
+from contextsvc.ports import SessionStore
+from tests.conformance.helpers import ALICE, Reopen, user, view
+from tests.support.stores import Backing
+
+
+async def test_a_blob_is_stored_once_under_its_sha256(store: SessionStore, backing: Backing, reopen: Reopen) -> None:
+    data = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 10
+    blob_id = hashlib.sha256(data).hexdigest()
+    assert await store.get_blob(blob_id) is None
+    await store.put_blob(data, blob_id=blob_id)
+    await store.put_blob(data, blob_id=blob_id)
+    other = b"another image"
+    await store.put_blob(other, blob_id=hashlib.sha256(other).hexdigest())
+    assert await backing.count_blobs() == 2
+    assert await store.get_blob(blob_id) == data
+
+    store = await reopen()
+    assert await store.get_blob(blob_id) == data
+    await store.put_blob(data, blob_id=blob_id)
+    assert await backing.count_blobs() == 2
+
+
+async def test_a_blob_id_must_be_the_content_address(store: SessionStore, backing: Backing) -> None:
+    data = b"bytes"
+    with pytest.raises(InvalidArgument):
+        await store.put_blob(data, blob_id=hashlib.sha256(b"other").hexdigest())
+    for bad in ("../../etc/passwd", hashlib.sha256(data).hexdigest().upper(), "", "ab"):
+        with pytest.raises(InvalidArgument):
+            await store.put_blob(data, blob_id=bad)
+        assert await store.get_blob(bad) is None
+    assert await backing.count_blobs() == 0
+
+
+async def test_observations_are_per_model_newest_last(store: SessionStore, reopen: Reopen) -> None:
+    gpt = [Observation(chars=1000 * k, tokens=300 * k) for k in range(1, 13)]
+    for obs in gpt:
+        await store.add_calibration_observation("gpt", obs)
+    await store.add_calibration_observation("llama", Observation(chars=10, tokens=9, had_images=True))
+    assert await store.list_calibration_observations("gpt", limit=8) == gpt[-8:]
+    assert await store.list_calibration_observations("gpt", limit=100) == gpt
+    assert await store.list_calibration_observations("llama", limit=8) == [Observation(10, 9, True)]
+    assert await store.list_calibration_observations("unknown", limit=8) == []
+    assert await store.list_calibration_observations("gpt", limit=0) == []
+    store = await reopen()  # shared by every replica and restart
+    assert await store.list_calibration_observations("gpt", limit=8) == gpt[-8:]
+
+
+async def test_views_keep_the_newest_and_survive_a_clean_restart(store: SessionStore, reopen: Reopen) -> None:
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [user("a")], caller=ALICE)
+    before = await store.get_session(sid, caller=ALICE)
+    for i in range(5):
+        await store.save_view(sid, view(f"v{i}", last_sequence=i), keep=3)
+    assert [await store.get_view(sid, f"v{i}") for i in range(5)] == [
+        None,
+        None,
+        view("v2", last_sequence=2),
+        view("v3", last_sequence=3),
+        view("v4", last_sequence=4),
+    ]
+    assert await store.get_view(sid, "nope") is None
+    assert await store.get_view("00000000-0000-4000-8000-000000000000", "v4") is None
+    # Views are soft state: remembering one is not a change of the session.
+    assert await store.get_session(sid, caller=ALICE) == before
+    with pytest.raises(NotFound):
+        await store.save_view("00000000-0000-4000-8000-000000000000", view("x"), keep=3)
+
+    store = await reopen()
+    assert await store.get_view(sid, "v4") == view("v4", last_sequence=4)
+    assert await store.get_view(sid, "v1") is None

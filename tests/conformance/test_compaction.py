@@ -1,0 +1,156 @@
+"""Context flags, engine state and compaction: explicit, persisted, atomic."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from contextsvc.errors import NotFound
+from contextsvc.ports import SessionStore
+from tests.conformance.helpers import ALICE, Reopen, assistant, compression_record, seqs, snapshot, summary, tool, user
+
+
+async def _session_with(store: SessionStore, n: int) -> str:
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [user(f"m{i}", is_pinned=i == 3) for i in range(1, n + 1)], caller=ALICE)
+    return sid
+
+
+async def test_set_context_flags_demotes_and_promotes_and_persists(store: SessionStore, reopen: Reopen) -> None:
+    sid = await _session_with(store, 5)
+    await store.set_context_flags(sid, [2, 4], caller=ALICE, is_context=False)
+    assert seqs(await store.load_context(sid, caller=ALICE)) == [1, 3, 5]
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.context_message_count, info.display_message_count) == (3, 5)
+    await store.set_context_flags(sid, [4], caller=ALICE, is_context=True)
+    assert seqs(await store.load_context(sid, caller=ALICE)) == [1, 3, 4, 5]
+    # Setting a flag to the value it has is harmless.
+    await store.set_context_flags(sid, [1, 1, 3], caller=ALICE, is_context=True)
+    rows = await store.get_messages(sid, caller=ALICE, first=1, last=5)
+    assert [m.flags.is_context for m in rows] == [True, False, True, True, True]
+
+    store = await reopen()
+    assert seqs(await store.load_context(sid, caller=ALICE)) == [1, 3, 4, 5]
+    assert (await store.get_session(sid, caller=ALICE)).context_message_count == 4
+
+
+async def test_unknown_sequence_numbers_change_nothing(store: SessionStore) -> None:
+    sid = await _session_with(store, 3)
+    before = await snapshot(store, sid)
+    with pytest.raises(NotFound):
+        await store.set_context_flags(sid, [2, 99], caller=ALICE, is_context=False)
+    with pytest.raises(NotFound):
+        await store.set_context_flags(sid, [0], caller=ALICE, is_context=False)
+    assert await snapshot(store, sid) == before
+
+
+async def test_update_state_replaces_only_the_given_values(store: SessionStore, reopen: Reopen) -> None:
+    sid = await _session_with(store, 1)
+    info = await store.update_state(sid, caller=ALICE, context_tokens=120, state={"baseline": {"tokens": 100}})
+    assert (info.context_tokens, info.context_truncated, info.state) == (120, False, {"baseline": {"tokens": 100}})
+    info = await store.update_state(sid, caller=ALICE, context_truncated=True)
+    assert (info.context_tokens, info.context_truncated, info.state) == (120, True, {"baseline": {"tokens": 100}})
+    info = await store.update_state(sid, caller=ALICE, state={"epoch": 2})
+    assert (info.context_tokens, info.context_truncated, info.state) == (120, True, {"epoch": 2})
+    store = await reopen()
+    assert await store.get_session(sid, caller=ALICE) == info
+
+
+async def test_compaction_places_the_summary_first_and_keeps_pinned_rows(store: SessionStore, reopen: Reopen) -> None:
+    sid = await _session_with(store, 10)
+    new = await store.commit_compaction(
+        sid,
+        caller=ALICE,
+        demote=[1, 2, 4, 5, 6],
+        append=[summary("summary of 1-6", anchor=1, replaces=(1, 6)), compression_record("compressed 1-6")],
+        context_tokens=42,
+        state={"epoch": 1},
+    )
+    assert new == [11, 12]
+    expected = [11, 3, 7, 8, 9, 10]  # summary at its anchor, then the pinned row, then the kept ones
+    context = await store.load_context(sid, caller=ALICE)
+    assert seqs(context) == expected
+    assert context[0].replaces == (1, 6) and context[0].flags.is_summary and not context[0].flags.is_display
+    assert context[1].flags.is_pinned
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.context_tokens, info.state, info.last_sequence) == (42, {"epoch": 1}, 12)
+    assert (info.context_message_count, info.display_message_count) == (6, 11)
+    # The display history is never rewritten: every original row is still there, plus the record.
+    rows = await store.get_messages(sid, caller=ALICE, first=1, last=12)
+    assert [m.content for m in rows[:10]] == [f"m{i}" for i in range(1, 11)]
+    assert rows[11].flags.is_compression and not rows[11].flags.is_context
+
+    store = await reopen()
+    assert seqs(await store.load_context(sid, caller=ALICE)) == expected
+    assert await store.get_session(sid, caller=ALICE) == info
+
+
+async def test_a_failing_compaction_changes_nothing(store: SessionStore) -> None:
+    sid = await _session_with(store, 4)
+    before = await snapshot(store, sid)
+    with pytest.raises(NotFound):
+        await store.commit_compaction(
+            sid, caller=ALICE, demote=[1, 2, 77], append=[summary("S", anchor=1, replaces=(1, 2))], context_tokens=1
+        )
+    assert await snapshot(store, sid) == before
+
+
+async def test_readers_see_the_old_or_the_new_context_never_a_mix(store: SessionStore) -> None:
+    sid = await _session_with(store, 40)
+    old = seqs(await store.load_context(sid, caller=ALICE))
+    demote = list(range(1, 31))
+    task = asyncio.ensure_future(
+        store.commit_compaction(
+            sid,
+            caller=ALICE,
+            demote=demote,
+            append=[summary("S", anchor=1, replaces=(1, 30)), compression_record("r")],
+            context_tokens=5,
+        )
+    )
+    seen: list[list[int]] = []
+    while not task.done():
+        seen.append(seqs(await store.load_context(sid, caller=ALICE)))
+        await asyncio.sleep(0)
+    await task
+    new = [41, *range(31, 41)]
+    seen.append(seqs(await store.load_context(sid, caller=ALICE)))
+    assert all(s in (old, new) for s in seen)
+    assert seen[-1] == new
+
+
+async def test_a_demoted_summary_stays_demoted_after_a_restart(store: SessionStore, reopen: Reopen) -> None:
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(
+        sid,
+        [user("q1"), assistant("", "c1"), tool("c1", "r1"), assistant("a1"), user("q2"), assistant("a2")],
+        caller=ALICE,
+    )
+    first = await store.commit_compaction(
+        sid,
+        caller=ALICE,
+        demote=[1, 2, 3, 4],
+        append=[summary("S1", anchor=1, replaces=(1, 4)), compression_record("c1")],
+        context_tokens=20,
+    )
+    assert first == [7, 8]
+    await store.append_messages(sid, [user("q3"), assistant("a3")], caller=ALICE)
+    # The second compaction demotes the older summary (a context-only row) with the turn it covered.
+    second = await store.commit_compaction(
+        sid,
+        caller=ALICE,
+        demote=[7, 5, 6],
+        append=[summary("S2", anchor=1, replaces=(1, 6)), compression_record("c2")],
+        context_tokens=15,
+    )
+    assert second == [11, 12]
+    expected = ["S2", "q3", "a3"]
+    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == expected
+    before = await snapshot(store, sid)
+
+    store = await reopen()
+    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == expected
+    old_summary = (await store.get_messages(sid, caller=ALICE, first=7, last=7))[0]
+    assert old_summary.flags.is_summary and not old_summary.flags.is_context and not old_summary.flags.is_display
+    assert await snapshot(store, sid) == before

@@ -1,0 +1,508 @@
+"""What only the files store has: its logs on disk, recovery on load, rewrites, durability modes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import contextsvc.stores.files as files_module
+from contextsvc.config import Durability, Settings
+from contextsvc.core.calibration import Observation
+from contextsvc.core.messages import Flags, Message, Role
+from contextsvc.core.session import Principal
+from contextsvc.errors import InvalidArgument, NotFound, Unavailable
+from contextsvc.stores.files import FilesStore
+from tests.support.stores import TickingClock
+
+ALICE = Principal(user_id="alice")
+
+
+def user(content: str) -> Message:
+    return Message(role=Role.USER, content=content)
+
+
+def summary(content: str, anchor: int) -> Message:
+    return Message(
+        role=Role.USER, content=content, flags=Flags(is_summary=True, is_display=False), context_anchor=anchor
+    )
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+def settings(**kw: Any) -> Settings:
+    return Settings(**{"durability": Durability.FSYNC, **kw})
+
+
+async def opened(root: Path, **kw: Any) -> FilesStore:
+    store = FilesStore(
+        root, settings(**{k: v for k, v in kw.items() if k != "sleep"}), clock=TickingClock(), sleep=kw.get("sleep")
+    )
+    await store.open()
+    return store
+
+
+def log_of(root: Path, sid: str) -> Path:
+    return root / "sessions" / f"{sid}.jsonl"
+
+
+def lines_of(path: Path) -> list[dict[str, Any]]:
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+async def everything(store: FilesStore, sid: str) -> tuple[Any, ...]:
+    info = await store.get_session(sid, caller=ALICE)
+    return (
+        info,
+        await store.get_messages(sid, caller=ALICE, first=1, last=info.last_sequence),
+        await store.load_context(sid, caller=ALICE),
+    )
+
+
+async def session_with(store: FilesStore, n: int) -> str:
+    sid = (await store.create_session(caller=ALICE, profile_id="p", name="s")).id
+    for i in range(1, n + 1):
+        await store.append_messages(sid, [user(f"m{i}")], caller=ALICE, request_id=f"r{i}")
+    return sid
+
+
+# -- the log format -----------------------------------------------------------------------------
+
+
+async def test_the_log_is_a_header_then_one_record_per_mutation(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 2)
+    await store.set_context_flags(sid, [1], caller=ALICE, is_context=False)
+    await store.update_session(sid, caller=ALICE, pinned=True)
+    await store.update_state(sid, caller=ALICE, context_tokens=3)
+    await store.commit_compaction(sid, caller=ALICE, demote=[2], append=[summary("S", 1)], context_tokens=1)
+    kinds = [line["t"] for line in lines_of(log_of(root, sid))]
+    assert kinds == ["session", "append", "append", "flags", "header", "state", "compaction"]
+    first = lines_of(log_of(root, sid))[0]
+    assert first["session"]["id"] == sid and first["session"]["user_id"] == "alice"
+    compaction = lines_of(log_of(root, sid))[-1]
+    assert compaction["demote"] == [2] and [m["seq"] for m in compaction["messages"]] == [3]
+    await store.close()
+
+
+# -- recovery on load ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tail", [b'{"t":"append","messages":[{"seq":4,"ro', b'{"t":"append" garbage\n'])
+async def test_a_torn_last_line_is_dropped_and_kept_aside(
+    root: Path, caplog: pytest.LogCaptureFixture, tail: bytes
+) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 3)
+    before = await everything(store, sid)
+    await store.close()
+    path = log_of(root, sid)
+    original = path.read_bytes() + tail
+    path.write_bytes(original)
+
+    with caplog.at_level(logging.WARNING, logger="contextsvc.stores.files"):
+        store = await opened(root)
+    assert await everything(store, sid) == before
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and sid in r.getMessage()]
+    assert len(warnings) == 1 and "torn" in warnings[0].getMessage()
+    (aside,) = root.joinpath("sessions").glob(f"{sid}.jsonl.torn-*")
+    assert aside.read_bytes() == original
+    assert len(lines_of(path)) == 4  # rewritten without the torn line
+    assert store.stats.recovered_logs == 1
+    # The session goes on from where it was; a second reload is clean.
+    assert (await store.append_messages(sid, [user("m4")], caller=ALICE)).sequence_numbers == [4]
+    await store.close()
+    caplog.clear()
+    store = await opened(root)
+    assert (await store.get_session(sid, caller=ALICE)).last_sequence == 4
+    assert store.stats.recovered_logs == 0 and not caplog.records
+    await store.close()
+
+
+async def test_a_torn_compaction_is_all_or_nothing(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 4)
+    before = await everything(store, sid)
+    await store.commit_compaction(
+        sid, caller=ALICE, demote=[1, 2, 3], append=[summary("S", 1), user("record")], context_tokens=1
+    )
+    await store.close()
+    path = log_of(root, sid)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 25])  # a crash in the middle of writing the compaction record
+
+    store = await opened(root)
+    assert await everything(store, sid) == before
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    "bad_line",
+    [
+        b"this is not json",
+        b'{"t":"append","messages":[{"seq":9,"role":"user","content":"gap"}]}',  # valid JSON, wrong number
+        b'{"t":"teleport"}',
+    ],
+)
+async def test_a_bad_line_in_the_middle_is_corruption(
+    root: Path, caplog: pytest.LogCaptureFixture, bad_line: bytes
+) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 1)
+    before = await everything(store, sid)
+    await store.append_messages(sid, [user("m2")], caller=ALICE)
+    await store.append_messages(sid, [user("m3")], caller=ALICE)
+    await store.close()
+    path = log_of(root, sid)
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = bad_line  # header, m1, [m2 -> bad], m3
+    original = b"\n".join(lines)
+    path.write_bytes(original)
+
+    with caplog.at_level(logging.WARNING, logger="contextsvc.stores.files"):
+        store = await opened(root)
+    assert await everything(store, sid) == before  # what precedes the bad line
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and sid in r.getMessage()]
+    assert len(errors) == 1 and "corrupt line 3" in errors[0].getMessage()
+    (aside,) = root.joinpath("sessions").glob(f"{sid}.jsonl.corrupt-*")
+    assert aside.read_bytes() == original
+    # New appends after the recovery are not hidden behind the bad line on the next load.
+    await store.append_messages(sid, [user("new")], caller=ALICE)
+    await store.close()
+    store = await opened(root)
+    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == ["m1", "new"]
+    await store.close()
+
+
+async def test_a_log_without_a_valid_header_is_moved_aside(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = await opened(root)
+    good = await session_with(store, 1)
+    bad = await session_with(store, 1)
+    await store.close()
+    log_of(root, bad).write_bytes(b"{broken\n" + log_of(root, bad).read_bytes())
+
+    with caplog.at_level(logging.ERROR, logger="contextsvc.stores.files"):
+        store = await opened(root)
+    assert (await store.get_session(good, caller=ALICE)).last_sequence == 1
+    with pytest.raises(NotFound):
+        await store.get_session(bad, caller=ALICE)
+    assert not log_of(root, bad).exists()
+    assert len(list(root.joinpath("sessions").glob(f"{bad}.jsonl.corrupt-*"))) == 1
+    assert any(bad in r.getMessage() for r in caplog.records)
+    await store.close()
+
+
+async def test_a_torn_calibration_line_is_skipped(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = await opened(root)
+    await store.add_calibration_observation("m", Observation(100, 40))
+    await store.close()
+    with (root / "calibration.jsonl").open("ab") as fh:
+        fh.write(b'{"model":"m","cha')
+    with caplog.at_level(logging.WARNING, logger="contextsvc.stores.files"):
+        store = await opened(root)
+    assert await store.list_calibration_observations("m", limit=8) == [Observation(100, 40)]
+    assert any("calibration" in r.getMessage() for r in caplog.records)
+    await store.add_calibration_observation("m", Observation(200, 80))
+    await store.close()
+    store = await opened(root)
+    assert await store.list_calibration_observations("m", limit=8) == [Observation(100, 40), Observation(200, 80)]
+    await store.close()
+
+
+# -- rewriting a log ----------------------------------------------------------------------------
+
+
+async def _churn(store: FilesStore, sid: str, rounds: int) -> None:
+    for i in range(rounds):
+        await store.set_context_flags(sid, [1], caller=ALICE, is_context=i % 2 == 1)
+        await store.update_state(sid, caller=ALICE, context_tokens=i, state={"round": i})
+        await store.update_session(sid, caller=ALICE, name=f"name {i}")
+
+
+async def test_rewrite_log_keeps_everything_and_leaves_no_temp_files(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 5)
+    await store.commit_compaction(sid, caller=ALICE, demote=[1, 2], append=[summary("S", 1)], context_tokens=9)
+    await _churn(store, sid, 10)
+    before = await everything(store, sid)
+    lines_before = len(lines_of(log_of(root, sid)))
+
+    await store.rewrite_log(sid)
+    assert len(lines_of(log_of(root, sid))) == 1 + 6  # header + one line per row
+    assert lines_before == 1 + 5 + 1 + 30
+    assert [p.name for p in root.joinpath("sessions").iterdir()] == [f"{sid}.jsonl"]
+    assert await everything(store, sid) == before
+    await store.close()
+
+    store = await opened(root)
+    assert await everything(store, sid) == before
+    replay = await store.append_messages(sid, [user("again")], caller=ALICE, request_id="r3")
+    assert (replay.sequence_numbers, replay.replayed) == ([3], True)
+    await store.close()
+
+
+async def test_a_failed_rewrite_leaves_the_old_log(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 3)
+    before = await everything(store, sid)
+    original = log_of(root, sid).read_bytes()
+
+    def broken_replace(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(Unavailable):
+        await store.rewrite_log(sid)
+    monkeypatch.undo()
+    assert log_of(root, sid).read_bytes() == original
+    assert [p.name for p in root.joinpath("sessions").iterdir()] == [f"{sid}.jsonl"]
+    assert await everything(store, sid) == before
+    await store.append_messages(sid, [user("m4")], caller=ALICE)
+    await store.close()
+    store = await opened(root)
+    assert (await store.get_session(sid, caller=ALICE)).last_sequence == 4
+    await store.close()
+
+
+async def test_the_log_is_rewritten_when_overhead_records_pile_up(root: Path) -> None:
+    store = await opened(root)
+    store.REWRITE_MIN_OVERHEAD = 10  # an instance override, for the test
+    sid = await session_with(store, 3)
+    await _churn(store, sid, 20)  # 60 flag/state/header records for 3 rows
+    assert store.stats.rewrites >= 5
+    assert len(lines_of(log_of(root, sid))) <= 1 + 3 + 11
+    before = await everything(store, sid)
+    await store.close()
+    store = await opened(root)
+    assert await everything(store, sid) == before
+    await store.close()
+
+
+# -- durability ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Paths of every file fsynced (through any descriptor), in order."""
+    calls: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return calls
+
+
+async def test_fsync_mode_fsyncs_the_log_before_an_append_returns(root: Path, fsynced: list[str]) -> None:
+    store = await opened(root)
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    path = str(log_of(root, sid).resolve())
+    for i in range(3):
+        fsynced.clear()
+        await store.append_messages(sid, [user(f"m{i}")], caller=ALICE)
+        assert fsynced == [path]
+    assert store.stats.log_fsyncs == 3 and store.pending_fsync == 0
+    await store.close()
+
+
+async def test_batch_mode_fsyncs_within_the_configured_interval(root: Path, fsynced: list[str]) -> None:
+    delays: list[float] = []
+    tick = asyncio.Event()
+
+    async def controlled_sleep(seconds: float) -> None:
+        delays.append(seconds)
+        await tick.wait()
+        tick.clear()
+
+    store = await opened(root, durability=Durability.BATCH, fsync_batch_ms=40, sleep=controlled_sleep)
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    path = str(log_of(root, sid).resolve())
+    fsynced.clear()
+    await store.append_messages(sid, [user("m1")], caller=ALICE)
+    await store.append_messages(sid, [user("m2")], caller=ALICE)
+    # Acknowledged and written, not yet forced to disk: one log waits for the flusher.
+    assert fsynced == [] and store.pending_fsync == 1 and store.stats.batch_flushes == 0
+    assert len(lines_of(log_of(root, sid))) == 3
+
+    await _until(lambda: delays == [0.040])  # the flusher waits exactly fsync_batch_ms ...
+    tick.set()
+    await _until(lambda: store.stats.batch_flushes == 1)  # ... then fsyncs every written log once
+    assert fsynced == [path] and store.pending_fsync == 0
+
+    # Idle: nothing written, the flusher does not wake up; the next write arms it again.
+    await store.update_state(sid, caller=ALICE, context_tokens=1)
+    await _until(lambda: len(delays) == 2)
+    tick.set()
+    await _until(lambda: store.stats.batch_flushes == 2)
+    assert fsynced == [path, path]
+    await store.close()
+
+
+async def test_batch_mode_close_flushes_what_is_pending(root: Path, fsynced: list[str]) -> None:
+    async def never(seconds: float) -> None:
+        await asyncio.Event().wait()
+
+    store = await opened(root, durability=Durability.BATCH, sleep=never)
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    fsynced.clear()
+    await store.append_messages(sid, [user("m1")], caller=ALICE)
+    assert fsynced == []
+    await store.close()
+    assert fsynced == [str(log_of(root, sid).resolve())]
+
+
+async def test_a_process_crash_in_batch_mode_loses_nothing_written(root: Path) -> None:
+    async def never(seconds: float) -> None:
+        await asyncio.Event().wait()
+
+    store = await opened(root, durability=Durability.BATCH, sleep=never)
+    sid = await session_with(store, 5)
+    before = await everything(store, sid)
+    # No close(): the process "dies"; the OS still holds what was written.
+    again = await opened(root)
+    assert await everything(again, sid) == before
+    await again.close()
+    await store.close()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait (bounded, not timed) for a background task to reach a state."""
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110  (a plain counter, no event to wait on)
+            await asyncio.sleep(0.001)
+
+
+# -- failures and cancellation ------------------------------------------------------------------
+
+
+async def test_a_half_written_record_is_cut_before_the_next_write(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 2)
+    before = await everything(store, sid)
+    real_pwrite = os.pwrite
+
+    def disk_full(fd: int, data: Any, offset: int) -> int:
+        real_pwrite(fd, bytes(data[:-1]), offset)  # all but the newline made it
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", disk_full)
+    with pytest.raises(Unavailable):
+        await store.append_messages(sid, [user("lost " * 100)], caller=ALICE)
+    monkeypatch.undo()
+    assert await everything(store, sid) == before
+    assert (await store.append_messages(sid, [user("m3")], caller=ALICE)).sequence_numbers == [3]
+    await store.close()
+    store = await opened(root)
+    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == ["m1", "m2", "m3"]
+    assert store.stats.recovered_logs == 0
+    await store.close()
+
+
+async def test_a_cancelled_caller_does_not_split_disk_and_memory(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 1)
+    entered, release = threading.Event(), threading.Event()
+    real = files_module._append_at
+
+    def slow(*args: Any) -> int:
+        entered.set()
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(files_module, "_append_at", slow)
+    task = asyncio.ensure_future(store.append_messages(sid, [user("m2")], caller=ALICE))
+    await asyncio.to_thread(entered.wait, 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    monkeypatch.setattr(files_module, "_append_at", real)
+    release.set()
+    # The write was under way: it completes, in memory and on disk, before anything else runs.
+    assert (await store.append_messages(sid, [user("m3")], caller=ALICE)).sequence_numbers == [3]
+    await store.close()
+    store = await opened(root)
+    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == ["m1", "m2", "m3"]
+    await store.close()
+
+
+# -- ids and paths ------------------------------------------------------------------------------
+
+
+def _tree(folder: Path) -> list[Path]:
+    return sorted(p.relative_to(folder) for p in folder.rglob("*"))
+
+
+TRICKS = ["../../../etc/passwd", "..", "a/../../b", "/etc/passwd", "00000000-0000-4000-8000-00000000000%", ""]
+
+
+async def test_path_tricks_are_not_found_and_touch_nothing(root: Path, tmp_path: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 1)
+    listing_before = _tree(tmp_path)
+    for bad in [*TRICKS, f"../sessions/{sid}", sid + "/", sid.upper()]:
+        with pytest.raises(NotFound):
+            await store.get_session(bad, caller=ALICE)
+        with pytest.raises(NotFound):
+            await store.delete_session(bad, caller=ALICE)
+        with pytest.raises(NotFound):
+            await store.rewrite_log(bad)
+        with pytest.raises(InvalidArgument):
+            await store.create_session(caller=ALICE, profile_id="p", session_id=bad)
+        assert await store.get_blob(bad) is None
+        with pytest.raises(InvalidArgument):
+            await store.put_blob(b"x", blob_id=bad)
+    assert _tree(tmp_path) == listing_before
+    await store.close()
+
+
+async def test_only_logs_named_by_their_own_session_id_are_loaded(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 1)
+    await store.close()
+    sessions = root / "sessions"
+    other = "11111111-1111-4111-8111-111111111111"
+    (sessions / "evil.jsonl").write_bytes(log_of(root, sid).read_bytes())
+    (sessions / f"{other}.jsonl").write_bytes(log_of(root, sid).read_bytes())  # header names sid
+
+    store = await opened(root)
+    assert [s.id for s in (await store.list_sessions(caller=ALICE, offset=0, limit=10)).sessions] == [sid]
+    with pytest.raises(NotFound):
+        await store.get_session(other, caller=ALICE)
+    await store.close()
+
+
+async def test_delete_removes_the_log_and_its_copies(root: Path) -> None:
+    store = await opened(root)
+    keep = await session_with(store, 1)
+    gone = await session_with(store, 2)
+    await store.close()
+    with log_of(root, gone).open("ab") as fh:
+        fh.write(b"{torn")
+    store = await opened(root)  # leaves a .torn copy aside
+    await store.delete_session(gone, caller=ALICE)
+    assert sorted(p.name for p in (root / "sessions").iterdir()) == [f"{keep}.jsonl"]
+    await store.close()
+
+
+async def test_stale_temp_files_are_removed_on_open(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 1)
+    await store.close()
+    (root / "sessions" / f".{sid}.jsonl.deadbeef.tmp").write_bytes(b"half a rewrite")
+    store = await opened(root)
+    assert [p.name for p in (root / "sessions").iterdir()] == [f"{sid}.jsonl"]
+    await store.close()
