@@ -135,7 +135,9 @@ class ViewService:
             window=profile.context_window,
             text_tokens=text_tokens,
             vision=profile.vision,
-            fraction=tokens.view_image_budget_fraction,
+            # Images are the part of a view that can be left out, so they never push it past the size
+            # guard: their share is capped by what the reply reserve leaves, not only by 0.8 x window.
+            fraction=min(tokens.view_image_budget_fraction, 1 - profile.output_reserve / profile.context_window),
             image_fallback=tokens.image_tokens_fallback,
         )
         rows = plan.messages

@@ -35,7 +35,7 @@ class ServerProcess:
     def start(self, listen: str = "127.0.0.1:0") -> ServerProcess:
         cmd = [sys.executable, "-m", "contextsvc", "serve", "--listen", listen, "--store", self.store, *self.extra_args]
         # stderr goes to a file: a pipe nobody reads would block a chatty server.
-        self._stderr_file = tempfile.TemporaryFile(mode="w+")
+        self._stderr_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True, env=self.env, start_new_session=True
         )

@@ -1,0 +1,305 @@
+"""Token accounting through the engine: BuildContext estimates, RecordBaseline, EstimateTokens."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from contextsvc.config import ProfileConfig, Settings
+from contextsvc.core.messages import Flags, Message, Role, ToolCall
+from contextsvc.core.profile import ProfileOverrides
+from contextsvc.core.session import ANONYMOUS
+from contextsvc.core.tokens import EstimateMethod
+from contextsvc.engine.engine import Engine
+from contextsvc.engine.validation import IncomingImage, IncomingMessage
+from contextsvc.errors import ContextTooLarge, InvalidArgument, NotFound
+from contextsvc.events.memory_bus import MemoryEventBus
+from contextsvc.stores.files import FilesStore
+from contextsvc.stores.memory import MemoryData, MemoryStore
+from tests.support.stores import TickingClock
+
+
+def _settings(**profile: Any) -> Settings:
+    return Settings(profiles={"default": ProfileConfig(**profile)}, store="memory")
+
+
+async def _engine(settings: Settings, data: MemoryData | None = None) -> tuple[Engine, MemoryEventBus]:
+    store = MemoryStore(settings, data=data)
+    await store.open()
+    bus = MemoryEventBus(retention=100)
+    return Engine(store=store, bus=bus, settings=settings, clock=TickingClock()), bus
+
+
+def _msg(role: Role, content: str = "", **kw: Any) -> IncomingMessage:
+    images = kw.pop("images", ())
+    return IncomingMessage(Message(role=role, content=content, **kw), images=tuple(images))
+
+
+async def _session_with(engine: Engine, *messages: IncomingMessage) -> str:
+    s = await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})
+    await engine.append(ANONYMOUS, s.id, list(messages), request_id="", turn_complete=False)
+    return s.id
+
+
+async def _build(engine: Engine, sid: str, incoming: IncomingMessage | None = None, **profile: Any) -> Any:
+    return await engine.build_context(
+        ANONYMOUS,
+        sid,
+        profile=ProfileOverrides(**profile),
+        incoming=incoming,
+        mid_turn=False,
+        auto_compress=True,
+    )
+
+
+def _png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (200, 10, 10)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+async def test_build_injects_profile_prompt_fresh_and_allow_listed_records_only() -> None:
+    engine, _ = await _engine(_settings(system_prompt="You are v1."))
+    sid = await _session_with(
+        engine,
+        _msg(Role.SYSTEM, "note for the model", metadata={"source": "task_note"}),
+        _msg(Role.SYSTEM, "audit record", metadata={"source": "audit"}),
+        _msg(Role.USER, "hello"),
+    )
+    view = await _build(engine, sid)
+    contents = [(vm.message.role, vm.message.content) for vm in view.messages]
+    assert contents == [(Role.SYSTEM, "You are v1."), (Role.SYSTEM, "note for the model"), (Role.USER, "hello")]
+    # A profile change applies at once: the prompt is never stored.
+    view2 = await _build(engine, sid, system_prompt="You are v2.")
+    assert view2.messages[0].message.content == "You are v2."
+    assert view2.estimate.segments.system > 0 and view2.estimate.segments.records > 0
+
+
+async def test_view_is_repaired_into_a_legal_sequence() -> None:
+    engine, _ = await _engine(_settings())
+    call = ToolCall(id="c1", name="ls", arguments_json="{}")
+    sid = await _session_with(
+        engine,
+        _msg(Role.TOOL, "orphan result", tool_call_id="zz"),
+        _msg(Role.USER, "list files"),
+        _msg(Role.ASSISTANT, "", tool_calls=(call,)),
+        _msg(Role.TOOL, "a.txt", tool_call_id="c1"),
+        _msg(Role.ASSISTANT, "one file"),
+    )
+    view = await _build(engine, sid)
+    roles = [vm.message.role for vm in view.messages]
+    assert roles == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]
+
+
+async def test_one_megabyte_tool_result_is_cut_in_the_view_only() -> None:
+    engine, _ = await _engine(_settings(context_window=32768))
+    call = ToolCall(id="c1", name="dump", arguments_json="{}")
+    huge = "x" * (1024 * 1024)
+    sid = await _session_with(
+        engine,
+        _msg(Role.USER, "dump it"),
+        _msg(Role.ASSISTANT, "", tool_calls=(call,)),
+        _msg(Role.TOOL, huge, tool_call_id="c1"),
+    )
+    view = await _build(engine, sid)
+    cut = view.messages[-1]
+    assert cut.truncated and "chars cut" in cut.message.content
+    assert len(cut.message.content) < 200_000
+    # The estimate counts the cut view, so the session is not "too large" for a prompt never sent.
+    assert view.estimate.total < 32768 // 6 + 1000
+    assert any("cut to fit" in n for n in view.notices)
+    stored = await engine.store.get_messages(sid, caller=ANONYMOUS, first=3, last=3)
+    assert stored[0].content == huge
+
+
+async def test_baseline_truncated_refused_previous_survives_and_session_flagged() -> None:
+    engine, bus = await _engine(_settings(context_window=32768))
+    sid = await _session_with(engine, _msg(Role.USER, "a" * 18_000))
+    first = await _build(engine, sid)
+    ok = await engine.record_baseline(ANONYMOUS, sid, view_id=first.view_id, prompt_tokens=first.estimate.total)
+    assert ok.recorded and not ok.truncated
+    session = await engine.store.get_session(sid, caller=ANONYMOUS)
+    baseline_before = session.state["baseline"]
+
+    # A view estimated at ~10,000 tokens, reported as 6,000: a silently truncated prompt.
+    second = await _build(engine, sid)
+    assert second.estimate.method is EstimateMethod.BASELINE_DELTA
+    reported = int(second.estimate.total * 0.6)
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=second.view_id, prompt_tokens=reported)
+    assert result.truncated and not result.recorded
+    session = await engine.store.get_session(sid, caller=ANONYMOUS)
+    assert session.context_truncated  # the post-turn check compresses regardless of the threshold
+    assert session.state["baseline"] == baseline_before
+    kinds = [e.kind for e in list(bus._log)]
+    assert kinds.count("baseline_recorded") == 1 and "context_truncated" in kinds
+
+
+async def test_baseline_refusal_uses_seventy_percent_of_the_view_estimate() -> None:
+    engine, _ = await _engine(_settings())
+    sid = await _session_with(engine, _msg(Role.USER, "b" * 18_000))
+    view = await _build(engine, sid)
+    est = view.estimate.total
+    edge = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=int(est * 0.7) + 1)
+    assert edge.recorded
+    below = await _build(engine, sid)
+    refused = await engine.record_baseline(
+        ANONYMOUS, sid, view_id=below.view_id, prompt_tokens=int(below.estimate.total * 0.69)
+    )
+    assert refused.truncated
+
+
+async def test_baselines_calibrate_the_model_and_estimates_follow_them() -> None:
+    engine, _ = await _engine(_settings(model="m1"))
+    sid = await _session_with(engine, _msg(Role.USER, "w " * 2000))
+    v1 = await _build(engine, sid)
+    assert v1.estimate.method is EstimateMethod.FALLBACK
+    await engine.record_baseline(ANONYMOUS, sid, view_id=v1.view_id, prompt_tokens=v1.estimate.total)
+    await engine.append(ANONYMOUS, sid, [_msg(Role.USER, "w " * 3000)], request_id="", turn_complete=False)
+    v2 = await _build(engine, sid)
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=v2.view_id, prompt_tokens=v2.estimate.total)
+    assert result.recorded and result.calibration.observations == 2
+    # The estimate of a fresh message list for the same model now uses the calibrated line.
+    est = await engine.estimate_tokens(
+        ANONYMOUS, model="m1", messages=[_msg(Role.USER, "hello there")], session_id="", profile=ProfileOverrides()
+    )
+    assert est.method in (EstimateMethod.CALIBRATED, EstimateMethod.FALLBACK)
+    other = await engine.estimate_tokens(
+        ANONYMOUS, model="m2", messages=[_msg(Role.USER, "hello there")], session_id="", profile=ProfileOverrides()
+    )
+    assert other.method is EstimateMethod.FALLBACK  # model m1's observations never price m2
+
+
+async def test_estimate_after_restart_is_the_same(tmp_path: Path) -> None:
+    settings = Settings(profiles={"default": ProfileConfig(model="m")}, store=f"files:{tmp_path}")
+    store = FilesStore(tmp_path, settings=settings)
+    await store.open()
+    engine = Engine(store=store, bus=MemoryEventBus(retention=10), settings=settings, clock=TickingClock())
+    sid = await _session_with(engine, _msg(Role.USER, "z" * 4000))
+    for extra in (0, 3000, 9000):
+        if extra:
+            await engine.append(ANONYMOUS, sid, [_msg(Role.USER, "y" * extra)], request_id="", turn_complete=False)
+        v = await _build(engine, sid)
+        # A line with slope 0.4 and overhead 50, so a fit is accepted.
+        await engine.record_baseline(
+            ANONYMOUS,
+            sid,
+            view_id=v.view_id,
+            prompt_tokens=int(50 + 0.4 * sum(len(m.message.content) for m in v.messages)),
+        )
+    before = await engine.estimate_tokens(ANONYMOUS, model="", messages=[], session_id=sid, profile=ProfileOverrides())
+    fresh = await engine.estimate_tokens(
+        ANONYMOUS, model="m", messages=[_msg(Role.USER, "q" * 5000)], session_id="", profile=ProfileOverrides()
+    )
+    await store.close()
+
+    store2 = FilesStore(tmp_path, settings=settings)
+    await store2.open()
+    engine2 = Engine(store=store2, bus=MemoryEventBus(retention=10), settings=settings, clock=TickingClock())
+    after = await engine2.estimate_tokens(ANONYMOUS, model="", messages=[], session_id=sid, profile=ProfileOverrides())
+    fresh2 = await engine2.estimate_tokens(
+        ANONYMOUS, model="m", messages=[_msg(Role.USER, "q" * 5000)], session_id="", profile=ProfileOverrides()
+    )
+    await store2.close()
+    assert (after.total, after.method) == (before.total, before.method)
+    assert fresh2.total == fresh.total and fresh.method is EstimateMethod.CALIBRATED
+
+
+async def test_view_too_large_fails_with_the_numbers_it_compared() -> None:
+    engine, _ = await _engine(_settings(context_window=1024, output_reserve_tokens=100))
+    pinned = Flags(is_pinned=True)
+    sid = await _session_with(engine, _msg(Role.USER, "hi"))
+    with pytest.raises(ContextTooLarge) as err:
+        await _build(engine, sid, incoming=_msg(Role.USER, "p" * 5000, flags=pinned))
+    meta = err.value.metadata
+    assert int(meta["estimate"]) > int(meta["budget"]) == 1024 - 100
+    assert meta["estimate"] in err.value.message and meta["budget"] in err.value.message
+
+
+async def test_images_are_priced_by_size_and_left_out_over_budget_with_a_notice() -> None:
+    engine, _ = await _engine(_settings(context_window=8192, vision=True))
+    big = IncomingImage(data=_png(2048, 2048))  # 4098 tokens each
+    sid = await _session_with(
+        engine,
+        _msg(Role.USER, "first screenshot", images=[big]),
+        _msg(Role.USER, "second screenshot", images=[IncomingImage(data=_png(2048, 1024))]),
+    )
+    view = await _build(engine, sid)
+    first, second = view.messages[0], view.messages[1]
+    assert len(second.message.images) == 1 and second.image_data[0][:4] == b"\x89PNG"
+    assert second.message.images[0].token_count == 2050
+    assert not first.message.images and "not in this view" in first.message.content
+    assert view.estimate.images == 2050
+    assert view.notices and "blob" in view.notices[0]
+    # A vision-less profile gets notices only.
+    blind = await _build(engine, sid, vision=False)
+    assert all(not vm.message.images for vm in blind.messages) and blind.estimate.images == 0
+
+
+async def test_image_type_comes_from_the_bytes_and_repeats_are_stored_once() -> None:
+    settings = _settings()
+    data = MemoryData()
+    engine, _ = await _engine(settings, data)
+    png = _png(100, 100)
+    sid = await _session_with(
+        engine,
+        _msg(Role.USER, "a", images=[IncomingImage(data=png)]),
+        _msg(Role.USER, "b", images=[IncomingImage(data=png)]),
+    )
+    rows = await engine.store.get_messages(sid, caller=ANONYMOUS, first=1, last=2)
+    assert rows[0].images[0].mime_type == "image/png" and rows[0].images[0].token_count == 258
+    assert rows[0].images[0].blob_id == rows[1].images[0].blob_id and len(data.blobs) == 1
+    # A reference to the stored blob works; an unknown one is a clear error.
+    await engine.append(
+        ANONYMOUS,
+        sid,
+        [_msg(Role.USER, "c", images=[IncomingImage(blob_id=rows[0].images[0].blob_id)])],
+        request_id="",
+        turn_complete=False,
+    )
+    with pytest.raises(InvalidArgument) as err:
+        await engine.append(
+            ANONYMOUS,
+            sid,
+            [_msg(Role.USER, "d", images=[IncomingImage(blob_id="0" * 64)])],
+            request_id="",
+            turn_complete=False,
+        )
+    assert err.value.violations[0].field == "messages[0].images[0].blob_id"
+
+
+async def test_record_baseline_for_unknown_view_is_not_found_and_bad_counts_are_invalid() -> None:
+    engine, _ = await _engine(_settings())
+    sid = await _session_with(engine, _msg(Role.USER, "x"))
+    with pytest.raises(NotFound):
+        await engine.record_baseline(ANONYMOUS, sid, view_id="nope", prompt_tokens=10)
+    view = await _build(engine, sid)
+    with pytest.raises(InvalidArgument) as err:
+        await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=0)
+    assert err.value.violations[0].field == "prompt_tokens"
+
+
+async def test_exact_tokenizer_counts_with_a_configured_tokenizer_file(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    json.loads(path.read_text())  # a real tokenizer.json
+    settings = _settings(model="exact-model")
+    settings.tokens.tokenizer_files["exact-model"] = str(path)
+    engine, _ = await _engine(settings)
+    est = await engine.estimate_tokens(
+        ANONYMOUS,
+        model="",
+        messages=[_msg(Role.USER, "hello world hello"), _msg(Role.USER, "world")],
+        session_id="",
+        profile=ProfileOverrides(),
+    )
+    assert est.method is EstimateMethod.EXACT and est.total == 4
