@@ -10,9 +10,9 @@ from __future__ import annotations
 import tomllib
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MB = 1024 * 1024
@@ -104,6 +104,68 @@ class TokenSettings(BaseModel):
     tokenizer_files: dict[str, str] = Field(default_factory=dict)
 
 
+class OpenAISummarizerConfig(BaseModel):
+    """An OpenAI-compatible ``POST {base_url}/v1/chat/completions`` (OpenAI, vLLM, llama.cpp, LM Studio)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["openai"] = "openai"
+    base_url: str = "http://127.0.0.1:8000"
+    model: str = "default"
+    #: sent as ``Authorization: Bearer …`` when set; a SecretStr so it never reaches a log line.
+    api_key: SecretStr = SecretStr("")
+    #: newer OpenAI models refuse ``max_tokens`` and want ``max_completion_tokens``.
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    #: send the request's images (as data URLs); only for vision-capable models.
+    vision: bool = False
+    #: one attempt's read/write budget; a summary of 6000 tokens from a local model takes a while.
+    timeout_seconds: float = Field(60.0, gt=0)
+    connect_timeout_seconds: float = Field(5.0, gt=0)
+    #: the whole call, retries included: a pre-turn compression must not block a turn for minutes.
+    total_timeout_seconds: float = Field(150.0, gt=0)
+    #: extra attempts after a connect error, a timeout or a 5xx (never after a 4xx or garbage).
+    max_retries: int = Field(2, ge=0, le=10)
+    #: first pause between attempts; doubled each retry.
+    retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
+
+
+class OllamaSummarizerConfig(BaseModel):
+    """Ollama's ``POST {base_url}/api/chat`` (``stream: false``, ``think: false``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["ollama"] = "ollama"
+    base_url: str = "http://127.0.0.1:11434"
+    model: str = "default"
+    #: ``options.num_ctx``. Ollama silently drops the head of a prompt longer than its context
+    #: (default a few thousand tokens), so the summarizer input (≤ 32,000 chars ≈ 18k tokens plus
+    #: images plus the summary itself) needs room. 0 = leave the server's default.
+    num_ctx: int = Field(32768, ge=0)
+    vision: bool = False
+    timeout_seconds: float = Field(60.0, gt=0)
+    connect_timeout_seconds: float = Field(5.0, gt=0)
+    total_timeout_seconds: float = Field(150.0, gt=0)
+    max_retries: int = Field(2, ge=0, le=10)
+    retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
+
+
+class ExtractiveSummarizerConfig(BaseModel):
+    """The default summarizer: deterministic, no network (DESIGN §5.5)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["extractive"] = "extractive"
+    #: one quoted user ask / assistant answer is cut to this many characters.
+    quote_chars: int = Field(300, ge=40)
+    #: newest final answers / decisions listed.
+    max_outcomes: int = Field(8, ge=1)
+    max_errors: int = Field(5, ge=0)
+    max_files: int = Field(20, ge=0)
+    max_commands: int = Field(10, ge=0)
+    #: share of the summary budget an earlier summary being replaced may keep.
+    carried_summary_share: float = Field(0.35, ge=0, le=1)
+
+
 class SummarizerSettings(BaseModel):
     """Summarizer numbers and endpoints (DESIGN §5.4, §5.5)."""
 
@@ -120,13 +182,74 @@ class SummarizerSettings(BaseModel):
     hard_truncate_fraction: float = Field(0.5, gt=0, lt=1)
     memory_flush_soft_tokens: int = Field(4000, ge=0)
     forced_min_shrink: float = Field(0.10, ge=0, lt=1)
-    openai_base_url: str = "http://127.0.0.1:8000"
-    openai_model: str = "default"
-    openai_api_key: str = ""
-    ollama_base_url: str = "http://127.0.0.1:11434"
-    ollama_model: str = "default"
-    timeout_seconds: float = Field(60.0, gt=0)
-    max_retries: int = Field(2, ge=0)
+    #: a summary may use at most this share of the window (and never more than summary_max_tokens):
+    #: the planner keeps that much room so the summary itself cannot push the context past target.
+    summary_window_fraction: float = Field(0.10, gt=0, le=0.5)
+    #: the rows a compaction keeps must leave at least this share of the window for the summary and
+    #: the prompt, however large those are: the planner's budget never drops below it.
+    min_kept_fraction: float = Field(0.05, gt=0, lt=1)
+    #: SearchHistory results when the request gives no limit, and the most it may ask for.
+    search_default_limit: int = Field(10, ge=1)
+    search_max_limit: int = Field(100, ge=1)
+    #: mid-turn compaction keeps max(midturn_min_messages, 2 * keep_recent) newest messages of the turn ...
+    midturn_min_messages: int = Field(12, ge=1)
+    #: ... and retries with this many when that left nothing older in the turn to summarize.
+    midturn_retry_messages: int = Field(2, ge=1)
+    #: a recent turn with no tool work and at most this many characters is filler: an important
+    #: old turn may take its place in the kept part.
+    filler_turn_chars: int = Field(200, ge=0)
+    #: breadcrumbs kept per summary / history chunk (KEYS line plus extracted entities).
+    breadcrumb_limit: int = Field(40, ge=1, le=1000)
+    #: one breadcrumb is cut to this many characters.
+    breadcrumb_max_chars: int = Field(120, ge=16)
+    #: a message's text is scanned for breadcrumbs up to this many characters (head + tail), so a
+    #: megabyte tool result does not make compression slow.
+    breadcrumb_scan_chars: int = Field(20_000, ge=100)
+    extractive: ExtractiveSummarizerConfig = Field(default_factory=ExtractiveSummarizerConfig)
+    openai: OpenAISummarizerConfig = Field(default_factory=OpenAISummarizerConfig)
+    ollama: OllamaSummarizerConfig = Field(default_factory=OllamaSummarizerConfig)
+    #: honour HTTP(S)_PROXY / NO_PROXY for summarizer calls.
+    http_trust_env: bool = True
+
+
+class PostgresSettings(BaseModel):
+    """The PostgreSQL store and event bus (DESIGN §5.7, §5.8)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pool_min_size: int = Field(1, ge=0)
+    pool_max_size: int = Field(10, ge=1)
+    connect_timeout_seconds: float = Field(5.0, gt=0)
+    #: waiting for a free pooled connection longer than this is UNAVAILABLE.
+    acquire_timeout_seconds: float = Field(10.0, gt=0)
+    #: server-side statement_timeout for every pooled connection (0 = none).
+    statement_timeout_ms: int = Field(30_000, ge=0)
+    #: how long open() waits for another process's migrations (advisory lock).
+    migration_lock_timeout_seconds: float = Field(60.0, gt=0)
+    #: try ``CREATE EXTENSION pg_trgm`` and build trigram indexes for search; off = plain scans.
+    trigram: bool = True
+    #: NOTIFY channel of the event bus (payload: the event id only).
+    event_channel: str = Field("contextsvc_events", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    #: events older than this are deleted (the StreamEvents resume window).
+    event_retention_seconds: int = Field(7 * 24 * 3600, ge=60)
+    #: at most this many newest events are kept.
+    event_retention_count: int = Field(100_000, ge=10)
+    event_prune_interval_seconds: float = Field(60.0, gt=0)
+    #: the listening connection is checked and every subscriber re-polls this often, so a lost
+    #: notification delays an event by at most this long.
+    event_poll_seconds: float = Field(5.0, gt=0)
+    #: rows fetched per subscriber query.
+    event_batch: int = Field(500, ge=1)
+    #: longest pause between reconnect attempts of the listening connection.
+    reconnect_max_seconds: float = Field(5.0, gt=0)
+    #: calibration observations kept per model (the fit reads only the newest few).
+    calibration_keep: int = Field(256, ge=2)
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> PostgresSettings:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(f"pool_min_size {self.pool_min_size} exceeds pool_max_size {self.pool_max_size}")
+        return self
 
 
 class Settings(BaseSettings):
@@ -157,6 +280,7 @@ class Settings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
 
     @field_validator("listen")
     @classmethod

@@ -12,6 +12,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from contextsvc.core.calibration import Observation
+from contextsvc.core.history import HistoryChunk as HistoryChunk  # re-exported for adapters
+from contextsvc.core.history import ScoredChunk as ScoredChunk
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 
@@ -56,7 +58,20 @@ class TokenStore(Protocol):
     async def get_view(self, session_id: str, view_id: str) -> ViewRecord | None: ...
 
 
-class SessionStore(TokenStore, Protocol):
+class HistoryStore(Protocol):
+    """The raw history index. Part of every SessionStore; deleting a session deletes its chunks."""
+
+    async def add_history_chunks(self, session_id: str, chunks: Sequence[HistoryChunk]) -> int:
+        """Store chunks; a chunk whose ``content_hash`` the session already has is skipped
+        (idempotent). Returns how many were new."""
+        ...
+
+    async def search_history(self, session_id: str, query: str, *, limit: int) -> list[ScoredChunk]:
+        """Chunks of the session ranked for ``query`` (full-text; best first, score > 0 only)."""
+        ...
+
+
+class SessionStore(TokenStore, HistoryStore, Protocol):
     """Sessions and their rows. Every method that names a session checks ownership through
     ``caller`` and raises ``NotFound`` for an unknown session *and* for another user's session.
 
@@ -209,6 +224,35 @@ class StoredEvent:
     time: datetime
     kind: str
     payload: Mapping[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class SummaryRequest:
+    """What a summarizer gets: the dropped rows, and the same rows formatted as capped text."""
+
+    messages: Sequence[Message]
+    text: str
+    instructions: str
+    max_tokens: int
+    temperature: float
+    images: Sequence[bytes] = ()
+
+
+class SummarizerError(Exception):
+    """The summarizer failed (down, timed out, garbage); the caller falls back, never fails the turn."""
+
+
+class Summarizer(Protocol):
+    """Turns dropped turns into a summary whose last line is ``KEYS: a; b; c``."""
+
+    name: str
+    vision: bool
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        """The summary text; raises ``SummarizerError`` on any failure."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 class EventBus(Protocol):

@@ -63,6 +63,8 @@ port_in_use() {
   python3 - "$1" <<'EOF'
 import socket, sys
 s = socket.socket()
+# As the server does: a port left in TIME_WAIT by the previous run is free to listen on.
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:
@@ -92,7 +94,8 @@ start() {
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
   data=$dir/data sock=$dir/sock portfile=$dir/port logfile=$dir/server.log
-  # One start at a time per DIR (two test processes may race to start the same cluster).
+  # One start at a time per DIR (two test processes may race to start the same cluster). The
+  # server must not inherit this descriptor, or it would hold the lock for its whole life.
   exec 9>"$dir/.lock"
   flock 9
   if [[ $(id -u) -eq 0 ]]; then
@@ -125,7 +128,7 @@ start() {
     fi
     echo "$port" >"$portfile"
     if as_owner "$PGBIN/pg_ctl" -D "$data" -l "$logfile" -w -t 60 \
-      -o "-p $port -k $sock -c listen_addresses=127.0.0.1" start >/dev/null 2>&1; then
+      -o "-p $port -k $sock -c listen_addresses=127.0.0.1" start >/dev/null 2>&1 9>&-; then
       url
       return 0
     fi

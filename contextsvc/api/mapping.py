@@ -207,4 +207,13 @@ def _extended_event(pb: events_pb2.Event, kind: str, payload: dict[str, Any]) ->
     }.get(kind)
     if target is None:
         raise ValueError(f"unknown event kind {kind!r}")
-    json_format.ParseDict(payload, target, ignore_unknown_fields=True)
+    # The engine names reasons and methods in lower case ("preturn", "hard_truncate").
+    converted = dict(payload)
+    for key, prefix in (
+        ("reason", "COMPRESSION_REASON_"),
+        ("trigger", "COMPRESSION_REASON_"),
+        ("method", "COMPRESSION_METHOD_"),
+    ):
+        if isinstance(converted.get(key), str):
+            converted[key] = prefix + converted[key].upper()
+    json_format.ParseDict(converted, target, ignore_unknown_fields=True)

@@ -204,21 +204,21 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
 
     @unary
     async def SearchHistory(self, request: pb.SearchHistoryRequest, context: Context) -> pb.SearchHistoryResponse:
-        chunks = await self._engine.search_history(
+        found = await self._engine.search_history(
             caller_of(context), request.session_id, query=request.query, limit=request.limit
         )
         return pb.SearchHistoryResponse(
             chunks=[
                 pb.HistoryChunk(
-                    text=c.text,
-                    first_sequence=c.first_sequence,
-                    last_sequence=c.last_sequence,
-                    start_time=mapping.timestamp(c.start_time),
-                    end_time=mapping.timestamp(c.end_time),
-                    breadcrumbs=list(c.breadcrumbs),
-                    score=c.score,
+                    text=s.chunk.text,
+                    first_sequence=s.chunk.first_sequence,
+                    last_sequence=s.chunk.last_sequence,
+                    start_time=mapping.timestamp(s.chunk.start_time),
+                    end_time=mapping.timestamp(s.chunk.end_time),
+                    breadcrumbs=list(s.chunk.breadcrumbs),
+                    score=s.score,
                 )
-                for c in chunks
+                for s in found
             ]
         )
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
-from contextsvc._gen.v1 import resources_pb2
+from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.api.mapping import message_to_pb
+from contextsvc.core.compression.plan import CompactionPlan
 from contextsvc.core.tokens import EstimateMethod, TokenEstimate
+from contextsvc.engine.compaction import CompressionReport, Method, Reason, plan_payload
 from contextsvc.engine.views import BuiltView
 
 _METHODS = {
@@ -51,8 +53,55 @@ def build_response(built: BuiltView) -> pb.BuildContextResponse:
         estimate=estimate_to_pb(built.estimate),
         notices=built.notices,
     )
+    if built.compression is not None:
+        response.compression.CopyFrom(report_to_pb(built.compression))
     return response
 
 
-def report_to_compress_response(report: object) -> pb.CompressResponse:
-    raise NotImplementedError("compression reports arrive with the compression capability")
+_REASONS = {
+    Reason.PRETURN: events_pb2.COMPRESSION_REASON_PRETURN,
+    Reason.MIDTURN: events_pb2.COMPRESSION_REASON_MIDTURN,
+    Reason.POSTTURN: events_pb2.COMPRESSION_REASON_POSTTURN,
+    Reason.FORCED: events_pb2.COMPRESSION_REASON_FORCED,
+}
+_COMPRESSION_METHODS = {
+    None: events_pb2.COMPRESSION_METHOD_UNSPECIFIED,
+    Method.SUMMARY: events_pb2.COMPRESSION_METHOD_SUMMARY,
+    Method.HARD_TRUNCATE: events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE,
+    Method.CLEAR_TOOL_RESULTS: events_pb2.COMPRESSION_METHOD_CLEAR_TOOL_RESULTS,
+}
+
+
+def plan_to_pb(plan: CompactionPlan | None) -> events_pb2.CompressionPlan | None:
+    if plan is None:
+        return None
+    return events_pb2.CompressionPlan(**plan_payload(plan))
+
+
+def report_to_pb(report: CompressionReport) -> pb.CompressionReport:
+    return pb.CompressionReport(
+        compressed=report.compressed,
+        method=_COMPRESSION_METHODS[report.method],
+        reason=_REASONS[report.reason],
+        summary=report.summary,
+        messages_before=report.messages_before,
+        messages_after=report.messages_after,
+        context_tokens_before=report.context_tokens_before,
+        context_tokens_after=report.context_tokens_after,
+        breadcrumbs=list(report.breadcrumbs),
+        plan=plan_to_pb(report.plan),
+    )
+
+
+def report_to_compress_response(report: CompressionReport) -> pb.CompressResponse:
+    return pb.CompressResponse(
+        compressed=report.compressed,
+        method=_COMPRESSION_METHODS[report.method],
+        summary=report.summary,
+        messages_before=report.messages_before,
+        messages_after=report.messages_after,
+        context_tokens_before=report.context_tokens_before,
+        context_tokens_after=report.context_tokens_after,
+        breadcrumbs=list(report.breadcrumbs),
+        plan=plan_to_pb(report.plan),
+    )

@@ -3,6 +3,15 @@
 A fixed chars-per-token ratio was measured ~1.8x off on real prompts, so the service learns a
 line per model from the real prompt counts providers report (baselines). The numbers (window,
 spread, slope range, fallback ratio) live in ``settings.tokens``.
+
+The unit of ``chars``: size units, not characters. The fit is unit-agnostic; what it is fed is
+``contextsvc.core.tokens.messages_size`` of a view (``contextsvc.core.sizing``: pieces of text
+priced by class and length, about half a token each, plus the template framing of each
+message). Raw characters made one slope wrong for every other kind of content (prose ~0.19
+tokens/char, JSON ~0.35); per size unit every kind measured sits near 0.5 tokens. So
+``tokens_per_char`` reads "tokens per size unit", the slope range [0.25, 1.0] brackets that with
+room on both sides (a slope below it still means a silently truncated prompt), and the fallback
+``chars / 1.8`` is ``size / 1.8``. The names stay because observations persist as ``chars``.
 """
 
 from __future__ import annotations
@@ -16,7 +25,10 @@ from contextsvc.config import TokenSettings
 
 @dataclass(slots=True, frozen=True)
 class Observation:
-    """One baseline: the chars of a view that was sent and the prompt tokens the provider counted."""
+    """One baseline: the size of a view that was sent and the prompt tokens the provider counted.
+
+    ``chars`` holds the view's size in size units (see the module docstring), not characters.
+    """
 
     chars: int
     tokens: int
@@ -24,7 +36,7 @@ class Observation:
 
     @property
     def usable(self) -> bool:
-        # Image tokens are not in ``chars``: fed to the fit they would land in the slope and
+        # Image tokens are not in the size: fed to the fit they would land in the slope and
         # intercept and skew every later text estimate for the model.
         return not self.had_images and self.chars > 0 and self.tokens > 0
 
@@ -39,18 +51,18 @@ class Calibration:
     fitted: bool
 
     def estimate(self, chars: int) -> int:
-        """Tokens of a whole prompt of ``chars`` characters (the overhead counted once)."""
+        """Tokens of a whole prompt of ``chars`` size units (the overhead counted once)."""
         if chars <= 0:
             return 0
         return max(0, round(self.overhead + chars * self.tokens_per_char))
 
     def estimate_delta(self, chars: int) -> int:
-        """Tokens that ``chars`` more characters add to a prompt (no overhead: it is already paid)."""
+        """Tokens that ``chars`` more size units add to a prompt (no overhead: it is already paid)."""
         return max(0, round(chars * self.tokens_per_char))
 
 
 def fallback(settings: TokenSettings, observations: int = 0) -> Calibration:
-    """The line used without a usable fit: ``chars / fallback_chars_per_token``, no overhead."""
+    """The line used without a usable fit: ``size / fallback_chars_per_token``, no overhead."""
     return Calibration(0.0, 1.0 / settings.fallback_chars_per_token, observations, fitted=False)
 
 

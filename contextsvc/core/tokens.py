@@ -3,6 +3,10 @@
 What is counted is the view the model is sent — after per-message truncation and image
 budgeting — never the raw stored context: deciding on the raw size while printing the cut
 size was how a session once died "too large" over a prompt the model never received.
+
+A message's size is in *size units* (``contextsvc.core.sizing``: about half a token of any
+common vocabulary, whatever the kind of text), and the calibration line maps size units to
+tokens. Where the DESIGN and the persisted observations say "chars", read size units.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Protocol
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Calibration
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
-from contextsvc.core.messages import Message
+from contextsvc.core.messages import Message, Role
+from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, text_size
 
 _DEFAULTS = TokenSettings()
 
@@ -30,16 +35,16 @@ class EstimateMethod(StrEnum):
     EXACT = "exact"
 
 
-# --- what a message weighs in characters ---------------------------------------------------
+# --- what a message weighs: its size (contextsvc.core.sizing) -------------------------------
 
 
 def message_parts(m: Message) -> tuple[str, ...]:
     """The text of ``m`` that reaches the model, the only text counted.
 
     Counted: ``content``, ``thinking``, each tool call's ``id``, ``name`` and ``arguments_json``,
-    and the message's ``tool_call_id`` and ``name``. Not counted: the role and the chat template's
-    framing (a per-prompt constant the calibration's overhead absorbs), metadata, flags,
-    timestamps, and images (priced by their pixels, never by their bytes).
+    and the message's ``tool_call_id`` and ``name``. Not counted: metadata, flags, timestamps, and
+    images (priced by their pixels, never by their bytes). The chat template's framing is not in
+    the text; ``message_size`` adds a fixed allowance for it per message and per tool call.
     """
     parts = [m.content, m.thinking]
     for call in m.tool_calls:
@@ -48,14 +53,32 @@ def message_parts(m: Message) -> tuple[str, ...]:
     return tuple(p for p in parts if p)
 
 
-def message_chars(m: Message) -> int:
-    """Characters of ``message_parts(m)``."""
+def message_size(m: Message) -> int:
+    """Size units of ``m`` (``sizing.text_size`` of its parts plus its template framing)."""
+    return message_frame_units(m) + sum(map(text_size, message_parts(m)))
+
+
+def messages_size(messages: Iterable[Message]) -> int:
+    """Size units of every message: the measure the calibration line is fitted on."""
+    return sum(map(message_size, messages))
+
+
+def message_frame_units(m: Message) -> int:
+    """Size units of the framing a chat template wraps ``m`` in (role header, end marker, one
+    wrapper per tool call): real prompt tokens that no text field shows."""
+    return MESSAGE_FRAME_UNITS + TOOL_CALL_FRAME_UNITS * len(m.tool_calls)
+
+
+#: Kept under their historical names: the engine stores ``messages_chars`` of a built view as
+#: the ``chars`` of its baseline observation, so they must return the calibration's measure —
+#: size units, not characters.
+message_chars = message_size
+messages_chars = messages_size
+
+
+def text_chars(m: Message) -> int:
+    """Plain characters of ``message_parts(m)`` (for cutting text, never for pricing it)."""
     return sum(len(p) for p in message_parts(m))
-
-
-def messages_chars(messages: Iterable[Message]) -> int:
-    """Characters of every message; what a baseline's ``chars`` means for the calibration."""
-    return sum(message_chars(m) for m in messages)
 
 
 def image_tokens_of(messages: Iterable[Message], *, fallback_tokens: int = DEFAULT_FALLBACK_TOKENS) -> int:
@@ -84,7 +107,7 @@ class TextCounter(Protocol):
 
 @dataclass(slots=True, frozen=True)
 class CalibratedCounter:
-    """Counts with a model's calibration line (or the chars/1.8 fallback)."""
+    """Counts with a model's calibration line (or the size/1.8 fallback), over size units."""
 
     calibration: Calibration
 
@@ -97,11 +120,11 @@ class CalibratedCounter:
         return round(self.calibration.overhead)
 
     def count_text(self, text: str) -> int:
-        return self.calibration.estimate_delta(len(text))
+        return self.calibration.estimate_delta(text_size(text))
 
     def count_messages(self, messages: Iterable[Message]) -> int:
-        # Sum chars first, round once: per-message rounding would drift on long contexts.
-        return self.calibration.estimate_delta(messages_chars(messages))
+        # Sum sizes first, round once: per-message rounding would drift on long contexts.
+        return self.calibration.estimate_delta(messages_size(messages))
 
 
 @dataclass(slots=True, frozen=True)
@@ -266,8 +289,10 @@ def estimate(
     pinned = [m for m in context if m.flags.is_pinned and not m.flags.is_summary]
     others = [m for m in context if not m.flags.is_pinned and not m.flags.is_summary]
     raw = TokenSegments(
-        # A negative fitted intercept cannot make a segment negative.
-        system=max(0, counter.overhead + counter.count_text(system)),
+        # The system prompt is counted as the message it is sent as (with its framing), like the
+        # system row of the view whose size the engine records for the calibration. A negative
+        # fitted intercept cannot make the segment negative.
+        system=max(0, counter.overhead + (counter.count_messages([Message(Role.SYSTEM, system)]) if system else 0)),
         records=counter.count_messages(records),
         summaries=counter.count_messages(summaries),
         pinned=counter.count_messages(pinned),

@@ -12,13 +12,17 @@ from dataclasses import dataclass
 from contextsvc.config import TokenSettings
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.messages import ImageRef, Message
-from contextsvc.core.tokens import TextCounter, message_chars, output_reserve
+from contextsvc.core.tokens import TextCounter, output_reserve, text_chars
 from contextsvc.errors import ContextTooLarge
 
 #: Share of the kept characters taken from the head of a cut field; the rest is its tail.
 HEAD_SHARE = 0.5
-#: Rounds of re-measuring a cut message; a tokenizer is not linear in chars, a line is.
-_CUT_ROUNDS = 4
+#: Rounds of re-measuring a cut message: tokens are not linear in characters.
+_CUT_ROUNDS = 8
+#: After a cut that still does not fit, aim this share under the budget: the density of what is
+#: kept differs from the whole's (a dense JSON head, a sparse prose tail), so aiming exactly at
+#: the budget can miss it by a token, round after round.
+_CUT_MARGIN = 0.02
 
 
 def cut_marker(chars: int) -> str:
@@ -43,11 +47,12 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
     if tokens <= budget:
         return m
     budget = max(budget, 0)
-    chars = message_chars(m)
+    chars = text_chars(m)
     original = (m.content, m.thinking)
-    # Aim by the message's own density (tokens per char), then re-measure: exact tokenizers are
-    # not linear, so a few rounds tighten the cut until it fits.
+    # Aim by the message's own density (tokens per char), then re-measure: neither a tokenizer
+    # nor the size measure is linear in characters, so a few rounds tighten the cut until it fits.
     allowed = chars * budget // tokens
+    target = budget - int(budget * _CUT_MARGIN)
     cut = m
     for _ in range(_CUT_ROUNDS):
         content, thinking = _cut_fields(original, excess=chars - allowed)
@@ -57,7 +62,9 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
         now = counter.count_messages([cut])
         if now <= budget:
             break
-        allowed = max(0, message_chars(cut) * budget // now - len(cut_marker(chars)))
+        # Keep strictly less each round, so the rounds cannot stall just over the budget.
+        aim = text_chars(cut) * target // now - len(cut_marker(chars))
+        allowed = max(0, min(allowed - 1, aim))
     return cut
 
 

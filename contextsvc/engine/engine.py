@@ -2,47 +2,54 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from typing import Any
 
 from contextsvc.config import Settings
 from contextsvc.core.messages import Message
-from contextsvc.core.profile import ProfileOverrides, resolve_profile
-from contextsvc.core.session import Principal
+from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
+from contextsvc.core.recall import query_terms
+from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import TokenEstimate
 from contextsvc.engine.accounting import TokenAccounting
+from contextsvc.engine.compaction import Compactor, CompressionReport, Reason, Situation
 from contextsvc.engine.sessions import AppendOutcome, SessionService
+from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
-from contextsvc.engine.views import BaselineResult, BuiltView, ViewService
-from contextsvc.errors import Unimplemented
-from contextsvc.ports import Clock, EventBus, SessionStore
+from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, ViewService
+from contextsvc.engine.worker import PostTurnWorker
+from contextsvc.errors import InvalidArgument, NotFound
+from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore
+from contextsvc.summarizers.registry import SummarizerSet, build_summarizers
 
-COMPRESSION_PENDING = (
-    "arrives with the compression capability (planner, summarizers, raw history index); "
-    "until then the context is never compressed"
-)
-
-
-@dataclass(slots=True, frozen=True)
-class HistoryChunk:
-    text: str
-    first_sequence: int
-    last_sequence: int
-    start_time: datetime | None
-    end_time: datetime | None
-    breadcrumbs: tuple[str, ...]
-    score: float
+# Engine-state key: the inline profile overrides of the newest BuildContext, so the post-turn
+# check (which has no request) prices against the window the runtime actually uses.
+_PROFILE_KEY = "profile"
+_INTERNAL = Principal(user_id="contextsvc", is_admin=True)
 
 
 class Engine:
-    def __init__(self, *, store: SessionStore, bus: EventBus, settings: Settings, clock: Clock):
+    def __init__(
+        self,
+        *,
+        store: SessionStore,
+        bus: EventBus,
+        settings: Settings,
+        clock: Clock,
+        summarizers: SummarizerSet | None = None,
+    ):
         self.store = store
         self.bus = bus
         self.settings = settings
         self.accounting = TokenAccounting(store, settings)
+        self.summarizers = summarizers or build_summarizers(settings)
         self.sessions = SessionService(store=store, bus=bus, settings=settings, clock=clock, accounting=self.accounting)
         self.views = ViewService(store=store, bus=bus, settings=settings, clock=clock, accounting=self.accounting)
+        self.compactor = Compactor(
+            store=store, bus=bus, settings=settings, accounting=self.accounting, summarizers=self.summarizers
+        )
+        self.post_turn = PostTurnWorker(self._post_turn_check)
 
     async def append(
         self,
@@ -53,8 +60,52 @@ class Engine:
         request_id: str,
         turn_complete: bool,
     ) -> AppendOutcome:
-        return await self.sessions.append(
+        outcome = await self.sessions.append(
             caller, session_id, incoming, request_id=request_id, turn_complete=turn_complete
+        )
+        if turn_complete and not outcome.replayed:
+            self.post_turn.schedule(require_session_id(session_id))
+        return outcome
+
+    # -- views ----------------------------------------------------------------------------------
+
+    async def _profile_for(self, session: SessionInfo, overrides: ProfileOverrides | None) -> EffectiveProfile:
+        if overrides is None:
+            saved = EngineState.of(session).extra.get(_PROFILE_KEY)
+            overrides = _overrides_from_dict(saved) if isinstance(saved, dict) else None
+        profile = resolve_profile(self.settings, session.profile_id, overrides)
+        if profile.compression.summarizer not in self.summarizers:
+            self.summarizers.get(profile.compression.summarizer)  # raises InvalidArgument naming the field
+        await self.accounting.ensure_loaded(profile.model)
+        return profile
+
+    async def _remember_profile(self, session: SessionInfo, overrides: ProfileOverrides) -> SessionInfo:
+        wanted = dataclasses.asdict(overrides)
+        state = EngineState.of(session)
+        if state.extra.get(_PROFILE_KEY) == wanted:
+            return session
+        new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: wanted})
+        return await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+
+    def _situation(
+        self,
+        session: SessionInfo,
+        profile: EffectiveProfile,
+        context: list[Message],
+        built: Assembled,
+        reason: Reason,
+        *,
+        mid_turn: bool = False,
+    ) -> Situation:
+        seg = built.estimate.segments
+        return Situation(
+            session=session,
+            profile=profile,
+            context=context,
+            view_tokens=built.estimate.total,
+            fixed_tokens=seg.system + seg.incoming,
+            reason=reason,
+            mid_turn=mid_turn,
         )
 
     async def build_context(
@@ -69,10 +120,54 @@ class Engine:
     ) -> BuiltView:
         sid = require_session_id(session_id)
         session = await self.store.get_session(sid, caller=caller)
-        effective = resolve_profile(self.settings, session.profile_id, profile)
-        await self.accounting.ensure_loaded(effective.model)
+        effective = await self._profile_for(session, profile)
+        session = await self._remember_profile(session, profile)
         message, data = await self.views.prepare_incoming(incoming, "incoming")
-        return await self.views.build(caller, session, effective, message, data)
+        context = await self.store.load_context(sid, caller=caller)
+        built = self.views.assemble(effective, context, message, EngineState.of(session))
+        report: CompressionReport | None = None
+        reason = Reason.MIDTURN if mid_turn else Reason.PRETURN
+        if auto_compress and effective.compression.enabled:
+            situation = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
+            await self.compactor.maybe_memory_flush(situation)
+            if self.compactor.over_threshold(situation):
+                report = await self._compress_automatically(situation)
+                if report is not None and report.compressed:
+                    session = await self.store.get_session(sid, caller=caller)
+                    context = await self.store.load_context(sid, caller=caller)
+                    built = self.views.assemble(effective, context, message, EngineState.of(session))
+        return await self.views.finish(caller, session, effective, context, built, data, compression=report)
+
+    async def _compress_automatically(self, s: Situation) -> CompressionReport | None:
+        """Compress under the session's compaction lock, re-reading the session once inside it:
+        a compaction that finished while we waited may have done the work already."""
+        async with self.compactor.lock(s.session.id):
+            fresh = await self.store.get_session(s.session.id, caller=_INTERNAL)
+            if EngineState.of(fresh).epoch != s.state.epoch:
+                return None
+            if self.compactor.loop_guarded(s):
+                await self.compactor.refuse(
+                    s, "the last compaction left the context inside the hysteresis band; not compressing again"
+                )
+                return None
+            return await self.compactor.run(s)
+
+    async def _post_turn_check(self, session_id: str) -> None:
+        """After a turn (or a baseline): compress if over the threshold, or unconditionally when
+        the last prompt was silently truncated."""
+        try:
+            session = await self.store.get_session(session_id, caller=_INTERNAL)
+        except NotFound:
+            return
+        profile = await self._profile_for(session, None)
+        if not profile.compression.enabled:
+            return
+        context = await self.store.load_context(session_id, caller=_INTERNAL)
+        built = self.views.assemble(profile, context, None, EngineState.of(session))
+        s = self._situation(session, profile, context, built, Reason.POSTTURN)
+        await self.compactor.maybe_memory_flush(s)
+        if session.context_truncated or self.compactor.over_threshold(s):
+            await self._compress_automatically(s)
 
     async def estimate_tokens(
         self,
@@ -84,8 +179,6 @@ class Engine:
         profile: ProfileOverrides,
     ) -> TokenEstimate:
         if session_id and messages:
-            from contextsvc.errors import InvalidArgument
-
             raise InvalidArgument.field("messages", "give either messages or a session_id, not both")
         if session_id:
             return await self.views.estimate_session(caller, session_id, model=model, overrides=profile)
@@ -95,18 +188,71 @@ class Engine:
     async def record_baseline(
         self, caller: Principal, session_id: str, *, view_id: str, prompt_tokens: int
     ) -> BaselineResult:
-        return await self.views.record_baseline(caller, session_id, view_id=view_id, prompt_tokens=prompt_tokens)
+        result = await self.views.record_baseline(caller, session_id, view_id=view_id, prompt_tokens=prompt_tokens)
+        self.post_turn.schedule(require_session_id(session_id))
+        return result
+
+    # -- compression and recall -----------------------------------------------------------------
 
     async def compress(
         self, caller: Principal, session_id: str, *, profile: ProfileOverrides, note: str, dry_run: bool
-    ) -> object:
-        raise Unimplemented(f"Compress {COMPRESSION_PENDING}")
+    ) -> CompressionReport:
+        sid = require_session_id(session_id)
+        if len(note) > 1000:
+            raise InvalidArgument.field("reason", "exceeds 1000 characters")
+        session = await self.store.get_session(sid, caller=caller)
+        effective = await self._profile_for(session, profile)
+        async with self.compactor.lock(sid):
+            session = await self.store.get_session(sid, caller=caller)
+            context = await self.store.load_context(sid, caller=caller)
+            built = self.views.assemble(effective, context, None, EngineState.of(session))
+            s = self._situation(session, effective, context, built, Reason.FORCED)
+            s.note = note
+            return await self.compactor.run(s, dry_run=dry_run)
 
-    async def search_history(self, caller: Principal, session_id: str, *, query: str, limit: int) -> list[HistoryChunk]:
-        raise Unimplemented(f"SearchHistory {COMPRESSION_PENDING}")
+    async def search_history(self, caller: Principal, session_id: str, *, query: str, limit: int) -> list[ScoredChunk]:
+        sid = require_session_id(session_id)
+        cfg = self.settings.summarizer
+        if limit < 0:
+            raise InvalidArgument.field("limit", "must not be negative")
+        if not query_terms(query):
+            raise InvalidArgument.field("query", "has no searchable words")
+        await self.store.get_session(sid, caller=caller)
+        return await self.store.search_history(
+            sid, query, limit=min(limit or cfg.search_default_limit, cfg.search_max_limit)
+        )
 
     async def expand_summary(self, caller: Principal, session_id: str, *, sequence_number: int) -> list[Message]:
-        raise Unimplemented(f"ExpandSummary {COMPRESSION_PENDING}")
+        sid = require_session_id(session_id)
+        if sequence_number <= 0:
+            raise InvalidArgument.field("sequence_number", "must be positive")
+        rows = await self.store.get_messages(sid, caller=caller, first=sequence_number, last=sequence_number)
+        if not rows:
+            raise NotFound(f"session {sid} has no message #{sequence_number}", reason="MESSAGE_NOT_FOUND")
+        summary = rows[0]
+        if not summary.flags.is_summary or summary.replaces is None:
+            raise InvalidArgument.field("sequence_number", f"message #{sequence_number} is not a summary")
+        first, last = summary.replaces
+        originals = await self.store.get_messages(sid, caller=caller, first=first, last=last)
+        return [m for m in originals if m.flags.is_display and not m.flags.is_compression]
 
     async def close(self) -> None:
-        """Stop background work (post-turn workers arrive with compression)."""
+        await self.post_turn.close()
+        await self.summarizers.close()
+
+
+def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:
+    from contextsvc.core.profile import CompressionOverrides
+
+    try:
+        c = d.get("compression") or {}
+        compression = CompressionOverrides(
+            **{
+                **c,
+                "strategies": tuple(c.get("strategies") or ()),
+                "critical_tool_names": tuple(c.get("critical_tool_names") or ()),
+            }
+        )
+        return ProfileOverrides(**{**d, "compression": compression})
+    except TypeError:
+        return None

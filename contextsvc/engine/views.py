@@ -51,7 +51,7 @@ class BaselineResult:
 
 
 @dataclass(slots=True, frozen=True)
-class _Assembled:
+class Assembled:
     rows: list[Message]
     segments: list[Segment]
     truncated: list[bool]
@@ -112,7 +112,7 @@ class ViewService:
         context: Sequence[Message],
         incoming: Message | None,
         state: EngineState,
-    ) -> _Assembled:
+    ) -> Assembled:
         """The view of ``context`` for ``profile``: ordered, legal, cut per message, images budgeted,
         estimated. Pure given its inputs; shared by BuildContext and EstimateTokens."""
         tokens = self._settings.tokens
@@ -162,20 +162,19 @@ class ViewService:
             baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
             image_fallback=tokens.image_tokens_fallback,
         )
-        return _Assembled(rows=rows, segments=segments, truncated=truncated, estimate=est, notices=notices)
+        return Assembled(rows=rows, segments=segments, truncated=truncated, estimate=est, notices=notices)
 
-    async def build(
+    async def finish(
         self,
         caller: Principal,
         session: SessionInfo,
         profile: EffectiveProfile,
-        incoming: Message | None,
+        context: Sequence[Message],
+        built: Assembled,
         incoming_data: dict[str, bytes],
+        compression: Any = None,
     ) -> BuiltView:
-        """Build, size-check and remember the view of ``session``'s current context."""
-        context = await self._store.load_context(session.id, caller=caller)
-        state = EngineState.of(session)
-        built = self.assemble(profile, context, incoming, state)
+        """Size-check and remember an assembled view; load the bytes of the images it carries."""
         error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens)
         if error is not None:
             raise error
@@ -191,7 +190,7 @@ class ViewService:
                 had_images=had_images,
                 last_sequence=max((m.sequence_number for m in context), default=0),
                 create_time=self._clock.now(),
-                epoch=state.epoch,
+                epoch=EngineState.of(session).epoch,
             ),
             keep=self._settings.tokens.views_kept_per_session,
         )
@@ -204,7 +203,13 @@ class ViewService:
                     raw = await self._store.get_blob(ref.blob_id) or b""
                 data.append(raw)
             messages.append(ViewMessage(message=m, image_data=tuple(data), truncated=cut))
-        return BuiltView(messages=messages, view_id=view_id, estimate=built.estimate, notices=built.notices)
+        return BuiltView(
+            messages=messages,
+            view_id=view_id,
+            estimate=built.estimate,
+            notices=built.notices,
+            compression=compression,
+        )
 
     async def estimate_messages(
         self, *, model: str, profile: EffectiveProfile, messages: Sequence[IncomingMessage]

@@ -1,15 +1,18 @@
 """The ``SessionStore`` methods over sessions held in memory, shared by the memory and files stores.
 
 Subclasses make it durable through hooks (``_persist_create``, ``_persist``, ``_persist_delete``,
-``_after_apply``, ``_persist_observation``) and provide the blob methods. Every mutation runs under
-the session's lock inside a shielded task: a caller cancelled half-way (a client deadline) can
-neither split a record between disk and memory nor let the next mutation overtake it.
+``_after_apply``, ``_persist_observation``, ``_load_history``, ``_persist_history``) and provide
+the blob methods. Every mutation runs under the session's lock inside a shielded task: a caller
+cancelled half-way (a client deadline) can neither split a record between disk and memory nor
+let the next mutation overtake it. The raw history index of each session is a ``RecallIndex``
+(``core/recall.py``) in ``_history``, ranked in process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 import re
 import uuid
@@ -21,9 +24,10 @@ from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
+from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound
-from contextsvc.ports import Clock, ViewRecord
+from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -82,12 +86,15 @@ class RowStore:
         clock: Clock | None,
         sessions: dict[str, SessionState],
         observations: dict[str, list[Observation]],
+        history: dict[str, RecallIndex] | None = None,
     ) -> None:
         self._settings = settings if settings is not None else Settings()
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._sessions = sessions
         #: model -> its newest observations, oldest first.
         self._observations = observations
+        #: session id -> its raw history index (all of it, or the sessions loaded so far).
+        self._history = history if history is not None else {}
         self._create_lock = asyncio.Lock()
         self._calibration_lock = asyncio.Lock()
         self._inflight: set[asyncio.Future[Any]] = set()
@@ -108,6 +115,13 @@ class RowStore:
 
     async def _persist_observation(self, model: str, observation: Observation) -> None:
         """Make a calibration observation durable before it is kept in memory."""
+
+    async def _load_history(self, st: SessionState) -> RecallIndex:
+        """The session's history index when it is not in ``_history`` yet (under the session lock)."""
+        return RecallIndex()
+
+    async def _persist_history(self, st: SessionState, chunks: Sequence[HistoryChunk]) -> None:
+        """Make new history chunks durable before they are indexed in memory."""
 
     @property
     def observations_kept(self) -> int:
@@ -249,6 +263,7 @@ class RowStore:
             await self._persist_delete(st)
             st.deleted = True
             self._sessions.pop(st.id, None)
+            self._history.pop(st.id, None)
 
         await self._serialized(st, work)
 
@@ -389,11 +404,59 @@ class RowStore:
             return None
         return st.views.get(view_id)
 
+    # -- raw history index (HistoryStore) ------------------------------------------------------
+
+    async def add_history_chunks(self, session_id: str, chunks: Sequence[HistoryChunk]) -> int:
+        st = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if st is None or st.deleted:
+            raise session_not_found(session_id)
+        normalized = [_normalized(c) for c in chunks]
+
+        async def work() -> int:
+            index = await self._history_of(st)
+            new = index.fresh(normalized)
+            if new:
+                await self._persist_history(st, new)
+                index.add(new)
+            return len(new)
+
+        # Under the session lock: a delete cannot slip between the write and the index update.
+        return await self._serialized(st, work)
+
+    async def search_history(self, session_id: str, query: str, *, limit: int) -> list[ScoredChunk]:
+        st = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if st is None or st.deleted or limit <= 0:
+            return []
+        index = self._history.get(st.id)
+        if index is None:
+            try:
+                index = await self._serialized(st, lambda: self._history_of(st))
+            except NotFound:  # deleted while we waited for the lock
+                return []
+        return index.search(query, limit)
+
+    async def _history_of(self, st: SessionState) -> RecallIndex:
+        index = self._history.get(st.id)
+        if index is None:
+            index = await self._load_history(st)
+            self._history[st.id] = index
+        return index
+
 
 def _check_rows(st: SessionState, sequence_numbers: Sequence[int]) -> None:
     bad = st.unknown(sequence_numbers)
     if bad:
         raise NotFound("message not found", metadata={"session_id": st.id, "sequence_number": str(bad[0])})
+
+
+def _normalized(chunk: HistoryChunk) -> HistoryChunk:
+    # Times as every store returns them (aware UTC); breadcrumbs a tuple whatever the caller passed.
+    return dataclasses.replace(
+        chunk,
+        start_time=utc(chunk.start_time) if chunk.start_time is not None else None,
+        end_time=utc(chunk.end_time) if chunk.end_time is not None else None,
+        breadcrumbs=tuple(chunk.breadcrumbs),
+    )
 
 
 def _settle(task: asyncio.Future[Any]) -> None:

@@ -5,6 +5,7 @@ Layout under the data directory::
     sessions/<session-id>.jsonl                 the session's log
     sessions/<session-id>.jsonl.torn-<time>     a log set aside on load (also ``.corrupt-<time>``)
     blobs/<ab>/<sha256>                         image bytes, stored once under their SHA-256
+    history/<session-id>.jsonl                  the session's raw history index (chunks), if any
     calibration.jsonl                           calibration observations, one per line, every model
 
 A log's first line is the session header (``{"t": "session", ...}``, fields as in
@@ -17,6 +18,13 @@ for RecordBaseline: soft state, written but never fsynced on its own). Every ses
 to memory. Logs are rewritten compactly when flag/header/state records pile up
 (``rewrite_log``).
 
+The raw history index of a session (DESIGN §5.6) is a separate append-only file, one chunk per
+line (``{"t": "chunk", "hash", "text", "first", "last", "start", "end", "crumbs"}``), created by
+the session's first chunks. It is loaded lazily, on the session's first ``add_history_chunks`` or
+``search_history`` after ``open()``, and then kept in memory and ranked in process
+(``core/recall.py``): most sessions are never searched, so ``open()`` neither reads these files
+nor holds their text twice. Its I/O errors are ``Unavailable`` and never touch the session log.
+
 Durability (``settings.durability``):
 
 * ``fsync`` (the default): a mutation's record is written and fsynced before the call returns.
@@ -28,15 +36,21 @@ Durability (``settings.durability``):
   process crash (kill -9, out of memory) loses nothing that was acknowledged. A machine crash or
   power loss may lose mutations acknowledged within that last interval.
 
-In both modes, creating and deleting a session, rewriting a log and storing a blob are durable
-before the call returns (temp file + fsync + ``os.replace`` + directory fsync), and a
-compaction is a single record, so after any crash a session shows all of a compaction or none.
+History chunks follow the same mode as session logs. In both modes, creating and deleting a
+session, creating its history file, rewriting a log and storing a blob are durable before the
+call returns (temp file + fsync + ``os.replace`` + directory fsync), and a compaction is a single
+record, so after any crash a session shows all of a compaction or none.
 
 Recovery on load: a torn last line (no trailing newline, or not valid JSON) is what a crash in
 the middle of a write leaves; the log is copied aside (``.torn-<time>``), a warning is logged and
 the log is rewritten without that line. A bad line anywhere else is corruption: the log is
 copied aside (``.corrupt-<time>``), an error is logged and the session loads what precedes the
-bad line. Deleting a session removes its log and any copies set aside.
+bad line. A history file gets the same treatment, except that its chunks do not depend on each
+other: every readable line is kept, unreadable ones are dropped (the original set aside as
+``.torn-<time>`` or ``.corrupt-<time>``) and the file is rewritten. Deleting a session removes its
+history file, then its log, and any copies of either set aside. A history file left without a
+session (its log set aside as unreadable) is kept for the operator, and removed if a session
+with that id is ever created again.
 """
 
 from __future__ import annotations
@@ -49,7 +63,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -58,8 +72,9 @@ from typing import Any
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
+from contextsvc.core.recall import RecallIndex
 from contextsvc.errors import Conflict, Unavailable
-from contextsvc.ports import Clock, ViewRecord
+from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._session import (
     AppendRecord,
@@ -95,6 +110,8 @@ class FilesStoreStats:
     blob_writes: int = 0
     #: logs that needed recovery on load (torn or corrupt).
     recovered_logs: int = 0
+    #: history files that needed recovery when loaded (torn or corrupt lines dropped).
+    recovered_histories: int = 0
 
 
 @dataclass(slots=True)
@@ -125,7 +142,10 @@ class FilesStore(RowStore):
         self.root = Path(path)
         self._sessions_dir = self.root / "sessions"
         self._blobs_dir = self.root / "blobs"
+        self._history_dir = self.root / "history"
         self._logs: dict[str, _Log] = {}
+        #: history files of the sessions whose index is loaded (no entry: no file yet).
+        self._history_logs: dict[str, _Log] = {}
         self._calibration = _Log(self.root / _CALIBRATION, 0)
         #: files written since their last fsync (batch mode).
         self._dirty: set[Path] = set()
@@ -198,6 +218,8 @@ class FilesStore(RowStore):
         path = self._log_path(st.id)
         data = _dumps(_session_line(st))
         try:
+            # A history file nobody owns (its session's log was set aside) must not be adopted.
+            await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
             await asyncio.to_thread(_create_file, path, data)
         except FileExistsError:
             raise Conflict("session already exists", metadata={"session_id": st.id}) from None
@@ -250,12 +272,42 @@ class FilesStore(RowStore):
 
     async def _persist_delete(self, st: SessionState) -> None:
         try:
+            # The history first: a crash in between leaves a session without its index, never
+            # an index without its session.
+            await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
             await asyncio.to_thread(_remove_logs, self._sessions_dir, st.id)
         except OSError as exc:
             raise _unavailable("delete", st.id, exc) from exc
-        log = self._logs.pop(st.id, None)
+        for log in (self._logs.pop(st.id, None), self._history_logs.pop(st.id, None)):
+            if log is not None:
+                self._dirty.discard(log.path)
+
+    async def _load_history(self, st: SessionState) -> RecallIndex:
+        def read() -> tuple[RecallIndex, _Log | None]:
+            chunks, log = self._read_history(st.id)
+            # Indexing tokenizes every chunk (~5 MB of text a second): off the event loop too.
+            return RecallIndex(chunks), log
+
+        try:
+            index, log = await asyncio.to_thread(read)
+        except OSError as exc:
+            raise _history_unavailable("read", st.id, exc) from exc
         if log is not None:
-            self._dirty.discard(log.path)
+            self._history_logs[st.id] = log
+        return index
+
+    async def _persist_history(self, st: SessionState, chunks: Sequence[HistoryChunk]) -> None:
+        data = b"".join(_dumps(_chunk_to_dict(c)) for c in chunks)
+        log = self._history_logs.get(st.id)
+        try:
+            if log is None:
+                path = self._history_path(st.id)
+                await asyncio.to_thread(_write_atomic, path, data)
+                self._history_logs[st.id] = _Log(path, len(data))
+            else:
+                await self._append(log, data)
+        except OSError as exc:
+            raise _history_unavailable("write", st.id, exc) from exc
 
     async def _rewrite(self, st: SessionState) -> None:
         log = self._logs[st.id]
@@ -306,15 +358,21 @@ class FilesStore(RowStore):
         assert is_session_id(session_id)  # never build a path from an unchecked id
         return self._sessions_dir / f"{session_id}{_LOG_SUFFIX}"
 
+    def _history_path(self, session_id: str) -> Path:
+        assert is_session_id(session_id)  # never build a path from an unchecked id
+        return self._history_dir / f"{session_id}{_LOG_SUFFIX}"
+
     # -- loading ---------------------------------------------------------------------------
 
     def _load_all(self) -> tuple[list[tuple[SessionState, _Log]], dict[str, list[Observation]], _Log]:
-        if not (self._sessions_dir.is_dir() and self._blobs_dir.is_dir()):
-            for folder in (self._sessions_dir, self._blobs_dir):
+        folders = (self._sessions_dir, self._blobs_dir, self._history_dir)
+        if not all(folder.is_dir() for folder in folders):
+            for folder in folders:
                 folder.mkdir(parents=True, exist_ok=True)
             _fsync_dir(self.root)  # the new folders' entries, before any log relies on them
         _remove_temp_files(self.root)
         _remove_temp_files(self._sessions_dir)
+        _remove_temp_files(self._history_dir)
         for sub in self._blobs_dir.iterdir():
             if sub.is_dir():
                 _remove_temp_files(sub)
@@ -411,6 +469,43 @@ class FilesStore(RowStore):
         self.stats.rewrites += 1
         return st, _Log(path, size)
 
+    def _read_history(self, session_id: str) -> tuple[list[HistoryChunk], _Log | None]:
+        """The session's chunks and its history file (None: no file yet); recovers a damaged file."""
+        path = self._history_path(session_id)
+        try:
+            lines = path.read_bytes().split(b"\n")
+        except FileNotFoundError:
+            return [], None
+        tail = lines.pop()  # b"" when the file ends with a newline
+        chunks: list[HistoryChunk] = []
+        bad: list[int] = []
+        for index, raw in enumerate(lines):
+            try:
+                chunks.append(_chunk_from_dict(json.loads(raw)))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                bad.append(index + 1)
+        if tail:
+            bad.append(len(lines) + 1)
+        if not bad:
+            return chunks, _Log(path, path.stat().st_size)
+        # Only the last line bad: an interrupted write. Anything else: corruption.
+        problem = "torn" if bad == [len(lines) + 1] or (bad == [len(lines)] and not tail) else "corrupt"
+        aside = self._set_aside(path, problem, copy=True)
+        self.stats.recovered_histories += 1
+        level = logging.WARNING if problem == "torn" else logging.ERROR
+        logger.log(
+            level,
+            "files store: session %s: %d %s line(s) of the history index dropped (first: line %d); original kept at %s",
+            session_id,
+            len(bad),
+            problem,
+            bad[0],
+            aside,
+        )
+        data = b"".join(_dumps(_chunk_to_dict(c)) for c in chunks)
+        _write_atomic(path, data)
+        return chunks, _Log(path, len(data))
+
     def _set_aside(self, path: Path, problem: str, *, copy: bool) -> Path:
         stamp = self._now().strftime("%Y%m%dT%H%M%S%fZ")
         aside = path.with_name(f"{path.name}.{problem}-{stamp}")
@@ -470,6 +565,41 @@ def _view_from_dict(d: dict[str, Any]) -> ViewRecord:
 
 def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def _chunk_to_dict(chunk: HistoryChunk) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "t": "chunk",
+        "hash": chunk.content_hash,
+        "text": chunk.text,
+        "first": chunk.first_sequence,
+        "last": chunk.last_sequence,
+    }
+    if chunk.start_time is not None:
+        d["start"] = chunk.start_time.isoformat()
+    if chunk.end_time is not None:
+        d["end"] = chunk.end_time.isoformat()
+    if chunk.breadcrumbs:
+        d["crumbs"] = list(chunk.breadcrumbs)
+    return d
+
+
+def _chunk_from_dict(d: dict[str, Any]) -> HistoryChunk:
+    if d["t"] != "chunk":
+        raise ValueError(f"unknown history record type {d['t']!r}")
+    texts = (d["hash"], d["text"], *d.get("crumbs", ()))
+    if not all(isinstance(t, str) for t in texts):
+        raise TypeError("history chunk strings must be strings")
+    start, end = d.get("start"), d.get("end")
+    return HistoryChunk(
+        content_hash=d["hash"],
+        text=d["text"],
+        first_sequence=int(d["first"]),
+        last_sequence=int(d["last"]),
+        start_time=datetime.fromisoformat(start) if start is not None else None,
+        end_time=datetime.fromisoformat(end) if end is not None else None,
+        breadcrumbs=tuple(d.get("crumbs", ())),
+    )
 
 
 def _encode(record: Record) -> dict[str, Any]:
@@ -601,9 +731,15 @@ def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]],
 
 
 def _remove_logs(folder: Path, session_id: str) -> None:
-    for path in [folder / f"{session_id}{_LOG_SUFFIX}", *folder.glob(f"{session_id}{_LOG_SUFFIX}.*")]:
-        path.unlink(missing_ok=True)
-    _fsync_dir(folder)
+    """Remove a session's file in ``folder`` and the copies set aside; durable once it returns."""
+    paths = [folder / f"{session_id}{_LOG_SUFFIX}", *folder.glob(f"{session_id}{_LOG_SUFFIX}.*")]
+    removed = False
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed = True
+    if removed:  # nothing removed, nothing to make durable (a new session has no old files)
+        _fsync_dir(folder)
 
 
 def _remove_temp_files(folder: Path) -> None:
@@ -631,6 +767,12 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _history_unavailable(action: str, session_id: str, exc: OSError) -> Unavailable:
+    # The caller (compression, SearchHistory) treats this as "no index now"; the session is intact.
+    logger.error("files store: cannot %s the history index of session %s: %s", action, session_id, exc)
+    return Unavailable("the raw history index could not be read or written", metadata={"session_id": session_id})
 
 
 def _unavailable(action: str, session_id: str, exc: OSError) -> Unavailable:

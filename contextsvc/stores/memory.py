@@ -8,20 +8,24 @@ from __future__ import annotations
 
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
+from contextsvc.core.recall import RecallIndex
 from contextsvc.ports import Clock
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id
 from contextsvc.stores._session import SessionState
 
 
 class MemoryData:
-    """The backing state of a memory store: sessions, blobs, calibration observations."""
+    """The backing state of a memory store: sessions, blobs, calibration observations and each
+    session's raw history index."""
 
-    __slots__ = ("blobs", "observations", "sessions")
+    __slots__ = ("blobs", "history", "observations", "sessions")
 
     def __init__(self) -> None:
         self.sessions: dict[str, SessionState] = {}
         self.blobs: dict[str, bytes] = {}
         self.observations: dict[str, list[Observation]] = {}
+        #: session id -> its history chunks (ranked in process by ``core/recall.py``).
+        self.history: dict[str, RecallIndex] = {}
 
 
 class MemoryStore(RowStore):
@@ -31,7 +35,7 @@ class MemoryStore(RowStore):
         self, settings: Settings | None = None, *, clock: Clock | None = None, data: MemoryData | None = None
     ) -> None:
         self.data = data if data is not None else MemoryData()
-        super().__init__(settings, clock, self.data.sessions, self.data.observations)
+        super().__init__(settings, clock, self.data.sessions, self.data.observations, self.data.history)
 
     async def open(self) -> None:
         """Nothing to load."""

@@ -228,19 +228,6 @@ def test_page_size_over_maximum_is_clamped(stub: Any) -> None:
     assert len(page.messages) == 1
 
 
-def test_capabilities_not_landed_answer_unimplemented_naming_what_is_missing(stub: Any) -> None:
-    sid = stub.CreateSession(pb.CreateSessionRequest()).id
-    for call in (
-        lambda: stub.Compress(pb.CompressRequest(session_id=sid)),
-        lambda: stub.SearchHistory(pb.SearchHistoryRequest(session_id=sid, query="x")),
-        lambda: stub.ExpandSummary(pb.ExpandSummaryRequest(session_id=sid, sequence_number=1)),
-    ):
-        with pytest.raises(grpc.RpcError) as err:
-            call()
-        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "compression" in err.value.details()
-
-
 def test_stream_events_delivers_appends_and_deletion_and_resumes(server: ServerProcess) -> None:
     with server.channel() as ch:
         stub = server.stub(ch)

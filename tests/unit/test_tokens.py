@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Calibration, Observation, fallback, fit
 from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, text_size
 from contextsvc.core.tokens import (
     Baseline,
     CalibratedCounter,
@@ -23,14 +24,17 @@ from contextsvc.core.tokens import (
     load_tokenizer,
     message_budget,
     message_chars,
+    message_size,
     messages_chars,
+    messages_size,
     output_reserve,
+    text_chars,
     truncation_check,
 )
 
 S = TokenSettings()
 FALLBACK = CalibratedCounter(fallback(S))
-LINE = CalibratedCounter(fit([Observation(1000, 400), Observation(2000, 700)], S))  # 100 + 0.3/char
+LINE = CalibratedCounter(fit([Observation(1000, 400), Observation(2000, 700)], S))  # 100 + 0.3/unit
 
 
 def msg(
@@ -44,26 +48,54 @@ def msg(
     return Message(role=role, content=content, sequence_number=seq, flags=flags or Flags(), images=images)
 
 
-# --- message_chars -------------------------------------------------------------------------
+def units(text: str) -> int:
+    """Size units of a one-field message holding ``text`` (its framing included)."""
+    return MESSAGE_FRAME_UNITS + text_size(text)
 
 
-def test_message_chars_counts_what_reaches_the_model() -> None:
+def line(size: int) -> int:
+    """Tokens LINE prices ``size`` units at, without its overhead."""
+    return round(0.3 * size)
+
+
+# --- message size --------------------------------------------------------------------------
+
+
+def test_message_size_counts_what_reaches_the_model() -> None:
     m = Message(
         role=Role.ASSISTANT,
-        content="abc",  # 3
-        thinking="hmm",  # 3
-        tool_calls=(ToolCall("call_1", "read", '{"p":1}'), ToolCall("c2", "ls")),  # 6+4+7, 2+2
-        tool_call_id="t1",  # 2
-        name="bob",  # 3
-        images=(ImageRef("x" * 64, width=10, height=10),),  # not chars
-        metadata={"source": "x" * 1000},  # not chars
+        content="abc",
+        thinking="hmm",
+        tool_calls=(ToolCall("call_1", "read", '{"p":1}'), ToolCall("c2", "ls")),
+        tool_call_id="t1",
+        name="bob",
+        images=(ImageRef("x" * 64, width=10, height=10),),  # priced by pixels, not as text
+        metadata={"source": "x" * 1000},  # never sent
     )
-    assert message_chars(m) == 3 + 3 + 17 + 4 + 2 + 3
-    assert messages_chars([m, msg("12345")]) == message_chars(m) + 5
+    parts = ("abc", "hmm", "call_1", "read", '{"p":1}', "c2", "ls", "t1", "bob")
+    framing = MESSAGE_FRAME_UNITS + 2 * TOOL_CALL_FRAME_UNITS
+    assert message_size(m) == framing + sum(text_size(p) for p in parts)
+    assert text_chars(m) == 3 + 3 + 17 + 4 + 2 + 3
+    bare = Message(role=m.role, content=m.content, thinking=m.thinking, tool_calls=m.tool_calls, tool_call_id="t1")
+    assert message_size(m) == message_size(bare) + text_size("bob")  # metadata and images add nothing
+    assert messages_size([m, msg("12345")]) == message_size(m) + units("12345")
 
 
-def test_an_empty_message_weighs_nothing() -> None:
-    assert message_chars(msg()) == 0
+def test_the_engine_facing_names_return_the_size() -> None:
+    # The engine stores messages_chars(view) as the baseline observation's ``chars``: it must be
+    # the very measure the counter prices, or the fitted line would be off by the ratio.
+    m = msg('some text, with a JSON tail: {"ok": true}')
+    assert message_chars(m) == message_size(m) and messages_chars([m, m]) == 2 * message_size(m)
+
+
+def test_an_empty_message_weighs_only_its_framing() -> None:
+    assert message_size(msg()) == MESSAGE_FRAME_UNITS > 0
+    assert text_chars(msg()) == 0
+    assert messages_size([]) == 0
+
+
+def test_framing_is_pinned() -> None:
+    assert (MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS) == (8, 16)  # 4 and 8 tokens
 
 
 # --- counters ------------------------------------------------------------------------------
@@ -72,9 +104,20 @@ def test_an_empty_message_weighs_nothing() -> None:
 def test_calibrated_counter_methods() -> None:
     assert FALLBACK.method is EstimateMethod.FALLBACK and FALLBACK.overhead == 0
     assert LINE.method is EstimateMethod.CALIBRATED and LINE.overhead == 100
-    assert LINE.count_text("x" * 1000) == 300
-    # chars are summed before rounding: 3 x 1 char would be 0 each, 3 chars together are 1
-    assert LINE.count_messages([msg("a"), msg("b"), msg("c")]) == 1
+    text = "The quick brown fox jumps over the lazy dog. " * 20
+    assert LINE.count_text(text) == line(text_size(text))
+    assert FALLBACK.count_text(text) == round(text_size(text) / 1.8)
+    assert LINE.count_messages([msg(text)]) == line(units(text))
+    assert LINE.count_text("") == 0
+
+
+def test_sizes_are_summed_before_rounding() -> None:
+    # 3 messages of 10 units at 0.05 tokens/unit: 0.5 each rounds to 0, together 1.5 rounds to 2.
+    counter = CalibratedCounter(Calibration(0.0, 0.05, 2, fitted=True))
+    three = [msg("a"), msg("b"), msg("c")]
+    assert [message_size(m) for m in three] == [10, 10, 10]
+    assert [counter.count_messages([m]) for m in three] == [0, 0, 0]
+    assert counter.count_messages(three) == 2
 
 
 def _word_tokenizer(tmp_path: Path) -> str:
@@ -143,25 +186,43 @@ def test_truncation_ratio_is_a_parameter() -> None:
 # --- estimates -----------------------------------------------------------------------------
 
 
+PROSE = "Compression keeps the newest turns and summarizes the older ones. "
+JSON = '{"path": "src/app.py", "size": 1234, "ok": true}, '
+
+
 def test_estimate_breaks_a_view_into_segments() -> None:
     img = ImageRef("b" * 64, width=1024, height=1024)  # 1026
+    system, record, summary, pinned, other, incoming = (
+        PROSE * 20,
+        JSON * 2,
+        PROSE * 4,
+        "never push to main",
+        JSON * 30,
+        "and now?",
+    )
     est = estimate(
         counter=LINE,
         window=10_000,
         reserve=2048,
-        system="s" * 1000,  # 300 + overhead 100
-        records=[msg("r" * 100, 1, role=Role.SYSTEM)],  # 30
+        system=system,
+        records=[msg(record, 1, role=Role.SYSTEM)],
         context=[
-            msg("u" * 200, 2, flags=Flags(is_summary=True, is_display=False)),  # 60
-            msg("p" * 10, 3, flags=Flags(is_pinned=True)),  # 3
-            msg("m" * 1000, 4, images=(img,)),  # 300
+            msg(summary, 2, flags=Flags(is_summary=True, is_display=False)),
+            msg(pinned, 3, flags=Flags(is_pinned=True)),
+            msg(other, 4, images=(img,)),
         ],
-        incoming=[msg("i" * 20, images=(ImageRef("c" * 64),))],  # 6 + 1024 fallback image
+        incoming=[msg(incoming, images=(ImageRef("c" * 64),))],  # + a 1024-token fallback image
     )
     assert est.segments == TokenSegments(
-        system=400, records=30, summaries=60, pinned=3, messages=300, images=1026 + 1024, incoming=6
+        system=100 + line(units(system)),  # the overhead, and the system prompt framed as a message
+        records=line(units(record)),
+        summaries=line(units(summary)),
+        pinned=line(units(pinned)),
+        messages=line(units(other)),
+        images=1026 + 1024,
+        incoming=line(units(incoming)),
     )
-    assert est.total == est.segments.total == 400 + 30 + 60 + 3 + 300 + 2050 + 6
+    assert est.total == est.segments.total
     assert (est.text, est.images) == (est.total - 2050, 2050)
     assert est.method is EstimateMethod.CALIBRATED
     assert (est.window, est.budget) == (10_000, 10_000 - 2048)
@@ -176,34 +237,35 @@ def test_estimate_of_nothing_is_zero() -> None:
 
 def test_a_negative_intercept_never_makes_a_negative_segment() -> None:
     counter = CalibratedCounter(Calibration(-500.0, 0.5, 2, fitted=True))
-    est = estimate(counter=counter, window=1000, reserve=0, system="x" * 10, context=[msg("y" * 100, 1)])
-    assert est.segments.system == 0 and est.total == 50
+    est = estimate(counter=counter, window=1000, reserve=0, system="short", context=[msg(PROSE, 1)])
+    assert est.segments.system == 0 and est.total == round(0.5 * units(PROSE)) > 0
 
 
 def test_baseline_delta_adds_the_new_messages_to_the_real_count() -> None:
-    since = [msg("x" * 1000, 11), msg("y" * 800, 12, images=(ImageRef("i", width=100, height=100),))]
-    assert baseline_delta(5000, since, LINE) == 5000 + 540 + 258
+    since = [msg(PROSE * 10, 11), msg(JSON * 10, 12, images=(ImageRef("i", width=100, height=100),))]
+    assert baseline_delta(5000, since, LINE) == 5000 + line(units(PROSE * 10) + units(JSON * 10)) + 258
     assert baseline_delta(5000, [], LINE) == 5000
 
 
 def test_estimate_with_a_baseline_counts_only_what_came_after_it() -> None:
-    context = [msg("a" * 10_000, 1), msg("b" * 10_000, 2), msg("c" * 1000, 3)]
-    incoming = [msg("d" * 100)]
+    a, b, c, d = PROSE * 100, JSON * 100, PROSE * 10, "what next?"
+    context = [msg(a, 1), msg(b, 2), msg(c, 3)]
+    incoming = [msg(d)]
     est = estimate(
         counter=LINE,
         window=100_000,
         reserve=2048,
-        system="s" * 1000,
+        system=PROSE * 10,
         context=context,
         incoming=incoming,
         baseline=Baseline(tokens=7000, last_sequence=2),
     )
     assert est.method is EstimateMethod.BASELINE_DELTA
-    assert est.total == 7000 + 300 + 30
+    assert est.total == 7000 + line(units(c) + units(d))
     # the breakdown keeps the calibrated proportions and sums to the baseline-based total
     assert est.segments.total == est.total
-    raw = estimate(counter=LINE, window=100_000, reserve=2048, system="s" * 1000, context=context, incoming=incoming)
-    assert raw.total == 400 + 6300 + 30
+    raw = estimate(counter=LINE, window=100_000, reserve=2048, system=PROSE * 10, context=context, incoming=incoming)
+    assert raw.total == 100 + line(units(PROSE * 10)) + line(units(a) + units(b) + units(c)) + line(units(d))
     assert est.segments.messages > est.segments.system > est.segments.incoming > 0
 
 

@@ -1,0 +1,370 @@
+"""Breadcrumbs: the findable facts of text that compression removed (DESIGN §2, §5.4, §5.6).
+
+A summary's ``KEYS:`` line names what its model thought mattered; the entities extracted here
+(paths, commands, ids, amounts, links, names) cover what it missed, and the hard-truncate
+fallback that runs no summarizer at all. Pure and deterministic: the same input gives the same
+list, in order of first appearance.
+
+A breadcrumb never holds ``;`` or a line break, so a list of them round-trips through one
+``KEYS: a; b; c`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from contextsvc.config import SummarizerSettings
+from contextsvc.core.messages import Message
+
+__all__ = [
+    "Entity",
+    "EntityKind",
+    "extract_breadcrumbs",
+    "extract_entities",
+    "format_keys_line",
+    "merge_breadcrumbs",
+    "split_keys_line",
+]
+
+# The numbers live in the settings; these defaults only serve callers without settings at hand.
+_FIELDS = SummarizerSettings.model_fields
+DEFAULT_LIMIT: int = _FIELDS["breadcrumb_limit"].default
+DEFAULT_MAX_CHARS: int = _FIELDS["breadcrumb_max_chars"].default
+DEFAULT_SCAN_CHARS: int = _FIELDS["breadcrumb_scan_chars"].default
+
+
+class EntityKind(IntEnum):
+    """What an entity is. The value is its rank: when there are more than ``limit`` entities,
+    lower ranks are kept first (a path outlives a quoted word)."""
+
+    COMMAND = 0
+    PATH = 1
+    URL = 2
+    EMAIL = 3
+    TICKET = 4
+    UUID = 5
+    HASH = 6
+    ADDRESS = 7
+    IDENTIFIER = 8
+    QUOTED = 9
+    VERSION = 10
+    AMOUNT = 11
+    QUANTITY = 12
+    CARRIED = -1  # a breadcrumb of an earlier summary that is now being dropped
+
+
+@dataclass(slots=True, frozen=True)
+class Entity:
+    kind: EntityKind
+    text: str
+
+
+# --- patterns -------------------------------------------------------------------------------
+# Each is tried over the whole text; overlapping matches are resolved longest-first, so a URL
+# is not also reported as the path inside it.
+
+_NOT_AFTER_WORD = r"(?<![\w@/.\-])"
+_UNITS = (
+    r"ms|µs|us|ns|s|sec|secs|seconds?|min|mins|minutes?|h|hrs?|hours?|days?|weeks?|months?|years?"
+    r"|b|bytes?|kb|mb|gb|tb|kib|mib|gib|tib|k|m|bn"
+    r"|px|pt|em|dpi|fps|hz|khz|mhz|ghz|rpm|°c|°f|mm|cm|km|kg|g|mg|lb|lbs"
+    r"|tokens?|chars?|lines?|rows?|files?|items?|requests?|calls?|users?|turns?|messages?|x"
+    r"|usd|eur|gbp|rub|jpy|cny|\u0440\u0443\u0431|₽|€|\$"
+)
+_PATTERNS: tuple[tuple[EntityKind, re.Pattern[str]], ...] = (
+    (EntityKind.URL, re.compile(r"\b(?:https?|ftp|wss?|grpcs?|s3|file)://[^\s<>\"'`|\\{}\[\]()]+", re.I)),
+    (EntityKind.EMAIL, re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")),
+    (
+        EntityKind.UUID,
+        re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),
+    ),
+    # Windows paths, absolute / home / dot-relative POSIX paths, relative paths with a file name.
+    (EntityKind.PATH, re.compile(r"\b[A-Za-z]:\\(?:[^\\\s:*?\"<>|;]+\\)*[^\\\s:*?\"<>|;,]+")),
+    (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:~|\.{1,2})?/(?:[\w.@+%=-]+/)*[\w.@+%=-]*[\w@+%=-]")),
+    (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:[\w.@+-]+/)+[\w@+-]*\.[A-Za-z][A-Za-z0-9]{0,7}\b")),
+    (
+        EntityKind.PATH,
+        re.compile(
+            r"(?<![\w/.\-])[\w-]+\.(?:py|pyi|ts|tsx|js|jsx|mjs|json|jsonl|md|rst|txt|toml|ya?ml|ini|cfg|conf|env"
+            r"|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|sh|bash|zsh|ps1|sql|proto|html|css|scss|vue"
+            r"|csv|tsv|xml|lock|log|pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|webp|svg|zip|tar|gz|tgz|whl)\b",
+        ),
+    ),
+    (EntityKind.TICKET, re.compile(r"\b[A-Z][A-Z0-9]{1,9}(?:-\d+)+\b")),
+    (EntityKind.ADDRESS, re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b")),
+    (EntityKind.ADDRESS, re.compile(r"\blocalhost:\d{1,5}\b")),
+    (
+        EntityKind.VERSION,
+        re.compile(r"(?<![\w.])v\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?\b|\b\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]+)?\b"),
+    ),
+    (EntityKind.HASH, re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b")),
+    # Identifiers: CamelCase / lowerCamel, snake_case, UPPER_SNAKE, dotted.names.of.things.
+    (EntityKind.IDENTIFIER, re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+\b")),
+    (EntityKind.IDENTIFIER, re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b")),
+    (EntityKind.IDENTIFIER, re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b")),
+    (EntityKind.AMOUNT, re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b")),
+    (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?%")),
+    (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I)),
+)
+_QUOTED = re.compile(
+    r"`([^`\n;]{2,80})`"
+    r"|\"([^\"\n;]{2,60})\"(?!\s*:)"
+    r"|“([^”\n;]{2,60})”"
+    r"|«([^»\n;]{2,60})»"
+    r"|(?<![\w'])'([^'\n;]{2,60})'(?![\w'])"
+)
+_SHELL_PROMPT_ONLY = re.compile(r"^[ \t]*\$[ \t]+(\S.*)$", re.M)
+#: tool-call argument keys whose value is a shell command / a file path.
+_COMMAND_KEYS = frozenset({"command", "cmd", "commands", "script", "shell", "bash", "run"})
+_PATH_KEYS = frozenset(
+    {"path", "paths", "file", "files", "file_path", "filepath", "filename", "dir", "directory", "cwd", "target"}
+)
+#: ticket-shaped tokens that are standards, not tickets.
+_NOT_TICKETS = frozenset({"UTF", "SHA", "ISO", "MD", "AES", "RSA", "ECMA", "UCS", "X", "TLS", "SSL", "HTTP"})
+#: quoted words too common to be names.
+_QUOTED_STOP = frozenset({"yes", "no", "ok", "true", "false", "none", "null", "the", "and", "or"})
+_SPACES = re.compile(r"\s+")
+_TRAILING_PUNCT = ".,:!?'\")]}>"
+
+
+def extract_entities(
+    items: Iterable[Message | str],
+    *,
+    limit: int = DEFAULT_LIMIT,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    scan_chars: int = DEFAULT_SCAN_CHARS,
+) -> list[Entity]:
+    """The entities of ``items`` (messages or plain texts), deduplicated (case-insensitive), in
+    order of first appearance, at most ``limit`` (lower ranks kept first), each at most
+    ``max_chars`` long."""
+    if limit <= 0:
+        return []
+    seen: set[str] = set()
+    found: list[Entity] = []
+    for item in items:
+        for entity in _from_item(item, max_chars=max_chars, scan_chars=scan_chars):
+            key = _dedupe_key(entity.text)
+            if key not in seen:
+                seen.add(key)
+                found.append(entity)
+    if len(found) <= limit:
+        return found
+    # Keep the most valuable kinds, but report them in order of appearance.
+    keep = sorted(range(len(found)), key=lambda i: (found[i].kind, i))[:limit]
+    return [found[i] for i in sorted(keep)]
+
+
+def extract_breadcrumbs(
+    items: Iterable[Message | str],
+    *,
+    limit: int = DEFAULT_LIMIT,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    scan_chars: int = DEFAULT_SCAN_CHARS,
+) -> list[str]:
+    """The texts of ``extract_entities`` (see there)."""
+    return [e.text for e in extract_entities(items, limit=limit, max_chars=max_chars, scan_chars=scan_chars)]
+
+
+def merge_breadcrumbs(
+    keys_from_summary: Iterable[str],
+    extracted: Iterable[str],
+    limit: int = DEFAULT_LIMIT,
+    *,
+    max_chars: int = DEFAULT_MAX_CHARS,
+) -> list[str]:
+    """The summary's keys first, then extracted entities it does not already name; deduplicated.
+
+    Extracted entities keep at least half of ``limit`` when there are that many, so a summary
+    with a long KEYS line cannot push out the facts the extractor found on its own."""
+    if limit <= 0:
+        return []
+    from_summary = _dedupe(_clean(k, max_chars) for k in keys_from_summary)
+    taken = {_dedupe_key(k) for k in from_summary}
+    from_text = [e for e in _dedupe(_clean(x, max_chars) for x in extracted) if _dedupe_key(e) not in taken]
+    take_text = min(len(from_text), limit // 2)
+    take_summary = min(len(from_summary), limit - take_text)
+    take_text = min(len(from_text), limit - take_summary)
+    return from_summary[:take_summary] + from_text[:take_text]
+
+
+def split_keys_line(summary: str) -> tuple[str, list[str]]:
+    """Split a trailing ``KEYS:`` line off ``summary``: (text without it, its keys).
+
+    Keys are separated by ``;`` (or by ``,`` when the line has no ``;``). A summary without the
+    line comes back unchanged with no keys. Markdown decoration around the label is tolerated."""
+    lines = summary.rstrip().splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index].strip()
+        if not line:
+            continue
+        match = _KEYS_LABEL.match(line)
+        if match is None:
+            break
+        body = line[match.end() :].strip()
+        if line.startswith("**") and body.endswith("**"):  # **KEYS: a; b**
+            body = body[:-2].rstrip()
+        separator = ";" if ";" in body else ","
+        keys = [_unquote(k.strip()) for k in body.split(separator)]
+        text = "\n".join(lines[:index]).rstrip()
+        return text, [k for k in keys if k]
+    return summary, []
+
+
+def _unquote(key: str) -> str:
+    """A key without the backticks a model may put around it."""
+    return key[1:-1].strip() if len(key) >= 2 and key[0] == key[-1] == "`" else key
+
+
+_KEYS_LABEL = re.compile(r"^[-*>#\s]*[*_`]*KEYS[*_`]*\s*:[*_`]*", re.I)
+
+
+def format_keys_line(keys: Sequence[str]) -> str:
+    """``KEYS: a; b; c`` (``;`` inside a key becomes ``,`` so the line splits back the same)."""
+    cleaned = [c for k in keys if (c := _SPACES.sub(" ", k.replace(";", ",")).strip())]
+    line = " ".join(["KEYS:", "; ".join(cleaned)]).rstrip()
+    # A lone key with a comma would split on ',' when read back; a trailing ';' says "split on ';'".
+    return line + ";" if len(cleaned) == 1 and "," in cleaned[0] else line
+
+
+# --- internals ------------------------------------------------------------------------------
+
+
+def _from_item(item: Message | str, *, max_chars: int, scan_chars: int) -> Iterator[Entity]:
+    if isinstance(item, str):
+        yield from _from_text(item, max_chars=max_chars, scan_chars=scan_chars)
+        return
+    carried = item.metadata.get("breadcrumbs")
+    if isinstance(carried, list):
+        for crumb in carried:
+            if isinstance(crumb, str) and (text := _clean(crumb, max_chars)):
+                yield Entity(EntityKind.CARRIED, text)
+    yield from _from_text(item.content, max_chars=max_chars, scan_chars=scan_chars)
+    for call in item.tool_calls:
+        yield from _from_arguments(call.arguments_json, max_chars=max_chars, scan_chars=scan_chars)
+
+
+def _from_arguments(arguments_json: str, *, max_chars: int, scan_chars: int) -> Iterator[Entity]:
+    """Commands and paths named by argument keys, then entities of every other string value."""
+    try:
+        args = json.loads(arguments_json) if arguments_json.strip() else {}
+    except (json.JSONDecodeError, RecursionError):
+        yield from _from_text(arguments_json, max_chars=max_chars, scan_chars=scan_chars)
+        return
+    for key, value in _walk(args, depth=0):
+        lowered = key.lower()
+        if lowered in _COMMAND_KEYS:
+            for command in _split_commands(value):
+                if text := _clean(command, max_chars):
+                    yield Entity(EntityKind.COMMAND, text)
+        elif lowered in _PATH_KEYS and value.strip() and not any(c.isspace() for c in value.strip()):
+            if text := _clean(value, max_chars):
+                yield Entity(EntityKind.PATH, text)
+        else:
+            yield from _from_text(value, max_chars=max_chars, scan_chars=scan_chars)
+
+
+def _walk(value: object, *, depth: int, key: str = "") -> Iterator[tuple[str, str]]:
+    """(key, string value) pairs of a parsed JSON value; bounded depth."""
+    if depth > 8:
+        return
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, depth=depth + 1, key=str(k))
+    elif isinstance(value, list):
+        for v in value[:100]:
+            yield from _walk(v, depth=depth + 1, key=key)
+
+
+def _from_text(text: str, *, max_chars: int, scan_chars: int) -> Iterator[Entity]:
+    text = _scan_window(text, scan_chars)
+    if not text:
+        return
+    spans: list[tuple[int, int, EntityKind, str]] = []
+    for match in _SHELL_PROMPT_ONLY.finditer(text):
+        for command in _split_commands(match.group(1)):
+            spans.append((match.start(1), match.end(1), EntityKind.COMMAND, command))
+    for kind, pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            value = match.group(0)
+            if kind is EntityKind.URL or kind is EntityKind.PATH:
+                value = value.rstrip(_TRAILING_PUNCT)
+            if _accept(kind, value):
+                spans.append((match.start(), match.start() + len(value), kind, value))
+    for match in _QUOTED.finditer(text):
+        index = next(i for i in range(1, 6) if match.group(i) is not None)
+        value = match.group(index).strip()
+        if _accept(EntityKind.QUOTED, value):
+            spans.append((match.start(index), match.end(index), EntityKind.QUOTED, value))
+    # Longest first wins a region; equal spans keep the earlier (higher-priority) pattern.
+    spans.sort(key=lambda s: (s[0], -(s[1] - s[0])))
+    chosen: list[tuple[int, int, EntityKind, str]] = []
+    covered_until = -1
+    for span in spans:
+        start, end, _, _ = span
+        if start >= covered_until:
+            chosen.append(span)
+            covered_until = end
+        elif chosen and start == chosen[-1][0] and span[2] is EntityKind.COMMAND:
+            chosen.append(span)  # a `$ a; b` line yields several commands over one span
+    for _, _, kind, value in chosen:
+        if cleaned := _clean(value, max_chars):
+            yield Entity(kind, cleaned)
+
+
+def _accept(kind: EntityKind, value: str) -> bool:
+    if kind is EntityKind.TICKET:
+        return value.split("-", 1)[0] not in _NOT_TICKETS
+    if kind is EntityKind.PATH:
+        # Needs a letter and more than a bare slash ("/", "1/2", "and/or" do not qualify).
+        return any(c.isalpha() for c in value) and len(value.strip("/~.")) > 1 and "//" not in value
+    if kind is EntityKind.QUOTED:
+        words = value.split()
+        return (
+            0 < len(words) <= 6
+            and any(c.isalnum() for c in value)
+            and value.lower() not in _QUOTED_STOP
+            and not value.endswith((".", "!", "?"))
+        )
+    if kind is EntityKind.IDENTIFIER:
+        return len(value) >= 3
+    return True
+
+
+def _split_commands(value: str) -> list[str]:
+    # Separate commands on ';' so no breadcrumb holds the KEYS separator; '&&' pipelines stay whole.
+    return [part.strip() for part in value.replace("\r", "").replace("\n", ";").split(";") if part.strip()]
+
+
+def _scan_window(text: str, scan_chars: int) -> str:
+    if len(text) <= scan_chars:
+        return text
+    head = scan_chars * 3 // 4
+    return text[:head] + "\n" + text[len(text) - (scan_chars - head) :]
+
+
+def _clean(value: str, max_chars: int) -> str:
+    text = _SPACES.sub(" ", value.replace(";", ",")).strip()
+    if len(text) > max_chars:
+        text = text[: max(1, max_chars - 1)].rstrip() + "…"
+    return text
+
+
+def _dedupe_key(text: str) -> str:
+    return text.casefold().rstrip("/")
+
+
+def _dedupe(values: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    out: list[str] = []
+    for value in values:
+        key = _dedupe_key(value)
+        if value and key not in seen:
+            seen.add(key)
+            out.append(value)
+    return out

@@ -1,0 +1,25 @@
+"""Chunks of the raw history index: verbatim text of messages compression removed from the context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(slots=True, frozen=True)
+class HistoryChunk:
+    """Verbatim text of messages compression removed from the context (the raw history index)."""
+
+    content_hash: str
+    text: str
+    first_sequence: int
+    last_sequence: int
+    start_time: datetime | None
+    end_time: datetime | None
+    breadcrumbs: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class ScoredChunk:
+    chunk: HistoryChunk
+    score: float

@@ -1,0 +1,263 @@
+"""The size of text: a tokenizer-free measure that prompt tokens are proportional to.
+
+Characters are a poor measure: on every common BPE vocabulary English prose runs ~0.19
+tokens/char, code ~0.25, JSON ~0.35 and Cyrillic 0.24-0.50, so a tokens-per-char line fitted on
+one kind of content misprices the next. Tokens follow *pieces* much better: a BPE tokenizer
+first splits text into pieces (a word with its leading space, up to three digits, a run of
+punctuation, a run of whitespace), and a common piece is one token whatever its length. So the
+size of a text is the sum over such pieces of a price by class and length, in *size units* of
+about half a token. Real tokens per size unit then sit near 0.5 for prose, code and JSON on all
+four vocabularies measured, and within ~0.7x-1.45x of that for Cyrillic and CJK (``bench/tokens``,
+bench/RESULTS.md): one calibration slope fits every kind, it lies mid-range in the plausible
+[0.25, 1.0], and the fallback ``size / 1.8`` is near the mark instead of 2x high for prose.
+
+Cost: one regex pass per text plus a memoized price per distinct piece; sizes of texts seen
+before are memoized too (a view is re-measured every turn from the same stored messages).
+Deterministic, pure Python, no tokenizer files. The weights are in ``SizeWeights`` and nowhere
+else; changing them changes what persisted calibration observations mean (they are refitted as
+new baselines replace them, ``calibration_window`` at a time).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from dataclasses import dataclass
+
+__all__ = [
+    "MESSAGE_FRAME_UNITS",
+    "TOOL_CALL_FRAME_UNITS",
+    "WEIGHTS",
+    "SizeWeights",
+    "clear_caches",
+    "piece_tokens",
+    "piece_units",
+    "pieces",
+    "text_size",
+]
+
+
+@dataclass(slots=True, frozen=True)
+class SizeWeights:
+    """What a piece costs, in tokens (``units_per_token`` converts to size units).
+
+    Where the numbers come from: every distinct piece of ~600 texts (the ``bench/tokens``
+    synthetic corpus, and real files: GPL/Apache licences and the vim user manual for English,
+    CPython's stdlib for code, npm/boto3/cfn-lint JSON, vim tutors and gnupg/systemd catalogues
+    for Cyrillic, vim tutors for CJK) was counted with the bench's four tokenizers (o200k,
+    cl100k, Llama 3, the old Claude vocabulary; cl100k/o200k/Llama 3 split text exactly into
+    these pieces, so their counts add up piece by piece), and the mean tokens per piece by class
+    and length was read off. Where the vocabularies disagree the middle was taken.
+    """
+
+    #: size units per token: one unit is half a typical token, so tokens/unit sits near 0.5.
+    units_per_token: int = 2
+    #: An ASCII letter run costs 1 token per case "hump" (``Describe``+``Instances``); a hump
+    #: longer than ``free_letters`` costs ``per_long_letter`` more per extra letter (rarer
+    #: words), and past ``word_letters`` ``per_odd_letter`` (hashes, ids, base64: not words).
+    free_letters: int = 6
+    per_long_letter: float = 0.2
+    word_letters: int = 12
+    per_odd_letter: float = 0.4
+    #: A piece whose prefix char is punctuation other than space, ``_`` or ``.`` (``:aws``,
+    #: ``"id``, ``/src``) usually costs an extra token or part of one.
+    odd_prefix: float = 0.5
+    #: Cyrillic run of n letters: ``max(1, cyrillic_base + cyrillic_per_letter * n)``. The
+    #: vocabularies disagree 2x here (o200k ~0.25 tokens/letter, cl100k/Claude ~0.5): this is the
+    #: middle, so Cyrillic costs 0.7x-1.45x the tokens per unit of Latin-script text by vocabulary.
+    cyrillic_base: float = 0.45
+    cyrillic_per_letter: float = 0.33
+    #: Other scripts (accented Latin, Greek, Arabic, ...), per letter, same form.
+    other_base: float = 0.8
+    other_per_letter: float = 0.28
+    #: CJK ideographs, kana and hangul, per character (o200k/Llama 3 ~0.8, cl100k/Claude ~1.3).
+    cjk_per_char: float = 1.0
+    #: A punctuation run costs 1 token up to ``free_punct`` chars, then ``per_punct`` per char;
+    #: a run of one repeated char (rulers ``=====``) ``per_repeat`` per char.
+    free_punct: int = 3
+    per_punct: float = 0.45
+    per_repeat: float = 0.125
+    #: Non-ASCII symbols (quotes, dashes, arrows) and astral chars (emoji) cost extra.
+    per_symbol: float = 0.5
+    per_astral: float = 1.5
+    #: Chat-template framing the text itself does not show: per message (role header and end
+    #: marker: 4-5 tokens in ChatML and Llama 3 templates) and per tool call (its wrapper).
+    message_frame: float = 4.0
+    tool_call_frame: float = 8.0
+
+
+WEIGHTS = SizeWeights()
+#: Size units of the framing of one message and of one tool call (see ``SizeWeights``).
+MESSAGE_FRAME_UNITS = round(WEIGHTS.units_per_token * WEIGHTS.message_frame)
+TOOL_CALL_FRAME_UNITS = round(WEIGHTS.units_per_token * WEIGHTS.tool_call_frame)
+
+#: Longest piece the splitter emits: longer runs are split, so the piece cache holds only short
+#: strings and a megabyte of one character costs what it should, piece by piece.
+_MAX_PIECE = 32
+
+# A BPE pre-tokenizer approximated with ``re`` (the cl100k/o200k rules): a letter run with one
+# optional leading non-letter (a space — tried first, as the commonest piece —, punctuation,
+# ``_``, a tab); digit groups of up to 3; a punctuation run with an optional leading space and
+# trailing newlines; a newline run; a whitespace run, its last space left to the next word.
+# ``[^\W\d_]`` is "a letter" in any script. Possessive repeats (``{m,n}+``) skip backtracking.
+_PIECE = re.compile(
+    rf""" ?[^\W\d_]{{1,{_MAX_PIECE}}}+"""
+    rf"""|[^\r\n\w][^\W\d_]{{1,{_MAX_PIECE}}}+"""
+    rf"""|_[^\W\d_]{{1,{_MAX_PIECE}}}+"""
+    rf"""|\d{{1,3}}+"""
+    rf"""| ?(?:[^\s\w]|_){{1,{_MAX_PIECE}}}+[\r\n]{{0,{_MAX_PIECE}}}+"""
+    rf"""|\s{{0,{_MAX_PIECE}}}[\r\n]{{1,{_MAX_PIECE}}}+"""
+    rf"""|\s{{1,{_MAX_PIECE}}}(?!\S)"""
+    rf"""|\s{{1,{_MAX_PIECE}}}+""",
+)
+_HUMP = re.compile(r"[A-Z]*[a-z]+|[A-Z]+")
+_RUN = re.compile(r"[A-Za-z]+|[\u0400-\u052f]+|[^A-Za-z\u0400-\u052f]+")
+_CJK = re.compile(r"[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_LINE_BREAKS = re.compile(r"[\r\n]+")
+_CHEAP_PREFIXES = frozenset("_.")
+
+
+def pieces(text: str) -> list[str]:
+    """``text`` split the way ``text_size`` prices it (every character in exactly one piece)."""
+    return _PIECE.findall(text)
+
+
+def _letters_tokens(letters: str, w: SizeWeights) -> float:
+    """Tokens of a run of letters (no prefix), any script; runs of one script priced separately."""
+    tokens = 0.0
+    for run in _RUN.findall(letters) if not letters.isascii() else (letters,):
+        if run.isascii():
+            for hump in _HUMP.findall(run):
+                n = len(hump)
+                tokens += 1.0 + w.per_long_letter * max(0, min(n, w.word_letters) - w.free_letters)
+                tokens += w.per_odd_letter * max(0, n - w.word_letters)
+        elif "\u0400" <= run[0] <= "\u052f":
+            tokens += max(1.0, w.cyrillic_base + w.cyrillic_per_letter * len(run))
+        else:
+            cjk = len(_CJK.findall(run))
+            other = len(run) - cjk
+            tokens += w.cjk_per_char * cjk
+            if other:
+                tokens += max(1.0, w.other_base + w.other_per_letter * other)
+    return tokens
+
+
+def _punct_tokens(run: str, w: SizeWeights) -> float:
+    """Tokens of a run of punctuation/symbols (no leading space, no trailing newlines)."""
+    n = len(run)
+    if n > 1 and run.count(run[0]) == n:
+        tokens = 1.0 + w.per_repeat * (n - 1)
+    else:
+        tokens = 1.0 + w.per_punct * max(0, n - w.free_punct)
+    return tokens + _symbol_extra(run, w)
+
+
+def _symbol_extra(run: str, w: SizeWeights) -> float:
+    """What non-ASCII symbols add: multi-byte characters are spread over more tokens."""
+    if run.isascii():
+        return 0.0
+    return sum(w.per_astral if ord(ch) > 0xFFFF else w.per_symbol for ch in run if ord(ch) > 0x7F)
+
+
+def piece_tokens(piece: str, w: SizeWeights = WEIGHTS) -> float:
+    """Estimated tokens of one piece (as ``pieces`` emits it); at least 1 for any piece."""
+    last = piece[-1]
+    if last.isdecimal():
+        return 1.0  # a group of up to 3 digits
+    if piece.isspace():
+        # One token per line-break run, and one for spaces before the first: ``\s*[\r\n]+``
+        # takes the spaces before a line break along, and must not make more text cost less.
+        return float(len(_LINE_BREAKS.findall(piece)) + (piece[0] not in "\r\n"))
+    if last.isalnum():  # a letter piece (a word char, not a digit), maybe with a prefix char
+        head = piece[0]
+        if head.isalnum():
+            return _letters_tokens(piece, w)
+        if head in _CHEAP_PREFIXES or head.isspace():
+            return _letters_tokens(piece[1:], w)
+        # Never less than the prefix alone would cost, so more text never costs less.
+        return _letters_tokens(piece[1:], w) + w.odd_prefix + _symbol_extra(head, w)
+    run = piece.lstrip(" ").rstrip("\r\n")
+    return _punct_tokens(run, w) if run else 1.0
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def piece_units(piece: str) -> int:
+    """Size units of one piece with the default weights (memoized: pieces repeat a lot)."""
+    return max(1, round(WEIGHTS.units_per_token * piece_tokens(piece)))
+
+
+def text_size(text: str) -> int:
+    """Size units of ``text``: the sum of its pieces' units. 0 for the empty string.
+
+    Texts of ``_MEMO_MIN_CHARS`` or more are memoized (``_SizeMemo``): a view is rebuilt and
+    re-measured every turn from the same stored messages, and splitting them again each time
+    would cost 40-90 ms a megabyte (bench/RESULTS.md).
+    """
+    if len(text) < _MEMO_MIN_CHARS:
+        return sum(map(piece_units, _PIECE.findall(text)))
+    size = _MEMO.get(text)
+    if size is None:
+        size = sum(map(piece_units, _PIECE.findall(text)))
+        _MEMO.put(text, size)
+    return size
+
+
+#: Texts shorter than this are measured directly: cheaper than remembering them.
+_MEMO_MIN_CHARS = 16
+#: Characters of text the memo may keep alive, counting ``_MEMO_ENTRY_CHARS`` more for each
+#: entry's own overhead; most of the text is shared with the stores' own copies of the
+#: messages, so this bounds the worst case, not the usual cost.
+_MEMO_MAX_CHARS = 8_000_000
+_MEMO_ENTRY_CHARS = 100
+
+
+class _SizeMemo:
+    """Sizes of recently measured long texts, keyed by the text itself, oldest dropped first.
+
+    A ``str`` caches its own hash, so a hit on the same object is a dict lookup; an equal copy
+    costs one hash and one compare, both far cheaper than the regex pass. A lock keeps it
+    consistent if a thread (not only the event loop) measures text.
+    """
+
+    __slots__ = ("_chars", "_lock", "_max_chars", "_sizes")
+
+    def __init__(self, max_chars: int) -> None:
+        self._sizes: dict[str, int] = {}
+        self._chars = 0
+        self._max_chars = max_chars
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> int | None:
+        return self._sizes.get(text)
+
+    def put(self, text: str, size: int) -> None:
+        cost = len(text) + _MEMO_ENTRY_CHARS
+        if cost > self._max_chars:
+            return
+        with self._lock:
+            if text in self._sizes:
+                return
+            while self._chars + cost > self._max_chars and self._sizes:
+                oldest = next(iter(self._sizes))
+                del self._sizes[oldest]
+                self._chars -= len(oldest) + _MEMO_ENTRY_CHARS
+            self._sizes[text] = size
+            self._chars += cost
+
+    def clear(self) -> None:
+        with self._lock:
+            self._sizes.clear()
+            self._chars = 0
+
+
+_MEMO = _SizeMemo(_MEMO_MAX_CHARS)
+
+
+def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
+    """Forget memoized text sizes and/or piece prices (for benchmarks of the cold cost; sizes
+    never change)."""
+    if texts:
+        _MEMO.clear()
+    if pieces:
+        piece_units.cache_clear()

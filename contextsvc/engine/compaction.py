@@ -1,0 +1,563 @@
+"""Compaction use cases: decide (triggers, hysteresis, loop guard), plan, summarize, commit.
+
+Every path — pre-turn, mid-turn, post-turn, forced — goes through ``Compactor.run``, so a
+summarizer failure is never fatal anywhere: retry once with a wider keep window, then
+hard-truncate without a summarizer. The plan comes from the one planning function
+(``core.compression.plan``), shared with dry runs so prediction and action never disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from contextsvc.config import Settings
+from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs
+from contextsvc.core.compression.cheap import clear_old_tool_results, is_placeholder
+from contextsvc.core.compression.formatting import (
+    format_for_summary,
+    format_meta_summary_input,
+    needs_meta_summary,
+    split_keys,
+    summary_instructions,
+)
+from contextsvc.core.compression.plan import CompactionPlan, mid_turn_keep_messages, plan_compaction, plan_hard_truncate
+from contextsvc.core.compression.records import compression_record, summary_message
+from contextsvc.core.history import HistoryChunk
+from contextsvc.core.messages import Message, Role
+from contextsvc.core.profile import EffectiveProfile
+from contextsvc.core.session import Principal, SessionInfo
+from contextsvc.core.view_budget import truncate_for_view
+from contextsvc.engine.accounting import TokenAccounting
+from contextsvc.engine.state import EngineState
+from contextsvc.errors import NothingToCompact, Unavailable
+from contextsvc.ports import EventBus, SessionStore, SummarizerError, SummaryRequest
+from contextsvc.summarizers.registry import SummarizerSet
+
+log = logging.getLogger(__name__)
+
+Count = Callable[[Sequence[Message]], int]
+
+# Engine-state keys (kept in the session's opaque state mapping).
+_LAST_AFTER = "last_compaction_tokens"
+_FLUSH_EPOCH = "memory_flush_epoch"
+
+
+class Reason(StrEnum):
+    PRETURN = "preturn"
+    MIDTURN = "midturn"
+    POSTTURN = "postturn"
+    FORCED = "forced"
+
+
+class Method(StrEnum):
+    SUMMARY = "summary"
+    HARD_TRUNCATE = "hard_truncate"
+    CLEAR_TOOL_RESULTS = "clear_tool_results"
+
+
+@dataclass(slots=True, frozen=True)
+class CompressionReport:
+    compressed: bool
+    reason: Reason
+    method: Method | None = None
+    summary: str = ""
+    messages_before: int = 0
+    messages_after: int = 0
+    context_tokens_before: int = 0
+    context_tokens_after: int = 0
+    breadcrumbs: tuple[str, ...] = ()
+    plan: CompactionPlan | None = None
+
+
+@dataclass(slots=True)
+class Situation:
+    """What a compaction decision is made on: the context and the numbers of the view around it.
+
+    ``fixed_tokens`` are the view's tokens outside the context buffer (system prompt, incoming
+    message); ``view_tokens`` the view's whole estimate, the number triggers compare.
+    """
+
+    session: SessionInfo
+    profile: EffectiveProfile
+    context: list[Message]
+    view_tokens: int
+    fixed_tokens: int
+    reason: Reason
+    mid_turn: bool = False
+    note: str = ""
+    state: EngineState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = EngineState.of(self.session)
+
+
+class Compactor:
+    def __init__(
+        self,
+        *,
+        store: SessionStore,
+        bus: EventBus,
+        settings: Settings,
+        accounting: TokenAccounting,
+        summarizers: SummarizerSet,
+    ):
+        self._store = store
+        self._bus = bus
+        self._settings = settings
+        self._accounting = accounting
+        self._summarizers = summarizers
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- locking ----------------------------------------------------------------------------
+
+    def lock(self, session_id: str) -> asyncio.Lock:
+        """One compaction per session at a time in this process (stores make commits atomic)."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
+
+    def forget(self, session_id: str) -> None:
+        lock = self._locks.get(session_id)
+        if lock is not None and not lock.locked():
+            del self._locks[session_id]
+
+    # -- pricing ------------------------------------------------------------------------------
+
+    def counter(self, profile: EffectiveProfile) -> Count:
+        """Tokens of rows as the view shows them (cut per message), so the planner decides on
+        what the model would be sent, not on raw stored sizes."""
+        text = self._accounting.counter(profile.model)
+        budget = profile.per_message_budget
+        cache: dict[int, int] = {}
+
+        def price(m: Message) -> int:
+            key = id(m)
+            got = cache.get(key)
+            if got is None:
+                shown = truncate_for_view(m, budget, text)
+                got = cache[key] = self._accounting.message_tokens(profile.model, shown)
+            return got
+
+        return lambda rows: sum(price(m) for m in rows)
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def over_threshold(self, s: Situation) -> bool:
+        c = s.profile.compression
+        return s.view_tokens >= c.threshold * s.profile.context_window
+
+    async def maybe_memory_flush(self, s: Situation) -> None:
+        """Once per compaction cycle, warn watchers that a compaction is near (DESIGN §5.4)."""
+        c = s.profile.compression
+        threshold = c.threshold * s.profile.context_window
+        soft = threshold - self._settings.summarizer.memory_flush_soft_tokens
+        if not c.enabled or s.view_tokens < soft or s.state.extra.get(_FLUSH_EPOCH) == s.state.epoch:
+            return
+        state = dataclasses.replace(s.state, extra={**s.state.extra, _FLUSH_EPOCH: s.state.epoch})
+        await self._store.update_state(s.session.id, caller=_SYSTEM, state=state.to_dict())
+        s.state = state
+        await self._bus.publish(
+            session_id=s.session.id,
+            user_id=s.session.user_id,
+            kind="memory_flush_due",
+            payload={"context_tokens": s.view_tokens, "threshold_tokens": int(threshold)},
+        )
+
+    def loop_guarded(self, s: Situation) -> bool:
+        """True when an automatic compaction would re-fire inside the hysteresis band."""
+        last_after = s.state.extra.get(_LAST_AFTER)
+        if last_after is None or s.reason is Reason.FORCED:
+            return False
+        c = s.profile.compression
+        band = (c.threshold - c.target) * s.profile.context_window
+        return s.view_tokens - int(last_after) < band
+
+    # -- planning -----------------------------------------------------------------------------
+
+    def plan(self, s: Situation, *, keep_recent: int | None = None, keep_messages: int | None = None) -> CompactionPlan:
+        p = s.profile
+        c = p.compression
+        count = self.counter(p)
+        keep = keep_recent or c.keep_recent
+        if keep_messages is None and s.mid_turn:
+            keep_messages = mid_turn_keep_messages(keep, minimum=self._settings.summarizer.midturn_min_messages)
+        return plan_compaction(
+            s.context,
+            window=p.context_window,
+            target=self._kept_target(s),
+            keep_recent=keep,
+            count=count,
+            keep_recent_messages=keep_messages,
+            current_tokens=count(s.context),
+            critical_tool_names=c.critical_tool_names,
+            settings=self._settings.summarizer,
+        )
+
+    def _summary_reserve(self, p: EffectiveProfile) -> int:
+        return min(
+            p.compression.summary_max_tokens, int(self._settings.summarizer.summary_window_fraction * p.context_window)
+        )
+
+    def _kept_target(self, s: Situation) -> float:
+        """The share of the window the kept rows may use, so that kept + summary + prompt <= target."""
+        p = s.profile
+        room = p.compression.target * p.context_window - s.fixed_tokens - self._summary_reserve(p)
+        return max(self._settings.summarizer.min_kept_fraction, room / p.context_window)
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def run(self, s: Situation, *, dry_run: bool = False) -> CompressionReport:
+        """Plan and (unless ``dry_run``) carry out a compaction. Forced runs raise
+        ``NothingToCompact`` when nothing can be removed; automatic ones report ``compressed=False``."""
+        plan = self.plan(s)
+        if dry_run:
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan)
+        if not plan.would_compress:
+            if s.reason is Reason.FORCED:
+                raise NothingToCompact(
+                    plan.detail or "nothing to compact: the context holds only what must be kept",
+                    metadata={"context_messages": str(len(s.context)), "context_tokens": str(plan.tokens_before)},
+                )
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan)
+        await self._publish(
+            s,
+            "compression_started",
+            {
+                "reason": s.reason.value,
+                "context_tokens": s.view_tokens,
+                "max_context_tokens": s.profile.context_window,
+                "plan": plan_payload(plan),
+            },
+        )
+        report = await self._cheap_stage(s, plan)
+        if report is None:
+            report = await self._summarize_or_truncate(s, plan)
+        return report
+
+    async def _cheap_stage(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
+        c = s.profile.compression
+        if "clear_tool_results" not in c.strategies:
+            return None
+        count = self.counter(s.profile)
+        goal = int(c.target * s.profile.context_window) - s.fixed_tokens
+        cleared = clear_old_tool_results(
+            s.context,
+            plan.keep_from,
+            count=count,
+            critical_tool_names=c.critical_tool_names,
+            target_tokens=goal,
+            current_tokens=count(s.context),
+        )
+        if not cleared.cleared or cleared.tokens_after > goal:
+            return None  # clearing alone does not reach the target: summarize instead
+        return await self._commit(
+            s,
+            method=Method.CLEAR_TOOL_RESULTS,
+            demote=list(cleared.demote),
+            new_rows=list(cleared.placeholders),
+            new_context=list(cleared.context),
+            summary="",
+            breadcrumbs=[],
+            plan=plan,
+        )
+
+    async def _summarize_or_truncate(self, s: Situation, plan: CompactionPlan) -> CompressionReport:
+        c = s.profile.compression
+        if "summarize" in c.strategies:
+            attempts = [plan]
+            wider = self.plan(
+                s,
+                keep_recent=c.keep_recent * 2,
+                keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
+            )
+            if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
+                attempts.append(wider)
+            for attempt in attempts:
+                report = await self._try_summary(s, attempt)
+                if report is not None:
+                    return report
+        return await self._hard_truncate(s, plan)
+
+    async def _try_summary(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
+        p = s.profile
+        c = p.compression
+        count = self.counter(p)
+        try:
+            summarizer = self._summarizers.get(c.summarizer)
+            merged = await self._meta_summary(s, plan, summarizer)
+            formatted = format_for_summary(
+                plan.drop,
+                window=p.context_window,
+                vision=summarizer.vision,
+                critical_tool_names=c.critical_tool_names,
+                merged_summary=merged,
+                settings=self._settings.summarizer,
+                image_fallback_tokens=self._settings.tokens.image_tokens_fallback,
+            )
+            images = [await self._store.get_blob(b) or b"" for b in formatted.image_blob_ids]
+            raw = await summarizer.summarize(
+                SummaryRequest(
+                    messages=plan.drop,
+                    text=formatted.text,
+                    instructions=summary_instructions(c.summary_prompt),
+                    max_tokens=self._summary_reserve(p),
+                    temperature=self._settings.summarizer.temperature,
+                    images=[i for i in images if i],
+                )
+            )
+        except SummarizerError as exc:
+            log.warning(
+                "summarizer failed; falling back",
+                extra={"session_id": s.session.id, "summarizer": c.summarizer, "error": str(exc)},
+            )
+            return None
+        text, keys = split_keys(raw)
+        text = text.strip()
+        if not text:
+            log.warning("summarizer returned an empty summary", extra={"session_id": s.session.id})
+            return None
+        crumbs = self._breadcrumbs(keys, plan.drop)
+        summary = summary_message(text, dropped=plan.drop, kept=plan.keep, breadcrumbs=crumbs)
+        # Proof of progress: a summary larger than what it replaces is discarded.
+        if count([summary]) >= count(plan.drop):
+            log.warning("summary larger than what it replaces; discarded", extra={"session_id": s.session.id})
+            return None
+        new_context = [summary, *plan.keep]
+        if not self._progress(s, count(new_context)):
+            log.warning("summary did not reach the target; discarded", extra={"session_id": s.session.id})
+            return None
+        return await self._commit(
+            s,
+            method=Method.SUMMARY,
+            demote=list(plan.drop),
+            new_rows=[summary],
+            new_context=new_context,
+            summary=text,
+            breadcrumbs=crumbs,
+            plan=plan,
+        )
+
+    async def _meta_summary(self, s: Situation, plan: CompactionPlan, summarizer: Any) -> str | None:
+        """Several old summaries past the threshold are merged into one first."""
+        old = [m for m in plan.drop if m.flags.is_summary]
+        if len(old) < 2 or not needs_meta_summary(old, self._settings.summarizer.meta_summary_chars):
+            return None
+        text = format_meta_summary_input(old, settings=self._settings.summarizer)
+        merged: str = await summarizer.summarize(
+            SummaryRequest(
+                messages=old,
+                text=text,
+                instructions=summary_instructions(s.profile.compression.summary_prompt),
+                max_tokens=self._summary_reserve(s.profile),
+                temperature=self._settings.summarizer.temperature,
+            )
+        )
+        return merged
+
+    async def _hard_truncate(self, s: Situation, plan: CompactionPlan) -> CompressionReport:
+        p = s.profile
+        count = self.counter(p)
+        cut = plan_hard_truncate(
+            s.context,
+            window=p.context_window,
+            fraction=self._settings.summarizer.hard_truncate_fraction,
+            count=count,
+            current_tokens=count(s.context),
+        )
+        if not cut.drop:
+            # The planner found turns to summarize but none can be dropped whole: keep the context.
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan)
+        crumbs = self._breadcrumbs([], cut.drop)
+        return await self._commit(
+            s,
+            method=Method.HARD_TRUNCATE,
+            demote=list(cut.drop),
+            new_rows=[],
+            new_context=list(cut.keep),
+            summary="",
+            breadcrumbs=crumbs,
+            plan=cut,
+        )
+
+    def _progress(self, s: Situation, new_context_tokens: int) -> bool:
+        """Automatic runs must reach the target; forced ones must shrink by the configured share."""
+        after = new_context_tokens + s.fixed_tokens
+        if s.reason is Reason.FORCED:
+            before = s.view_tokens
+            return after <= before * (1 - self._settings.summarizer.forced_min_shrink)
+        return after <= s.profile.compression.target * s.profile.context_window
+
+    def _breadcrumbs(self, keys: Sequence[str], dropped: Sequence[Message]) -> list[str]:
+        cfg = self._settings.summarizer
+        extracted = extract_breadcrumbs(
+            dropped,
+            limit=cfg.breadcrumb_limit,
+            max_chars=cfg.breadcrumb_max_chars,
+            scan_chars=cfg.breadcrumb_scan_chars,
+        )
+        return merge_breadcrumbs(keys, extracted, cfg.breadcrumb_limit, max_chars=cfg.breadcrumb_max_chars)
+
+    async def _commit(
+        self,
+        s: Situation,
+        *,
+        method: Method,
+        demote: list[Message],
+        new_rows: list[Message],
+        new_context: list[Message],
+        summary: str,
+        breadcrumbs: list[str],
+        plan: CompactionPlan,
+    ) -> CompressionReport:
+        count = self.counter(s.profile)
+        tokens_after = count(new_context) + s.fixed_tokens
+        record = compression_record(
+            method=method.value,
+            reason=s.reason.value,
+            demoted=demote,
+            summary=summary,
+            breadcrumbs=breadcrumbs,
+            tokens_before=s.view_tokens,
+            tokens_after=tokens_after,
+            messages_before=len(s.context),
+            messages_after=len(new_context),
+        )
+        state = s.state.after_compaction()
+        state = dataclasses.replace(state, extra={**state.extra, _LAST_AFTER: tokens_after})
+        seqs = await self._store.commit_compaction(
+            s.session.id,
+            caller=_SYSTEM,
+            demote=[m.sequence_number for m in demote],
+            append=[*new_rows, record],
+            context_tokens=tokens_after,
+            state=state.to_dict(),
+        )
+        if s.session.context_truncated:
+            await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
+        await self._index(s.session.id, demote)
+        summary_seq = seqs[0] if method is Method.SUMMARY and seqs else 0
+        report = CompressionReport(
+            compressed=True,
+            reason=s.reason,
+            method=method,
+            summary=summary,
+            messages_before=len(s.context),
+            messages_after=len(new_context),
+            context_tokens_before=s.view_tokens,
+            context_tokens_after=tokens_after,
+            breadcrumbs=tuple(breadcrumbs),
+            plan=plan,
+        )
+        await self._publish(
+            s,
+            "context_compressed",
+            {
+                "reason": s.reason.value,
+                "method": method.value,
+                "summary": summary,
+                "messages_before": report.messages_before,
+                "messages_after": report.messages_after,
+                "context_tokens_before": report.context_tokens_before,
+                "context_tokens_after": report.context_tokens_after,
+                "max_context_tokens": s.profile.context_window,
+                "breadcrumbs": list(breadcrumbs),
+                "summary_sequence": summary_seq,
+            },
+        )
+        log.info(
+            "context compressed",
+            extra={
+                "session_id": s.session.id,
+                "reason": s.reason.value,
+                "method": method.value,
+                "tokens_before": s.view_tokens,
+                "tokens_after": tokens_after,
+            },
+        )
+        return report
+
+    async def _index(self, session_id: str, demoted: Sequence[Message]) -> None:
+        """Write demoted originals to the raw history index, one chunk per turn. Never fails the
+        compaction: the rows are already safe in the display history."""
+        originals = [m for m in demoted if not m.flags.is_summary and not is_placeholder(m)]
+        if not originals:
+            return
+        cfg = self._settings.summarizer
+        chunks = []
+        for rows in _by_user_message(originals):
+            text = "\n".join(_chunk_line(m) for m in rows)
+            chunks.append(
+                HistoryChunk(
+                    content_hash=hashlib.sha256(text.encode()).hexdigest(),
+                    text=text,
+                    first_sequence=rows[0].sequence_number,
+                    last_sequence=rows[-1].sequence_number,
+                    start_time=rows[0].create_time,
+                    end_time=rows[-1].create_time,
+                    breadcrumbs=tuple(
+                        extract_breadcrumbs(
+                            rows,
+                            limit=cfg.breadcrumb_limit,
+                            max_chars=cfg.breadcrumb_max_chars,
+                            scan_chars=cfg.breadcrumb_scan_chars,
+                        )
+                    ),
+                )
+            )
+        try:
+            await self._store.add_history_chunks(session_id, chunks)
+        except (Unavailable, OSError):
+            log.warning("history index write failed", extra={"session_id": session_id}, exc_info=True)
+
+    async def _publish(self, s: Situation, kind: str, payload: dict[str, Any]) -> None:
+        await self._bus.publish(session_id=s.session.id, user_id=s.session.user_id, kind=kind, payload=payload)
+
+    async def refuse(self, s: Situation, detail: str) -> None:
+        await self._publish(
+            s, "compression_refused", {"reason": "loop_guard", "trigger": s.reason.value, "detail": detail}
+        )
+
+
+# Compaction runs on behalf of the service once the caller's access was checked.
+_SYSTEM = Principal(user_id="contextsvc", is_admin=True)
+
+
+def _by_user_message(rows: Sequence[Message]) -> list[list[Message]]:
+    """Consecutive rows split before every user message: one chunk per turn, nothing left out."""
+    groups: list[list[Message]] = []
+    for m in rows:
+        if not groups or m.role is Role.USER:
+            groups.append([])
+        groups[-1].append(m)
+    return groups
+
+
+def _chunk_line(m: Message) -> str:
+    parts = [m.content]
+    for call in m.tool_calls:
+        parts.append(f"[call {call.name} {call.arguments_json}]")
+    label = m.role.value if m.role is not Role.TOOL else f"tool {m.tool_call_id}"
+    return f"#{m.sequence_number} {label}: " + " ".join(p for p in parts if p)
+
+
+def plan_payload(plan: CompactionPlan) -> dict[str, Any]:
+    covered = plan.replaced_range
+    return {
+        "would_compress": plan.would_compress,
+        "messages_to_drop": len(plan.drop),
+        "messages_to_keep": len(plan.keep),
+        "turns_kept": plan.turns_kept,
+        "tokens_before": plan.tokens_before,
+        "tokens_kept": plan.tokens_kept,
+        "first_sequence": covered[0] if covered else 0,
+        "last_sequence": covered[1] if covered else 0,
+        "detail": plan.detail,
+    }

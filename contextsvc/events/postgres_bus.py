@@ -1,0 +1,393 @@
+"""The event bus of many replicas: an ``events`` table plus LISTEN/NOTIFY (DESIGN §5.8).
+
+``publish`` inserts a row and NOTIFYs the channel with the new id. Each subscriber remembers the
+last id it delivered and, whenever woken, fetches the rows after it in id order. Notifications
+only wake: a coalesced or lost notification (a reconnect) costs latency, never an event, because
+subscribers are also woken after every (re)connect of the listening connection and every
+``event_poll_seconds``.
+
+Gap-free ids need one more thing. A bigserial id is taken at INSERT but becomes visible at
+COMMIT, so two concurrent publishers could commit ids 11 then 10 and a reader that already moved
+past 11 would never see 10. Publishers therefore take a transaction-scoped advisory lock before
+inserting: ids are handed out and committed in the same order, and what a reader sees is always
+a prefix of the ids (minus rolled-back ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from contextsvc.clock import SYSTEM_CLOCK
+from contextsvc.config import Settings
+from contextsvc.core.session import Principal
+from contextsvc.errors import ContextError, Unavailable
+from contextsvc.ports import Clock, StoredEvent
+from contextsvc.stores._session import utc
+from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS, pg_errors
+from contextsvc.stores.pg_pool import migrate_database, open_pool, pooled
+from contextsvc.stores.pg_schema import lock_key
+
+log = logging.getLogger(__name__)
+
+PUBLISH_LOCK = lock_key("contextsvc:events:publish")
+LISTEN_APPLICATION_NAME = "contextsvc-listen"
+
+_COLUMNS = "event_id, session_id, user_id, kind, payload, time"
+
+__all__ = ["PostgresEventBus", "make_postgres_event_bus"]
+
+
+async def make_postgres_event_bus(
+    dsn: str, settings: Settings | None = None, *, clock: Clock | None = None
+) -> PostgresEventBus:
+    """A bus with its own pool, opened (schema migrated). A store's ``make_event_bus()`` gives
+    one that shares the store's pool instead."""
+    bus = PostgresEventBus(dsn, settings, clock=clock)
+    await bus.open()
+    return bus
+
+
+class PostgresEventBus:
+    """``EventBus`` shared by every replica on one database.
+
+    One dedicated LISTEN connection per bus (opened when the first subscriber starts reading);
+    subscribers fetch through the pool. Retention: events older than
+    ``postgres.event_retention_seconds`` or beyond the newest ``postgres.event_retention_count``
+    are deleted every ``postgres.event_prune_interval_seconds`` (by any bus that publishes).
+    """
+
+    def __init__(
+        self, dsn: str, settings: Settings | None = None, *, clock: Clock | None = None, pool: Any = None
+    ) -> None:
+        self._dsn = dsn
+        self._pg = (settings if settings is not None else Settings()).postgres
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._pool = pool
+        self._owns_pool = pool is None
+        self._subscriptions: weakref.WeakSet[_Subscription] = weakref.WeakSet()
+        self._listener: asyncio.Task[None] | None = None
+        self._pruner: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._closed = False
+
+    async def open(self) -> None:
+        """Migrate and open a pool (only for a bus built without one)."""
+        if self._pool is not None:
+            return
+        with pg_errors("open event bus"):
+            await migrate_database(self._dsn, self._pg)
+            self._pool = await open_pool(self._dsn, self._pg)
+
+    async def close(self) -> None:
+        self._closed = True
+        for subscription in list(self._subscriptions):
+            subscription.wake()
+        for task in (self._listener, self._pruner):
+            if task is not None:
+                task.cancel()
+        for task in (self._listener, self._pruner):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._listener = self._pruner = None
+        while self._inflight:
+            await asyncio.wait(list(self._inflight))
+        pool, self._pool = self._pool, None
+        if pool is not None and self._owns_pool:
+            try:
+                await asyncio.wait_for(pool.close(), timeout=self._pg.connect_timeout_seconds)
+            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                pool.terminate()
+
+    # -- publishing --------------------------------------------------------------------------
+
+    async def publish(self, *, session_id: str, user_id: str, kind: str, payload: Mapping[str, Any]) -> StoredEvent:
+        time = utc(self._clock.now())
+        body = dict(payload)
+
+        async def run() -> int:
+            with pg_errors("publish"):
+                async with self._acquire() as conn, conn.transaction():
+                    # Ids committed in the order they are handed out (see the module docstring).
+                    await conn.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+                    event_id: int = await conn.fetchval(
+                        """WITH added AS (
+                               INSERT INTO events (session_id, user_id, kind, payload, time)
+                               VALUES ($1, $2, $3, $4, $5) RETURNING event_id)
+                           SELECT event_id FROM added, pg_notify($6, event_id::text)""",
+                        session_id,
+                        user_id,
+                        kind,
+                        body,
+                        time,
+                        self._pg.event_channel,
+                    )
+                    return event_id
+
+        # Shielded: a cancelled caller must not leave the outcome of a commit unknown.
+        task = asyncio.ensure_future(run())
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        task.add_done_callback(_settle)
+        event_id = await asyncio.shield(task)
+        self._wake_all()  # local subscribers need not wait for the notification's round trip
+        self._start_pruner()
+        return StoredEvent(
+            event_id=event_id, session_id=session_id, user_id=user_id, time=time, kind=kind, payload=body
+        )
+
+    async def prune(self) -> int:
+        """Apply retention now; returns how many events were deleted."""
+        cutoff = utc(self._clock.now()) - timedelta(seconds=self._pg.event_retention_seconds)
+        with pg_errors("prune events"):
+            async with self._acquire() as conn:
+                by_age = await conn.fetchval(
+                    "WITH gone AS (DELETE FROM events WHERE time < $1 RETURNING 1) SELECT count(*) FROM gone", cutoff
+                )
+                by_count = await conn.fetchval(
+                    """WITH gone AS (
+                           DELETE FROM events WHERE event_id < (
+                               SELECT event_id FROM events ORDER BY event_id DESC OFFSET $1 LIMIT 1)
+                           RETURNING 1)
+                       SELECT count(*) FROM gone""",
+                    self._pg.event_retention_count - 1,
+                )
+        return int(by_age) + int(by_count)
+
+    # -- subscribing -------------------------------------------------------------------------
+
+    def subscribe(self, *, caller: Principal, session_id: str = "", after_event_id: int = 0) -> _Subscription:
+        """Retained events with id > ``after_event_id`` (when non-zero), then live ones; with 0,
+        only events committed after the first ``__anext__``."""
+        return _Subscription(self, caller, session_id, after_event_id)
+
+    @property
+    def listening(self) -> bool:
+        """Whether the LISTEN connection is up (notifications arrive)."""
+        return self._listening.is_set()
+
+    async def wait_listening(self) -> None:
+        """Wait until the LISTEN connection is up (tests, readiness checks; bound it yourself)."""
+        await self._listening.wait()
+
+    def _register(self, subscription: _Subscription) -> None:
+        if self._closed:
+            return
+        self._subscriptions.add(subscription)
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="pg-event-listener")
+
+    def _unregister(self, subscription: _Subscription) -> None:
+        self._subscriptions.discard(subscription)
+
+    def _wake_all(self) -> None:
+        for subscription in list(self._subscriptions):
+            subscription.wake()
+
+    async def _read(self, operation: str, sql: str, *args: Any) -> list[Any]:
+        with pg_errors(operation):
+            try:
+                async with self._acquire() as conn:
+                    return list(await conn.fetch(sql, *args))
+            except STALE_CONNECTION_ERRORS:
+                # A pooled connection that died with a server restart: once more on a fresh one.
+                async with self._acquire() as conn:
+                    return list(await conn.fetch(sql, *args))
+
+    async def _current_id(self) -> int:
+        rows = await self._read("subscribe", "SELECT COALESCE(max(event_id), 0) FROM events")
+        return int(rows[0][0])
+
+    async def _fetch(self, after: int, caller: Principal, session_id: str) -> list[StoredEvent]:
+        # Three query shapes, each served by its own index (by session, by user, by id).
+        args: list[Any] = [after]
+        where = "event_id > $1"
+        if session_id:
+            args.append(session_id)
+            where += f" AND session_id = ${len(args)}"
+        if not caller.is_admin:
+            args.append(caller.user_id)
+            where += f" AND user_id = ${len(args)}"
+        args.append(self._pg.event_batch)
+        sql = f"SELECT {_COLUMNS} FROM events WHERE {where} ORDER BY event_id LIMIT ${len(args)}"
+        rows = await self._read("fetch events", sql, *args)
+        return [
+            StoredEvent(
+                event_id=r["event_id"],
+                session_id=r["session_id"],
+                user_id=r["user_id"],
+                time=r["time"],
+                kind=r["kind"],
+                payload=r["payload"],
+            )
+            for r in rows
+        ]
+
+    def _acquire(self) -> Any:
+        if self._pool is None:
+            raise Unavailable("PostgreSQL event bus is not open")
+        return pooled(self._pool, self._pg.acquire_timeout_seconds)
+
+    # -- background tasks --------------------------------------------------------------------
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+        self._wake_all()
+
+    async def _listen(self) -> None:
+        """Keep one LISTEN connection up; wake every subscriber after each (re)connect and every
+        poll interval, which is also the connection's keepalive."""
+        pause = 0.1
+        while not self._closed:
+            conn: Any = None
+            try:
+                conn = await asyncpg.connect(
+                    self._dsn,
+                    timeout=self._pg.connect_timeout_seconds,
+                    server_settings={"application_name": LISTEN_APPLICATION_NAME},
+                )
+                lost = asyncio.Event()
+                conn.add_termination_listener(_setter(lost))
+                await conn.add_listener(self._pg.event_channel, self._on_notify)
+                self._listening.set()
+                pause = 0.1
+                self._wake_all()  # catch up on what was committed while nobody listened
+                while not self._closed and not lost.is_set():
+                    try:
+                        await asyncio.wait_for(lost.wait(), timeout=self._pg.event_poll_seconds)
+                    except TimeoutError:
+                        await conn.fetchval("SELECT 1", timeout=self._pg.connect_timeout_seconds)
+                        self._wake_all()
+                if lost.is_set():
+                    log.warning("event listener connection lost; reconnecting")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Whatever a dying connection raises (OSError, asyncpg's connection, interface and
+                # internal client errors...), this task must live on: it is the bus's only ear.
+                log.warning(
+                    "event listener cannot reach PostgreSQL; retrying",
+                    extra={"error": f"{type(exc).__name__}: {str(exc)[:160]}"},
+                )
+            finally:
+                self._listening.clear()
+                if conn is not None:
+                    conn.terminate()
+            if not self._closed:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self._pg.reconnect_max_seconds)
+
+    def _start_pruner(self) -> None:
+        if self._pruner is None and not self._closed:
+            self._pruner = asyncio.get_running_loop().create_task(self._prune_forever(), name="pg-event-pruner")
+
+    async def _prune_forever(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._pg.event_prune_interval_seconds)
+            try:
+                deleted = await self.prune()
+                if deleted:
+                    log.info("events pruned", extra={"deleted": deleted})
+            except ContextError as exc:
+                log.warning("event pruning skipped", extra={"error": exc.message})
+
+
+class _Subscription:
+    """One watcher: an async iterator that fetches rows after the last id it delivered."""
+
+    __slots__ = (
+        "__weakref__",
+        "_buffer",
+        "_bus",
+        "_caller",
+        "_closed",
+        "_last",
+        "_registered",
+        "_session_id",
+        "_woken",
+    )
+
+    def __init__(self, bus: PostgresEventBus, caller: Principal, session_id: str, after_event_id: int) -> None:
+        self._bus = bus
+        self._caller = caller
+        self._session_id = session_id
+        #: None until the first read: "live" starts at the newest id committed then.
+        self._last: int | None = after_event_id if after_event_id > 0 else None
+        self._buffer: deque[StoredEvent] = deque()
+        self._woken = asyncio.Event()
+        self._registered = False
+        self._closed = False
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    @property
+    def position(self) -> int | None:
+        """The id after which the next fetch starts; None until the first read fixed "now"."""
+        return self._last
+
+    def __aiter__(self) -> _Subscription:
+        return self
+
+    async def __anext__(self) -> StoredEvent:
+        bus = self._bus
+        try:
+            while True:
+                if self._buffer:
+                    return self._buffer.popleft()
+                if self._closed or bus._closed:
+                    raise StopAsyncIteration
+                if not self._registered:
+                    # Registered before the first fetch: a notification arriving meanwhile
+                    # leaves the wake flag set, so nothing committed after it is missed.
+                    bus._register(self)
+                    self._registered = True
+                    self._woken.set()
+                await self._woken.wait()
+                self._woken.clear()
+                if self._closed or bus._closed:
+                    raise StopAsyncIteration
+                if self._last is None:
+                    self._last = await bus._current_id()
+                rows = await bus._fetch(self._last, self._caller, self._session_id)
+                if rows:
+                    self._last = rows[-1].event_id
+                    self._buffer.extend(rows)
+                if len(rows) >= bus._pg.event_batch:
+                    self._woken.set()  # more are waiting
+        except BaseException:
+            # Unavailable, cancellation or the end: stop being woken. A caller that keeps
+            # iterating after Unavailable re-registers and resumes after the last delivered id.
+            self._unregister()
+            raise
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._unregister()
+        self._woken.set()
+
+    def _unregister(self) -> None:
+        if self._registered:
+            self._bus._unregister(self)
+            self._registered = False
+
+
+def _setter(event: asyncio.Event) -> Any:
+    def on_terminate(_conn: Any) -> None:
+        event.set()
+
+    return on_terminate
+
+
+def _settle(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,63 @@
+"""Connections to PostgreSQL: the migration connection and the pool, shared by store and bus.
+
+Callers wrap these in ``pg_errors``; nothing here translates errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+
+from contextsvc.config import PostgresSettings
+from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS
+from contextsvc.stores.pg_rows import dumps
+from contextsvc.stores.pg_schema import MigrationReport, migrate
+
+
+async def init_connection(conn: Any) -> None:
+    """Per-connection setup: json/jsonb travel as Python values."""
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(name, encoder=dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def migrate_database(dsn: str, pg: PostgresSettings) -> MigrationReport:
+    """Apply missing migrations on a dedicated connection (no statement timeout: index builds
+    on a big table may take long; the advisory lock is session-level)."""
+    conn = await asyncpg.connect(
+        dsn, timeout=pg.connect_timeout_seconds, server_settings={"application_name": "contextsvc-migrate"}
+    )
+    try:
+        return await migrate(conn, trigram=pg.trigram, lock_timeout_seconds=pg.migration_lock_timeout_seconds)
+    finally:
+        await conn.close()
+
+
+async def open_pool(dsn: str, pg: PostgresSettings) -> Any:
+    """The asyncpg pool. It replaces connections the server closed (a restart) by itself."""
+    return await asyncpg.create_pool(
+        dsn,
+        min_size=pg.pool_min_size,
+        max_size=pg.pool_max_size,
+        timeout=pg.connect_timeout_seconds,
+        # A client-side guard for a server that stops answering without closing the socket.
+        command_timeout=pg.statement_timeout_ms / 1000 + 5 if pg.statement_timeout_ms else None,
+        server_settings={"application_name": "contextsvc", "statement_timeout": str(pg.statement_timeout_ms)},
+        init=init_connection,
+    )
+
+
+@asynccontextmanager
+async def pooled(pool: Any, acquire_timeout: float) -> AsyncIterator[Any]:
+    """A pooled connection. When one turns out dead (the server restarted), every connection
+    opened before is presumed dead too: the pool replaces them all on their next use, so one
+    failed call, not one per pooled connection, pays for a restart."""
+    async with pool.acquire(timeout=acquire_timeout) as conn:
+        try:
+            yield conn
+        except STALE_CONNECTION_ERRORS:
+            await pool.expire_connections()
+            raise

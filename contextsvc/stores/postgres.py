@@ -1,0 +1,868 @@
+"""The PostgreSQL store: sessions shared by any number of replicas (DESIGN §5.7, §5.8).
+
+An asyncpg pool; migrations at ``open()`` (see ``pg_schema``). Every mutation of a session is one
+transaction that starts by locking the session's row (``SELECT … FOR UPDATE``): mutations of one
+session are serialized across processes, so sequence numbers never collide and the request-id
+check of an append cannot race its twin. Readers use single statements and see whole commits.
+
+Beyond ``SessionStore`` it offers what the listing, archive and maintenance paths need:
+``count_sessions``, ``search_matches``, ``archive_old_messages`` / ``list_archived_messages``,
+``prune_unreferenced_blobs`` and ``make_event_bus`` (a ``PostgresEventBus`` on the same pool).
+
+Every driver error is translated by ``pg_errors``; the pool replaces connections that died with
+a server restart by itself, so the service recovers without being restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import asyncpg
+
+from contextsvc.clock import SYSTEM_CLOCK
+from contextsvc.config import Settings
+from contextsvc.core.calibration import Observation
+from contextsvc.core.messages import BufferKind, Message
+from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
+from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
+from contextsvc.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from contextsvc.events.postgres_bus import PostgresEventBus
+from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
+from contextsvc.stores._base import check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._session import utc
+from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS, pg_errors
+from contextsvc.stores.pg_pool import migrate_database, open_pool, pooled
+from contextsvc.stores.pg_rows import (
+    chunk_columns,
+    chunk_from_row,
+    like_pattern,
+    message_columns,
+    message_from_row,
+    newest_preview,
+    session_from_row,
+    stamped,
+    view_from_row,
+)
+
+T = TypeVar("T")
+
+_NO_BOUND = 2**63 - 1
+
+__all__ = ["PostgresStore", "make_postgres_store"]
+
+
+async def make_postgres_store(
+    dsn: str, settings: Settings | None = None, *, clock: Clock | None = None
+) -> PostgresStore:
+    """An opened ``PostgresStore`` (migrated, pool ready). The conformance suite's factory."""
+    store = PostgresStore(dsn, settings, clock=clock)
+    await store.open()
+    return store
+
+
+class PostgresStore:
+    """``SessionStore`` (and ``TokenStore``, ``HistoryStore``) on PostgreSQL through asyncpg."""
+
+    def __init__(self, dsn: str, settings: Settings | None = None, *, clock: Clock | None = None) -> None:
+        self._dsn = dsn
+        self._settings = settings if settings is not None else Settings()
+        self._pg = self._settings.postgres
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._pool: Any = None
+        self._trigram = False
+        self._inflight: set[asyncio.Future[Any]] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def trigram_enabled(self) -> bool:
+        """Whether pg_trgm indexes back ILIKE searches (else they scan)."""
+        return self._trigram
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        with pg_errors("open"):
+            report = await migrate_database(self._dsn, self._pg)
+            self._trigram = report.trigram
+            self._pool = await open_pool(self._dsn, self._pg)
+
+    async def close(self) -> None:
+        while self._inflight:
+            await asyncio.wait(list(self._inflight))
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            await asyncio.wait_for(pool.close(), timeout=self._pg.connect_timeout_seconds)
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            pool.terminate()
+
+    def make_event_bus(self) -> PostgresEventBus:
+        """The event bus of this database, publishing and fetching through this store's pool."""
+        if self._pool is None:
+            raise Unavailable("PostgreSQL store is not open")
+        return PostgresEventBus(self._dsn, self._settings, clock=self._clock, pool=self._pool)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return utc(self._clock.now())
+
+    def _info(self, row: Any) -> SessionInfo:
+        return session_from_row(row, self._settings.preview_chars)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        pool = self._pool
+        if pool is None:
+            raise Unavailable("PostgreSQL store is not open")
+        async with pooled(pool, self._pg.acquire_timeout_seconds) as conn:
+            yield conn
+
+    async def _read(self, operation: str, work: Callable[[Any], Awaitable[T]]) -> T:
+        with pg_errors(operation):
+            try:
+                async with self._connection() as conn:
+                    return await work(conn)
+            except STALE_CONNECTION_ERRORS:
+                # The pool handed out a connection the server had already closed (a restart);
+                # a read is safe to repeat once on a fresh one.
+                async with self._connection() as conn:
+                    return await work(conn)
+
+    async def _write(self, operation: str, work: Callable[[Any], Awaitable[T]]) -> T:
+        """One transaction, shielded: a caller cancelled half-way does not abort a commit in
+        flight (its outcome would be unknown), and ``close()`` waits for it."""
+
+        async def run() -> T:
+            with pg_errors(operation):
+                async with self._connection() as conn, conn.transaction():
+                    return await work(conn)
+
+        task = asyncio.ensure_future(run())
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        task.add_done_callback(_settle)
+        return await asyncio.shield(task)
+
+    @staticmethod
+    async def _owned(conn: Any, session_id: str, caller: Principal, *, lock: bool = False) -> Any:
+        """The session's row if ``caller`` may use it; NotFound otherwise (unknown or foreign)."""
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+        sql = "SELECT * FROM sessions WHERE session_id = $1" + (" FOR UPDATE" if lock else "")
+        row = await conn.fetchrow(sql, session_id)
+        if row is None or not caller.may_read(row["user_id"]):
+            raise session_not_found(session_id)
+        return row
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        *,
+        caller: Principal,
+        profile_id: str,
+        name: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        sid = session_id if session_id is not None else str(uuid.uuid4())
+        if not is_session_id(sid):
+            raise InvalidArgument.field("session_id", "must be a lowercase hyphenated UUID")
+        now = self._now()
+
+        async def work(conn: Any) -> SessionInfo:
+            row = await conn.fetchrow(
+                """INSERT INTO sessions (session_id, user_id, profile_id, name, metadata, create_time, update_time)
+                   VALUES ($1, $2, $3, $4, $5, $6, $6)
+                   ON CONFLICT (session_id) DO NOTHING
+                   RETURNING *""",
+                sid,
+                caller.user_id,
+                profile_id,
+                name,
+                dict(metadata or {}),
+                now,
+            )
+            if row is None:
+                raise Conflict("session already exists", metadata={"session_id": sid})
+            return self._info(row)
+
+        return await self._write("create_session", work)
+
+    async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo:
+        async def work(conn: Any) -> SessionInfo:
+            return self._info(await self._owned(conn, session_id, caller))
+
+        return await self._read("get_session", work)
+
+    async def list_sessions(
+        self,
+        *,
+        caller: Principal,
+        offset: int,
+        limit: int,
+        profile_id: str = "",
+        query: str = "",
+    ) -> SessionPage:
+        """One statement: the page (counters and preview come from the session rows, no history
+        is read) and the total, which a trigram index keeps fast under ``query``."""
+        if offset < 0:
+            raise InvalidArgument.field("offset", "must not be negative")
+        if limit < 0:
+            raise InvalidArgument.field("limit", "must not be negative")
+        args: list[Any] = []
+        where = _listing_filter(caller, profile_id, query, args)
+        args += [limit, offset]
+        sql = f"""
+            WITH matched AS (SELECT s.* FROM sessions s WHERE {where})
+            SELECT t.total, p.*
+              FROM (SELECT count(*) AS total FROM matched) t
+              LEFT JOIN LATERAL (
+                    SELECT * FROM matched
+                     ORDER BY pinned DESC, update_time DESC, session_id
+                     LIMIT ${len(args) - 1} OFFSET ${len(args)}) p ON true
+             ORDER BY p.pinned DESC, p.update_time DESC, p.session_id"""
+
+        async def work(conn: Any) -> SessionPage:
+            rows = await conn.fetch(sql, *args)
+            total = rows[0]["total"] if rows else 0
+            return SessionPage([self._info(r) for r in rows if r["session_id"] is not None], total=total)
+
+        return await self._read("list_sessions", work)
+
+    async def count_sessions(self, *, caller: Principal, profile_id: str = "", query: str = "") -> int:
+        """How many sessions ``list_sessions`` would page through."""
+        args: list[Any] = []
+        sql = f"SELECT count(*) FROM sessions s WHERE {_listing_filter(caller, profile_id, query, args)}"
+
+        async def work(conn: Any) -> int:
+            return int(await conn.fetchval(sql, *args))
+
+        return await self._read("count_sessions", work)
+
+    async def search_matches(
+        self, session_ids: Sequence[str], query: str, *, caller: Principal
+    ) -> dict[str, tuple[list[int], str]]:
+        """Where ``query`` occurs: per session, the positions in its display history (0-based,
+        the numbering a client scrolls to) of the matching display rows, and a snippet around
+        the first match. One aggregate over the given sessions; sessions ``caller`` may not read
+        and sessions without a match are absent."""
+        if not query or not session_ids:
+            return {}
+        preview = self._settings.preview_chars
+        sql = """
+            SELECT x.session_id,
+                   array_agg(x.idx ORDER BY x.idx) AS indices,
+                   (array_agg(substr(x.content, greatest(1, least(strpos(lower(x.content), lower($2)) - $4,
+                                                             length(x.content) - $5 + 1)), $5)
+                              ORDER BY x.idx))[1] AS snippet
+              FROM (SELECT m.session_id, m.content,
+                           row_number() OVER (PARTITION BY m.session_id ORDER BY m.seq) - 1 AS idx
+                      FROM all_messages m JOIN sessions s ON s.session_id = m.session_id
+                     WHERE m.session_id = ANY($1::text[]) AND m.is_display
+                       AND ($6 OR s.user_id = $7)) x
+             WHERE x.content ILIKE $3
+             GROUP BY x.session_id"""
+        ids = [s for s in session_ids if isinstance(s, str)]
+
+        async def work(conn: Any) -> dict[str, tuple[list[int], str]]:
+            rows = await conn.fetch(
+                # A third of the snippet shows what precedes the match.
+                sql,
+                ids,
+                query,
+                like_pattern(query),
+                preview // 3,
+                preview,
+                caller.is_admin,
+                caller.user_id,
+            )
+            return {r["session_id"]: (list(r["indices"]), r["snippet"]) for r in rows}
+
+        return await self._read("search_matches", work)
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        name: str | None = None,
+        pinned: bool | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SessionInfo:
+        if name is None and pinned is None and metadata is None:
+            return await self.get_session(session_id, caller=caller)
+
+        async def work(conn: Any) -> SessionInfo:
+            await self._owned(conn, session_id, caller, lock=True)
+            row = await conn.fetchrow(
+                """UPDATE sessions
+                      SET name = COALESCE($2, name), pinned = COALESCE($3, pinned),
+                          metadata = COALESCE($4::jsonb, metadata), update_time = $5
+                    WHERE session_id = $1
+                RETURNING *""",
+                session_id,
+                name,
+                pinned,
+                dict(metadata) if metadata is not None else None,
+                self._now(),
+            )
+            return self._info(row)
+
+        return await self._write("update_session", work)
+
+    async def delete_session(self, session_id: str, *, caller: Principal) -> None:
+        """Rows, archive, request ids, blob references, views and history chunks go with it
+        (ON DELETE CASCADE); the blobs themselves stay until ``prune_unreferenced_blobs``."""
+
+        async def work(conn: Any) -> None:
+            await self._owned(conn, session_id, caller, lock=True)
+            await conn.execute("DELETE FROM sessions WHERE session_id = $1", session_id)
+
+        await self._write("delete_session", work)
+
+    # -- rows --------------------------------------------------------------------------------
+
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        caller: Principal,
+        request_id: str = "",
+        context_tokens_delta: int = 0,
+    ) -> AppendResult:
+        async def work(conn: Any) -> AppendResult:
+            row = await self._owned(conn, session_id, caller, lock=True)
+            if request_id:
+                first = await conn.fetchval(
+                    "SELECT sequence_numbers FROM append_requests WHERE session_id = $1 AND request_id = $2",
+                    session_id,
+                    request_id,
+                )
+                if first is not None:
+                    return AppendResult(list(first), self._info(row), replayed=True)
+            now = self._now()
+            rows = stamped(messages, row["last_sequence"] + 1, now)
+            await _insert_rows(conn, session_id, rows)
+            numbers = [m.sequence_number for m in rows]
+            if request_id:
+                await conn.execute(
+                    "INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time)"
+                    " VALUES ($1, $2, $3, $4)",
+                    session_id,
+                    request_id,
+                    numbers,
+                    now,
+                )
+            updated = await conn.fetchrow(
+                """UPDATE sessions
+                      SET last_sequence = last_sequence + $2, display_count = display_count + $3,
+                          context_count = context_count + $4, context_tokens = context_tokens + $5,
+                          preview = COALESCE($6, preview), update_time = $7
+                    WHERE session_id = $1
+                RETURNING *""",
+                session_id,
+                len(rows),
+                sum(m.flags.is_display for m in rows),
+                sum(m.flags.is_context for m in rows),
+                context_tokens_delta,
+                newest_preview(rows),
+                now,
+            )
+            return AppendResult(numbers, self._info(updated))
+
+        return await self._write("append_messages", work)
+
+    async def list_messages(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        buffer: BufferKind,
+        before_sequence: int = 0,
+        limit: int = 50,
+    ) -> list[Message]:
+        if before_sequence < 0:
+            raise InvalidArgument.field("before_sequence", "must not be negative")
+        if limit < 0:
+            raise InvalidArgument.field("limit", "must not be negative")
+        context = BufferKind(buffer) is BufferKind.CONTEXT
+        flag = "is_context" if context else "is_display"
+        sql = f"""SELECT * FROM all_messages
+                   WHERE session_id = $1 AND {flag} AND seq < $2
+                   ORDER BY seq DESC LIMIT $3"""
+
+        async def work(conn: Any) -> list[Message]:
+            await self._owned(conn, session_id, caller)
+            rows = await conn.fetch(sql, session_id, before_sequence or _NO_BOUND, limit)
+            page = [message_from_row(r) for r in reversed(rows)]
+            return sorted(page, key=lambda m: m.context_sort_key) if context else page
+
+        return await self._read("list_messages", work)
+
+    async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
+        """Read through the partial ``is_context`` indexes: the cost follows the context size."""
+
+        async def work(conn: Any) -> list[Message]:
+            await self._owned(conn, session_id, caller)
+            rows = await conn.fetch(
+                "SELECT * FROM all_messages WHERE session_id = $1 AND is_context ORDER BY context_key, seq",
+                session_id,
+            )
+            return [message_from_row(r) for r in rows]
+
+        return await self._read("load_context", work)
+
+    async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
+        async def work(conn: Any) -> list[Message]:
+            await self._owned(conn, session_id, caller)
+            rows = await conn.fetch(
+                "SELECT * FROM all_messages WHERE session_id = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                session_id,
+                first,
+                last,
+            )
+            return [message_from_row(r) for r in rows]
+
+        return await self._read("get_messages", work)
+
+    async def set_context_flags(
+        self, session_id: str, sequence_numbers: Sequence[int], *, caller: Principal, is_context: bool
+    ) -> None:
+        wanted = sorted(set(sequence_numbers))
+
+        async def work(conn: Any) -> None:
+            row = await self._owned(conn, session_id, caller, lock=True)
+            _check_known(row, wanted)
+            changed = await _set_context(conn, session_id, wanted, is_context)
+            await conn.execute(
+                "UPDATE sessions SET context_count = context_count + $2, update_time = $3 WHERE session_id = $1",
+                session_id,
+                changed if is_context else -changed,
+                self._now(),
+            )
+
+        await self._write("set_context_flags", work)
+
+    async def update_state(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        context_tokens: int | None = None,
+        context_truncated: bool | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> SessionInfo:
+        if context_tokens is None and context_truncated is None and state is None:
+            return await self.get_session(session_id, caller=caller)
+
+        async def work(conn: Any) -> SessionInfo:
+            await self._owned(conn, session_id, caller, lock=True)
+            row = await conn.fetchrow(
+                """UPDATE sessions
+                      SET context_tokens = COALESCE($2, context_tokens),
+                          context_truncated = COALESCE($3, context_truncated),
+                          state = COALESCE($4::jsonb, state), update_time = $5
+                    WHERE session_id = $1
+                RETURNING *""",
+                session_id,
+                context_tokens,
+                context_truncated,
+                dict(state) if state is not None else None,
+                self._now(),
+            )
+            return self._info(row)
+
+        return await self._write("update_state", work)
+
+    async def commit_compaction(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        demote: Sequence[int],
+        append: Sequence[Message],
+        context_tokens: int,
+        state: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        demoted = sorted(set(demote))
+
+        async def work(conn: Any) -> list[int]:
+            row = await self._owned(conn, session_id, caller, lock=True)
+            _check_known(row, demoted)
+            now = self._now()
+            removed = await _set_context(conn, session_id, demoted, False)
+            rows = stamped(append, row["last_sequence"] + 1, now)
+            await _insert_rows(conn, session_id, rows)
+            await conn.execute(
+                """UPDATE sessions
+                      SET last_sequence = last_sequence + $2, display_count = display_count + $3,
+                          context_count = context_count + $4, context_tokens = $5,
+                          state = COALESCE($6::jsonb, state), preview = COALESCE($7, preview), update_time = $8
+                    WHERE session_id = $1""",
+                session_id,
+                len(rows),
+                sum(m.flags.is_display for m in rows),
+                sum(m.flags.is_context for m in rows) - removed,
+                context_tokens,
+                dict(state) if state is not None else None,
+                newest_preview(rows),
+                now,
+            )
+            return [m.sequence_number for m in rows]
+
+        return await self._write("commit_compaction", work)
+
+    # -- archive -----------------------------------------------------------------------------
+
+    async def archive_old_messages(self, session_id: str, before_sequence: int, *, caller: Principal) -> int:
+        """Move rows with sequence < ``before_sequence`` out of the hot table; returns how many.
+
+        Archived rows stay readable through every read method (``list_messages``,
+        ``get_messages``, ``load_context``, listings and search); only the hot table, and so
+        its indexes, shrink. Not a change of the session (``update_time`` stays)."""
+
+        async def work(conn: Any) -> int:
+            await self._owned(conn, session_id, caller, lock=True)
+            moved = await conn.fetchval(
+                """WITH moved AS (
+                       DELETE FROM messages WHERE session_id = $1 AND seq < $2 RETURNING *)
+                   , kept AS (
+                       INSERT INTO messages_archive
+                       SELECT session_id, seq, role, is_context, is_display, context_key, content,
+                              create_time, body
+                         FROM moved
+                       RETURNING 1)
+                   SELECT count(*) FROM kept""",
+                session_id,
+                before_sequence,
+            )
+            return int(moved)
+
+        return await self._write("archive_old_messages", work)
+
+    async def list_archived_messages(
+        self, session_id: str, *, caller: Principal, before_sequence: int = 0, limit: int = 50
+    ) -> list[Message]:
+        """Up to ``limit`` newest archived rows (both buffers) with sequence < ``before_sequence``
+        (0 = no bound), oldest first."""
+
+        async def work(conn: Any) -> list[Message]:
+            await self._owned(conn, session_id, caller)
+            rows = await conn.fetch(
+                "SELECT * FROM messages_archive WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+                session_id,
+                before_sequence or _NO_BOUND,
+                max(limit, 0),
+            )
+            return [message_from_row(r) for r in reversed(rows)]
+
+        return await self._read("list_archived_messages", work)
+
+    # -- blobs -------------------------------------------------------------------------------
+
+    async def put_blob(self, data: bytes, *, blob_id: str) -> None:
+        check_blob(data, blob_id)
+
+        async def work(conn: Any) -> None:
+            await conn.execute(
+                "INSERT INTO blobs (blob_id, data, size_bytes, create_time) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (blob_id) DO NOTHING",
+                blob_id,
+                bytes(data),
+                len(data),
+                self._now(),
+            )
+
+        await self._write("put_blob", work)
+
+    async def get_blob(self, blob_id: str) -> bytes | None:
+        if not is_blob_id(blob_id):
+            return None
+
+        async def work(conn: Any) -> bytes | None:
+            data = await conn.fetchval("SELECT data FROM blobs WHERE blob_id = $1", blob_id)
+            return bytes(data) if data is not None else None
+
+        return await self._read("get_blob", work)
+
+    async def prune_unreferenced_blobs(self, *, older_than: timedelta = timedelta(hours=1)) -> int:
+        """Delete blobs no session refers to, stored more than ``older_than`` ago (younger ones
+        may belong to an append still on its way). Returns how many were deleted."""
+        cutoff = self._now() - older_than
+
+        async def work(conn: Any) -> int:
+            deleted = await conn.fetchval(
+                """WITH gone AS (
+                       DELETE FROM blobs b WHERE b.create_time < $1
+                          AND NOT EXISTS (SELECT 1 FROM session_blobs r WHERE r.blob_id = b.blob_id)
+                       RETURNING 1)
+                   SELECT count(*) FROM gone""",
+                cutoff,
+            )
+            return int(deleted)
+
+        return await self._write("prune_unreferenced_blobs", work)
+
+    # -- calibration and views (TokenStore) --------------------------------------------------
+
+    async def add_calibration_observation(self, model: str, observation: Observation) -> None:
+        """Shared by every replica; the newest ``postgres.calibration_keep`` per model are kept."""
+
+        async def work(conn: Any) -> None:
+            await conn.execute(
+                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time)"
+                " VALUES ($1, $2, $3, $4, $5)",
+                model,
+                observation.chars,
+                observation.tokens,
+                observation.had_images,
+                self._now(),
+            )
+            await conn.execute(
+                """DELETE FROM calibration_observations
+                    WHERE model = $1 AND observation_id < (
+                          SELECT observation_id FROM calibration_observations WHERE model = $1
+                           ORDER BY observation_id DESC OFFSET $2 LIMIT 1)""",
+                model,
+                self._pg.calibration_keep - 1,
+            )
+
+        await self._write("add_calibration_observation", work)
+
+    async def list_calibration_observations(self, model: str, *, limit: int) -> list[Observation]:
+        if limit <= 0:
+            return []
+
+        async def work(conn: Any) -> list[Observation]:
+            rows = await conn.fetch(
+                """SELECT chars, tokens, had_images FROM calibration_observations
+                    WHERE model = $1 ORDER BY observation_id DESC LIMIT $2""",
+                model,
+                limit,
+            )
+            return [Observation(r["chars"], r["tokens"], r["had_images"]) for r in reversed(rows)]
+
+        return await self._read("list_calibration_observations", work)
+
+    async def save_view(self, session_id: str, view: ViewRecord, *, keep: int) -> None:
+        """Soft state: no session lock and no ``update_time`` change; the newest ``keep`` stay."""
+
+        async def work(conn: Any) -> None:
+            saved = await conn.fetchval(
+                """INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images,
+                                      last_sequence, create_time, epoch)
+                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9 FROM sessions WHERE session_id = $1
+                   ON CONFLICT (session_id, view_id) DO UPDATE
+                      SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
+                          estimated_tokens = EXCLUDED.estimated_tokens, had_images = EXCLUDED.had_images,
+                          last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
+                          epoch = EXCLUDED.epoch
+                   RETURNING saved""",
+                session_id,
+                view.view_id,
+                view.model,
+                view.chars,
+                view.estimated_tokens,
+                view.had_images,
+                view.last_sequence,
+                view.create_time,
+                view.epoch,
+            )
+            if saved is None:
+                raise session_not_found(session_id)
+            await conn.execute(
+                """DELETE FROM views WHERE session_id = $1 AND saved < (
+                       SELECT saved FROM views WHERE session_id = $1 ORDER BY saved DESC OFFSET $2 LIMIT 1)""",
+                session_id,
+                max(keep, 1) - 1,
+            )
+
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+        await self._write("save_view", work)
+
+    async def get_view(self, session_id: str, view_id: str) -> ViewRecord | None:
+        if not isinstance(session_id, str) or not isinstance(view_id, str):
+            return None
+
+        async def work(conn: Any) -> ViewRecord | None:
+            row = await conn.fetchrow("SELECT * FROM views WHERE session_id = $1 AND view_id = $2", session_id, view_id)
+            return view_from_row(row) if row is not None else None
+
+        return await self._read("get_view", work)
+
+    # -- raw history index (HistoryStore) ----------------------------------------------------
+
+    async def add_history_chunks(self, session_id: str, chunks: Sequence[HistoryChunk]) -> int:
+        """Idempotent by (session, content hash), also within one call; returns how many were new."""
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+        columns = chunk_columns(chunks)
+
+        async def work(conn: Any) -> int:
+            exists = await conn.fetchval("SELECT 1 FROM sessions WHERE session_id = $1", session_id)
+            if exists is None:
+                raise session_not_found(session_id)
+            if not chunks:
+                return 0
+            added = await conn.fetchval(
+                """WITH added AS (
+                       INSERT INTO history_chunks (session_id, content_hash, text, first_sequence, last_sequence,
+                                                   start_time, end_time, breadcrumbs, terms, term_count, create_time)
+                       SELECT $1, u.h, u.t, u.f, u.l, u.s, u.e, u.b::jsonb,
+                              ARRAY(SELECT jsonb_array_elements_text(u.w::jsonb)), u.n, $11
+                         FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::timestamptz[],
+                                     $7::timestamptz[], $8::text[], $9::text[], $10::integer[])
+                              WITH ORDINALITY AS u(h, t, f, l, s, e, b, w, n, i)
+                        ORDER BY u.i
+                       ON CONFLICT (session_id, content_hash) DO NOTHING
+                       RETURNING 1)
+                   SELECT count(*) FROM added""",
+                session_id,
+                *columns,
+                self._now(),
+            )
+            return int(added)
+
+        return await self._write("add_history_chunks", work)
+
+    async def search_history(self, session_id: str, query: str, *, limit: int) -> list[ScoredChunk]:
+        """BM25 over the core's search terms, computed in the database: the GIN index on
+        ``terms`` finds the candidate chunks, and the per-session statistics (chunk count,
+        average length, document frequencies) make scores and order those of the in-process
+        stores (``contextsvc.core.recall``). Ties go to the newest chunk."""
+        wanted = query_terms(query) if isinstance(query, str) else []
+        if not wanted or limit <= 0 or not isinstance(session_id, str):
+            return []
+
+        async def work(conn: Any) -> list[ScoredChunk]:
+            rows = await conn.fetch(
+                """WITH stats AS (
+                       SELECT count(*)::float8 AS n, avg(term_count)::float8 AS avgdl
+                         FROM history_chunks WHERE session_id = $1),
+                   idf AS (
+                       SELECT q.term, ln(1 + (stats.n - d.df + 0.5) / (d.df + 0.5)) AS idf
+                         FROM unnest($2::text[]) AS q(term)
+                        CROSS JOIN stats
+                        CROSS JOIN LATERAL (
+                              SELECT count(*)::float8 AS df FROM history_chunks c
+                               WHERE c.session_id = $1 AND c.terms @> ARRAY[q.term]) d
+                        WHERE d.df > 0),
+                   scored AS (
+                       SELECT c.chunk_id,
+                              sum(idf.idf * tf.tf * ($3 + 1)
+                                  / (tf.tf + $3 * (1 - $4 + $4 * c.term_count / stats.avgdl))) AS score
+                         FROM history_chunks c
+                        CROSS JOIN stats
+                        CROSS JOIN idf
+                        CROSS JOIN LATERAL (
+                              SELECT count(*)::float8 AS tf FROM unnest(c.terms) AS t(term)
+                               WHERE t.term = idf.term) tf
+                        WHERE c.session_id = $1 AND c.terms && $2::text[]
+                        GROUP BY c.chunk_id)
+                   SELECT c.*, s.score
+                     FROM scored s JOIN history_chunks c ON c.session_id = $1 AND c.chunk_id = s.chunk_id
+                    WHERE s.score > 0
+                    ORDER BY s.score DESC, c.last_sequence DESC, c.chunk_id DESC
+                    LIMIT $5""",
+                session_id,
+                wanted,
+                BM25_K1,
+                BM25_B,
+                limit,
+            )
+            return [ScoredChunk(chunk_from_row(r), float(r["score"])) for r in rows]
+
+        return await self._read("search_history", work)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _listing_filter(caller: Principal, profile_id: str, query: str, args: list[Any]) -> str:
+    """WHERE clause over ``sessions s`` for listings; appends its parameters to ``args``."""
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    conditions = []
+    if not caller.is_admin:
+        conditions.append(f"s.user_id = {arg(caller.user_id)}")
+    if profile_id:
+        conditions.append(f"s.profile_id = {arg(profile_id)}")
+    if query:
+        p = arg(like_pattern(query))
+        conditions.append(
+            f"""(s.name ILIKE {p}
+                 OR EXISTS (SELECT 1 FROM messages m
+                             WHERE m.session_id = s.session_id AND m.is_display AND m.content ILIKE {p})
+                 OR EXISTS (SELECT 1 FROM messages_archive a
+                             WHERE a.session_id = s.session_id AND a.is_display AND a.content ILIKE {p}))"""
+        )
+    return " AND ".join(conditions) or "true"
+
+
+async def _insert_rows(conn: Any, session_id: str, rows: Sequence[Message]) -> None:
+    """All rows in one statement (unnest of column arrays), plus their blob references."""
+    if not rows:
+        return
+    await conn.execute(
+        """INSERT INTO messages (session_id, seq, role, is_context, is_display, context_key, content, create_time, body)
+           SELECT $1, u.seq, u.role, u.is_context, u.is_display, u.context_key, u.content, u.create_time, u.body::jsonb
+             FROM unnest($2::bigint[], $3::text[], $4::boolean[], $5::boolean[], $6::bigint[], $7::text[],
+                         $8::timestamptz[], $9::text[])
+                  AS u(seq, role, is_context, is_display, context_key, content, create_time, body)""",
+        session_id,
+        *message_columns(rows),
+    )
+    blob_ids = sorted({image.blob_id for m in rows for image in m.images if image.blob_id})
+    if blob_ids:
+        await conn.execute(
+            "INSERT INTO session_blobs (session_id, blob_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
+            session_id,
+            blob_ids,
+        )
+
+
+async def _set_context(conn: Any, session_id: str, sequence_numbers: Sequence[int], value: bool) -> int:
+    """Set ``is_context`` on the rows (hot or archived) that differ; returns how many changed."""
+    if not sequence_numbers:
+        return 0
+    changed = 0
+    for table in ("messages", "messages_archive"):
+        changed += await conn.fetchval(
+            f"""WITH changed AS (
+                    UPDATE {table} SET is_context = $3
+                     WHERE session_id = $1 AND seq = ANY($2::bigint[]) AND is_context <> $3
+                    RETURNING 1)
+                SELECT count(*) FROM changed""",
+            session_id,
+            list(sequence_numbers),
+            value,
+        )
+    return changed
+
+
+def _check_known(row: Any, sequence_numbers: Sequence[int]) -> None:
+    """Sequence numbers are gap-free from 1, so a row exists iff 1 <= seq <= last_sequence."""
+    for seq in sequence_numbers:
+        if not 1 <= seq <= row["last_sequence"]:
+            raise NotFound("message not found", metadata={"session_id": row["session_id"], "sequence_number": str(seq)})
+
+
+def _settle(task: asyncio.Future[Any]) -> None:
+    # A cancelled caller never awaits its shielded task; fetch the outcome so asyncio does not
+    # report "exception was never retrieved".
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,136 @@
+"""What the HTTP summarizers share: one POST with timeouts, bounded retries, and error mapping.
+
+Every failure leaves as ``SummarizerError`` with a message that names the endpoint and what went
+wrong; httpx exceptions never escape (the engine falls back on ``SummarizerError`` only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from typing import Any
+
+import httpx
+
+from contextsvc.ports import SummarizerError
+
+__all__ = ["HttpEndpoint", "data_url", "mime_type_of", "require_text", "snippet", "strip_thinking"]
+
+_SNIPPET_CHARS = 300
+_THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.S | re.I)
+_SPACES = re.compile(r"\s+")
+
+
+class HttpEndpoint:
+    """``POST url`` with a JSON body over a shared client; returns the decoded JSON answer.
+
+    Retries (``max_retries`` extra attempts, backoff doubling from ``backoff_seconds``) follow a
+    connect error, a timeout, a dropped connection or a 5xx. A 4xx or an answer that is not JSON
+    is final: asking again would get the same answer. ``total_timeout_seconds`` bounds the whole
+    call, retries and pauses included.
+    """
+
+    def __init__(
+        self,
+        *,
+        who: str,
+        client: httpx.AsyncClient,
+        url: str,
+        headers: dict[str, str],
+        timeout_seconds: float,
+        connect_timeout_seconds: float,
+        total_timeout_seconds: float,
+        max_retries: int,
+        backoff_seconds: float,
+    ) -> None:
+        self.who = who
+        self.url = url
+        self._client = client
+        self._headers = headers
+        self._timeout = httpx.Timeout(timeout_seconds, connect=connect_timeout_seconds)
+        self._timeout_seconds = timeout_seconds
+        self._total_timeout_seconds = total_timeout_seconds
+        self._attempts = max_retries + 1
+        self._backoff_seconds = backoff_seconds
+
+    async def post_json(self, body: dict[str, Any]) -> Any:
+        if self._client.is_closed:  # httpx would raise a bare RuntimeError
+            raise SummarizerError(f"{self.who}: closed (the summarizers were shut down)")
+        try:
+            async with asyncio.timeout(self._total_timeout_seconds):
+                return await self._with_retries(body)
+        except TimeoutError:
+            raise SummarizerError(
+                f"{self.who}: no answer within {self._total_timeout_seconds:g}s (the whole call, retries included)"
+            ) from None
+
+    async def _with_retries(self, body: dict[str, Any]) -> Any:
+        last_problem = ""
+        for attempt in range(self._attempts):
+            if attempt:
+                await asyncio.sleep(self._backoff_seconds * 2 ** (attempt - 1))
+            try:
+                response = await self._client.post(self.url, json=body, headers=self._headers, timeout=self._timeout)
+            except httpx.TimeoutException as exc:
+                last_problem = f"timed out ({type(exc).__name__}, {self._timeout_seconds:g}s per attempt)"
+                continue
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                last_problem = f"connection failed ({type(exc).__name__}: {exc})"
+                continue
+            except httpx.HTTPError as exc:  # bad URL, unsupported scheme, proxy trouble: final
+                raise SummarizerError(f"{self.who}: request failed ({type(exc).__name__}: {exc})") from None
+            status = response.status_code
+            if status >= 500:
+                last_problem = f"HTTP {status}: {snippet(response.text)}"
+                continue
+            if status >= 400:
+                raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {snippet(response.text)}")
+            if status != 200:
+                raise SummarizerError(f"{self.who}: unexpected HTTP {status}: {snippet(response.text)}")
+            try:
+                return response.json()
+            except ValueError:  # JSONDecodeError and undecodable bytes alike
+                raise SummarizerError(f"{self.who}: the answer is not JSON: {snippet(response.text)}") from None
+        attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
+        raise SummarizerError(f"{self.who}: failed after {attempts}; last: {last_problem}")
+
+
+def snippet(text: str) -> str:
+    """The start of a response body, on one line, for an error message."""
+    flat = _SPACES.sub(" ", text).strip()
+    if not flat:
+        return "(empty body)"
+    return flat if len(flat) <= _SNIPPET_CHARS else flat[:_SNIPPET_CHARS] + "…"
+
+
+def mime_type_of(data: bytes) -> str:
+    """The image type from its magic bytes (PNG when unknown: every vision API takes it)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "image/png"
+
+
+def data_url(data: bytes) -> str:
+    return f"data:{mime_type_of(data)};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def strip_thinking(content: str) -> str:
+    """Drop a leading ``<think>…</think>`` block some reasoning models put in the content."""
+    return _THINK_BLOCK.sub("", content, count=1).strip()
+
+
+def require_text(who: str, content: object, *, detail: str = "") -> str:
+    """``content`` as a non-empty summary, else ``SummarizerError``."""
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if not isinstance(content, str):
+        raise SummarizerError(f"{who}: the answer has no text content (got {type(content).__name__}){detail}")
+    text = strip_thinking(content)
+    if not text:
+        raise SummarizerError(f"{who}: the answer's content is empty{detail}")
+    return text

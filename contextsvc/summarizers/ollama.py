@@ -1,0 +1,75 @@
+"""A summarizer over Ollama's native ``POST {base_url}/api/chat``.
+
+Sent with ``stream: false`` and ``think: false`` (a reasoning model would otherwise spend the
+output budget thinking), the temperature and output cap in ``options``, and ``num_ctx`` so a
+long summarizer input is not silently cut to Ollama's small default context. Images travel as
+base64 strings in the user message's ``images`` field when the endpoint is vision-capable.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import httpx
+
+from contextsvc.config import OllamaSummarizerConfig
+from contextsvc.ports import SummarizerError, SummaryRequest
+from contextsvc.summarizers._http import HttpEndpoint, require_text, snippet
+
+__all__ = ["OllamaSummarizer"]
+
+
+class OllamaSummarizer:
+    """Ollama chat, non-streaming; ``message.content`` is the summary."""
+
+    name = "ollama"
+
+    def __init__(self, config: OllamaSummarizerConfig, *, client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.vision = config.vision
+        url = config.base_url.rstrip("/") + "/api/chat"
+        self._endpoint = HttpEndpoint(
+            who=f"ollama summarizer ({url})",
+            client=client,
+            url=url,
+            headers={"Accept": "application/json"},
+            timeout_seconds=config.timeout_seconds,
+            connect_timeout_seconds=config.connect_timeout_seconds,
+            total_timeout_seconds=config.total_timeout_seconds,
+            max_retries=config.max_retries,
+            backoff_seconds=config.retry_backoff_seconds,
+        )
+
+    def body(self, request: SummaryRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request``."""
+        messages: list[dict[str, Any]] = []
+        if request.instructions:
+            messages.append({"role": "system", "content": request.instructions})
+        user: dict[str, Any] = {"role": "user", "content": request.text}
+        if self.vision and request.images:
+            user["images"] = [base64.b64encode(image).decode("ascii") for image in request.images]
+        messages.append(user)
+        options: dict[str, Any] = {"temperature": request.temperature, "num_predict": request.max_tokens}
+        if self.config.num_ctx:
+            options["num_ctx"] = self.config.num_ctx
+        return {"model": self.config.model, "messages": messages, "stream": False, "think": False, "options": options}
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        payload = await self._endpoint.post_json(self.body(request))
+        return self._content(payload)
+
+    def _content(self, payload: Any) -> str:
+        who = self._endpoint.who
+        if not isinstance(payload, dict):
+            raise SummarizerError(f"{who}: the answer is not a JSON object: {snippet(repr(payload))}")
+        if payload.get("error"):
+            raise SummarizerError(f"{who}: the server reported an error: {snippet(str(payload['error']))}")
+        message = payload.get("message")
+        if not isinstance(message, dict):
+            raise SummarizerError(f"{who}: the answer has no message: {snippet(repr(payload))}")
+        reason = payload.get("done_reason")
+        return require_text(who, message.get("content"), detail=f" (done_reason={reason})" if reason else "")
+
+    async def close(self) -> None:
+        """Nothing to release: the HTTP client belongs to the registry's ``SummarizerSet``."""

@@ -1,0 +1,85 @@
+"""A summarizer over any OpenAI-compatible ``POST {base_url}/v1/chat/completions``.
+
+OpenAI itself, vLLM, llama.cpp's server, LM Studio and Ollama's ``/v1`` all speak it. The system
+message carries the summary instructions, the user message the formatted dropped turns (plus
+the images as data URLs when the endpoint is configured as vision-capable).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from contextsvc.config import OpenAISummarizerConfig
+from contextsvc.ports import SummarizerError, SummaryRequest
+from contextsvc.summarizers._http import HttpEndpoint, data_url, require_text, snippet
+
+__all__ = ["OpenAISummarizer"]
+
+
+class OpenAISummarizer:
+    """Chat completions, non-streaming; ``choices[0].message.content`` is the summary."""
+
+    name = "openai"
+
+    def __init__(self, config: OpenAISummarizerConfig, *, client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.vision = config.vision
+        headers = {"Accept": "application/json"}
+        if key := config.api_key.get_secret_value():
+            headers["Authorization"] = f"Bearer {key}"
+        url = config.base_url.rstrip("/") + "/v1/chat/completions"
+        self._endpoint = HttpEndpoint(
+            who=f"openai summarizer ({url})",
+            client=client,
+            url=url,
+            headers=headers,
+            timeout_seconds=config.timeout_seconds,
+            connect_timeout_seconds=config.connect_timeout_seconds,
+            total_timeout_seconds=config.total_timeout_seconds,
+            max_retries=config.max_retries,
+            backoff_seconds=config.retry_backoff_seconds,
+        )
+
+    def body(self, request: SummaryRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request``."""
+        messages: list[dict[str, Any]] = []
+        if request.instructions:
+            messages.append({"role": "system", "content": request.instructions})
+        user: str | list[dict[str, Any]] = request.text
+        if self.vision and request.images:
+            user = [{"type": "text", "text": request.text}]
+            user += [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in request.images]
+        messages.append({"role": "user", "content": user})
+        return {
+            "model": self.config.model,
+            "messages": messages,
+            self.config.max_tokens_field: request.max_tokens,
+            "temperature": request.temperature,
+            "stream": False,
+        }
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        payload = await self._endpoint.post_json(self.body(request))
+        return self._content(payload)
+
+    def _content(self, payload: Any) -> str:
+        who = self._endpoint.who
+        if not isinstance(payload, dict):
+            raise SummarizerError(f"{who}: the answer is not a JSON object: {snippet(repr(payload))}")
+        choices = payload.get("choices")
+        if not isinstance(choices, list) or not choices:
+            error = payload.get("error")
+            if error:
+                raise SummarizerError(f"{who}: the server reported an error: {snippet(repr(error))}")
+            raise SummarizerError(f"{who}: the answer has no choices: {snippet(repr(payload))}")
+        first = choices[0]
+        message = first.get("message") if isinstance(first, dict) else None
+        if not isinstance(message, dict):
+            raise SummarizerError(f"{who}: choices[0] has no message: {snippet(repr(first))}")
+        reason = first.get("finish_reason") if isinstance(first, dict) else None
+        return require_text(who, message.get("content"), detail=f" (finish_reason={reason})" if reason else "")
+
+    async def close(self) -> None:
+        """Nothing to release: the HTTP client belongs to the registry's ``SummarizerSet``."""

@@ -1,0 +1,297 @@
+"""Compression through a real server, with a real HTTP summarizer process (OpenAI and Ollama)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import events_pb2
+from contextsvc._gen.v1 import resources_pb2 as r
+from tests.support.fake_llm import FakeLLM
+from tests.support.rpc import all_messages, assistant, error_details, tool, user
+from tests.support.server import ServerProcess
+
+WINDOW = 8192
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[FakeLLM]:
+    fake = FakeLLM(max_lifetime=900).start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture
+def llm_server(tmp_path: Path, llm: FakeLLM) -> Iterator[ServerProcess]:
+    llm.reset()
+    env = {
+        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "1",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__TOTAL_TIMEOUT_SECONDS": "3",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "1",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__RETRY_BACKOFF_SECONDS": "0.05",
+        "CONTEXTSVC_SUMMARIZER__OLLAMA__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OLLAMA__TIMEOUT_SECONDS": "1",
+        "CONTEXTSVC_SUMMARIZER__OLLAMA__TOTAL_TIMEOUT_SECONDS": "3",
+        "CONTEXTSVC_SUMMARIZER__OLLAMA__MAX_RETRIES": "1",
+    }
+    proc = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def _profile(summarizer: str = "extractive", **compression: Any) -> r.Profile:
+    """A small-window profile that summarizes (the cheap stage has its own test)."""
+    compression.setdefault("strategies", ["summarize"])
+    return r.Profile(
+        model="m",
+        context_window=WINDOW,
+        system_prompt="You are a coding agent.",
+        compression=r.CompressionSettings(summarizer=summarizer, **compression),
+    )
+
+
+def _fill(stub: Any, sid: str, turns: int, *, planted: str = "") -> None:
+    """Agent turns with tool calls and sizeable outputs; a fact planted in the first turn."""
+    batch: list[r.Message] = []
+    for t in range(turns):
+        ask = f"turn {t}: inspect module_{t}.py" + (f" — remember {planted}" if t == 0 and planted else "")
+        batch += [
+            user(ask),
+            assistant("", [(f"c{t}", "read_file")]),
+            tool(f"c{t}", f"def handler_{t}():\n    return {t}\n" * 30),
+            assistant(f"module_{t}.py defines handler_{t}"),
+        ]
+    for i in range(0, len(batch), 40):
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch[i : i + 40]))
+
+
+def _display_bytes(stub: Any, sid: str) -> list[bytes]:
+    """The display history as bytes, without the one flag compression may change (is_context)."""
+    out = []
+    for m in all_messages(stub, sid):
+        m.flags.ClearField("is_context")
+        out.append(m.SerializeToString(deterministic=True))
+    return out
+
+
+def _legal(messages: list[r.Message]) -> bool:
+    pending: set[str] = set()
+    for m in messages:
+        if m.role == r.ROLE_TOOL:
+            if m.tool_call_id not in pending:
+                return False
+            pending.discard(m.tool_call_id)
+        else:
+            if pending:
+                return False
+            pending = {c.id for c in m.tool_calls}
+    return True
+
+
+def _watch(stub: Any, sid: str, out: list[Any], stop_kind: str = "session_deleted") -> threading.Thread:
+    stream = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid))
+
+    def run() -> None:
+        try:
+            for event in stream:
+                out.append(event)
+                if event.WhichOneof("payload") == stop_kind:
+                    return
+        except grpc.RpcError:
+            return
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    t.stream = stream  # type: ignore[attr-defined]
+    return t
+
+
+def test_nothing_to_compact_and_no_compression_started(llm_server: ServerProcess) -> None:
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        events: list[Any] = []
+        t = _watch(stub, sid, events)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile()))
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert error_details(err.value)["reason"] == "NOTHING_TO_COMPACT"
+            stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("just one question")]))
+        stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid))
+        t.join(10)
+        kinds = {e.WhichOneof("payload") for e in events}
+        assert "compression_started" not in kinds and "context_compressed" not in kinds
+
+
+def test_forced_compress_keeps_display_history_and_indexes_every_dropped_message(llm_server: ServerProcess) -> None:
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 30, planted="the deploy key is KX-4417")
+        display_before = _display_bytes(stub, sid)
+        dry = stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile(), dry_run=True))
+        assert not dry.compressed and dry.plan.would_compress and dry.plan.messages_to_drop > 0
+        assert len(all_messages(stub, sid, pb.BUFFER_CONTEXT)) == 120  # the dry run changed nothing
+
+        done = stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile(), reason="test"))
+        assert done.compressed and done.method == events_pb2.COMPRESSION_METHOD_SUMMARY
+        assert done.plan.messages_to_drop == dry.plan.messages_to_drop  # prediction == action
+        assert done.context_tokens_after < done.context_tokens_before
+        assert any("KX-4417" in b for b in done.breadcrumbs)
+
+        display_after = _display_bytes(stub, sid)
+        # The display history is untouched; only a compression record is appended to it.
+        assert display_after[: len(display_before)] == display_before
+        extra = all_messages(stub, sid)[len(display_before) :]
+        assert [m.flags.is_compression for m in extra] == [True]
+
+        context = all_messages(stub, sid, pb.BUFFER_CONTEXT)
+        assert context[0].flags.is_summary and not context[0].flags.is_display
+        view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile(), auto_compress=False))
+        assert _legal(list(view.messages[1:]))
+        assert view.estimate.total <= 0.65 * WINDOW
+
+        # Every dropped message is recoverable: the summary expands to them, and search finds the fact.
+        originals = stub.ExpandSummary(
+            pb.ExpandSummaryRequest(session_id=sid, sequence_number=context[0].sequence_number)
+        ).messages
+        assert len(originals) == done.plan.messages_to_drop
+        assert "KX-4417" in originals[0].content
+        found = stub.SearchHistory(pb.SearchHistoryRequest(session_id=sid, query="deploy key KX-4417"))
+        assert found.chunks and "KX-4417" in found.chunks[0].text
+        assert found.chunks[0].first_sequence == 1
+
+
+def test_cheap_stage_clears_old_tool_results_without_a_summary(llm_server: ServerProcess) -> None:
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 30)
+        profile = _profile(strategies=["clear_tool_results", "summarize"])
+        done = stub.Compress(pb.CompressRequest(session_id=sid, profile=profile))
+        assert done.compressed and done.method == events_pb2.COMPRESSION_METHOD_CLEAR_TOOL_RESULTS
+        assert not done.summary and done.messages_after == done.messages_before
+        context = all_messages(stub, sid, pb.BUFFER_CONTEXT)
+        assert not any(m.flags.is_summary for m in context)
+        cleared = [m for m in context if m.role == r.ROLE_TOOL and "cleared" in m.content]
+        assert cleared and all(not m.flags.is_display for m in cleared)
+        view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+        assert _legal(list(view.messages[1:]))  # placeholders keep every call answered
+        # The originals are still in the display history, unchanged.
+        assert sum("def handler_0" in m.content for m in all_messages(stub, sid)) == 1
+
+
+def test_preturn_compression_inside_build_context(llm_server: ServerProcess) -> None:
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 40)
+        view = stub.BuildContext(
+            pb.BuildContextRequest(session_id=sid, profile=_profile(), incoming=user("next step?"))
+        )
+        assert view.compression.compressed
+        assert view.compression.reason == events_pb2.COMPRESSION_REASON_PRETURN
+        assert view.estimate.total <= 0.65 * WINDOW + 200
+        assert view.messages[-1].content == "next step?"
+        assert _legal(list(view.messages[1:]))
+
+
+@pytest.mark.parametrize("summarizer", ["openai", "ollama"])
+def test_llm_summarizer_up_gives_summary_with_breadcrumbs(
+    llm_server: ServerProcess, llm: FakeLLM, summarizer: str
+) -> None:
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 30, planted="invoice INV-2231")
+        done = stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile(summarizer)))
+        assert done.method == events_pb2.COMPRESSION_METHOD_SUMMARY and done.summary
+        assert "KEYS:" not in done.summary  # split off into breadcrumbs
+        assert done.breadcrumbs
+        path = "/api/chat" if summarizer == "ollama" else "/v1/chat/completions"
+        assert any(req.get("path") == path for req in llm.requests())
+
+
+@pytest.mark.parametrize("mode", ["fail", "hang", "garbage"])
+def test_llm_summarizer_down_slow_or_garbage_falls_back_to_hard_truncate(
+    llm_server: ServerProcess, llm: FakeLLM, mode: str
+) -> None:
+    llm.control(mode=mode, hang_seconds=5)
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 40)
+        events: list[Any] = []
+        t = _watch(stub, sid, events, stop_kind="context_compressed")
+        started = time.monotonic()
+        view = stub.BuildContext(
+            pb.BuildContextRequest(session_id=sid, profile=_profile("openai"), incoming=user("go on")), timeout=30
+        )
+        assert time.monotonic() - started < 20
+        assert view.compression.compressed  # the caller's turn succeeds
+        assert view.compression.method == events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE
+        assert view.estimate.total <= 0.5 * WINDOW + 300
+        t.join(10)
+        compressed = [e for e in events if e.WhichOneof("payload") == "context_compressed"]
+        assert compressed and compressed[0].context_compressed.method == events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE
+        # Nothing was lost: the dropped turns are in the index.
+        found = stub.SearchHistory(pb.SearchHistoryRequest(session_id=sid, query="handler_0"))
+        assert found.chunks
+
+
+def test_post_turn_worker_compresses_after_turn_complete(llm_server: ServerProcess) -> None:
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile(), auto_compress=False))
+        events: list[Any] = []
+        t = _watch(stub, sid, events, stop_kind="context_compressed")
+        _fill(stub, sid, 40)
+        stub.AppendMessages(
+            pb.AppendMessagesRequest(session_id=sid, messages=[assistant("turn done")], turn_complete=True)
+        )
+        t.join(15)
+        kinds = [e.WhichOneof("payload") for e in events]
+        assert "compression_started" in kinds and "context_compressed" in kinds
+        assert kinds.index("compression_started") < kinds.index("context_compressed")
+        done = next(e.context_compressed for e in events if e.WhichOneof("payload") == "context_compressed")
+        assert done.reason == events_pb2.COMPRESSION_REASON_POSTTURN
+        assert done.context_tokens_after <= 0.65 * WINDOW
+
+
+def test_bad_compression_requests(llm_server: ServerProcess) -> None:
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("hello")]))
+        cases = [
+            (lambda: stub.SearchHistory(pb.SearchHistoryRequest(session_id=sid, query="  the ")), "query"),
+            (lambda: stub.SearchHistory(pb.SearchHistoryRequest(session_id=sid, query="x", limit=-1)), "limit"),
+            (lambda: stub.ExpandSummary(pb.ExpandSummaryRequest(session_id=sid, sequence_number=1)), "sequence_number"),
+            (
+                lambda: stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile("nope"))),
+                "profile.compression.summarizer",
+            ),
+        ]
+        for call, field in cases:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+            assert field in error_details(err.value)["fields"], field
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ExpandSummary(pb.ExpandSummaryRequest(session_id=sid, sequence_number=99))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND

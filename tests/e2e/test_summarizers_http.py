@@ -1,0 +1,284 @@
+"""The HTTP summarizers against a real fake-LLM process over loopback (DESIGN §5.5, §8).
+
+Both protocols (OpenAI-compatible and Ollama) on the same scripts: a good answer, a 500 then a
+good answer, a hang, garbage, a summary without KEYS; and the request bodies they send.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from contextsvc.config import OllamaSummarizerConfig, OpenAISummarizerConfig, Settings, SummarizerSettings
+from contextsvc.core.breadcrumbs import split_keys_line
+from contextsvc.ports import Summarizer, SummarizerError, SummaryRequest
+from contextsvc.summarizers import SummarizerSet, build_summarizers
+from tests.support.fake_llm import FakeLLM
+
+pytestmark = pytest.mark.e2e
+
+PROTOCOLS = ["openai", "ollama"]
+PATHS = {"openai": "/v1/chat/completions", "ollama": "/api/chat"}
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
+JPEG = b"\xff\xd8\xff\xe0" + b"\x01" * 24
+TEXT = "[user] Please fix src/app/calc.py for ticket PROJ-42\n[assistant] Fixed it in CalcEngine."
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeLLM]:
+    with FakeLLM(max_lifetime=300) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _fresh(fake: FakeLLM) -> None:
+    fake.reset()
+
+
+def _settings(base_url: str, **endpoint: Any) -> Settings:
+    """Short timeouts so failure tests stay fast; ``endpoint`` overrides both protocols' configs."""
+    common: dict[str, Any] = {
+        "base_url": base_url,
+        "model": "summary-model",
+        "timeout_seconds": 2.0,
+        "connect_timeout_seconds": 1.0,
+        "total_timeout_seconds": 8.0,
+        "max_retries": 1,
+        "retry_backoff_seconds": 0.01,
+        **endpoint,
+    }
+    openai_only = {k: common.pop(k) for k in ("api_key",) if k in common}
+    ollama_only = {k: common.pop(k) for k in ("num_ctx",) if k in common}
+    return Settings(
+        summarizer=SummarizerSettings(
+            openai=OpenAISummarizerConfig(**common, **openai_only),
+            ollama=OllamaSummarizerConfig(**common, **ollama_only),
+        )
+    )
+
+
+@pytest.fixture
+async def make_set(fake: FakeLLM) -> AsyncIterator[Any]:
+    built: list[SummarizerSet] = []
+
+    def make(**endpoint: Any) -> SummarizerSet:
+        summarizers = build_summarizers(_settings(endpoint.pop("base_url", fake.base_url), **endpoint))
+        built.append(summarizers)
+        return summarizers
+
+    yield make
+    for summarizers in built:
+        await summarizers.close()
+
+
+def _request(*, images: tuple[bytes, ...] = (), max_tokens: int = 321, temperature: float = 0.25) -> SummaryRequest:
+    return SummaryRequest(
+        messages=(),
+        text=TEXT,
+        instructions="Summarize. End with a KEYS: line.",
+        max_tokens=max_tokens,
+        temperature=temperature,
+        images=images,
+    )
+
+
+def _only_request(fake: FakeLLM, protocol: str) -> dict[str, Any]:
+    recorded = fake.requests()
+    assert [r["path"] for r in recorded] == [PATHS[protocol]]
+    body: dict[str, Any] = recorded[0]["body"]
+    return body
+
+
+# --- good answers and what was sent ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_ok_returns_the_summary_with_keys(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    summarizer: Summarizer = make_set().get(protocol)
+    summary = await summarizer.summarize(_request())
+    text, keys = split_keys_line(summary)
+    assert "It began with: [user] Please fix src/app/calc.py for ticket PROJ-42" in text
+    assert keys == ["src/app/calc.py", "PROJ-42", "CalcEngine"]
+    assert len(fake.requests()) == 1
+
+
+async def test_openai_request_body(fake: FakeLLM, make_set: Any) -> None:
+    await make_set(api_key="sk-test").get("openai").summarize(_request())
+    recorded = fake.requests()[0]
+    assert recorded["headers"]["Authorization"] == "Bearer sk-test"
+    assert recorded["body"] == {
+        "model": "summary-model",
+        "messages": [
+            {"role": "system", "content": "Summarize. End with a KEYS: line."},
+            {"role": "user", "content": TEXT},
+        ],
+        "max_tokens": 321,
+        "temperature": 0.25,
+        "stream": False,
+    }
+
+
+async def test_openai_without_key_sends_no_authorization(fake: FakeLLM, make_set: Any) -> None:
+    await make_set().get("openai").summarize(_request())
+    assert "Authorization" not in fake.requests()[0]["headers"]
+
+
+async def test_ollama_request_body(fake: FakeLLM, make_set: Any) -> None:
+    await make_set(num_ctx=16384).get("ollama").summarize(_request())
+    assert _only_request(fake, "ollama") == {
+        "model": "summary-model",
+        "messages": [
+            {"role": "system", "content": "Summarize. End with a KEYS: line."},
+            {"role": "user", "content": TEXT},
+        ],
+        "stream": False,
+        "think": False,
+        "options": {"temperature": 0.25, "num_predict": 321, "num_ctx": 16384},
+    }
+
+
+async def test_ollama_num_ctx_zero_leaves_the_server_default(fake: FakeLLM, make_set: Any) -> None:
+    await make_set(num_ctx=0).get("ollama").summarize(_request())
+    assert _only_request(fake, "ollama")["options"] == {"temperature": 0.25, "num_predict": 321}
+
+
+async def test_openai_vision_sends_images_as_data_urls(fake: FakeLLM, make_set: Any) -> None:
+    summary = await make_set(vision=True).get("openai").summarize(_request(images=(PNG, JPEG)))
+    assert "Images seen: 2" in summary
+    content = _only_request(fake, "openai")["messages"][-1]["content"]
+    assert content[0] == {"type": "text", "text": TEXT}
+    urls = [part["image_url"]["url"] for part in content[1:]]
+    assert urls == [
+        "data:image/png;base64," + base64.b64encode(PNG).decode(),
+        "data:image/jpeg;base64," + base64.b64encode(JPEG).decode(),
+    ]
+
+
+async def test_ollama_vision_sends_base64_images(fake: FakeLLM, make_set: Any) -> None:
+    summary = await make_set(vision=True).get("ollama").summarize(_request(images=(PNG, JPEG)))
+    assert "Images seen: 2" in summary
+    user = _only_request(fake, "ollama")["messages"][-1]
+    assert [base64.b64decode(i) for i in user["images"]] == [PNG, JPEG]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_without_vision_images_stay_home(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    summarizer = make_set(vision=False).get(protocol)
+    assert summarizer.vision is False
+    summary = await summarizer.summarize(_request(images=(PNG,)))
+    assert "Images seen: 0" in summary
+    user = _only_request(fake, protocol)["messages"][-1]
+    assert user == {"role": "user", "content": TEXT}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_no_keys_still_returns_the_text(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("no_keys")
+    summary = await make_set().get(protocol).summarize(_request())
+    text, keys = split_keys_line(summary)
+    assert keys == [] and text == summary
+    assert "It began with: [user] Please fix" in summary
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_500_is_retried_then_succeeds(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("fail", then="ok")
+    summary = await make_set(max_retries=1).get(protocol).summarize(_request())
+    assert "KEYS: src/app/calc.py" in summary
+    assert [r["path"] for r in fake.requests()] == [PATHS[protocol]] * 2
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_retries_are_bounded(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("fail")
+    with pytest.raises(SummarizerError, match=r"failed after 3 attempts; last: HTTP 500: .*scripted failure"):
+        await make_set(max_retries=2).get(protocol).summarize(_request())
+    assert len(fake.requests()) == 3
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_4xx_is_not_retried(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("bad_request")
+    with pytest.raises(SummarizerError, match=r"HTTP 400 \(not retried\): .*scripted bad request"):
+        await make_set(max_retries=3).get(protocol).summarize(_request())
+    assert len(fake.requests()) == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_hang_times_out(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("hang", hang_seconds=10)
+    summarizer = make_set(timeout_seconds=0.5, max_retries=0).get(protocol)
+    started = time.monotonic()
+    with pytest.raises(SummarizerError, match=r"failed after 1 attempt; last: timed out \(ReadTimeout, 0.5s"):
+        await summarizer.summarize(_request())
+    assert time.monotonic() - started < 5  # the 10 s hang was not waited out
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_the_total_timeout_bounds_all_retries(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("hang", hang_seconds=10)
+    summarizer = make_set(timeout_seconds=0.4, total_timeout_seconds=1.0, max_retries=10).get(protocol)
+    started = time.monotonic()
+    with pytest.raises(SummarizerError, match=r"no answer within 1s \(the whole call, retries included\)"):
+        await summarizer.summarize(_request())
+    assert time.monotonic() - started < 5
+    assert 2 <= len(fake.requests()) <= 4  # retried, but only inside the total budget
+
+
+@pytest.mark.parametrize(
+    ("mode", "problem"),
+    [
+        ("garbage", r"the answer is not JSON: <html>this is not JSON \{"),
+        ("wrong_shape", r"the answer has no (choices|message)"),
+        ("empty", r"the answer's content is empty \((finish|done)_reason=stop\)"),
+    ],
+)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_garbage_is_a_summarizer_error(
+    fake: FakeLLM, make_set: Any, protocol: str, mode: str, problem: str
+) -> None:
+    fake.set_mode(mode)
+    who = rf"^{protocol} summarizer \(http://127\.0\.0\.1:\d+{PATHS[protocol]}\): "
+    with pytest.raises(SummarizerError, match=who):
+        await make_set(max_retries=2).get(protocol).summarize(_request())
+    with pytest.raises(SummarizerError, match=problem):
+        await make_set(max_retries=2).get(protocol).summarize(_request())
+    assert len(fake.requests()) == 2  # garbage is final: no retries
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_nobody_listening_is_a_summarizer_error(make_set: Any, protocol: str) -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago and has no listener now
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    summarizer = make_set(base_url=f"http://127.0.0.1:{port}", max_retries=2).get(protocol)
+    with pytest.raises(SummarizerError, match=r"failed after 3 attempts; last: connection failed \(ConnectError"):
+        await summarizer.summarize(_request())
+
+
+async def test_the_fake_can_script_a_sequence(fake: FakeLLM, make_set: Any) -> None:
+    fake.control(modes=["fail", "fail"], mode="no_keys")
+    summary = await make_set(max_retries=2).get("ollama").summarize(_request())
+    assert split_keys_line(summary)[1] == []
+    assert len(fake.requests()) == 3
+
+
+async def test_one_client_shared_and_closed_once(fake: FakeLLM) -> None:
+    summarizers = build_summarizers(_settings(fake.base_url))
+    await summarizers.get("openai").summarize(_request())
+    await summarizers.get("ollama").summarize(_request())
+    client = summarizers._client
+    assert client is not None and not client.is_closed
+    await summarizers.close()
+    assert client.is_closed
+    await summarizers.close()  # idempotent
+    with pytest.raises(SummarizerError, match="closed"):
+        await summarizers.get("openai").summarize(_request())

@@ -1,0 +1,216 @@
+# ruff: noqa: RUF001  (Cyrillic sample text)
+"""The size measure the calibration is fitted on (contextsvc.core.sizing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contextsvc.core import sizing
+from contextsvc.core.sizing import WEIGHTS, SizeWeights, piece_tokens, piece_units, pieces, text_size
+
+# Real token counts of these texts, measured with bench/tokens (gpt-tokenizer o200k and cl100k,
+# llama3-tokenizer-js, @anthropic-ai/tokenizer), so the tests below can check the measure against
+# real tokenizers without loading one.
+SAMPLES: dict[str, tuple[str, dict[str, int]]] = {
+    "prose": (
+        "When the build finished, the team looked at the results together and decided that the "
+        "slow test suite should run every night instead of on each change, because waiting for it "
+        "made every review take longer than the work itself. Nobody liked the delay very much.",
+        {"o200k": 50, "cl100k": 50, "llama3": 50, "claude": 50},
+    ),
+    "code": (
+        "def load(path: str) -> dict[str, int]:\n    with open(path) as f:\n        data = json.load(f)\n"
+        "    return {k: int(v) for k, v in data.items() if v}\n",
+        {"o200k": 46, "cl100k": 46, "llama3": 46, "claude": 54},
+    ),
+    "json": (
+        '{"id": 4471, "status": "failed", "attempts": [3, 5], "tags": ["db", "retry"], "ms": 812.5}',
+        {"o200k": 40, "cl100k": 40, "llama3": 40, "claude": 37},
+    ),
+    "ids": (
+        "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 commit 3f2a9c1e7b",
+        {"o200k": 58, "cl100k": 58, "llama3": 58, "claude": 58},
+    ),
+    "cyrillic": (
+        "Сборка завершилась с ошибкой: тесты базы данных не прошли, потому что сервер не ответил "
+        "вовремя. Мы перезапустили его и попробовали ещё раз, и всё заработало.",
+        {"o200k": 43, "cl100k": 67, "llama3": 48, "claude": 79},
+    ),
+    "cjk": (
+        "ビルドは失敗しました。データベースのテストがタイムアウトしたので、サーバーを再起動してもう一度実行しました。",
+        {"o200k": 37, "cl100k": 49, "llama3": 35, "claude": 47},
+    ),
+}
+TOKENIZERS = ("o200k", "cl100k", "llama3", "claude")
+LATIN = ("prose", "code", "json", "ids")
+
+
+def test_the_samples_are_what_was_counted() -> None:
+    assert [len(text) for text, _ in SAMPLES.values()] == [260, 146, 90, 89, 158, 54]
+
+
+@pytest.mark.parametrize("tokenizer", TOKENIZERS)
+def test_one_slope_fits_every_kind_of_text(tokenizer: str) -> None:
+    per_unit = {kind: counts[tokenizer] / text_size(text) for kind, (text, counts) in SAMPLES.items()}
+    per_char = {kind: counts[tokenizer] / len(text) for kind, (text, counts) in SAMPLES.items()}
+    # Latin-script kinds: within 1.25x of each other per size unit, though 3x apart per char.
+    latin_unit = [per_unit[k] for k in LATIN]
+    latin_char = [per_char[k] for k in LATIN]
+    assert max(latin_unit) / min(latin_unit) < 1.25, per_unit
+    assert max(latin_char) / min(latin_char) > 3.0, per_char
+    # Every kind, other scripts included, well inside the calibration's slope range [0.25, 1.0],
+    # so a truncated prompt (a slope far below) still stands out.
+    assert all(0.3 < r < 0.7 for r in per_unit.values()), per_unit
+
+
+def test_the_fallback_is_near_the_mark_for_latin_text() -> None:
+    # size / 1.8 (DESIGN's fallback) is within 20% of the real count, where chars / 1.8 was 1.4-3.8x high.
+    for kind in LATIN:
+        text, counts = SAMPLES[kind]
+        for tokenizer in TOKENIZERS:
+            assert text_size(text) / 1.8 == pytest.approx(counts[tokenizer], rel=0.2), (kind, tokenizer)
+
+
+# --- pieces and their prices --------------------------------------------------------------------
+
+
+def test_pieces_follow_bpe_pre_tokenization() -> None:
+    assert pieces("Hello  world, x=1234;\n\n    def __init__(self):") == [
+        "Hello",
+        " ",
+        " world",
+        ",",
+        " x",
+        "=",
+        "123",
+        "4",
+        ";\n\n",
+        "   ",
+        " def",
+        " __",
+        "init",
+        "__(",
+        "self",
+        "):",
+    ]
+    assert pieces("привет мир") == ["привет", " мир"]
+
+
+@given(st.text(max_size=300))
+def test_pieces_cover_every_character_once(text: str) -> None:
+    assert "".join(pieces(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("piece", "tokens"),
+    [
+        (" the", 1.0),  # a common word with its space: one token
+        ("123", 1.0),  # up to three digits
+        ("\n\n", 1.0),
+        ("    ", 1.0),
+        ('":', 1.0),
+        (" getValue", 2.0),  # one token per case hump
+        ("_init", 1.0),  # ``_``, ``.`` and a space are cheap prefixes
+        (":aws", 1.5),  # other punctuation before a word costs more
+        ("architecture", 2.2),  # a long word: 1 + 0.2 per letter past 6
+        ("configuration", 2.6),  # ... and 0.4 per letter past 12
+        ("=" * 9, 2.0),  # a ruler: one repeated char is cheap
+        ("{[(<", 1.45),  # mixed punctuation: 1 token for 3 chars, 0.45 per char after
+    ],
+)
+def test_piece_prices(piece: str, tokens: float) -> None:
+    assert piece_tokens(piece) == pytest.approx(tokens)
+    assert piece_units(piece) == max(1, round(2 * tokens))
+
+
+def test_long_letter_runs_cost_more_per_letter() -> None:
+    assert text_size("deadbeefcafebabe0123") > text_size("configuration") > text_size("the")
+    assert piece_tokens("x" * 32) == pytest.approx(1 + 0.2 * 6 + 0.4 * 20)  # not a word: ~0.32 tokens/char
+    assert piece_tokens("x" * 6) == piece_tokens("x") == 1.0
+
+
+def test_scripts_are_priced_by_their_own_rules() -> None:
+    assert piece_tokens("привет") == pytest.approx(0.45 + 0.33 * 6)
+    assert piece_tokens("日本語") == pytest.approx(3.0)
+    assert piece_tokens("café") == pytest.approx(1.0 + 0.8 + 0.28)  # ASCII run + other-script run
+    assert piece_tokens("→") > piece_tokens("-")  # non-ASCII symbols cost extra
+    assert piece_tokens("🙂") > piece_tokens("→")
+
+
+def test_weights_change_the_price() -> None:
+    heavier = dataclasses.replace(WEIGHTS, cyrillic_per_letter=0.5)
+    assert piece_tokens("привет", heavier) > piece_tokens("привет")
+    assert piece_tokens("привет", SizeWeights()) == piece_tokens("привет")
+
+
+def test_weights_are_pinned() -> None:
+    w = SizeWeights()
+    assert w.units_per_token == 2  # one unit ~ half a token: tokens/unit ~0.5, mid-range in [0.25, 1.0]
+    assert (w.free_letters, w.per_long_letter, w.word_letters, w.per_odd_letter) == (6, 0.2, 12, 0.4)
+    assert (w.cyrillic_base, w.cyrillic_per_letter, w.cjk_per_char) == (0.45, 0.33, 1.0)
+    assert (w.message_frame, w.tool_call_frame) == (4.0, 8.0)
+
+
+# --- text_size ----------------------------------------------------------------------------------
+
+
+def test_nothing_weighs_nothing_and_every_character_weighs_something() -> None:
+    assert text_size("") == 0
+    assert all(text_size(ch) >= 1 for ch in ("a", " ", "\n", "1", "{", "я", "日", "🙂", "\x00"))
+
+
+def test_digits_are_priced_in_groups_of_three() -> None:
+    assert text_size("1234567") == 3 * 2
+    assert text_size("1" * 300) == 100 * 2
+
+
+text_st = st.text(alphabet=st.sampled_from([*'abcXYZ019 _.-:"{}\n\t', "я", "Ж", "日", "é", "→", "🙂"]), max_size=120)
+
+
+@given(text_st, text_st)
+def test_more_text_never_costs_less(a: str, b: str) -> None:
+    assert text_size(a + b) >= text_size(a)
+    assert text_size(a + b) >= text_size(b)
+
+
+@given(st.text(max_size=200))
+def test_more_of_any_text_never_costs_less(text: str) -> None:
+    for cut in range(0, len(text), 7):
+        assert text_size(text[:cut]) <= text_size(text)
+
+
+@given(st.text(max_size=400))
+def test_the_size_is_deterministic(text: str) -> None:
+    first = text_size(text)
+    sizing.clear_caches()
+    assert text_size(text) == first == text_size(str(text))
+    assert first == sum(piece_units(p) for p in pieces(text))
+
+
+def test_long_texts_are_remembered_and_copies_hit() -> None:
+    text = "The build failed because the database tests timed out again. " * 500
+    sizing.clear_caches()
+    size = text_size(text)
+    copy = "".join([text[:100], text[100:]])  # an equal string, another object
+    assert copy is not text and text_size(copy) == size
+    assert sizing._MEMO.get(text) == size
+
+
+def test_the_memo_keeps_a_bounded_number_of_characters() -> None:
+    memo = sizing._SizeMemo(max_chars=1000)
+    texts = [f"{i:04d}" + "x" * 300 for i in range(5)]
+    for i, text in enumerate(texts):
+        memo.put(text, i)
+    kept = [memo.get(t) for t in texts]
+    assert kept[:3] == [None, None, None] and kept[3:] == [3, 4]  # oldest dropped first
+    memo.put("y" * 5000, 9)  # larger than the whole memo: not kept, nothing evicted for it
+    assert memo.get("y" * 5000) is None and memo.get(texts[4]) == 4
+
+
+def test_a_megabyte_of_one_character_costs_in_proportion() -> None:
+    one = text_size("x" * 32_000)
+    assert text_size("x" * 1_000_000) == pytest.approx(one * 1_000_000 / 32_000, rel=0.01)
