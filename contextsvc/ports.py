@@ -7,6 +7,7 @@ the contract that suite checks.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -204,6 +205,12 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         """In one atomic step: demote ``demote`` from the context, append ``append`` (summary,
         compression record, placeholders) and set the counters. Returns the new sequence numbers.
         Readers see either the old or the new context, never a mix."""
+        ...
+
+    def compaction_lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Held while one compaction of the session is planned and committed, so that no other
+        process compacts it at the same time (a store used by one process may return a no-op:
+        the engine also serializes compactions in process)."""
         ...
 
     async def put_blob(self, data: bytes, *, blob_id: str) -> None:

@@ -141,7 +141,7 @@ class Engine:
     async def _compress_automatically(self, s: Situation) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:
         a compaction that finished while we waited may have done the work already."""
-        async with self.compactor.lock(s.session.id):
+        async with self.compactor.lock(s.session.id), self.store.compaction_lock(s.session.id):
             fresh = await self.store.get_session(s.session.id, caller=_INTERNAL)
             if EngineState.of(fresh).epoch != s.state.epoch:
                 return None
@@ -202,7 +202,7 @@ class Engine:
             raise InvalidArgument.field("reason", "exceeds 1000 characters")
         session = await self.store.get_session(sid, caller=caller)
         effective = await self._profile_for(session, profile)
-        async with self.compactor.lock(sid):
+        async with self.compactor.lock(sid), self.store.compaction_lock(sid):
             session = await self.store.get_session(sid, caller=caller)
             context = await self.store.load_context(sid, caller=caller)
             built = self.views.assemble(effective, context, None, EngineState.of(session))

@@ -11,6 +11,7 @@ let the next mutation overtake it. The raw history index of each session is a ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -79,6 +80,11 @@ def _list_key(st: SessionState) -> tuple[bool, int, str]:
 
 class RowStore:
     """Sessions in a dict of ``SessionState``; mutations build a record, persist it, apply it."""
+
+    def compaction_lock(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """A no-op: one process owns a memory or files store, and the engine serializes
+        compactions within the process."""
+        return contextlib.nullcontext()
 
     def __init__(
         self,

@@ -2,8 +2,9 @@
 
 Nothing raised by the driver leaves the PostgreSQL adapter: an unreachable, restarting or
 overloaded server is ``Unavailable`` (the client may retry), a serialization failure is
-``Conflict``, text PostgreSQL cannot store is ``InvalidArgument``, anything else is a
-``ContextError`` with reason ``STORE_ERROR`` (logged with its SQLSTATE and traceback).
+``Conflict``, a session deleted under a statement is ``NotFound``, text PostgreSQL cannot store
+is ``InvalidArgument``, anything else is a ``ContextError`` with reason ``STORE_ERROR`` (logged
+with its SQLSTATE and traceback).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from contextsvc.errors import Conflict, ContextError, InvalidArgument, Unavailable
+from contextsvc.errors import Conflict, ContextError, InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ def pg_errors(operation: str) -> Iterator[None]:
         raise Unavailable(f"PostgreSQL connection unusable: {_short(exc)}", metadata={"operation": operation}) from None
     except asyncpg.TransactionRollbackError as exc:  # class 40: serialization failure, deadlock
         raise Conflict(f"concurrent update, retry: {_short(exc)}", metadata={"operation": operation}) from None
+    except asyncpg.ForeignKeyViolationError:
+        # Every foreign key points at a session: it was deleted while this statement ran.
+        raise NotFound("session not found", metadata={"operation": operation}) from None
     except (asyncpg.CharacterNotInRepertoireError, asyncpg.UntranslatableCharacterError):
         raise InvalidArgument(
             "text contains a character PostgreSQL cannot store (NUL)", metadata={"operation": operation}

@@ -710,7 +710,8 @@ class PostgresStore:
         columns = chunk_columns(chunks)
 
         async def work(conn: Any) -> int:
-            exists = await conn.fetchval("SELECT 1 FROM sessions WHERE session_id = $1", session_id)
+            # KEY SHARE: a concurrent delete of the session waits for these inserts.
+            exists = await conn.fetchval("SELECT 1 FROM sessions WHERE session_id = $1 FOR KEY SHARE", session_id)
             if exists is None:
                 raise session_not_found(session_id)
             if not chunks:

@@ -9,7 +9,10 @@ import pytest
 from contextsvc.config import Durability, Settings
 from contextsvc.ports import SessionStore
 from tests.conformance.helpers import Reopen
+from tests.support.postgres import postgres_dsn
 from tests.support.stores import STORE_KINDS, Backing, TickingClock, fixture_args, store_kind
+
+__all__ = ["postgres_dsn"]  # the fixture the postgres kind requests
 
 
 @pytest.fixture(params=[kind.name for kind in STORE_KINDS])

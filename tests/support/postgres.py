@@ -69,6 +69,34 @@ class PgCluster:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
+class _SharedCluster:
+    """One cluster per test process, however many conftests import ``postgres_dsn`` (each import
+    is its own fixture definition, and would otherwise start its own server)."""
+
+    cluster: PgCluster | None = None
+    users = 0
+
+    @classmethod
+    def acquire(cls) -> str:
+        if cls.cluster is None:
+            cluster = PgCluster.create()
+            try:
+                cluster.start()
+            except BaseException:
+                cluster.remove()
+                raise
+            cls.cluster = cluster
+        cls.users += 1
+        return cls.cluster.url
+
+    @classmethod
+    def release(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0 and cls.cluster is not None:
+            cluster, cls.cluster = cls.cluster, None
+            cluster.remove()
+
+
 @pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     """A superuser DSN of a running PostgreSQL for the whole test session."""
@@ -76,11 +104,11 @@ def postgres_dsn() -> Iterator[str]:
     if external:
         yield external
         return
-    cluster = PgCluster.create()
+    url = _SharedCluster.acquire()
     try:
-        yield cluster.start()
+        yield url
     finally:
-        cluster.remove()
+        _SharedCluster.release()
 
 
 def with_database(dsn: str, database: str, *, user: str | None = None) -> str:

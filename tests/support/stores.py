@@ -5,14 +5,10 @@ memory area) that can be opened as many times as a test likes, so a test can wri
 store object, close it (or abandon it, like a crashed process) and read through a fresh one.
 
 Adding a store is one entry in ``STORE_KINDS``. ``fixtures`` names the pytest fixtures ``make``
-needs; the conformance fixture requests them by name and passes them as keyword arguments. A
-PostgreSQL kind would read::
-
-    StoreKind("postgres", ("postgres_dsn",), make_postgres)
-
-with ``postgres_dsn`` a fixture defined in a conftest, and ``make_postgres(postgres_dsn=...)``
-returning a Backing over a fresh, empty database or schema (every ``make`` call must give an
-empty store: the suite counts sessions and blobs).
+needs; the conformance fixture requests them by name and passes them as keyword arguments. The
+PostgreSQL kind takes ``postgres_dsn`` (a session-scoped fixture that starts a private cluster,
+tests/support/postgres.py); its ``make`` returns a Backing over a fresh, empty database (every
+``make`` call must give an empty store: the suite counts sessions and blobs).
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from contextsvc.config import Settings
 from contextsvc.ports import Clock, SessionStore
 from contextsvc.stores.files import FilesStore
 from contextsvc.stores.memory import MemoryData, MemoryStore
+from tests.support.postgres import make_postgres
 
 
 class TickingClock:
@@ -119,6 +116,7 @@ class StoreKind:
 STORE_KINDS: tuple[StoreKind, ...] = (
     StoreKind("memory", (), make_memory),
     StoreKind("files", ("tmp_path",), make_files),
+    StoreKind("postgres", ("postgres_dsn",), make_postgres),
 )
 
 

@@ -1,0 +1,90 @@
+"""What only the PostgreSQL store has: kept counters, blob references, limits of the database.
+
+The generic behaviour of every store is the conformance suite's (tests/conformance/).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from contextsvc.core.calibration import Observation
+from contextsvc.core.messages import Flags, ImageRef, Message, Role
+from contextsvc.core.session import Principal
+from contextsvc.errors import InvalidArgument
+from contextsvc.stores.postgres import PostgresStore, make_postgres_store
+from tests.postgres.conftest import pg_settings
+
+ALICE = Principal("alice")
+
+
+async def counted(dsn: str, sid: str) -> tuple[int, int, int]:
+    """(last sequence, display rows, context rows) counted from the rows themselves."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            """SELECT coalesce(max(seq), 0), count(*) FILTER (WHERE is_display), count(*) FILTER (WHERE is_context)
+                 FROM all_messages WHERE session_id = $1""",
+            sid,
+        )
+        return int(row[0]), int(row[1]), int(row[2])
+    finally:
+        await conn.close()
+
+
+async def test_kept_counters_match_the_rows(store: PostgresStore, postgres_db: str) -> None:
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [Message(Role.USER, f"m{i}") for i in range(12)], caller=ALICE)
+    hidden = Message(Role.USER, "summary", flags=Flags(is_display=False, is_summary=True), context_anchor=1)
+    record = Message(Role.SYSTEM, "compressed", flags=Flags(is_context=False, is_compression=True))
+    await store.commit_compaction(sid, caller=ALICE, demote=[1, 2, 3, 4, 9], append=[hidden, record], context_tokens=3)
+    await store.set_context_flags(sid, [2, 2, 3], caller=ALICE, is_context=True)
+    await store.set_context_flags(sid, [13], caller=ALICE, is_context=False)  # a context-only row
+    await store.set_context_flags(sid, [5, 6], caller=ALICE, is_context=True)  # already in context
+    await store.archive_old_messages(sid, 8, caller=ALICE)
+    await store.set_context_flags(sid, [1], caller=ALICE, is_context=True)  # an archived row
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.last_sequence, info.display_message_count, info.context_message_count) == await counted(
+        postgres_db, sid
+    )
+    assert info.preview == "compressed"  # the newest display row with content
+
+
+async def test_text_postgresql_cannot_store_is_invalid_argument(store: PostgresStore) -> None:
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    with pytest.raises(InvalidArgument):
+        await store.append_messages(sid, [Message(Role.USER, "nul \x00 byte")], caller=ALICE)
+    assert (await store.get_session(sid, caller=ALICE)).last_sequence == 0
+
+
+async def test_unreferenced_blobs_are_pruned_referenced_ones_kept(store: PostgresStore, postgres_db: str) -> None:
+    used, orphan = b"used image", b"orphan image"
+    used_id, orphan_id = hashlib.sha256(used).hexdigest(), hashlib.sha256(orphan).hexdigest()
+    await store.put_blob(used, blob_id=used_id)
+    await store.put_blob(orphan, blob_id=orphan_id)
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(
+        sid, [Message(Role.USER, "look", images=(ImageRef(blob_id=used_id, mime_type="image/png"),))], caller=ALICE
+    )
+    assert await store.prune_unreferenced_blobs(older_than=timedelta(hours=1)) == 0  # too young to judge
+    assert await store.prune_unreferenced_blobs(older_than=timedelta(0)) == 1
+    assert await store.get_blob(orphan_id) is None
+    assert await store.get_blob(used_id) == used
+    await store.delete_session(sid, caller=ALICE)  # drops the reference, not the bytes
+    assert await store.get_blob(used_id) == used
+    assert await store.prune_unreferenced_blobs(older_than=timedelta(0)) == 1
+    assert await store.get_blob(used_id) is None
+
+
+async def test_calibration_keeps_a_bounded_history_per_model(postgres_db: str) -> None:
+    store = await make_postgres_store(postgres_db, pg_settings(calibration_keep=5))
+    try:
+        for k in range(1, 9):
+            await store.add_calibration_observation("m", Observation(chars=100 * k, tokens=30 * k))
+        kept = await store.list_calibration_observations("m", limit=100)
+        assert kept == [Observation(100 * k, 30 * k) for k in range(4, 9)]
+    finally:
+        await store.close()
