@@ -244,6 +244,9 @@ class PostgresSettings(BaseModel):
     reconnect_max_seconds: float = Field(5.0, gt=0)
     #: calibration observations kept per model (the fit reads only the newest few).
     calibration_keep: int = Field(256, ge=2)
+    #: longest wait for another replica's compaction of the same session (it may be calling a
+    #: summarizer: keep this above ``summarizer.*.total_timeout_seconds``); then ABORTED.
+    compaction_lock_timeout_seconds: float = Field(180.0, gt=0)
 
     @model_validator(mode="after")
     def _pool_bounds(self) -> PostgresSettings:

@@ -10,8 +10,11 @@
 # server keeps its URL (pools reconnect to the same address). Auth is trust: never use it for
 # anything but tests. A system cluster, if any, is never touched.
 #
-# When the server programs are missing they are installed from Debian's archive (root only).
-# As root the server runs as the `postgres` user, because initdb refuses to run as root.
+# On a fresh machine (scripts/test.sh, .ci/run) the server programs are missing: as root they are
+# installed from Debian's archive (apt-get update, then apt-get install -y postgresql
+# postgresql-contrib, non-interactive); as another user the script stops with that command.
+# As root the server runs as the `postgres` user (created if missing), because initdb refuses to
+# run as root.
 set -euo pipefail
 
 die() {
@@ -25,25 +28,43 @@ usage() { die "usage: $0 start|stop|url DIR"; }
 cmd=$1
 dir=$2
 
-# Debian keeps initdb/pg_ctl in /usr/lib/postgresql/<version>/bin, not on PATH.
+# Debian keeps the server programs in /usr/lib/postgresql/<version>/bin, not on PATH. A version
+# folder may hold client programs only (postgresql-client-N installs psql there, no initdb), so
+# take the newest folder that has the server programs, not merely the newest folder.
+PG_LIB_ROOT=${PG_LIB_ROOT:-/usr/lib/postgresql}
 find_pgbin() {
   local candidate
-  candidate=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
-  if [[ -n $candidate && -x $candidate/initdb && -x $candidate/pg_ctl ]]; then
-    echo "$candidate"
-  fi
+  while read -r candidate; do
+    if [[ -x $candidate/initdb && -x $candidate/pg_ctl && -x $candidate/postgres ]]; then
+      echo "$candidate"
+      return 0
+    fi
+  done < <(ls -d "$PG_LIB_ROOT"/*/bin 2>/dev/null | sort -rV)
 }
 
 ensure_installed() {
   PGBIN=$(find_pgbin)
-  [[ -n $PGBIN ]] && return 0
-  [[ $(id -u) -eq 0 ]] || die "PostgreSQL server programs are missing; install postgresql (as root) first"
-  echo "pg-test-cluster: installing PostgreSQL (apt-get)" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends postgresql postgresql-contrib >&2
-  PGBIN=$(find_pgbin)
-  [[ -n $PGBIN ]] || die "installed postgresql but found no initdb under /usr/lib/postgresql/*/bin"
+  if [[ -z $PGBIN ]]; then
+    [[ $(id -u) -eq 0 ]] || die "PostgreSQL server programs are missing (no initdb under $PG_LIB_ROOT/*/bin);" \
+      "as root: apt-get update && apt-get install -y postgresql postgresql-contrib"
+    echo "pg-test-cluster: installing PostgreSQL from Debian's archive (apt-get)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    # Wait for a dpkg lock held by another install (two test processes on a fresh machine).
+    apt-get -o DPkg::Lock::Timeout=300 update >&2 || die "apt-get update failed"
+    apt-get -o DPkg::Lock::Timeout=300 install -y postgresql postgresql-contrib >&2 \
+      || die "apt-get install postgresql postgresql-contrib failed"
+    PGBIN=$(find_pgbin)
+    [[ -n $PGBIN ]] || die "installed postgresql but found no initdb/pg_ctl/postgres under $PG_LIB_ROOT/*/bin"
+  fi
+  # initdb refuses to run as root: as root the cluster belongs to the `postgres` user, which the
+  # package creates. Server programs present without that user (copied in, user removed): make
+  # it, as the package would (a system user with its own group, no login shell).
+  if [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1; then
+    echo "pg-test-cluster: creating the missing system user 'postgres'" >&2
+    useradd --system --user-group --home-dir /var/lib/postgresql --no-create-home \
+      --shell /usr/sbin/nologin postgres || die "cannot create the system user 'postgres'"
+  fi
+  return 0
 }
 
 # Run a server program as the cluster's owner.
@@ -99,7 +120,6 @@ start() {
   exec 9>"$dir/.lock"
   flock 9
   if [[ $(id -u) -eq 0 ]]; then
-    id postgres >/dev/null 2>&1 || die "user 'postgres' is missing (it comes with the postgresql package)"
     chown postgres: "$dir"
     runuser -u postgres -- test -w "$dir" || die "$dir is not reachable by user postgres (a parent is private?)"
   fi

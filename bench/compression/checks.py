@@ -89,18 +89,25 @@ def dropped_rows(view: Sequence[Message], context: Sequence[Message]) -> list[in
 
 @dataclass(frozen=True)
 class Compaction:
-    """One ``context_compressed`` event, in stream order."""
+    """One ``context_compressed`` event, in stream order. ``after_truncation``: a post-turn compaction,
+    the first after a ``context_truncated`` event (DESIGN §5.3: the post-turn check then compresses
+    regardless of the threshold)."""
 
     reason: str
     method: str
     before: int
     after: int
+    after_truncation: bool = False
+    turn: int = -1  # the turn the runtime was playing when the event arrived
 
 
 @dataclass(frozen=True)
 class BandCheck:
     pairs: int
+    #: pairs inside the band whose later compaction the threshold triggered.
     violations: list[str]
+    #: pairs inside the band whose later compaction was the post-turn answer to a truncated prompt.
+    after_truncation: list[str]
     min_growth: int | None
 
 
@@ -109,6 +116,7 @@ def hysteresis(compactions: Sequence[Compaction], band: int) -> BandCheck:
     later one is forced. Growth = the view estimate that triggered compaction k+1 minus the
     context left by compaction k (both as the engine reported them)."""
     violations: list[str] = []
+    truncated: list[str] = []
     growths: list[int] = []
     pairs = 0
     for k in range(1, len(compactions)):
@@ -119,8 +127,9 @@ def hysteresis(compactions: Sequence[Compaction], band: int) -> BandCheck:
         growth = cur.before - prev.after
         growths.append(growth)
         if growth < band:
-            violations.append(
-                f"compaction {k + 1} ({cur.reason}/{cur.method}) after {prev.reason}/{prev.method}: "
+            text = (
+                f"turn {cur.turn}: compaction {k + 1} ({cur.reason}/{cur.method}) after {prev.reason}/{prev.method}: "
                 f"grew {growth} < {band} tokens ({prev.after} -> {cur.before})"
             )
-    return BandCheck(pairs, violations, min(growths) if growths else None)
+            (truncated if cur.after_truncation else violations).append(text)
+    return BandCheck(pairs, violations, truncated, min(growths) if growths else None)

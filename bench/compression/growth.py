@@ -14,12 +14,14 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from scenario import code, log_lines, prose
+
 from contextsvc.core.messages import Message, Role, ToolCall
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.validation import IncomingMessage
-from scenario import code, log_lines, prose
+from contextsvc.engine.views import BuiltView
 
 SIZES = (100, 1000, 5000, 10_000)
 TAIL_TURNS = 10  # the same fresh turns appended to every session after its last compaction
@@ -50,11 +52,16 @@ def _turn(rng: random.Random, n: int) -> list[IncomingMessage]:
 
 
 async def _session(engine: Engine, display: int, seed: int, compress: bool) -> tuple[str, int]:
-    """A session of ``display`` messages ending in the shared tail; returns (id, compactions)."""
+    """A session of ``display`` messages ending in the shared tail; returns (id, compactions).
+
+    Uncompressed, the history starts with one long user note standing in for the summary, so the
+    fresh session's context has the rows and tokens of a compressed one."""
     s = await engine.sessions.create(ANONYMOUS, profile_id="", name=f"growth-{display}", metadata={})
     rng = random.Random(seed + display)
     history = max(0, display - 4 * TAIL_TURNS)
     rows: list[IncomingMessage] = []
+    if not compress:
+        rows.append(IncomingMessage(Message(role=Role.USER, content="Notes so far: " + prose(rng, 330))))
     n = 0
     while len(rows) < history:
         rows += _turn(rng, n)
@@ -71,7 +78,7 @@ async def _session(engine: Engine, display: int, seed: int, compress: bool) -> t
     return s.id, compactions
 
 
-async def _build_ms(engine: Engine, sid: str) -> tuple[float, object]:
+async def _build_ms(engine: Engine, sid: str) -> tuple[float, BuiltView]:
     t0 = time.perf_counter()
     view = await engine.build_context(
         ANONYMOUS, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=True
@@ -80,15 +87,15 @@ async def _build_ms(engine: Engine, sid: str) -> tuple[float, object]:
 
 
 async def measure(engine: Engine, *, rounds: int, seed: int) -> list[GrowthRow]:
-    # The fresh session holds about as many turns as the compressed contexts (summary, kept turns, tail).
-    fresh = 4 * (TAIL_TURNS + 7)
+    # The fresh session's context is shaped like the compressed ones: a note, 4 kept turns, the tail.
+    fresh = 1 + 4 * (TAIL_TURNS + 4)
     specs = [(f"~{d:,} display", d, True) for d in SIZES] + [("fresh, never compressed", fresh, False)]
     sessions = []
     for label, display, compress in specs:
         sid, compactions = await _session(engine, display, seed, compress)
         # One model call so the estimate is anchored on a baseline, as in a running session.
         _, view = await _build_ms(engine, sid)
-        await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)  # type: ignore[attr-defined]
+        await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
         await engine.post_turn.drain(60)
         sessions.append((label, sid, compactions))
     times: dict[str, list[float]] = {sid: [] for _, sid, _ in sessions}
@@ -97,7 +104,7 @@ async def measure(engine: Engine, *, rounds: int, seed: int) -> list[GrowthRow]:
         order = sessions[r % len(sessions) :] + sessions[: r % len(sessions)]
         for _, sid, _ in order:
             ms, view = await _build_ms(engine, sid)
-            if view.compression is not None:  # type: ignore[attr-defined]
+            if view.compression is not None:
                 compressed_during += 1
             if r >= WARMUP_ROUNDS:
                 times[sid].append(ms)
@@ -114,7 +121,7 @@ async def measure(engine: Engine, *, rounds: int, seed: int) -> list[GrowthRow]:
                 label=label,
                 display=info.display_message_count,
                 context_rows=len(context),
-                context_tokens=view.estimate.total,  # type: ignore[attr-defined]
+                context_tokens=view.estimate.total,
                 median_ms=statistics.median(ts),
                 p90_ms=ts[int(0.9 * (len(ts) - 1))],
                 compactions=compactions,

@@ -10,20 +10,22 @@ from __future__ import annotations
 import io
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from PIL import Image, ImageDraw
 
 KB = 1024
 
-WORDS = (
+_WORD_TEXT = (
     "the a of to and in is for on with that this it as be are by from at or an was not we can will "
     "deploy service request cache latency error retry config window token build module handler queue "
     "worker session invoice ledger report customer account payment export import schema table index "
     "migration rollback release branch commit review test failure timeout metric alert dashboard "
     "cluster node pod container image volume secret policy role user group audit log trace span "
     "check verify update fix refactor rename remove add move split merge parse render compute"
-).split()
+)
+WORDS = tuple(_WORD_TEXT.split())
 IDENTS = ("handler", "worker", "cache", "queue", "ledger", "export", "client", "router", "store", "parser")
 TOOLS = ("read_file", "grep", "run_tests", "shell", "http_get", "list_dir", "sql_query")
 SYSTEM_PROMPT = (
@@ -82,16 +84,30 @@ FACTS: tuple[Fact, ...] = (
     Fact("commit", "9f3c2e1a7b5d", "commit that introduced the cache regression", 11, "tool"),
     Fact("uuid", "3b1f6c2e-8d4a-4e7b-9c1d-5a2f0e6b7d84", "tenant id of the staging customer", 13, "ask"),
     Fact("email", "r.hakimi@northwind-logistics.example", "contact email at Northwind Logistics", 16, "answer"),
-    Fact("buried-path", "/var/lib/pgdata/base/16384/2619_fsm", "free space map file that was corrupted", 19, "tool-mid"),
-    Fact("command", "kubectl rollout restart deploy/payments-api-eu", "command that restarted the payments api", 23, "ask"),
+    Fact(
+        "buried-path", "/var/lib/pgdata/base/16384/2619_fsm", "free space map file that was corrupted", 19, "tool-mid"
+    ),
+    Fact(
+        "command",
+        "kubectl rollout restart deploy/payments-api-eu",
+        "command that restarted the payments api",
+        23,
+        "ask",
+    ),
     Fact("buried-id", "CASE-77120-QX", "support case number for the corrupted free space map", 27, "tool-mid"),
 )
 
 PINNED = (
-    (0, "Standing instructions: answer in British English, never run destructive commands "
-        "(rm -rf, DROP TABLE) without asking, and always name the files you change."),
-    (3, "Correction to remember: the deploy target is staging-eu-2 (not staging-eu-1), and the "
-        "change freeze starts Friday 18:00 CET."),
+    (
+        0,
+        "Standing instructions: answer in British English, never run destructive commands "
+        "(rm -rf, DROP TABLE) without asking, and always name the files you change.",
+    ),
+    (
+        3,
+        "Correction to remember: the deploy target is staging-eu-2 (not staging-eu-1), and the "
+        "change freeze starts Friday 18:00 CET.",
+    ),
 )
 
 _IMAGE_SIZES = ((64, 64), (320, 240), (800, 600), (1024, 1024), (1280, 720), (1920, 1080), (2048, 2048), (3000, 2000))
@@ -100,7 +116,7 @@ _IMAGE_SIZES = ((64, 64), (320, 240), (800, 600), (1024, 1024), (1280, 720), (19
 def png(rng: random.Random, size: tuple[int, int]) -> bytes:
     """A small PNG of the given pixel size: a background and a few boxes (distinct bytes each time)."""
     w, h = size
-    img = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))  # type: ignore[arg-type]
+    img = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
     draw = ImageDraw.Draw(img)
     for _ in range(4):
         x0, y0 = rng.randrange(w), rng.randrange(h)
@@ -211,7 +227,7 @@ def _args(rng: random.Random, name: str) -> str:
     return json.dumps(args)
 
 
-def _plant(text: str, fact: Fact, rng: random.Random) -> str:
+def _plant(text: str, fact: Fact) -> str:
     sentence = f" Note: the {fact.query} is {fact.token}. "
     if fact.where == "tool-mid":
         middle = len(text) // 2
@@ -219,17 +235,18 @@ def _plant(text: str, fact: Fact, rng: random.Random) -> str:
     return text + sentence
 
 
-def generate(turns: int, seed: int) -> list[Turn]:
-    """The whole session, turn by turn (cheap: text is generated as it is needed by the caller)."""
+def generate(turns: int, seed: int) -> Iterator[Turn]:
+    """The session, turn by turn, generated lazily (a 200 KB output lives only while its turn is played)."""
     rng = random.Random(seed)
     facts = {f.turn: f for f in FACTS if f.turn < turns}
     pinned = dict(PINNED)
-    out: list[Turn] = []
     call_no = 0
     for t in range(turns):
         fact = facts.get(t)
         ask = pinned.get(t) or f"Turn {t}: " + prose(rng, rng.randrange(8, 60))
-        ask_images = [png(rng, rng.choice(_IMAGE_SIZES)) for _ in range(rng.randrange(1, 3))] if rng.random() < 0.05 else []
+        ask_images = (
+            [png(rng, rng.choice(_IMAGE_SIZES)) for _ in range(rng.randrange(1, 3))] if rng.random() < 0.05 else []
+        )
         n_steps = _steps(rng)
         if fact is not None and fact.where.startswith("tool"):
             n_steps = max(n_steps, 1)
@@ -244,16 +261,19 @@ def generate(turns: int, seed: int) -> list[Turn]:
                 if name == "screenshot":
                     results.append(ToolResult("screenshot attached", [png(rng, rng.choice(_IMAGE_SIZES))]))
                 else:
-                    size = rng.randrange(40 * KB, 160 * KB) if fact is not None and fact.where == "tool-mid" else _result_size(rng)
+                    size = (
+                        rng.randrange(40 * KB, 160 * KB)
+                        if fact is not None and fact.where == "tool-mid"
+                        else _result_size(rng)
+                    )
                     results.append(ToolResult(tool_output(rng, size)))
             if fact is not None and fact.where.startswith("tool") and s == 0:
-                results[0].content = _plant(results[0].content, fact, rng)
+                results[0].content = _plant(results[0].content, fact)
             thought = prose(rng, rng.randrange(0, 20)) if rng.random() < 0.4 else ""
             steps.append(Step(calls, results, thought))
         answer = prose(rng, rng.randrange(10, 120))
         if fact is not None and fact.where == "ask":
-            ask = _plant(ask, fact, rng)
+            ask = _plant(ask, fact)
         if fact is not None and fact.where == "answer":
-            answer = _plant(answer, fact, rng)
-        out.append(Turn(t, ask, ask_images, t in pinned, steps, answer, incoming=rng.random() < 0.25))
-    return out
+            answer = _plant(answer, fact)
+        yield Turn(t, ask, ask_images, t in pinned, steps, answer, incoming=rng.random() < 0.25)

@@ -28,12 +28,13 @@ from contextsvc.core.compression.formatting import (
     summary_instructions,
 )
 from contextsvc.core.compression.plan import CompactionPlan, mid_turn_keep_messages, plan_compaction, plan_hard_truncate
-from contextsvc.core.compression.records import compression_record, summary_message
+from contextsvc.core.compression.records import compression_record, demoted_ranges, summary_message
 from contextsvc.core.history import HistoryChunk
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
-from contextsvc.core.view_budget import truncate_for_view
+from contextsvc.core.tokens import image_tokens_of
+from contextsvc.core.view_budget import budget_images, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
 from contextsvc.errors import NothingToCompact, Unavailable
@@ -43,6 +44,16 @@ from contextsvc.summarizers.registry import SummarizerSet
 log = logging.getLogger(__name__)
 
 Count = Callable[[Sequence[Message]], int]
+
+#: Compaction strategies a profile may list, tried in the profile's order (DESIGN §5.4).
+STRATEGY_CLEAR = "clear_tool_results"
+STRATEGY_SUMMARIZE = "summarize"
+STRATEGIES = (STRATEGY_CLEAR, STRATEGY_SUMMARIZE)
+
+#: Summary metadata: the exact runs of original sequence numbers the summary stands for. Its
+#: ``replaces`` range also spans rows the compaction kept (pinned rows, the current request of a
+#: long turn, an important turn swapped in), which ExpandSummary must not return.
+REPLACED_RANGES_KEY = "replaced_ranges"
 
 # Engine-state keys (kept in the session's opaque state mapping).
 _LAST_AFTER = "last_compaction_tokens"
@@ -74,6 +85,25 @@ class CompressionReport:
     context_tokens_after: int = 0
     breadcrumbs: tuple[str, ...] = ()
     plan: CompactionPlan | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Bounds:
+    """The levels of automatic compaction, in view tokens (see ``Compactor.bounds``).
+
+    ``trigger``: it fires at or above this. ``goal``: the planner aims the view at this.
+    ``limit``: the most an automatic compaction may leave (``target x window``, proof of progress).
+    """
+
+    trigger: float
+    goal: float
+    limit: float
+
+    @property
+    def band(self) -> float:
+        """Growth below which an automatic re-run is refused (loop guard). A compaction that got
+        to ``limit`` or below can never be refused: the next trigger lies this far above it."""
+        return self.trigger - self.limit
 
 
 @dataclass(slots=True)
@@ -132,52 +162,116 @@ class Compactor:
     # -- pricing ------------------------------------------------------------------------------
 
     def counter(self, profile: EffectiveProfile) -> Count:
-        """Tokens of rows as the view shows them (cut per message), so the planner decides on
-        what the model would be sent, not on raw stored sizes."""
+        """Tokens of rows as the view shows them, so the planner decides on what the model would
+        be sent, not on raw stored sizes: each row cut to the per-message budget, and images
+        priced as the view does. Without vision the view carries none (only a notice naming
+        them): pricing every stored image made such a session look thousands of tokens larger
+        than its view, so it over-compacted and its loop guard refused what it needed. With
+        vision every image is priced: the view fits the newest images into ``0.8 x window`` minus
+        the text, and a compacted context frees room for more of them, so the full price is the
+        bound that keeps the compacted view under its goal (and keeps ``count`` monotone)."""
         text = self._accounting.counter(profile.model)
         budget = profile.per_message_budget
-        cache: dict[int, int] = {}
+        fallback = self._settings.tokens.image_tokens_fallback
+        cache: dict[int, Message] = {}
 
-        def price(m: Message) -> int:
+        def shown(m: Message) -> Message:
             key = id(m)
             got = cache.get(key)
             if got is None:
-                shown = truncate_for_view(m, budget, text)
-                got = cache[key] = self._accounting.message_tokens(profile.model, shown)
+                got = truncate_for_view(m, budget, text)
+                if got.images and not profile.vision:
+                    # The view's copy: no images, a notice naming them (per message, so additive).
+                    got = budget_images([got], window=profile.context_window, text_tokens=0, vision=False).messages[0]
+                cache[key] = got
             return got
 
-        return lambda rows: sum(price(m) for m in rows)
+        def count(rows: Sequence[Message]) -> int:
+            # Sizes summed first and rounded once, as the view's estimate does: rounding each row
+            # drifted from the estimate by up to half a token per row on long contexts.
+            cut = [shown(m) for m in rows]
+            return text.count_messages(cut) + image_tokens_of(cut, fallback_tokens=fallback)
+
+        return count
 
     # -- decisions ----------------------------------------------------------------------------
 
+    def bounds(self, p: EffectiveProfile) -> Bounds:
+        """Where automatic compaction fires, where it aims, and the most it may leave.
+
+        Normally ``threshold x window``, ``target x window`` and ``target x window``. On a small
+        window the reply reserve (up to window / 4) puts the size guard (``window - reserve``)
+        below the threshold: with 8192 tokens and the default reserve, 6144 fit but the trigger
+        sat at 7373, so a growing session hit CONTEXT_TOO_LARGE without ever being compressed.
+        The trigger is then the size guard's budget, and the planner aims lower by as much, so a
+        compaction still leaves ``(threshold - target) x window`` of growth before the next one
+        (never below the hard-truncate level). What it must reach stays ``target x window``: one
+        long turn whose newest tool group cannot shrink may land between the two, which beats a
+        hard truncation that would leave it over the budget.
+        """
+        c = p.compression
+        window = p.context_window
+        trigger = c.threshold * window
+        limit = goal = c.target * window
+        budget = window - p.output_reserve
+        if budget < trigger:
+            floor = min(goal, self._settings.summarizer.hard_truncate_fraction * window)
+            trigger, goal = budget, max(goal - (trigger - budget), floor)
+        return Bounds(trigger=trigger, goal=goal, limit=limit)
+
     def over_threshold(self, s: Situation) -> bool:
+        return s.view_tokens >= self.bounds(s.profile).trigger
+
+    def _flush_due(self, s: Situation, state: EngineState) -> bool:
+        """The memory flush is due once per cycle, when the view grows past the soft threshold.
+
+        The soft threshold is ``trigger - memory_flush_soft_tokens`` but never below the level a
+        compaction may leave: on a small window (8192: 7373 - 4000 = 3373 < 5324) the context right
+        after a compaction is already past it, and the "warning" would come right after every
+        compaction instead of before the next one.
+        """
         c = s.profile.compression
-        return s.view_tokens >= c.threshold * s.profile.context_window
+        b = self.bounds(s.profile)
+        soft = max(b.trigger - self._settings.summarizer.memory_flush_soft_tokens, b.limit)
+        return c.enabled and s.view_tokens > soft and state.extra.get(_FLUSH_EPOCH) != state.epoch
 
     async def maybe_memory_flush(self, s: Situation) -> None:
         """Once per compaction cycle, warn watchers that a compaction is near (DESIGN §5.4)."""
-        c = s.profile.compression
-        threshold = c.threshold * s.profile.context_window
-        soft = threshold - self._settings.summarizer.memory_flush_soft_tokens
-        if not c.enabled or s.view_tokens < soft or s.state.extra.get(_FLUSH_EPOCH) == s.state.epoch:
+        if not self._flush_due(s, s.state):
             return
-        state = dataclasses.replace(s.state, extra={**s.state.extra, _FLUSH_EPOCH: s.state.epoch})
-        await self._store.update_state(s.session.id, caller=_SYSTEM, state=state.to_dict())
-        s.state = state
-        await self._bus.publish(
-            session_id=s.session.id,
-            user_id=s.session.user_id,
-            kind="memory_flush_due",
-            payload={"context_tokens": s.view_tokens, "threshold_tokens": int(threshold)},
-        )
+        # Decide again on the session as it is now, under the compaction lock: concurrent builds
+        # would each flush (and each write back a stale state, undoing a compaction that committed
+        # meanwhile: its epoch, its cleared baseline).
+        async with self.lock(s.session.id), self._store.compaction_lock(s.session.id):
+            fresh = EngineState.of(await self._store.get_session(s.session.id, caller=_SYSTEM))
+            if fresh.epoch != s.state.epoch or not self._flush_due(s, fresh):
+                return
+            state = dataclasses.replace(fresh, extra={**fresh.extra, _FLUSH_EPOCH: fresh.epoch})
+            await self._store.update_state(s.session.id, caller=_SYSTEM, state=state.to_dict())
+            s.state = state
+            await self._bus.publish(
+                session_id=s.session.id,
+                user_id=s.session.user_id,
+                kind="memory_flush_due",
+                payload={"context_tokens": s.view_tokens, "threshold_tokens": int(self.bounds(s.profile).trigger)},
+            )
 
     def loop_guarded(self, s: Situation) -> bool:
-        """True when an automatic compaction would re-fire inside the hysteresis band."""
+        """True when an automatic compaction would re-fire inside the hysteresis band.
+
+        Only forced runs are exempt (DESIGN §5.4); a post-turn check answering a truncated prompt
+        is automatic and guarded like any other (the flag stays set until a compaction runs). A
+        run the threshold triggered is refused only when the last compaction left more than
+        ``limit``: on a small window the trigger is the size guard's budget, so refusing it after
+        a compaction that met its target would leave the session to fail with CONTEXT_TOO_LARGE.
+        A run the truncation flag triggered (under the threshold, no budget pressure) must see the
+        whole ``trigger - goal`` of growth.
+        """
         last_after = s.state.extra.get(_LAST_AFTER)
         if last_after is None or s.reason is Reason.FORCED:
             return False
-        c = s.profile.compression
-        band = (c.threshold - c.target) * s.profile.context_window
+        b = self.bounds(s.profile)
+        band = b.band if self.over_threshold(s) else b.trigger - b.goal
         return s.view_tokens - int(last_after) < band
 
     # -- planning -----------------------------------------------------------------------------
@@ -207,9 +301,9 @@ class Compactor:
         )
 
     def _kept_target(self, s: Situation) -> float:
-        """The share of the window the kept rows may use, so that kept + summary + prompt <= target."""
+        """The share of the window the kept rows may use, so that kept + summary + prompt <= goal."""
         p = s.profile
-        room = p.compression.target * p.context_window - s.fixed_tokens - self._summary_reserve(p)
+        room = self.bounds(p).goal - s.fixed_tokens - self._summary_reserve(p)
         return max(self._settings.summarizer.min_kept_fraction, room / p.context_window)
 
     # -- running ------------------------------------------------------------------------------
@@ -237,17 +331,23 @@ class Compactor:
                 "plan": plan_payload(plan),
             },
         )
-        report = await self._cheap_stage(s, plan)
-        if report is None:
-            report = await self._summarize_or_truncate(s, plan)
-        return report
+        # The profile's strategies in their order; the first that commits wins. Hard truncation is
+        # the fallback of every order, so a summarizer failure never fails the caller's turn.
+        for strategy in s.profile.compression.strategies:
+            if strategy == STRATEGY_CLEAR:
+                report = await self._cheap_stage(s, plan)
+            elif strategy == STRATEGY_SUMMARIZE:
+                report = await self._summarize(s, plan)
+            else:  # rejected when the profile is resolved (Engine._profile_for); never reached
+                report = None
+            if report is not None:
+                return report
+        return await self._hard_truncate(s, plan)
 
     async def _cheap_stage(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
         c = s.profile.compression
-        if "clear_tool_results" not in c.strategies:
-            return None
         count = self.counter(s.profile)
-        goal = int(c.target * s.profile.context_window) - s.fixed_tokens
+        goal = int(self.bounds(s.profile).goal) - s.fixed_tokens
         cleared = clear_old_tool_results(
             s.context,
             plan.keep_from,
@@ -269,22 +369,22 @@ class Compactor:
             plan=plan,
         )
 
-    async def _summarize_or_truncate(self, s: Situation, plan: CompactionPlan) -> CompressionReport:
+    async def _summarize(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
+        """Summarize; on failure retry once with a wider keep window. None when both failed."""
         c = s.profile.compression
-        if "summarize" in c.strategies:
-            attempts = [plan]
-            wider = self.plan(
-                s,
-                keep_recent=c.keep_recent * 2,
-                keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
-            )
-            if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
-                attempts.append(wider)
-            for attempt in attempts:
-                report = await self._try_summary(s, attempt)
-                if report is not None:
-                    return report
-        return await self._hard_truncate(s, plan)
+        attempts = [plan]
+        wider = self.plan(
+            s,
+            keep_recent=c.keep_recent * 2,
+            keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
+        )
+        if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
+            attempts.append(wider)
+        for attempt in attempts:
+            report = await self._try_summary(s, attempt)
+            if report is not None:
+                return report
+        return None
 
     async def _try_summary(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
         p = s.profile
@@ -325,13 +425,22 @@ class Compactor:
             log.warning("summarizer returned an empty summary", extra={"session_id": s.session.id})
             return None
         crumbs = self._breadcrumbs(keys, plan.drop)
-        summary = summary_message(text, dropped=plan.drop, kept=plan.keep, breadcrumbs=crumbs)
-        # Proof of progress: a summary larger than what it replaces is discarded.
-        if count([summary]) >= count(plan.drop):
+        summary = summary_message(
+            text,
+            dropped=plan.drop,
+            kept=plan.keep,
+            breadcrumbs=crumbs,
+            metadata={REPLACED_RANGES_KEY: demoted_ranges(replaced_originals(plan.drop))},
+        )
+        # Proof of progress: a summary larger than what it replaces is discarded. It is priced
+        # whole: the view would cut an oversized summary to the per-message budget, and that cut
+        # copy must not pass for a summary that fits (it would lose its middle on every build).
+        summary_tokens = self._accounting.message_tokens(p.model, summary)
+        if summary_tokens >= count(plan.drop):
             log.warning("summary larger than what it replaces; discarded", extra={"session_id": s.session.id})
             return None
         new_context = [summary, *plan.keep]
-        if not self._progress(s, count(new_context)):
+        if not self._progress(s, summary_tokens + count(plan.keep)):
             log.warning("summary did not reach the target; discarded", extra={"session_id": s.session.id})
             return None
         return await self._commit(
@@ -364,16 +473,16 @@ class Compactor:
 
     async def _hard_truncate(self, s: Situation, plan: CompactionPlan) -> CompressionReport:
         p = s.profile
-        count = self.counter(p)
-        cut = plan_hard_truncate(
-            s.context,
-            window=p.context_window,
-            fraction=self._settings.summarizer.hard_truncate_fraction,
-            count=count,
-            current_tokens=count(s.context),
-        )
-        if not cut.drop:
-            # The planner found turns to summarize but none can be dropped whole: keep the context.
+        # The whole view (system prompt and incoming message included) must come down to the
+        # hard-truncate level, not only the context buffer.
+        cut = self._truncation(s, self._settings.summarizer.hard_truncate_fraction * p.context_window - s.fixed_tokens)
+        if not cut.would_compress:
+            # Already under that level (a forced run, or a silently truncated prompt, on a small
+            # context): drop the oldest whole turns down to what the plan would have kept, so a
+            # compaction that was announced (CompressionStarted) is carried out, not dropped silently.
+            cut = self._truncation(s, plan.tokens_kept)
+        if not cut.drop or not cut.would_compress:
+            # The planner found rows to summarize but no whole turn can be dropped: keep the context.
             return CompressionReport(compressed=False, reason=s.reason, plan=plan)
         crumbs = self._breadcrumbs([], cut.drop)
         return await self._commit(
@@ -387,13 +496,25 @@ class Compactor:
             plan=cut,
         )
 
+    def _truncation(self, s: Situation, context_tokens: float) -> CompactionPlan:
+        """Drop the oldest whole turns until the context fits ``context_tokens`` (no summary)."""
+        window = s.profile.context_window
+        count = self.counter(s.profile)
+        return plan_hard_truncate(
+            s.context,
+            window=window,
+            fraction=min(1.0, max(context_tokens, 1) / window),
+            count=count,
+            current_tokens=count(s.context),
+        )
+
     def _progress(self, s: Situation, new_context_tokens: int) -> bool:
         """Automatic runs must reach the target; forced ones must shrink by the configured share."""
         after = new_context_tokens + s.fixed_tokens
         if s.reason is Reason.FORCED:
             before = s.view_tokens
             return after <= before * (1 - self._settings.summarizer.forced_min_shrink)
-        return after <= s.profile.compression.target * s.profile.context_window
+        return after <= self.bounds(s.profile).limit
 
     def _breadcrumbs(self, keys: Sequence[str], dropped: Sequence[Message]) -> list[str]:
         cfg = self._settings.summarizer
@@ -546,6 +667,30 @@ def _chunk_line(m: Message) -> str:
         parts.append(f"[call {call.name} {call.arguments_json}]")
     label = m.role.value if m.role is not Role.TOOL else f"tool {m.tool_call_id}"
     return f"#{m.sequence_number} {label}: " + " ".join(p for p in parts if p)
+
+
+def replaced_originals(dropped: Sequence[Message]) -> set[int]:
+    """Original (display) sequence numbers that ``dropped`` rows stand for: a displayed row itself,
+    a placeholder its cleared original, an older summary what it replaced in turn."""
+    out: set[int] = set()
+    for m in dropped:
+        if m.flags.is_summary:
+            out |= summary_originals(m)
+        elif m.flags.is_display:
+            out.add(m.sequence_number)
+        elif m.context_anchor > 0:
+            out.add(m.context_anchor)
+    return {seq for seq in out if seq > 0}
+
+
+def summary_originals(summary: Message) -> set[int]:
+    """What a summary stands for: its exact ranges, or (older summaries) its whole range."""
+    runs = summary.metadata.get(REPLACED_RANGES_KEY)
+    if isinstance(runs, list):
+        return {seq for first, last in runs for seq in range(int(first), int(last) + 1)}
+    if summary.replaces is not None:
+        return set(range(summary.replaces[0], summary.replaces[1] + 1))
+    return set()
 
 
 def plan_payload(plan: CompactionPlan) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,14 @@ from contextsvc.core.recall import query_terms
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import TokenEstimate
 from contextsvc.engine.accounting import TokenAccounting
-from contextsvc.engine.compaction import Compactor, CompressionReport, Reason, Situation
+from contextsvc.engine.compaction import (
+    STRATEGIES,
+    Compactor,
+    CompressionReport,
+    Reason,
+    Situation,
+    summary_originals,
+)
 from contextsvc.engine.sessions import AppendOutcome, SessionService
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
@@ -76,16 +84,32 @@ class Engine:
         profile = resolve_profile(self.settings, session.profile_id, overrides)
         if profile.compression.summarizer not in self.summarizers:
             self.summarizers.get(profile.compression.summarizer)  # raises InvalidArgument naming the field
+        unknown = [name for name in profile.compression.strategies if name not in STRATEGIES]
+        if unknown:
+            # A misspelt strategy would otherwise be skipped in silence (a profile that never summarizes).
+            raise InvalidArgument.field(
+                "profile.compression.strategies",
+                f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}",
+            )
         await self.accounting.ensure_loaded(profile.model)
         return profile
 
     async def _remember_profile(self, session: SessionInfo, overrides: ProfileOverrides) -> SessionInfo:
-        wanted = dataclasses.asdict(overrides)
-        state = EngineState.of(session)
-        if state.extra.get(_PROFILE_KEY) == wanted:
+        # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
+        # costs no write (and no lock) on every build.
+        wanted = json.loads(json.dumps(dataclasses.asdict(overrides)))
+        if EngineState.of(session).extra.get(_PROFILE_KEY) == wanted:
             return session
-        new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: wanted})
-        return await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+        # Read-modify-write of the engine state under the compaction lock, on a fresh read: writing
+        # back the state this request read earlier would undo a compaction committed meanwhile.
+        # Both locks: the store's serializes with compactions on other replicas too.
+        async with self.compactor.lock(session.id), self.store.compaction_lock(session.id):
+            fresh = await self.store.get_session(session.id, caller=_INTERNAL)
+            state = EngineState.of(fresh)
+            if state.extra.get(_PROFILE_KEY) == wanted:
+                return fresh
+            new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: wanted})
+            return await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
 
     def _situation(
         self,
@@ -132,8 +156,12 @@ class Engine:
             await self.compactor.maybe_memory_flush(situation)
             if self.compactor.over_threshold(situation):
                 report = await self._compress_automatically(situation)
-                if report is not None and report.compressed:
-                    session = await self.store.get_session(sid, caller=caller)
+                # Reload after our compaction, and also when another request compacted while this
+                # one waited for the lock: the view built before it is stale (and may no longer fit).
+                epoch = EngineState.of(session).epoch
+                fresh = await self.store.get_session(sid, caller=caller)
+                if EngineState.of(fresh).epoch != epoch:
+                    session = fresh
                     context = await self.store.load_context(sid, caller=caller)
                     built = self.views.assemble(effective, context, message, EngineState.of(session))
         return await self.views.finish(caller, session, effective, context, built, data, compression=report)
@@ -145,6 +173,9 @@ class Engine:
             fresh = await self.store.get_session(s.session.id, caller=_INTERNAL)
             if EngineState.of(fresh).epoch != s.state.epoch:
                 return None
+            # Same cycle: decide and commit on the fresh state, so what was written since the
+            # situation was read (a memory-flush mark, a truncation flag) is kept, not written over.
+            s.session, s.state = fresh, EngineState.of(fresh)
             if self.compactor.loop_guarded(s):
                 await self.compactor.refuse(
                     s, "the last compaction left the context inside the hysteresis band; not compressing again"
@@ -188,8 +219,13 @@ class Engine:
     async def record_baseline(
         self, caller: Principal, session_id: str, *, view_id: str, prompt_tokens: int
     ) -> BaselineResult:
-        result = await self.views.record_baseline(caller, session_id, view_id=view_id, prompt_tokens=prompt_tokens)
-        self.post_turn.schedule(require_session_id(session_id))
+        sid = require_session_id(session_id)
+        # Serialized with compactions: RecordBaseline reads the engine state, then writes it back with
+        # the new baseline; a compaction committed in between would be undone (its epoch, its cleared
+        # baseline) and the stale baseline would make the next build compress again.
+        async with self.compactor.lock(sid), self.store.compaction_lock(sid):
+            result = await self.views.record_baseline(caller, sid, view_id=view_id, prompt_tokens=prompt_tokens)
+        self.post_turn.schedule(sid)
         return result
 
     # -- compression and recall -----------------------------------------------------------------
@@ -233,8 +269,11 @@ class Engine:
         if not summary.flags.is_summary or summary.replaces is None:
             raise InvalidArgument.field("sequence_number", f"message #{sequence_number} is not a summary")
         first, last = summary.replaces
+        wanted = summary_originals(summary)  # the range also spans rows the compaction kept
         originals = await self.store.get_messages(sid, caller=caller, first=first, last=last)
-        return [m for m in originals if m.flags.is_display and not m.flags.is_compression]
+        return [
+            m for m in originals if m.flags.is_display and not m.flags.is_compression and m.sequence_number in wanted
+        ]
 
     async def close(self) -> None:
         await self.post_turn.close()

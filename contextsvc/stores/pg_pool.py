@@ -45,8 +45,34 @@ async def open_pool(dsn: str, pg: PostgresSettings) -> Any:
         timeout=pg.connect_timeout_seconds,
         # A client-side guard for a server that stops answering without closing the socket.
         command_timeout=pg.statement_timeout_ms / 1000 + 5 if pg.statement_timeout_ms else None,
-        server_settings={"application_name": "contextsvc", "statement_timeout": str(pg.statement_timeout_ms)},
+        server_settings={
+            "application_name": "contextsvc",
+            "statement_timeout": str(pg.statement_timeout_ms),
+            # JIT compiles a plan whose *estimated* cost is high (a listing search's per-session
+            # subplans): 150 ms of compiling for 10 ms of work, measured by bench/store/run.py.
+            # Every statement of this store is short; JIT never pays off here.
+            "jit": "off",
+        },
         init=init_connection,
+    )
+
+
+LOCK_APPLICATION_NAME = "contextsvc-lock"
+
+
+async def open_lock_pool(dsn: str, pg: PostgresSettings) -> Any:
+    """Connections that hold session-level advisory locks (compaction locks) while the work they
+    guard runs on the main pool, which they therefore never starve. Opened empty: connections
+    are made when the first lock is taken and kept a while for the next ones.
+
+    No statement timeout: the wait for a lock is bounded by ``lock_timeout`` instead.
+    """
+    return await asyncpg.create_pool(
+        dsn,
+        min_size=0,
+        max_size=pg.pool_max_size,
+        timeout=pg.connect_timeout_seconds,
+        server_settings={"application_name": LOCK_APPLICATION_NAME, "statement_timeout": "0"},
     )
 
 

@@ -199,6 +199,23 @@ def lock_key(name: str) -> int:
 MIGRATION_LOCK = lock_key("contextsvc:migrations")
 
 
+def lock_key32(name: str) -> int:
+    """A stable signed 32-bit key for ``name`` (one half of a two-key advisory lock)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big", signed=True)
+
+
+#: Compaction locks use PostgreSQL's two-key form ``pg_advisory_lock(int4, int4)``, whose key space
+#: is separate from the one-key ``bigint`` form of ``MIGRATION_LOCK`` and the event bus's publish
+#: lock: no session id can ever collide with those. The first key names the purpose.
+COMPACTION_LOCK_SPACE = lock_key32("contextsvc:compaction")
+
+
+def compaction_lock_keys(session_id: str) -> tuple[int, int]:
+    """The two advisory-lock keys of ``session_id``'s compaction lock. Two sessions whose ids
+    share a 32-bit hash merely compact one at a time; correctness does not depend on the hash."""
+    return COMPACTION_LOCK_SPACE, lock_key32(session_id)
+
+
 @dataclass(slots=True)
 class MigrationReport:
     applied: list[int] = field(default_factory=list)

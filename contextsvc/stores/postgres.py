@@ -5,6 +5,9 @@ transaction that starts by locking the session's row (``SELECT … FOR UPDATE``)
 session are serialized across processes, so sequence numbers never collide and the request-id
 check of an append cannot race its twin. Readers use single statements and see whole commits.
 
+Compactions of one session are serialized across processes by ``compaction_lock``: a
+session-level advisory lock held on a connection of a small pool of its own (see its docstring).
+
 Beyond ``SessionStore`` it offers what the listing, archive and maintenance paths need:
 ``count_sessions``, ``search_matches``, ``archive_old_messages`` / ``list_archived_messages``,
 ``prune_unreferenced_blobs`` and ``make_event_bus`` (a ``PostgresEventBus`` on the same pool).
@@ -16,6 +19,7 @@ a server restart by itself, so the service recovers without being restarted.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -36,7 +40,7 @@ from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
 from contextsvc.stores._base import check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._session import utc
 from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS, pg_errors
-from contextsvc.stores.pg_pool import migrate_database, open_pool, pooled
+from contextsvc.stores.pg_pool import migrate_database, open_lock_pool, open_pool, pooled
 from contextsvc.stores.pg_rows import (
     chunk_columns,
     chunk_from_row,
@@ -48,8 +52,11 @@ from contextsvc.stores.pg_rows import (
     stamped,
     view_from_row,
 )
+from contextsvc.stores.pg_schema import compaction_lock_keys
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _NO_BOUND = 2**63 - 1
 
@@ -74,6 +81,7 @@ class PostgresStore:
         self._pg = self._settings.postgres
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self._pool: Any = None
+        self._lock_pool: Any = None
         self._trigram = False
         self._inflight: set[asyncio.Future[Any]] = set()
 
@@ -91,13 +99,23 @@ class PostgresStore:
             report = await migrate_database(self._dsn, self._pg)
             self._trigram = report.trigram
             self._pool = await open_pool(self._dsn, self._pg)
+            try:
+                self._lock_pool = await open_lock_pool(self._dsn, self._pg)
+            except BaseException:
+                await self._close_pool(self._pool)
+                self._pool = None
+                raise
 
     async def close(self) -> None:
         while self._inflight:
             await asyncio.wait(list(self._inflight))
         pool, self._pool = self._pool, None
-        if pool is None:
-            return
+        lock_pool, self._lock_pool = self._lock_pool, None
+        for each in (lock_pool, pool):
+            if each is not None:
+                await self._close_pool(each)
+
+    async def _close_pool(self, pool: Any) -> None:
         try:
             await asyncio.wait_for(pool.close(), timeout=self._pg.connect_timeout_seconds)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
@@ -108,6 +126,90 @@ class PostgresStore:
         if self._pool is None:
             raise Unavailable("PostgreSQL store is not open")
         return PostgresEventBus(self._dsn, self._settings, clock=self._clock, pool=self._pool)
+
+    # -- cross-process compaction lock --------------------------------------------------------
+
+    @asynccontextmanager
+    async def compaction_lock(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's compaction lock for the block, whichever replica asks.
+
+        A session-level ``pg_advisory_lock`` (two-key form, see ``compaction_lock_keys``) on a
+        connection of the lock pool, held for the whole block while the block's own statements
+        run on the main pool. PostgreSQL releases it when that connection ends, so a replica
+        that crashes mid-compaction (kill -9, lost network) never leaves the session locked.
+
+        The wait is bounded by ``postgres.compaction_lock_timeout_seconds`` (``lock_timeout``
+        on the server): past it, ``Conflict`` (another replica is still compacting). A caller
+        cancelled while waiting or holding leaves nothing locked: a connection whose lock state
+        is uncertain is terminated, never returned to the pool.
+        """
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+        pool = self._lock_pool
+        if pool is None:
+            raise Unavailable("PostgreSQL store is not open")
+        loop = asyncio.get_running_loop()
+        wait = self._pg.compaction_lock_timeout_seconds
+        deadline = loop.time() + wait
+        first, second = compaction_lock_keys(session_id)
+        with pg_errors("compaction_lock"):
+            conn = await pool.acquire(timeout=min(self._pg.acquire_timeout_seconds, wait))
+        refused = False
+        try:
+            remaining = max(deadline - loop.time(), 0.001)
+            with pg_errors("compaction_lock"):
+                try:
+                    # One round trip; the literals are our own integers. lock_timeout stays set on
+                    # this connection only until it goes back to the pool (its reset runs RESET ALL).
+                    await conn.execute(
+                        f"SET lock_timeout = '{int(remaining * 1000) + 1}ms';"
+                        f" SELECT pg_advisory_lock({first}, {second})",
+                        # Client-side bound in case the server stops answering altogether.
+                        timeout=remaining + self._pg.connect_timeout_seconds,
+                    )
+                except asyncpg.LockNotAvailableError:
+                    refused = True  # the server gave up cleanly: nothing is held
+        except BaseException:
+            # Failed or cancelled mid-wait: the lock may have been granted as we gave up. Ending
+            # the connection is the one way to be sure it is not held.
+            conn.terminate()
+            await pool.release(conn)
+            raise
+        if refused:
+            await pool.release(conn)
+            raise Conflict(
+                "another replica is compacting this session; retry later",
+                metadata={"session_id": session_id, "waited_seconds": f"{wait:g}"},
+            )
+        try:
+            yield
+        finally:
+            await self._unlock(pool, conn, first, second, session_id)
+
+    async def _unlock(self, pool: Any, conn: Any, first: int, second: int, session_id: str) -> None:
+        """Release the lock and return the connection. When that cannot be done cleanly (server
+        gone, caller cancelled again) the connection is terminated, which releases the lock just
+        as well; the guarded work's outcome stands either way, so only cancellation propagates."""
+        try:
+            released = await conn.fetchval(
+                "SELECT pg_advisory_unlock($1, $2)", first, second, timeout=self._pg.connect_timeout_seconds
+            )
+            if not released:
+                # Its connection was reset under us (a server restart): another replica may have
+                # compacted meanwhile; the engine's epoch check covers what follows.
+                log.warning("compaction lock was already gone on release", extra={"session_id": session_id})
+        except Exception as exc:
+            conn.terminate()
+            log.warning(
+                "compaction lock connection dropped on release",
+                extra={"session_id": session_id, "error": f"{type(exc).__name__}: {str(exc)[:160]}"},
+            )
+        except BaseException:
+            conn.terminate()
+            raise
+        finally:
+            # asyncpg shields the release itself; a terminated connection is simply dropped.
+            await pool.release(conn)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -212,8 +314,11 @@ class PostgresStore:
         profile_id: str = "",
         query: str = "",
     ) -> SessionPage:
-        """One statement: the page (counters and preview come from the session rows, no history
-        is read) and the total, which a trigram index keeps fast under ``query``."""
+        """One statement: the total and the page (counters and preview come from the session
+        rows, no history is read). The filter appears twice rather than in a CTE: a CTE would be
+        materialized whole (every matching row, previews included) before the page is cut, while
+        the page subquery walks the listing index and stops at ``offset + limit``; a trigram
+        index keeps the count fast under ``query``. Both parts read the same snapshot."""
         if offset < 0:
             raise InvalidArgument.field("offset", "must not be negative")
         if limit < 0:
@@ -222,12 +327,11 @@ class PostgresStore:
         where = _listing_filter(caller, profile_id, query, args)
         args += [limit, offset]
         sql = f"""
-            WITH matched AS (SELECT s.* FROM sessions s WHERE {where})
             SELECT t.total, p.*
-              FROM (SELECT count(*) AS total FROM matched) t
+              FROM (SELECT count(*) AS total FROM sessions s WHERE {where}) t
               LEFT JOIN LATERAL (
-                    SELECT * FROM matched
-                     ORDER BY pinned DESC, update_time DESC, session_id
+                    SELECT s.* FROM sessions s WHERE {where}
+                     ORDER BY s.pinned DESC, s.update_time DESC, s.session_id
                      LIMIT ${len(args) - 1} OFFSET ${len(args)}) p ON true
              ORDER BY p.pinned DESC, p.update_time DESC, p.session_id"""
 
@@ -655,9 +759,15 @@ class PostgresStore:
         return await self._read("list_calibration_observations", work)
 
     async def save_view(self, session_id: str, view: ViewRecord, *, keep: int) -> None:
-        """Soft state: no session lock and no ``update_time`` change; the newest ``keep`` stay."""
+        """Soft state: no session lock and no ``update_time`` change; the newest ``keep`` stay.
+
+        Committed without waiting for the WAL flush (``synchronous_commit = off``): the row is
+        visible to every replica at once, only its durability waits (~0.6 s at most), as the files
+        store never fsyncs a view on its own. A crash loses at most a view just built, which
+        RecordBaseline then reports as unknown; no acknowledged message depends on it."""
 
         async def work(conn: Any) -> None:
+            await conn.execute("SET LOCAL synchronous_commit = off")
             saved = await conn.fetchval(
                 """INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images,
                                       last_sequence, create_time, epoch)

@@ -14,10 +14,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from PIL import Image
 
 from contextsvc.config import ProfileConfig, Settings
 from contextsvc.core.codec import message_to_dict
@@ -29,7 +33,7 @@ from contextsvc.core.profile import CompressionOverrides, ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import messages_chars
 from contextsvc.engine.engine import Engine
-from contextsvc.engine.validation import IncomingMessage
+from contextsvc.engine.validation import IncomingImage, IncomingMessage
 from contextsvc.engine.views import BuiltView
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import StoredEvent, Summarizer, SummarizerError, SummaryRequest
@@ -39,6 +43,14 @@ from contextsvc.summarizers.registry import SummarizerSet
 from tests.support.stores import TickingClock
 
 WINDOW = 8192
+
+
+def png(width: int, height: int, seed: int = 0) -> bytes:
+    """A small PNG of the given size (distinct bytes per seed, so each is its own blob)."""
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (seed % 256, (seed // 256) % 256, 90)).save(buf, format="PNG")
+    return buf.getvalue()
+
 
 # --- messages --------------------------------------------------------------------------------
 
@@ -105,8 +117,11 @@ class ScriptedSummarizer:
 
     vision = False
 
-    def __init__(self, name: str = "scripted", *, script: Sequence[Reply] = (), default: Reply = "ok") -> None:
+    def __init__(
+        self, name: str = "scripted", *, script: Sequence[Reply] = (), default: Reply = "ok", delay: float = 0.0
+    ) -> None:
         self.name = name
+        self.delay = delay
         self.script = list(script)
         self.default = default
         self.calls: list[SummaryRequest] = []
@@ -115,6 +130,8 @@ class ScriptedSummarizer:
     async def summarize(self, request: SummaryRequest) -> str:
         self.calls.append(request)
         reply = self.script.pop(0) if self.script else self.default
+        if self.delay:
+            await asyncio.sleep(self.delay)  # lets concurrent requests interleave with a compaction
         if callable(reply):
             return reply(request)
         if reply == "raise":
@@ -125,7 +142,8 @@ class ScriptedSummarizer:
             # Larger than everything it replaces, however the view prices or cuts it.
             return "\n".join(f"- padding line {k} " + words(30) for k in range(len(request.text) // 40 + 400))
         if reply == "ok":
-            return f"- summarized {len(request.messages)} messages (call {len(self.calls)})\nKEYS: scripted-{len(self.calls)}"
+            n = len(self.calls)
+            return f"- summarized {len(request.messages)} messages (call {n})\nKEYS: scripted-{n}"
         raise AssertionError(f"unknown scripted reply {reply!r}")
 
     async def close(self) -> None:
@@ -135,9 +153,11 @@ class ScriptedSummarizer:
 # --- the rig -----------------------------------------------------------------------------------
 
 
-def make_settings(*, window: int = WINDOW, reserve: int = 512, system_prompt: str = "", **settings: Any) -> Settings:
+def make_settings(
+    *, window: int = WINDOW, reserve: int = 512, system_prompt: str = "", vision: bool = False, **settings: Any
+) -> Settings:
     profile = ProfileConfig(
-        model="m", context_window=window, output_reserve_tokens=reserve, system_prompt=system_prompt
+        model="m", context_window=window, output_reserve_tokens=reserve, system_prompt=system_prompt, vision=vision
     )
     return Settings(profiles={"default": profile}, store="memory", event_retention=100_000, **settings)
 
@@ -152,9 +172,9 @@ def overrides(**compression: Any) -> ProfileOverrides:
 class Rig:
     """The engine, its store and bus, and the calls a runtime makes."""
 
-    def __init__(self, settings: Settings, *extra: Summarizer) -> None:
+    def __init__(self, settings: Settings, *extra: Summarizer, store: type[MemoryStore] = MemoryStore) -> None:
         self.settings = settings
-        self.store = MemoryStore(settings)
+        self.store = store(settings)
         self.bus = MemoryEventBus(retention=settings.event_retention)
         summarizers: dict[str, Summarizer] = {"extractive": ExtractiveSummarizer.from_settings(settings)}
         summarizers.update({s.name: s for s in extra})
@@ -167,8 +187,8 @@ class Rig:
         )
 
     @classmethod
-    async def start(cls, *extra: Summarizer, **settings: Any) -> Rig:
-        rig = cls(make_settings(**settings), *extra)
+    async def start(cls, *extra: Summarizer, store: type[MemoryStore] = MemoryStore, **settings: Any) -> Rig:
+        rig = cls(make_settings(**settings), *extra, store=store)
         await rig.store.open()
         return rig
 
@@ -254,7 +274,8 @@ class Rig:
 
 
 def real_tokens(view: BuiltView, *, slope: float = 0.6, overhead: int = 12) -> int:
-    return overhead + round(slope * messages_chars([vm.message for vm in view.messages]))
+    """The provider's count: a fixed line over the text's size, plus the images the view carried."""
+    return overhead + round(slope * messages_chars([vm.message for vm in view.messages])) + view.estimate.images
 
 
 def view_rows(view: BuiltView) -> list[Message]:
@@ -352,7 +373,11 @@ class AgentLoop:
     output_words: tuple[int, int] = (20, 700)
     parallel: tuple[int, int] = (1, 2)
     baselines: bool = True
+    #: AppendMessages(turn_complete) at the end of each turn (schedules the post-turn check).
+    turn_complete: bool = True
     pin_every: int = 0
+    #: every n-th tool result carries a screenshot (0 = none).
+    image_every: int = 0
     ledger: DisplayLedger = field(default_factory=DisplayLedger)
     views: list[BuiltView] = field(default_factory=list)
     #: (turn, view) for every build that reported a compaction.
@@ -361,6 +386,7 @@ class AgentLoop:
     after_estimates: list[int] = field(default_factory=list)
     on_view: Callable[[BuiltView], None] | None = None
     _n: int = 0
+    _results: int = 0
     _rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -417,12 +443,21 @@ class AgentLoop:
                 for j in range(r.randint(*self.parallel))
             ]
             results = [t(cid, f"{self.token()} " + words(r.randint(*self.output_words), r)) for cid, _ in ids]
+            if self.image_every:
+                results = [self._maybe_image(m) for m in results]
             await self._append(a(f"{self.token()} checking", *ids), *results)
         await self._build(k, None, mid_turn=True)
         await self._append(
             IncomingMessage(Message(role=Role.ASSISTANT, content=f"{self.token()} done with task {k}")),
-            turn_complete=True,
+            turn_complete=self.turn_complete,
         )
+
+    def _maybe_image(self, m: IncomingMessage) -> IncomingMessage:
+        self._results += 1
+        if self._results % self.image_every:
+            return m
+        side = self._rng.choice([512, 1024, 1400])
+        return IncomingMessage(m.message, images=(IncomingImage(data=png(side, side, self._results)),))
 
     async def run(self, turns: int) -> None:
         for k in range(turns):

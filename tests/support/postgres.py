@@ -5,6 +5,14 @@ databases and roles), else a private throwaway cluster started with ``scripts/pg
 in a temporary directory and stopped at the end. ``postgres_db`` (function scope) is a DSN to a
 new, empty database created from template0 and dropped after the test.
 
+``scripts/test.sh`` (and so CI) must pass on a fresh machine, where nothing of PostgreSQL is
+installed: the first ``start`` of the cluster script then runs, as root, ``apt-get update`` and
+``DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql postgresql-contrib`` (waiting for a
+dpkg lock another install holds), creates the ``postgres`` system user if the server programs are
+there without it, and picks the newest ``/usr/lib/postgresql/*/bin`` that holds ``initdb``. As
+another user it stops with that install command instead. The first start on such a machine takes
+a minute or two (the install), bounded by ``PgCluster``'s 600 s; later starts take seconds.
+
 Register the fixtures in a conftest with ``from tests.support.postgres import postgres_db,
 postgres_dsn``. ``make_postgres`` is the conformance suite's ``StoreKind`` factory::
 

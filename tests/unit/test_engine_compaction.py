@@ -37,14 +37,19 @@ def _payloads(rig: Rig, sid: str, kind: str) -> list[dict[str, Any]]:
     return [dict(e.payload) for e in rig.events(sid, kind)]
 
 
-def check_hysteresis(rig: Rig, sid: str, loop: AgentLoop, *, threshold: float, target: float) -> int:
-    """Every automatic compaction reached the target, and the next one came only after a band of growth."""
+def check_hysteresis(
+    rig: Rig, sid: str, loop: AgentLoop, *, threshold: float, target: float, trigger: float | None = None
+) -> int:
+    """Every automatic compaction fired over the trigger (``threshold x window`` unless given),
+    reached the target, and the next one came only after a band of growth."""
     window = rig.window
+    trigger = threshold * window if trigger is None else trigger
     done = _payloads(rig, sid, "context_compressed")
     assert len(done) == len(loop.after_estimates), "a compaction went unmeasured"
     band = (threshold - target) * window
     for k, p in enumerate(done):
         assert p["reason"] in AUTOMATIC, p
+        assert p["context_tokens_before"] >= trigger, p
         assert p["context_tokens_after"] <= target * window, p
         assert p["context_tokens_after"] < p["context_tokens_before"], p
         # Measured independently after the commit: the view the runtime gets next.
@@ -65,13 +70,24 @@ async def _loop(rig: Rig, *, turns: int, seed: int, **kw: Any) -> tuple[str, Age
 # --- hysteresis over a long agent loop -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-async def test_long_agent_loop_keeps_hysteresis_and_every_invariant(seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "background", "triggers"),
+    [
+        (1, True, {"postturn"}),  # baselines and turn_complete: the post-turn worker does most of it
+        (2, True, {"postturn"}),
+        (3, False, {"preturn", "midturn"}),  # no post-turn checks: BuildContext compresses
+    ],
+)
+async def test_long_agent_loop_keeps_hysteresis_and_every_invariant(
+    seed: int, background: bool, triggers: set[str]
+) -> None:
     rig = await Rig.start()
     try:
-        sid, loop = await _loop(rig, turns=300, seed=seed, pin_every=60)
+        sid, loop = await _loop(rig, turns=300, seed=seed, pin_every=60, baselines=background, turn_complete=background)
         compactions = check_hysteresis(rig, sid, loop, threshold=THRESHOLD, target=TARGET)
         assert compactions >= 10  # the loop really went round the cycle many times
+        reasons = {p["reason"] for p in _payloads(rig, sid, "context_compressed")}
+        assert triggers <= reasons
         assert not rig.events(sid, "compression_refused")
         methods = {p["method"] for p in _payloads(rig, sid, "context_compressed")}
         assert {"summary", "clear_tool_results"} <= methods
@@ -97,8 +113,35 @@ async def test_small_window_with_default_reply_reserve_compresses_before_the_siz
         done = _payloads(rig, sid, "context_compressed")
         assert len(done) >= 5
         assert all(v.estimate.total <= v.estimate.budget for v in loop.views)
-        # The hysteresis rule still holds in tokens: (threshold - target) x window between compactions.
+        budget = rig.window - 2048
+        # Every compaction fired at the budget and left at most target x window: never refused, so
+        # the growth between two is at least budget - target x window ...
+        check_hysteresis(rig, sid, loop, threshold=budget / rig.window, target=TARGET, trigger=budget)
+        assert not rig.events(sid, "compression_refused")
+        # ... and the planner aims (threshold - target) x window below the budget, so compactions
+        # normally leave the whole band of the design.
+        aim = budget - (THRESHOLD - TARGET) * rig.window
+        assert sum(a <= aim for a in loop.after_estimates) >= 0.8 * len(loop.after_estimates)
+    finally:
+        await rig.close()
+
+
+@pytest.mark.parametrize("vision", [False, True])
+async def test_agent_loop_with_screenshots_prices_compactions_like_the_view(vision: bool) -> None:
+    """Images the view leaves out (no vision, or over the image budget) cost nothing in it; the
+    compactor must price the kept part the same way, or it reports a context far larger than the
+    view, over-compacts, and its loop guard then refuses compactions the session needs."""
+    rig = await Rig.start(vision=vision)
+    try:
+        sid, loop = await _loop(rig, turns=150, seed=4, image_every=3)
+        done = _payloads(rig, sid, "context_compressed")
+        assert len(done) >= 5
         check_hysteresis(rig, sid, loop, threshold=THRESHOLD, target=TARGET)
+        assert not rig.events(sid, "compression_refused")
+        for p, measured in zip(done, loop.after_estimates, strict=True):
+            # What the compaction reported is what the next view is estimated at (rounding apart).
+            assert abs(p["context_tokens_after"] - measured) <= 5, (p, measured)
+        assert any(v.estimate.images for v in loop.views) is vision
     finally:
         await rig.close()
 
@@ -167,6 +210,7 @@ async def test_loop_guard_refuses_an_automatic_rerun_inside_the_band_and_never_l
         # Grow past the threshold again, but by less than (threshold - target) x window.
         k = 100
         while await rig.estimate(sid, profile) < 0.6 * rig.window:
+            assert k < 400
             await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
             k += 1
         view = await rig.build(sid, profile=profile)
@@ -183,6 +227,7 @@ async def test_loop_guard_refuses_an_automatic_rerun_inside_the_band_and_never_l
         assert [p["trigger"] for p in _payloads(rig, sid, "compression_refused")] == ["preturn", "postturn"]
         # Past the band the guard lets the next compaction run.
         while await rig.estimate(sid, profile) < after + (0.6 - 0.2) * rig.window:
+            assert k < 400
             await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
             k += 1
         await rig.build(sid, profile=profile)
@@ -230,6 +275,7 @@ async def test_memory_flush_due_once_per_cycle_when_crossing_the_soft_threshold(
         k = 0
         crossed_at: list[int] = []
         while cycles < 3:
+            assert k < 500, "the session never compressed"
             await rig.append(sid, u(f"ask {k}"), a("", (f"c{k}", "grep")), t(f"c{k}", words(400)), a(f"ok {k}"))
             k += 1
             view = await rig.build(sid)
@@ -407,16 +453,28 @@ async def test_compression_disabled_never_compresses_and_fails_when_over() -> No
         await rig.close()
 
 
-@pytest.mark.parametrize(("threshold", "target", "fires"), [(0.5, 0.3, True), (0.95, 0.6, False)])
-async def test_threshold_and_target_overrides_take_effect(threshold: float, target: float, fires: bool) -> None:
+@pytest.mark.parametrize(
+    ("threshold", "target", "level", "fires"),
+    [
+        (0.5, 0.3, 0.6, True),  # lowered: fires at 60% (the default 0.9 would not) and goes down to 30%
+        (0.95, 0.6, 0.92, False),  # raised: 92% no longer fires (the default 0.9 would)
+        (0.9, 0.65, 0.92, True),  # the defaults, on the same session shape
+    ],
+)
+async def test_threshold_and_target_overrides_take_effect(
+    threshold: float, target: float, level: float, fires: bool
+) -> None:
     rig = await Rig.start()
     profile = overrides(threshold=threshold, target=target)
     try:
         sid = await rig.session()
+        await _fill(rig, sid, 8)
         k = 0
-        while (await rig.build(sid, auto=False)).estimate.total < 0.8 * rig.window:
-            await _fill(rig, sid, 1, start=k)
+        while await rig.estimate(sid) < level * rig.window:  # small steps, to stop just past `level`
+            assert k < 1000
+            await rig.append(sid, u(f"note {k}"), a(f"ack {k} " + words(30)))
             k += 1
+        assert await rig.estimate(sid) < min(0.95, level + 0.02) * rig.window
         view = await rig.build(sid, profile=profile)
         compressed = view.compression is not None and view.compression.compressed
         assert compressed is fires
@@ -424,18 +482,33 @@ async def test_threshold_and_target_overrides_take_effect(threshold: float, targ
             assert view.estimate.total <= target * rig.window
             done = _payloads(rig, sid, "context_compressed")[0]
             assert done["context_tokens_after"] <= target * rig.window
+            assert done["context_tokens_before"] >= threshold * rig.window
     finally:
         await rig.close()
 
 
 async def test_strategy_summarize_only_never_clears_tool_results() -> None:
+    """The session of the next test, where the default order clears: ``["summarize"]`` never does."""
     rig = await Rig.start()
     try:
         sid = await rig.session()
-        await _fill(rig, sid, 30, output=120)
+        await _fill(rig, sid, 12, output=500)
         report = await rig.compress(sid, profile=overrides(strategies=["summarize"]))
         assert report.method.value == "summary"
-        assert not any(m.metadata.get("cleared_from") for m in await rig.context(sid))
+        assert not any(m.metadata.get("cleared_from") for m in await rig.rows(sid))
+    finally:
+        await rig.close()
+
+
+async def test_strategy_clear_only_never_calls_the_summarizer() -> None:
+    recorder = ScriptedSummarizer()
+    rig = await Rig.start(recorder)
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 40, output=20)  # tool results too small for clearing to reach the target
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["clear_tool_results"]))
+        assert report.method.value == "hard_truncate"
+        assert recorder.calls == []
     finally:
         await rig.close()
 

@@ -1,0 +1,113 @@
+"""Settings precedence (defaults < TOML file < environment < flags), profiles, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from contextsvc.cli import main
+from contextsvc.config import Durability, Settings, load_settings
+from contextsvc.core.profile import CompressionOverrides, ProfileOverrides, resolve_profile
+from contextsvc.errors import InvalidArgument
+
+TOML = """
+listen = "127.0.0.1:6000"
+fsync_batch_ms = 9
+default_profile = "coder"
+
+[profiles.coder]
+model = "qwen3"
+context_window = 65536
+system_prompt = "You are careful."
+
+[profiles.coder.compression]
+keep_recent = 6
+"""
+
+
+def test_defaults_are_the_designs_numbers() -> None:
+    s = Settings()
+    assert s.listen == "127.0.0.1:50051" and s.store == "files:./.contextsvc"
+    assert s.durability is Durability.FSYNC
+    p = s.profiles["default"]
+    assert (p.context_window, p.output_reserve_tokens, p.message_token_budget) == (32768, 2048, 0)
+    c = p.compression
+    assert (c.threshold, c.target, c.keep_recent, c.summary_max_tokens) == (0.90, 0.65, 4, 6000)
+    t = s.tokens
+    assert (t.fallback_chars_per_token, t.calibration_window, t.calibration_min_spread) == (1.8, 8, 1.25)
+    assert (t.calibration_min_slope, t.calibration_max_slope, t.truncation_ratio) == (0.25, 1.0, 0.70)
+    assert t.image_tokens_fallback == 1024
+    z = s.summarizer
+    assert (z.temperature, z.input_cap_chars, z.input_head_share, z.meta_summary_chars) == (0.3, 32_000, 0.75, 10_600)
+    assert (z.critical_result_chars, z.result_preview_chars, z.args_preview_chars) == (4000, 800, 120)
+    assert (z.image_budget_fraction, z.hard_truncate_fraction, z.memory_flush_soft_tokens) == (0.25, 0.5, 4000)
+    assert s.llm_system_sources == ["task_note", "synapse_event"]
+    assert s.limits.max_images_per_message == 8 and s.limits.max_image_bytes_per_append == 50 * 1024 * 1024
+
+
+def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TOML)
+    s = load_settings(cfg)
+    assert s.listen == "127.0.0.1:6000" and s.fsync_batch_ms == 9
+    assert s.profiles["coder"].compression.keep_recent == 6 and s.default_profile == "coder"
+    monkeypatch.setenv("CONTEXTSVC_FSYNC_BATCH_MS", "7")
+    monkeypatch.setenv("CONTEXTSVC_LISTEN", "127.0.0.1:7000")
+    s = load_settings(cfg)
+    assert (s.fsync_batch_ms, s.listen) == (7, "127.0.0.1:7000")
+    s = load_settings(cfg, listen="127.0.0.1:8000", store="memory")
+    assert (s.listen, s.store, s.fsync_batch_ms) == ("127.0.0.1:8000", "memory", 7)
+
+
+def test_bad_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        Settings(listen="nohostport")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[profiles.x.compression]\nthreshold = 0.5\ntarget = 0.8\n")
+    with pytest.raises(ValueError):
+        load_settings(bad)
+    with pytest.raises(ValueError, match="not found"):
+        load_settings(tmp_path / "missing.toml")
+
+
+def test_profile_resolution_merges_request_over_named_over_defaults(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TOML)
+    s = load_settings(cfg)
+    p = resolve_profile(s, "", ProfileOverrides(context_window=4096, compression=CompressionOverrides(target=0.5)))
+    assert (p.profile_id, p.model, p.context_window, p.system_prompt) == ("coder", "qwen3", 4096, "You are careful.")
+    assert (p.compression.keep_recent, p.compression.target, p.compression.threshold) == (6, 0.5, 0.9)
+    assert p.output_reserve == 1024  # 2048 capped at a quarter of the window
+    assert p.per_message_budget == 4096 // 6
+    with pytest.raises(InvalidArgument) as err:
+        resolve_profile(s, "", ProfileOverrides(profile_id="nope"))
+    assert err.value.violations[0].field == "profile.profile_id"
+
+
+def test_cli_help_explains_each_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "contextsvc", "--help"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert "serve" in out and "config" in out
+    serve = subprocess.run(
+        [sys.executable, "-m", "contextsvc", "serve", "--help"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    for flag in ("--listen", "--store", "--config", "--durability"):
+        assert flag in serve
+
+
+def test_cli_config_prints_effective_settings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TOML)
+    assert main(["config", "--config", str(cfg)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["profiles"]["coder"]["context_window"] == 65536
+
+
+def test_cli_rejects_invalid_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--listen", "bad"]) == 2
+    assert "invalid settings" in capsys.readouterr().err

@@ -1,0 +1,478 @@
+"""Compaction paths through the real engine: mid-turn, meta-summary, summarizer failures, concurrency,
+the post-turn worker and the baseline (DESIGN §5.3, §5.4)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from contextsvc.core.calibration import Observation
+from contextsvc.core.messages import Flags, Message, Role
+from contextsvc.core.session import ANONYMOUS
+from contextsvc.core.tokens import EstimateMethod
+from contextsvc.core.turns import analyze
+from contextsvc.engine.validation import IncomingMessage
+from contextsvc.stores.memory import MemoryStore
+from tests.support.compaction_harness import (
+    Rig,
+    ScriptedSummarizer,
+    a,
+    check_view,
+    overrides,
+    t,
+    u,
+    view_rows,
+    words,
+)
+
+
+def _payloads(rig: Rig, sid: str, kind: str) -> list[dict[str, Any]]:
+    return [dict(e.payload) for e in rig.events(sid, kind)]
+
+
+async def _fill(rig: Rig, sid: str, turns: int, *, output: int = 150, start: int = 0) -> None:
+    for k in range(start, start + turns):
+        await rig.append(
+            sid,
+            u(f"zq{k}ux ask {k}"),
+            a("", (f"c{k}", "read_file")),
+            t(f"c{k}", f"zq{k}tx " + words(output)),
+            a(f"zq{k}fx ok {k}"),
+        )
+
+
+async def _fill_until(rig: Rig, sid: str, fraction: float, *, output: int = 150) -> int:
+    k = 0
+    while await rig.estimate(sid) < fraction * rig.window:
+        assert k < 400, "the session stopped growing"
+        await _fill(rig, sid, 1, output=output, start=k)
+        k += 1
+    return k
+
+
+# --- mid-turn ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep_recent", [4, 8])
+async def test_mid_turn_keeps_the_request_and_the_newest_messages_and_summarizes_the_rest(keep_recent: int) -> None:
+    rig = await Rig.start()
+    profile = overrides(keep_recent=keep_recent, strategies=["summarize"])
+    keep = max(12, 2 * keep_recent)
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 3)
+        (request,) = await rig.append(sid, u("zqreqx refactor the whole package, file by file"))
+        compressed = None
+        for k in range(200):
+            before = await rig.context(sid)
+            view = await rig.build(sid, mid_turn=True, profile=profile)
+            check_view(view)
+            if view.compression is not None and view.compression.compressed:
+                compressed = (before, view)
+                break
+            calls = [(f"m{k}_{j}", "edit_file") for j in range(1 + k % 2)]  # some parallel calls
+            await rig.append(sid, a(f"step {k}", *calls), *[t(cid, f"zqm{k}x " + words(120)) for cid, _ in calls])
+        assert compressed is not None, "the long turn never compressed"
+        before, view = compressed
+        report = view.compression
+        assert report.reason.value == "midturn"
+        assert _payloads(rig, sid, "context_compressed")[0]["reason"] == "midturn"
+        after = await rig.context(sid)
+        assert after[0].flags.is_summary
+        kept = [m.sequence_number for m in after[1:]]
+        turn_start = next(i for i, m in enumerate(before) if m.sequence_number == request)
+        tail = [m.sequence_number for m in before[turn_start + 1 :]]
+        # The current request, then a tail of the same turn of at least `keep` messages, cut at a group boundary.
+        assert kept[0] == request
+        assert kept[1:] == tail[len(tail) - len(kept[1:]) :]
+        assert keep <= len(kept) - 1 < keep + 3  # at most one more group than asked
+        first_kept = next(m for m in after[1:] if m.sequence_number == kept[1])
+        assert first_kept.role is Role.ASSISTANT
+        # Older messages of the same turn were summarized (not just the older turns).
+        replaced = {m.sequence_number for m in before if m.sequence_number not in set(kept)} - {
+            after[0].sequence_number
+        }
+        assert any(s > request for s in replaced)
+        # No tool-call group is split: every group of the new context is complete.
+        assert all(g.complete for g in analyze(after).groups)
+        assert analyze(after).groups
+        assert view.estimate.total <= 0.65 * rig.window
+    finally:
+        await rig.close()
+
+
+# --- meta-summary --------------------------------------------------------------------------------
+
+
+def _old_summary(k: int, chars: int) -> IncomingMessage:
+    text = f"zqsum{k}x earlier summary {k}: " + words(chars // 6)
+    return IncomingMessage(
+        Message(role=Role.USER, content=text[:chars], flags=Flags(is_summary=True, is_display=False))
+    )
+
+
+async def test_several_large_old_summaries_are_merged_first() -> None:
+    recorder = ScriptedSummarizer()
+    rig = await Rig.start(recorder)
+    try:
+        sid = await rig.session()
+        await rig.append(sid, *[_old_summary(k, 4000) for k in range(3)])  # 12,000 chars > 10,600
+        await _fill(rig, sid, 10)
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        assert report.compressed and report.method.value == "summary"
+        assert len(recorder.calls) == 2
+        meta, main = recorder.calls
+        assert [m.content[:8] for m in meta.messages] == ["zqsum0x ", "zqsum1x ", "zqsum2x "]
+        assert all(m.flags.is_summary for m in meta.messages)
+        assert "[summary 1 of 3" in meta.text and "[summary 3 of 3" in meta.text
+        # The main call reads the merge instead of the three originals.
+        assert "summarized 3 messages (call 1)" in main.text
+        assert "zqsum0x" not in main.text and "zqsum2x" not in main.text
+        assert "zq0ux" in main.text  # and the dropped turns
+    finally:
+        await rig.close()
+
+
+async def test_small_old_summaries_are_not_merged() -> None:
+    recorder = ScriptedSummarizer()
+    rig = await Rig.start(recorder)
+    try:
+        sid = await rig.session()
+        await rig.append(sid, *[_old_summary(k, 3000) for k in range(3)])  # 9,000 chars <= 10,600
+        await _fill(rig, sid, 10)
+        await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        assert len(recorder.calls) == 1
+        assert "zqsum0x" in recorder.calls[0].text
+    finally:
+        await rig.close()
+
+
+# --- summarizer failures -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failure", ["raise", "huge", "empty"])
+async def test_summarizer_failure_retries_wider_then_hard_truncates_and_the_turn_succeeds(failure: str) -> None:
+    broken = ScriptedSummarizer(default=failure)
+    rig = await Rig.start(broken, system_prompt="You are a careful coding agent. " + words(60))
+    profile = overrides(summarizer="scripted", strategies=["summarize"])
+    try:
+        sid = await rig.session()
+        await _fill_until(rig, sid, 0.95, output=150)
+        incoming = u("zqnextx what next? " + words(150))
+        view = await rig.build(sid, incoming=incoming, profile=profile)
+        check_view(view)
+        assert view.compression is not None and view.compression.compressed
+        assert view.compression.method.value == "hard_truncate"
+        assert view.estimate.total <= 0.5 * rig.window  # the whole view, prompt and incoming included
+        assert view_rows(view)[-1].content == incoming.message.content
+        done = _payloads(rig, sid, "context_compressed")
+        assert [p["method"] for p in done] == ["hard_truncate"]
+        # Two summarizer attempts, the second with a wider keep window (fewer rows to summarize).
+        assert len(broken.calls) == 2
+        assert len(broken.calls[1].messages) < len(broken.calls[0].messages)
+        # Nothing written by a failed attempt survives: no summary anywhere.
+        assert not any(m.flags.is_summary for m in await rig.rows(sid))
+    finally:
+        await rig.close()
+
+
+async def test_forced_with_the_summarizer_down_under_the_hard_truncate_level_still_compacts() -> None:
+    """A small context (under 0.5 x window) and a failing summarizer: the announced compaction is
+    carried out (oldest turns dropped to the plan's kept part), never a started without an outcome."""
+    broken = ScriptedSummarizer(default="raise")
+    rig = await Rig.start(broken)
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 12)
+        assert await rig.estimate(sid) < 0.5 * rig.window
+        dry = await rig.compress(sid, profile=overrides(summarizer="scripted"), dry_run=True)
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted"))
+        assert report.compressed and report.method.value == "hard_truncate"
+        assert report.context_tokens_after < report.context_tokens_before
+        kept = [m.sequence_number for m in await rig.context(sid)]
+        assert kept == list(dry.plan.keep_sequences)
+        kinds = [e.kind for e in rig.events(sid, "compression_started", "context_compressed")]
+        assert kinds == ["compression_started", "context_compressed"]
+    finally:
+        await rig.close()
+
+
+async def test_first_attempt_fails_the_wider_retry_succeeds() -> None:
+    flaky = ScriptedSummarizer(script=["raise"])
+    rig = await Rig.start(flaky)
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 30)
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        assert report.method.value == "summary"
+        assert len(flaky.calls) == 2
+        assert len(report.plan.drop) == len(flaky.calls[1].messages) < len(flaky.calls[0].messages)
+    finally:
+        await rig.close()
+
+
+async def test_a_summary_larger_than_what_it_replaces_is_discarded_even_when_the_view_would_cut_it() -> None:
+    """The summary is priced whole: a view-cut copy of a huge summary must not pass as progress."""
+    rig_summarizer = ScriptedSummarizer(default="huge")
+    rig = await Rig.start(rig_summarizer)
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 30, output=300)
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        assert report.method.value == "hard_truncate"
+        assert not any(m.flags.is_summary for m in await rig.rows(sid))
+    finally:
+        await rig.close()
+
+
+# --- concurrency ---------------------------------------------------------------------------------
+
+
+async def test_concurrent_builds_and_appends_commit_exactly_one_compaction() -> None:
+    slow = ScriptedSummarizer(delay=0.02)
+    rig = await Rig.start(slow)
+    profile = overrides(summarizer="scripted", strategies=["summarize"])
+    try:
+        sid = await rig.session()
+        await rig.build(sid, auto=False, profile=profile)  # remembers the profile
+        await _fill_until(rig, sid, 0.92)
+        old_context = {m.sequence_number for m in await rig.context(sid)}
+
+        async def appender(k: int) -> None:
+            for j in range(3):
+                await rig.append(sid, u(f"zqcc{k}_{j}x concurrent note {k}.{j}"), a(f"noted {k}.{j}"))
+                await asyncio.sleep(0)
+
+        results = await asyncio.gather(
+            *[rig.build(sid, profile=profile) for _ in range(10)], *[appender(k) for k in range(3)]
+        )
+        views = results[:10]
+        assert len(rig.events(sid, "context_compressed")) == 1
+        assert len(rig.events(sid, "compression_started")) == 1
+        assert len(rig.events(sid, "memory_flush_due")) == 1
+        rows = await rig.rows(sid)
+        (summary,) = [m for m in rows if m.flags.is_summary]
+        (record,) = [m for m in rows if m.flags.is_compression]
+        replaced = {s for first, last in record.metadata["demoted_ranges"] for s in range(first, last + 1)}
+        assert replaced and replaced <= old_context
+        for view in views:
+            check_view(view)
+            seqs = {m.sequence_number for m in view_rows(view)}
+            if summary.sequence_number in seqs:
+                assert not seqs & replaced, "a view holds a summary and a row it replaced"
+            else:
+                assert replaced <= seqs, "a view without the summary lost rows"
+        # Sequence numbers stay gap-free: 10 builds, 9 appends and one commit never collided.
+        assert [m.sequence_number for m in rows] == list(range(1, len(rows) + 1))
+        assert (await rig.session_info(sid)).last_sequence == len(rows)
+        # The concurrent appends all stayed in the context.
+        context = {m.sequence_number for m in await rig.context(sid)}
+        notes = [m.sequence_number for m in rows if m.content.startswith("zqcc")]
+        assert len(notes) == 9 and set(notes) <= context
+    finally:
+        await rig.close()
+
+
+async def test_concurrent_forced_and_automatic_never_double_compress_the_same_rows() -> None:
+    slow = ScriptedSummarizer(delay=0.02)
+    rig = await Rig.start(slow)
+    profile = overrides(summarizer="scripted", strategies=["summarize"])
+    try:
+        sid = await rig.session()
+        await _fill_until(rig, sid, 0.92)
+        outcomes = await asyncio.gather(
+            rig.build(sid, profile=profile), rig.compress(sid, profile=profile), return_exceptions=True
+        )
+        assert not [o for o in outcomes if isinstance(o, Exception) and type(o).__name__ != "NothingToCompact"]
+        rows = await rig.rows(sid)
+        demoted: list[int] = []
+        for record in (m for m in rows if m.flags.is_compression):
+            demoted += [s for first, last in record.metadata["demoted_ranges"] for s in range(first, last + 1)]
+        assert len(demoted) == len(set(demoted))  # no row demoted twice
+        assert sum(1 for m in await rig.context(sid) if m.flags.is_summary) == 1
+    finally:
+        await rig.close()
+
+
+class SlowCalibrationStore(MemoryStore):
+    """Adversity: persisting a baseline observation takes a while, so a compaction can commit meanwhile."""
+
+    async def add_calibration_observation(self, model: str, observation: Observation) -> None:
+        await asyncio.sleep(0.05)
+        await super().add_calibration_observation(model, observation)
+
+
+async def test_a_baseline_recorded_during_a_compaction_does_not_undo_it() -> None:
+    rig = await Rig.start(store=SlowCalibrationStore)
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 20)
+        view = await rig.build(sid, auto=False)
+        recording = asyncio.create_task(rig.baseline(sid, view))
+        await asyncio.sleep(0.01)  # RecordBaseline has read the session and is storing its observation
+        report = await rig.compress(sid)
+        await recording
+        assert report.compressed
+        info = await rig.session_info(sid)
+        assert info.state["epoch"] == 1  # the compaction's cycle was not written over
+        assert "baseline" not in info.state  # a baseline of the pre-compaction view is no anchor
+        assert (await rig.build(sid, auto=False)).estimate.method is not EstimateMethod.BASELINE_DELTA
+    finally:
+        await rig.close()
+
+
+async def test_a_profile_remembered_during_a_compaction_is_kept() -> None:
+    """The post-turn check prices with the newest BuildContext's profile; a compaction committing
+    the state it read before must not bring back the older profile."""
+    slow = ScriptedSummarizer(delay=0.05)
+    rig = await Rig.start(slow)
+    first = overrides(summarizer="scripted", strategies=["summarize"])
+    second = overrides(summarizer="scripted", strategies=["summarize"], keep_recent=2)
+    try:
+        sid = await rig.session()
+        await rig.build(sid, auto=False, profile=first)
+        await _fill_until(rig, sid, 0.92)
+        compacting = asyncio.create_task(rig.build(sid, profile=first))
+        await asyncio.sleep(0.01)  # inside the summarizer call
+        assert slow.calls
+        await rig.build(sid, profile=second)
+        await compacting
+        info = await rig.session_info(sid)
+        assert info.state["epoch"] == 1
+        assert info.state["profile"]["compression"]["keep_recent"] == 2
+    finally:
+        await rig.close()
+
+
+async def test_a_profile_remembered_while_a_compaction_waits_for_the_lock_is_kept() -> None:
+    """B remembers its profile between A's read of the session and A's compaction: A must commit
+    on the state as it is then, not on the one it read first."""
+    slow = ScriptedSummarizer(delay=0.02)
+    rig = await Rig.start(slow)
+    first = overrides(summarizer="scripted", strategies=["summarize"])
+    second = overrides(summarizer="scripted", strategies=["summarize"], keep_recent=3)
+    try:
+        sid = await rig.session()
+        await rig.build(sid, auto=False, profile=first)
+        await _fill_until(rig, sid, 0.92)
+        await asyncio.gather(rig.build(sid, profile=first), rig.build(sid, profile=second))
+        info = await rig.session_info(sid)
+        assert len(rig.events(sid, "context_compressed")) == 1
+        assert info.state["profile"]["compression"]["keep_recent"] == 3
+    finally:
+        await rig.close()
+
+
+# --- post-turn -----------------------------------------------------------------------------------
+
+
+async def test_turn_complete_schedules_a_post_turn_compaction_when_over_threshold() -> None:
+    rig = await Rig.start()
+    try:
+        sid = await rig.session()
+        await _fill_until(rig, sid, 0.5)
+        await rig.append(sid, a("turn done"), turn_complete=True)
+        assert await rig.engine.post_turn.drain(10)
+        assert not rig.events(sid, "compression_started", "context_compressed")  # under the threshold
+
+        await _fill_until(rig, sid, 0.92)
+        await rig.append(sid, a("turn done"), turn_complete=True)
+        assert await rig.engine.post_turn.drain(10)
+        kinds = [e.kind for e in rig.events(sid, "compression_started", "context_compressed")]
+        assert kinds == ["compression_started", "context_compressed"]
+        done = _payloads(rig, sid, "context_compressed")[0]
+        assert done["reason"] == "postturn" and done["context_tokens_after"] <= 0.65 * rig.window
+        assert await rig.estimate(sid) <= 0.65 * rig.window
+    finally:
+        await rig.close()
+
+
+async def test_truncated_baseline_makes_the_post_turn_check_compress_regardless_of_threshold() -> None:
+    rig = await Rig.start()
+    try:
+        sid = await rig.session()
+        await _fill_until(rig, sid, 0.6)
+        view = await rig.build(sid)
+        assert view.compression is None  # 60%: no trigger
+        result = await rig.engine.record_baseline(
+            ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total // 2
+        )
+        assert result.truncated and not result.recorded
+        assert await rig.engine.post_turn.drain(10)
+        done = _payloads(rig, sid, "context_compressed")
+        assert [p["reason"] for p in done] == ["postturn"]
+        info = await rig.session_info(sid)
+        assert not info.context_truncated
+        assert "baseline" not in info.state
+    finally:
+        await rig.close()
+
+
+async def test_truncated_baseline_inside_the_hysteresis_band_is_refused_until_the_band_is_crossed() -> None:
+    """DESIGN §5.4 exempts only forced runs from the band: a truncated prompt right after a
+    compaction is refused (loop_guard), keeps its flag, and compresses once the band is crossed."""
+    rig = await Rig.start()
+    try:
+        sid = await rig.session()
+        await _fill_until(rig, sid, 0.92)
+        first = await rig.build(sid)
+        assert first.compression is not None and first.compression.compressed
+        after = _payloads(rig, sid, "context_compressed")[0]["context_tokens_after"]
+        await _fill(rig, sid, 2, start=500)  # some growth, far less than the band
+        view = await rig.build(sid)
+        assert view.compression is None
+        await rig.engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total // 2)
+        assert await rig.engine.post_turn.drain(10)
+        refused = _payloads(rig, sid, "compression_refused")
+        assert [(p["reason"], p["trigger"]) for p in refused] == [("loop_guard", "postturn")]
+        assert [p["reason"] for p in _payloads(rig, sid, "context_compressed")] == ["preturn"]
+        assert (await rig.session_info(sid)).context_truncated  # still owed a compaction
+
+        # Past the band (but under the threshold) the next post-turn check compresses: the flag did it.
+        k = 0
+        while await rig.estimate(sid) < after + (0.9 - 0.65) * rig.window:
+            assert k < 1000
+            await rig.append(sid, u(f"note {k}"), a(f"ack {k} " + words(20)))  # small steps
+            k += 1
+        assert await rig.estimate(sid) < 0.9 * rig.window
+        await rig.append(sid, a("turn done"), turn_complete=True)
+        assert await rig.engine.post_turn.drain(10)
+        assert [p["reason"] for p in _payloads(rig, sid, "context_compressed")] == ["preturn", "postturn"]
+        assert not (await rig.session_info(sid)).context_truncated
+    finally:
+        await rig.close()
+
+
+# --- baseline ------------------------------------------------------------------------------------
+
+
+async def test_compaction_clears_the_baseline_and_resets_context_tokens() -> None:
+    rig = await Rig.start(system_prompt="You are terse.")
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 20)
+        old_view = await rig.build(sid)
+        assert (await rig.baseline(sid, old_view)).recorded
+        await rig.append(sid, u("one more"))
+        with_baseline = await rig.engine.estimate_tokens(
+            ANONYMOUS, model="", messages=(), session_id=sid, profile=overrides()
+        )
+        assert with_baseline.method is EstimateMethod.BASELINE_DELTA
+
+        report = await rig.compress(sid)
+        assert report.compressed
+        info = await rig.session_info(sid)
+        assert "baseline" not in info.state
+        after = await rig.engine.estimate_tokens(ANONYMOUS, model="", messages=(), session_id=sid, profile=overrides())
+        assert after.method is not EstimateMethod.BASELINE_DELTA
+        assert info.context_tokens == report.context_tokens_after
+        # The same calibrated estimate; the view rounds per segment (system, summaries, messages).
+        assert abs(after.total - info.context_tokens) <= 3
+        # A baseline for a view built before the compaction calibrates but cannot come back as the anchor.
+        assert (await rig.baseline(sid, old_view)).recorded
+        assert "baseline" not in (await rig.session_info(sid)).state
+        assert (await rig.build(sid, auto=False)).estimate.method is not EstimateMethod.BASELINE_DELTA
+    finally:
+        await rig.close()
