@@ -217,6 +217,9 @@ class Compactor:
         if budget < trigger:
             floor = min(goal, self._settings.summarizer.hard_truncate_fraction * window)
             trigger, goal = budget, max(goal - (trigger - budget), floor)
+            # Automatic runs must reach the lower aim too, or the next trigger would come back
+            # after less than (threshold - target) x window of growth: the hysteresis band holds.
+            limit = goal
         return Bounds(trigger=trigger, goal=goal, limit=limit)
 
     def over_threshold(self, s: Situation) -> bool:
@@ -475,7 +478,15 @@ class Compactor:
         p = s.profile
         # The whole view (system prompt and incoming message included) must come down to the
         # hard-truncate level, not only the context buffer.
-        cut = self._truncation(s, self._settings.summarizer.hard_truncate_fraction * p.context_window - s.fixed_tokens)
+        level = self._settings.summarizer.hard_truncate_fraction * p.context_window - s.fixed_tokens
+        cut = self._truncation(s, level)
+        if cut.tokens_kept > level:
+            # Whole turns are not enough: the context is one long turn (an autonomous tool loop).
+            # Drop the older messages of that turn too — the planner keeps the request, the newest
+            # messages and every tool group whole — still without a summarizer.
+            inner = self._inner_truncation(s, level)
+            if inner.would_compress and inner.tokens_kept < cut.tokens_kept:
+                cut = inner
         if not cut.would_compress:
             # Already under that level (a forced run, or a silently truncated prompt, on a small
             # context): drop the oldest whole turns down to what the plan would have kept, so a
@@ -494,6 +505,22 @@ class Compactor:
             summary="",
             breadcrumbs=crumbs,
             plan=cut,
+        )
+
+    def _inner_truncation(self, s: Situation, context_tokens: float) -> CompactionPlan:
+        """The intra-turn partition with the fewest kept messages, used as a truncation."""
+        window = s.profile.context_window
+        count = self.counter(s.profile)
+        return plan_compaction(
+            s.context,
+            window=window,
+            target=min(1.0, max(context_tokens, 1) / window),
+            keep_recent=1,
+            count=count,
+            keep_recent_messages=self._settings.summarizer.midturn_retry_messages,
+            current_tokens=count(s.context),
+            critical_tool_names=s.profile.compression.critical_tool_names,
+            settings=self._settings.summarizer,
         )
 
     def _truncation(self, s: Situation, context_tokens: float) -> CompactionPlan:
@@ -518,8 +545,12 @@ class Compactor:
 
     def _breadcrumbs(self, keys: Sequence[str], dropped: Sequence[Message]) -> list[str]:
         cfg = self._settings.summarizer
+        # Entities of the newly dropped turns first: those carried by older summaries already had
+        # their turn, and would otherwise fill every slot compaction after compaction.
+        fresh = [m for m in dropped if not m.flags.is_summary]
+        carried = [m for m in dropped if m.flags.is_summary]
         extracted = extract_breadcrumbs(
-            dropped,
+            [*fresh, *carried],
             limit=cfg.breadcrumb_limit,
             max_chars=cfg.breadcrumb_max_chars,
             scan_chars=cfg.breadcrumb_scan_chars,

@@ -276,7 +276,10 @@ class ViewService:
         calibration = await self._accounting.observe(
             view.model, Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images)
         )
-        if view.epoch == state.epoch:
+        # A view that carried images is no anchor: the provider's count holds those images, and a
+        # later view may leave some out (image budget), so baseline + delta would count them twice.
+        # Such views are priced fresh every time, by the same rules the view's budget used.
+        if view.epoch == state.epoch and not view.had_images:
             newer = [
                 m for m in await self._store.load_context(sid, caller=caller) if m.sequence_number > view.last_sequence
             ]
