@@ -66,7 +66,8 @@ Call = Callable[[], Awaitable[Any]]
 FINDINGS = [
     "What it shows:",
     "- Listing and counting on PostgreSQL read the sessions table only (kept counters, preview, the listing "
-    "index): their cost follows the sessions on the page, not the number of sessions or messages. The files "
+    "index): their cost grows with the sessions walked (an index or the sessions table), never with the "
+    "messages. The files "
     "store sorts or counts every session it holds in memory on each call.",
     "- Content search without trigram indexes scans every message row with ILIKE, slower than the files "
     "store's scan of the same text already in memory; with pg_trgm (postgresql-contrib) it is an index "

@@ -19,6 +19,7 @@ a server restart by itself, so the service recovers without being restarted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -148,35 +149,17 @@ class PostgresStore:
         pool = self._lock_pool
         if pool is None:
             raise Unavailable("PostgreSQL store is not open")
-        loop = asyncio.get_running_loop()
         wait = self._pg.compaction_lock_timeout_seconds
-        deadline = loop.time() + wait
+        deadline = asyncio.get_running_loop().time() + wait
         first, second = compaction_lock_keys(session_id)
         with pg_errors("compaction_lock"):
-            conn = await pool.acquire(timeout=min(self._pg.acquire_timeout_seconds, wait))
-        refused = False
-        try:
-            remaining = max(deadline - loop.time(), 0.001)
-            with pg_errors("compaction_lock"):
-                try:
-                    # One round trip; the literals are our own integers. lock_timeout stays set on
-                    # this connection only until it goes back to the pool (its reset runs RESET ALL).
-                    await conn.execute(
-                        f"SET lock_timeout = '{int(remaining * 1000) + 1}ms';"
-                        f" SELECT pg_advisory_lock({first}, {second})",
-                        # Client-side bound in case the server stops answering altogether.
-                        timeout=remaining + self._pg.connect_timeout_seconds,
-                    )
-                except asyncpg.LockNotAvailableError:
-                    refused = True  # the server gave up cleanly: nothing is held
-        except BaseException:
-            # Failed or cancelled mid-wait: the lock may have been granted as we gave up. Ending
-            # the connection is the one way to be sure it is not held.
-            conn.terminate()
-            await pool.release(conn)
-            raise
-        if refused:
-            await pool.release(conn)
+            try:
+                conn = await self._take_lock(pool, first, second, deadline)
+            except STALE_CONNECTION_ERRORS:
+                # A pooled connection that died with a server restart (nothing was locked on it):
+                # the pool was told to replace them all; once more on a fresh one.
+                conn = await self._take_lock(pool, first, second, deadline)
+        if conn is None:
             raise Conflict(
                 "another replica is compacting this session; retry later",
                 metadata={"session_id": session_id, "waited_seconds": f"{wait:g}"},
@@ -185,6 +168,32 @@ class PostgresStore:
             yield
         finally:
             await self._unlock(pool, conn, first, second, session_id)
+
+    async def _take_lock(self, pool: Any, first: int, second: int, deadline: float) -> Any:
+        """A lock-pool connection holding the lock, or None when ``deadline`` passed first.
+        Driver errors propagate untranslated (the caller retries a stale connection once)."""
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
+        conn = await pool.acquire(timeout=min(self._pg.acquire_timeout_seconds, remaining))
+        try:
+            # One round trip; the literals are our own integers. lock_timeout stays set on this
+            # connection only until it goes back to the pool (whose reset runs RESET ALL).
+            await conn.execute(
+                f"SET lock_timeout = '{int(remaining * 1000) + 1}ms'; SELECT pg_advisory_lock({first}, {second})",
+                # Client-side bound in case the server stops answering altogether.
+                timeout=remaining + self._pg.connect_timeout_seconds,
+            )
+        except asyncpg.LockNotAvailableError:
+            await pool.release(conn)  # the server gave up cleanly: nothing is held
+            return None
+        except BaseException as exc:
+            # Failed or cancelled mid-wait: the lock may have been granted as we gave up. Ending
+            # the connection is the one way to be sure it is not held.
+            _discard(conn)
+            await pool.release(conn)
+            if isinstance(exc, STALE_CONNECTION_ERRORS):
+                await pool.expire_connections()
+            raise
+        return conn
 
     async def _unlock(self, pool: Any, conn: Any, first: int, second: int, session_id: str) -> None:
         """Release the lock and return the connection. When that cannot be done cleanly (server
@@ -199,13 +208,13 @@ class PostgresStore:
                 # compacted meanwhile; the engine's epoch check covers what follows.
                 log.warning("compaction lock was already gone on release", extra={"session_id": session_id})
         except Exception as exc:
-            conn.terminate()
+            _discard(conn)
             log.warning(
                 "compaction lock connection dropped on release",
                 extra={"session_id": session_id, "error": f"{type(exc).__name__}: {str(exc)[:160]}"},
             )
         except BaseException:
-            conn.terminate()
+            _discard(conn)
             raise
         finally:
             # asyncpg shields the release itself; a terminated connection is simply dropped.
@@ -970,6 +979,13 @@ def _check_known(row: Any, sequence_numbers: Sequence[int]) -> None:
     for seq in sequence_numbers:
         if not 1 <= seq <= row["last_sequence"]:
             raise NotFound("message not found", metadata={"session_id": row["session_id"], "sequence_number": str(seq)})
+
+
+def _discard(conn: Any) -> None:
+    """Close a pooled connection at once (its locks go with it). One that died already has been
+    detached from its proxy by asyncpg, and calling it raises: nothing is left to close then."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
 
 
 def _settle(task: asyncio.Future[Any]) -> None:
