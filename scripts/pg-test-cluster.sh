@@ -28,10 +28,9 @@ usage() { die "usage: $0 start|stop|url DIR"; }
 cmd=$1
 dir=$2
 
-# Debian keeps the server programs in /usr/lib/postgresql/<version>/bin, not on PATH. A version
-# folder may hold client programs only (postgresql-client-N installs psql there, no initdb), so
-# take the newest folder that has the server programs, not merely the newest folder.
-PG_LIB_ROOT=${PG_LIB_ROOT:-/usr/lib/postgresql}
+# Debian keeps the server programs in PostgreSQL's versioned lib folder, not on PATH; ask dpkg
+# where the installed packages put initdb. A version folder may hold client programs only, so
+# take the newest folder that has all the server programs, not merely the newest folder.
 find_pgbin() {
   local candidate
   while read -r candidate; do
@@ -39,13 +38,13 @@ find_pgbin() {
       echo "$candidate"
       return 0
     fi
-  done < <(ls -d "$PG_LIB_ROOT"/*/bin 2>/dev/null | sort -rV)
+  done < <(dpkg-query -S '*/bin/initdb' 2>/dev/null | sed 's/^[^:]*: //; s|/initdb$||' | sort -rV)
 }
 
 ensure_installed() {
   PGBIN=$(find_pgbin)
   if [[ -z $PGBIN ]]; then
-    [[ $(id -u) -eq 0 ]] || die "PostgreSQL server programs are missing (no initdb under $PG_LIB_ROOT/*/bin);" \
+    [[ $(id -u) -eq 0 ]] || die "PostgreSQL server programs are missing (dpkg knows no initdb);" \
       "as root: apt-get update && apt-get install -y postgresql postgresql-contrib"
     echo "pg-test-cluster: installing PostgreSQL from Debian's archive (apt-get)" >&2
     export DEBIAN_FRONTEND=noninteractive
@@ -54,7 +53,7 @@ ensure_installed() {
     apt-get -o DPkg::Lock::Timeout=300 install -y postgresql postgresql-contrib >&2 \
       || die "apt-get install postgresql postgresql-contrib failed"
     PGBIN=$(find_pgbin)
-    [[ -n $PGBIN ]] || die "installed postgresql but found no initdb/pg_ctl/postgres under $PG_LIB_ROOT/*/bin"
+    [[ -n $PGBIN ]] || die "installed postgresql but dpkg lists no initdb with pg_ctl and postgres beside it"
   fi
   # initdb refuses to run as root: as root the cluster belongs to the `postgres` user, which the
   # package creates. Server programs present without that user (copied in, user removed): make

@@ -9,7 +9,7 @@ new, empty database created from template0 and dropped after the test.
 installed: the first ``start`` of the cluster script then runs, as root, ``apt-get update`` and
 ``DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql postgresql-contrib`` (waiting for a
 dpkg lock another install holds), creates the ``postgres`` system user if the server programs are
-there without it, and picks the newest ``/usr/lib/postgresql/*/bin`` that holds ``initdb``. As
+there without it, and picks the newest server-program folder dpkg lists for ``initdb``. As
 another user it stops with that install command instead. The first start on such a machine takes
 a minute or two (the install), bounded by ``PgCluster``'s 600 s; later starts take seconds.
 
