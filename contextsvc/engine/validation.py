@@ -43,12 +43,16 @@ def metadata_size(metadata: Mapping[str, Any]) -> int:
 
 
 def check_metadata(metadata: Mapping[str, Any], limits: Limits, field: str) -> None:
+    if "\\u0000" in json.dumps(metadata):
+        raise InvalidArgument.field(field, "contains a NUL character")
     size = metadata_size(metadata)
     if size > limits.max_metadata_bytes:
         raise InvalidArgument.field(field, f"is {size} bytes; the limit is {limits.max_metadata_bytes}")
 
 
 def check_name(name: str, limits: Limits, field: str) -> None:
+    if "\x00" in name:
+        raise InvalidArgument.field(field, "contains a NUL character")
     if len(name) > limits.max_name_chars:
         raise InvalidArgument.field(field, f"is {len(name)} characters; the limit is {limits.max_name_chars}")
 
@@ -89,8 +93,25 @@ def check_messages(messages: Sequence[IncomingMessage], limits: Limits, field: s
         raise InvalidArgument(f"{first.field}: {first.description}{more}", violations=violations)
 
 
+# NUL is no text character, and PostgreSQL cannot store it in text or jsonb: refused for every store
+# alike, so a session never depends on which store it was written to.
+_NUL = "\x00"
+
+
+def _nul_violations(m: Message, path: str) -> list[FieldViolation]:
+    fields = {"content": m.content, "thinking": m.thinking, "name": m.name, "tool_call_id": m.tool_call_id}
+    for j, call in enumerate(m.tool_calls):
+        fields[f"tool_calls[{j}].id"] = call.id
+        fields[f"tool_calls[{j}].name"] = call.name
+        fields[f"tool_calls[{j}].arguments_json"] = call.arguments_json
+    out = [FieldViolation(f"{path}.{name}", "contains a NUL character") for name, v in fields.items() if _NUL in v]
+    if m.metadata and "\\u0000" in json.dumps(m.metadata):
+        out.append(FieldViolation(f"{path}.metadata", "contains a NUL character"))
+    return out
+
+
 def _message_violations(m: Message, images: Sequence[IncomingImage], limits: Limits, path: str) -> list[FieldViolation]:
-    out: list[FieldViolation] = []
+    out: list[FieldViolation] = _nul_violations(m, path)
     if len(m.content) > limits.max_content_chars:
         out.append(
             FieldViolation(

@@ -200,6 +200,11 @@ def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> 
             "update_mask",
         ),
         (lambda: stub.CreateSession(pb.CreateSessionRequest(profile_id="no-such-profile")), "profile_id"),
+        (
+            lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("nul \x00 here")])),
+            "messages[0].content",
+        ),
+        (lambda: stub.CreateSession(pb.CreateSessionRequest(name="a\x00b")), "name"),
     ]
     for call, field in cases:
         code, fields, reason = _code_and_fields(call)
