@@ -72,6 +72,15 @@ def session_not_found(session_id: str) -> NotFound:
     return NotFound("session not found", metadata={"session_id": str(session_id)[:64]})
 
 
+def compaction_conflict(session_id: str, sequence_number: int) -> Conflict:
+    """A compaction demotes a row that is no longer in the context: another one committed first."""
+    return Conflict(
+        f"message #{sequence_number} is no longer in the context: another compaction committed first",
+        reason="COMPACTION_CONFLICT",
+        metadata={"session_id": session_id, "sequence_number": str(sequence_number)},
+    )
+
+
 def _list_key(st: SessionState) -> tuple[bool, int, str]:
     # Integer microseconds: a float timestamp cannot tell neighbouring microseconds apart.
     micros = (st.update_time - _EPOCH) // _MICROSECOND if st.update_time is not None else 0
@@ -369,6 +378,7 @@ class RowStore:
 
         async def work() -> list[int]:
             _check_rows(st, demoted)
+            _check_in_context(st, demoted)
             now = self._now()
             new_state = copy.deepcopy(dict(state)) if state is not None else None
             record = CompactionRecord(now, demoted, st.number(append, now), context_tokens, new_state)
@@ -453,6 +463,15 @@ def _check_rows(st: SessionState, sequence_numbers: Sequence[int]) -> None:
     bad = st.unknown(sequence_numbers)
     if bad:
         raise NotFound("message not found", metadata={"session_id": st.id, "sequence_number": str(bad[0])})
+
+
+def _check_in_context(st: SessionState, sequence_numbers: Sequence[int]) -> None:
+    # Optimistic check under the session lock, before anything is written: the compaction was
+    # planned on a context read earlier, and if the cross-process compaction lock was lost in
+    # between, another compaction may have demoted some of these rows already.
+    for seq in sorted(sequence_numbers):
+        if not st.rows[seq - 1].flags.is_context:
+            raise compaction_conflict(st.id, seq)
 
 
 def _normalized(chunk: HistoryChunk) -> HistoryChunk:

@@ -38,7 +38,7 @@ from contextsvc.core.session import AppendResult, Principal, SessionInfo, Sessio
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from contextsvc.events.postgres_bus import PostgresEventBus
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
-from contextsvc.stores._base import check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._base import check_blob, compaction_conflict, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._session import utc
 from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS, pg_errors
 from contextsvc.stores.pg_pool import migrate_database, open_lock_pool, open_pool, pooled
@@ -612,6 +612,7 @@ class PostgresStore:
         async def work(conn: Any) -> list[int]:
             row = await self._owned(conn, session_id, caller, lock=True)
             _check_known(row, demoted)
+            await _check_in_context(conn, session_id, demoted)
             now = self._now()
             removed = await _set_context(conn, session_id, demoted, False)
             rows = stamped(append, row["last_sequence"] + 1, now)
@@ -972,6 +973,27 @@ async def _set_context(conn: Any, session_id: str, sequence_numbers: Sequence[in
             value,
         )
     return changed
+
+
+async def _check_in_context(conn: Any, session_id: str, sequence_numbers: Sequence[int]) -> None:
+    """Optimistic check of a compaction, under the session's row lock: every row it demotes must
+    still be in the context. The advisory compaction lock dies with its connection (a server
+    restart), so two replicas may have planned on the same context; the second to commit loses."""
+    if not sequence_numbers:
+        return
+    # The numbers still in context, by primary key in both tables; EXCEPT leaves those that are
+    # not, and the smallest of them names the conflict. NULL when every row is still in context.
+    first = await conn.fetchval(
+        """SELECT min(seq) FROM (
+               SELECT unnest($2::bigint[]) AS seq
+               EXCEPT
+               SELECT seq FROM all_messages
+                WHERE session_id = $1 AND seq = ANY($2::bigint[]) AND is_context) AS gone""",
+        session_id,
+        list(sequence_numbers),
+    )
+    if first is not None:
+        raise compaction_conflict(session_id, int(first))
 
 
 def _check_known(row: Any, sequence_numbers: Sequence[int]) -> None:

@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from contextsvc._gen.v1 import context_service_pb2_grpc
+from tests.support.fake_llm import FakeLLM
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -37,3 +38,13 @@ def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
 @pytest.fixture
 def stub(channel: grpc.Channel) -> context_service_pb2_grpc.ContextServiceStub:
     return context_service_pb2_grpc.ContextServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[FakeLLM]:
+    """The fake OpenAI/Ollama summarizer as a separate process on loopback."""
+    fake = FakeLLM(max_lifetime=900).start()
+    try:
+        yield fake
+    finally:
+        fake.stop()

@@ -21,15 +21,6 @@ from tests.support.server import ServerProcess
 WINDOW = 8192
 
 
-@pytest.fixture(scope="module")
-def llm() -> Iterator[FakeLLM]:
-    fake = FakeLLM(max_lifetime=900).start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
-
-
 @pytest.fixture
 def llm_server(tmp_path: Path, llm: FakeLLM) -> Iterator[ServerProcess]:
     llm.reset()

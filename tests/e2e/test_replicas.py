@@ -463,15 +463,6 @@ def test_serve_creates_the_schema_once_and_a_second_start_changes_nothing(databa
 # -- 5. compaction across replicas ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def llm() -> Iterator[FakeLLM]:
-    fake = FakeLLM(max_lifetime=900).start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
-
-
 @pytest.fixture
 def slow_summarizer_replicas(database: str, llm: FakeLLM) -> Iterator[Replicas]:
     llm.reset()
