@@ -252,19 +252,28 @@ def test_stream_events_delivers_appends_and_deletion_and_resumes(server: ServerP
         t = threading.Thread(target=consume)
         t.start()
         ready.wait(5)
-        time.sleep(0.3)  # let the server register the subscription before publishing
+        # The subscription is live once a probe event comes through (bounded wait, no sleep-and-hope).
+        for i in range(100):
+            stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("probe")], request_id=f"p{i}"))
+            if received:
+                break
+            time.sleep(0.05)
+        assert received, "the stream never delivered an event"
+        probes = stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count
         stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("one")], request_id="r1"))
         stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("two"), user("three")]))
         stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid))
         t.join(10)
         stream.cancel()
+        ids_all = [e.event_id for e in received]
+        assert ids_all == sorted(ids_all) and len(set(ids_all)) == len(ids_all)
+        received = [e for e in received if not e.messages_appended.request_id.startswith("p")]
         kinds = [e.WhichOneof("payload") for e in received]
         assert kinds == ["messages_appended", "messages_appended", "session_deleted"]
-        assert list(received[0].messages_appended.sequence_numbers) == [1]
+        assert list(received[0].messages_appended.sequence_numbers) == [probes + 1]
         assert received[0].messages_appended.request_id == "r1"
-        assert list(received[1].messages_appended.sequence_numbers) == [2, 3]
+        assert list(received[1].messages_appended.sequence_numbers) == [probes + 2, probes + 3]
         ids = [e.event_id for e in received]
-        assert ids == sorted(ids)
 
         # Resume after the first event: the rest is replayed, nothing twice.
         replay = stub.StreamEvents(pb.StreamEventsRequest(after_event_id=ids[0]))
