@@ -204,7 +204,13 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
     ) -> list[int]:
         """In one atomic step: demote ``demote`` from the context, append ``append`` (summary,
         compression record, placeholders) and set the counters. Returns the new sequence numbers.
-        Readers see either the old or the new context, never a mix."""
+        Readers see either the old or the new context, never a mix.
+
+        Optimistic check, in the same step: every number in ``demote`` must still be in the
+        context (``is_context``) when the commit is applied. A number no row has raises
+        ``NotFound``; a row already out of the context (another compaction committed first, e.g.
+        after the ``compaction_lock`` was lost) raises ``Conflict`` (reason
+        ``COMPACTION_CONFLICT``, naming the smallest such number). Either way nothing changes."""
         ...
 
     def compaction_lock(self, session_id: str) -> AbstractAsyncContextManager[None]:

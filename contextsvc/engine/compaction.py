@@ -37,7 +37,7 @@ from contextsvc.core.tokens import image_tokens_of
 from contextsvc.core.view_budget import budget_images, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
-from contextsvc.errors import NothingToCompact, Unavailable
+from contextsvc.errors import Conflict, NothingToCompact, Unavailable
 from contextsvc.ports import EventBus, SessionStore, SummarizerError, SummaryRequest
 from contextsvc.summarizers.registry import SummarizerSet
 
@@ -584,14 +584,29 @@ class Compactor:
         )
         state = s.state.after_compaction()
         state = dataclasses.replace(state, extra={**state.extra, _LAST_AFTER: tokens_after})
-        seqs = await self._store.commit_compaction(
-            s.session.id,
-            caller=_SYSTEM,
-            demote=[m.sequence_number for m in demote],
-            append=[*new_rows, record],
-            context_tokens=tokens_after,
-            state=state.to_dict(),
-        )
+        try:
+            seqs = await self._store.commit_compaction(
+                s.session.id,
+                caller=_SYSTEM,
+                demote=[m.sequence_number for m in demote],
+                append=[*new_rows, record],
+                context_tokens=tokens_after,
+                state=state.to_dict(),
+            )
+        except Conflict as exc:
+            # Someone else compacted first: the compaction lock was lost (a PostgreSQL restart
+            # ends the connection holding it) and another replica committed on the same context.
+            # The store changed nothing; the context is already compacted, and this turn goes on.
+            log.warning(
+                "compaction not committed: another compaction got there first",
+                extra={
+                    "session_id": s.session.id,
+                    "reason": s.reason.value,
+                    "error_reason": exc.reason,
+                    "error": exc.message,
+                },
+            )
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan)
         if s.session.context_truncated:
             await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
         await self._index(s.session.id, demote)

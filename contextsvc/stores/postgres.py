@@ -138,6 +138,9 @@ class PostgresStore:
         connection of the lock pool, held for the whole block while the block's own statements
         run on the main pool. PostgreSQL releases it when that connection ends, so a replica
         that crashes mid-compaction (kill -9, lost network) never leaves the session locked.
+        The same makes the lock lost when its connection dies under a running block (a server
+        restart): ``commit_compaction`` then still refuses to demote a row that already left the
+        context (``Conflict``), so two overlapping compactions never both commit.
 
         The wait is bounded by ``postgres.compaction_lock_timeout_seconds`` (``lock_timeout``
         on the server): past it, ``Conflict`` (another replica is still compacting). A caller

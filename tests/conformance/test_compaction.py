@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 
-from contextsvc.errors import NotFound
+from contextsvc.config import Settings
+from contextsvc.errors import Conflict, NotFound
 from contextsvc.ports import SessionStore
 from tests.conformance.helpers import ALICE, Reopen, assistant, compression_record, seqs, snapshot, summary, tool, user
+from tests.support.stores import Backing, TickingClock
 
 
 async def _session_with(store: SessionStore, n: int) -> str:
@@ -154,3 +156,69 @@ async def test_a_demoted_summary_stays_demoted_after_a_restart(store: SessionSto
     old_summary = (await store.get_messages(sid, caller=ALICE, first=7, last=7))[0]
     assert old_summary.flags.is_summary and not old_summary.flags.is_context and not old_summary.flags.is_display
     assert await snapshot(store, sid) == before
+
+
+async def _compact(store: SessionStore, sid: str, demote: list[int], *, tokens: int, epoch: int) -> list[int]:
+    first, last = min(demote), max(demote)
+    return await store.commit_compaction(
+        sid,
+        caller=ALICE,
+        demote=demote,
+        append=[summary(f"S{first}-{last}", anchor=first, replaces=(first, last)), compression_record("r")],
+        context_tokens=tokens,
+        state={"epoch": epoch},
+    )
+
+
+async def test_demoting_a_row_already_out_of_the_context_conflicts_and_changes_nothing(
+    store: SessionStore, reopen: Reopen
+) -> None:
+    sid = await _session_with(store, 8)
+    assert await _compact(store, sid, [1, 2], tokens=30, epoch=1) == [9, 10]
+    # Out of the context by hand: a display row and a context-only row (the first summary).
+    await store.set_context_flags(sid, [6, 9], caller=ALICE, is_context=False)
+    before = await snapshot(store, sid)
+
+    # Planned on a context read before the first compaction: 2 is gone (and 6).
+    with pytest.raises(Conflict) as raised:
+        await _compact(store, sid, [6, 4, 2, 3], tokens=5, epoch=2)
+    assert raised.value.reason == "COMPACTION_CONFLICT"
+    assert raised.value.metadata["sequence_number"] == "2"  # the smallest offending number
+    assert "#2" in raised.value.message
+    with pytest.raises(Conflict) as raised:
+        await _compact(store, sid, [9, 3, 4], tokens=5, epoch=2)
+    assert raised.value.metadata["sequence_number"] == "9"
+    # A number no row has is still NotFound, even next to a row that conflicts.
+    with pytest.raises(NotFound):
+        await _compact(store, sid, [2, 3, 99], tokens=5, epoch=2)
+    assert await snapshot(store, sid) == before  # rows, both buffers, counters, state
+
+    store = await reopen()
+    assert await snapshot(store, sid) == before  # nothing of the refused commits was persisted
+    # The rows still in context can be compacted: the check refuses only what it must.
+    assert await _compact(store, sid, [3, 4], tokens=20, epoch=2) == [11, 12]
+    assert seqs(await store.load_context(sid, caller=ALICE)) == [11, 5, 7, 8]
+
+
+async def test_the_second_of_two_overlapping_compactions_from_two_store_objects_conflicts(
+    store: SessionStore, backing: Backing, clock: TickingClock, settings: Settings
+) -> None:
+    """Two replicas that both planned on the same context (their compaction lock was lost): the
+    first commit wins, the second changes nothing."""
+    sid = await _session_with(store, 8)
+    planned = seqs(await store.load_context(sid, caller=ALICE))
+    assert planned == list(range(1, 9))
+    await _compact(store, sid, [1, 2, 3, 4], tokens=40, epoch=1)
+    # A second store object over the same backing (for the files store, which one process owns,
+    # opened after the first commit; memory and PostgreSQL would see it live as well).
+    other = await backing.open(clock=clock, settings=settings)
+    before = await snapshot(other, sid)
+    assert before == await snapshot(store, sid)
+    with pytest.raises(Conflict) as raised:
+        await _compact(other, sid, [3, 4, 5, 6], tokens=10, epoch=1)
+    assert (raised.value.reason, raised.value.metadata["sequence_number"]) == ("COMPACTION_CONFLICT", "3")
+    assert await snapshot(other, sid) == before
+    assert await snapshot(store, sid) == before
+    info = await other.get_session(sid, caller=ALICE)
+    assert (info.context_tokens, info.state, info.last_sequence) == (40, {"epoch": 1}, 10)
+    assert seqs(await other.load_context(sid, caller=ALICE)) == [9, 5, 6, 7, 8]

@@ -69,8 +69,9 @@ def _every_session_method(store: SessionStore, sid: str) -> dict[str, Callable[[
         "get_messages": lambda who: store.get_messages(sid, caller=who, first=1, last=10),
         "set_context_flags": lambda who: store.set_context_flags(sid, [1], caller=who, is_context=False),
         "update_state": lambda who: store.update_state(sid, caller=who, context_tokens=999),
+        # Row 2: set_context_flags above took row 1 out of the context, and demoting a row twice conflicts.
         "commit_compaction": lambda who: store.commit_compaction(
-            sid, caller=who, demote=[1], append=[summary("s", anchor=1, replaces=(1, 1))], context_tokens=1
+            sid, caller=who, demote=[2], append=[summary("s", anchor=2, replaces=(2, 2))], context_tokens=1
         ),
         "delete_session": lambda who: store.delete_session(sid, caller=who),
     }
