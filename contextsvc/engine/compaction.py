@@ -492,16 +492,34 @@ class Compactor:
             # context): drop the oldest whole turns down to what the plan would have kept, so a
             # compaction that was announced (CompressionStarted) is carried out, not dropped silently.
             cut = self._truncation(s, plan.tokens_kept)
-        if not cut.drop or not cut.would_compress:
-            # The planner found rows to summarize but no whole turn can be dropped: keep the context.
+        demote, placeholders, kept = list(cut.drop), [], list(cut.keep)
+        count = self.counter(p)
+        if count(kept) > level:
+            # The newest tool group alone is over the level (many parallel results): as a last
+            # resort clear the oldest results that are still kept, placeholders keeping every call
+            # answered. The originals stay in the display history and go to the history index.
+            cleared = clear_old_tool_results(
+                kept,
+                len(kept),
+                count=count,
+                critical_tool_names=p.compression.critical_tool_names,
+                target_tokens=int(level),
+                current_tokens=count(kept),
+            )
+            if cleared.cleared:
+                demote += cleared.demote
+                placeholders = list(cleared.placeholders)
+                kept = list(cleared.context)
+        if not demote or count(kept) >= count(s.context):
+            # The planner found rows to summarize but nothing can be dropped: keep the context.
             return CompressionReport(compressed=False, reason=s.reason, plan=plan)
-        crumbs = self._breadcrumbs([], cut.drop)
+        crumbs = self._breadcrumbs([], demote)
         return await self._commit(
             s,
             method=Method.HARD_TRUNCATE,
-            demote=list(cut.drop),
-            new_rows=[],
-            new_context=list(cut.keep),
+            demote=demote,
+            new_rows=placeholders,
+            new_context=kept,
             summary="",
             breadcrumbs=crumbs,
             plan=cut,

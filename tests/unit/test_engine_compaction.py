@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from contextsvc.core.messages import Role
+from contextsvc.core.messages import Flags, Role
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.errors import ContextTooLarge, FailedPrecondition, InvalidArgument, NothingToCompact
 from tests.support.compaction_harness import (
@@ -240,7 +240,8 @@ async def test_loop_guard_refuses_an_automatic_rerun_inside_the_band_and_never_l
 
 
 async def test_loop_guard_after_one_enormous_turn() -> None:
-    """One turn whose newest tool group alone is over the target: the compaction cannot reach it."""
+    """One turn whose newest tool group alone is over the target, its results critical (never
+    cleared, never cut short by a summary): the compaction cannot reach the target."""
     rig = await Rig.start()
     profile = overrides(threshold=0.7, target=0.3)
     try:
@@ -248,7 +249,9 @@ async def test_loop_guard_after_one_enormous_turn() -> None:
         for k in range(6):
             await rig.append(sid, u(f"old ask {k}"), a(f"old answer {k} " + words(150)))
         calls = [(f"big{j}", "read_file") for j in range(4)]
-        await rig.append(sid, u("the big one"), a("", *calls), *[t(cid, rig.sized(1200)) for cid, _ in calls])
+        critical = Flags(is_compression_critical=True)
+        results = [t(cid, rig.sized(1200), flags=critical) for cid, _ in calls]
+        await rig.append(sid, u("the big one"), a("", *calls), *results)
         first = await rig.build(sid, mid_turn=True, profile=profile)
         assert first.compression is not None and first.compression.compressed
         assert first.compression.reason.value == "midturn"
