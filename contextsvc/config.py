@@ -76,6 +76,8 @@ class Limits(BaseModel):
     max_metadata_bytes: int = Field(64 * 1024, ge=0)
     max_tool_calls_per_message: int = Field(128, ge=0)
     max_name_chars: int = Field(512, ge=1)
+    #: a model name is a cache key (calibration per model): bounded like any other name.
+    max_model_chars: int = Field(200, ge=1)
     default_page_size: int = Field(50, ge=1)
     max_page_size: int = Field(1000, ge=1)
     # Room for one maximal append: 50 MB of images plus content plus framing.
@@ -98,6 +100,8 @@ class TokenSettings(BaseModel):
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
     #: how long a replica trusts its cached calibration before re-reading the store's observations.
     calibration_refresh_seconds: float = Field(5.0, ge=0)
+    #: models whose calibration a replica keeps cached (least recently used ones are re-read).
+    max_cached_models: int = Field(1024, ge=1)
     #: built views remembered per session for RecordBaseline.
     views_kept_per_session: int = Field(16, ge=1)
     #: model name -> path of a tokenizer.json for exact counting.
@@ -314,8 +318,20 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     if not path:
         return env_only
     file_values = _read_toml(Path(path))
-    # Environment and flags beat the file: start from the file, then re-apply them.
-    return Settings(**{**file_values, **_explicit(env_only), **cleaned, "config": str(path)})
+    # Environment and flags beat the file, field by field: a nested variable such as
+    # CONTEXTSVC_LIMITS__MAX_PAGE_SIZE changes that one field, not the file's whole [limits] table.
+    merged = _deep_merge(file_values, _explicit(env_only))
+    return Settings(**{**merged, **cleaned, "config": str(path)})
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -328,6 +344,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-def _explicit(settings: Settings) -> dict[str, Any]:
-    """Fields that were set by the environment (not defaults)."""
-    return {name: getattr(settings, name) for name in settings.model_fields_set}
+def _explicit(model: BaseModel) -> dict[str, Any]:
+    """Fields that were set by the environment (not defaults), nested models as partial dicts."""
+    out: dict[str, Any] = {}
+    for name in model.model_fields_set:
+        value = getattr(model, name)
+        out[name] = _explicit(value) if isinstance(value, BaseModel) else value
+    return out

@@ -98,3 +98,9 @@ class Unauthenticated(ContextError):
     """Credentials are missing or wrong."""
 
     reason = "UNAUTHENTICATED"
+
+
+class Internal(ContextError):
+    """A fault of the service or its store that no client input caused (mapped to INTERNAL)."""
+
+    reason = "INTERNAL"

@@ -24,6 +24,7 @@ _CODES: list[tuple[type[errors.ContextError], grpc.StatusCode]] = [
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.Internal, grpc.StatusCode.INTERNAL),
 ]
 
 # How long a client should wait before retrying an UNAVAILABLE call.

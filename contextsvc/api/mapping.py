@@ -33,8 +33,12 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
-def struct_to_dict(value: struct_pb2.Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(value)
+def struct_to_dict(value: struct_pb2.Struct, field: str = "metadata") -> dict[str, Any]:
+    """A Struct as plain JSON; NaN and infinities have no JSON form and are refused."""
+    try:
+        return json_format.MessageToDict(value)
+    except ValueError as exc:
+        raise InvalidArgument.field(field, f"is not valid JSON: {exc}") from None
 
 
 def dict_to_struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -79,7 +83,7 @@ def incoming_from_pb(pb: resources_pb2.Message, path: str) -> IncomingMessage:
         name=pb.name,
         thinking=pb.thinking,
         flags=flags,
-        metadata=struct_to_dict(pb.metadata) if pb.HasField("metadata") else {},
+        metadata=struct_to_dict(pb.metadata, f"{path}.metadata") if pb.HasField("metadata") else {},
     )
     images = tuple(IncomingImage(data=i.data, blob_id=i.blob_id) for i in pb.images)
     return IncomingMessage(message=message, images=images)

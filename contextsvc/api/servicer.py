@@ -97,7 +97,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             s.id,
             name=s.name if "name" in paths else None,
             pinned=s.pinned if "pinned" in paths else None,
-            metadata=mapping.struct_to_dict(s.metadata) if "metadata" in paths else None,
+            metadata=mapping.struct_to_dict(s.metadata, "session.metadata") if "metadata" in paths else None,
         )
         return mapping.session_to_pb(session)
 

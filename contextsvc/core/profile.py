@@ -64,6 +64,9 @@ def resolve_profile(
     """Merge a request's overrides onto the named profile (request's, else the session's)."""
     o = overrides or ProfileOverrides()
     name = o.profile_id or session_profile_id or settings.default_profile
+    limit = settings.limits.max_model_chars
+    if o.model is not None and len(o.model) > limit:
+        raise InvalidArgument.field("profile.model", f"exceeds {limit} characters")
     base = settings.profile(name)
     if base is None:
         raise InvalidArgument.field("profile.profile_id", f"unknown profile {name!r}", reason="UNKNOWN_PROFILE")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from contextsvc.config import Settings
@@ -20,7 +21,9 @@ class TokenAccounting:
         self._store = store
         self._tokens = settings.tokens
         self._registry = CalibrationRegistry(settings.tokens)
-        self._loaded_at: dict[str, float] = {}
+        # Least recently used first: models past max_cached_models are forgotten (and re-read
+        # from the store when they come back), so arbitrary model names cannot grow memory.
+        self._loaded_at: OrderedDict[str, float] = OrderedDict()
 
     async def ensure_loaded(self, model: str) -> Calibration:
         """The model's calibration, re-read from the store when the cached copy is stale."""
@@ -29,6 +32,10 @@ class TokenAccounting:
             observations = await self._store.list_calibration_observations(model, limit=self._tokens.calibration_window)
             self._registry.load(model, observations)
             self._loaded_at[model] = time.monotonic()
+            while len(self._loaded_at) > self._tokens.max_cached_models:
+                evicted, _ = self._loaded_at.popitem(last=False)
+                self._registry.forget(evicted)
+        self._loaded_at.move_to_end(model)
         return self._registry.calibration(model)
 
     async def observe(self, model: str, observation: Observation) -> Calibration:

@@ -9,10 +9,11 @@ hard-truncate without a summarizer. The plan comes from the one planning functio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -37,7 +38,7 @@ from contextsvc.core.tokens import image_tokens_of
 from contextsvc.core.view_budget import budget_images, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
-from contextsvc.errors import Conflict, NothingToCompact, Unavailable
+from contextsvc.errors import Conflict, NothingToCompact
 from contextsvc.ports import EventBus, SessionStore, SummarizerError, SummaryRequest
 from contextsvc.summarizers.registry import SummarizerSet
 
@@ -143,21 +144,27 @@ class Compactor:
         self._settings = settings
         self._accounting = accounting
         self._summarizers = summarizers
-        self._locks: dict[str, asyncio.Lock] = {}
+        # session id -> [lock, holders and waiters]
+        self._locks: dict[str, list[Any]] = {}
 
     # -- locking ----------------------------------------------------------------------------
 
-    def lock(self, session_id: str) -> asyncio.Lock:
-        """One compaction per session at a time in this process (stores make commits atomic)."""
-        lock = self._locks.get(session_id)
-        if lock is None:
-            lock = self._locks[session_id] = asyncio.Lock()
-        return lock
-
-    def forget(self, session_id: str) -> None:
-        lock = self._locks.get(session_id)
-        if lock is not None and not lock.locked():
-            del self._locks[session_id]
+    @contextlib.asynccontextmanager
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        """One compaction (or state read-modify-write) per session at a time: an in-process lock,
+        then the store's cross-process lock. The in-process entry lives only while someone holds
+        or waits for it, so the map never grows with the number of sessions ever seen."""
+        entry = self._locks.get(session_id)
+        if entry is None:
+            entry = self._locks[session_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0], self._store.compaction_lock(session_id):
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and self._locks.get(session_id) is entry:
+                del self._locks[session_id]
 
     # -- pricing ------------------------------------------------------------------------------
 
@@ -245,7 +252,7 @@ class Compactor:
         # Decide again on the session as it is now, under the compaction lock: concurrent builds
         # would each flush (and each write back a stale state, undoing a compaction that committed
         # meanwhile: its epoch, its cleared baseline).
-        async with self.lock(s.session.id), self._store.compaction_lock(s.session.id):
+        async with self.lock(s.session.id):
             fresh = EngineState.of(await self._store.get_session(s.session.id, caller=_SYSTEM))
             if fresh.epoch != s.state.epoch or not self._flush_due(s, fresh):
                 return
@@ -699,11 +706,16 @@ class Compactor:
             )
         try:
             await self._store.add_history_chunks(session_id, chunks)
-        except (Unavailable, OSError):
+        except Exception:
+            # DESIGN §5.6: an index failure never fails a compaction (the rows are safe anyway).
             log.warning("history index write failed", extra={"session_id": session_id}, exc_info=True)
 
     async def _publish(self, s: Situation, kind: str, payload: dict[str, Any]) -> None:
-        await self._bus.publish(session_id=s.session.id, user_id=s.session.user_id, kind=kind, payload=payload)
+        """Events report what happened; a bus failure must not turn a done compaction into an error."""
+        try:
+            await self._bus.publish(session_id=s.session.id, user_id=s.session.user_id, kind=kind, payload=payload)
+        except Exception:
+            log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
 
     async def refuse(self, s: Situation, detail: str) -> None:
         await self._publish(

@@ -103,7 +103,7 @@ class Engine:
         # Read-modify-write of the engine state under the compaction lock, on a fresh read: writing
         # back the state this request read earlier would undo a compaction committed meanwhile.
         # Both locks: the store's serializes with compactions on other replicas too.
-        async with self.compactor.lock(session.id), self.store.compaction_lock(session.id):
+        async with self.compactor.lock(session.id):
             fresh = await self.store.get_session(session.id, caller=_INTERNAL)
             state = EngineState.of(fresh)
             if state.extra.get(_PROFILE_KEY) == wanted:
@@ -169,7 +169,7 @@ class Engine:
     async def _compress_automatically(self, s: Situation) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:
         a compaction that finished while we waited may have done the work already."""
-        async with self.compactor.lock(s.session.id), self.store.compaction_lock(s.session.id):
+        async with self.compactor.lock(s.session.id):
             fresh = await self.store.get_session(s.session.id, caller=_INTERNAL)
             if EngineState.of(fresh).epoch != s.state.epoch:
                 return None
@@ -211,6 +211,8 @@ class Engine:
     ) -> TokenEstimate:
         if session_id and messages:
             raise InvalidArgument.field("messages", "give either messages or a session_id, not both")
+        if len(model) > self.settings.limits.max_model_chars:
+            raise InvalidArgument.field("model", f"exceeds {self.settings.limits.max_model_chars} characters")
         if session_id:
             return await self.views.estimate_session(caller, session_id, model=model, overrides=profile)
         effective = resolve_profile(self.settings, "", profile)
@@ -223,7 +225,8 @@ class Engine:
         # Serialized with compactions: RecordBaseline reads the engine state, then writes it back with
         # the new baseline; a compaction committed in between would be undone (its epoch, its cleared
         # baseline) and the stale baseline would make the next build compress again.
-        async with self.compactor.lock(sid), self.store.compaction_lock(sid):
+        await self.store.get_session(sid, caller=caller)  # unknown or foreign: NOT_FOUND before any lock
+        async with self.compactor.lock(sid):
             result = await self.views.record_baseline(caller, sid, view_id=view_id, prompt_tokens=prompt_tokens)
         self.post_turn.schedule(sid)
         return result
@@ -238,7 +241,7 @@ class Engine:
             raise InvalidArgument.field("reason", "exceeds 1000 characters")
         session = await self.store.get_session(sid, caller=caller)
         effective = await self._profile_for(session, profile)
-        async with self.compactor.lock(sid), self.store.compaction_lock(sid):
+        async with self.compactor.lock(sid):
             session = await self.store.get_session(sid, caller=caller)
             context = await self.store.load_context(sid, caller=caller)
             built = self.views.assemble(effective, context, None, EngineState.of(session))

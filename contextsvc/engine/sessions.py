@@ -12,7 +12,7 @@ from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.profile import resolve_profile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.engine.accounting import TokenAccounting
-from contextsvc.engine.attachments import store_images
+from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.paging import decode_page_token, encode_page_token
 from contextsvc.engine.validation import (
     IncomingMessage,
@@ -137,7 +137,9 @@ class SessionService:
         await self._accounting.ensure_loaded(profile.model)
         rows: list[Message] = []
         for i, item in enumerate(incoming):
-            images = await store_images(self._store, item.images, self._settings.tokens, f"messages[{i}].images")
+            images, _ = await describe_images(
+                self._store, item.images, self._settings.tokens, f"messages[{i}].images", persist=True
+            )
             message = dataclasses.replace(item.message, images=images, create_time=now, sequence_number=0)
             message = dataclasses.replace(message, token_count=self._accounting.message_tokens(profile.model, message))
             rows.append(message)

@@ -10,14 +10,14 @@ from typing import Any
 
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation
-from contextsvc.core.images import inspect_image
-from contextsvc.core.messages import ImageRef, Message
+from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import Baseline, TokenEstimate, estimate, messages_chars, truncation_check
 from contextsvc.core.view import Segment, build_view
 from contextsvc.core.view_budget import budget_images, too_large, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
+from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
 from contextsvc.errors import InvalidArgument, NotFound
@@ -82,29 +82,10 @@ class ViewService:
         if incoming is None:
             return None, {}
         check_messages([incoming], self._settings.limits, field=field)
-        refs: list[ImageRef] = []
-        data: dict[str, bytes] = {}
-        for j, image in enumerate(incoming.images):
-            raw = image.data
-            if image.blob_id:
-                found = await self._store.get_blob(image.blob_id)
-                if found is None:
-                    raise InvalidArgument.field(f"{field}.images[{j}].blob_id", "no stored image has this id")
-                raw = found
-            info = inspect_image(raw, fallback_tokens=self._settings.tokens.image_tokens_fallback)
-            blob_id = image.blob_id or _sha256(raw)
-            data[blob_id] = raw
-            refs.append(
-                ImageRef(
-                    blob_id=blob_id,
-                    mime_type=info.mime_type,
-                    width=info.width,
-                    height=info.height,
-                    size_bytes=len(raw),
-                    token_count=info.tokens,
-                )
-            )
-        return dataclasses.replace(incoming.message, images=tuple(refs)), data
+        refs, data = await describe_images(
+            self._store, incoming.images, self._settings.tokens, f"{field}.images", persist=False
+        )
+        return dataclasses.replace(incoming.message, images=refs), data
 
     def assemble(
         self,
@@ -303,9 +284,3 @@ class ViewService:
             },
         )
         return BaselineResult(recorded=True, truncated=False, model=view.model, calibration=calibration)
-
-
-def _sha256(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()

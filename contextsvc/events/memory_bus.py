@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from contextsvc.clock import SystemClock
 from contextsvc.core.session import Principal
+from contextsvc.errors import Unavailable
 from contextsvc.ports import Clock, StoredEvent
 
 # Subscribers that fall this far behind are cut off rather than holding memory forever;
@@ -17,8 +18,10 @@ from contextsvc.ports import Clock, StoredEvent
 _SUBSCRIBER_QUEUE = 10_000
 
 
-class SubscriberLagged(Exception):
-    """A subscriber fell behind the live stream; it must resume with after_event_id."""
+class SubscriberLagged(Unavailable):
+    """A subscriber fell behind the live stream; it must reconnect with after_event_id."""
+
+    reason = "SUBSCRIBER_LAGGED"
 
 
 class MemoryEventBus:
@@ -30,7 +33,9 @@ class MemoryEventBus:
 
     def __init__(self, *, retention: int, clock: Clock | None = None):
         self._log: deque[StoredEvent] = deque(maxlen=retention)
-        self._subscribers: set[asyncio.Queue[StoredEvent | None]] = set()
+        # Each subscriber's queue with the filter of what it may see: only visible events are
+        # queued, so traffic of other sessions never makes a watcher fall behind.
+        self._subscribers: dict[asyncio.Queue[StoredEvent | None], Callable[[StoredEvent], bool]] = {}
         self._next_id = time.time_ns() // 1000
         self._clock = clock or SystemClock()
         self._closed = False
@@ -46,9 +51,11 @@ class MemoryEventBus:
             payload=dict(payload),
         )
         self._log.append(event)
-        for queue in list(self._subscribers):
+        for queue, visible in list(self._subscribers.items()):
+            if not visible(event):
+                continue
             if queue.qsize() >= _SUBSCRIBER_QUEUE:
-                self._subscribers.discard(queue)
+                del self._subscribers[queue]
                 queue.put_nowait(None)
             else:
                 queue.put_nowait(event)
@@ -63,7 +70,7 @@ class MemoryEventBus:
         queue: asyncio.Queue[StoredEvent | None] = asyncio.Queue()
         # Register before snapshotting the log: nothing published in between can be missed,
         # and duplicates are removed by the id check below.
-        self._subscribers.add(queue)
+        self._subscribers[queue] = visible
         try:
             last = after_event_id
             if after_event_id:
@@ -76,12 +83,12 @@ class MemoryEventBus:
                 if item is None:
                     if self._closed:
                         return
-                    raise SubscriberLagged("subscriber fell behind; resume with after_event_id")
+                    raise SubscriberLagged(f"this watcher fell behind; reconnect with after_event_id={last} to resume")
                 if item.event_id > last and visible(item):
                     last = item.event_id
                     yield item
         finally:
-            self._subscribers.discard(queue)
+            self._subscribers.pop(queue, None)
 
     async def close(self) -> None:
         self._closed = True

@@ -3,7 +3,7 @@
 Nothing raised by the driver leaves the PostgreSQL adapter: an unreachable, restarting or
 overloaded server is ``Unavailable`` (the client may retry), a serialization failure is
 ``Conflict``, a session deleted under a statement is ``NotFound``, text PostgreSQL cannot store
-is ``InvalidArgument``, anything else is a ``ContextError`` with reason ``STORE_ERROR`` (logged
+is ``InvalidArgument``, anything else is ``Internal`` with reason ``STORE_ERROR`` (logged
 with its SQLSTATE and traceback).
 """
 
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from contextsvc.errors import Conflict, ContextError, InvalidArgument, NotFound, Unavailable
+from contextsvc.errors import Conflict, ContextError, Internal, InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def pg_errors(operation: str) -> Iterator[None]:
     except _ClientDataError as exc:
         # Our own bug (a value of the wrong type for a column): not the client's, not transient.
         log.error("store encoding error", extra={"operation": operation, "error": _short(exc)}, exc_info=exc)
-        raise ContextError("store encoding error", reason="STORE_ERROR", metadata={"operation": operation}) from None
+        raise Internal("store encoding error", reason="STORE_ERROR", metadata={"operation": operation}) from None
     except asyncpg.InterfaceError as exc:
         # A closed pool or connection ("pool is closing", "connection is closed") is the only way
         # our own code meets InterfaceError outside development.
@@ -88,7 +88,7 @@ def pg_errors(operation: str) -> Iterator[None]:
         log.error(
             "store error", extra={"operation": operation, "sqlstate": exc.sqlstate, "error": _short(exc)}, exc_info=exc
         )
-        raise ContextError(
+        raise Internal(
             f"store error ({exc.sqlstate})", reason="STORE_ERROR", metadata={"operation": operation}
         ) from None
     except asyncpg.InternalClientError as exc:

@@ -146,6 +146,11 @@ def test_list_messages_pages_backwards_through_both_buffers(stub: Any) -> None:
     assert [m.sequence_number for m in ctx] == list(range(1, 26))
 
 
+def _with_metadata(request: Any, value: float) -> Any:
+    request.metadata.update({"x": value})
+    return request
+
+
 def _code_and_fields(call: Any) -> tuple[grpc.StatusCode, list[str], str]:
     with pytest.raises(grpc.RpcError) as err:
         call()
@@ -205,6 +210,8 @@ def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> 
             "messages[0].content",
         ),
         (lambda: stub.CreateSession(pb.CreateSessionRequest(name="a\x00b")), "name"),
+        (lambda: stub.CreateSession(_with_metadata(pb.CreateSessionRequest(), float("nan"))), "metadata"),
+        (lambda: stub.EstimateTokens(pb.EstimateTokensRequest(model="m" * 201, messages=[user("x")])), "model"),
     ]
     for call, field in cases:
         code, fields, reason = _code_and_fields(call)

@@ -111,3 +111,13 @@ def test_cli_config_prints_effective_settings(capsys: pytest.CaptureFixture[str]
 def test_cli_rejects_invalid_settings(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--listen", "bad"]) == 2
     assert "invalid settings" in capsys.readouterr().err
+
+
+def test_a_nested_environment_variable_changes_one_field_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[limits]\nmax_page_size = 77\nmax_name_chars = 300\n[summarizer]\ntemperature = 0.5\n")
+    monkeypatch.setenv("CONTEXTSVC_LIMITS__MAX_NAME_CHARS", "100")
+    s = load_settings(cfg)
+    assert (s.limits.max_page_size, s.limits.max_name_chars, s.summarizer.temperature) == (77, 100, 0.5)
