@@ -263,6 +263,13 @@ KEYS_CASES = [
     pytest.param("- x\nKEYS: a; b\nThat is all.", "- x\nThat is all.", ["a", "b"], id="upper-then-chatter"),
     pytest.param("KEYS: old\n- x\nKEYS: new", "KEYS: old\n- x", ["new"], id="last-wins"),
     pytest.param("- x\n  KEYS\uff1a甲; 乙", "- x", ["甲", "乙"], id="fullwidth-colon"),
+    pytest.param(
+        "- x\nKEYS: _private_name; __init__; *args; **bold**",
+        "- x",
+        ["_private_name", "__init__", "*args", "bold"],
+        id="identifiers-keep-underscores-and-stars",
+    ),
+    pytest.param("- x\n**KEYS: a; b**", "- x", ["a", "b"], id="bold-wrapped-line"),
 ]
 
 

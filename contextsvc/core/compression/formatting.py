@@ -204,7 +204,10 @@ _KEYS_LINE = re.compile(
     re.IGNORECASE,
 )
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(?P<item>.*)$")
-_STRIP = " \t\"'`*_;,."
+# Quotes, code ticks and list punctuation around a key go; `_` and a lone `*` stay, since they are
+# part of identifiers (`__init__`, `_private`, `*args`). Bold/italic asterisks on both ends go.
+_STRIP = " \t\"'`;,."
+_BOLD_EDGES = re.compile(r"^\*{2,}|\*{2,}$")
 
 
 def split_keys(text: str) -> tuple[str, list[str]]:
@@ -253,6 +256,9 @@ def _clean_items(raw: Sequence[str]) -> list[str]:
     seen: dict[str, None] = {}
     for item in raw:
         cleaned = item.strip().strip(_STRIP).strip()
+        cleaned = _BOLD_EDGES.sub("", cleaned).strip().strip(_STRIP).strip()
+        while len(cleaned) > 2 and cleaned[0] == cleaned[-1] == "*":
+            cleaned = cleaned[1:-1].strip().strip(_STRIP).strip()
         if cleaned and cleaned not in seen:
             seen[cleaned] = None
     return list(seen)
