@@ -249,6 +249,8 @@ class SummaryRequest:
     max_tokens: int
     temperature: float
     images: Sequence[bytes] = ()
+    #: the session being compacted: telemetry's gen_ai.conversation.id (never sent to the model).
+    session_id: str = ""
 
 
 class SummarizerError(Exception):

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from contextsvc import __version__, telemetry
 from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
 from contextsvc.api.servicer import ContextServicer
 from contextsvc.clock import SystemClock
@@ -47,18 +48,25 @@ def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
 
 
 async def start(settings: Settings) -> RunningServer:
+    # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
+    tel = telemetry.configure(service_version=__version__)
     store = open_store(settings.store, settings)
     await store.open()
     bus = _make_bus(settings, store)
     engine = Engine(
-        store=store, bus=bus, settings=settings, clock=SystemClock(), summarizers=build_summarizers(settings)
+        store=tel.wrap_store(store),
+        bus=tel.wrap_bus(bus),
+        settings=settings,
+        clock=SystemClock(),
+        summarizers=tel.wrap_summarizers(build_summarizers(settings)),
     )
     limits = settings.limits
     server = grpc.aio.server(
+        interceptors=tel.server_interceptors(),
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
-        ]
+        ],
     )
     context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
     health = health_aio.HealthServicer()
@@ -86,6 +94,8 @@ async def stop(running: RunningServer, grace: float) -> None:
     await running.engine.close()
     await running.bus.close()
     await running.store.close()
+    # Flush what the last calls recorded; a no-op when telemetry is off.
+    telemetry.current().shutdown()
 
 
 async def serve(settings: Settings) -> None:
