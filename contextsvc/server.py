@@ -1,4 +1,4 @@
-"""Server bootstrap: wire store, bus and engine into a grpc.aio server; stop gracefully."""
+"""Server bootstrap: wire store, bus, summarizers and engine into a grpc.aio server; stop gracefully."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
 from contextsvc.stores import open_store
 from contextsvc.stores.token_access import server_token_store
+from contextsvc.summarizers.registry import build_summarizers
 from contextsvc.transport import CertificateReloader, Transport, check_transport
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,9 @@ async def start(settings: Settings) -> RunningServer:
             raise
         authenticator = Authenticator(tokens, settings.auth, SystemClock())
     bus = _make_bus(settings, store)
-    engine = Engine(store=store, bus=bus, settings=settings, clock=SystemClock())
+    engine = Engine(
+        store=store, bus=bus, settings=settings, clock=SystemClock(), summarizers=build_summarizers(settings)
+    )
     limits = settings.limits
     server = grpc.aio.server(
         interceptors=[AuthInterceptor(authenticator)],

@@ -1,4 +1,4 @@
-"""API token stores for the memory and files session stores (PostgreSQL: ``pg_tokens.py``).
+"""API token stores for the memory and files session stores (PostgreSQL: ``postgres/tokens.py``).
 
 The files store keeps every token in one small JSON file, ``tokens.json`` in its data directory
 (mode 0600), rewritten whole and atomically (temp file, fsync, ``os.replace``, directory fsync)

@@ -1,7 +1,7 @@
-"""API tokens in PostgreSQL (table ``api_tokens``, migration 2 of ``pg_schema.py``).
+"""API tokens in PostgreSQL (table ``api_tokens``, migration 2 of ``schema.py``).
 
 It runs its statements through the owning store's ``read``/``write`` helpers, so driver errors
-are mapped (``pg_errors``) and writes are shielded exactly like the store's own.
+are mapped (``errors.py``) and writes are shielded exactly like the store's own.
 """
 
 from __future__ import annotations
