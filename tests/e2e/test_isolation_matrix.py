@@ -19,6 +19,8 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2 as r
@@ -255,6 +257,12 @@ def test_every_rpc_for_every_identity(secured: tuple[ServerProcess, Tokens]) -> 
         assert sid in owners["owner"] and bobs not in owners["owner"]
         assert bobs in owners["other"] and sid not in owners["other"]
         assert {sid, bobs} <= owners["admin"]
+
+        # Health and reflection stay open without a token.
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=CALL_S)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        services = ProtoReflectionDescriptorDatabase(channel).get_services()
+        assert "contextsvc.v1.ContextService" in services
 
     log = proc.stderr_text
     assert "admin read of another user's session" in log and '"owner": "alice"' in log
