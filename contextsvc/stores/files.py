@@ -87,6 +87,7 @@ from contextsvc.stores._session import (
     SessionState,
     StateRecord,
 )
+from contextsvc.stores.api_tokens import FilesTokenStore
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,10 @@ class FilesStore(RowStore):
         return len(self._dirty)
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def api_tokens(self) -> FilesTokenStore:
+        """This store's API tokens (``ports.ApiTokenStore``): ``tokens.json`` in the data directory."""
+        return FilesTokenStore(self.root)
 
     async def open(self) -> None:
         loaded, observations, calibration = await asyncio.to_thread(self._load_all)

@@ -54,6 +54,7 @@ from contextsvc.stores.postgres.rows import (
     view_from_row,
 )
 from contextsvc.stores.postgres.schema import compaction_lock_keys
+from contextsvc.stores.postgres.tokens import PostgresTokenStore
 
 T = TypeVar("T")
 
@@ -121,6 +122,10 @@ class PostgresStore:
             await asyncio.wait_for(pool.close(), timeout=self._pg.connect_timeout_seconds)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             pool.terminate()
+
+    def api_tokens(self) -> PostgresTokenStore:
+        """The API tokens of this database (``ports.ApiTokenStore``), through this store's pool."""
+        return PostgresTokenStore(self._read, self._write)
 
     def make_event_bus(self) -> PostgresEventBus:
         """The event bus of this database, publishing and fetching through this store's pool."""
