@@ -180,7 +180,16 @@ CREATE TABLE history_chunks (
 CREATE INDEX history_chunks_terms ON history_chunks USING gin (terms);
 """
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial schema", _V1),)
+# AppendMessages idempotency remembers what was sent with a request id, so a reused id with a
+# different body is refused (REQUEST_ID_REUSED). NULL for rows written before this migration.
+_V2_FINGERPRINTS = """
+ALTER TABLE append_requests ADD COLUMN fingerprint text;
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial schema", _V1),
+    Migration(2, "append request fingerprints", _V2_FINGERPRINTS),
+)
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.
 TRIGRAM_INDEXES: dict[str, str] = {

@@ -79,3 +79,25 @@ def test_throttled_log_counts_what_it_leaves_out(caplog: pytest.LogCaptureFixtur
     assert len(caplog.records) == 4
     assert caplog.records[-1].__dict__["suppressed"] == 7
     assert "suppressed" not in caplog.records[0].__dict__
+
+
+def test_append_fingerprint_changes_with_anything_that_would_be_appended() -> None:
+    import dataclasses
+
+    from contextsvc.core.messages import Flags, Message, Role
+    from contextsvc.engine.idempotency import append_fingerprint
+    from contextsvc.engine.validation import IncomingImage, IncomingMessage
+
+    base = IncomingMessage(Message(role=Role.USER, content="hi", metadata={"a": 1.0}))
+    fp = append_fingerprint([base])
+    assert fp.startswith("v1:") and fp == append_fingerprint([IncomingMessage(base.message)])
+    variants = [
+        [base, base],
+        [IncomingMessage(dataclasses.replace(base.message, content="hi!"))],
+        [IncomingMessage(dataclasses.replace(base.message, role=Role.ASSISTANT))],
+        [IncomingMessage(dataclasses.replace(base.message, metadata={"a": 2.0}))],
+        [IncomingMessage(dataclasses.replace(base.message, flags=Flags(is_pinned=True)))],
+        [IncomingMessage(base.message, (IncomingImage(data=b"png"),))],
+        [IncomingMessage(base.message, (IncomingImage(blob_id="sha256:x"),))],
+    ]
+    assert len({fp, *(append_fingerprint(v) for v in variants)}) == len(variants) + 1
