@@ -74,6 +74,10 @@ class Limits(BaseModel):
     max_images_per_message: int = Field(8, ge=0)
     max_image_bytes_per_append: int = Field(50 * MB, ge=1)
     max_metadata_bytes: int = Field(64 * 1024, ge=0)
+    #: levels of nested objects/lists in a metadata value. The protobuf decoder refuses ~32 levels
+    #: (a whole request), and a response nests metadata deeper than the request did: this keeps
+    #: every stored value readable by every client.
+    max_metadata_depth: int = Field(16, ge=1, le=24)
     max_tool_calls_per_message: int = Field(128, ge=0)
     max_name_chars: int = Field(512, ge=1)
     #: a model name is a cache key (calibration per model): bounded like any other name.
@@ -305,6 +309,8 @@ class Settings(BaseSettings):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+    #: log lines a minute about refused undecodable requests (the rest are counted, not written).
+    refusal_log_per_minute: int = Field(10, ge=0)
 
     default_profile: str = "default"
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})

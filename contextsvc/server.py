@@ -17,6 +17,8 @@ from grpc_reflection.v1alpha import reflection
 from contextsvc import __version__, telemetry
 from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
 from contextsvc.api.auth import AuthInterceptor
+from contextsvc.api.decoding import DecodeGuard
+from contextsvc.api.health import HealthService
 from contextsvc.api.servicer import ContextServicer
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
@@ -91,14 +93,18 @@ async def start(settings: Settings) -> RunningServer:
     limits = settings.limits
     server = grpc.aio.server(
         # Telemetry outermost, so refused calls are measured and traced too.
-        interceptors=[*tel.server_interceptors(), AuthInterceptor(authenticator)],
+        interceptors=[
+            *tel.server_interceptors(),
+            DecodeGuard(log_per_minute=settings.refusal_log_per_minute),
+            AuthInterceptor(authenticator),
+        ],
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
         ],
     )
     context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
-    health = health_aio.HealthServicer()
+    health = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
