@@ -76,6 +76,7 @@ from contextsvc.core.recall import RecallIndex
 from contextsvc.errors import Conflict, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._dirlock import DataDirLock
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -153,6 +154,7 @@ class FilesStore(RowStore):
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._flusher: asyncio.Task[None] | None = None
         self.stats = FilesStoreStats()
+        self._dir_lock = DataDirLock(self.root)
 
     @property
     def pending_fsync(self) -> int:
@@ -162,7 +164,13 @@ class FilesStore(RowStore):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        loaded, observations, calibration = await asyncio.to_thread(self._load_all)
+        # One writer per directory, and the lock before anything is read (see ``_dirlock``).
+        await asyncio.to_thread(self._lock_dir)
+        try:
+            loaded, observations, calibration = await asyncio.to_thread(self._load_all)
+        except BaseException:
+            self._dir_lock.release()
+            raise
         self._observations.update(observations)
         self._calibration = calibration
         for st, log in loaded:
@@ -178,7 +186,14 @@ class FilesStore(RowStore):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
-        await self.flush()
+        try:
+            await self.flush()
+        finally:
+            self._dir_lock.release()
+
+    def _lock_dir(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._dir_lock.acquire()
 
     async def flush(self) -> None:
         """fsync every log written since its last fsync (batch mode; nothing to do in fsync mode)."""

@@ -19,6 +19,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import Principal
 from contextsvc.errors import InvalidArgument, NotFound, Unavailable
+from contextsvc.stores._dirlock import DataDirLocked
 from contextsvc.stores.files import FilesStore
 from tests.support.stores import TickingClock
 
@@ -372,7 +373,9 @@ async def test_a_process_crash_in_batch_mode_loses_nothing_written(root: Path) -
     store = await opened(root, durability=Durability.BATCH, sleep=never)
     sid = await session_with(store, 5)
     before = await everything(store, sid)
-    # No close(): the process "dies"; the OS still holds what was written.
+    # No close(): the process "dies"; the OS still holds what was written, and the kernel drops
+    # a dead process's flock.
+    store._dir_lock.release()
     again = await opened(root)
     assert await everything(again, sid) == before
     await again.close()
@@ -506,3 +509,32 @@ async def test_stale_temp_files_are_removed_on_open(root: Path) -> None:
     store = await opened(root)
     assert [p.name for p in (root / "sessions").iterdir()] == [f"{sid}.jsonl"]
     await store.close()
+
+
+# -- one writer per data directory ---------------------------------------------------------------
+
+
+async def test_a_second_store_on_the_same_directory_is_refused_before_reading(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 2)
+    second = FilesStore(root, Settings())
+    with pytest.raises(DataDirLocked, match=rf"in use by pid {os.getpid()} \(started "):
+        await second.open()
+    assert not second._sessions  # nothing was read
+    assert (await store.append_messages(sid, [user("still mine")], caller=ALICE)).sequence_numbers == [3]
+    await store.close()
+    # Released on close: the next owner opens it and sees everything.
+    again = await opened(root)
+    assert (await again.get_session(sid, caller=ALICE)).last_sequence == 3
+    await again.close()
+
+
+async def test_other_files_in_the_data_directory_are_left_alone(root: Path) -> None:
+    store = await opened(root)
+    await store.close()
+    (root / "tokens.json").write_text("{}")
+    store = await opened(root)
+    await session_with(store, 1)
+    await store.close()
+    assert (root / "tokens.json").read_text() == "{}"
+    assert (root / "lock").read_bytes() == b""  # the holder note is cleared on release
