@@ -73,10 +73,12 @@ from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
 from contextsvc.core.recall import RecallIndex
+from contextsvc.core.session import SessionInfo
 from contextsvc.errors import Conflict, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
+from contextsvc.stores._frames import BadFrame, frame, mark_bytes, mark_path, read_mark, unframe, write_mark_number
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -236,6 +238,8 @@ class FilesStore(RowStore):
             # A history file nobody owns (its session's log was set aside) must not be adopted.
             await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
             await asyncio.to_thread(_create_file, path, data)
+            # After the log: a mark file never stands for a session that was not created.
+            await asyncio.to_thread(_write_atomic, mark_path(path), mark_bytes(0, _mark_meta(st)))
         except FileExistsError:
             raise Conflict("session already exists", metadata={"session_id": st.id}) from None
         except OSError as exc:
@@ -244,18 +248,23 @@ class FilesStore(RowStore):
 
     async def _persist(self, st: SessionState, record: Record) -> None:
         log = self._logs[st.id]
+        numbered = isinstance(record, AppendRecord | CompactionRecord) and bool(record.messages)
+        n = record.messages[-1].sequence_number if numbered else st.last_sequence  # type: ignore[union-attr]
         try:
-            await self._append(log, _dumps(_encode(record)), soft=isinstance(record, SaveViewRecord))
+            await self._append(
+                log, _dumps(_encode(record, n)), soft=isinstance(record, SaveViewRecord), mark=n if numbered else None
+            )
         except OSError as exc:
             raise _unavailable("append to", st.id, exc) from exc
         if isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord):
             log.overhead += 1
 
-    async def _append(self, log: _Log, data: bytes, *, soft: bool = False) -> None:
+    async def _append(self, log: _Log, data: bytes, *, soft: bool = False, mark: int | None = None) -> None:
         """Append one line; fsync it now (fsync mode) or soon (batch mode). ``soft`` lines are
-        only written: they reach the disk with the next fsync of the same file."""
+        only written: they reach the disk with the next fsync of the same file. ``mark``: the
+        new highest sequence number, recorded in the mark file once the line is written."""
         sync = self._settings.durability is Durability.FSYNC and not soft
-        log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync)
+        log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, mark)
         if sync:
             self.stats.log_fsyncs += 1
         elif not soft:
@@ -399,6 +408,12 @@ class FilesStore(RowStore):
             result = self._load_log(path)
             if result is not None:
                 loaded.append(result)
+        for mark_file in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}.mark")):
+            log_file = mark_file.with_name(mark_file.name[: -len(".mark")])
+            if is_session_id(log_file.name[: -len(_LOG_SUFFIX)]) and not log_file.exists():
+                result = self._load_orphan_mark(mark_file)
+                if result is not None:
+                    loaded.append(result)
         observations, calibration = self._load_calibration()
         return loaded, observations, calibration
 
@@ -413,7 +428,7 @@ class FilesStore(RowStore):
         bad = 0
         for raw in lines:
             try:
-                d = json.loads(raw)
+                d = _loads(raw)
                 obs = Observation(int(d["chars"]), int(d["tokens"]), bool(d.get("had_images", False)))
                 observations.setdefault(str(d["model"]), []).append(obs)
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -430,59 +445,66 @@ class FilesStore(RowStore):
 
     def _load_log(self, path: Path) -> tuple[SessionState, _Log] | None:
         session_id = path.name[: -len(_LOG_SUFFIX)]
-        lines = path.read_bytes().split(b"\n")
-        tail = lines.pop()  # b"" when the file ends with a newline, as every complete log does
-        st: SessionState | None = None
-        overhead = 0
-        problem = ""
-        bad_line = 0
-        for index, raw in enumerate(lines):
-            try:
-                obj = json.loads(raw)
-                if st is None:
-                    st = _header(obj, session_id)
-                    continue
-                record = _decode(obj)
-                st.apply(record)
-                overhead += isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                problem = "torn" if index == len(lines) - 1 and not tail else "corrupt"
-            except (RecordError, KeyError, IndexError, TypeError, ValueError, AttributeError):
-                problem = "corrupt"
-            if problem:
-                bad_line = index + 1
-                break
-        else:
-            if tail:
-                problem, bad_line = "torn", len(lines) + 1
+        mark = read_mark(mark_path(path))
+        scan = scan_log(path.read_bytes(), session_id, mark, self._settings.default_profile)
+        return self._adopt(path, scan, mark)
+
+    def _load_orphan_mark(self, mark_file: Path) -> tuple[SessionState, _Log] | None:
+        """A mark without its log: the log was lost; the session comes back damaged, every
+        acknowledged number kept (see ``scan_log``)."""
+        path = mark_file.with_name(mark_file.name[: -len(".mark")])
+        mark = read_mark(mark_file)
+        scan = scan_log(b"", path.name[: -len(_LOG_SUFFIX)], mark, self._settings.default_profile)
+        if scan.st is None:
+            return None
+        return self._adopt(path, scan, mark)
+
+    def _adopt(
+        self, path: Path, scan: LogScan, mark: tuple[int, dict[str, Any]] | None
+    ) -> tuple[SessionState, _Log] | None:
+        """Act on a scan: keep a clean log, rewrite a recovered one (original set aside)."""
+        session_id = path.name[: -len(_LOG_SUFFIX)]
+        st = scan.st
         if st is None:
             aside = self._set_aside(path, "corrupt", copy=False)
             logger.error(
-                "files store: session %s not loaded: its log has no valid header; moved to %s", session_id, aside
+                "files store: session %s not loaded: its log has no readable record and no mark; moved to %s",
+                session_id,
+                aside,
             )
             return None
-        if not problem:
-            return st, _Log(path, path.stat().st_size, overhead)
-        aside = self._set_aside(path, problem, copy=True)
+        if scan.outcome == "ok":
+            if mark is None or mark[0] < st.last_sequence:
+                self._save_mark(path, st)  # a log written before marks existed
+            return st, _Log(path, path.stat().st_size, scan.overhead)
+        problem = scan.outcome if scan.outcome == "torn" else "corrupt"
+        kept: Path | str = self._set_aside(path, problem, copy=True) if path.exists() else "nowhere (no log left)"
         self.stats.recovered_logs += 1
-        if problem == "torn":
-            logger.warning(
-                "files store: session %s: torn last line %d dropped (an interrupted write); original kept at %s",
-                session_id,
-                bad_line,
-                aside,
-            )
-        else:
-            logger.error(
-                "files store: session %s: corrupt line %d; loaded the %d rows before it; original kept at %s",
-                session_id,
-                bad_line,
-                st.last_sequence,
-                aside,
-            )
-        size = _rewrite_log(st, path)
+        level = logging.WARNING if scan.outcome == "torn" else logging.ERROR
+        logger.log(
+            level,
+            "files store: session %s: %s; original kept at %s",
+            session_id,
+            scan.describe(),
+            kept,
+        )
+        try:
+            size = _rewrite_log(st, path)
+        except OSError as exc:
+            # The bad lines stay in the log: nothing may be appended behind them.
+            st.damage = st.damage or f"the recovered log could not be rewritten ({exc.strerror})"
+            logger.error("files store: session %s is read-only: %s", session_id, st.damage)
+            return st, _Log(path, path.stat().st_size if path.exists() else 0, scan.overhead)
         self.stats.rewrites += 1
+        if mark is None or mark[0] < st.last_sequence or not mark[1]:
+            self._save_mark(path, st)
         return st, _Log(path, size)
+
+    def _save_mark(self, path: Path, st: SessionState) -> None:
+        try:
+            _write_atomic(mark_path(path), mark_bytes(st.last_sequence, _mark_meta(st)))
+        except OSError as exc:
+            logger.warning("files store: cannot write the sequence mark of session %s: %s", st.id, exc)
 
     def _read_history(self, session_id: str) -> tuple[list[HistoryChunk], _Log | None]:
         """The session's chunks and its history file (None: no file yet); recovers a damaged file."""
@@ -496,7 +518,7 @@ class FilesStore(RowStore):
         bad: list[int] = []
         for index, raw in enumerate(lines):
             try:
-                chunks.append(_chunk_from_dict(json.loads(raw)))
+                chunks.append(_chunk_from_dict(_loads(raw)))
             except (ValueError, KeyError, TypeError, AttributeError):
                 bad.append(index + 1)
         if tail:
@@ -532,27 +554,192 @@ class FilesStore(RowStore):
         return aside
 
 
+# -- scanning a log -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LogScan:
+    """What a log holds, and what is wrong with it (``scan_log``)."""
+
+    st: SessionState | None
+    #: (line number, what is wrong) for every line set aside.
+    bad: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    #: sequence numbers acknowledged but unreadable (stand-ins were put in their place).
+    lost: list[int] = dataclasses.field(default_factory=list)
+    #: only the last line is bad: an interrupted write, when nothing acknowledged is lost.
+    torn_tail: bool = False
+    header_lost: bool = False
+    overhead: int = 0
+
+    @property
+    def outcome(self) -> str:
+        """``ok``; ``torn`` (an interrupted write dropped, nothing acknowledged lost);
+        ``recovered`` (bad records set aside, no message lost); ``damaged`` (read-only)."""
+        if self.st is not None and self.st.damage:
+            return "damaged"
+        if self.bad:
+            return "torn" if self.torn_tail else "recovered"
+        return "ok"
+
+    def describe(self) -> str:
+        if self.outcome == "torn":
+            return f"torn last line {self.bad[0][0]} dropped (an interrupted write, never acknowledged)"
+        parts = [] if self.outcome == "ok" else [self.outcome]
+        if self.header_lost:
+            parts.append("header lost (rebuilt from the mark file and the first records)")
+        if self.bad:
+            shown = ", ".join(f"line {n} ({what})" for n, what in self.bad[:5])
+            more = f" and {len(self.bad) - 5} more" if len(self.bad) > 5 else ""
+            parts.append(f"{len(self.bad)} unreadable record(s) set aside: {shown}{more}")
+        if self.lost:
+            parts.append(f"{len(self.lost)} acknowledged message(s) lost: {_ranges(self.lost)}")
+        if self.st is not None and self.st.damage and not self.lost and not self.header_lost:
+            parts.append(f"read-only: {self.st.damage}")
+        if self.st is not None:
+            parts.append(f"{self.st.last_sequence} sequence number(s) kept")
+        return "; ".join(parts) or "ok"
+
+
+def scan_log(data: bytes, session_id: str, mark: tuple[int, dict[str, Any]] | None, default_profile: str) -> LogScan:
+    """Replay a log's bytes into a session, setting bad records aside (pure: no I/O).
+
+    Every line is checked on its own (its CRC32C, then its fit to the session), so one bad
+    line costs only itself. Sequence numbers that were acknowledged but cannot be read (a bad
+    append record, a gap before the next good one, a tail lost below the highest number the
+    records or the mark file recorded) get stand-in rows, so they are never handed out again,
+    and the session is marked damaged (read-only). A lost header is rebuilt from the mark file
+    (owner, profile, create time) and the first records; such a session is damaged too.
+    """
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the data ends with a newline, as every complete log does
+    scan = LogScan(None)
+    high = mark[0] if mark is not None else 0
+    last_time: datetime | None = None
+    checked_seen = False
+    for index, raw in enumerate(lines):
+        try:
+            obj, checked = unframe(raw)
+            if checked_seen and not checked:
+                # Every line after the first checked one is checked: an unchecked one was not
+                # written by this store, whatever it says.
+                raise BadFrame("unchecked line in a checked log")
+            checked_seen = checked_seen or checked
+            if not isinstance(obj, dict):
+                raise RecordError("not a JSON object")
+            if scan.st is None and obj.get("t") == "session":
+                scan.st = _header(obj, session_id)
+                high = max(high, _int(obj.get("n")))
+                continue
+            record = _decode(obj)
+        except BadFrame as exc:
+            scan.bad.append((index + 1, str(exc)))
+            continue
+        except (ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            scan.bad.append((index + 1, "unreadable" if isinstance(exc, ValueError | UnicodeDecodeError) else "bad"))
+            continue
+        if scan.st is None:
+            scan.st = _rebuilt_header(session_id, mark, default_profile, record)
+            scan.header_lost = True
+        st = scan.st
+        messages = record.messages if isinstance(record, AppendRecord | CompactionRecord) else ()
+        if messages and messages[0].sequence_number > st.last_sequence + 1:
+            scan.lost.extend(st.fill_lost(messages[0].sequence_number - 1, "its log record was unreadable", None))
+        try:
+            st.apply(record)
+        except RecordError as exc:
+            scan.bad.append((index + 1, f"does not fit: {exc}"))
+            continue
+        high = max(high, _int(obj.get("n")))
+        last_time = record.time or last_time
+        scan.overhead += isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord)
+    if tail:
+        scan.bad.append((len(lines) + 1, "cut short"))
+    # Only the last line bad: what a crash in the middle of a write leaves.
+    last_line = len(lines) + 1 if tail else len(lines)
+    scan.torn_tail = len(scan.bad) == 1 and scan.bad[0][0] == last_line
+    if scan.st is None:
+        if mark is None or not mark[1]:
+            return scan  # nothing to rebuild from
+        scan.st = _rebuilt_header(session_id, mark, default_profile, None)
+        scan.header_lost = True
+    st = scan.st
+    if high > st.last_sequence:
+        scan.lost.extend(st.fill_lost(high, "the end of its log was lost", last_time))
+    if scan.header_lost:
+        st.damage = st.damage or "the session header was lost and rebuilt"
+    elif scan.lost:
+        st.damage = st.damage or f"{len(scan.lost)} acknowledged message(s) unreadable: {_ranges(scan.lost)}"
+    return scan
+
+
+def _rebuilt_header(
+    session_id: str, mark: tuple[int, dict[str, Any]] | None, default_profile: str, first: Record | None
+) -> SessionState:
+    meta = mark[1] if mark is not None else {}
+    created = meta.get("create_time")
+    when = datetime.fromisoformat(created) if isinstance(created, str) else getattr(first, "time", None)
+    info = SessionInfo(
+        id=session_id,
+        # Owner unknown without the mark file: "" matches no user, so only admins see it.
+        user_id=str(meta.get("user_id", "")),
+        profile_id=str(meta.get("profile_id") or default_profile),
+        create_time=when,
+        update_time=when,
+    )
+    return SessionState(info)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _ranges(seqs: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"#3-5, #9"``."""
+    out: list[str] = []
+    ordered = sorted(seqs)
+    start = prev = ordered[0]
+    for seq in [*ordered[1:], 0]:
+        if seq == prev + 1:
+            prev = seq
+            continue
+        out.append(f"#{start}" if start == prev else f"#{start}-{prev}")
+        start = prev = seq
+    return ", ".join(out[:10]) + (" ..." if len(out) > 10 else "")
+
+
 # -- records <-> JSON --------------------------------------------------------------------------
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
-    """One JSON line. JSON escapes newlines inside strings, so a line is always one record."""
+    """One checked JSON line (``_frames.frame``). JSON escapes newlines inside strings, so a
+    line is always one record."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     try:
-        return text.encode() + b"\n"
+        body = text.encode()
     except UnicodeEncodeError:
         # A lone surrogate cannot be UTF-8: the ASCII form escapes it and still round-trips.
-        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        body = json.dumps(obj, separators=(",", ":")).encode()
+    return frame(body)
+
+
+def _loads(raw: bytes) -> Any:
+    """The record of a checked line, or of a line written before checksums (unchecked)."""
+    return unframe(raw)[0]
 
 
 def _session_line(st: SessionState) -> dict[str, Any]:
-    return {
+    line = {
         "t": "session",
         "format": FORMAT,
         "session": session_to_dict(st.info(0)),
         "requests": {key: list(value) for key, value in st.requests.items()},
         "views": [_view_to_dict(v) for v in st.views.values()],
+        # The highest sequence number the rows below reach: a log cut short shows it.
+        "n": st.last_sequence,
     }
+    if st.damage:
+        line["damaged"] = st.damage
+    return line
 
 
 def _header(obj: Any, session_id: str) -> SessionState:
@@ -562,6 +749,7 @@ def _header(obj: Any, session_id: str) -> SessionState:
     if info.id != session_id:
         raise RecordError(f"header names session {info.id!r}")
     st = SessionState(info)
+    st.damage = str(obj.get("damaged", ""))
     st.requests = {str(key): tuple(int(s) for s in value) for key, value in obj.get("requests", {}).items()}
     for view in obj.get("views", ()):
         st.remember_view(_view_from_dict(view), len(obj["views"]))
@@ -617,7 +805,8 @@ def _chunk_from_dict(d: dict[str, Any]) -> HistoryChunk:
     )
 
 
-def _encode(record: Record) -> dict[str, Any]:
+def _encode(record: Record, n: int) -> dict[str, Any]:
+    """The record's JSON form; ``n`` is the session's highest sequence number once it applies."""
     d: dict[str, Any]
     if isinstance(record, AppendRecord):
         d = {"t": "append", "messages": [message_to_dict(m) for m in record.messages]}
@@ -650,6 +839,7 @@ def _encode(record: Record) -> dict[str, Any]:
             d["state"] = record.state
     if record.time is not None:
         d["time"] = _time(record.time)
+    d["n"] = n
     return d
 
 
@@ -679,7 +869,7 @@ def _decode(d: dict[str, Any]) -> Record:
 # -- blocking file operations (run in a worker thread) --------------------------------------
 
 
-def _append_at(path: Path, expected_size: int, data: bytes, sync: bool) -> int:
+def _append_at(path: Path, expected_size: int, data: bytes, sync: bool, mark: int | None = None) -> int:
     """Write ``data`` at the log's known end and return the new size.
 
     Writing at the known end (not O_APPEND) and cutting anything past it first means a record
@@ -700,6 +890,12 @@ def _append_at(path: Path, expected_size: int, data: bytes, sync: bool) -> int:
             os.fsync(fd)
     finally:
         os.close(fd)
+    if mark is not None:
+        try:
+            write_mark_number(mark_path(path), mark)
+        except OSError as exc:
+            # The record is in the log: the mark only guards against later damage to it.
+            logger.warning("files store: cannot update the sequence mark of %s: %s", path, exc)
     return expected_size + len(data)
 
 
@@ -724,9 +920,21 @@ def _create_file(path: Path, data: bytes) -> None:
     _write_atomic(path, data)
 
 
+def _mark_meta(st: SessionState) -> dict[str, Any]:
+    """The header fields that never change, kept in the mark file to rebuild a lost header."""
+    return {
+        "id": st.id,
+        "user_id": st.user_id,
+        "profile_id": st.profile_id,
+        "create_time": _time(st.create_time),
+    }
+
+
 def _rewrite_log(st: SessionState, path: Path) -> int:
     parts = [_dumps(_session_line(st))]
-    parts.extend(_dumps({"t": "append", "messages": [message_to_dict(row)]}) for row in st.rows)
+    parts.extend(
+        _dumps({"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}) for row in st.rows
+    )
     data = b"".join(parts)
     _write_atomic(path, data)
     return len(data)
@@ -747,7 +955,9 @@ def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]],
 
 def _remove_logs(folder: Path, session_id: str) -> None:
     """Remove a session's file in ``folder`` and the copies set aside; durable once it returns."""
-    paths = [folder / f"{session_id}{_LOG_SUFFIX}", *folder.glob(f"{session_id}{_LOG_SUFFIX}.*")]
+    log = folder / f"{session_id}{_LOG_SUFFIX}"
+    # The mark first: a mark left without its log would bring the session back as damaged.
+    paths = [mark_path(log), log, *folder.glob(f"{session_id}{_LOG_SUFFIX}.*")]
     removed = False
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
