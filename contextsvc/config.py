@@ -272,6 +272,8 @@ class Settings(BaseSettings):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+    #: how often the server probes its store (a write + fsync) for the health service.
+    store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
 
     default_profile: str = "default"
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})

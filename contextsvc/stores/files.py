@@ -117,6 +117,15 @@ class FilesStoreStats:
     recovered_histories: int = 0
 
 
+@dataclass(slots=True, frozen=True)
+class StoreHealth:
+    """What the server's health service reports for the store (``FilesStore.health_check``)."""
+
+    writable: bool
+    detail: str = ""
+    damaged_sessions: int = 0
+
+
 @dataclass(slots=True)
 class _Log:
     path: Path
@@ -131,6 +140,8 @@ class FilesStore(RowStore):
     #: A log is rewritten once it holds more flag/header/state/view records than
     #: max(REWRITE_MIN_OVERHEAD, REWRITE_OVERHEAD_PER_ROW x its row count).
     REWRITE_MIN_OVERHEAD = 256
+    #: bytes the health probe writes and fsyncs (about one record).
+    PROBE_BYTES = 4096
     REWRITE_OVERHEAD_PER_ROW = 2
 
     def __init__(
@@ -192,6 +203,29 @@ class FilesStore(RowStore):
             await self.flush()
         finally:
             self._dir_lock.release()
+
+    async def health_check(self) -> StoreHealth:
+        """Can the store write right now (a probe write + fsync in the data directory), and how
+        many sessions are damaged (read-only)? Polled by the server for the health service."""
+        error = await asyncio.to_thread(self._probe)
+        damaged = sum(1 for st in list(self._sessions.values()) if st.damage)
+        return StoreHealth(writable=error is None, detail=error or "", damaged_sessions=damaged)
+
+    def _probe(self) -> str | None:
+        path = self.root / f".probe{_TMP_SUFFIX}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                # About one record: a directory with room for a byte but not a record is full.
+                os.write(fd, b"\0" * self.PROBE_BYTES)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        except OSError as exc:
+            return f"{path.parent}: {exc.strerror or exc}"
+        return None
 
     def _lock_dir(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -417,11 +451,74 @@ class FilesStore(RowStore):
         observations, calibration = self._load_calibration()
         return loaded, observations, calibration
 
+    def _session_files(self) -> list[tuple[str, Path, bool]]:
+        """(session id, log path, log exists) of every log and of every mark left without its log."""
+        found: dict[str, tuple[str, Path, bool]] = {}
+        for path in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}")):
+            sid = path.name[: -len(_LOG_SUFFIX)]
+            if is_session_id(sid):
+                found[sid] = (sid, path, True)
+        for mark_file in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}.mark")):
+            path = mark_file.with_name(mark_file.name[: -len(".mark")])
+            sid = path.name[: -len(_LOG_SUFFIX)]
+            if is_session_id(sid) and sid not in found:
+                found[sid] = (sid, path, False)
+        return [found[k] for k in sorted(found)]
+
+    def fsck(self, *, repair: bool) -> list[FsckEntry]:
+        """Check every session log (blocking; takes the directory lock, so no server may run).
+
+        Without ``repair`` nothing is written. With it: a torn or recovered log is rewritten
+        without its bad lines (the original set aside), a damaged session is rewritten with its
+        stand-ins made permanent and its header rebuilt, and made writable again (the loss is
+        accepted: the lost numbers stay taken), a log with nothing to rebuild from is moved aside.
+        """
+        self._lock_dir()
+        try:
+            if not self._sessions_dir.is_dir():
+                return []
+            entries = []
+            for sid, path, exists in self._session_files():
+                mark = read_mark(mark_path(path))
+                data = path.read_bytes() if exists else b""
+                scan = scan_log(data, sid, mark, self._settings.default_profile)
+                outcome = "unreadable" if scan.st is None else scan.outcome
+                if not exists and scan.st is not None:
+                    outcome = "damaged"
+                entry = FsckEntry(sid, outcome, scan.describe() if scan.st is not None else "no readable record")
+                if not exists:
+                    entry.detail = f"log missing; {entry.detail}"
+                if repair and outcome != "ok":
+                    entry.repaired = self._repair(path, scan, mark)
+                entries.append(entry)
+            return entries
+        finally:
+            self._dir_lock.release()
+
+    def _repair(self, path: Path, scan: LogScan, mark: tuple[int, dict[str, Any]] | None) -> str:
+        st = scan.st
+        if st is None:
+            aside = self._set_aside(path, "corrupt", copy=False)
+            return f"moved aside to {aside.name}"
+        kept = f"original kept as {self._set_aside(path, 'corrupt', copy=True).name}; " if path.exists() else ""
+        was_damaged = bool(st.damage)
+        st.damage = ""
+        _rewrite_log(st, path)
+        if mark is None or mark[0] < st.last_sequence or not mark[1]:
+            self._save_mark(path, st)
+        if was_damaged:
+            return f"{kept}rewritten; writable again ({st.last_sequence} sequence numbers kept, lost ones stay taken)"
+        return f"{kept}rewritten without the bad lines"
+
     def _load_calibration(self) -> tuple[dict[str, list[Observation]], _Log]:
         path = self.root / _CALIBRATION
         if not path.exists():
-            path.touch()
-            _fsync_dir(self.root)
+            try:
+                path.touch()
+                _fsync_dir(self.root)
+            except OSError as exc:  # a read-only directory: no observations yet, writes will fail
+                logger.error("files store: cannot create %s: %s", path, exc)
+                return {}, _Log(path, 0)
         lines = path.read_bytes().split(b"\n")
         tail = lines.pop()
         observations: dict[str, list[Observation]] = {}
@@ -478,13 +575,19 @@ class FilesStore(RowStore):
                 self._save_mark(path, st)  # a log written before marks existed
             return st, _Log(path, path.stat().st_size, scan.overhead)
         problem = scan.outcome if scan.outcome == "torn" else "corrupt"
-        kept: Path | str = self._set_aside(path, problem, copy=True) if path.exists() else "nowhere (no log left)"
+        try:
+            kept: Path | str = self._set_aside(path, problem, copy=True) if path.exists() else "nowhere (no log left)"
+        except OSError as exc:  # a read-only or full directory: serve what loaded, write nothing
+            st.damage = st.damage or f"the damaged log could not be set aside ({exc.strerror})"
+            logger.error("files store: session %s is read-only: %s; %s", session_id, scan.describe(), st.damage)
+            return st, _Log(path, path.stat().st_size if path.exists() else 0, scan.overhead)
         self.stats.recovered_logs += 1
         level = logging.WARNING if scan.outcome == "torn" else logging.ERROR
         logger.log(
             level,
-            "files store: session %s: %s; original kept at %s",
+            "files store: session %s %s: %s; original kept at %s",
             session_id,
+            scan.outcome,
             scan.describe(),
             kept,
         )
@@ -558,6 +661,18 @@ class FilesStore(RowStore):
 
 
 @dataclass(slots=True)
+class FsckEntry:
+    """One session's line in the ``contextsvc fsck`` report."""
+
+    session_id: str
+    #: ok | torn | recovered | damaged | unreadable
+    outcome: str
+    detail: str
+    #: what ``--repair`` did ("" when nothing was done).
+    repaired: str = ""
+
+
+@dataclass(slots=True)
 class LogScan:
     """What a log holds, and what is wrong with it (``scan_log``)."""
 
@@ -584,7 +699,7 @@ class LogScan:
     def describe(self) -> str:
         if self.outcome == "torn":
             return f"torn last line {self.bad[0][0]} dropped (an interrupted write, never acknowledged)"
-        parts = [] if self.outcome == "ok" else [self.outcome]
+        parts = []
         if self.header_lost:
             parts.append("header lost (rebuilt from the mark file and the first records)")
         if self.bad:
@@ -968,9 +1083,11 @@ def _remove_logs(folder: Path, session_id: str) -> None:
 
 
 def _remove_temp_files(folder: Path) -> None:
-    # Left by a crash during an atomic write; the target was never replaced.
+    # Left by a crash during an atomic write; the target was never replaced. A read-only
+    # directory keeps them (harmless: nothing reads them).
     for path in folder.glob(f".*{_TMP_SUFFIX}"):
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def _fsync_paths(paths: list[Path]) -> None:
