@@ -48,6 +48,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--fsync-batch-ms", type=int, metavar="MS", help="bound of a batched fsync (default 50)")
     serve.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
     _add_transport_flags(serve)
+    fsck = commands.add_parser(
+        "fsck",
+        help="check the files store's session logs; --repair rebuilds what can be rebuilt",
+        description=(
+            "Check every session log of the files store (record checksums, sequence numbers, headers) and "
+            "report each damaged session. With --repair: rewrite recovered logs without their bad lines, "
+            "rebuild lost headers and make damaged sessions writable again (lost sequence numbers stay "
+            "taken). Originals are kept aside. Takes the data directory's lock: stop the server first. "
+            "Exit status: 0 when every session is fine (or was repaired), 1 when damage remains."
+        ),
+    )
+    fsck.add_argument("--store", metavar="URL", help="files:PATH (default files:./.contextsvc; env CONTEXTSVC_STORE)")
+    fsck.add_argument("--config", metavar="FILE", help="TOML settings file")
+    fsck.add_argument("--repair", action="store_true", help="rewrite and rebuild what can be rebuilt")
     commands.add_parser(
         "config", help="print the effective settings as JSON", description="Print the effective settings as JSON."
     ).add_argument("--config", metavar="FILE", help="TOML settings file")
@@ -103,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         print(settings.model_dump_json(indent=2))
         return 0
+    if args.command == "fsck":
+        from contextsvc.store_tools import run_fsck
+
+        return run_fsck(settings, repair=args.repair)
     setup_logging(settings.log_level)
     if args.command == "tokens":
         return run_tokens(args, settings)

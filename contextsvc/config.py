@@ -311,6 +311,8 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(5.0, ge=0)
     #: log lines a minute about refused undecodable requests (the rest are counted, not written).
     refusal_log_per_minute: int = Field(10, ge=0)
+    #: how often the server probes its store (a write + fsync) for the health service.
+    store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
 
     default_profile: str = "default"
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})

@@ -101,6 +101,9 @@ async def start(settings: Settings) -> RunningServer:
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
+            # gRPC sets SO_REUSEPORT by default, which lets a second server share our port and
+            # split the traffic silently (issue #9): a port in use must be refused.
+            ("grpc.so_reuseport", 0),
         ],
     )
     context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)

@@ -39,7 +39,7 @@ from contextsvc.core.tokens import image_tokens_of
 from contextsvc.core.view_budget import budget_images, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
-from contextsvc.errors import Conflict, NothingToCompact
+from contextsvc.errors import Conflict, NothingToCompact, SessionDamaged
 from contextsvc.ports import EventBus, SessionStore, SummarizerError, Summarizers, SummaryRequest
 
 log = logging.getLogger(__name__)
@@ -626,7 +626,8 @@ class Compactor:
                 context_tokens=tokens_after,
                 state=state.to_dict(),
             )
-        except Conflict as exc:
+        except (Conflict, SessionDamaged) as exc:
+            # A damaged session is read-only (issue #9): no compaction, the view is still built.
             # Someone else compacted first: the compaction lock was lost (a PostgreSQL restart
             # ends the connection holding it) and another replica committed on the same context.
             # The store changed nothing; the context is already compacted, and this turn goes on.
