@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
-from contextsvc.api.servicer import ContextServicer
+from contextsvc._gen.v1 import context_service_pb2
+from contextsvc.api.servicer import ContextServicer, add_to_server
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
 from contextsvc.engine.engine import Engine
@@ -57,7 +57,7 @@ async def start(settings: Settings) -> RunningServer:
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
         ]
     )
-    context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
+    add_to_server(ContextServicer(engine), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
