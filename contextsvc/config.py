@@ -296,6 +296,15 @@ class AuthSettings(BaseModel):
     default_expiry_days: int = Field(0, ge=0, le=36_500)
 
 
+class HotPathSettings(BaseModel):
+    """Caches and bounds of the BuildContext hot path (issue #15). Env: ``CONTEXTSVC_HOT_PATH__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: memory (MB) of the API adapter's LRU of encoded stored messages; 0 turns the cache off.
+    wire_cache_mb: int = Field(64, ge=0)
+
+
 class Settings(BaseSettings):
     """The one home of every setting. Env: ``CONTEXTSVC_<FIELD>``; nested: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``."""
 
@@ -338,6 +347,7 @@ class Settings(BaseSettings):
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
 
     @field_validator("listen")
     @classmethod

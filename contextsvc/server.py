@@ -15,11 +15,11 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from contextsvc import __version__, telemetry
-from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
+from contextsvc._gen.v1 import context_service_pb2
 from contextsvc.api.auth import AuthInterceptor
 from contextsvc.api.decoding import DecodeGuard
 from contextsvc.api.health import HealthService
-from contextsvc.api.servicer import ContextServicer
+from contextsvc.api.servicer import ContextServicer, add_to_server
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
 from contextsvc.engine.authn import Authenticator
@@ -106,7 +106,7 @@ async def start(settings: Settings) -> RunningServer:
             ("grpc.so_reuseport", 0),
         ],
     )
-    context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
+    add_to_server(ContextServicer(engine), server)
     health = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
