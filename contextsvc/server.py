@@ -91,11 +91,25 @@ async def serve(settings: Settings) -> None:
     # Tests and scripts read this line to learn the port when listening on port 0.
     print(f"contextsvc listening on {host}:{running.port} (store: {settings.store})", flush=True)
     log.info("serving", extra={"listen": f"{host}:{running.port}", "store": settings.store})
+    gateway = None
+    if settings.gateway.listen:
+        # The bundled gateway is still a gRPC client of this server, over loopback.
+        from contextsvc.gateway.server import announce, start_gateway
+
+        target_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]", "::") else host
+        try:
+            gateway = await start_gateway(settings, settings.gateway.listen, f"{target_host}:{running.port}")
+        except OSError:
+            await stop(running, 0)
+            raise
+        announce(settings.gateway.listen, gateway.port)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
+    if gateway is not None:
+        await gateway.close()
     await stop(running, settings.shutdown_grace_seconds)
     log.info("stopped")
