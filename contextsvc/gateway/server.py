@@ -40,6 +40,9 @@ from contextsvc.gateway.hub import (
 from contextsvc.gateway.upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
+# The library logs every connection at INFO (an object repr, nothing useful): keep warnings only.
+_ws_log = logging.getLogger("contextsvc.gateway.ws")
+_ws_log.setLevel(logging.WARNING)
 
 _WS_PATH = re.compile(r"^/ws/sessions/([^/]+)$")
 _PAGE_PATH = re.compile(r"^/(sessions/[^/]+)?$")
@@ -58,7 +61,8 @@ class _Closed(Exception):
 def _close_for(exc: UpstreamError) -> _Closed:
     if exc.denied:
         return _Closed(CLOSE_DENIED, "access denied")
-    if exc.not_found:
+    if exc.not_found or exc.code == "INVALID_ARGUMENT":
+        # A malformed id names no session either.
         return _Closed(CLOSE_NOT_FOUND, "session not found")
     return _Closed(CLOSE_UNAVAILABLE, f"service unavailable: {exc.code}")
 
@@ -122,7 +126,7 @@ class Gateway:
             ping_timeout=self.gs.ping_timeout_seconds,
             close_timeout=self.gs.close_timeout_seconds,
             # The query string may carry a token: the handshake is never logged by the library.
-            logger=logging.getLogger("contextsvc.gateway.ws"),
+            logger=_ws_log,
         )
         sockets = list(self._server.sockets)
         self.port = sockets[0].getsockname()[1] if sockets else 0
@@ -147,6 +151,8 @@ class Gateway:
             return None  # the WebSocket handshake proceeds
         if url.path == "/api/sessions":
             return await self._api_sessions(request, parse_qs(url.query))
+        if url.path == "/favicon.ico":
+            return Response(204, "No Content", Headers(), b"")
         if url.path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "ok\n")
         static = _STATIC_PATH.match(url.path)
