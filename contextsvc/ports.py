@@ -268,6 +268,19 @@ class Summarizer(Protocol):
     async def close(self) -> None: ...
 
 
+class Summarizers(Protocol):
+    """The summarizers profiles may name, built once by the bootstrap (``summarizers.registry``);
+    the engine only looks them up by name and closes them with itself."""
+
+    def get(self, name: str) -> Summarizer:
+        """The summarizer called ``name``; ``InvalidArgument`` naming the profile field otherwise."""
+        ...
+
+    def __contains__(self, name: object) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
 class EventBus(Protocol):
     """Publishes events and lets watchers replay retained ones and then follow live ones."""
 

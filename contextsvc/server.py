@@ -1,4 +1,4 @@
-"""Server bootstrap: wire store, bus and engine into a grpc.aio server; stop gracefully."""
+"""Server bootstrap: wire store, bus, summarizers and engine into a grpc.aio server; stop gracefully."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from contextsvc.engine.engine import Engine
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
 from contextsvc.stores import open_store
+from contextsvc.summarizers.registry import build_summarizers
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ async def start(settings: Settings) -> RunningServer:
     store = open_store(settings.store, settings)
     await store.open()
     bus = _make_bus(settings, store)
-    engine = Engine(store=store, bus=bus, settings=settings, clock=SystemClock())
+    engine = Engine(
+        store=store, bus=bus, settings=settings, clock=SystemClock(), summarizers=build_summarizers(settings)
+    )
     limits = settings.limits
     server = grpc.aio.server(
         options=[

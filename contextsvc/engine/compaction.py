@@ -39,8 +39,7 @@ from contextsvc.core.view_budget import budget_images, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
 from contextsvc.errors import Conflict, NothingToCompact
-from contextsvc.ports import EventBus, SessionStore, SummarizerError, SummaryRequest
-from contextsvc.summarizers.registry import SummarizerSet
+from contextsvc.ports import EventBus, SessionStore, SummarizerError, Summarizers, SummaryRequest
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ class Compactor:
         bus: EventBus,
         settings: Settings,
         accounting: TokenAccounting,
-        summarizers: SummarizerSet,
+        summarizers: Summarizers,
     ):
         self._store = store
         self._bus = bus

@@ -28,8 +28,7 @@ from contextsvc.engine.validation import IncomingMessage, require_session_id
 from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, ViewService
 from contextsvc.engine.worker import PostTurnWorker
 from contextsvc.errors import InvalidArgument, NotFound
-from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore
-from contextsvc.summarizers.registry import SummarizerSet, build_summarizers
+from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore, Summarizers
 
 # Engine-state key: the inline profile overrides of the newest BuildContext, so the post-turn
 # check (which has no request) prices against the window the runtime actually uses.
@@ -45,13 +44,13 @@ class Engine:
         bus: EventBus,
         settings: Settings,
         clock: Clock,
-        summarizers: SummarizerSet | None = None,
+        summarizers: Summarizers,
     ):
         self.store = store
         self.bus = bus
         self.settings = settings
         self.accounting = TokenAccounting(store, settings)
-        self.summarizers = summarizers or build_summarizers(settings)
+        self.summarizers = summarizers
         self.sessions = SessionService(store=store, bus=bus, settings=settings, clock=clock, accounting=self.accounting)
         self.views = ViewService(store=store, bus=bus, settings=settings, clock=clock, accounting=self.accounting)
         self.compactor = Compactor(
