@@ -167,6 +167,18 @@ async def serve(settings: Settings) -> None:
             "transport": running.transport.describe() if running.transport else "",
         },
     )
+    gateway = None
+    if settings.gateway.listen:
+        # The bundled gateway is still a gRPC client of this server, over loopback.
+        from contextsvc.gateway.server import announce, start_gateway
+
+        target_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]", "::") else host
+        try:
+            gateway = await start_gateway(settings, settings.gateway.listen, f"{target_host}:{running.port}")
+        except OSError:
+            await stop(running, 0)
+            raise
+        announce(settings.gateway.listen, gateway.port)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -174,5 +186,7 @@ async def serve(settings: Settings) -> None:
     loop.add_signal_handler(signal.SIGHUP, running.reload_certificates)
     await stopping.wait()
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
+    if gateway is not None:
+        await gateway.close()
     await stop(running, settings.shutdown_grace_seconds)
     log.info("stopped")
