@@ -14,9 +14,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
+from contextsvc import __version__, telemetry
+from contextsvc._gen.v1 import context_service_pb2
 from contextsvc.api.auth import AuthInterceptor
-from contextsvc.api.servicer import ContextServicer
+from contextsvc.api.decoding import DecodeGuard
+from contextsvc.api.health import HealthService
+from contextsvc.api.servicer import ContextServicer, add_to_server
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
 from contextsvc.engine.authn import Authenticator
@@ -66,6 +69,8 @@ async def start(settings: Settings) -> RunningServer:
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )
+    # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
+    tel = telemetry.configure(service_version=__version__)
     store = open_store(settings.store, settings)
     await store.open()
     auth_resources = AsyncExitStack()
@@ -79,19 +84,31 @@ async def start(settings: Settings) -> RunningServer:
         authenticator = Authenticator(tokens, settings.auth, SystemClock())
     bus = _make_bus(settings, store)
     engine = Engine(
-        store=store, bus=bus, settings=settings, clock=SystemClock(), summarizers=build_summarizers(settings)
+        store=tel.wrap_store(store),
+        bus=tel.wrap_bus(bus),
+        settings=settings,
+        clock=SystemClock(),
+        summarizers=tel.wrap_summarizers(build_summarizers(settings)),
     )
     limits = settings.limits
     server = grpc.aio.server(
-        # Without authentication no interceptor runs: caller_of() is the local admin.
-        interceptors=[AuthInterceptor(authenticator)] if authenticator is not None else [],
+        # Telemetry outermost, so refused calls are measured and traced too. Without
+        # authentication no auth interceptor runs: caller_of() is the local admin.
+        interceptors=[
+            *tel.server_interceptors(),
+            DecodeGuard(log_per_minute=settings.refusal_log_per_minute),
+            *([AuthInterceptor(authenticator)] if authenticator is not None else []),
+        ],
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
+            # gRPC sets SO_REUSEPORT by default, which lets a second server share our port and
+            # split the traffic silently (issue #9): a port in use must be refused.
+            ("grpc.so_reuseport", 0),
         ],
     )
-    context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
-    health = health_aio.HealthServicer()
+    add_to_server(ContextServicer(engine), server)
+    health = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -134,6 +151,8 @@ async def stop(running: RunningServer, grace: float) -> None:
         await running.authenticator.close()
     await running.auth_resources.aclose()
     await running.store.close()
+    # Flush what the last calls recorded; a no-op when telemetry is off.
+    telemetry.current().shutdown()
 
 
 async def serve(settings: Settings) -> None:
@@ -149,6 +168,18 @@ async def serve(settings: Settings) -> None:
             "transport": running.transport.describe() if running.transport else "",
         },
     )
+    gateway = None
+    if settings.gateway.listen:
+        # The bundled gateway is still a gRPC client of this server, over loopback.
+        from contextsvc.gateway.server import announce, start_gateway
+
+        target_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]", "::") else host
+        try:
+            gateway = await start_gateway(settings, settings.gateway.listen, f"{target_host}:{running.port}")
+        except OSError:
+            await stop(running, 0)
+            raise
+        announce(settings.gateway.listen, gateway.port)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,5 +187,7 @@ async def serve(settings: Settings) -> None:
     loop.add_signal_handler(signal.SIGHUP, running.reload_certificates)
     await stopping.wait()
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
+    if gateway is not None:
+        await gateway.close()
     await stop(running, settings.shutdown_grace_seconds)
     log.info("stopped")
