@@ -92,11 +92,12 @@ async def start(settings: Settings) -> RunningServer:
     )
     limits = settings.limits
     server = grpc.aio.server(
-        # Telemetry outermost, so refused calls are measured and traced too.
+        # Telemetry outermost, so refused calls are measured and traced too. Without
+        # authentication no auth interceptor runs: caller_of() is the local admin.
         interceptors=[
             *tel.server_interceptors(),
             DecodeGuard(log_per_minute=settings.refusal_log_per_minute),
-            AuthInterceptor(authenticator),
+            *([AuthInterceptor(authenticator)] if authenticator is not None else []),
         ],
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
