@@ -74,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         print(settings.model_dump_json(indent=2))
         return 0
     setup_logging(settings.log_level)
+    from contextsvc.startup import StartupError
+
     try:
         asyncio.run(_serve(settings))
-    except OSError as exc:
+    except (OSError, StartupError) as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -276,8 +276,15 @@ class Settings(BaseSettings):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+    #: after in-flight calls drained, how long the transport waits for what is left (health
+    #: watchers, calls refused meanwhile) before closing.
+    shutdown_close_seconds: float = Field(0.5, ge=0)
     #: log lines a minute about refused undecodable requests (the rest are counted, not written).
     refusal_log_per_minute: int = Field(10, ge=0)
+    #: a store that does not answer at start: serve NOT_SERVING and retry, pausing at most this long.
+    store_retry_max_seconds: float = Field(5.0, gt=0)
+    #: ... and give up (one line, exit 1) after this long; 0 = keep trying for ever.
+    store_start_timeout_seconds: float = Field(0.0, ge=0)
 
     default_profile: str = "default"
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})

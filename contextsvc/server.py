@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -15,13 +16,16 @@ from grpc_reflection.v1alpha import reflection
 
 from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
 from contextsvc.api.decoding import DecodeGuard
+from contextsvc.api.gate import ServingGate
 from contextsvc.api.health import HealthService
 from contextsvc.api.servicer import ContextServicer
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
 from contextsvc.engine.engine import Engine
+from contextsvc.errors import Unavailable
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
+from contextsvc.startup import DeferredBus, StartupError, open_store_until_ready
 from contextsvc.stores import open_store
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,10 @@ class RunningServer:
     store: SessionStore
     bus: EventBus
     port: int
+    #: admits ContextService calls only while SERVING (not before the store answers, not draining).
+    gate: ServingGate = field(default_factory=ServingGate)
+    #: retries opening a store that did not answer at start (None when it did).
+    opener: asyncio.Task[None] | None = None
 
 
 def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
@@ -48,19 +56,38 @@ def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
 
 
 async def start(settings: Settings) -> RunningServer:
-    store = open_store(settings.store, settings)
-    await store.open()
-    bus = _make_bus(settings, store)
+    try:
+        store = open_store(settings.store, settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    gate = ServingGate()
+    deferred: DeferredBus | None = None
+    first_error: Unavailable | None = None
+    try:
+        await store.open()
+    except Unavailable as exc:
+        # Transient (PostgreSQL not up yet): listen NOT_SERVING and keep trying (contextsvc/startup.py).
+        first_error = exc
+    except Exception as exc:
+        raise StartupError(f"cannot open the store {settings.store}: {' '.join(str(exc).split())}") from None
+    bus: EventBus
+    if first_error is None:
+        bus = _make_bus(settings, store)
+        gate.ready()
+    else:
+        bus = deferred = DeferredBus()
     engine = Engine(store=store, bus=bus, settings=settings, clock=SystemClock())
     limits = settings.limits
     server = grpc.aio.server(
-        interceptors=[DecodeGuard(log_per_minute=settings.refusal_log_per_minute)],
+        interceptors=[DecodeGuard(log_per_minute=settings.refusal_log_per_minute, admissions=[gate])],
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
         ],
     )
-    context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
+    context_service_pb2_grpc.add_ContextServiceServicer_to_server(
+        ContextServicer(engine, stopping=gate.stopping), server
+    )
     health = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -72,17 +99,60 @@ async def start(settings: Settings) -> RunningServer:
     except RuntimeError as exc:
         await store.close()
         raise OSError(f"cannot listen on {settings.listen}: {exc}") from None
+    ready_now = deferred is None or first_error is None
+    await _set_health(
+        health, health_pb2.HealthCheckResponse.SERVING if ready_now else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server=server, health=health, engine=engine, store=store, bus=bus, port=port)
+    running = RunningServer(server=server, health=health, engine=engine, store=store, bus=bus, port=port, gate=gate)
+    if deferred is None or first_error is None:
+        return running
+    log.warning(
+        "store not reachable; serving NOT_SERVING until it answers",
+        extra={"store": settings.store, "error": " ".join(str(first_error).split())},
+    )
+
+    async def ready() -> None:
+        deferred.target = _make_bus(settings, store)
+        gate.ready()
+        await _set_health(health, health_pb2.HealthCheckResponse.SERVING)
+
+    running.opener = asyncio.create_task(
+        open_store_until_ready(
+            store,
+            first_error=first_error,
+            retry_max_seconds=settings.store_retry_max_seconds,
+            give_up_after_seconds=settings.store_start_timeout_seconds,
+            on_ready=ready,
+        )
+    )
+    return running
 
 
-async def stop(running: RunningServer, grace: float) -> None:
-    """Health NOT_SERVING first so balancers drain us, then finish in-flight calls, then close."""
+async def _set_health(health: health_aio.HealthServicer, status: int) -> None:
     for name in ("", SERVICE_NAME):
-        await running.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await running.server.stop(grace)
+        await health.set(name, status)
+
+
+async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -> None:
+    """Drain: new ContextService calls get UNAVAILABLE (SHUTTING_DOWN) and health says NOT_SERVING
+    so balancers move on; open StreamEvents calls end with UNAVAILABLE carrying the
+    ``after_event_id`` to resume from; calls in flight finish within ``grace``; then close."""
+    running.gate.drain()
+    await _set_health(running.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if running.opener is not None:
+        running.opener.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StartupError):
+            await running.opener
+    # Calls in flight finish first, while the transport still accepts (and the gate refuses) new
+    # ones; grpc's own stop would cancel calls it had accepted but not yet handed over.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    idle = await running.gate.wait_idle(grace)
+    if not idle:
+        log.warning("grace period over; cancelling calls still running", extra={"calls": running.gate.in_flight})
+    # What remains are health watchers and calls refused meanwhile: a short close.
+    await running.server.stop(min(max(deadline - loop.time(), 0.0), close_grace))
     await running.engine.close()
     await running.bus.close()
     await running.store.close()
@@ -98,7 +168,19 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    failed: BaseException | None = None
+    if running.opener is not None:
+        # A store that never answers within store_start_timeout_seconds ends the process.
+        running.opener.add_done_callback(
+            lambda task: stopping.set() if not task.cancelled() and task.exception() is not None else None
+        )
     await stopping.wait()
+    if running.opener is not None and running.opener.done():
+        if not running.opener.cancelled():
+            failed = running.opener.exception()
+        running.opener = None
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
-    await stop(running, settings.shutdown_grace_seconds)
+    await stop(running, settings.shutdown_grace_seconds, settings.shutdown_close_seconds)
     log.info("stopped")
+    if failed is not None:
+        raise failed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +18,7 @@ from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.api import mapping
 from contextsvc.api.auth import caller_of
 from contextsvc.api.errors import internal_status, to_status
+from contextsvc.api.streams import until_stopped
 from contextsvc.api.views import build_response, estimate_to_pb, report_to_compress_response
 from contextsvc.engine.engine import Engine
 
@@ -49,8 +51,10 @@ def unary(
 
 
 class ContextServicer(pb_grpc.ContextServiceServicer):
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, *, stopping: asyncio.Event | None = None):
         self._engine = engine
+        # Set when the server drains: open StreamEvents calls end with UNAVAILABLE + after_event_id.
+        self._stopping = stopping or asyncio.Event()
 
     @unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Context) -> resources_pb2.Session:
@@ -192,9 +196,10 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
 
     async def StreamEvents(self, request: pb.StreamEventsRequest, context: Context) -> AsyncIterator[events_pb2.Event]:
         try:
-            async for event in self._engine.sessions.events(
+            events = self._engine.sessions.events(
                 caller_of(context), session_id=request.session_id, after_event_id=request.after_event_id
-            ):
+            )
+            async for event in until_stopped(events, self._stopping, after_event_id=request.after_event_id):
                 yield mapping.event_to_pb(event)
         except errors.ContextError as exc:
             await context.abort_with_status(to_status(exc))
