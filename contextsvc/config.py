@@ -263,6 +263,27 @@ class PostgresSettings(BaseModel):
         return self
 
 
+class QuotaSettings(BaseModel):
+    """Per-user limits (the user is the caller's id, see api/auth.py). 0 switches a limit off; all
+    are off by default. Counted per server process: N replicas allow up to N times as much."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ContextService calls per second per user (a token bucket) ...
+    calls_per_second: float = Field(0.0, ge=0)
+    #: ... with room for this many at once (0 = one second's worth, at least 1).
+    calls_burst: int = Field(0, ge=0)
+    #: request bytes of AppendMessages per user and minute (a bucket refilled continuously; one
+    #: append larger than this is let through when the bucket is full, and paid back after).
+    append_bytes_per_minute: int = Field(0, ge=0)
+    #: sessions a user may own (checked by CreateSession and ForkSession).
+    sessions_per_user: int = Field(0, ge=0)
+    #: StreamEvents calls a user may have open at once.
+    streams_per_user: int = Field(0, ge=0)
+    #: users whose buckets are remembered (least recently seen ones are forgotten first).
+    max_tracked_users: int = Field(100_000, ge=1)
+
+
 class Settings(BaseSettings):
     """The one home of every setting. Env: ``CONTEXTSVC_<FIELD>``; nested: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``."""
 
@@ -301,6 +322,7 @@ class Settings(BaseSettings):
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
 
     @field_validator("listen")
     @classmethod

@@ -18,9 +18,11 @@ from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
 from contextsvc.api.decoding import DecodeGuard
 from contextsvc.api.gate import ServingGate
 from contextsvc.api.health import HealthService
+from contextsvc.api.quotas import Quotas
 from contextsvc.api.servicer import ContextServicer
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
+from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
 from contextsvc.errors import Unavailable
 from contextsvc.events.memory_bus import MemoryEventBus
@@ -78,8 +80,15 @@ async def start(settings: Settings) -> RunningServer:
         bus = deferred = DeferredBus()
     engine = Engine(store=store, bus=bus, settings=settings, clock=SystemClock())
     limits = settings.limits
+
+    async def owned_sessions(caller: Principal) -> int:
+        # Counted as a non-admin of the same user: an admin's quota is on what they own.
+        owner = Principal(user_id=caller.user_id)
+        return (await engine.sessions.list(owner, page_size=1, page_token="", profile_id="", query="")).total
+
+    quotas = Quotas(settings.quotas, count_sessions=owned_sessions)
     server = grpc.aio.server(
-        interceptors=[DecodeGuard(log_per_minute=settings.refusal_log_per_minute, admissions=[gate])],
+        interceptors=[DecodeGuard(log_per_minute=settings.refusal_log_per_minute, admissions=[gate, quotas])],
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),

@@ -110,7 +110,7 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, method)
+        wrapped = self.wrap(handler, method)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
@@ -138,7 +138,8 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
             await context.abort_with_status(to_status(exc))
         return releases
 
-    def _wrap(self, handler: Handler, method: str) -> Handler:
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        """``handler`` with undecodable requests refused and the admissions run first."""
         refuse = self._refuse
         admit = self._admit
         changes: dict[str, Any] = {"request_deserializer": safe_deserializer(handler.request_deserializer)}
