@@ -90,6 +90,13 @@ class ContextTooLarge(FailedPrecondition):
     reason = "CONTEXT_TOO_LARGE"
 
 
+class SessionDamaged(FailedPrecondition):
+    """The session's stored history cannot be trusted (lost records): it is read-only until
+    an operator repairs it (``contextsvc fsck --repair``)."""
+
+    reason = "SESSION_DAMAGED"
+
+
 class Conflict(ContextError):
     """A concurrent operation on the same session got there first."""
 

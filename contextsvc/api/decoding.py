@@ -92,9 +92,11 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
     """Wraps every method handler so an undecodable request is refused with INVALID_ARGUMENT, then
     runs the admissions (serving gate, quotas) before the servicer sees the call."""
 
-    def __init__(self, *, log_per_minute: int, admissions: Sequence[Admission] = ()):
+    def __init__(self, *, log_per_minute: int, admissions: Sequence[Admission] = (), decoding: bool = True):
+        """``decoding=False`` runs only the admissions (a guard placed after authentication)."""
         self._refusals = ThrottledLog(log, per_minute=log_per_minute)
         self._admissions = tuple(admissions)
+        self._decoding = decoding
         # method path -> (handler as registered, wrapped handler); bounded by the registered methods.
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
@@ -104,7 +106,9 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler:
         handler: Handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
+        if handler is None or (self._decoding and handler.request_deserializer is None):
+            return handler
+        if not self._decoding and not self._admissions:
             return handler
         method: str = handler_call_details.method
         cached = self._wrapped.get(method)
@@ -142,7 +146,9 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
         """``handler`` with undecodable requests refused and the admissions run first."""
         refuse = self._refuse
         admit = self._admit
-        changes: dict[str, Any] = {"request_deserializer": safe_deserializer(handler.request_deserializer)}
+        changes: dict[str, Any] = {}
+        if self._decoding:
+            changes["request_deserializer"] = safe_deserializer(handler.request_deserializer)
         if handler.request_streaming:
 
             async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:

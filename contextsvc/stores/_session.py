@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from contextsvc.core.messages import Message
+from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import SessionInfo
 from contextsvc.ports import ViewRecord
 
@@ -93,6 +93,21 @@ class RecordError(ValueError):
     """A record does not fit the session it is applied to (a corrupt log)."""
 
 
+#: metadata key marking a stand-in for a row lost to log damage (see ``SessionState.fill_lost``).
+LOST_KEY = "contextsvc.lost"
+
+
+def lost_row(seq: int, note: str, time: datetime | None) -> Message:
+    return Message(
+        role=Role.SYSTEM,
+        content=f"[message #{seq} was lost: {note}]",
+        flags=Flags(is_context=False, is_display=True),
+        metadata={LOST_KEY: True},
+        sequence_number=seq,
+        create_time=time,
+    )
+
+
 def utc(value: datetime) -> datetime:
     """Aware UTC; a naive value is taken to be UTC already."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
@@ -112,6 +127,7 @@ class SessionState:
         "context_tokens",
         "context_truncated",
         "create_time",
+        "damage",
         "deleted",
         "display_count",
         "id",
@@ -157,6 +173,8 @@ class SessionState:
         self.views: dict[str, ViewRecord] = {}
         self.lock = asyncio.Lock()
         self.deleted = False
+        #: why the history cannot be trusted ("" = it can): the session is then read-only.
+        self.damage = ""
 
     # -- reading -------------------------------------------------------------------------
 
@@ -270,6 +288,15 @@ class SessionState:
             self._set_state(record.context_tokens, None, record.state)
         if record.time is not None:
             self.update_time = record.time
+
+    def fill_lost(self, upto: int, note: str, time: datetime | None) -> list[int]:
+        """Stand-ins for acknowledged rows that could not be read, up to ``upto``: they keep
+        their sequence numbers taken (never handed out again) and show the loss in the display
+        history; they never reach the context. Returns the numbers filled."""
+        filled = list(range(len(self.rows) + 1, upto + 1))
+        for seq in filled:
+            self._add_row(lost_row(seq, note, time))
+        return filled
 
     def remember_view(self, view: ViewRecord, keep: int) -> None:
         self.views.pop(view.view_id, None)
