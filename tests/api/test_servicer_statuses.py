@@ -28,6 +28,7 @@ from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
+from contextsvc.summarizers.registry import build_summarizers
 from tests.support.servicer_harness import EventLoopThread, Outcome, ServicerHarness
 from tests.support.stores import TickingClock
 
@@ -44,7 +45,13 @@ class World:
         async def build() -> tuple[Engine, asyncio.Event]:
             store = MemoryStore(settings)
             await store.open()
-            engine = Engine(store=store, bus=MemoryEventBus(retention=100), settings=settings, clock=TickingClock())
+            engine = Engine(
+                store=store,
+                bus=MemoryEventBus(retention=100),
+                settings=settings,
+                clock=TickingClock(),
+                summarizers=build_summarizers(settings),
+            )
             return engine, asyncio.Event()
 
         self.engine, self.stopping = loop.run(build())
@@ -216,6 +223,7 @@ DOMAIN_ERRORS: list[tuple[errors.ContextError, grpc.StatusCode]] = [
     (errors.FailedPrecondition("no"), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.NothingToCompact("none"), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.ContextTooLarge("big", metadata={"estimate": "9", "budget": "8"}), grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.SessionDamaged("read-only until repaired"), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Conflict("raced", reason="COMPACTION_CONFLICT"), grpc.StatusCode.ABORTED),
     (errors.Unavailable("store down"), grpc.StatusCode.UNAVAILABLE),
     (

@@ -74,3 +74,45 @@ def test_quotas_over_a_real_server(tmp_path: Path) -> None:
             assert stub.GetSession(pb.GetSessionRequest(session_id=first)).id == first
     finally:
         server.kill()
+
+
+async def _tokens(url: str, *users: str) -> dict[str, str]:
+    from datetime import UTC, datetime
+
+    from contextsvc.config import Settings
+    from contextsvc.core.credentials import issue
+    from contextsvc.stores.token_access import token_store_at
+
+    made: dict[str, str] = {}
+    async with token_store_at(url, Settings()) as store:
+        for name in users:
+            issued = issue(user=name, is_admin=False, now=datetime.now(UTC), expire_time=None)
+            await store.add_api_token(issued.record)
+            made[name] = issued.secret
+    return made
+
+
+def test_quotas_are_per_token_user(tmp_path: Path) -> None:
+    """With API tokens, each user has their own buckets and caps: one user at a limit does not
+    hold another back."""
+    import asyncio
+
+    url = f"files:{tmp_path / 'data'}"
+    tokens = asyncio.run(_tokens(url, "ada", "bob"))
+    env = {"CONTEXTSVC_QUOTAS__SESSIONS_PER_USER": "1", "CONTEXTSVC_AUTH__CACHE_SECONDS": "0"}
+    server = ServerProcess(url, extra_args=["--auth", "tokens"], env=env).start()
+    try:
+        with server.channel() as ch:
+            stub = server.stub(ch)
+            ada = [("authorization", f"Bearer {tokens['ada']}")]
+            bob = [("authorization", f"Bearer {tokens['bob']}")]
+            stub.CreateSession(pb.CreateSessionRequest(name="ada-1"), metadata=ada)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.CreateSession(pb.CreateSessionRequest(name="ada-2"), metadata=ada)
+            assert _quota_details(caught.value)[0] == ["user:ada sessions_per_user"]
+            assert stub.CreateSession(pb.CreateSessionRequest(name="bob-1"), metadata=bob).user_id == "bob"
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.CreateSession(pb.CreateSessionRequest(name="none"))
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED  # no token: refused before quotas
+    finally:
+        server.kill()
