@@ -263,6 +263,27 @@ class PostgresSettings(BaseModel):
         return self
 
 
+class QuotaSettings(BaseModel):
+    """Per-user limits (the user is the caller's id, see api/auth.py). 0 switches a limit off; all
+    are off by default. Counted per server process: N replicas allow up to N times as much."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ContextService calls per second per user (a token bucket) ...
+    calls_per_second: float = Field(0.0, ge=0)
+    #: ... with room for this many at once (0 = one second's worth, at least 1).
+    calls_burst: int = Field(0, ge=0)
+    #: request bytes of AppendMessages per user and minute (a bucket refilled continuously; one
+    #: append larger than this is let through when the bucket is full, and paid back after).
+    append_bytes_per_minute: int = Field(0, ge=0)
+    #: sessions a user may own (checked by CreateSession and ForkSession).
+    sessions_per_user: int = Field(0, ge=0)
+    #: StreamEvents calls a user may have open at once.
+    streams_per_user: int = Field(0, ge=0)
+    #: users whose buckets are remembered (least recently seen ones are forgotten first).
+    max_tracked_users: int = Field(100_000, ge=1)
+
+
 class AuthMode(StrEnum):
     """Whether callers must present an API token (DESIGN §5.10)."""
 
@@ -373,8 +394,15 @@ class Settings(BaseSettings):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+    #: after in-flight calls drained, how long the transport waits for what is left (health
+    #: watchers, calls refused meanwhile) before closing.
+    shutdown_close_seconds: float = Field(0.5, ge=0)
     #: log lines a minute about refused undecodable requests (the rest are counted, not written).
     refusal_log_per_minute: int = Field(10, ge=0)
+    #: a store that does not answer at start: serve NOT_SERVING and retry, pausing at most this long.
+    store_retry_max_seconds: float = Field(5.0, gt=0)
+    #: ... and give up (one line, exit 1) after this long; 0 = keep trying for ever.
+    store_start_timeout_seconds: float = Field(0.0, ge=0)
     #: how often the server probes its store (a write + fsync) for the health service.
     store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
 
@@ -402,6 +430,7 @@ class Settings(BaseSettings):
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
