@@ -286,3 +286,33 @@ def test_bad_compression_requests(llm_server: ServerProcess) -> None:
         with pytest.raises(grpc.RpcError) as err:
             stub.ExpandSummary(pb.ExpandSummaryRequest(session_id=sid, sequence_number=99))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_context_buffer_pages_by_token_after_compactions(llm_server: ServerProcess) -> None:
+    """Issue #8 item 1 over the wire: after compactions the context buffer is not in sequence
+    order (summary first, placeholders at their results' places); pages joined by
+    next_page_token equal the one-page listing for every page size, and a bad token is
+    INVALID_ARGUMENT naming page_token."""
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 20)
+        profile = _profile(strategies=["clear_tool_results", "summarize"])
+        assert stub.Compress(pb.CompressRequest(session_id=sid, profile=profile)).compressed
+        _fill(stub, sid, 6)
+        whole = stub.ListMessages(pb.ListMessagesRequest(session_id=sid, buffer=pb.BUFFER_CONTEXT, page_size=1000))
+        expected = [m.sequence_number for m in whole.messages]
+        assert not whole.next_page_token
+        assert expected != sorted(expected)  # the summary stands before rows with smaller numbers
+        for size in range(1, len(expected) + 1):
+            got = [m.sequence_number for m in all_messages(stub, sid, pb.BUFFER_CONTEXT, page_size=size)]
+            assert got == expected, size
+        first = stub.ListMessages(pb.ListMessagesRequest(session_id=sid, buffer=pb.BUFFER_CONTEXT, page_size=5))
+        assert first.next_page_token and first.next_before_sequence == 0
+        for token in ("%%%", first.next_page_token[:-3] + "AAA"):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ListMessages(
+                    pb.ListMessagesRequest(session_id=sid, buffer=pb.BUFFER_CONTEXT, page_size=5, page_token=token)
+                )
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_details(err.value)["fields"] == ["page_token"]
