@@ -449,6 +449,7 @@ class CompressionReport(_message.Message):
     CONTEXT_TOKENS_AFTER_FIELD_NUMBER: _builtins.int
     BREADCRUMBS_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    STAGES_FIELD_NUMBER: _builtins.int
     compressed: _builtins.bool
     """True when the context was compressed."""
     method: _events_pb2.CompressionMethod.ValueType
@@ -473,6 +474,10 @@ class CompressionReport(_message.Message):
     def plan(self) -> _events_pb2.CompressionPlan:
         """The plan that was carried out."""
 
+    @_builtins.property
+    def stages(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.CompressionStage]:
+        """Every stage that ran, in order (`method` is the last one's)."""
+
     def __init__(
         self,
         *,
@@ -486,10 +491,11 @@ class CompressionReport(_message.Message):
         context_tokens_after: _builtins.int = ...,
         breadcrumbs: _abc.Iterable[_builtins.str] | None = ...,
         plan: _events_pb2.CompressionPlan | None = ...,
+        stages: _abc.Iterable[_events_pb2.CompressionStage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "reason", b"reason", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "reason", b"reason", "stages", b"stages", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -716,6 +722,7 @@ class CompressResponse(_message.Message):
     CONTEXT_TOKENS_AFTER_FIELD_NUMBER: _builtins.int
     BREADCRUMBS_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    STAGES_FIELD_NUMBER: _builtins.int
     compressed: _builtins.bool
     """True when the context was compressed."""
     method: _events_pb2.CompressionMethod.ValueType
@@ -738,6 +745,12 @@ class CompressResponse(_message.Message):
     def plan(self) -> _events_pb2.CompressionPlan:
         """The plan (the only output of a dry run)."""
 
+    @_builtins.property
+    def stages(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.CompressionStage]:
+        """Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
+        then hard_truncate when clearing alone could not reach the target.
+        """
+
     def __init__(
         self,
         *,
@@ -750,10 +763,11 @@ class CompressResponse(_message.Message):
         context_tokens_after: _builtins.int = ...,
         breadcrumbs: _abc.Iterable[_builtins.str] | None = ...,
         plan: _events_pb2.CompressionPlan | None = ...,
+        stages: _abc.Iterable[_events_pb2.CompressionStage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "stages", b"stages", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
