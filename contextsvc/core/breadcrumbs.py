@@ -454,6 +454,7 @@ def _accept(kind: EntityKind, value: str) -> bool:
             # between two strings (`": 79924, "`), not a quoted name.
             and value[0] not in _FRAGMENT_EDGES
             and value[-1] not in _FRAGMENT_EDGES
+            and '"' not in value  # single-quoted or ticked across JSON strings
             and value.lower() not in _QUOTED_STOP
             and not value.endswith((".", "!", "?"))
         )
