@@ -42,6 +42,10 @@ class CompressionDefaults(BaseModel):
     summarizer: str = "extractive"
     strategies: list[str] = Field(default_factory=lambda: ["clear_tool_results", "summarize"])
     critical_tool_names: list[str] = Field(default_factory=list)
+    #: whether hard truncation (oldest whole turns dropped, no summary) may follow when the listed
+    #: strategies cannot reach the target. True keeps every turn under the window whatever the
+    #: summarizer does; false makes a clearing-only profile commit what clearing achieved.
+    hard_truncate_fallback: bool = True
 
     @model_validator(mode="after")
     def _target_below_threshold(self) -> CompressionDefaults:

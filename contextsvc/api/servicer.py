@@ -137,10 +137,12 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             buffer=mapping.buffer_from_pb(request.buffer),
             page_size=request.page_size,
             before_sequence=request.before_sequence,
+            page_token=request.page_token,
         )
         return pb.ListMessagesResponse(
             messages=[mapping.message_to_pb(m) for m in page.messages],
             next_before_sequence=page.next_before_sequence,
+            next_page_token=page.next_page_token,
         )
 
     @unary
