@@ -259,6 +259,39 @@ class PostgresSettings(BaseModel):
         return self
 
 
+class AuthMode(StrEnum):
+    """Whether callers must present an API token (DESIGN §5.10)."""
+
+    #: tokens required unless the server listens on loopback only (then every caller is the
+    #: local admin ``anonymous``, as a single-user tool expects).
+    AUTO = "auto"
+    #: tokens always required, loopback included.
+    TOKENS = "tokens"
+    #: no tokens: every caller is the admin ``anonymous``. Off loopback only with ``insecure``.
+    NONE = "none"
+
+
+class AuthSettings(BaseModel):
+    """API tokens (``contextsvc tokens …``) and how the server checks them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: AuthMode = AuthMode.AUTO
+    #: where tokens live: empty = in the session store (files: ``tokens.json`` in its data
+    #: directory; postgres: the ``api_tokens`` table; memory: in the server process only), or a
+    #: store URL of their own (``files:PATH``, ``postgres://…``), e.g. beside a memory store.
+    token_store: str = ""
+    #: a looked-up token is trusted this long before it is read again, so a revocation reaches a
+    #: running server within this time (0 = read the store on every call).
+    cache_seconds: float = Field(5.0, ge=0, le=3600)
+    #: tokens (and unknown values) remembered by the cache at most.
+    cache_entries: int = Field(10_000, ge=1)
+    #: ``last_used`` is written at most once per this interval per token, never on every call.
+    last_used_interval_seconds: float = Field(60.0, ge=0)
+    #: ``tokens create`` without ``--expires``: days until the token expires (0 = never).
+    default_expiry_days: int = Field(0, ge=0, le=36_500)
+
+
 class Settings(BaseSettings):
     """The one home of every setting. Env: ``CONTEXTSVC_<FIELD>``; nested: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``."""
 
@@ -286,6 +319,15 @@ class Settings(BaseSettings):
     #: listing previews are cut to this many characters.
     preview_chars: int = Field(160, ge=10)
 
+    #: PEM certificate chain and private key: serve TLS (both or neither). Reread on SIGHUP.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: PEM bundle of the CAs whose client certificates are accepted: mutual TLS (needs tls_cert).
+    tls_client_ca: str = ""
+    #: allow listening beyond loopback without TLS or without authentication.
+    insecure: bool = False
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+
     limits: Limits = Field(default_factory=Limits)
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
@@ -298,6 +340,14 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"listen must be HOST:PORT, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        return self
 
     @model_validator(mode="after")
     def _default_profile_exists(self) -> Settings:
@@ -323,7 +373,8 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     # Environment and flags beat the file, field by field: a nested variable such as
     # CONTEXTSVC_LIMITS__MAX_PAGE_SIZE changes that one field, not the file's whole [limits] table.
     merged = _deep_merge(file_values, _explicit(env_only))
-    return Settings(**{**merged, **cleaned, "config": str(path)})
+    # Flags win; a nested flag (``--auth`` -> auth.mode) changes that one field of the file's table.
+    return Settings(**{**_deep_merge(merged, cleaned), "config": str(path)})
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

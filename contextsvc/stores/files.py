@@ -90,6 +90,7 @@ from contextsvc.stores._session import (
     SessionState,
     StateRecord,
 )
+from contextsvc.stores.api_tokens import FilesTokenStore
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +176,10 @@ class FilesStore(RowStore):
         return len(self._dirty)
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def api_tokens(self) -> FilesTokenStore:
+        """This store's API tokens (``ports.ApiTokenStore``): ``tokens.json`` in the data directory."""
+        return FilesTokenStore(self.root)
 
     async def open(self) -> None:
         # One writer per directory, and the lock before anything is read (see ``_dirlock``).
