@@ -24,6 +24,7 @@ from contextsvc.engine.authn import Authenticator
 from contextsvc.engine.engine import Engine
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
+from contextsvc.store_health import StoreHealthWatcher
 from contextsvc.stores import open_store
 from contextsvc.stores.token_access import server_token_store
 from contextsvc.summarizers.registry import build_summarizers
@@ -47,6 +48,8 @@ class RunningServer:
     certificates: CertificateReloader | None = None
     #: closes what authentication opened (a separate token store), before the store closes.
     auth_resources: AsyncExitStack = field(default_factory=AsyncExitStack)
+    #: mirrors the store's health (writable, damaged sessions) into the health service.
+    store_health: StoreHealthWatcher | None = None
 
     def reload_certificates(self) -> None:
         """SIGHUP: read the TLS certificate, key and client CAs again (no-op without TLS)."""
@@ -119,6 +122,8 @@ async def start(settings: Settings) -> RunningServer:
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    store_health = StoreHealthWatcher(health, store, SERVICE_NAME, settings.store_health_interval_seconds)
+    await store_health.start()
     return RunningServer(
         server=server,
         health=health,
@@ -130,11 +135,14 @@ async def start(settings: Settings) -> RunningServer:
         authenticator=authenticator,
         certificates=certificates,
         auth_resources=auth_resources,
+        store_health=store_health,
     )
 
 
 async def stop(running: RunningServer, grace: float) -> None:
     """Health NOT_SERVING first so balancers drain us, then finish in-flight calls, then close."""
+    if running.store_health is not None:
+        await running.store_health.stop()
     for name in ("", SERVICE_NAME):
         await running.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await running.server.stop(grace)
