@@ -41,15 +41,24 @@ session, creating its history file, rewriting a log and storing a blob are durab
 call returns (temp file + fsync + ``os.replace`` + directory fsync), and a compaction is a single
 record, so after any crash a session shows all of a compaction or none.
 
-Recovery on load: a torn last line (no trailing newline, or not valid JSON) is what a crash in
-the middle of a write leaves; the log is copied aside (``.torn-<time>``), a warning is logged and
-the log is rewritten without that line. A bad line anywhere else is corruption: the log is
-copied aside (``.corrupt-<time>``), an error is logged and the session loads what precedes the
-bad line. A history file gets the same treatment, except that its chunks do not depend on each
-other: every readable line is kept, unreadable ones are dropped (the original set aside as
+Integrity (issue #9): the store holds ``<data>/lock`` (``_dirlock``) for its whole life, so one
+process writes a directory. Every line is a checked record (``_frames``: CRC32C + the record,
+which carries ``n``, the session's highest sequence number once it applies), and
+``sessions/<id>.jsonl.mark`` keeps the highest number ever acknowledged and the header fields that
+never change. Lines written before checksums load unchecked.
+
+Recovery on load (``scan_log``, shared with ``contextsvc fsck``): every line is checked on its
+own; a bad one is set aside (the original log copied to ``.corrupt-<time>``, or ``.torn-<time>``
+when only the last line is bad and nothing acknowledged is lost: an interrupted write) and the
+records after it still load. Acknowledged numbers that cannot be read (a bad append record, a gap,
+a tail below the mark) get stand-in rows (``SessionState.fill_lost``) so they are never handed out
+again, and the session is damaged: read-only (``SESSION_DAMAGED`` on writes) until ``fsck
+--repair``. A lost header is rebuilt from the mark file; a log with no readable record and no mark
+is moved aside. A history file gets the same treatment, except that its chunks do not depend on
+each other: every readable line is kept, unreadable ones are dropped (the original set aside as
 ``.torn-<time>`` or ``.corrupt-<time>``) and the file is rewritten. Deleting a session removes its
-history file, then its log, and any copies of either set aside. A history file left without a
-session (its log set aside as unreadable) is kept for the operator, and removed if a session
+mark, its history file, then its log, and any copies of either set aside. A history file left
+without a session (its log and mark removed by an operator) is kept, and removed if a session
 with that id is ever created again.
 """
 
@@ -78,7 +87,7 @@ from contextsvc.errors import Conflict, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
-from contextsvc.stores._frames import BadFrame, frame, mark_bytes, mark_path, read_mark, unframe, write_mark_number
+from contextsvc.stores._frames import BadFrame, frame, mark_path, read_mark, unframe, write_mark, write_mark_number
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -278,7 +287,7 @@ class FilesStore(RowStore):
             await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
             await asyncio.to_thread(_create_file, path, data)
             # After the log: a mark file never stands for a session that was not created.
-            await asyncio.to_thread(_write_atomic, mark_path(path), mark_bytes(0, _mark_meta(st)))
+            await asyncio.to_thread(write_mark, mark_path(path), 0, _mark_meta(st))
         except FileExistsError:
             raise Conflict("session already exists", metadata={"session_id": st.id}) from None
         except OSError as exc:
@@ -610,7 +619,7 @@ class FilesStore(RowStore):
 
     def _save_mark(self, path: Path, st: SessionState) -> None:
         try:
-            _write_atomic(mark_path(path), mark_bytes(st.last_sequence, _mark_meta(st)))
+            write_mark(mark_path(path), st.last_sequence, _mark_meta(st))
         except OSError as exc:
             logger.warning("files store: cannot write the sequence mark of session %s: %s", st.id, exc)
 
