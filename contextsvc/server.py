@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
 from contextsvc.engine.authn import Authenticator
 from contextsvc.engine.engine import Engine
+from contextsvc.engine.maintenance import maintenance_loop
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
 from contextsvc.store_health import StoreHealthWatcher
@@ -50,6 +52,8 @@ class RunningServer:
     auth_resources: AsyncExitStack = field(default_factory=AsyncExitStack)
     #: mirrors the store's health (writable, damaged sessions) into the health service.
     store_health: StoreHealthWatcher | None = None
+    #: the periodic store maintenance run (``engine/maintenance.py``).
+    maintenance: asyncio.Task[None] | None = None
 
     def reload_certificates(self) -> None:
         """SIGHUP: read the TLS certificate, key and client CAs again (no-op without TLS)."""
@@ -124,6 +128,18 @@ async def start(settings: Settings) -> RunningServer:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     store_health = StoreHealthWatcher(health, store, SERVICE_NAME, settings.store_health_interval_seconds)
     await store_health.start()
+    watched = getattr(bus, "watched_sessions", None)
+    maintenance = asyncio.create_task(
+        maintenance_loop(
+            store,
+            bus,
+            settings.maintenance,
+            now=SystemClock().now,
+            busy=watched if watched is not None else frozenset,
+            sleep=asyncio.sleep,
+        ),
+        name="contextsvc-maintenance",
+    )
     return RunningServer(
         server=server,
         health=health,
@@ -136,6 +152,7 @@ async def start(settings: Settings) -> RunningServer:
         certificates=certificates,
         auth_resources=auth_resources,
         store_health=store_health,
+        maintenance=maintenance,
     )
 
 
@@ -143,6 +160,10 @@ async def stop(running: RunningServer, grace: float) -> None:
     """Health NOT_SERVING first so balancers drain us, then finish in-flight calls, then close."""
     if running.store_health is not None:
         await running.store_health.stop()
+    if running.maintenance is not None:
+        running.maintenance.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running.maintenance
     for name in ("", SERVICE_NAME):
         await running.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await running.server.stop(grace)

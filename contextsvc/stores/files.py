@@ -72,15 +72,16 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
+from contextsvc.core.maintenance import Candidate
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import SessionInfo
 from contextsvc.errors import Conflict, Unavailable
@@ -217,6 +218,42 @@ class FilesStore(RowStore):
             await self.flush()
         finally:
             self._dir_lock.release()
+
+    async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
+        """Every session with its bytes on disk (log, mark, history, copies set aside), and the
+        bytes no session owns (blobs, calibration), for ``core/maintenance.py``."""
+        sessions = [st for st in list(self._sessions.values()) if not st.deleted]
+
+        def sizes() -> tuple[dict[str, int], int]:
+            owned: dict[str, int] = {}
+            other = 0
+            for folder in (self._sessions_dir, self._history_dir):
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        sid = entry.name[:36]
+                        size = entry.stat().st_size if entry.is_file() else 0
+                        if is_session_id(sid):
+                            owned[sid] = owned.get(sid, 0) + size
+                        else:
+                            other += size
+            for dirpath, _dirs, names in os.walk(self._blobs_dir):
+                other += sum(os.stat(os.path.join(dirpath, n)).st_size for n in names)
+            return owned, other + self._calibration.size
+
+        owned, other = await asyncio.to_thread(sizes)
+        epoch = datetime.min.replace(tzinfo=UTC)
+        candidates = [
+            Candidate(
+                session_id=st.id,
+                update_time=st.update_time or st.create_time or epoch,
+                pinned=st.pinned,
+                size_bytes=owned.get(st.id, 0),
+                busy=st.id in busy,
+                user_id=st.user_id,
+            )
+            for st in sessions
+        ]
+        return candidates, other
 
     async def health_check(self) -> StoreHealth:
         """Can the store write right now (a probe write + fsync in the data directory), and how
