@@ -70,13 +70,14 @@ def run_maintain(settings: Settings, *, dry_run: bool, enforce: bool) -> int:
             f"contextsvc maintain: {store.root} ({how}): {result.sessions_before} sessions, "
             f"{_mb(result.bytes_before)}; policy: {_policy(config)}"
         )
-        verb = "removed" if removing else "would remove"
+        verb = "removed" if removing else "to remove"
         for r in result.removals:
-            print(f"{verb}  {r.session_id}  {_mb(r.size_bytes):>9}  {r.reason}")
+            print(f"{'removed' if removing else 'would remove'}  {r.session_id}  {_mb(r.size_bytes):>9}  {r.reason}")
         for note in result.notes:
             print(f"note: {note}")
         freed = sum(r.size_bytes for r in result.removals)
-        print(f"{len(result.removals)} session(s), {_mb(freed)} {verb}; {_mb(result.bytes_after)} left")
+        left = "left" if removing else "would be left"
+        print(f"{len(result.removals)} session(s), {_mb(freed)} {verb}; {_mb(result.bytes_after)} {left}")
         return 0
 
     try:

@@ -119,5 +119,5 @@ def test_the_cli_dry_run_prints_what_and_why(tmp_path: Path, capsys: pytest.Capt
     out = capsys.readouterr().out
     assert "(dry run): 3 sessions" in out
     assert f"would remove  {old}" in out and f"would remove  {other}" in out and "prune_after 30 days" in out
-    assert "2 session(s)" in out
+    assert "2 session(s)" in out and "to remove" in out
     assert len(list((tmp_path / "data" / "sessions").glob("*.jsonl"))) == 3  # nothing removed
