@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--fsync-batch-ms", type=int, metavar="MS", help="bound of a batched fsync (default 50)")
     serve.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
+    _add_transport_flags(serve)
     fsck = commands.add_parser(
         "fsck",
         help="check the files store's session logs; --repair rebuilds what can be rebuilt",
@@ -76,7 +77,20 @@ def _parser() -> argparse.ArgumentParser:
     maintain.add_argument("--config", metavar="FILE", help="TOML settings file")
     maintain.add_argument("--dry-run", action="store_true", help="only print what would be removed and why")
     maintain.add_argument("--enforce", action="store_true", help="remove even when maintenance.mode is 'warn'")
-    _add_transport_flags(serve)
+    serve.add_argument(
+        "--gateway",
+        metavar="HOST:PORT",
+        help="also serve the WebSocket gateway and inspector page here, in-process (env CONTEXTSVC_GATEWAY__LISTEN)",
+    )
+    gateway = commands.add_parser(
+        "gateway",
+        help="run the WebSocket gateway and inspector page alone",
+        description="Run the WebSocket gateway for browsers (and the inspector page); it calls the service over gRPC.",
+    )
+    gateway.add_argument("--listen", metavar="HOST:PORT", help="address of the gateway (default 127.0.0.1:8080)")
+    gateway.add_argument("--target", metavar="HOST:PORT", help="the service to call (default 127.0.0.1:50051)")
+    gateway.add_argument("--config", metavar="FILE", help="TOML file with settings (the [gateway] table)")
+    gateway.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
     commands.add_parser(
         "config", help="print the effective settings as JSON", description="Print the effective settings as JSON."
     ).add_argument("--config", metavar="FILE", help="TOML settings file")
@@ -112,10 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    gateway_flags = {
+        k: v
+        for k, v in {
+            "listen": getattr(args, "gateway", None) if args.command == "serve" else getattr(args, "listen", None),
+            "target": getattr(args, "target", None),
+        }.items()
+        if v is not None and args.command in ("serve", "gateway")
+    }
     try:
         settings = load_settings(
             args.config,
-            listen=getattr(args, "listen", None),
+            listen=getattr(args, "listen", None) if args.command != "gateway" else None,
             store=getattr(args, "store", None),
             durability=getattr(args, "durability", None),
             fsync_batch_ms=getattr(args, "fsync_batch_ms", None),
@@ -126,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             insecure=getattr(args, "insecure", None),
             **_auth_override(getattr(args, "auth", None)),
         )
+        if gateway_flags:
+            settings = settings.model_copy(
+                update={"gateway": settings.gateway.model_validate({**settings.gateway.model_dump(), **gateway_flags})}
+            )
     except (ValidationError, ValueError) as exc:
         print(f"contextsvc: invalid settings: {exc}", file=sys.stderr)
         return 2
@@ -150,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(settings))
+        asyncio.run(_gateway(settings) if args.command == "gateway" else _serve(settings))
     except OSError as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1
@@ -176,6 +202,12 @@ async def _serve(settings: Settings) -> None:
     from contextsvc.server import serve
 
     await serve(settings)
+
+
+async def _gateway(settings: Settings) -> None:
+    from contextsvc.gateway import run
+
+    await run(settings)
 
 
 if __name__ == "__main__":

@@ -143,11 +143,15 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         caller: Principal,
         request_id: str = "",
         context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
     ) -> AppendResult:
         """Assign the next gap-free sequence numbers and store ``messages`` atomically.
 
         A repeated non-empty ``request_id`` for the same session appends nothing and returns the
-        first call's sequence numbers with ``replayed=True``. ``context_tokens_delta`` is added to
+        first call's sequence numbers with ``replayed=True``. The ``request_fingerprint`` (a hash
+        of what the client sent) is stored with the id; a repeat whose fingerprint differs from the
+        stored one raises ``RequestIdReused`` and appends nothing (an empty one on either side is
+        not compared: records from before fingerprints existed). ``context_tokens_delta`` is added to
         the session's ``context_tokens`` in the same step.
         """
         ...

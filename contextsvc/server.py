@@ -16,9 +16,11 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from contextsvc import __version__, telemetry
-from contextsvc._gen.v1 import context_service_pb2, context_service_pb2_grpc
+from contextsvc._gen.v1 import context_service_pb2
 from contextsvc.api.auth import AuthInterceptor
-from contextsvc.api.servicer import ContextServicer
+from contextsvc.api.decoding import DecodeGuard
+from contextsvc.api.health import HealthService
+from contextsvc.api.servicer import ContextServicer, add_to_server
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
 from contextsvc.engine.authn import Authenticator
@@ -98,7 +100,11 @@ async def start(settings: Settings) -> RunningServer:
     limits = settings.limits
     server = grpc.aio.server(
         # Telemetry outermost, so refused calls are measured and traced too.
-        interceptors=[*tel.server_interceptors(), AuthInterceptor(authenticator)],
+        interceptors=[
+            *tel.server_interceptors(),
+            DecodeGuard(log_per_minute=settings.refusal_log_per_minute),
+            AuthInterceptor(authenticator),
+        ],
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
@@ -107,8 +113,8 @@ async def start(settings: Settings) -> RunningServer:
             ("grpc.so_reuseport", 0),
         ],
     )
-    context_service_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(engine), server)
-    health = health_aio.HealthServicer()
+    add_to_server(ContextServicer(engine), server)
+    health = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -190,6 +196,18 @@ async def serve(settings: Settings) -> None:
             "transport": running.transport.describe() if running.transport else "",
         },
     )
+    gateway = None
+    if settings.gateway.listen:
+        # The bundled gateway is still a gRPC client of this server, over loopback.
+        from contextsvc.gateway.server import announce, start_gateway
+
+        target_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]", "::") else host
+        try:
+            gateway = await start_gateway(settings, settings.gateway.listen, f"{target_host}:{running.port}")
+        except OSError:
+            await stop(running, 0)
+            raise
+        announce(settings.gateway.listen, gateway.port)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -197,5 +215,7 @@ async def serve(settings: Settings) -> None:
     loop.add_signal_handler(signal.SIGHUP, running.reload_certificates)
     await stopping.wait()
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
+    if gateway is not None:
+        await gateway.close()
     await stop(running, settings.shutdown_grace_seconds)
     log.info("stopped")

@@ -27,7 +27,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
-from contextsvc.errors import Conflict, InvalidArgument, NotFound, SessionDamaged
+from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, SessionDamaged
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
 from contextsvc.stores._session import (
     AppendRecord,
@@ -302,6 +302,7 @@ class RowStore:
         caller: Principal,
         request_id: str = "",
         context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
     ) -> AppendResult:
         st = self._owned(session_id, caller)
 
@@ -309,9 +310,13 @@ class RowStore:
             if request_id:
                 first = st.requests.get(request_id)
                 if first is not None:
+                    stored = st.request_fingerprints.get(request_id, "")
+                    if stored and request_fingerprint and stored != request_fingerprint:
+                        raise RequestIdReused(request_id)
                     return AppendResult(list(first), self._info(st), replayed=True)
             now = self._now()
-            record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta)
+            fingerprint = request_fingerprint if request_id else ""
+            record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta, fingerprint)
             await self._commit(st, record)
             return AppendResult([m.sequence_number for m in record.messages], self._info(st))
 

@@ -30,6 +30,8 @@ class AppendRecord:
     messages: tuple[Message, ...]
     request_id: str = ""
     context_tokens_delta: int = 0
+    #: hash of the request the client sent with ``request_id`` ("" = not recorded).
+    request_fingerprint: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -135,6 +137,7 @@ class SessionState:
         "pinned",
         "preview_source",
         "profile_id",
+        "request_fingerprints",
         "requests",
         "rows",
         "state",
@@ -164,6 +167,8 @@ class SessionState:
         self.preview_source = ""
         #: request_id -> the sequence numbers its first append got.
         self.requests: dict[str, tuple[int, ...]] = {}
+        #: request_id -> the fingerprint of its first request (absent for records without one).
+        self.request_fingerprints: dict[str, str] = {}
         #: view_id -> view, oldest first (dicts keep insertion order).
         self.views: dict[str, ViewRecord] = {}
         self.lock = asyncio.Lock()
@@ -257,6 +262,8 @@ class SessionState:
                 self._add_row(m)
             if record.request_id:
                 self.requests[record.request_id] = tuple(m.sequence_number for m in record.messages)
+                if record.request_fingerprint:
+                    self.request_fingerprints[record.request_id] = record.request_fingerprint
             self.context_tokens += record.context_tokens_delta
         elif isinstance(record, FlagsRecord):
             self._check_known(record.sequence_numbers)

@@ -899,6 +899,7 @@ def _session_line(st: SessionState) -> dict[str, Any]:
         "format": FORMAT,
         "session": session_to_dict(st.info(0)),
         "requests": {key: list(value) for key, value in st.requests.items()},
+        "request_fingerprints": dict(st.request_fingerprints),
         "views": [_view_to_dict(v) for v in st.views.values()],
         # The highest sequence number the rows below reach: a log cut short shows it.
         "n": st.last_sequence,
@@ -917,6 +918,7 @@ def _header(obj: Any, session_id: str) -> SessionState:
     st = SessionState(info)
     st.damage = str(obj.get("damaged", ""))
     st.requests = {str(key): tuple(int(s) for s in value) for key, value in obj.get("requests", {}).items()}
+    st.request_fingerprints = {str(k): str(v) for k, v in obj.get("request_fingerprints", {}).items()}
     for view in obj.get("views", ()):
         st.remember_view(_view_from_dict(view), len(obj["views"]))
     return st
@@ -978,6 +980,8 @@ def _encode(record: Record, n: int) -> dict[str, Any]:
         d = {"t": "append", "messages": [message_to_dict(m) for m in record.messages]}
         if record.request_id:
             d["request_id"] = record.request_id
+        if record.request_fingerprint:
+            d["fp"] = record.request_fingerprint
         if record.context_tokens_delta:
             d["delta"] = record.context_tokens_delta
     elif isinstance(record, FlagsRecord):
@@ -1014,7 +1018,7 @@ def _decode(d: dict[str, Any]) -> Record:
     time = datetime.fromisoformat(d["time"]) if "time" in d else None
     if kind == "append":
         messages = tuple(message_from_dict(m) for m in d["messages"])
-        return AppendRecord(time, messages, str(d.get("request_id", "")), int(d.get("delta", 0)))
+        return AppendRecord(time, messages, str(d.get("request_id", "")), int(d.get("delta", 0)), str(d.get("fp", "")))
     if kind == "view":
         return SaveViewRecord(_view_from_dict(d["view"]), int(d["keep"]))
     if time is None:

@@ -196,9 +196,16 @@ CREATE TABLE api_tokens (
 );
 """
 
+# AppendMessages idempotency remembers what was sent with a request id, so a reused id with a
+# different body is refused (REQUEST_ID_REUSED). NULL for rows written before this migration.
+_V3_FINGERPRINTS = """
+ALTER TABLE append_requests ADD COLUMN fingerprint text;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
+    Migration(3, "append request fingerprints", _V3_FINGERPRINTS),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.
