@@ -224,6 +224,25 @@ class SummarizerSettings(BaseModel):
     http_trust_env: bool = True
 
 
+class MaintenanceSettings(BaseModel):
+    """Store maintenance (DESIGN §5.7, ``core/maintenance.py``): files store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ``warn`` reports what would be removed (log lines); ``enforce`` removes it.
+    mode: Literal["warn", "enforce"] = "warn"
+    #: a session idle longer than this is removed (0 = never).
+    prune_after_days: float = Field(30.0, ge=0)
+    #: at most this many sessions (0 = no cap); the longest idle go first.
+    max_sessions: int = Field(0, ge=0)
+    #: the data directory's budget in MB (0 = none); over it, sessions go down to the high-water mark.
+    disk_budget_mb: float = Field(0.0, ge=0)
+    #: share of the budget to come down to once over it.
+    high_water_fraction: float = Field(0.8, gt=0, le=1)
+    #: how often ``serve`` runs it.
+    interval_seconds: float = Field(3600.0, gt=0)
+
+
 class PostgresSettings(BaseModel):
     """The PostgreSQL store and event bus (DESIGN §5.7, §5.8)."""
 
@@ -435,6 +454,7 @@ class Settings(BaseSettings):
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 

@@ -28,10 +28,12 @@ from contextsvc.config import Settings
 from contextsvc.core.session import Principal
 from contextsvc.engine.authn import Authenticator
 from contextsvc.engine.engine import Engine
+from contextsvc.engine.maintenance import maintenance_loop
 from contextsvc.errors import Unavailable
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
 from contextsvc.startup import DeferredBus, StartupError, open_store_until_ready
+from contextsvc.store_health import StoreHealthWatcher
 from contextsvc.stores import open_store
 from contextsvc.stores.token_access import server_token_store
 from contextsvc.summarizers.registry import build_summarizers
@@ -59,6 +61,10 @@ class RunningServer:
     gate: ServingGate = field(default_factory=ServingGate)
     #: retries opening a store that did not answer at start (None when it did).
     opener: asyncio.Task[None] | None = None
+    #: mirrors the store's health (writable, damaged sessions) into the health service.
+    store_health: StoreHealthWatcher | None = None
+    #: the periodic store maintenance run (``engine/maintenance.py``).
+    maintenance: asyncio.Task[None] | None = None
 
     def reload_certificates(self) -> None:
         """SIGHUP: read the TLS certificate, key and client CAs again (no-op without TLS)."""
@@ -179,6 +185,7 @@ async def start(settings: Settings) -> RunningServer:
         gate=gate,
     )
     if deferred is None or first_error is None:
+        await _start_background(running, settings, bus)
         return running
     log.warning(
         "store not reachable; serving NOT_SERVING until it answers",
@@ -189,6 +196,7 @@ async def start(settings: Settings) -> RunningServer:
         deferred.target = _make_bus(settings, store)
         gate.ready()
         await _set_health(health, health_pb2.HealthCheckResponse.SERVING)
+        await _start_background(running, settings, deferred.target)
 
     running.opener = asyncio.create_task(
         open_store_until_ready(
@@ -202,6 +210,28 @@ async def start(settings: Settings) -> RunningServer:
     return running
 
 
+async def _start_background(running: RunningServer, settings: Settings, bus: EventBus) -> None:
+    """Once the store answers: mirror its health (writable, damaged sessions) into the health
+    service, and run store maintenance periodically (``engine/maintenance.py``)."""
+    store_health = StoreHealthWatcher(
+        running.health, running.store, SERVICE_NAME, settings.store_health_interval_seconds
+    )
+    await store_health.start()
+    running.store_health = store_health
+    watched = getattr(bus, "watched_sessions", None)
+    running.maintenance = asyncio.create_task(
+        maintenance_loop(
+            running.store,
+            bus,
+            settings.maintenance,
+            now=SystemClock().now,
+            busy=watched if watched is not None else frozenset,
+            sleep=asyncio.sleep,
+        ),
+        name="contextsvc-maintenance",
+    )
+
+
 async def _set_health(health: health_aio.HealthServicer, status: int) -> None:
     for name in ("", SERVICE_NAME):
         await health.set(name, status)
@@ -212,6 +242,13 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
     so balancers move on; open StreamEvents calls end with UNAVAILABLE carrying the
     ``after_event_id`` to resume from; calls in flight finish within ``grace``; then close."""
     running.gate.drain()
+    # The store's health watcher would otherwise turn SERVING back on during the drain.
+    if running.store_health is not None:
+        await running.store_health.stop()
+    if running.maintenance is not None:
+        running.maintenance.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running.maintenance
     await _set_health(running.health, health_pb2.HealthCheckResponse.NOT_SERVING)
     if running.opener is not None:
         running.opener.cancel()
