@@ -347,6 +347,8 @@ class HotPathSettings(BaseModel):
 
     #: memory (MB) of the API adapter's LRU of encoded stored messages; 0 turns the cache off.
     wire_cache_mb: int = Field(64, ge=0)
+    #: sessions whose last assembled view is kept for reuse by the next build (0 = off).
+    view_cache_sessions: int = Field(1024, ge=0)
 
 
 class GatewaySettings(BaseModel):
