@@ -18,6 +18,8 @@ from contextsvc.api import mapping
 from contextsvc.api.auth import caller_of
 from contextsvc.api.errors import internal_status, to_status
 from contextsvc.api.views import build_response, estimate_to_pb, report_to_compress_response
+from contextsvc.core.priors import MESSAGE, TOOL_CALL
+from contextsvc.core.sizing import CLASSES
 from contextsvc.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -176,7 +178,14 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
                 tokens_per_char=cal.tokens_per_char,
                 observations=cal.observations,
                 fitted=cal.fitted,
+                per_message=cal.weights[MESSAGE],
+                per_tool_call=cal.weights[TOOL_CALL],
+                margin=cal.margin,
+                family=cal.family,
+                class_ratios=dict(zip(CLASSES, cal.weights, strict=False)),
             ),
+            truncation_reason=result.truncation_reason,
+            lower_bound=result.lower_bound,
         )
 
     @unary

@@ -180,7 +180,17 @@ CREATE TABLE history_chunks (
 CREATE INDEX history_chunks_terms ON history_chunks USING gin (terms);
 """
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial schema", _V1),)
+# Calibration features (content-class units and overheads) of observations and views.
+_V2 = """
+ALTER TABLE calibration_observations ADD COLUMN features double precision[] NOT NULL DEFAULT '{}';
+ALTER TABLE views ADD COLUMN features double precision[] NOT NULL DEFAULT '{}';
+ALTER TABLE views ADD COLUMN incoming_tokens bigint NOT NULL DEFAULT 0;
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial schema", _V1),
+    Migration(2, "calibration features", _V2),
+)
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.
 TRIGRAM_INDEXES: dict[str, str] = {
