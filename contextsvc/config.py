@@ -114,7 +114,7 @@ class TokenSettings(BaseModel):
     #: an estimate's margin is never below this share of what it prices (DESIGN §5.3).
     margin_floor: float = Field(0.01, ge=0, le=1)
     #: how many baselines the cold margin counts for: with n baselines it adds cold x w / (w + n).
-    margin_prior_weight: float = Field(2.0, ge=0)
+    margin_prior_weight: float = Field(8.0, ge=0)
 
 
 class OpenAISummarizerConfig(BaseModel):
@@ -177,6 +177,11 @@ class ExtractiveSummarizerConfig(BaseModel):
     max_commands: int = Field(10, ge=0)
     #: share of the summary budget an earlier summary being replaced may keep.
     carried_summary_share: float = Field(0.35, ge=0, le=1)
+    #: fact lines carried forward (contextsvc/core/facts.py): at most this many, this share of
+    #: the summary's character budget, each cut to ``fact_chars``.
+    max_facts: int = Field(24, ge=0)
+    fact_share: float = Field(0.5, ge=0, le=1)
+    fact_chars: int = Field(200, ge=40)
 
 
 class SummarizerSettings(BaseModel):

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import platform
 import random
 import re
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -187,10 +189,34 @@ def cell(values: list[float]) -> str:
     return f"{pct(values, 0.5):.1f} / {pct(values, 0.9):.1f}"
 
 
-def calibrate(tokenizer: str, obs: list[Observation]) -> Calibration:
+def calibrate(tokenizer: str, obs: list[Observation], settings: TokenSettings = SETTINGS) -> Calibration:
     from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES, family_for
 
-    return fit(obs, SETTINGS, family=family_for(MODELS[tokenizer], DEFAULT_MODEL_FAMILIES))
+    return fit(obs, settings, family=family_for(MODELS[tokenizer], DEFAULT_MODEL_FAMILIES))
+
+
+def tune_margin(counted: dict[str, list[Counted]]) -> None:
+    """On the FIT split: share of next views (baseline + delta) whose real count exceeds
+    estimate + margin, for candidate ``margin_prior_weight`` values."""
+    for w in (2.0, 4.0, 8.0, 16.0, 32.0):
+        st = TokenSettings(margin_prior_weight=w)
+        over = total = 0
+        spent = []
+        for t in TOKENIZERS:
+            for items in counted.values():
+                for c in items:
+                    for n in range(1, len(c.ends)):
+                        cal = calibrate(t, [observation(c, t, e) for e in c.ends[:n]], st)
+                        prev, end = c.ends[n - 1], c.ends[n]
+                        delta = cal.price(features_of(c.messages[prev:end], view=False))
+                        est = real_or(t, c, prev) + delta
+                        over += est + math.ceil(cal.margin * delta) < real_or(t, c, end)
+                        total += 1
+                        spent.append(cal.margin * delta / real_or(t, c, end))
+        print(
+            f"margin_prior_weight={w}: over {over}/{total} ({100 * over / total:.1f}%), "
+            f"median margin {100 * statistics.median(spent):.2f}% of the view"
+        )
 
 
 def observation(c: Counted, t: str, end: int) -> Observation:
@@ -343,12 +369,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fit-prior", action="store_true")
     ap.add_argument("--record", action="store_true")
+    ap.add_argument("--tune-margin", action="store_true")
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     ensure_node_deps()
-    split = "fit" if args.fit_prior else "score"
+    split = "fit" if args.fit_prior or args.tune_margin else "score"
     counted = count_sessions(sessions(split, count=args.sessions, steps=args.steps))
+    if args.tune_margin:
+        tune_margin(counted)
+        return
     if args.fit_prior:
         block = fit_prior(counted)
         write_prior(block)
