@@ -21,6 +21,7 @@ from typing import Protocol
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Calibration
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
+from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import MESSAGE, N_CLASSES, N_FEATURES, TOOL_CALL, VIEW
 from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, class_units, text_size
@@ -56,8 +57,16 @@ def message_parts(m: Message) -> tuple[str, ...]:
 
 
 def message_size(m: Message) -> int:
-    """Size units of ``m`` (``sizing.text_size`` of its parts plus its template framing)."""
+    """Size units of ``m`` (``sizing.text_size`` of its parts plus its template framing), computed
+    once per message object (``core.message_memo``): a view prices the same stored rows every build."""
+    return _SIZES.get(m, _measure)
+
+
+def _measure(m: Message) -> int:
     return message_frame_units(m) + sum(map(text_size, message_parts(m)))
+
+
+_SIZES: IdentityMemo[int] = IdentityMemo()
 
 
 def messages_size(messages: Iterable[Message]) -> int:

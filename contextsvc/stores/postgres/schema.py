@@ -180,8 +180,30 @@ CREATE TABLE history_chunks (
 CREATE INDEX history_chunks_terms ON history_chunks USING gin (terms);
 """
 
+# API tokens (DESIGN 5.10): only the SHA-256 of a token is stored. Not per session: a small
+# table keyed by its hash (a reference table, when distributed).
+_V2_API_TOKENS = """
+CREATE TABLE api_tokens (
+    token_hash     text PRIMARY KEY,
+    token_id       text NOT NULL UNIQUE,
+    user_id        text NOT NULL,
+    is_admin       boolean NOT NULL,
+    note           text NOT NULL DEFAULT '',
+    create_time    timestamptz NOT NULL,
+    expire_time    timestamptz,
+    last_used_time timestamptz,
+    revoke_time    timestamptz
+);
+"""
+
+# AppendMessages idempotency remembers what was sent with a request id, so a reused id with a
+# different body is refused (REQUEST_ID_REUSED). NULL for rows written before this migration.
+_V3_FINGERPRINTS = """
+ALTER TABLE append_requests ADD COLUMN fingerprint text;
+"""
+
 # Calibration features (content-class units and overheads) of observations and views.
-_V2 = """
+_V4_FEATURES = """
 ALTER TABLE calibration_observations ADD COLUMN features double precision[] NOT NULL DEFAULT '{}';
 ALTER TABLE views ADD COLUMN features double precision[] NOT NULL DEFAULT '{}';
 ALTER TABLE views ADD COLUMN incoming_tokens bigint NOT NULL DEFAULT 0;
@@ -189,7 +211,9 @@ ALTER TABLE views ADD COLUMN incoming_tokens bigint NOT NULL DEFAULT 0;
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
-    Migration(2, "calibration features", _V2),
+    Migration(2, "api tokens", _V2_API_TOKENS),
+    Migration(3, "append request fingerprints", _V3_FINGERPRINTS),
+    Migration(4, "calibration features", _V4_FEATURES),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.
