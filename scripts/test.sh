@@ -11,6 +11,8 @@ step() { printf '\n== %s\n' "$*"; }
 step "install (python package with dev extras)"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "Location .* is ignored" || true
 
+step "browser tooling (system chromium, playwright)"; scripts/test-browser.sh
+
 step "buf lint (contract)"
 scripts/buf.sh lint
 
