@@ -163,7 +163,7 @@ class Engine:
         session = await self._remember_profile(session, profile)
         message, data = await self.views.prepare_incoming(incoming, "incoming")
         context = await self.store.load_context(sid, caller=caller)
-        built = self.views.assemble(effective, context, message, EngineState.of(session))
+        built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
         report: CompressionReport | None = None
         reason = Reason.MIDTURN if mid_turn else Reason.PRETURN
         if auto_compress and effective.compression.enabled:
@@ -178,7 +178,7 @@ class Engine:
                 if EngineState.of(fresh).epoch != epoch:
                     session = fresh
                     context = await self.store.load_context(sid, caller=caller)
-                    built = self.views.assemble(effective, context, message, EngineState.of(session))
+                    built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
         view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
         return view

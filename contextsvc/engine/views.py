@@ -13,13 +13,21 @@ from contextsvc.core.calibration import Calibration, Observation
 from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
 from contextsvc.core.session import Principal, SessionInfo
-from contextsvc.core.tokens import Baseline, TokenEstimate, estimate, messages_chars, truncation_check
+from contextsvc.core.tokens import (
+    Baseline,
+    TextCounter,
+    TokenEstimate,
+    estimate,
+    messages_chars,
+    truncation_check,
+)
 from contextsvc.core.view import Segment, build_view
 from contextsvc.core.view_budget import budget_images, too_large, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
+from contextsvc.engine.view_memo import ViewMemo
 from contextsvc.errors import InvalidArgument, NotFound
 from contextsvc.ports import Clock, EventBus, SessionStore, ViewRecord
 
@@ -63,6 +71,15 @@ class Assembled:
     truncated: list[bool]
     estimate: TokenEstimate
     notices: list[str]
+    #: size units of ``rows`` (what a baseline of this view is fitted on)
+    chars: int = 0
+    #: newest sequence number of the context the view was built from
+    last_sequence: int = 0
+    had_images: bool = False
+    #: the view's messages ready to send, when none carries an image (no bytes to load per build);
+    #: the same list object for every build that reuses this view, so the API adapter can reuse
+    #: its encoding too.
+    plain: list[ViewMessage] | None = None
 
 
 class ViewService:
@@ -80,6 +97,7 @@ class ViewService:
         self._settings = settings
         self._clock = clock
         self._accounting = accounting
+        self._memo: ViewMemo[Assembled] = ViewMemo(settings.hot_path.view_cache_sessions)
 
     async def prepare_incoming(
         self, incoming: IncomingMessage | None, field: str
@@ -99,11 +117,48 @@ class ViewService:
         context: Sequence[Message],
         incoming: Message | None,
         state: EngineState,
+        *,
+        session_id: str = "",
     ) -> Assembled:
         """The view of ``context`` for ``profile``: ordered, legal, cut per message, images budgeted,
-        estimated. Pure given its inputs; shared by BuildContext and EstimateTokens."""
-        tokens = self._settings.tokens
+        estimated. Pure given its inputs; shared by BuildContext and EstimateTokens.
+
+        With ``session_id`` and no incoming message, the session's last view is reused when every
+        input is the same (``engine.view_memo``)."""
         counter = self._accounting.counter(profile.model)
+        if not session_id or incoming is not None:
+            return self._assemble(profile, context, incoming, state, counter)
+        baseline = state.baseline
+        # Every input of ``_assemble``: the profile fields it reads (not compression settings).
+        key = (
+            profile.model,
+            profile.context_window,
+            profile.system_prompt,
+            profile.vision,
+            profile.output_reserve_tokens,
+            profile.message_token_budget,
+            counter,
+            (baseline.tokens, baseline.last_sequence) if baseline is not None else None,
+        )
+        try:
+            hash(key)
+        except TypeError:  # a counter that cannot be compared by value (never cached)
+            return self._assemble(profile, context, incoming, state, counter)
+        built = self._memo.get(session_id, key, context)
+        if built is None:
+            built = self._assemble(profile, context, incoming, state, counter)
+            self._memo.put(session_id, key, context, built)
+        return built
+
+    def _assemble(
+        self,
+        profile: EffectiveProfile,
+        context: Sequence[Message],
+        incoming: Message | None,
+        state: EngineState,
+        counter: TextCounter,
+    ) -> Assembled:
+        tokens = self._settings.tokens
         view = build_view(profile.system_prompt, self._settings.llm_system_sources, context, incoming)
         budget = profile.per_message_budget
         rows: list[Message] = []
@@ -149,7 +204,25 @@ class ViewService:
             baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
             image_fallback=tokens.image_tokens_fallback,
         )
-        return Assembled(rows=rows, segments=segments, truncated=truncated, estimate=est, notices=notices)
+        had_images = any(m.images for m in rows)
+        plain = None
+        if not had_images:
+            stored_rows = {id(m) for m in context}
+            plain = [
+                ViewMessage(message=m, image_data=(), truncated=cut, stored=not cut and id(m) in stored_rows)
+                for m, cut in zip(rows, truncated, strict=True)
+            ]
+        return Assembled(
+            rows=rows,
+            segments=segments,
+            truncated=truncated,
+            estimate=est,
+            notices=notices,
+            chars=messages_chars(rows),
+            last_sequence=max((m.sequence_number for m in context), default=0),
+            had_images=had_images,
+            plain=plain,
+        )
 
     async def finish(
         self,
@@ -166,21 +239,28 @@ class ViewService:
         if error is not None:
             raise error
         view_id = uuid.uuid4().hex
-        had_images = any(m.images for m in built.rows)
         await self._store.save_view(
             session.id,
             ViewRecord(
                 view_id=view_id,
                 model=profile.model,
-                chars=messages_chars(built.rows),
+                chars=built.chars,
                 estimated_tokens=built.estimate.total,
-                had_images=had_images,
-                last_sequence=max((m.sequence_number for m in context), default=0),
+                had_images=built.had_images,
+                last_sequence=built.last_sequence,
                 create_time=self._clock.now(),
                 epoch=EngineState.of(session).epoch,
             ),
             keep=self._settings.tokens.views_kept_per_session,
         )
+        if built.plain is not None:
+            return BuiltView(
+                messages=built.plain,
+                view_id=view_id,
+                estimate=built.estimate,
+                notices=built.notices,
+                compression=compression,
+            )
         messages = []
         stored_rows = {id(m) for m in context}
         for m, cut in zip(built.rows, built.truncated, strict=True):

@@ -37,7 +37,14 @@ from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
-from contextsvc.stores._base import check_blob, compaction_conflict, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._base import (
+    check_blob,
+    compaction_conflict,
+    context_bound,
+    is_blob_id,
+    is_session_id,
+    session_not_found,
+)
 from contextsvc.stores._session import utc
 from contextsvc.stores.postgres.bus import PostgresEventBus
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
@@ -516,23 +523,30 @@ class PostgresStore:
         caller: Principal,
         buffer: BufferKind,
         before_sequence: int = 0,
+        before_position: tuple[int, int] | None = None,
         limit: int = 50,
     ) -> list[Message]:
         if before_sequence < 0:
             raise InvalidArgument.field("before_sequence", "must not be negative")
         if limit < 0:
             raise InvalidArgument.field("limit", "must not be negative")
-        context = BufferKind(buffer) is BufferKind.CONTEXT
-        flag = "is_context" if context else "is_display"
-        sql = f"""SELECT * FROM all_messages
-                   WHERE session_id = $1 AND {flag} AND seq < $2
-                   ORDER BY seq DESC LIMIT $3"""
+        if BufferKind(buffer) is BufferKind.CONTEXT:
+            # Context order is (context_key, seq): the partial index messages_context serves it.
+            bound = context_bound(before_sequence, before_position) or (_NO_BOUND, _NO_BOUND)
+            sql = """SELECT * FROM all_messages
+                      WHERE session_id = $1 AND is_context AND (context_key, seq) < ($2, $3)
+                      ORDER BY context_key DESC, seq DESC LIMIT $4"""
+            args: tuple[Any, ...] = (session_id, bound[0], bound[1], limit)
+        else:
+            sql = """SELECT * FROM all_messages
+                      WHERE session_id = $1 AND is_display AND seq < $2
+                      ORDER BY seq DESC LIMIT $3"""
+            args = (session_id, before_sequence or _NO_BOUND, limit)
 
         async def work(conn: Any) -> list[Message]:
             await self._owned(conn, session_id, caller)
-            rows = await conn.fetch(sql, session_id, before_sequence or _NO_BOUND, limit)
-            page = [message_from_row(r) for r in reversed(rows)]
-            return sorted(page, key=lambda m: m.context_sort_key) if context else page
+            rows = await conn.fetch(sql, *args)
+            return [message_from_row(r) for r in reversed(rows)]
 
         return await self._read("list_messages", work)
 

@@ -804,8 +804,12 @@ type CompressionSettings struct {
 	Strategies []string `protobuf:"bytes,8,rep,name=strategies,proto3" json:"strategies,omitempty"`
 	// Tool names whose results the summarizer keeps verbatim.
 	CriticalToolNames []string `protobuf:"bytes,9,rep,name=critical_tool_names,json=criticalToolNames,proto3" json:"critical_tool_names,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Whether hard truncation (dropping the oldest whole turns, no summary) may follow when the
+	// listed strategies cannot reach the target. Default true. With false, a profile listing only
+	// `clear_tool_results` commits what clearing achieved and never drops whole turns.
+	HardTruncateFallback *bool `protobuf:"varint,10,opt,name=hard_truncate_fallback,json=hardTruncateFallback,proto3,oneof" json:"hard_truncate_fallback,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CompressionSettings) Reset() {
@@ -899,6 +903,13 @@ func (x *CompressionSettings) GetCriticalToolNames() []string {
 		return x.CriticalToolNames
 	}
 	return nil
+}
+
+func (x *CompressionSettings) GetHardTruncateFallback() bool {
+	if x != nil && x.HardTruncateFallback != nil {
+		return *x.HardTruncateFallback
+	}
+	return false
 }
 
 // A model profile. Every field is optional: unset fields fall back to the
@@ -1373,7 +1384,7 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\vtoken_count\x18\f \x01(\x03R\n" +
 	"tokenCount\x128\n" +
 	"\breplaces\x18\r \x01(\v2\x1c.contextsvc.v1.SequenceRangeR\breplaces\x12*\n" +
-	"\x11truncated_in_view\x18\x0e \x01(\bR\x0ftruncatedInView\"\xdc\x03\n" +
+	"\x11truncated_in_view\x18\x0e \x01(\bR\x0ftruncatedInView\"\xb2\x04\n" +
 	"\x13CompressionSettings\x12\x1d\n" +
 	"\aenabled\x18\x01 \x01(\bH\x00R\aenabled\x88\x01\x01\x12!\n" +
 	"\tthreshold\x18\x02 \x01(\x01H\x01R\tthreshold\x88\x01\x01\x12\x1b\n" +
@@ -1388,7 +1399,9 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"strategies\x18\b \x03(\tR\n" +
 	"strategies\x12.\n" +
-	"\x13critical_tool_names\x18\t \x03(\tR\x11criticalToolNamesB\n" +
+	"\x13critical_tool_names\x18\t \x03(\tR\x11criticalToolNames\x129\n" +
+	"\x16hard_truncate_fallback\x18\n" +
+	" \x01(\bH\aR\x14hardTruncateFallback\x88\x01\x01B\n" +
 	"\n" +
 	"\b_enabledB\f\n" +
 	"\n" +
@@ -1397,7 +1410,8 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\f_keep_recentB\x15\n" +
 	"\x13_summary_max_tokensB\x11\n" +
 	"\x0f_summary_promptB\r\n" +
-	"\v_summarizer\"\xd9\x03\n" +
+	"\v_summarizerB\x19\n" +
+	"\x17_hard_truncate_fallback\"\xd9\x03\n" +
 	"\aProfile\x12\x1d\n" +
 	"\n" +
 	"profile_id\x18\x01 \x01(\tR\tprofileId\x12\x19\n" +
