@@ -74,6 +74,10 @@ class Limits(BaseModel):
     max_images_per_message: int = Field(8, ge=0)
     max_image_bytes_per_append: int = Field(50 * MB, ge=1)
     max_metadata_bytes: int = Field(64 * 1024, ge=0)
+    #: levels of nested objects/lists in a metadata value. The protobuf decoder refuses ~32 levels
+    #: (a whole request), and a response nests metadata deeper than the request did: this keeps
+    #: every stored value readable by every client.
+    max_metadata_depth: int = Field(16, ge=1, le=24)
     max_tool_calls_per_message: int = Field(128, ge=0)
     max_name_chars: int = Field(512, ge=1)
     #: a model name is a cache key (calibration per model): bounded like any other name.
@@ -259,6 +263,48 @@ class PostgresSettings(BaseModel):
         return self
 
 
+class AuthMode(StrEnum):
+    """Whether callers must present an API token (DESIGN §5.10)."""
+
+    #: tokens required unless the server listens on loopback only (then every caller is the
+    #: local admin ``anonymous``, as a single-user tool expects).
+    AUTO = "auto"
+    #: tokens always required, loopback included.
+    TOKENS = "tokens"
+    #: no tokens: every caller is the admin ``anonymous``. Off loopback only with ``insecure``.
+    NONE = "none"
+
+
+class AuthSettings(BaseModel):
+    """API tokens (``contextsvc tokens …``) and how the server checks them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: AuthMode = AuthMode.AUTO
+    #: where tokens live: empty = in the session store (files: ``tokens.json`` in its data
+    #: directory; postgres: the ``api_tokens`` table; memory: in the server process only), or a
+    #: store URL of their own (``files:PATH``, ``postgres://…``), e.g. beside a memory store.
+    token_store: str = ""
+    #: a looked-up token is trusted this long before it is read again, so a revocation reaches a
+    #: running server within this time (0 = read the store on every call).
+    cache_seconds: float = Field(5.0, ge=0, le=3600)
+    #: tokens (and unknown values) remembered by the cache at most.
+    cache_entries: int = Field(10_000, ge=1)
+    #: ``last_used`` is written at most once per this interval per token, never on every call.
+    last_used_interval_seconds: float = Field(60.0, ge=0)
+    #: ``tokens create`` without ``--expires``: days until the token expires (0 = never).
+    default_expiry_days: int = Field(0, ge=0, le=36_500)
+
+
+class HotPathSettings(BaseModel):
+    """Caches and bounds of the BuildContext hot path (issue #15). Env: ``CONTEXTSVC_HOT_PATH__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: memory (MB) of the API adapter's LRU of encoded stored messages; 0 turns the cache off.
+    wire_cache_mb: int = Field(64, ge=0)
+
+
 class GatewaySettings(BaseModel):
     """The WebSocket gateway for browsers and its inspector page (DESIGN §5.9; docs/websocket.md)."""
 
@@ -330,6 +376,10 @@ class Settings(BaseSettings):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+    #: log lines a minute about refused undecodable requests (the rest are counted, not written).
+    refusal_log_per_minute: int = Field(10, ge=0)
+    #: how often the server probes its store (a write + fsync) for the health service.
+    store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
 
     default_profile: str = "default"
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
@@ -342,10 +392,20 @@ class Settings(BaseSettings):
     #: listing previews are cut to this many characters.
     preview_chars: int = Field(160, ge=10)
 
+    #: PEM certificate chain and private key: serve TLS (both or neither). Reread on SIGHUP.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: PEM bundle of the CAs whose client certificates are accepted: mutual TLS (needs tls_cert).
+    tls_client_ca: str = ""
+    #: allow listening beyond loopback without TLS or without authentication.
+    insecure: bool = False
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+
     limits: Limits = Field(default_factory=Limits)
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     @field_validator("listen")
@@ -355,6 +415,14 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"listen must be HOST:PORT, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        return self
 
     @model_validator(mode="after")
     def _default_profile_exists(self) -> Settings:
@@ -380,7 +448,8 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     # Environment and flags beat the file, field by field: a nested variable such as
     # CONTEXTSVC_LIMITS__MAX_PAGE_SIZE changes that one field, not the file's whole [limits] table.
     merged = _deep_merge(file_values, _explicit(env_only))
-    return Settings(**{**merged, **cleaned, "config": str(path)})
+    # Flags win; a nested flag (``--auth`` -> auth.mode) changes that one field of the file's table.
+    return Settings(**{**_deep_merge(merged, cleaned), "config": str(path)})
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

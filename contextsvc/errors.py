@@ -58,6 +58,20 @@ class InvalidArgument(ContextError):
         return cls(f"{field}: {description}", violations=[FieldViolation(field, description)], reason=reason)
 
 
+class RequestIdReused(InvalidArgument):
+    """An ``AppendMessages.request_id`` came back with a different body than its first use."""
+
+    reason = "REQUEST_ID_REUSED"
+
+    def __init__(self, request_id: str):
+        description = "was already used for a different request in this session; use a new id for new messages"
+        super().__init__(
+            f"request_id {request_id!r} {description}",
+            violations=[FieldViolation("request_id", description)],
+            metadata={"request_id": request_id},
+        )
+
+
 class FailedPrecondition(ContextError):
     """The request is valid but the session's state does not allow it."""
 
@@ -74,6 +88,13 @@ class ContextTooLarge(FailedPrecondition):
     """The view does not fit the window even after compression."""
 
     reason = "CONTEXT_TOO_LARGE"
+
+
+class SessionDamaged(FailedPrecondition):
+    """The session's stored history cannot be trusted (lost records): it is read-only until
+    an operator repairs it (``contextsvc fsck --repair``)."""
+
+    reason = "SESSION_DAMAGED"
 
 
 class Conflict(ContextError):

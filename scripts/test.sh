@@ -27,4 +27,9 @@ step "mypy contextsvc"
 python3 -m mypy contextsvc
 
 step "pytest"
-python3 -m pytest "$@"
+# The browser tests drive Chromium through Playwright's sync API, which keeps an event loop running
+# in the test process; pytest-asyncio's tests cannot share a process with it, so they run apart.
+python3 -m pytest --ignore=tests/browser "$@"
+
+step "pytest: browser (inspector page in Chromium)"
+python3 -m pytest tests/browser "$@"

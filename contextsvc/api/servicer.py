@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf import empty_pb2
@@ -17,7 +17,8 @@ from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.api import mapping
 from contextsvc.api.auth import caller_of
 from contextsvc.api.errors import internal_status, to_status
-from contextsvc.api.views import build_response, estimate_to_pb, report_to_compress_response
+from contextsvc.api.views import estimate_to_pb, report_to_compress_response, response_fields
+from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, serialize
 from contextsvc.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,9 @@ def unary(
 
 
 class ContextServicer(pb_grpc.ContextServiceServicer):
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, *, wire_cache: WireCache | None = None):
         self._engine = engine
+        self.wire_cache = wire_cache or WireCache(engine.settings.hot_path.wire_cache_mb * 1024 * 1024)
 
     @unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Context) -> resources_pb2.Session:
@@ -104,6 +106,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
     @unary
     async def DeleteSession(self, request: pb.DeleteSessionRequest, context: Context) -> empty_pb2.Empty:
         await self._engine.sessions.delete(caller_of(context), request.session_id)
+        self.wire_cache.forget_session(request.session_id)
         return empty_pb2.Empty()
 
     @unary
@@ -137,7 +140,9 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         )
 
     @unary
-    async def BuildContext(self, request: pb.BuildContextRequest, context: Context) -> pb.BuildContextResponse:
+    async def BuildContext(  # type: ignore[override]  # the wire form of a BuildContextResponse
+        self, request: pb.BuildContextRequest, context: Context
+    ) -> EncodedResponse:
         incoming = mapping.incoming_from_pb(request.incoming, "incoming") if request.HasField("incoming") else None
         built = await self._engine.build_context(
             caller_of(context),
@@ -147,7 +152,9 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             mid_turn=request.phase == pb.PHASE_MID_TURN,
             auto_compress=request.auto_compress if request.HasField("auto_compress") else True,
         )
-        return build_response(built)
+        # Written from the encodings kept per stored message (api.wire), served as is by the
+        # serializer ``add_to_server`` registers for this method.
+        return encode_build_response(built, request.session_id, self.wire_cache, response_fields(built))
 
     @unary
     async def EstimateTokens(self, request: pb.EstimateTokensRequest, context: Context) -> pb.EstimateTokensResponse:
@@ -235,3 +242,36 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             caller_of(context), request.session_id, at_sequence=request.at_sequence
         )
         return mapping.session_to_pb(session)
+
+
+class _Capture:
+    """Stands in for a server to collect the generated registration's method handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        self.handlers = dict(handlers)
+
+
+#: Methods whose handler may return an ``EncodedResponse`` (bytes already in wire form).
+_PRE_ENCODED = ("BuildContext",)
+
+
+def add_to_server(servicer: ContextServicer, server: grpc.aio.Server) -> None:
+    """Register the service like the generated ``add_ContextServiceServicer_to_server``, except
+    that methods answering with pre-encoded bytes get a serializer that passes them through."""
+    capture = _Capture()
+    pb_grpc.add_ContextServiceServicer_to_server(servicer, cast(grpc.aio.Server, capture))
+    handlers = {
+        name: handler._replace(response_serializer=serialize) if name in _PRE_ENCODED else handler  # type: ignore[attr-defined]
+        for name, handler in capture.handlers.items()
+    }
+    service = pb.DESCRIPTOR.services_by_name["ContextService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)

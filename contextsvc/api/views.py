@@ -41,14 +41,21 @@ def estimate_to_pb(e: TokenEstimate) -> resources_pb2.TokenEstimate:
 
 
 def build_response(built: BuiltView) -> pb.BuildContextResponse:
+    """The whole response as a protobuf message (the reference the wire encoder must match)."""
     messages = []
     for vm in built.messages:
         m = message_to_pb(vm.message, truncated_in_view=vm.truncated)
         for image, data in zip(m.images, vm.image_data, strict=True):
             image.data = data
         messages.append(m)
+    response = response_fields(built)
+    response.messages.extend(messages)
+    return response
+
+
+def response_fields(built: BuiltView) -> pb.BuildContextResponse:
+    """Every field of the response but ``messages`` (``api.wire`` writes those from bytes)."""
     response = pb.BuildContextResponse(
-        messages=messages,
         view_id=built.view_id,
         estimate=estimate_to_pb(built.estimate),
         notices=built.notices,

@@ -52,9 +52,11 @@ class Flags:
     is_pinned: bool = False
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, weakref_slot=True)
 class Message:
     """One stored row. ``sequence_number`` is 0 until the store assigns it.
+
+    Weakly referenceable, so per-message caches (``core.message_memo``) can follow its life.
 
     ``context_anchor`` places a context-only row in the context order at the position of another
     sequence number (a summary sits where the first message it replaced was; a cleared tool result

@@ -20,6 +20,7 @@ from typing import Protocol
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Calibration
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
+from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, text_size
 
@@ -54,8 +55,16 @@ def message_parts(m: Message) -> tuple[str, ...]:
 
 
 def message_size(m: Message) -> int:
-    """Size units of ``m`` (``sizing.text_size`` of its parts plus its template framing)."""
+    """Size units of ``m`` (``sizing.text_size`` of its parts plus its template framing), computed
+    once per message object (``core.message_memo``): a view prices the same stored rows every build."""
+    return _SIZES.get(m, _measure)
+
+
+def _measure(m: Message) -> int:
     return message_frame_units(m) + sum(map(text_size, message_parts(m)))
+
+
+_SIZES: IdentityMemo[int] = IdentityMemo()
 
 
 def messages_size(messages: Iterable[Message]) -> int:

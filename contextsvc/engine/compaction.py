@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from contextsvc import telemetry
 from contextsvc.config import Settings
 from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs
 from contextsvc.core.compression.cheap import clear_old_tool_results, is_placeholder
@@ -38,7 +39,7 @@ from contextsvc.core.tokens import image_tokens_of
 from contextsvc.core.view_budget import budget_images, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
-from contextsvc.errors import Conflict, NothingToCompact
+from contextsvc.errors import Conflict, NothingToCompact, SessionDamaged
 from contextsvc.ports import EventBus, SessionStore, SummarizerError, Summarizers, SummaryRequest
 
 log = logging.getLogger(__name__)
@@ -320,6 +321,12 @@ class Compactor:
     async def run(self, s: Situation, *, dry_run: bool = False) -> CompressionReport:
         """Plan and (unless ``dry_run``) carry out a compaction. Forced runs raise
         ``NothingToCompact`` when nothing can be removed; automatic ones report ``compressed=False``."""
+        with telemetry.compaction_span(s.session.id, s.reason.value):
+            report = await self._run(s, dry_run=dry_run)
+            telemetry.compaction_done(report)
+            return report
+
+    async def _run(self, s: Situation, *, dry_run: bool) -> CompressionReport:
         plan = self.plan(s)
         if dry_run:
             return CompressionReport(compressed=False, reason=s.reason, plan=plan)
@@ -414,6 +421,7 @@ class Compactor:
             images = [await self._store.get_blob(b) or b"" for b in formatted.image_blob_ids]
             raw = await summarizer.summarize(
                 SummaryRequest(
+                    session_id=s.session.id,
                     messages=plan.drop,
                     text=formatted.text,
                     instructions=summary_instructions(c.summary_prompt),
@@ -471,6 +479,7 @@ class Compactor:
         text = format_meta_summary_input(old, settings=self._settings.summarizer)
         merged: str = await summarizer.summarize(
             SummaryRequest(
+                session_id=s.session.id,
                 messages=old,
                 text=text,
                 instructions=summary_instructions(s.profile.compression.summary_prompt),
@@ -617,7 +626,8 @@ class Compactor:
                 context_tokens=tokens_after,
                 state=state.to_dict(),
             )
-        except Conflict as exc:
+        except (Conflict, SessionDamaged) as exc:
+            # A damaged session is read-only (issue #9): no compaction, the view is still built.
             # Someone else compacted first: the compaction lock was lost (a PostgreSQL restart
             # ends the connection holding it) and another replica committed on the same context.
             # The store changed nothing; the context is already compacted, and this turn goes on.

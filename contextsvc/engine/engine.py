@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from contextsvc import telemetry
 from contextsvc.config import Settings
 from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
@@ -141,6 +142,21 @@ class Engine:
         mid_turn: bool,
         auto_compress: bool,
     ) -> BuiltView:
+        with telemetry.view_span(session_id):
+            return await self._build_context(
+                caller, session_id, profile=profile, incoming=incoming, mid_turn=mid_turn, auto_compress=auto_compress
+            )
+
+    async def _build_context(
+        self,
+        caller: Principal,
+        session_id: str,
+        *,
+        profile: ProfileOverrides,
+        incoming: IncomingMessage | None,
+        mid_turn: bool,
+        auto_compress: bool,
+    ) -> BuiltView:
         sid = require_session_id(session_id)
         session = await self.store.get_session(sid, caller=caller)
         effective = await self._profile_for(session, profile)
@@ -163,7 +179,9 @@ class Engine:
                     session = fresh
                     context = await self.store.load_context(sid, caller=caller)
                     built = self.views.assemble(effective, context, message, EngineState.of(session))
-        return await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
+        return view
 
     async def _compress_automatically(self, s: Situation) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:

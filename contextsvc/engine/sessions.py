@@ -13,6 +13,7 @@ from contextsvc.core.profile import resolve_profile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
+from contextsvc.engine.idempotency import append_fingerprint
 from contextsvc.engine.paging import decode_page_token, encode_page_token
 from contextsvc.engine.validation import (
     IncomingMessage,
@@ -147,7 +148,12 @@ class SessionService:
             await self._check_pinned_cap(caller, sid, rows, profile.context_window)
         delta = sum(m.token_count for m in rows if m.flags.is_context)
         result = await self._store.append_messages(
-            sid, rows, caller=caller, request_id=request_id, context_tokens_delta=delta
+            sid,
+            rows,
+            caller=caller,
+            request_id=request_id,
+            context_tokens_delta=delta,
+            request_fingerprint=append_fingerprint(incoming) if request_id else "",
         )
         tokens = result.session.context_tokens
         if not result.replayed:

@@ -26,11 +26,17 @@ from contextsvc.ports import Clock, EventBus, SessionStore, ViewRecord
 
 @dataclass(slots=True, frozen=True)
 class ViewMessage:
-    """One message of a built view; images carry their bytes so the runtime can send them."""
+    """One message of a built view; images carry their bytes so the runtime can send them.
+
+    ``stored`` says the message is the stored row itself, unchanged by the view (not cut, no
+    image left out, not the prompt or the incoming message): the API adapter may then send the
+    encoding it keeps for that row instead of encoding it again.
+    """
 
     message: Message
     image_data: tuple[bytes, ...]
     truncated: bool
+    stored: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -176,6 +182,7 @@ class ViewService:
             keep=self._settings.tokens.views_kept_per_session,
         )
         messages = []
+        stored_rows = {id(m) for m in context}
         for m, cut in zip(built.rows, built.truncated, strict=True):
             data = []
             for ref in m.images:
@@ -183,7 +190,9 @@ class ViewService:
                 if raw is None:
                     raw = await self._store.get_blob(ref.blob_id) or b""
                 data.append(raw)
-            messages.append(ViewMessage(message=m, image_data=tuple(data), truncated=cut))
+            messages.append(
+                ViewMessage(message=m, image_data=tuple(data), truncated=cut, stored=not cut and id(m) in stored_rows)
+            )
         return BuiltView(
             messages=messages,
             view_id=view_id,

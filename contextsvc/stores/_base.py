@@ -27,7 +27,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
-from contextsvc.errors import Conflict, InvalidArgument, NotFound
+from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, SessionDamaged
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
 from contextsvc.stores._session import (
     AppendRecord,
@@ -70,6 +70,13 @@ def check_blob(data: bytes, blob_id: str) -> None:
 def session_not_found(session_id: str) -> NotFound:
     # Same answer for unknown and foreign sessions: never reveal that another user's exists.
     return NotFound("session not found", metadata={"session_id": str(session_id)[:64]})
+
+
+def session_damaged(st: SessionState) -> SessionDamaged:
+    return SessionDamaged(
+        "the session's stored history is damaged; it is read-only until repaired (contextsvc fsck --repair)",
+        metadata={"session_id": st.id, "damage": st.damage[:200]},
+    )
 
 
 def compaction_conflict(session_id: str, sequence_number: int) -> Conflict:
@@ -177,6 +184,9 @@ class RowStore:
         return await self._shielded(locked)
 
     async def _commit(self, st: SessionState, record: Record) -> None:
+        if st.damage and isinstance(record, AppendRecord | CompactionRecord | FlagsRecord | HeaderRecord):
+            # Engine bookkeeping (state, views) goes on, so reads and BuildContext still work.
+            raise session_damaged(st)
         await self._persist(st, record)
         st.apply(record)
         await self._after_apply(st)
@@ -292,6 +302,7 @@ class RowStore:
         caller: Principal,
         request_id: str = "",
         context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
     ) -> AppendResult:
         st = self._owned(session_id, caller)
 
@@ -299,9 +310,13 @@ class RowStore:
             if request_id:
                 first = st.requests.get(request_id)
                 if first is not None:
+                    stored = st.request_fingerprints.get(request_id, "")
+                    if stored and request_fingerprint and stored != request_fingerprint:
+                        raise RequestIdReused(request_id)
                     return AppendResult(list(first), self._info(st), replayed=True)
             now = self._now()
-            record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta)
+            fingerprint = request_fingerprint if request_id else ""
+            record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta, fingerprint)
             await self._commit(st, record)
             return AppendResult([m.sequence_number for m in record.messages], self._info(st))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from contextsvc.core.messages import Message
+from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import SessionInfo
 from contextsvc.ports import ViewRecord
 
@@ -30,6 +30,8 @@ class AppendRecord:
     messages: tuple[Message, ...]
     request_id: str = ""
     context_tokens_delta: int = 0
+    #: hash of the request the client sent with ``request_id`` ("" = not recorded).
+    request_fingerprint: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,6 +93,21 @@ class RecordError(ValueError):
     """A record does not fit the session it is applied to (a corrupt log)."""
 
 
+#: metadata key marking a stand-in for a row lost to log damage (see ``SessionState.fill_lost``).
+LOST_KEY = "contextsvc.lost"
+
+
+def lost_row(seq: int, note: str, time: datetime | None) -> Message:
+    return Message(
+        role=Role.SYSTEM,
+        content=f"[message #{seq} was lost: {note}]",
+        flags=Flags(is_context=False, is_display=True),
+        metadata={LOST_KEY: True},
+        sequence_number=seq,
+        create_time=time,
+    )
+
+
 def utc(value: datetime) -> datetime:
     """Aware UTC; a naive value is taken to be UTC already."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
@@ -110,6 +127,7 @@ class SessionState:
         "context_tokens",
         "context_truncated",
         "create_time",
+        "damage",
         "deleted",
         "display_count",
         "id",
@@ -119,6 +137,7 @@ class SessionState:
         "pinned",
         "preview_source",
         "profile_id",
+        "request_fingerprints",
         "requests",
         "rows",
         "state",
@@ -148,10 +167,14 @@ class SessionState:
         self.preview_source = ""
         #: request_id -> the sequence numbers its first append got.
         self.requests: dict[str, tuple[int, ...]] = {}
+        #: request_id -> the fingerprint of its first request (absent for records without one).
+        self.request_fingerprints: dict[str, str] = {}
         #: view_id -> view, oldest first (dicts keep insertion order).
         self.views: dict[str, ViewRecord] = {}
         self.lock = asyncio.Lock()
         self.deleted = False
+        #: why the history cannot be trusted ("" = it can): the session is then read-only.
+        self.damage = ""
 
     # -- reading -------------------------------------------------------------------------
 
@@ -239,6 +262,8 @@ class SessionState:
                 self._add_row(m)
             if record.request_id:
                 self.requests[record.request_id] = tuple(m.sequence_number for m in record.messages)
+                if record.request_fingerprint:
+                    self.request_fingerprints[record.request_id] = record.request_fingerprint
             self.context_tokens += record.context_tokens_delta
         elif isinstance(record, FlagsRecord):
             self._check_known(record.sequence_numbers)
@@ -263,6 +288,15 @@ class SessionState:
             self._set_state(record.context_tokens, None, record.state)
         if record.time is not None:
             self.update_time = record.time
+
+    def fill_lost(self, upto: int, note: str, time: datetime | None) -> list[int]:
+        """Stand-ins for acknowledged rows that could not be read, up to ``upto``: they keep
+        their sequence numbers taken (never handed out again) and show the loss in the display
+        history; they never reach the context. Returns the numbers filled."""
+        filled = list(range(len(self.rows) + 1, upto + 1))
+        for seq in filled:
+            self._add_row(lost_row(seq, note, time))
+        return filled
 
     def remember_view(self, view: ViewRecord, keep: int) -> None:
         self.views.pop(view.view_id, None)

@@ -6,6 +6,7 @@
 ``pool``    the migration connection and the pools, shared by store and bus
 ``errors``  driver errors translated into the domain hierarchy
 ``rows``    row <-> domain mapping
+``tokens``  ``PostgresTokenStore`` — API token hashes (``ApiTokenStore``), through the store's pool
 
 This module is the one public entry: the bootstrap (``contextsvc.server`` through the store
 registry) imports these names and nothing below them. A store's ``make_event_bus()`` gives a

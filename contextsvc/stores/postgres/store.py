@@ -35,7 +35,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
-from contextsvc.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
 from contextsvc.stores._base import check_blob, compaction_conflict, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._session import utc
@@ -54,6 +54,7 @@ from contextsvc.stores.postgres.rows import (
     view_from_row,
 )
 from contextsvc.stores.postgres.schema import compaction_lock_keys
+from contextsvc.stores.postgres.tokens import PostgresTokenStore
 
 T = TypeVar("T")
 
@@ -121,6 +122,10 @@ class PostgresStore:
             await asyncio.wait_for(pool.close(), timeout=self._pg.connect_timeout_seconds)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             pool.terminate()
+
+    def api_tokens(self) -> PostgresTokenStore:
+        """The API tokens of this database (``ports.ApiTokenStore``), through this store's pool."""
+        return PostgresTokenStore(self._read, self._write)
 
     def make_event_bus(self) -> PostgresEventBus:
         """The event bus of this database, publishing and fetching through this store's pool."""
@@ -455,29 +460,35 @@ class PostgresStore:
         caller: Principal,
         request_id: str = "",
         context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
     ) -> AppendResult:
         async def work(conn: Any) -> AppendResult:
             row = await self._owned(conn, session_id, caller, lock=True)
             if request_id:
-                first = await conn.fetchval(
-                    "SELECT sequence_numbers FROM append_requests WHERE session_id = $1 AND request_id = $2",
+                first = await conn.fetchrow(
+                    "SELECT sequence_numbers, fingerprint FROM append_requests"
+                    " WHERE session_id = $1 AND request_id = $2",
                     session_id,
                     request_id,
                 )
                 if first is not None:
-                    return AppendResult(list(first), self._info(row), replayed=True)
+                    stored = first["fingerprint"] or ""
+                    if stored and request_fingerprint and stored != request_fingerprint:
+                        raise RequestIdReused(request_id)
+                    return AppendResult(list(first["sequence_numbers"]), self._info(row), replayed=True)
             now = self._now()
             rows = stamped(messages, row["last_sequence"] + 1, now)
             await _insert_rows(conn, session_id, rows)
             numbers = [m.sequence_number for m in rows]
             if request_id:
                 await conn.execute(
-                    "INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time)"
-                    " VALUES ($1, $2, $3, $4)",
+                    "INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time, fingerprint)"
+                    " VALUES ($1, $2, $3, $4, $5)",
                     session_id,
                     request_id,
                     numbers,
                     now,
+                    request_fingerprint or None,
                 )
             updated = await conn.fetchrow(
                 """UPDATE sessions

@@ -1,0 +1,177 @@
+"""Multi-RPC load drivers ghz cannot express (it calls one RPC): an agent turn loop and an event
+fan-out. Run as a separate client process (``python drivers.py turns|stream ...``); prints one JSON
+object. Single-threaded asyncio over one channel, like ghz's ``--cpus 1 --connections 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from typing import Any
+
+import _checkout  # noqa: F401 - this checkout's contextsvc
+import grpc
+from workload import turn_messages
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
+from contextsvc._gen.v1 import resources_pb2 as r
+
+OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50_ms": 0.0, "p99_ms": 0.0}
+    ordered = sorted(values)
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1000, 3),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+    }
+
+
+async def turns(address: str, sessions: list[str], *, seconds: float, max_turns: int, tokens: int) -> dict[str, Any]:
+    """Each session is one agent: append 2 messages, build, record a baseline; repeat until a bound."""
+    lat: dict[str, list[float]] = {"AppendMessages": [], "BuildContext": [], "RecordBaseline": []}
+    errors: dict[str, int] = {}
+    done = 0
+    async with grpc.aio.insecure_channel(address, options=OPTIONS) as channel:
+        stub = pb_grpc.ContextServiceStub(channel)
+        deadline = time.monotonic() + seconds
+
+        async def agent(k: int, sid: str) -> None:
+            nonlocal done
+            turn = 0
+            while time.monotonic() < deadline and done < max_turns:
+                turn += 1
+                try:
+                    t0 = time.perf_counter()
+                    await stub.AppendMessages(
+                        pb.AppendMessagesRequest(session_id=sid, messages=turn_messages(k * 100_000 + turn))
+                    )
+                    t1 = time.perf_counter()
+                    built = await stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+                    t2 = time.perf_counter()
+                    # A provider's count a little above the estimate: an honest baseline, never a truncation.
+                    count = max(1, int(built.estimate.total * 1.05)) if tokens == 0 else tokens
+                    await stub.RecordBaseline(
+                        pb.RecordBaselineRequest(session_id=sid, view_id=built.view_id, prompt_tokens=count)
+                    )
+                    t3 = time.perf_counter()
+                except grpc.aio.AioRpcError as exc:
+                    errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                    continue
+                lat["AppendMessages"].append(t1 - t0)
+                lat["BuildContext"].append(t2 - t1)
+                lat["RecordBaseline"].append(t3 - t2)
+                done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(agent(k, sid) for k, sid in enumerate(sessions)))
+        elapsed = time.perf_counter() - started
+    return {
+        "count": done,
+        "seconds": round(elapsed, 3),
+        "rps": round(done / elapsed, 2) if elapsed else 0.0,
+        "latency": {name: quantiles(v) for name, v in lat.items()},
+        "errors": errors,
+    }
+
+
+async def stream(address: str, session: str, *, watchers: int, events: int, seconds: float) -> dict[str, Any]:
+    """``watchers`` StreamEvents calls on one session while one producer appends ``events`` single
+    messages; counts what every watcher received and checks order and completeness."""
+    got: list[list[int]] = [[] for _ in range(watchers)]
+    async with grpc.aio.insecure_channel(address, options=OPTIONS) as channel:
+        stub = pb_grpc.ContextServiceStub(channel)
+        ready = asyncio.Event()
+        live = [0]
+        calls = [stub.StreamEvents(pb.StreamEventsRequest(session_id=session)) for _ in range(watchers)]
+
+        async def watch(i: int) -> None:
+            call = calls[i]
+            try:
+                async for ev in call:
+                    if ev.HasField("messages_appended"):
+                        if not got[i]:
+                            live[0] += 1
+                            if live[0] == watchers:
+                                ready.set()
+                        got[i].append(ev.event_id)
+                        if len(got[i]) >= events + 1:
+                            return
+            except grpc.aio.AioRpcError:
+                return
+
+        tasks = [asyncio.create_task(watch(i)) for i in range(watchers)]
+        # Prime: one append every watcher must see before the measured ones (so all are live).
+        for _ in range(200):
+            await stub.AppendMessages(
+                pb.AppendMessagesRequest(session_id=session, messages=[r.Message(role=r.ROLE_USER, content="prime")])
+            )
+            try:
+                await asyncio.wait_for(ready.wait(), 0.05)
+                break
+            except TimeoutError:
+                continue
+        primed = [len(g) for g in got]
+        started = time.perf_counter()
+
+        async def produce() -> None:
+            for k in range(events):
+                await stub.AppendMessages(
+                    pb.AppendMessagesRequest(
+                        session_id=session, messages=[r.Message(role=r.ROLE_USER, content=f"event {k}")]
+                    )
+                )
+
+        producer = asyncio.create_task(produce())
+        finished = await asyncio.wait(tasks, timeout=seconds)
+        elapsed = time.perf_counter() - started
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+        del finished
+    received = [g[p:] for g, p in zip(got, primed, strict=True)]
+    delivered = sum(len(g) for g in received)
+    ordered = all(all(a < b for a, b in itertools.pairwise(g)) for g in got)
+    lost = sum(max(0, events - len(g)) for g in received)
+    return {
+        "count": delivered,
+        "seconds": round(elapsed, 3),
+        "rps": round(delivered / elapsed, 2) if elapsed else 0.0,
+        "lost": lost,
+        "ordered": ordered,
+        "watchers": watchers,
+        "events": events,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("driver", choices=["turns", "stream"])
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--sessions", required=True, help="comma-separated session ids")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--max-count", type=int, default=10_000)
+    parser.add_argument("--watchers", type=int, default=50)
+    parser.add_argument("--prompt-tokens", type=int, default=0)
+    args = parser.parse_args()
+    sessions = args.sessions.split(",")
+    if args.driver == "turns":
+        out = asyncio.run(
+            turns(args.address, sessions, seconds=args.seconds, max_turns=args.max_count, tokens=args.prompt_tokens)
+        )
+    else:
+        out = asyncio.run(
+            stream(args.address, sessions[0], watchers=args.watchers, events=args.max_count, seconds=args.seconds)
+        )
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

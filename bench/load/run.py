@@ -1,0 +1,464 @@
+"""Load suite: the service under ghz, one server process, ratios to Health/Check (DESIGN §7).
+
+    python bench/load/run.py                         # every default scenario, print the table
+    python bench/load/run.py --scenario steady_view  # one scenario (file name without .toml)
+    python bench/load/run.py --record --label after  # and write "### after" under "## Load" in RESULTS.md
+    python bench/load/run.py --quick                 # short bounds, to check the suite itself
+
+Scenarios are data files in ``bench/load/scenarios/*.toml`` (format in bench/README.md). For each
+store a scenario names, the suite starts ONE ``contextsvc serve`` (memory, files in a temporary
+directory, or PostgreSQL in a private throwaway cluster), seeds sessions through the public API,
+then for every run measures ``grpc.health.v1.Health/Check`` and the scenario's call back to back
+with the same client settings (ghz ``--cpus 1 --connections 1``, 50 concurrent by default), each
+bounded in calls and seconds. Ratios compare figures of the same server in the same run. Multi-RPC
+loads (agent turns, event fan-out) use the asyncio client in ``drivers.py`` instead of ghz.
+Server CPU per call comes from the server process's own CPU time (/proc) over the measured window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _checkout  # noqa: F401 - this checkout's contextsvc
+from workload import Seeder
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SCENARIOS = HERE / "scenarios"
+BUILD = HERE / ".build"
+HEALTH = "grpc.health.v1.Health.Check"
+SERVICE = "contextsvc.v1.ContextService"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+#: Server profiles the scenarios name (a TOML config file given to ``serve``).
+SERVER_CONFIG = """
+[profiles.bench]
+model = "bench"
+context_window = 4000000
+output_reserve_tokens = 2048
+
+[profiles.small]
+model = "bench-small"
+context_window = 8192
+"""
+
+
+@dataclass
+class Run:
+    """One measured run of a scenario (a ``[[runs]]`` table)."""
+
+    label: str
+    call: str = "BuildContext"
+    sessions: int = 1
+    messages: int = 200
+    seed: str = "plain"  # plain | compressed | copy (the context of the previous run's session)
+    concurrency: int = 50
+    max_calls: int = 20_000
+    max_seconds: float = 10.0
+    append: int = 2  # messages per AppendMessages call
+    watchers: int = 50
+    profile: str = "bench"
+
+
+@dataclass
+class Scenario:
+    name: str
+    title: str
+    driver: str  # ghz | turns | stream
+    stores: list[str]
+    target: str
+    runs: list[Run]
+    derive: str = ""  # growth | pair | ""
+    default: bool = True
+    order: int = 100
+
+
+@dataclass
+class Result:
+    scenario: str
+    store: str
+    label: str
+    call: str
+    count: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    health_rps: float
+    cpu_ms_per_call: float
+    view_messages: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.rps / self.health_rps if self.health_rps else 0.0
+
+
+def load_scenarios(names: list[str]) -> list[Scenario]:
+    out = []
+    for path in sorted(SCENARIOS.glob("*.toml")):
+        if names and path.stem not in names:
+            continue
+        raw = tomllib.loads(path.read_text())
+        runs = [Run(**r) for r in raw.pop("runs")]
+        sc = Scenario(name=path.stem, runs=runs, **raw)
+        if names or sc.default:
+            out.append(sc)
+    missing = set(names) - {s.name for s in out}
+    if missing:
+        raise SystemExit(f"unknown scenario(s): {', '.join(sorted(missing))}")
+    return sorted(out, key=lambda s: (s.order, s.name))
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+def ghz_binary() -> str:
+    done = subprocess.run([str(HERE / "ghz.sh")], capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"could not install ghz: {done.stderr[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def protoset() -> Path:
+    """The contract plus health.proto as one descriptor set (ghz cannot use reflection against a
+    Python server)."""
+    import grpc_tools
+
+    BUILD.mkdir(exist_ok=True)
+    out = BUILD / "contract.protoset"
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    cmd = [
+        sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}", f"-I{HERE}", f"-I{include}",
+        "--include_imports", f"--descriptor_set_out={out}", "contextsvc/v1/context_service.proto", "health.proto",
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=120)
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+class Server:
+    """One ``contextsvc serve`` for one store, stopped by its own pid."""
+
+    def __init__(self, store: str, workdir: Path) -> None:
+        from tests.support.server import ServerProcess
+
+        self.cluster: Any = None
+        url = store
+        if store == "files":
+            url = f"files:{workdir / 'files'}"
+        elif store == "postgres":
+            from tests.support.postgres import PgCluster
+
+            self.cluster = PgCluster.create()
+            url = self.cluster.start()
+        config = workdir / "bench.toml"
+        config.write_text(SERVER_CONFIG)
+        extra = ["--config", str(config), "--log-level", "WARNING"]
+        if store == "files":
+            extra += ["--durability", "batch"]
+        self.proc = ServerProcess(url, extra_args=extra).start()
+        self.address = self.proc.address
+        assert self.proc.proc is not None
+        self.pid = self.proc.proc.pid
+
+    def stop(self) -> None:
+        try:
+            self.proc.terminate()
+        except Exception:  # a stuck server is killed instead
+            self.proc.kill()
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster.remove()
+
+
+# --- measuring -----------------------------------------------------------------------------------
+
+
+class Loader:
+    def __init__(self, ghz: str, protoset_path: Path, workdir: Path, quick: bool) -> None:
+        self.ghz = ghz
+        self.protoset = protoset_path
+        self.workdir = workdir
+        self.quick = quick
+
+    def bounds(self, run: Run) -> tuple[int, float]:
+        if self.quick:
+            return min(run.max_calls, 500), min(run.max_seconds, 2.0)
+        return run.max_calls, run.max_seconds
+
+    def ghz_run(self, server: Server, method: str, data: Any, run: Run) -> dict[str, Any]:
+        calls, seconds = self.bounds(run)
+        data_file = self.workdir / "data.json"
+        data_file.write_text(json.dumps(data))
+        out = self.workdir / "ghz.json"
+        cmd = [
+            self.ghz, "--insecure", "--protoset", str(self.protoset), "--call", method,
+            "--data-file", str(data_file), "-c", str(run.concurrency), "--connections", "1", "--cpus", "1",
+            "-n", str(calls), "-x", f"{seconds}s", "--duration-stop", "ignore", "--max-recv-message-size", "64MB",
+            "--format", "json", "-o", str(out), server.address,
+        ]  # fmt: skip
+        before = cpu_seconds(server.pid)
+        subprocess.run(cmd, check=True, timeout=seconds + 60, capture_output=True)
+        cpu = cpu_seconds(server.pid) - before
+        report = json.loads(out.read_text())
+        lat = {d["percentage"]: d["latency"] / 1e6 for d in report.get("latencyDistribution") or []}
+        statuses = dict(report.get("statusCodeDistribution") or {})
+        ok = statuses.get("OK", 0)
+        errors = {k: v for k, v in statuses.items() if k != "OK"}
+        # ghz's rps counts failed calls too; a ratio of failures is no throughput.
+        total_s = report["total"] / 1e9
+        return {
+            "count": ok,
+            "rps": ok / total_s if total_s else 0.0,
+            "p50_ms": lat.get(50, 0.0),
+            "p99_ms": lat.get(99, 0.0),
+            "cpu_ms_per_call": 1000 * cpu / max(1, report["count"]),
+            "errors": errors,
+        }
+
+    def health(self, server: Server, run: Run) -> float:
+        floor = Run(label="health", concurrency=run.concurrency, max_calls=run.max_calls, max_seconds=run.max_seconds)
+        return float(self.ghz_run(server, HEALTH, {}, floor)["rps"])
+
+    def driver(self, server: Server, kind: str, sessions: list[str], run: Run) -> dict[str, Any]:
+        calls, seconds = self.bounds(run)
+        cmd = [
+            sys.executable, str(HERE / "drivers.py"), kind, "--address", server.address,
+            "--sessions", ",".join(sessions), "--seconds", str(seconds), "--max-count", str(calls),
+            "--watchers", str(run.watchers),
+        ]  # fmt: skip
+        before = cpu_seconds(server.pid)
+        done = subprocess.run(cmd, check=True, timeout=seconds + 120, capture_output=True, text=True)
+        cpu = cpu_seconds(server.pid) - before
+        out: dict[str, Any] = json.loads(done.stdout)
+        out["cpu_ms_per_call"] = 1000 * cpu / max(1, out["count"])
+        return out
+
+
+def seed(seeder: Seeder, run: Run, previous: list[str]) -> list[str]:
+    if run.seed == "compressed":
+        return [seeder.compressed(run.messages, profile=run.profile)]
+    if run.seed == "copy":
+        return [seeder.copy_context(previous[0], profile=run.profile)]
+    return [seeder.session(run.messages, profile=run.profile) for _ in range(run.sessions)]
+
+
+def call_data(run: Run, sessions: list[str]) -> list[dict[str, Any]]:
+    from google.protobuf import json_format
+    from workload import messages
+
+    if run.call == "BuildContext":
+        return [{"session_id": s} for s in sessions]
+    if run.call == "AppendMessages":
+        batch = [json_format.MessageToDict(m) for m in messages(run.append, start=run.messages)]
+        return [{"session_id": s, "messages": batch} for s in sessions]
+    raise SystemExit(f"unknown call {run.call}")
+
+
+def run_scenario(loader: Loader, server: Server, store: str, sc: Scenario) -> list[Result]:
+    results = []
+    seeder = Seeder(server.address, "bench")
+    previous: list[str] = []
+    try:
+        for run in sc.runs:
+            sessions = seed(seeder, run, previous)
+            previous = sessions
+            view = seeder.context_count(sessions[0])
+            health = loader.health(server, run)
+            if sc.driver == "ghz":
+                m = loader.ghz_run(server, f"{SERVICE}.{run.call}", call_data(run, sessions), run)
+                extra: dict[str, Any] = {}
+            else:
+                m = loader.driver(server, sc.driver, sessions, run)
+                extra = {k: v for k, v in m.items() if k in ("latency", "lost", "ordered", "watchers", "events")}
+            res = Result(
+                scenario=sc.name, store=store, label=run.label, call=run.call if sc.driver == "ghz" else sc.driver,
+                count=m["count"], rps=m["rps"], p50_ms=m.get("p50_ms", 0.0), p99_ms=m.get("p99_ms", 0.0),
+                health_rps=health, cpu_ms_per_call=m["cpu_ms_per_call"], view_messages=view,
+                errors=m.get("errors", {}), extra=extra,
+            )  # fmt: skip
+            print(row(res), flush=True)
+            results.append(res)
+    finally:
+        seeder.close()
+    return results
+
+
+# --- reporting -----------------------------------------------------------------------------------
+
+LOAD_INTRO = (
+    "Command: `python bench/load/run.py` (bench/load/README in bench/README.md). Ratios are to "
+    "`grpc.health.v1.Health/Check` on the same server process, measured just before each run with the same "
+    "client settings; server CPU per call is the server process's own CPU time over the run."
+)
+HEADER = (
+    "| scenario | store | run | calls | calls/s | Health/Check calls/s | ratio | p50 ms | p99 ms "
+    "| server CPU ms/call | context rows | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def row(r: Result) -> str:
+    errors = ", ".join(f"{k} {v}" for k, v in r.errors.items()) or "0"
+    if "lost" in r.extra:
+        errors += f"; lost {r.extra['lost']}, ordered {r.extra['ordered']}"
+    return (
+        f"| {r.scenario} | {r.store} | {r.label} | {r.count} | {r.rps:,.0f} | {r.health_rps:,.0f} | {r.ratio:.3f} "
+        f"| {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.cpu_ms_per_call:.2f} | {r.view_messages} | {errors} |"
+    )
+
+
+def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
+    lines = []
+    for sc in scenarios:
+        mine = [r for r in results if r.scenario == sc.name]
+        for store in sc.stores:
+            rs = [r for r in mine if r.store == store]
+            if not rs:
+                continue
+            if sc.derive == "growth" and len(rs) >= 2:
+                small, big = rs[0], rs[-1]
+                per_msg = (
+                    (big.cpu_ms_per_call - small.cpu_ms_per_call)
+                    * 1000
+                    / max(1, big.view_messages - small.view_messages)
+                )
+                lines.append(
+                    f"- {sc.name} ({store}): {per_msg:.1f} µs of server CPU per extra message in the view; "
+                    f"{big.view_messages}-row view costs {big.cpu_ms_per_call / small.cpu_ms_per_call:.1f}x "
+                    f"a {small.view_messages}-row view (target <= 3 µs, <= 10x)"
+                )
+            elif sc.derive == "pair" and len(rs) == 2:
+                a, b = rs
+                lines.append(
+                    f"- {sc.name} ({store}): {a.label} costs {a.cpu_ms_per_call / b.cpu_ms_per_call:.2f}x the server "
+                    f"CPU per call of {b.label}, throughput {b.rps / a.rps:.2f}x slower (target <= 1.1x)"
+                )
+            elif sc.driver == "turns":
+                for r in rs:
+                    lat = r.extra.get("latency", {})
+                    rb, ap = lat.get("RecordBaseline", {}), lat.get("AppendMessages", {})
+                    lines.append(
+                        f"- {sc.name} ({store}): {r.ratio:.3f} turns/s per Health/Check call/s (target >= 0.20); "
+                        f"p50/p99 ms: AppendMessages {ap.get('p50_ms', 0):.1f}/{ap.get('p99_ms', 0):.1f}, "
+                        f"BuildContext {lat.get('BuildContext', {}).get('p50_ms', 0):.1f}/"
+                        f"{lat.get('BuildContext', {}).get('p99_ms', 0):.1f}, "
+                        f"RecordBaseline {rb.get('p50_ms', 0):.1f}/{rb.get('p99_ms', 0):.1f} "
+                        f"(target: RecordBaseline p99 <= 2x AppendMessages p99)"
+                    )
+    stream = {r.store: r for r in results if r.scenario.startswith("stream")}
+    if "memory" in stream and "postgres" in stream:
+        lines.append(
+            f"- StreamEvents fan-out: PostgreSQL delivers {stream['postgres'].rps / stream['memory'].rps:.2f}x the "
+            "memory store's events/s (target >= 0.5)"
+        )
+    return lines
+
+
+def machine() -> str:
+    python = platform.python_version()
+    return f"{os.cpu_count()} cores (nproc), Python {python}, {platform.system()} {platform.machine()}"
+
+
+def record(label: str, command: str, table: list[str], notes: list[str]) -> None:
+    path = HERE.parent / "RESULTS.md"
+    text = path.read_text()
+    block = "\n".join(
+        [
+            f"### {label}",
+            "",
+            f"- date: {dt.date.today().isoformat()}; machine: {machine()}; "
+            f"commit: {git_head()}; client: ghz v0.120.0 `--cpus 1 --connections 1`",
+            f"- command: `{command}`",
+            "",
+            HEADER,
+            *table,
+            "",
+            *notes,
+            "",
+        ]
+    )
+    if "## Load\n" not in text:
+        text = text.rstrip("\n") + "\n\n## Load\n\n" + LOAD_INTRO + "\n\n"
+    start = text.index("## Load\n")
+    end_match = re.compile(r"\n## ").search(text, start + 1)
+    end = end_match.start() + 1 if end_match else len(text)
+    section = text[start:end]
+    sub = re.compile(rf"### {re.escape(label)}\n.*?(?=\n### |\Z)", re.S)
+    if sub.search(section):
+        section = sub.sub(lambda _m: block.rstrip("\n"), section)
+    else:
+        section = section.rstrip("\n") + "\n\n" + block
+    path.write_text(text[:start] + section.rstrip("\n") + "\n" + ("\n" + text[end:] if end < len(text) else ""))
+
+
+def git_head() -> str:
+    cmd = ["git", "rev-parse", "--short", "HEAD"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+    return done.stdout.strip() or "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", action="append", default=[], help="scenario file name (repeatable)")
+    parser.add_argument("--store", action="append", default=[], help="only these stores (repeatable)")
+    parser.add_argument("--quick", action="store_true", help="short bounds (checks the suite, not the service)")
+    parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
+    parser.add_argument("--label", default="latest", help="subsection of '## Load' that --record rewrites")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    scenarios = load_scenarios(args.scenario)
+    ghz = ghz_binary()
+    ps = protoset()
+    stores = [s for s in ("memory", "files", "postgres") if any(s in sc.stores for sc in scenarios)]
+    if args.store:
+        stores = [s for s in stores if s in args.store]
+    results: list[Result] = []
+    print(HEADER, flush=True)
+    for store in stores:
+        workdir = Path(tempfile.mkdtemp(prefix=f"ctxload-{store}-"))
+        server = Server(store, workdir)
+        try:
+            loader = Loader(ghz, ps, workdir, args.quick)
+            for sc in scenarios:
+                if store in sc.stores:
+                    results += run_scenario(loader, server, store, sc)
+        finally:
+            server.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+    notes = derived(scenarios, results)
+    print("\n".join(notes))
+    if args.record:
+        command = "python bench/load/run.py " + " ".join(sys.argv[1:])
+        record(args.label, command.strip(), [row(r) for r in results], notes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""What the load suite sends: deterministic agent-like messages, and seeding through the public API.
+
+Messages follow an agent's rhythm (a user ask, an assistant tool call, its result, an answer),
+about 375 bytes each on average, so a 200-message session carries a view of ~75 KB, the size the
+issue measured. Everything is generated from a seed: two runs send the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+
+import grpc
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
+from contextsvc._gen.v1 import resources_pb2 as r
+
+_SENTENCES = (
+    "the build failed on the parser module because a token was missing after the import list and "
+    "we need to check the fixture paths config values retry budget cache window latency service "
+    "request handler session compaction summary baseline estimate profile calibration store append"
+)
+WORDS = tuple(_SENTENCES.split())
+#: Messages per AppendMessages while seeding (the server allows 500).
+SEED_BATCH = 250
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def messages(count: int, *, seed: int = 7, start: int = 0) -> list[r.Message]:
+    """``count`` messages of an agent loop; ``start`` continues a loop already that long (legal order)."""
+    rng = random.Random(seed * 1_000_003 + start)
+    out: list[r.Message] = []
+    for i in range(start, start + count):
+        step = i % 4
+        if step == 0:
+            out.append(r.Message(role=r.ROLE_USER, content=_text(rng, 30)))
+        elif step == 1:
+            args = json.dumps({"path": f"src/mod_{i}.py", "query": _text(rng, 4)})
+            out.append(
+                r.Message(
+                    role=r.ROLE_ASSISTANT,
+                    content=_text(rng, 8),
+                    tool_calls=[r.ToolCall(id=f"call_{i}", name="read_file", arguments_json=args)],
+                )
+            )
+        elif step == 2:
+            m = r.Message(role=r.ROLE_TOOL, tool_call_id=f"call_{i - 1}", content=_text(rng, 90))
+            m.metadata.update({"source": "tool", "bytes": 540})
+            out.append(m)
+        else:
+            out.append(r.Message(role=r.ROLE_ASSISTANT, content=_text(rng, 40)))
+    return out
+
+
+def turn_messages(turn: int, *, seed: int = 11) -> list[r.Message]:
+    """The two messages one agent turn appends (a user ask and the answer)."""
+    rng = random.Random(seed * 1_000_003 + turn)
+    return [
+        r.Message(role=r.ROLE_USER, content=_text(rng, 30)),
+        r.Message(role=r.ROLE_ASSISTANT, content=_text(rng, 40)),
+    ]
+
+
+def batches(items: list[r.Message], size: int = SEED_BATCH) -> Iterator[list[r.Message]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class Seeder:
+    """Creates and fills sessions on a running server (blocking stubs; seeding is not measured)."""
+
+    def __init__(self, address: str, profile: str) -> None:
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        )
+        self.stub = pb_grpc.ContextServiceStub(self.channel)
+        self.profile = profile
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def session(self, count: int, *, profile: str = "", name: str = "bench") -> str:
+        sid = self.stub.CreateSession(pb.CreateSessionRequest(profile_id=profile or self.profile, name=name)).id
+        for batch in batches(messages(count)):
+            self.stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
+        return sid
+
+    def compressed(self, count: int, *, profile: str) -> str:
+        """A session of ``count`` display messages whose context was compressed (by ``profile``'s
+        small window: forced compressions until the context stops shrinking)."""
+        sid = self.stub.CreateSession(pb.CreateSessionRequest(profile_id=profile, name="long")).id
+        for batch in batches(messages(count)):
+            self.stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
+            self.stub.Compress(pb.CompressRequest(session_id=sid, reason="bench seed"))
+        return sid
+
+    def copy_context(self, source: str, *, profile: str = "") -> str:
+        """A fresh session holding the context rows of ``source`` (appended as plain messages)."""
+        rows: list[r.Message] = []
+        before = 0
+        for _ in range(1000):  # bounded paging
+            page = self.stub.ListMessages(
+                pb.ListMessagesRequest(
+                    session_id=source, buffer=pb.BUFFER_CONTEXT, page_size=1000, before_sequence=before
+                )
+            )
+            rows[:0] = list(page.messages)
+            if not page.next_before_sequence:
+                break
+            before = page.next_before_sequence
+        sid = self.stub.CreateSession(pb.CreateSessionRequest(profile_id=profile or self.profile, name="copy")).id
+        fresh = []
+        for m in rows:
+            c = r.Message()
+            c.CopyFrom(m)
+            c.ClearField("sequence_number")
+            c.ClearField("create_time")
+            c.ClearField("flags")
+            c.ClearField("token_count")
+            c.ClearField("replaces")
+            if c.role == r.ROLE_SYSTEM:
+                c.role = r.ROLE_USER
+            fresh.append(c)
+        for batch in batches(fresh):
+            self.stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
+        return sid
+
+    def context_count(self, sid: str) -> int:
+        return self.stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_message_count
+
+    def display_count(self, sid: str) -> int:
+        return self.stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count

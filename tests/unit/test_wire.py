@@ -1,0 +1,148 @@
+"""The BuildContext response written from cached encodings equals the one built as a message."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc.api.views import build_response, response_fields
+from contextsvc.api.wire import (
+    ENTRY_OVERHEAD_BYTES,
+    EncodedResponse,
+    WireCache,
+    encode_build_response,
+    frame,
+    serialize,
+)
+from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+from contextsvc.core.tokens import EstimateMethod, TokenEstimate, TokenSegments
+from contextsvc.engine.views import BuiltView, ViewMessage
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def stored(seq: int, content: str = "hello", **kw: object) -> Message:
+    base = {"role": Role.USER, "content": content, "sequence_number": seq, "create_time": T0, "token_count": 7}
+    base.update(kw)
+    return Message(**base)  # type: ignore[arg-type]
+
+
+def estimate() -> TokenEstimate:
+    return TokenEstimate(
+        total=120,
+        text=100,
+        images=20,
+        method=EstimateMethod.FALLBACK,
+        window=8192,
+        budget=6000,
+        fraction=0.0146,
+        segments=TokenSegments(system=10, records=0, summaries=0, pinned=0, messages=90, images=20, incoming=0),
+    )
+
+
+def view(messages: list[ViewMessage]) -> BuiltView:
+    return BuiltView(messages=messages, view_id="v1", estimate=estimate(), notices=["note one", "note two"])
+
+
+def encoded(built: BuiltView, cache: WireCache) -> pb.BuildContextResponse:
+    return pb.BuildContextResponse.FromString(encode_build_response(built, "s1", cache, response_fields(built)).data)
+
+
+def sample() -> BuiltView:
+    prompt = Message(role=Role.SYSTEM, content="be brief", flags=Flags(is_display=False))
+    call = stored(
+        2,
+        "reading",
+        role=Role.ASSISTANT,
+        tool_calls=(ToolCall(id="c1", name="read", arguments_json='{"p": 1}'),),
+        metadata={"source": "agent", "n": 3, "nested": {"a": [1, "x"]}},
+    )
+    result = stored(3, "x" * 5000, role=Role.TOOL, tool_call_id="c1", flags=Flags(is_pinned=True))
+    summary = stored(4, "summary", flags=Flags(is_summary=True, is_display=False), replaces=(1, 2))
+    cut = dataclasses.replace(stored(5, "y" * 9000), content="y" * 10 + "[cut]")
+    image = stored(6, "look", images=(ImageRef(blob_id="b" * 64, mime_type="image/png", width=2, height=3),))
+    incoming = Message(role=Role.USER, content="new ask")
+    return view(
+        [
+            ViewMessage(prompt, (), truncated=False),
+            ViewMessage(call, (), truncated=False, stored=True),
+            ViewMessage(result, (), truncated=False, stored=True),
+            ViewMessage(summary, (), truncated=False, stored=True),
+            ViewMessage(cut, (), truncated=True),
+            ViewMessage(image, (b"\x89PNG",), truncated=False, stored=True),
+            ViewMessage(incoming, (), truncated=False),
+        ]
+    )
+
+
+def test_encoded_response_equals_the_message_built_response() -> None:
+    built = sample()
+    cache = WireCache(1 << 20)
+    assert encoded(built, cache) == build_response(built)
+    # Cut, image-carrying, prompt and incoming messages are never cached: 3 stored rows are.
+    assert cache.stats()["entries"] == 3
+    assert encoded(built, cache) == build_response(built)
+    assert cache.stats()["hits"] == 3
+
+
+def test_compression_report_and_empty_fields_survive() -> None:
+    from contextsvc.engine.compaction import CompressionReport, Method, Reason
+
+    built = dataclasses.replace(
+        view([ViewMessage(stored(1), (), truncated=False, stored=True)]),
+        compression=CompressionReport(
+            compressed=True,
+            method=Method.SUMMARY,
+            reason=Reason.PRETURN,
+            summary="s",
+            messages_before=10,
+            messages_after=3,
+            context_tokens_before=900,
+            context_tokens_after=300,
+            breadcrumbs=("a",),
+        ),
+    )
+    assert encoded(built, WireCache(1 << 20)) == build_response(built)
+    empty = view([])
+    assert encoded(empty, WireCache(1 << 20)) == build_response(empty)
+
+
+def test_a_flag_change_re_encodes_the_row() -> None:
+    cache = WireCache(1 << 20)
+    m = stored(1)
+    before = encoded(view([ViewMessage(m, (), truncated=False, stored=True)]), cache)
+    assert not before.messages[0].flags.is_pinned
+    pinned = m.with_flags(is_pinned=True)
+    after = encoded(view([ViewMessage(pinned, (), truncated=False, stored=True)]), cache)
+    assert after.messages[0].flags.is_pinned
+    assert cache.stats()["misses"] == 2
+
+
+def test_the_cache_is_bounded_in_bytes_and_drops_the_oldest() -> None:
+    one = len(frame(b"")) + 200  # a rough size of one entry
+    cache = WireCache(5 * (one + ENTRY_OVERHEAD_BYTES))
+    for seq in range(1, 50):
+        cache.framed("s1", stored(seq, "z" * 150))
+    stats = cache.stats()
+    assert stats["bytes"] <= stats["max_bytes"]
+    assert 0 < stats["entries"] < 49
+    # The newest rows are the ones kept.
+    cache.framed("s1", stored(49, "z" * 150))
+    assert cache.stats()["hits"] == 1
+    cache.forget_session("s1")
+    assert cache.stats()["entries"] == 0
+    assert cache.stats()["bytes"] == 0
+
+
+def test_a_zero_sized_cache_still_answers() -> None:
+    cache = WireCache(0)
+    built = sample()
+    assert encoded(built, cache) == build_response(built)
+    assert cache.stats()["entries"] == 0
+
+
+def test_serialize_passes_bytes_through_and_encodes_messages() -> None:
+    assert serialize(EncodedResponse(b"abc")) == b"abc"
+    msg = pb.BuildContextResponse(view_id="v")
+    assert serialize(msg) == msg.SerializeToString()
