@@ -393,6 +393,9 @@ class GatewaySettings(BaseModel):
     ping_interval_seconds: float = Field(20.0, gt=0)
     ping_timeout_seconds: float = Field(20.0, gt=0)
     close_timeout_seconds: float = Field(5.0, gt=0)
+    #: permessage-deflate. Off: frames are small JSON, and compressing each frame once per socket
+    #: costs CPU on every fan-out and a zlib context per socket.
+    compression: bool = False
     #: recent events of a session kept by the gateway for replay to reconnecting sockets.
     replay_buffer_events: int = Field(2000, ge=10)
     #: a session's upstream event stream stays open this long after its last socket leaves,
