@@ -221,7 +221,7 @@ class SummarizerSettings(BaseModel):
 
 
 class MaintenanceSettings(BaseModel):
-    """Store maintenance (DESIGN §5.7, ``core/maintenance.py``): files store."""
+    """Store maintenance (DESIGN §5.7, ``core/maintenance.py``), run by ``serve`` on every store."""
 
     model_config = ConfigDict(extra="forbid")
 

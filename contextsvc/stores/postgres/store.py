@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ import asyncpg
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
+from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
@@ -449,6 +450,36 @@ class PostgresStore:
             await conn.execute("DELETE FROM sessions WHERE session_id = $1", session_id)
 
         await self._write("delete_session", work)
+
+    async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
+        """Every session with the bytes of its rows (hot and archived), for store maintenance
+        (``core/maintenance.py``). Blobs, chunks and events are not counted."""
+
+        async def work(conn: Any) -> list[Any]:
+            return list(
+                await conn.fetch(
+                    "SELECT s.session_id, s.user_id, s.pinned, s.update_time,"
+                    " COALESCE((SELECT sum(pg_column_size(m.*)) FROM messages m"
+                    "   WHERE m.session_id = s.session_id), 0)"
+                    " + COALESCE((SELECT sum(pg_column_size(a.*)) FROM messages_archive a"
+                    "   WHERE a.session_id = s.session_id), 0) AS bytes"
+                    " FROM sessions s"
+                )
+            )
+
+        rows = await self._read("maintenance_candidates", work)
+        busy_set = set(busy)
+        return [
+            Candidate(
+                session_id=row["session_id"],
+                update_time=utc(row["update_time"]),
+                pinned=row["pinned"],
+                size_bytes=int(row["bytes"]),
+                busy=row["session_id"] in busy_set,
+                user_id=row["user_id"],
+            )
+            for row in rows
+        ], 0
 
     # -- rows --------------------------------------------------------------------------------
 
