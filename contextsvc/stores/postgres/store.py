@@ -709,6 +709,36 @@ class PostgresStore:
 
         return await self._write("archive_old_messages", work)
 
+    async def archive_by_rule(self, keep_messages: int, *, caller: Principal) -> dict[str, int]:
+        """The archive rule of store maintenance: every session keeps its newest
+        ``keep_messages`` rows in the hot table; older ones move to the archive (still read by
+        ``ListMessages``, ``ExpandSummary`` and ``SearchHistory`` through ``all_messages``).
+        Returns session id -> rows moved."""
+
+        async def due(conn: Any) -> list[Any]:
+            return list(
+                await conn.fetch(
+                    "SELECT s.session_id, s.last_sequence FROM sessions s"
+                    " WHERE s.last_sequence > $1 AND EXISTS (SELECT 1 FROM messages m"
+                    "   WHERE m.session_id = s.session_id AND m.seq <= s.last_sequence - $1)",
+                    keep_messages,
+                )
+            )
+
+        moved: dict[str, int] = {}
+        if keep_messages <= 0:
+            return moved
+        for row in await self._read("archive_by_rule", due):
+            try:
+                n = await self.archive_old_messages(
+                    row["session_id"], int(row["last_sequence"]) - keep_messages + 1, caller=caller
+                )
+            except NotFound:  # deleted meanwhile
+                continue
+            if n:
+                moved[row["session_id"]] = n
+        return moved
+
     async def list_archived_messages(
         self, session_id: str, *, caller: Principal, before_sequence: int = 0, limit: int = 50
     ) -> list[Message]:
