@@ -175,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 2
+    from contextsvc.startup import StartupError
+
     try:
         asyncio.run(_gateway(settings) if args.command == "gateway" else _serve(settings))
-    except OSError as exc:
+    except (OSError, StartupError) as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1
     return 0
