@@ -233,8 +233,14 @@ class ViewService:
         built: Assembled,
         incoming_data: dict[str, bytes],
         compression: Any = None,
+        *,
+        anchor: bool = True,
     ) -> BuiltView:
-        """Size-check and remember an assembled view; load the bytes of the images it carries."""
+        """Size-check and remember an assembled view; load the bytes of the images it carries.
+
+        ``anchor=False`` marks a view that is not the session's committed context (a fallback
+        served while a compaction runs): its baseline still calibrates the model, but is never
+        kept as the session's anchor (it would price a context the session does not hold)."""
         error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens)
         if error is not None:
             raise error
@@ -249,7 +255,7 @@ class ViewService:
                 had_images=built.had_images,
                 last_sequence=built.last_sequence,
                 create_time=self._clock.now(),
-                epoch=EngineState.of(session).epoch,
+                epoch=EngineState.of(session).epoch if anchor else -1,
             ),
             keep=self._settings.tokens.views_kept_per_session,
         )
