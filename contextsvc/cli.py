@@ -9,6 +9,7 @@ import sys
 from pydantic import ValidationError
 
 from contextsvc import __version__
+from contextsvc.cli_tokens import add_tokens_parser, run_tokens
 from contextsvc.config import Settings, load_settings
 from contextsvc.logs import setup_logging
 
@@ -46,10 +47,77 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--fsync-batch-ms", type=int, metavar="MS", help="bound of a batched fsync (default 50)")
     serve.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
+    _add_transport_flags(serve)
+    fsck = commands.add_parser(
+        "fsck",
+        help="check the files store's session logs; --repair rebuilds what can be rebuilt",
+        description=(
+            "Check every session log of the files store (record checksums, sequence numbers, headers) and "
+            "report each damaged session. With --repair: rewrite recovered logs without their bad lines, "
+            "rebuild lost headers and make damaged sessions writable again (lost sequence numbers stay "
+            "taken). Originals are kept aside. Takes the data directory's lock: stop the server first. "
+            "Exit status: 0 when every session is fine (or was repaired), 1 when damage remains."
+        ),
+    )
+    fsck.add_argument("--store", metavar="URL", help="files:PATH (default files:./.contextsvc; env CONTEXTSVC_STORE)")
+    fsck.add_argument("--config", metavar="FILE", help="TOML settings file")
+    fsck.add_argument("--repair", action="store_true", help="rewrite and rebuild what can be rebuilt")
+    maintain = commands.add_parser(
+        "maintain",
+        help="run store maintenance once (prune idle sessions, cap their number, disk budget)",
+        description=(
+            "Run store maintenance once over the files store, by the [maintenance] settings: remove sessions "
+            "idle past prune_after_days, the longest idle past max_sessions, and down to the high-water mark "
+            "when over disk_budget_mb; never a pinned session. Prints each removal and why. In mode 'warn' "
+            "(the default) nothing is removed unless --enforce is given. Takes the data directory's lock: "
+            "stop the server first (serve runs it every interval_seconds by itself)."
+        ),
+    )
+    maintain.add_argument("--store", metavar="URL", help="files:PATH (default files:./.contextsvc)")
+    maintain.add_argument("--config", metavar="FILE", help="TOML settings file")
+    maintain.add_argument("--dry-run", action="store_true", help="only print what would be removed and why")
+    maintain.add_argument("--enforce", action="store_true", help="remove even when maintenance.mode is 'warn'")
+    serve.add_argument(
+        "--gateway",
+        metavar="HOST:PORT",
+        help="also serve the WebSocket gateway and inspector page here, in-process (env CONTEXTSVC_GATEWAY__LISTEN)",
+    )
+    gateway = commands.add_parser(
+        "gateway",
+        help="run the WebSocket gateway and inspector page alone",
+        description="Run the WebSocket gateway for browsers (and the inspector page); it calls the service over gRPC.",
+    )
+    gateway.add_argument("--listen", metavar="HOST:PORT", help="address of the gateway (default 127.0.0.1:8080)")
+    gateway.add_argument("--target", metavar="HOST:PORT", help="the service to call (default 127.0.0.1:50051)")
+    gateway.add_argument("--config", metavar="FILE", help="TOML file with settings (the [gateway] table)")
+    gateway.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
     commands.add_parser(
         "config", help="print the effective settings as JSON", description="Print the effective settings as JSON."
     ).add_argument("--config", metavar="FILE", help="TOML settings file")
+    add_tokens_parser(commands)
     return parser
+
+
+def _add_transport_flags(serve: argparse.ArgumentParser) -> None:
+    """TLS, mutual TLS, authentication mode and --insecure (DESIGN §5.10; README "Running it on a network")."""
+    serve.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve TLS (env CONTEXTSVC_TLS_CERT)")
+    serve.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (env CONTEXTSVC_TLS_KEY)")
+    serve.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="PEM CA bundle: require client certificates signed by it, mutual TLS (env CONTEXTSVC_TLS_CLIENT_CA)",
+    )
+    serve.add_argument(
+        "--auth",
+        choices=["auto", "tokens", "none"],
+        help="API tokens: auto (default) = required unless listening on loopback; tokens = always; none = never",
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow listening beyond loopback without TLS or without authentication",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,28 +126,77 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    gateway_flags = {
+        k: v
+        for k, v in {
+            "listen": getattr(args, "gateway", None) if args.command == "serve" else getattr(args, "listen", None),
+            "target": getattr(args, "target", None),
+        }.items()
+        if v is not None and args.command in ("serve", "gateway")
+    }
     try:
         settings = load_settings(
             args.config,
-            listen=getattr(args, "listen", None),
+            listen=getattr(args, "listen", None) if args.command != "gateway" else None,
             store=getattr(args, "store", None),
             durability=getattr(args, "durability", None),
             fsync_batch_ms=getattr(args, "fsync_batch_ms", None),
             log_level=getattr(args, "log_level", None),
+            tls_cert=getattr(args, "tls_cert", None),
+            tls_key=getattr(args, "tls_key", None),
+            tls_client_ca=getattr(args, "tls_client_ca", None),
+            insecure=getattr(args, "insecure", None),
+            **_auth_override(getattr(args, "auth", None)),
         )
+        if gateway_flags:
+            settings = settings.model_copy(
+                update={"gateway": settings.gateway.model_validate({**settings.gateway.model_dump(), **gateway_flags})}
+            )
     except (ValidationError, ValueError) as exc:
         print(f"contextsvc: invalid settings: {exc}", file=sys.stderr)
         return 2
     if args.command == "config":
         print(settings.model_dump_json(indent=2))
         return 0
+    if args.command == "fsck":
+        from contextsvc.store_tools import run_fsck
+
+        return run_fsck(settings, repair=args.repair)
+    if args.command == "maintain":
+        from contextsvc.store_tools import run_maintain
+
+        setup_logging("ERROR")  # the report is the output; warnings would repeat it
+        return run_maintain(settings, dry_run=args.dry_run, enforce=args.enforce)
     setup_logging(settings.log_level)
+    if args.command == "tokens":
+        return run_tokens(args, settings)
     try:
-        asyncio.run(_serve(settings))
-    except OSError as exc:
+        _check_transport(settings)
+    except ValueError as exc:
+        print(f"contextsvc: {exc}", file=sys.stderr)
+        return 2
+    from contextsvc.startup import StartupError
+
+    try:
+        asyncio.run(_gateway(settings) if args.command == "gateway" else _serve(settings))
+    except (OSError, StartupError) as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _auth_override(mode: str | None) -> dict[str, object]:
+    # --auth sets one field of the nested auth settings; the rest keep their file/env values.
+    return {"auth": {"mode": mode}} if mode is not None else {}
+
+
+def _check_transport(settings: Settings) -> None:
+    """Refuse, in one line, to expose the service beyond loopback unprotected (and unreadable
+    certificates), before anything is opened."""
+    from contextsvc.transport import CertificateReloader, check_transport
+
+    if check_transport(settings).tls:
+        CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
 
 async def _serve(settings: Settings) -> None:
@@ -87,6 +204,12 @@ async def _serve(settings: Settings) -> None:
     from contextsvc.server import serve
 
     await serve(settings)
+
+
+async def _gateway(settings: Settings) -> None:
+    from contextsvc.gateway import run
+
+    await run(settings)
 
 
 if __name__ == "__main__":

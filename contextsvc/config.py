@@ -42,6 +42,10 @@ class CompressionDefaults(BaseModel):
     summarizer: str = "extractive"
     strategies: list[str] = Field(default_factory=lambda: ["clear_tool_results", "summarize"])
     critical_tool_names: list[str] = Field(default_factory=list)
+    #: whether hard truncation (oldest whole turns dropped, no summary) may follow when the listed
+    #: strategies cannot reach the target. True keeps every turn under the window whatever the
+    #: summarizer does; false makes a clearing-only profile commit what clearing achieved.
+    hard_truncate_fallback: bool = True
 
     @model_validator(mode="after")
     def _target_below_threshold(self) -> CompressionDefaults:
@@ -74,6 +78,10 @@ class Limits(BaseModel):
     max_images_per_message: int = Field(8, ge=0)
     max_image_bytes_per_append: int = Field(50 * MB, ge=1)
     max_metadata_bytes: int = Field(64 * 1024, ge=0)
+    #: levels of nested objects/lists in a metadata value. The protobuf decoder refuses ~32 levels
+    #: (a whole request), and a response nests metadata deeper than the request did: this keeps
+    #: every stored value readable by every client.
+    max_metadata_depth: int = Field(16, ge=1, le=24)
     max_tool_calls_per_message: int = Field(128, ge=0)
     max_name_chars: int = Field(512, ge=1)
     #: a model name is a cache key (calibration per model): bounded like any other name.
@@ -216,6 +224,25 @@ class SummarizerSettings(BaseModel):
     http_trust_env: bool = True
 
 
+class MaintenanceSettings(BaseModel):
+    """Store maintenance (DESIGN §5.7, ``core/maintenance.py``): files store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ``warn`` reports what would be removed (log lines); ``enforce`` removes it.
+    mode: Literal["warn", "enforce"] = "warn"
+    #: a session idle longer than this is removed (0 = never).
+    prune_after_days: float = Field(30.0, ge=0)
+    #: at most this many sessions (0 = no cap); the longest idle go first.
+    max_sessions: int = Field(0, ge=0)
+    #: the data directory's budget in MB (0 = none); over it, sessions go down to the high-water mark.
+    disk_budget_mb: float = Field(0.0, ge=0)
+    #: share of the budget to come down to once over it.
+    high_water_fraction: float = Field(0.8, gt=0, le=1)
+    #: how often ``serve`` runs it.
+    interval_seconds: float = Field(3600.0, gt=0)
+
+
 class PostgresSettings(BaseModel):
     """The PostgreSQL store and event bus (DESIGN §5.7, §5.8)."""
 
@@ -259,6 +286,60 @@ class PostgresSettings(BaseModel):
         return self
 
 
+class QuotaSettings(BaseModel):
+    """Per-user limits (the user is the caller's id, see api/auth.py). 0 switches a limit off; all
+    are off by default. Counted per server process: N replicas allow up to N times as much."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ContextService calls per second per user (a token bucket) ...
+    calls_per_second: float = Field(0.0, ge=0)
+    #: ... with room for this many at once (0 = one second's worth, at least 1).
+    calls_burst: int = Field(0, ge=0)
+    #: request bytes of AppendMessages per user and minute (a bucket refilled continuously; one
+    #: append larger than this is let through when the bucket is full, and paid back after).
+    append_bytes_per_minute: int = Field(0, ge=0)
+    #: sessions a user may own (checked by CreateSession and ForkSession).
+    sessions_per_user: int = Field(0, ge=0)
+    #: StreamEvents calls a user may have open at once.
+    streams_per_user: int = Field(0, ge=0)
+    #: users whose buckets are remembered (least recently seen ones are forgotten first).
+    max_tracked_users: int = Field(100_000, ge=1)
+
+
+class AuthMode(StrEnum):
+    """Whether callers must present an API token (DESIGN §5.10)."""
+
+    #: tokens required unless the server listens on loopback only (then every caller is the
+    #: local admin ``anonymous``, as a single-user tool expects).
+    AUTO = "auto"
+    #: tokens always required, loopback included.
+    TOKENS = "tokens"
+    #: no tokens: every caller is the admin ``anonymous``. Off loopback only with ``insecure``.
+    NONE = "none"
+
+
+class AuthSettings(BaseModel):
+    """API tokens (``contextsvc tokens …``) and how the server checks them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: AuthMode = AuthMode.AUTO
+    #: where tokens live: empty = in the session store (files: ``tokens.json`` in its data
+    #: directory; postgres: the ``api_tokens`` table; memory: in the server process only), or a
+    #: store URL of their own (``files:PATH``, ``postgres://…``), e.g. beside a memory store.
+    token_store: str = ""
+    #: a looked-up token is trusted this long before it is read again, so a revocation reaches a
+    #: running server within this time (0 = read the store on every call).
+    cache_seconds: float = Field(5.0, ge=0, le=3600)
+    #: tokens (and unknown values) remembered by the cache at most.
+    cache_entries: int = Field(10_000, ge=1)
+    #: ``last_used`` is written at most once per this interval per token, never on every call.
+    last_used_interval_seconds: float = Field(60.0, ge=0)
+    #: ``tokens create`` without ``--expires``: days until the token expires (0 = never).
+    default_expiry_days: int = Field(0, ge=0, le=36_500)
+
+
 class HotPathSettings(BaseModel):
     """Caches and bounds of the BuildContext hot path (issue #15). Env: ``CONTEXTSVC_HOT_PATH__<FIELD>``."""
 
@@ -271,6 +352,61 @@ class HotPathSettings(BaseModel):
     #: longest a BuildContext that must compress waits for a compaction of the same session already
     #: running (its summarizer call); past it the build answers with a hard-truncated view.
     build_wait_seconds: float = Field(2.0, ge=0)
+
+
+class GatewaySettings(BaseModel):
+    """The WebSocket gateway for browsers and its inspector page (DESIGN §5.9; docs/websocket.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: HOST:PORT of the gateway; empty = no gateway (``serve --gateway`` / ``gateway --listen`` set it).
+    listen: str = ""
+    #: the ContextService the gateway calls (``gateway --target``; the bundled gateway uses its own port).
+    target: str = "127.0.0.1:50051"
+    #: a socket without a cookie token must send ``{"type":"auth"}`` within this long, or it is closed 4003.
+    auth_timeout_seconds: float = Field(5.0, gt=0, le=120)
+    #: cookie carrying the API token of a browser.
+    cookie_name: str = Field("contextsvc_token", pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+    #: accept ``?api_token=`` on the socket URL. Off: URLs end up in proxy and access logs.
+    allow_query_token: bool = False
+    #: largest client frame; bigger ones are closed 1009 by the WebSocket layer (base64 of 50 MB is ~67 MB).
+    max_frame_bytes: int = Field(80 * MB, ge=1024)
+    #: images per ``message`` frame and their decoded total.
+    max_images: int = Field(8, ge=0)
+    max_image_bytes: int = Field(50 * MB, ge=1)
+    #: file references per ``message`` frame.
+    max_files: int = Field(32, ge=0)
+    #: frames waiting for one socket; a browser that falls this far behind is closed 4008.
+    send_queue_frames: int = Field(1024, ge=8)
+    #: WebSocket keepalive pings (heartbeats); a peer that misses a pong for ping_timeout is closed 1011.
+    ping_interval_seconds: float = Field(20.0, gt=0)
+    ping_timeout_seconds: float = Field(20.0, gt=0)
+    close_timeout_seconds: float = Field(5.0, gt=0)
+    #: recent events of a session kept by the gateway for replay to reconnecting sockets.
+    replay_buffer_events: int = Field(2000, ge=10)
+    #: a session's upstream event stream stays open this long after its last socket leaves,
+    #: so that a quick reconnect replays from memory.
+    hub_linger_seconds: float = Field(60.0, ge=0)
+    #: when replaying from the service, the backlog is over after this long without an event.
+    replay_settle_seconds: float = Field(0.3, gt=0, le=10)
+    #: a unary call to the service gives up after this long.
+    upstream_timeout_seconds: float = Field(60.0, gt=0)
+    #: an upstream event stream that broke is reopened (from the last event id) after this pause.
+    upstream_retry_seconds: float = Field(1.0, gt=0)
+    #: messages per buffer returned by a ``get_view`` frame (the newest ones).
+    view_messages: int = Field(500, ge=1)
+    #: sessions per ``/api/sessions`` page and chunks per ``search`` frame.
+    list_page_size: int = Field(100, ge=1)
+    search_limit: int = Field(10, ge=1)
+
+    @field_validator("listen", "target")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ValueError(f"must be HOST:PORT, got {value!r}")
+        return value
 
 
 class Settings(BaseSettings):
@@ -286,6 +422,17 @@ class Settings(BaseSettings):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+    #: after in-flight calls drained, how long the transport waits for what is left (health
+    #: watchers, calls refused meanwhile) before closing.
+    shutdown_close_seconds: float = Field(0.5, ge=0)
+    #: log lines a minute about refused undecodable requests (the rest are counted, not written).
+    refusal_log_per_minute: int = Field(10, ge=0)
+    #: a store that does not answer at start: serve NOT_SERVING and retry, pausing at most this long.
+    store_retry_max_seconds: float = Field(5.0, gt=0)
+    #: ... and give up (one line, exit 1) after this long; 0 = keep trying for ever.
+    store_start_timeout_seconds: float = Field(0.0, ge=0)
+    #: how often the server probes its store (a write + fsync) for the health service.
+    store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
 
     default_profile: str = "default"
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
@@ -298,11 +445,23 @@ class Settings(BaseSettings):
     #: listing previews are cut to this many characters.
     preview_chars: int = Field(160, ge=10)
 
+    #: PEM certificate chain and private key: serve TLS (both or neither). Reread on SIGHUP.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: PEM bundle of the CAs whose client certificates are accepted: mutual TLS (needs tls_cert).
+    tls_client_ca: str = ""
+    #: allow listening beyond loopback without TLS or without authentication.
+    insecure: bool = False
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+
     limits: Limits = Field(default_factory=Limits)
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     @field_validator("listen")
     @classmethod
@@ -311,6 +470,14 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"listen must be HOST:PORT, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        return self
 
     @model_validator(mode="after")
     def _default_profile_exists(self) -> Settings:
@@ -336,7 +503,8 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     # Environment and flags beat the file, field by field: a nested variable such as
     # CONTEXTSVC_LIMITS__MAX_PAGE_SIZE changes that one field, not the file's whole [limits] table.
     merged = _deep_merge(file_values, _explicit(env_only))
-    return Settings(**{**merged, **cleaned, "config": str(path)})
+    # Flags win; a nested flag (``--auth`` -> auth.mode) changes that one field of the file's table.
+    return Settings(**{**_deep_merge(merged, cleaned), "config": str(path)})
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

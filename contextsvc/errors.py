@@ -58,6 +58,20 @@ class InvalidArgument(ContextError):
         return cls(f"{field}: {description}", violations=[FieldViolation(field, description)], reason=reason)
 
 
+class RequestIdReused(InvalidArgument):
+    """An ``AppendMessages.request_id`` came back with a different body than its first use."""
+
+    reason = "REQUEST_ID_REUSED"
+
+    def __init__(self, request_id: str):
+        description = "was already used for a different request in this session; use a new id for new messages"
+        super().__init__(
+            f"request_id {request_id!r} {description}",
+            violations=[FieldViolation("request_id", description)],
+            metadata={"request_id": request_id},
+        )
+
+
 class FailedPrecondition(ContextError):
     """The request is valid but the session's state does not allow it."""
 
@@ -76,6 +90,13 @@ class ContextTooLarge(FailedPrecondition):
     reason = "CONTEXT_TOO_LARGE"
 
 
+class SessionDamaged(FailedPrecondition):
+    """The session's stored history cannot be trusted (lost records): it is read-only until
+    an operator repairs it (``contextsvc fsck --repair``)."""
+
+    reason = "SESSION_DAMAGED"
+
+
 class Conflict(ContextError):
     """A concurrent operation on the same session got there first."""
 
@@ -86,6 +107,18 @@ class Unavailable(ContextError):
     """A backing service (store, summarizer) is unreachable; retrying may help."""
 
     reason = "UNAVAILABLE"
+
+
+class ResourceExhausted(ContextError):
+    """A per-user quota or rate limit was hit; ``retry_after_seconds`` says when to try again."""
+
+    reason = "QUOTA_EXCEEDED"
+
+    def __init__(self, message: str, *, limit: str, subject: str, retry_after_seconds: float):
+        super().__init__(message, metadata={"limit": limit, "retry_after_seconds": f"{retry_after_seconds:.3f}"})
+        self.limit = limit
+        self.subject = subject
+        self.retry_after_seconds = retry_after_seconds
 
 
 class Unimplemented(ContextError):

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from contextsvc.core.calibration import Observation
+from contextsvc.core.credentials import ApiToken
 from contextsvc.core.history import HistoryChunk as HistoryChunk  # re-exported for adapters
 from contextsvc.core.history import ScoredChunk as ScoredChunk
 from contextsvc.core.messages import BufferKind, Message
@@ -142,11 +143,15 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         caller: Principal,
         request_id: str = "",
         context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
     ) -> AppendResult:
         """Assign the next gap-free sequence numbers and store ``messages`` atomically.
 
         A repeated non-empty ``request_id`` for the same session appends nothing and returns the
-        first call's sequence numbers with ``replayed=True``. ``context_tokens_delta`` is added to
+        first call's sequence numbers with ``replayed=True``. The ``request_fingerprint`` (a hash
+        of what the client sent) is stored with the id; a repeat whose fingerprint differs from the
+        stored one raises ``RequestIdReused`` and appends nothing (an empty one on either side is
+        not compared: records from before fingerprints existed). ``context_tokens_delta`` is added to
         the session's ``context_tokens`` in the same step.
         """
         ...
@@ -158,11 +163,16 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         caller: Principal,
         buffer: BufferKind,
         before_sequence: int = 0,
+        before_position: tuple[int, int] | None = None,
         limit: int = 50,
     ) -> list[Message]:
-        """Up to ``limit`` newest rows of the buffer with sequence < ``before_sequence`` (0 = no
-        bound), returned oldest first. DISPLAY: rows with ``is_display``, by sequence. CONTEXT:
-        rows with ``is_context``, in context order (see ``context_order``), paged by sequence."""
+        """Up to ``limit`` rows of the buffer just before a position, returned in buffer order.
+
+        DISPLAY: rows with ``is_display`` and sequence < ``before_sequence`` (0 = no bound), by
+        sequence. CONTEXT: rows with ``is_context`` whose ``context_sort_key`` is below
+        ``before_position`` — or, without one, below ``(before_sequence, 0)``: the rows placed
+        before message ``before_sequence`` (0 = no bound) — in context order. Pages cut at a
+        position, never at a sequence number, so consecutive pages concatenate to the buffer."""
         ...
 
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
@@ -249,6 +259,8 @@ class SummaryRequest:
     max_tokens: int
     temperature: float
     images: Sequence[bytes] = ()
+    #: the session being compacted: telemetry's gen_ai.conversation.id (never sent to the model).
+    session_id: str = ""
 
 
 class SummarizerError(Exception):
@@ -268,6 +280,19 @@ class Summarizer(Protocol):
     async def close(self) -> None: ...
 
 
+class Summarizers(Protocol):
+    """The summarizers profiles may name, built once by the bootstrap (``summarizers.registry``);
+    the engine only looks them up by name and closes them with itself."""
+
+    def get(self, name: str) -> Summarizer:
+        """The summarizer called ``name``; ``InvalidArgument`` naming the profile field otherwise."""
+        ...
+
+    def __contains__(self, name: object) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
 class EventBus(Protocol):
     """Publishes events and lets watchers replay retained ones and then follow live ones."""
 
@@ -281,3 +306,33 @@ class EventBus(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class ApiTokenStore(Protocol):
+    """API tokens (DESIGN §5.10), kept by every session store (``api_tokens()``) or on their own.
+
+    Only hashes are stored (``core/credentials.py``). A token is never deleted, only revoked, so
+    ``tokens list`` keeps its history; ids and hashes are unique.
+    """
+
+    async def add_api_token(self, token: ApiToken) -> None:
+        """Store a new token; durable when this returns."""
+        ...
+
+    async def find_api_token(self, token_hash: str) -> ApiToken | None:
+        """The token with this hash (revoked and expired ones too), or None."""
+        ...
+
+    async def list_api_tokens(self) -> list[ApiToken]:
+        """Every token, oldest first."""
+        ...
+
+    async def revoke_api_token(self, token_id: str, when: datetime) -> ApiToken | None:
+        """Mark the token revoked at ``when`` (a token already revoked keeps its first time);
+        None when no token has this id. Durable when this returns."""
+        ...
+
+    async def touch_api_token(self, token_id: str, when: datetime) -> None:
+        """Record a use (``last_used_time``). Soft state: callers throttle it, and a store may
+        lose the newest touch in a crash."""
+        ...

@@ -11,6 +11,8 @@ step() { printf '\n== %s\n' "$*"; }
 step "install (python package with dev extras)"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "Location .* is ignored" || true
 
+step "browser tooling (system chromium, playwright)"; scripts/test-browser.sh
+
 step "buf lint (contract)"
 scripts/buf.sh lint
 
@@ -25,4 +27,9 @@ step "mypy contextsvc"
 python3 -m mypy contextsvc
 
 step "pytest"
-python3 -m pytest "$@"
+# The browser tests drive Chromium through Playwright's sync API, which keeps an event loop running
+# in the test process; pytest-asyncio's tests cannot share a process with it, so they run apart.
+python3 -m pytest --ignore=tests/browser "$@"
+
+step "pytest: browser (inspector page in Chromium)"
+python3 -m pytest tests/browser "$@"

@@ -78,6 +78,7 @@ from contextsvc.errors import ContextTooLarge, NothingToCompact  # noqa: E402
 from contextsvc.events.memory_bus import MemoryEventBus  # noqa: E402
 from contextsvc.ports import StoredEvent  # noqa: E402
 from contextsvc.stores.files import FilesStore  # noqa: E402
+from contextsvc.summarizers.registry import build_summarizers  # noqa: E402
 
 WINDOW = 8192
 PROFILE_ID = "agent-8k"
@@ -456,7 +457,9 @@ async def simulate(turns: int, seed: int, root: Path, reserve: int, fake: str = 
     store = FilesStore(root, settings)
     await store.open()
     bus = MemoryEventBus(retention=1000)
-    engine = Engine(store=store, bus=bus, settings=settings, clock=SystemClock())
+    engine = Engine(
+        store=store, bus=bus, settings=settings, clock=SystemClock(), summarizers=build_summarizers(settings)
+    )
     session = await engine.sessions.create(ANONYMOUS, profile_id=PROFILE_ID, name="bench", metadata={})
     events: list[StoredEvent] = []
     runtime = Runtime(engine, session.id, seed, events, fake)
@@ -521,7 +524,13 @@ async def measure_growth(root: Path, rounds: int, seed: int) -> list[growth.Grow
     settings = settings_for(root, strategies=["summarize"])
     store = FilesStore(root, settings)
     await store.open()
-    engine = Engine(store=store, bus=MemoryEventBus(retention=100), settings=settings, clock=SystemClock())
+    engine = Engine(
+        store=store,
+        bus=MemoryEventBus(retention=100),
+        settings=settings,
+        clock=SystemClock(),
+        summarizers=build_summarizers(settings),
+    )
     try:
         return await growth.measure(engine, rounds=rounds, seed=seed)
     finally:

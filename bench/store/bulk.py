@@ -6,7 +6,7 @@
   the end instead of an fsync per file. ``FilesStore.open()`` then loads them as usual.
 - PostgreSQL: the schema comes from the store's own migrations (``PostgresStore.open()``, trigram
   indexes off); rows go in with ``COPY`` (asyncpg ``copy_records_to_table``), built by the
-  store's own row mapping (``pg_rows.message_columns``), kept counters and preview included.
+  store's own row mapping (``postgres.rows.message_columns``), kept counters and preview included.
   ``build_trigram`` then opens the store with trigram on, which builds the indexes as any start
   would.
 """
@@ -26,8 +26,8 @@ from contextsvc.config import PostgresSettings, Settings
 from contextsvc.core.codec import message_to_dict
 from contextsvc.stores._session import SessionState
 from contextsvc.stores.files import _dumps, _session_line
-from contextsvc.stores.pg_rows import message_columns, newest_preview
 from contextsvc.stores.postgres import make_postgres_store
+from contextsvc.stores.postgres.rows import message_columns, newest_preview
 
 _SESSION_COLUMNS = (
     "session_id",
@@ -82,7 +82,7 @@ async def copy_postgres(dsn: str, gen: Generator) -> float:
     started = time.perf_counter()
     store = await make_postgres_store(dsn, pg_settings(trigram=False))
     await store.close()
-    # A plain connection: jsonb travels as JSON text, which pg_rows already produces.
+    # A plain connection: jsonb travels as JSON text, which postgres.rows already produces.
     conn = await asyncpg.connect(dsn)
     try:
         sessions: list[tuple[Any, ...]] = []

@@ -51,6 +51,7 @@ from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import SessionStore
 from contextsvc.stores.files import FilesStore
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
+from contextsvc.summarizers.registry import build_summarizers
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -218,7 +219,14 @@ async def bench(plan: Plan, dsn: str, files_root: Path, repeats: int) -> Report:
     print(f"  files store opened in {seconds:.1f} s", flush=True)
     pg = await make_postgres_store(dsn, pg_settings(trigram=False))
     engines = [
-        Engine(store=s, bus=MemoryEventBus(retention=100), settings=settings, clock=SystemClock()) for s in (files, pg)
+        Engine(
+            store=s,
+            bus=MemoryEventBus(retention=100),
+            settings=settings,
+            clock=SystemClock(),
+            summarizers=build_summarizers(settings),
+        )
+        for s in (files, pg)
     ]
     try:
         rows = await measure(plan, files, pg, engines, repeats)

@@ -1,15 +1,143 @@
-"""Who is calling. Until API tokens land (DESIGN §5.10), every caller is the local admin."""
+"""Who is calling: the auth interceptor and ``caller_of`` (DESIGN §5.10).
+
+``AuthInterceptor`` wraps every ContextService method (health and reflection stay open). With
+authentication on, it reads the ``authorization`` metadata, asks the ``Authenticator`` for the
+principal and runs the method with it; a refusal is ``UNAUTHENTICATED`` before the method runs.
+With authentication off, every caller is the local admin ``anonymous``. The servicer asks
+``caller_of(context)``; ownership itself is enforced by every store through the principal.
+
+Audit: when a caller with a token is an admin and is let into another user's session, one line
+``admin read of another user's session`` (logger ``contextsvc.audit``) names the admin, the owner,
+the method and the session; listing sessions or streaming events across all users is one line too.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from contextsvc import errors
+from contextsvc.api.errors import to_status
 from contextsvc.core.session import ANONYMOUS, Principal
+from contextsvc.engine.authn import Authenticator
+
+audit = logging.getLogger("contextsvc.audit")
+
+SERVICE_PREFIX = "/contextsvc.v1.ContextService/"
+#: methods that, without a session id, reach every session the caller may read.
+_ACROSS_USERS = {"ListSessions", "StreamEvents"}
+
+_CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("contextsvc_caller", default=None)
+
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
-def caller_of(context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-    """The principal of a call. Ownership is already stored and enforced by every store, so
-    turning authentication on changes only this function."""
-    return ANONYMOUS
+def caller_of(context: Context) -> Principal:
+    """The principal of the current call, as the interceptor established it.
+
+    Outside a server built by ``server.start`` (a servicer driven directly, in tests) no
+    interceptor runs, and the caller is the local admin, as with authentication off.
+    """
+    return _CALLER.get() or ANONYMOUS
+
+
+def authorization_of(metadata: Any) -> str | None:
+    """The ``authorization`` value of invocation metadata (keys arrive lower-case)."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else None
+    return None
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Establishes the caller of every ContextService call; ``authenticator=None`` = auth off."""
+
+    def __init__(self, authenticator: Authenticator | None) -> None:
+        self._authenticator = authenticator
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(SERVICE_PREFIX):
+            return handler
+        name = method.removeprefix(SERVICE_PREFIX)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(name, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(name, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        # Client- and bidi-streaming methods do not exist in the contract; refuse rather than
+        # let a future one through unauthenticated.
+        raise AssertionError(f"{method}: only unary and server-streaming methods are wrapped")
+
+    def _unary(self, name: str, behavior: Any) -> Callable[[Any, Context], Awaitable[Any]]:
+        async def wrapped(request: Any, context: Context) -> Any:
+            principal = await self._principal(name, request, context)
+            token = _CALLER.set(principal)
+            try:
+                return await behavior(request, context)
+            finally:
+                _CALLER.reset(token)
+
+        return wrapped
+
+    def _stream(self, name: str, behavior: Any) -> Callable[[Any, Context], AsyncIterator[Any]]:
+        async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
+            principal = await self._principal(name, request, context)
+            _CALLER.set(principal)  # the stream runs in this call's own task and context
+            async for item in behavior(request, context):
+                yield item
+
+        return wrapped
+
+    async def _principal(self, name: str, request: Any, context: Context) -> Principal:
+        if self._authenticator is None:
+            return ANONYMOUS
+        try:
+            principal = await self._authenticator.authenticate(authorization_of(context.invocation_metadata()))
+        except errors.ContextError as exc:
+            await context.abort_with_status(to_status(exc))
+            raise AssertionError("abort_with_status returned") from None  # pragma: no cover
+        if not principal.is_admin:
+            return principal
+        session_id = str(getattr(request, "session_id", "") or "")
+        if name == "UpdateSession":
+            session_id = request.session.id
+        if name in _ACROSS_USERS and not session_id:
+            audit.info("admin read across users", extra={"audit": True, "user": principal.user_id, "method": name})
+            return principal
+        return Principal(
+            user_id=principal.user_id,
+            is_admin=True,
+            on_foreign_read=_audit_foreign_read(principal.user_id, name, session_id),
+        )
+
+
+def _audit_foreign_read(admin: str, method: str, session_id: str) -> Callable[[str], None]:
+    seen: set[str] = set()
+
+    def record(owner: str) -> None:
+        if owner in seen:  # once per call and owner, however often the store checks
+            return
+        seen.add(owner)
+        audit.info(
+            "admin read of another user's session",
+            extra={"audit": True, "user": admin, "owner": owner, "method": method, "session_id": session_id},
+        )
+
+    return record

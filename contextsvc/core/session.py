@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,9 +14,16 @@ class Principal:
 
     user_id: str
     is_admin: bool = False
+    #: told the owner each time an admin is let into another user's session (the API adapter
+    #: writes an audit line); not part of the identity.
+    on_foreign_read: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def may_read(self, owner: str) -> bool:
-        return self.is_admin or owner == self.user_id
+        if owner == self.user_id:
+            return True
+        if self.is_admin and self.on_foreign_read is not None:
+            self.on_foreign_read(owner)
+        return self.is_admin
 
 
 ANONYMOUS = Principal(user_id="anonymous", is_admin=True)

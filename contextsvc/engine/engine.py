@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from contextsvc import telemetry
 from contextsvc.config import Settings
 from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
@@ -30,8 +31,7 @@ from contextsvc.engine.validation import IncomingMessage, require_session_id
 from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, ViewService
 from contextsvc.engine.worker import PostTurnWorker
 from contextsvc.errors import InvalidArgument, NotFound
-from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore
-from contextsvc.summarizers.registry import SummarizerSet, build_summarizers
+from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore, Summarizers
 
 # Engine-state key: the inline profile overrides of the newest BuildContext, so the post-turn
 # check (which has no request) prices against the window the runtime actually uses.
@@ -47,13 +47,13 @@ class Engine:
         bus: EventBus,
         settings: Settings,
         clock: Clock,
-        summarizers: SummarizerSet | None = None,
+        summarizers: Summarizers,
     ):
         self.store = store
         self.bus = bus
         self.settings = settings
         self.accounting = TokenAccounting(store, settings)
-        self.summarizers = summarizers or build_summarizers(settings)
+        self.summarizers = summarizers
         self.sessions = SessionService(store=store, bus=bus, settings=settings, clock=clock, accounting=self.accounting)
         self.views = ViewService(store=store, bus=bus, settings=settings, clock=clock, accounting=self.accounting)
         self.compactor = Compactor(
@@ -144,6 +144,21 @@ class Engine:
         mid_turn: bool,
         auto_compress: bool,
     ) -> BuiltView:
+        with telemetry.view_span(session_id):
+            return await self._build_context(
+                caller, session_id, profile=profile, incoming=incoming, mid_turn=mid_turn, auto_compress=auto_compress
+            )
+
+    async def _build_context(
+        self,
+        caller: Principal,
+        session_id: str,
+        *,
+        profile: ProfileOverrides,
+        incoming: IncomingMessage | None,
+        mid_turn: bool,
+        auto_compress: bool,
+    ) -> BuiltView:
         sid = require_session_id(session_id)
         session = await self.store.get_session(sid, caller=caller)
         effective = await self._profile_for(session, profile)
@@ -183,7 +198,9 @@ class Engine:
                     session = fresh
                     context = await self.store.load_context(sid, caller=caller)
                     built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
-        return await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
+        return view
 
     async def _compress_automatically(self, s: Situation, *, wait: float | None = None) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:

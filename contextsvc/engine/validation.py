@@ -42,9 +42,37 @@ def metadata_size(metadata: Mapping[str, Any]) -> int:
     return len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
 
 
+def metadata_depth(value: Any) -> int:
+    """Levels of nested objects and lists: ``{}`` is 1, ``{"a": {"b": 1}}`` is 2. Iterative, so a
+    hostile value cannot exhaust the stack."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _depth_violation(metadata: Mapping[str, Any], limits: Limits, field: str) -> FieldViolation | None:
+    depth = metadata_depth(metadata)
+    if depth > limits.max_metadata_depth:
+        return FieldViolation(field, f"is nested {depth} levels deep; the limit is {limits.max_metadata_depth}")
+    return None
+
+
 def check_metadata(metadata: Mapping[str, Any], limits: Limits, field: str) -> None:
     if "\\u0000" in json.dumps(metadata):
         raise InvalidArgument.field(field, "contains a NUL character")
+    too_deep = _depth_violation(metadata, limits, field)
+    if too_deep is not None:
+        raise InvalidArgument(f"{field}: {too_deep.description}", violations=[too_deep])
     size = metadata_size(metadata)
     if size > limits.max_metadata_bytes:
         raise InvalidArgument.field(field, f"is {size} bytes; the limit is {limits.max_metadata_bytes}")
@@ -161,6 +189,9 @@ def _message_violations(m: Message, images: Sequence[IncomingImage], limits: Lim
         out.append(FieldViolation(f"{path}.flags", "a message must be in at least one buffer"))
     if metadata_size(m.metadata) > limits.max_metadata_bytes:
         out.append(FieldViolation(f"{path}.metadata", f"exceeds {limits.max_metadata_bytes} bytes"))
+    too_deep = _depth_violation(m.metadata, limits, f"{path}.metadata")
+    if too_deep is not None:
+        out.append(too_deep)
     if len(m.name) > limits.max_name_chars:
         out.append(FieldViolation(f"{path}.name", f"exceeds {limits.max_name_chars} characters"))
     return out

@@ -1,1 +1,2 @@
-"""Event buses: in-process (single replica) and PostgreSQL LISTEN/NOTIFY (many replicas)."""
+"""Event buses: in-process (single replica). The PostgreSQL bus lives with the rest of the
+PostgreSQL adapter in ``contextsvc.stores.postgres``."""

@@ -27,7 +27,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
-from contextsvc.errors import Conflict, InvalidArgument, NotFound
+from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, SessionDamaged
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
 from contextsvc.stores._session import (
     AppendRecord,
@@ -72,6 +72,13 @@ def session_not_found(session_id: str) -> NotFound:
     return NotFound("session not found", metadata={"session_id": str(session_id)[:64]})
 
 
+def session_damaged(st: SessionState) -> SessionDamaged:
+    return SessionDamaged(
+        "the session's stored history is damaged; it is read-only until repaired (contextsvc fsck --repair)",
+        metadata={"session_id": st.id, "damage": st.damage[:200]},
+    )
+
+
 def compaction_conflict(session_id: str, sequence_number: int) -> Conflict:
     """A compaction demotes a row that is no longer in the context: another one committed first."""
     return Conflict(
@@ -79,6 +86,18 @@ def compaction_conflict(session_id: str, sequence_number: int) -> Conflict:
         reason="COMPACTION_CONFLICT",
         metadata={"session_id": session_id, "sequence_number": str(sequence_number)},
     )
+
+
+def context_bound(before_sequence: int, before_position: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The context-order key a context page ends before (None = the end of the buffer):
+    ``before_position`` when given, else the position of message ``before_sequence`` — every row
+    placed before it, a summary included when it stands for older rows."""
+    if before_position is not None:
+        anchor, sequence = before_position
+        if anchor < 0 or sequence < 0:
+            raise InvalidArgument.field("before_position", "must not be negative")
+        return (anchor, sequence)
+    return (before_sequence, 0) if before_sequence > 0 else None
 
 
 def _list_key(st: SessionState) -> tuple[bool, int, str]:
@@ -177,6 +196,9 @@ class RowStore:
         return await self._shielded(locked)
 
     async def _commit(self, st: SessionState, record: Record) -> None:
+        if st.damage and isinstance(record, AppendRecord | CompactionRecord | FlagsRecord | HeaderRecord):
+            # Engine bookkeeping (state, views) goes on, so reads and BuildContext still work.
+            raise session_damaged(st)
         await self._persist(st, record)
         st.apply(record)
         await self._after_apply(st)
@@ -292,6 +314,7 @@ class RowStore:
         caller: Principal,
         request_id: str = "",
         context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
     ) -> AppendResult:
         st = self._owned(session_id, caller)
 
@@ -299,9 +322,13 @@ class RowStore:
             if request_id:
                 first = st.requests.get(request_id)
                 if first is not None:
+                    stored = st.request_fingerprints.get(request_id, "")
+                    if stored and request_fingerprint and stored != request_fingerprint:
+                        raise RequestIdReused(request_id)
                     return AppendResult(list(first), self._info(st), replayed=True)
             now = self._now()
-            record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta)
+            fingerprint = request_fingerprint if request_id else ""
+            record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta, fingerprint)
             await self._commit(st, record)
             return AppendResult([m.sequence_number for m in record.messages], self._info(st))
 
@@ -314,6 +341,7 @@ class RowStore:
         caller: Principal,
         buffer: BufferKind,
         before_sequence: int = 0,
+        before_position: tuple[int, int] | None = None,
         limit: int = 50,
     ) -> list[Message]:
         st = self._owned(session_id, caller)
@@ -322,7 +350,7 @@ class RowStore:
         if limit < 0:
             raise InvalidArgument.field("limit", "must not be negative")
         if BufferKind(buffer) is BufferKind.CONTEXT:
-            return st.context_page(before_sequence, limit)
+            return st.context_page(context_bound(before_sequence, before_position), limit)
         return st.display_page(before_sequence, limit)
 
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:

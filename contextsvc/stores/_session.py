@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from contextsvc.core.messages import Message
+from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import SessionInfo
 from contextsvc.ports import ViewRecord
 
@@ -30,6 +30,8 @@ class AppendRecord:
     messages: tuple[Message, ...]
     request_id: str = ""
     context_tokens_delta: int = 0
+    #: hash of the request the client sent with ``request_id`` ("" = not recorded).
+    request_fingerprint: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,6 +93,21 @@ class RecordError(ValueError):
     """A record does not fit the session it is applied to (a corrupt log)."""
 
 
+#: metadata key marking a stand-in for a row lost to log damage (see ``SessionState.fill_lost``).
+LOST_KEY = "contextsvc.lost"
+
+
+def lost_row(seq: int, note: str, time: datetime | None) -> Message:
+    return Message(
+        role=Role.SYSTEM,
+        content=f"[message #{seq} was lost: {note}]",
+        flags=Flags(is_context=False, is_display=True),
+        metadata={LOST_KEY: True},
+        sequence_number=seq,
+        create_time=time,
+    )
+
+
 def utc(value: datetime) -> datetime:
     """Aware UTC; a naive value is taken to be UTC already."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
@@ -106,10 +123,10 @@ class SessionState:
     __slots__ = (
         "_ctx",
         "_ctx_keys",
-        "_ctx_seqs",
         "context_tokens",
         "context_truncated",
         "create_time",
+        "damage",
         "deleted",
         "display_count",
         "id",
@@ -119,6 +136,7 @@ class SessionState:
         "pinned",
         "preview_source",
         "profile_id",
+        "request_fingerprints",
         "requests",
         "rows",
         "state",
@@ -142,16 +160,19 @@ class SessionState:
         self.rows: list[Message] = []
         self._ctx: list[Message] = []
         self._ctx_keys: list[tuple[int, int]] = []
-        self._ctx_seqs: list[int] = []
         self.display_count = 0
         #: content of the newest display row with non-empty content (cut when read).
         self.preview_source = ""
         #: request_id -> the sequence numbers its first append got.
         self.requests: dict[str, tuple[int, ...]] = {}
+        #: request_id -> the fingerprint of its first request (absent for records without one).
+        self.request_fingerprints: dict[str, str] = {}
         #: view_id -> view, oldest first (dicts keep insertion order).
         self.views: dict[str, ViewRecord] = {}
         self.lock = asyncio.Lock()
         self.deleted = False
+        #: why the history cannot be trusted ("" = it can): the session is then read-only.
+        self.damage = ""
 
     # -- reading -------------------------------------------------------------------------
 
@@ -182,11 +203,11 @@ class SessionState:
     def context(self) -> list[Message]:
         return list(self._ctx)
 
-    def context_page(self, before: int, limit: int) -> list[Message]:
-        """The ``limit`` context rows with the highest sequence < ``before``, in context order."""
-        end = bisect_left(self._ctx_seqs, before) if before > 0 else len(self._ctx_seqs)
-        seqs = self._ctx_seqs[max(0, end - limit) : end]
-        return sorted((self.rows[s - 1] for s in seqs), key=lambda m: m.context_sort_key)
+    def context_page(self, before: tuple[int, int] | None, limit: int) -> list[Message]:
+        """The ``limit`` context rows placed just before position ``before`` (None = the end),
+        in context order."""
+        end = bisect_left(self._ctx_keys, before) if before is not None else len(self._ctx_keys)
+        return self._ctx[max(0, end - limit) : end]
 
     def display_page(self, before: int, limit: int) -> list[Message]:
         """The ``limit`` newest display rows with sequence < ``before``, oldest first."""
@@ -239,6 +260,8 @@ class SessionState:
                 self._add_row(m)
             if record.request_id:
                 self.requests[record.request_id] = tuple(m.sequence_number for m in record.messages)
+                if record.request_fingerprint:
+                    self.request_fingerprints[record.request_id] = record.request_fingerprint
             self.context_tokens += record.context_tokens_delta
         elif isinstance(record, FlagsRecord):
             self._check_known(record.sequence_numbers)
@@ -263,6 +286,15 @@ class SessionState:
             self._set_state(record.context_tokens, None, record.state)
         if record.time is not None:
             self.update_time = record.time
+
+    def fill_lost(self, upto: int, note: str, time: datetime | None) -> list[int]:
+        """Stand-ins for acknowledged rows that could not be read, up to ``upto``: they keep
+        their sequence numbers taken (never handed out again) and show the loss in the display
+        history; they never reach the context. Returns the numbers filled."""
+        filled = list(range(len(self.rows) + 1, upto + 1))
+        for seq in filled:
+            self._add_row(lost_row(seq, note, time))
+        return filled
 
     def remember_view(self, view: ViewRecord, keep: int) -> None:
         self.views.pop(view.view_id, None)
@@ -316,10 +348,8 @@ class SessionState:
         at = bisect_left(self._ctx_keys, key)
         self._ctx_keys.insert(at, key)
         self._ctx.insert(at, row)
-        insort(self._ctx_seqs, row.sequence_number)
 
     def _unindex(self, row: Message) -> None:
         at = bisect_left(self._ctx_keys, row.context_sort_key)
         del self._ctx_keys[at]
         del self._ctx[at]
-        del self._ctx_seqs[bisect_left(self._ctx_seqs, row.sequence_number)]

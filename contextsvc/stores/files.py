@@ -41,15 +41,24 @@ session, creating its history file, rewriting a log and storing a blob are durab
 call returns (temp file + fsync + ``os.replace`` + directory fsync), and a compaction is a single
 record, so after any crash a session shows all of a compaction or none.
 
-Recovery on load: a torn last line (no trailing newline, or not valid JSON) is what a crash in
-the middle of a write leaves; the log is copied aside (``.torn-<time>``), a warning is logged and
-the log is rewritten without that line. A bad line anywhere else is corruption: the log is
-copied aside (``.corrupt-<time>``), an error is logged and the session loads what precedes the
-bad line. A history file gets the same treatment, except that its chunks do not depend on each
-other: every readable line is kept, unreadable ones are dropped (the original set aside as
+Integrity (issue #9): the store holds ``<data>/lock`` (``_dirlock``) for its whole life, so one
+process writes a directory. Every line is a checked record (``_frames``: CRC32C + the record,
+which carries ``n``, the session's highest sequence number once it applies), and
+``sessions/<id>.jsonl.mark`` keeps the highest number ever acknowledged and the header fields that
+never change. Lines written before checksums load unchecked.
+
+Recovery on load (``scan_log``, shared with ``contextsvc fsck``): every line is checked on its
+own; a bad one is set aside (the original log copied to ``.corrupt-<time>``, or ``.torn-<time>``
+when only the last line is bad and nothing acknowledged is lost: an interrupted write) and the
+records after it still load. Acknowledged numbers that cannot be read (a bad append record, a gap,
+a tail below the mark) get stand-in rows (``SessionState.fill_lost``) so they are never handed out
+again, and the session is damaged: read-only (``SESSION_DAMAGED`` on writes) until ``fsck
+--repair``. A lost header is rebuilt from the mark file; a log with no readable record and no mark
+is moved aside. A history file gets the same treatment, except that its chunks do not depend on
+each other: every readable line is kept, unreadable ones are dropped (the original set aside as
 ``.torn-<time>`` or ``.corrupt-<time>``) and the file is rewritten. Deleting a session removes its
-history file, then its log, and any copies of either set aside. A history file left without a
-session (its log set aside as unreadable) is kept for the operator, and removed if a session
+mark, its history file, then its log, and any copies of either set aside. A history file left
+without a session (its log and mark removed by an operator) is kept, and removed if a session
 with that id is ever created again.
 """
 
@@ -63,19 +72,23 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
+from contextsvc.core.maintenance import Candidate
 from contextsvc.core.recall import RecallIndex
+from contextsvc.core.session import SessionInfo
 from contextsvc.errors import Conflict, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._dirlock import DataDirLock
+from contextsvc.stores._frames import BadFrame, frame, mark_path, read_mark, unframe, write_mark, write_mark_number
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -87,6 +100,7 @@ from contextsvc.stores._session import (
     SessionState,
     StateRecord,
 )
+from contextsvc.stores.api_tokens import FilesTokenStore
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +128,15 @@ class FilesStoreStats:
     recovered_histories: int = 0
 
 
+@dataclass(slots=True, frozen=True)
+class StoreHealth:
+    """What the server's health service reports for the store (``FilesStore.health_check``)."""
+
+    writable: bool
+    detail: str = ""
+    damaged_sessions: int = 0
+
+
 @dataclass(slots=True)
 class _Log:
     path: Path
@@ -128,6 +151,8 @@ class FilesStore(RowStore):
     #: A log is rewritten once it holds more flag/header/state/view records than
     #: max(REWRITE_MIN_OVERHEAD, REWRITE_OVERHEAD_PER_ROW x its row count).
     REWRITE_MIN_OVERHEAD = 256
+    #: bytes the health probe writes and fsyncs (about one record).
+    PROBE_BYTES = 4096
     REWRITE_OVERHEAD_PER_ROW = 2
 
     def __init__(
@@ -153,6 +178,7 @@ class FilesStore(RowStore):
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._flusher: asyncio.Task[None] | None = None
         self.stats = FilesStoreStats()
+        self._dir_lock = DataDirLock(self.root)
 
     @property
     def pending_fsync(self) -> int:
@@ -161,8 +187,18 @@ class FilesStore(RowStore):
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def api_tokens(self) -> FilesTokenStore:
+        """This store's API tokens (``ports.ApiTokenStore``): ``tokens.json`` in the data directory."""
+        return FilesTokenStore(self.root)
+
     async def open(self) -> None:
-        loaded, observations, calibration = await asyncio.to_thread(self._load_all)
+        # One writer per directory, and the lock before anything is read (see ``_dirlock``).
+        await asyncio.to_thread(self._lock_dir)
+        try:
+            loaded, observations, calibration = await asyncio.to_thread(self._load_all)
+        except BaseException:
+            self._dir_lock.release()
+            raise
         self._observations.update(observations)
         self._calibration = calibration
         for st, log in loaded:
@@ -178,7 +214,73 @@ class FilesStore(RowStore):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
-        await self.flush()
+        try:
+            await self.flush()
+        finally:
+            self._dir_lock.release()
+
+    async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
+        """Every session with its bytes on disk (log, mark, history, copies set aside), and the
+        bytes no session owns (blobs, calibration), for ``core/maintenance.py``."""
+        sessions = [st for st in list(self._sessions.values()) if not st.deleted]
+
+        def sizes() -> tuple[dict[str, int], int]:
+            owned: dict[str, int] = {}
+            other = 0
+            for folder in (self._sessions_dir, self._history_dir):
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        sid = entry.name[:36]
+                        size = entry.stat().st_size if entry.is_file() else 0
+                        if is_session_id(sid):
+                            owned[sid] = owned.get(sid, 0) + size
+                        else:
+                            other += size
+            for dirpath, _dirs, names in os.walk(self._blobs_dir):
+                other += sum(os.stat(os.path.join(dirpath, n)).st_size for n in names)
+            return owned, other + self._calibration.size
+
+        owned, other = await asyncio.to_thread(sizes)
+        epoch = datetime.min.replace(tzinfo=UTC)
+        candidates = [
+            Candidate(
+                session_id=st.id,
+                update_time=st.update_time or st.create_time or epoch,
+                pinned=st.pinned,
+                size_bytes=owned.get(st.id, 0),
+                busy=st.id in busy,
+                user_id=st.user_id,
+            )
+            for st in sessions
+        ]
+        return candidates, other
+
+    async def health_check(self) -> StoreHealth:
+        """Can the store write right now (a probe write + fsync in the data directory), and how
+        many sessions are damaged (read-only)? Polled by the server for the health service."""
+        error = await asyncio.to_thread(self._probe)
+        damaged = sum(1 for st in list(self._sessions.values()) if st.damage)
+        return StoreHealth(writable=error is None, detail=error or "", damaged_sessions=damaged)
+
+    def _probe(self) -> str | None:
+        path = self.root / f".probe{_TMP_SUFFIX}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                # About one record: a directory with room for a byte but not a record is full.
+                os.write(fd, b"\0" * self.PROBE_BYTES)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        except OSError as exc:
+            return f"{path.parent}: {exc.strerror or exc}"
+        return None
+
+    def _lock_dir(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._dir_lock.acquire()
 
     async def flush(self) -> None:
         """fsync every log written since its last fsync (batch mode; nothing to do in fsync mode)."""
@@ -221,6 +323,8 @@ class FilesStore(RowStore):
             # A history file nobody owns (its session's log was set aside) must not be adopted.
             await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
             await asyncio.to_thread(_create_file, path, data)
+            # After the log: a mark file never stands for a session that was not created.
+            await asyncio.to_thread(write_mark, mark_path(path), 0, _mark_meta(st))
         except FileExistsError:
             raise Conflict("session already exists", metadata={"session_id": st.id}) from None
         except OSError as exc:
@@ -229,18 +333,23 @@ class FilesStore(RowStore):
 
     async def _persist(self, st: SessionState, record: Record) -> None:
         log = self._logs[st.id]
+        numbered = isinstance(record, AppendRecord | CompactionRecord) and bool(record.messages)
+        n = record.messages[-1].sequence_number if numbered else st.last_sequence  # type: ignore[union-attr]
         try:
-            await self._append(log, _dumps(_encode(record)), soft=isinstance(record, SaveViewRecord))
+            await self._append(
+                log, _dumps(_encode(record, n)), soft=isinstance(record, SaveViewRecord), mark=n if numbered else None
+            )
         except OSError as exc:
             raise _unavailable("append to", st.id, exc) from exc
         if isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord):
             log.overhead += 1
 
-    async def _append(self, log: _Log, data: bytes, *, soft: bool = False) -> None:
+    async def _append(self, log: _Log, data: bytes, *, soft: bool = False, mark: int | None = None) -> None:
         """Append one line; fsync it now (fsync mode) or soon (batch mode). ``soft`` lines are
-        only written: they reach the disk with the next fsync of the same file."""
+        only written: they reach the disk with the next fsync of the same file. ``mark``: the
+        new highest sequence number, recorded in the mark file once the line is written."""
         sync = self._settings.durability is Durability.FSYNC and not soft
-        log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync)
+        log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, mark)
         if sync:
             self.stats.log_fsyncs += 1
         elif not soft:
@@ -384,21 +493,90 @@ class FilesStore(RowStore):
             result = self._load_log(path)
             if result is not None:
                 loaded.append(result)
+        for mark_file in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}.mark")):
+            log_file = mark_file.with_name(mark_file.name[: -len(".mark")])
+            if is_session_id(log_file.name[: -len(_LOG_SUFFIX)]) and not log_file.exists():
+                result = self._load_orphan_mark(mark_file)
+                if result is not None:
+                    loaded.append(result)
         observations, calibration = self._load_calibration()
         return loaded, observations, calibration
+
+    def _session_files(self) -> list[tuple[str, Path, bool]]:
+        """(session id, log path, log exists) of every log and of every mark left without its log."""
+        found: dict[str, tuple[str, Path, bool]] = {}
+        for path in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}")):
+            sid = path.name[: -len(_LOG_SUFFIX)]
+            if is_session_id(sid):
+                found[sid] = (sid, path, True)
+        for mark_file in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}.mark")):
+            path = mark_file.with_name(mark_file.name[: -len(".mark")])
+            sid = path.name[: -len(_LOG_SUFFIX)]
+            if is_session_id(sid) and sid not in found:
+                found[sid] = (sid, path, False)
+        return [found[k] for k in sorted(found)]
+
+    def fsck(self, *, repair: bool) -> list[FsckEntry]:
+        """Check every session log (blocking; takes the directory lock, so no server may run).
+
+        Without ``repair`` nothing is written. With it: a torn or recovered log is rewritten
+        without its bad lines (the original set aside), a damaged session is rewritten with its
+        stand-ins made permanent and its header rebuilt, and made writable again (the loss is
+        accepted: the lost numbers stay taken), a log with nothing to rebuild from is moved aside.
+        """
+        self._lock_dir()
+        try:
+            if not self._sessions_dir.is_dir():
+                return []
+            entries = []
+            for sid, path, exists in self._session_files():
+                mark = read_mark(mark_path(path))
+                data = path.read_bytes() if exists else b""
+                scan = scan_log(data, sid, mark, self._settings.default_profile)
+                outcome = "unreadable" if scan.st is None else scan.outcome
+                if not exists and scan.st is not None:
+                    outcome = "damaged"
+                entry = FsckEntry(sid, outcome, scan.describe() if scan.st is not None else "no readable record")
+                if not exists:
+                    entry.detail = f"log missing; {entry.detail}"
+                if repair and outcome != "ok":
+                    entry.repaired = self._repair(path, scan, mark)
+                entries.append(entry)
+            return entries
+        finally:
+            self._dir_lock.release()
+
+    def _repair(self, path: Path, scan: LogScan, mark: tuple[int, dict[str, Any]] | None) -> str:
+        st = scan.st
+        if st is None:
+            aside = self._set_aside(path, "corrupt", copy=False)
+            return f"moved aside to {aside.name}"
+        kept = f"original kept as {self._set_aside(path, 'corrupt', copy=True).name}; " if path.exists() else ""
+        was_damaged = bool(st.damage)
+        st.damage = ""
+        _rewrite_log(st, path)
+        if mark is None or mark[0] < st.last_sequence or not mark[1]:
+            self._save_mark(path, st)
+        if was_damaged:
+            return f"{kept}rewritten; writable again ({st.last_sequence} sequence numbers kept, lost ones stay taken)"
+        return f"{kept}rewritten without the bad lines"
 
     def _load_calibration(self) -> tuple[dict[str, list[Observation]], _Log]:
         path = self.root / _CALIBRATION
         if not path.exists():
-            path.touch()
-            _fsync_dir(self.root)
+            try:
+                path.touch()
+                _fsync_dir(self.root)
+            except OSError as exc:  # a read-only directory: no observations yet, writes will fail
+                logger.error("files store: cannot create %s: %s", path, exc)
+                return {}, _Log(path, 0)
         lines = path.read_bytes().split(b"\n")
         tail = lines.pop()
         observations: dict[str, list[Observation]] = {}
         bad = 0
         for raw in lines:
             try:
-                d = json.loads(raw)
+                d = _loads(raw)
                 obs = Observation(int(d["chars"]), int(d["tokens"]), bool(d.get("had_images", False)))
                 observations.setdefault(str(d["model"]), []).append(obs)
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -415,59 +593,72 @@ class FilesStore(RowStore):
 
     def _load_log(self, path: Path) -> tuple[SessionState, _Log] | None:
         session_id = path.name[: -len(_LOG_SUFFIX)]
-        lines = path.read_bytes().split(b"\n")
-        tail = lines.pop()  # b"" when the file ends with a newline, as every complete log does
-        st: SessionState | None = None
-        overhead = 0
-        problem = ""
-        bad_line = 0
-        for index, raw in enumerate(lines):
-            try:
-                obj = json.loads(raw)
-                if st is None:
-                    st = _header(obj, session_id)
-                    continue
-                record = _decode(obj)
-                st.apply(record)
-                overhead += isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                problem = "torn" if index == len(lines) - 1 and not tail else "corrupt"
-            except (RecordError, KeyError, IndexError, TypeError, ValueError, AttributeError):
-                problem = "corrupt"
-            if problem:
-                bad_line = index + 1
-                break
-        else:
-            if tail:
-                problem, bad_line = "torn", len(lines) + 1
+        mark = read_mark(mark_path(path))
+        scan = scan_log(path.read_bytes(), session_id, mark, self._settings.default_profile)
+        return self._adopt(path, scan, mark)
+
+    def _load_orphan_mark(self, mark_file: Path) -> tuple[SessionState, _Log] | None:
+        """A mark without its log: the log was lost; the session comes back damaged, every
+        acknowledged number kept (see ``scan_log``)."""
+        path = mark_file.with_name(mark_file.name[: -len(".mark")])
+        mark = read_mark(mark_file)
+        scan = scan_log(b"", path.name[: -len(_LOG_SUFFIX)], mark, self._settings.default_profile)
+        if scan.st is None:
+            return None
+        return self._adopt(path, scan, mark)
+
+    def _adopt(
+        self, path: Path, scan: LogScan, mark: tuple[int, dict[str, Any]] | None
+    ) -> tuple[SessionState, _Log] | None:
+        """Act on a scan: keep a clean log, rewrite a recovered one (original set aside)."""
+        session_id = path.name[: -len(_LOG_SUFFIX)]
+        st = scan.st
         if st is None:
             aside = self._set_aside(path, "corrupt", copy=False)
             logger.error(
-                "files store: session %s not loaded: its log has no valid header; moved to %s", session_id, aside
+                "files store: session %s not loaded: its log has no readable record and no mark; moved to %s",
+                session_id,
+                aside,
             )
             return None
-        if not problem:
-            return st, _Log(path, path.stat().st_size, overhead)
-        aside = self._set_aside(path, problem, copy=True)
+        if scan.outcome == "ok":
+            if mark is None or mark[0] < st.last_sequence:
+                self._save_mark(path, st)  # a log written before marks existed
+            return st, _Log(path, path.stat().st_size, scan.overhead)
+        problem = scan.outcome if scan.outcome == "torn" else "corrupt"
+        try:
+            kept: Path | str = self._set_aside(path, problem, copy=True) if path.exists() else "nowhere (no log left)"
+        except OSError as exc:  # a read-only or full directory: serve what loaded, write nothing
+            st.damage = st.damage or f"the damaged log could not be set aside ({exc.strerror})"
+            logger.error("files store: session %s is read-only: %s; %s", session_id, scan.describe(), st.damage)
+            return st, _Log(path, path.stat().st_size if path.exists() else 0, scan.overhead)
         self.stats.recovered_logs += 1
-        if problem == "torn":
-            logger.warning(
-                "files store: session %s: torn last line %d dropped (an interrupted write); original kept at %s",
-                session_id,
-                bad_line,
-                aside,
-            )
-        else:
-            logger.error(
-                "files store: session %s: corrupt line %d; loaded the %d rows before it; original kept at %s",
-                session_id,
-                bad_line,
-                st.last_sequence,
-                aside,
-            )
-        size = _rewrite_log(st, path)
+        level = logging.WARNING if scan.outcome == "torn" else logging.ERROR
+        logger.log(
+            level,
+            "files store: session %s %s: %s; original kept at %s",
+            session_id,
+            scan.outcome,
+            scan.describe(),
+            kept,
+        )
+        try:
+            size = _rewrite_log(st, path)
+        except OSError as exc:
+            # The bad lines stay in the log: nothing may be appended behind them.
+            st.damage = st.damage or f"the recovered log could not be rewritten ({exc.strerror})"
+            logger.error("files store: session %s is read-only: %s", session_id, st.damage)
+            return st, _Log(path, path.stat().st_size if path.exists() else 0, scan.overhead)
         self.stats.rewrites += 1
+        if mark is None or mark[0] < st.last_sequence or not mark[1]:
+            self._save_mark(path, st)
         return st, _Log(path, size)
+
+    def _save_mark(self, path: Path, st: SessionState) -> None:
+        try:
+            write_mark(mark_path(path), st.last_sequence, _mark_meta(st))
+        except OSError as exc:
+            logger.warning("files store: cannot write the sequence mark of session %s: %s", st.id, exc)
 
     def _read_history(self, session_id: str) -> tuple[list[HistoryChunk], _Log | None]:
         """The session's chunks and its history file (None: no file yet); recovers a damaged file."""
@@ -481,7 +672,7 @@ class FilesStore(RowStore):
         bad: list[int] = []
         for index, raw in enumerate(lines):
             try:
-                chunks.append(_chunk_from_dict(json.loads(raw)))
+                chunks.append(_chunk_from_dict(_loads(raw)))
             except (ValueError, KeyError, TypeError, AttributeError):
                 bad.append(index + 1)
         if tail:
@@ -517,27 +708,205 @@ class FilesStore(RowStore):
         return aside
 
 
+# -- scanning a log -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FsckEntry:
+    """One session's line in the ``contextsvc fsck`` report."""
+
+    session_id: str
+    #: ok | torn | recovered | damaged | unreadable
+    outcome: str
+    detail: str
+    #: what ``--repair`` did ("" when nothing was done).
+    repaired: str = ""
+
+
+@dataclass(slots=True)
+class LogScan:
+    """What a log holds, and what is wrong with it (``scan_log``)."""
+
+    st: SessionState | None
+    #: (line number, what is wrong) for every line set aside.
+    bad: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    #: sequence numbers acknowledged but unreadable (stand-ins were put in their place).
+    lost: list[int] = dataclasses.field(default_factory=list)
+    #: only the last line is bad: an interrupted write, when nothing acknowledged is lost.
+    torn_tail: bool = False
+    header_lost: bool = False
+    overhead: int = 0
+
+    @property
+    def outcome(self) -> str:
+        """``ok``; ``torn`` (an interrupted write dropped, nothing acknowledged lost);
+        ``recovered`` (bad records set aside, no message lost); ``damaged`` (read-only)."""
+        if self.st is not None and self.st.damage:
+            return "damaged"
+        if self.bad:
+            return "torn" if self.torn_tail else "recovered"
+        return "ok"
+
+    def describe(self) -> str:
+        if self.outcome == "torn":
+            return f"torn last line {self.bad[0][0]} dropped (an interrupted write, never acknowledged)"
+        parts = []
+        if self.header_lost:
+            parts.append("header lost (rebuilt from the mark file and the first records)")
+        if self.bad:
+            shown = ", ".join(f"line {n} ({what})" for n, what in self.bad[:5])
+            more = f" and {len(self.bad) - 5} more" if len(self.bad) > 5 else ""
+            parts.append(f"{len(self.bad)} unreadable record(s) set aside: {shown}{more}")
+        if self.lost:
+            parts.append(f"{len(self.lost)} acknowledged message(s) lost: {_ranges(self.lost)}")
+        if self.st is not None and self.st.damage and not self.lost and not self.header_lost:
+            parts.append(f"read-only: {self.st.damage}")
+        if self.st is not None:
+            parts.append(f"{self.st.last_sequence} sequence number(s) kept")
+        return "; ".join(parts) or "ok"
+
+
+def scan_log(data: bytes, session_id: str, mark: tuple[int, dict[str, Any]] | None, default_profile: str) -> LogScan:
+    """Replay a log's bytes into a session, setting bad records aside (pure: no I/O).
+
+    Every line is checked on its own (its CRC32C, then its fit to the session), so one bad
+    line costs only itself. Sequence numbers that were acknowledged but cannot be read (a bad
+    append record, a gap before the next good one, a tail lost below the highest number the
+    records or the mark file recorded) get stand-in rows, so they are never handed out again,
+    and the session is marked damaged (read-only). A lost header is rebuilt from the mark file
+    (owner, profile, create time) and the first records; such a session is damaged too.
+    """
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the data ends with a newline, as every complete log does
+    scan = LogScan(None)
+    high = mark[0] if mark is not None else 0
+    last_time: datetime | None = None
+    checked_seen = False
+    for index, raw in enumerate(lines):
+        try:
+            obj, checked = unframe(raw)
+            if checked_seen and not checked:
+                # Every line after the first checked one is checked: an unchecked one was not
+                # written by this store, whatever it says.
+                raise BadFrame("unchecked line in a checked log")
+            checked_seen = checked_seen or checked
+            if not isinstance(obj, dict):
+                raise RecordError("not a JSON object")
+            if scan.st is None and obj.get("t") == "session":
+                scan.st = _header(obj, session_id)
+                high = max(high, _int(obj.get("n")))
+                continue
+            record = _decode(obj)
+        except BadFrame as exc:
+            scan.bad.append((index + 1, str(exc)))
+            continue
+        except (ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            scan.bad.append((index + 1, "unreadable" if isinstance(exc, ValueError | UnicodeDecodeError) else "bad"))
+            continue
+        if scan.st is None:
+            scan.st = _rebuilt_header(session_id, mark, default_profile, record)
+            scan.header_lost = True
+        st = scan.st
+        messages = record.messages if isinstance(record, AppendRecord | CompactionRecord) else ()
+        if messages and messages[0].sequence_number > st.last_sequence + 1:
+            scan.lost.extend(st.fill_lost(messages[0].sequence_number - 1, "its log record was unreadable", None))
+        try:
+            st.apply(record)
+        except RecordError as exc:
+            scan.bad.append((index + 1, f"does not fit: {exc}"))
+            continue
+        high = max(high, _int(obj.get("n")))
+        last_time = record.time or last_time
+        scan.overhead += isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord)
+    if tail:
+        scan.bad.append((len(lines) + 1, "cut short"))
+    # Only the last line bad: what a crash in the middle of a write leaves.
+    last_line = len(lines) + 1 if tail else len(lines)
+    scan.torn_tail = len(scan.bad) == 1 and scan.bad[0][0] == last_line
+    if scan.st is None:
+        if mark is None or not mark[1]:
+            return scan  # nothing to rebuild from
+        scan.st = _rebuilt_header(session_id, mark, default_profile, None)
+        scan.header_lost = True
+    st = scan.st
+    if high > st.last_sequence:
+        scan.lost.extend(st.fill_lost(high, "the end of its log was lost", last_time))
+    if scan.header_lost:
+        st.damage = st.damage or "the session header was lost and rebuilt"
+    elif scan.lost:
+        st.damage = st.damage or f"{len(scan.lost)} acknowledged message(s) unreadable: {_ranges(scan.lost)}"
+    return scan
+
+
+def _rebuilt_header(
+    session_id: str, mark: tuple[int, dict[str, Any]] | None, default_profile: str, first: Record | None
+) -> SessionState:
+    meta = mark[1] if mark is not None else {}
+    created = meta.get("create_time")
+    when = datetime.fromisoformat(created) if isinstance(created, str) else getattr(first, "time", None)
+    info = SessionInfo(
+        id=session_id,
+        # Owner unknown without the mark file: "" matches no user, so only admins see it.
+        user_id=str(meta.get("user_id", "")),
+        profile_id=str(meta.get("profile_id") or default_profile),
+        create_time=when,
+        update_time=when,
+    )
+    return SessionState(info)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _ranges(seqs: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"#3-5, #9"``."""
+    out: list[str] = []
+    ordered = sorted(seqs)
+    start = prev = ordered[0]
+    for seq in [*ordered[1:], 0]:
+        if seq == prev + 1:
+            prev = seq
+            continue
+        out.append(f"#{start}" if start == prev else f"#{start}-{prev}")
+        start = prev = seq
+    return ", ".join(out[:10]) + (" ..." if len(out) > 10 else "")
+
+
 # -- records <-> JSON --------------------------------------------------------------------------
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
-    """One JSON line. JSON escapes newlines inside strings, so a line is always one record."""
+    """One checked JSON line (``_frames.frame``). JSON escapes newlines inside strings, so a
+    line is always one record."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     try:
-        return text.encode() + b"\n"
+        body = text.encode()
     except UnicodeEncodeError:
         # A lone surrogate cannot be UTF-8: the ASCII form escapes it and still round-trips.
-        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        body = json.dumps(obj, separators=(",", ":")).encode()
+    return frame(body)
+
+
+def _loads(raw: bytes) -> Any:
+    """The record of a checked line, or of a line written before checksums (unchecked)."""
+    return unframe(raw)[0]
 
 
 def _session_line(st: SessionState) -> dict[str, Any]:
-    return {
+    line = {
         "t": "session",
         "format": FORMAT,
         "session": session_to_dict(st.info(0)),
         "requests": {key: list(value) for key, value in st.requests.items()},
+        "request_fingerprints": dict(st.request_fingerprints),
         "views": [_view_to_dict(v) for v in st.views.values()],
+        # The highest sequence number the rows below reach: a log cut short shows it.
+        "n": st.last_sequence,
     }
+    if st.damage:
+        line["damaged"] = st.damage
+    return line
 
 
 def _header(obj: Any, session_id: str) -> SessionState:
@@ -547,7 +916,9 @@ def _header(obj: Any, session_id: str) -> SessionState:
     if info.id != session_id:
         raise RecordError(f"header names session {info.id!r}")
     st = SessionState(info)
+    st.damage = str(obj.get("damaged", ""))
     st.requests = {str(key): tuple(int(s) for s in value) for key, value in obj.get("requests", {}).items()}
+    st.request_fingerprints = {str(k): str(v) for k, v in obj.get("request_fingerprints", {}).items()}
     for view in obj.get("views", ()):
         st.remember_view(_view_from_dict(view), len(obj["views"]))
     return st
@@ -602,12 +973,15 @@ def _chunk_from_dict(d: dict[str, Any]) -> HistoryChunk:
     )
 
 
-def _encode(record: Record) -> dict[str, Any]:
+def _encode(record: Record, n: int) -> dict[str, Any]:
+    """The record's JSON form; ``n`` is the session's highest sequence number once it applies."""
     d: dict[str, Any]
     if isinstance(record, AppendRecord):
         d = {"t": "append", "messages": [message_to_dict(m) for m in record.messages]}
         if record.request_id:
             d["request_id"] = record.request_id
+        if record.request_fingerprint:
+            d["fp"] = record.request_fingerprint
         if record.context_tokens_delta:
             d["delta"] = record.context_tokens_delta
     elif isinstance(record, FlagsRecord):
@@ -635,6 +1009,7 @@ def _encode(record: Record) -> dict[str, Any]:
             d["state"] = record.state
     if record.time is not None:
         d["time"] = _time(record.time)
+    d["n"] = n
     return d
 
 
@@ -643,7 +1018,7 @@ def _decode(d: dict[str, Any]) -> Record:
     time = datetime.fromisoformat(d["time"]) if "time" in d else None
     if kind == "append":
         messages = tuple(message_from_dict(m) for m in d["messages"])
-        return AppendRecord(time, messages, str(d.get("request_id", "")), int(d.get("delta", 0)))
+        return AppendRecord(time, messages, str(d.get("request_id", "")), int(d.get("delta", 0)), str(d.get("fp", "")))
     if kind == "view":
         return SaveViewRecord(_view_from_dict(d["view"]), int(d["keep"]))
     if time is None:
@@ -664,7 +1039,7 @@ def _decode(d: dict[str, Any]) -> Record:
 # -- blocking file operations (run in a worker thread) --------------------------------------
 
 
-def _append_at(path: Path, expected_size: int, data: bytes, sync: bool) -> int:
+def _append_at(path: Path, expected_size: int, data: bytes, sync: bool, mark: int | None = None) -> int:
     """Write ``data`` at the log's known end and return the new size.
 
     Writing at the known end (not O_APPEND) and cutting anything past it first means a record
@@ -685,6 +1060,12 @@ def _append_at(path: Path, expected_size: int, data: bytes, sync: bool) -> int:
             os.fsync(fd)
     finally:
         os.close(fd)
+    if mark is not None:
+        try:
+            write_mark_number(mark_path(path), mark)
+        except OSError as exc:
+            # The record is in the log: the mark only guards against later damage to it.
+            logger.warning("files store: cannot update the sequence mark of %s: %s", path, exc)
     return expected_size + len(data)
 
 
@@ -709,9 +1090,21 @@ def _create_file(path: Path, data: bytes) -> None:
     _write_atomic(path, data)
 
 
+def _mark_meta(st: SessionState) -> dict[str, Any]:
+    """The header fields that never change, kept in the mark file to rebuild a lost header."""
+    return {
+        "id": st.id,
+        "user_id": st.user_id,
+        "profile_id": st.profile_id,
+        "create_time": _time(st.create_time),
+    }
+
+
 def _rewrite_log(st: SessionState, path: Path) -> int:
     parts = [_dumps(_session_line(st))]
-    parts.extend(_dumps({"t": "append", "messages": [message_to_dict(row)]}) for row in st.rows)
+    parts.extend(
+        _dumps({"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}) for row in st.rows
+    )
     data = b"".join(parts)
     _write_atomic(path, data)
     return len(data)
@@ -732,7 +1125,9 @@ def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]],
 
 def _remove_logs(folder: Path, session_id: str) -> None:
     """Remove a session's file in ``folder`` and the copies set aside; durable once it returns."""
-    paths = [folder / f"{session_id}{_LOG_SUFFIX}", *folder.glob(f"{session_id}{_LOG_SUFFIX}.*")]
+    log = folder / f"{session_id}{_LOG_SUFFIX}"
+    # The mark first: a mark left without its log would bring the session back as damaged.
+    paths = [mark_path(log), log, *folder.glob(f"{session_id}{_LOG_SUFFIX}.*")]
     removed = False
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
@@ -743,9 +1138,11 @@ def _remove_logs(folder: Path, session_id: str) -> None:
 
 
 def _remove_temp_files(folder: Path) -> None:
-    # Left by a crash during an atomic write; the target was never replaced.
+    # Left by a crash during an atomic write; the target was never replaced. A read-only
+    # directory keeps them (harmless: nothing reads them).
     for path in folder.glob(f".*{_TMP_SUFFIX}"):
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def _fsync_paths(paths: list[Path]) -> None:

@@ -12,13 +12,14 @@ from contextsvc.core.recall import RecallIndex
 from contextsvc.ports import Clock
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id
 from contextsvc.stores._session import SessionState
+from contextsvc.stores.api_tokens import MemoryTokenStore
 
 
 class MemoryData:
     """The backing state of a memory store: sessions, blobs, calibration observations and each
     session's raw history index."""
 
-    __slots__ = ("blobs", "history", "observations", "sessions")
+    __slots__ = ("api_tokens", "blobs", "history", "observations", "sessions")
 
     def __init__(self) -> None:
         self.sessions: dict[str, SessionState] = {}
@@ -26,6 +27,7 @@ class MemoryData:
         self.observations: dict[str, list[Observation]] = {}
         #: session id -> its history chunks (ranked in process by ``core/recall.py``).
         self.history: dict[str, RecallIndex] = {}
+        self.api_tokens = MemoryTokenStore()
 
 
 class MemoryStore(RowStore):
@@ -36,6 +38,10 @@ class MemoryStore(RowStore):
     ) -> None:
         self.data = data if data is not None else MemoryData()
         super().__init__(settings, clock, self.data.sessions, self.data.observations, self.data.history)
+
+    def api_tokens(self) -> MemoryTokenStore:
+        """This store's API tokens (``ports.ApiTokenStore``): they live as long as the process."""
+        return self.data.api_tokens
 
     async def open(self) -> None:
         """Nothing to load."""

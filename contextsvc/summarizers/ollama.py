@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from contextsvc import telemetry
 from contextsvc.config import OllamaSummarizerConfig
 from contextsvc.ports import SummarizerError, SummaryRequest
 from contextsvc.summarizers._http import HttpEndpoint, require_text, snippet
@@ -57,6 +58,8 @@ class OllamaSummarizer:
 
     async def summarize(self, request: SummaryRequest) -> str:
         payload = await self._endpoint.post_json(self.body(request))
+        if isinstance(payload, dict):
+            telemetry.note_genai_usage(_count(payload.get("prompt_eval_count")), _count(payload.get("eval_count")))
         return self._content(payload)
 
     def _content(self, payload: Any) -> str:
@@ -73,3 +76,8 @@ class OllamaSummarizer:
 
     async def close(self) -> None:
         """Nothing to release: the HTTP client belongs to the registry's ``SummarizerSet``."""
+
+
+def _count(value: Any) -> int | None:
+    """A token count from the provider's answer, when it is one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from contextsvc import telemetry
 from contextsvc.config import OpenAISummarizerConfig
 from contextsvc.ports import SummarizerError, SummaryRequest
 from contextsvc.summarizers._http import HttpEndpoint, data_url, require_text, snippet
@@ -62,6 +63,9 @@ class OpenAISummarizer:
 
     async def summarize(self, request: SummaryRequest) -> str:
         payload = await self._endpoint.post_json(self.body(request))
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if isinstance(usage, dict):
+            telemetry.note_genai_usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
         return self._content(payload)
 
     def _content(self, payload: Any) -> str:
@@ -83,3 +87,8 @@ class OpenAISummarizer:
 
     async def close(self) -> None:
         """Nothing to release: the HTTP client belongs to the registry's ``SummarizerSet``."""
+
+
+def _count(value: Any) -> int | None:
+    """A token count from the provider's answer, when it is one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

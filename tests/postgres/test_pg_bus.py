@@ -12,9 +12,8 @@ import pytest
 
 from contextsvc.config import Settings
 from contextsvc.core.session import Principal
-from contextsvc.events.postgres_bus import LISTEN_APPLICATION_NAME, PostgresEventBus, make_postgres_event_bus
 from contextsvc.ports import StoredEvent
-from contextsvc.stores.postgres import PostgresStore
+from contextsvc.stores.postgres import LISTEN_APPLICATION_NAME, PostgresEventBus, PostgresStore, make_postgres_event_bus
 from tests.postgres.conftest import pg_settings
 
 ADMIN = Principal("root", is_admin=True)

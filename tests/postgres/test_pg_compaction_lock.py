@@ -18,8 +18,8 @@ import pytest
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.session import Principal
 from contextsvc.errors import Conflict
-from contextsvc.stores.pg_schema import COMPACTION_LOCK_SPACE, compaction_lock_keys
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
+from contextsvc.stores.postgres.schema import COMPACTION_LOCK_SPACE, compaction_lock_keys
 from tests.postgres.conftest import pg_settings
 
 ALICE = Principal("alice")

@@ -17,8 +17,7 @@ import pytest
 from contextsvc.core.messages import BufferKind, Message, Role
 from contextsvc.core.session import Principal
 from contextsvc.errors import Unavailable
-from contextsvc.events.postgres_bus import make_postgres_event_bus
-from contextsvc.stores.postgres import PostgresStore, make_postgres_store
+from contextsvc.stores.postgres import PostgresStore, make_postgres_event_bus, make_postgres_store
 from tests.postgres.conftest import pg_settings
 from tests.support.postgres import PgCluster, create_database
 

@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 
 from contextsvc.config import Settings
-from contextsvc.stores.pg_pool import migrate_database
-from contextsvc.stores.pg_schema import MIGRATIONS
 from contextsvc.stores.postgres import make_postgres_store
+from contextsvc.stores.postgres.pool import migrate_database
+from contextsvc.stores.postgres.schema import MIGRATIONS
 from tests.support.postgres import ROOT, fresh_database
 
 LATEST = [m.version for m in MIGRATIONS]
@@ -97,7 +97,7 @@ async def test_stores_opening_at_once_migrate_exactly_once(postgres_db: str, pos
 _MIGRATE_IN_A_PROCESS = """
 import asyncio, sys
 from contextsvc.config import Settings
-from contextsvc.stores.pg_pool import migrate_database
+from contextsvc.stores.postgres.pool import migrate_database
 report = asyncio.run(migrate_database(sys.argv[1], Settings().postgres))
 print(",".join(map(str, report.applied)) or "-")
 """

@@ -11,8 +11,8 @@ import pytest
 
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import Principal
-from contextsvc.stores.pg_schema import TRIGRAM_INDEXES
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
+from contextsvc.stores.postgres.schema import TRIGRAM_INDEXES
 from tests.postgres.conftest import pg_settings
 from tests.support.postgres import with_database
 
@@ -137,7 +137,7 @@ async def limited_dsn(postgres_db: str, postgres_dsn: str) -> AsyncIterator[str]
 async def test_without_privilege_for_pg_trgm_one_log_line_and_search_still_works(
     limited_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="contextsvc.stores.pg_schema"):
+    with caplog.at_level(logging.WARNING, logger="contextsvc.stores.postgres.schema"):
         store = await make_postgres_store(limited_dsn, pg_settings())
     try:
         assert not store.trigram_enabled

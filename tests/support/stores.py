@@ -88,6 +88,11 @@ class FilesBacking(_BackingBase):
         self.root = root
 
     async def open(self, *, clock: Clock | None = None, settings: Settings | None = None) -> SessionStore:
+        # One process owns a data directory (an flock): a store opened again stands for the next
+        # process, so the older objects let go as a dead process would.
+        for old in self.opened:
+            if isinstance(old, FilesStore):
+                old._dir_lock.release()
         store = FilesStore(self.root, settings, clock=clock)
         await store.open()
         self.opened.append(store)

@@ -13,6 +13,7 @@ from contextsvc.errors import Unavailable
 from contextsvc.events import memory_bus
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
+from contextsvc.summarizers.registry import build_summarizers
 from tests.support.stores import TickingClock
 
 
@@ -20,7 +21,13 @@ async def test_compaction_locks_are_dropped_once_nobody_holds_or_waits() -> None
     settings = Settings(store="memory")
     store = MemoryStore(settings)
     await store.open()
-    engine = Engine(store=store, bus=MemoryEventBus(retention=10), settings=settings, clock=TickingClock())
+    engine = Engine(
+        store=store,
+        bus=MemoryEventBus(retention=10),
+        settings=settings,
+        clock=TickingClock(),
+        summarizers=build_summarizers(settings),
+    )
     order: list[str] = []
 
     async def hold(tag: str, delay: float) -> None:

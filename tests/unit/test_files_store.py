@@ -18,7 +18,9 @@ from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import Principal
-from contextsvc.errors import InvalidArgument, NotFound, Unavailable
+from contextsvc.errors import InvalidArgument, NotFound, SessionDamaged, Unavailable
+from contextsvc.stores._dirlock import DataDirLocked
+from contextsvc.stores._session import LOST_KEY
 from contextsvc.stores.files import FilesStore
 from tests.support.stores import TickingClock
 
@@ -56,10 +58,15 @@ def log_of(root: Path, sid: str) -> Path:
     return root / "sessions" / f"{sid}.jsonl"
 
 
+def mark_of(root: Path, sid: str) -> Path:
+    return root / "sessions" / f"{sid}.jsonl.mark"
+
+
 def lines_of(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()
     assert data.endswith(b"\n")
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+    # Each line is a checked record: {"c": CRC32C, "r": the record}.
+    return [json.loads(line)["r"] for line in data.split(b"\n")[:-1]]
 
 
 async def everything(store: FilesStore, sid: str) -> tuple[Any, ...]:
@@ -135,6 +142,7 @@ async def test_a_torn_compaction_is_all_or_nothing(root: Path) -> None:
     store = await opened(root)
     sid = await session_with(store, 4)
     before = await everything(store, sid)
+    mark = mark_of(root, sid).read_bytes()
     await store.commit_compaction(
         sid, caller=ALICE, demote=[1, 2, 3], append=[summary("S", 1), user("record")], context_tokens=1
     )
@@ -142,6 +150,7 @@ async def test_a_torn_compaction_is_all_or_nothing(root: Path) -> None:
     path = log_of(root, sid)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 25])  # a crash in the middle of writing the compaction record
+    mark_of(root, sid).write_bytes(mark)  # ... so the mark was never moved past it
 
     store = await opened(root)
     assert await everything(store, sid) == before
@@ -152,55 +161,150 @@ async def test_a_torn_compaction_is_all_or_nothing(root: Path) -> None:
     "bad_line",
     [
         b"this is not json",
-        b'{"t":"append","messages":[{"seq":9,"role":"user","content":"gap"}]}',  # valid JSON, wrong number
+        b'{"t":"append","messages":[{"seq":9,"role":"user","content":"gap"}]}',  # unchecked, wrong number
         b'{"t":"teleport"}',
+        None,  # one byte of the record flipped: its checksum fails
     ],
 )
-async def test_a_bad_line_in_the_middle_is_corruption(
-    root: Path, caplog: pytest.LogCaptureFixture, bad_line: bytes
+async def test_a_bad_record_in_the_middle_is_set_aside_and_the_session_is_read_only(
+    root: Path, caplog: pytest.LogCaptureFixture, bad_line: bytes | None
 ) -> None:
     store = await opened(root)
     sid = await session_with(store, 1)
-    before = await everything(store, sid)
     await store.append_messages(sid, [user("m2")], caller=ALICE)
     await store.append_messages(sid, [user("m3")], caller=ALICE)
     await store.close()
     path = log_of(root, sid)
     lines = path.read_bytes().split(b"\n")
-    lines[2] = bad_line  # header, m1, [m2 -> bad], m3
+    # header, m1, [m2 -> bad], m3
+    lines[2] = bad_line if bad_line is not None else lines[2].replace(b'"m2"', b'"m7"')
     original = b"\n".join(lines)
     path.write_bytes(original)
 
     with caplog.at_level(logging.WARNING, logger="contextsvc.stores.files"):
         store = await opened(root)
-    assert await everything(store, sid) == before  # what precedes the bad line
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and sid in r.getMessage()]
-    assert len(errors) == 1 and "corrupt line 3" in errors[0].getMessage()
+    rows = await store.get_messages(sid, caller=ALICE, first=1, last=9)
+    assert [m.sequence_number for m in rows] == [1, 2, 3]  # the neighbours survive
+    assert [m.content for m in rows][::2] == ["m1", "m3"]
+    assert rows[1].metadata == {LOST_KEY: True} and "#2 was lost" in rows[1].content
+    assert not rows[1].flags.is_context  # a stand-in never reaches the model
+    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == ["m1", "m3"]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and sid in r.getMessage()]
+    assert len(errors) == 1 and "line 3" in errors[0] and "#2" in errors[0], errors
     (aside,) = root.joinpath("sessions").glob(f"{sid}.jsonl.corrupt-*")
     assert aside.read_bytes() == original
-    # New appends after the recovery are not hidden behind the bad line on the next load.
-    await store.append_messages(sid, [user("new")], caller=ALICE)
+    # Read-only: a number a client saw is never handed out again, writes say why.
+    with pytest.raises(SessionDamaged) as raised:
+        await store.append_messages(sid, [user("new")], caller=ALICE)
+    assert raised.value.reason == "SESSION_DAMAGED"
+    await store.update_state(sid, caller=ALICE, context_tokens=5)  # engine bookkeeping goes on
     await store.close()
+    store = await opened(root)  # the damage is remembered (in the rewritten header)
+    with pytest.raises(SessionDamaged):
+        await store.append_messages(sid, [user("new")], caller=ALICE)
+    assert (await store.get_session(sid, caller=ALICE)).last_sequence == 3
+    await store.close()
+
+
+async def test_garbage_lines_that_cost_no_message_are_set_aside_and_the_session_stays_writable(root: Path) -> None:
     store = await opened(root)
-    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == ["m1", "new"]
+    sid = await session_with(store, 2)
+    await store.update_state(sid, caller=ALICE, context_tokens=7)
+    before = await everything(store, sid)
+    await store.close()
+    path = log_of(root, sid)
+    lines = path.read_bytes().split(b"\n")
+    lines.insert(2, b"\x00\x00garbage\xff")
+    path.write_bytes(b"\n".join(lines) + b"more garbage\n")
+    store = await opened(root)
+    assert await everything(store, sid) == before
+    assert store.stats.recovered_logs == 1
+    assert (await store.append_messages(sid, [user("m3")], caller=ALICE)).sequence_numbers == [3]
     await store.close()
 
 
-async def test_a_log_without_a_valid_header_is_moved_aside(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_log_cut_short_keeps_every_number_it_acknowledged(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 5)
+    await store.close()
+    path = log_of(root, sid)
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join(lines[:3]) + b"\n")  # header, m1, m2: m3..m5 gone at a line boundary
+    store = await opened(root)
+    info = await store.get_session(sid, caller=ALICE)
+    assert info.last_sequence == 5  # from the mark file
+    rows = await store.get_messages(sid, caller=ALICE, first=1, last=5)
+    assert [m.metadata.get(LOST_KEY, False) for m in rows] == [False, False, True, True, True]
+    with pytest.raises(SessionDamaged):
+        await store.append_messages(sid, [user("m6")], caller=ALICE)
+    await store.close()
+
+
+async def test_a_lost_header_is_rebuilt_from_the_mark_and_the_first_records(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = await opened(root)
     good = await session_with(store, 1)
-    bad = await session_with(store, 1)
+    bad = await session_with(store, 2)
     await store.close()
-    log_of(root, bad).write_bytes(b"{broken\n" + log_of(root, bad).read_bytes())
+    path = log_of(root, bad)
+    path.write_bytes(path.read_bytes().split(b"\n", 1)[1])  # the header line deleted
 
     with caplog.at_level(logging.ERROR, logger="contextsvc.stores.files"):
         store = await opened(root)
     assert (await store.get_session(good, caller=ALICE)).last_sequence == 1
+    info = await store.get_session(bad, caller=ALICE)  # still Alice's: the mark file kept the owner
+    assert (info.user_id, info.profile_id, info.last_sequence) == ("alice", "p", 2)
+    assert [m.content for m in await store.load_context(bad, caller=ALICE)] == ["m1", "m2"]
+    with pytest.raises(SessionDamaged):
+        await store.append_messages(bad, [user("m3")], caller=ALICE)
+    assert any(bad in r.getMessage() and "header lost" in r.getMessage() for r in caplog.records)
+    await store.close()
+
+
+async def test_a_deleted_log_comes_back_damaged_from_its_mark(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 3)
+    await store.close()
+    log_of(root, sid).unlink()
+    store = await opened(root)
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.user_id, info.last_sequence) == ("alice", 3)
+    rows = await store.get_messages(sid, caller=ALICE, first=1, last=3)
+    assert all(m.metadata.get(LOST_KEY) for m in rows)
+    with pytest.raises(SessionDamaged):
+        await store.append_messages(sid, [user("m4")], caller=ALICE)
+    await store.close()
+
+
+async def test_a_log_with_nothing_readable_and_no_mark_is_moved_aside(root: Path) -> None:
+    store = await opened(root)
+    bad = await session_with(store, 1)
+    await store.close()
+    log_of(root, bad).write_bytes(b"{broken\n")
+    mark_of(root, bad).unlink()
+    store = await opened(root)
     with pytest.raises(NotFound):
         await store.get_session(bad, caller=ALICE)
     assert not log_of(root, bad).exists()
     assert len(list(root.joinpath("sessions").glob(f"{bad}.jsonl.corrupt-*"))) == 1
-    assert any(bad in r.getMessage() for r in caplog.records)
+    await store.close()
+
+
+async def test_a_log_written_before_checksums_still_loads(root: Path) -> None:
+    fixture = Path(__file__).parent / "data" / "legacy_session.jsonl"
+    sid = "0b5e5a3c-1111-4222-8333-944455556666"
+    (root / "sessions").mkdir(parents=True)
+    log_of(root, sid).write_bytes(fixture.read_bytes())
+    store = await opened(root)
+    info = await store.get_session(sid, caller=Principal(user_id="anonymous", is_admin=True))
+    assert (info.user_id, info.name, info.last_sequence, info.context_message_count) == ("anonymous", "legacy", 3, 2)
+    assert store.stats.recovered_logs == 0
+    anyone = Principal(user_id="anonymous")
+    assert (await store.append_messages(sid, [user("new")], caller=anyone)).sequence_numbers == [4]
+    await store.close()
+    store = await opened(root)
+    assert (await store.get_session(sid, caller=anyone)).last_sequence == 4
     await store.close()
 
 
@@ -242,7 +346,7 @@ async def test_rewrite_log_keeps_everything_and_leaves_no_temp_files(root: Path)
     await store.rewrite_log(sid)
     assert len(lines_of(log_of(root, sid))) == 1 + 6  # header + one line per row
     assert lines_before == 1 + 5 + 1 + 30
-    assert [p.name for p in root.joinpath("sessions").iterdir()] == [f"{sid}.jsonl"]
+    assert sorted(p.name for p in root.joinpath("sessions").iterdir()) == [f"{sid}.jsonl", f"{sid}.jsonl.mark"]
     assert await everything(store, sid) == before
     await store.close()
 
@@ -267,7 +371,7 @@ async def test_a_failed_rewrite_leaves_the_old_log(root: Path, monkeypatch: pyte
         await store.rewrite_log(sid)
     monkeypatch.undo()
     assert log_of(root, sid).read_bytes() == original
-    assert [p.name for p in root.joinpath("sessions").iterdir()] == [f"{sid}.jsonl"]
+    assert sorted(p.name for p in root.joinpath("sessions").iterdir()) == [f"{sid}.jsonl", f"{sid}.jsonl.mark"]
     assert await everything(store, sid) == before
     await store.append_messages(sid, [user("m4")], caller=ALICE)
     await store.close()
@@ -372,7 +476,9 @@ async def test_a_process_crash_in_batch_mode_loses_nothing_written(root: Path) -
     store = await opened(root, durability=Durability.BATCH, sleep=never)
     sid = await session_with(store, 5)
     before = await everything(store, sid)
-    # No close(): the process "dies"; the OS still holds what was written.
+    # No close(): the process "dies"; the OS still holds what was written, and the kernel drops
+    # a dead process's flock.
+    store._dir_lock.release()
     again = await opened(root)
     assert await everything(again, sid) == before
     await again.close()
@@ -494,7 +600,7 @@ async def test_delete_removes_the_log_and_its_copies(root: Path) -> None:
         fh.write(b"{torn")
     store = await opened(root)  # leaves a .torn copy aside
     await store.delete_session(gone, caller=ALICE)
-    assert sorted(p.name for p in (root / "sessions").iterdir()) == [f"{keep}.jsonl"]
+    assert sorted(p.name for p in (root / "sessions").iterdir()) == [f"{keep}.jsonl", f"{keep}.jsonl.mark"]
     await store.close()
 
 
@@ -504,5 +610,34 @@ async def test_stale_temp_files_are_removed_on_open(root: Path) -> None:
     await store.close()
     (root / "sessions" / f".{sid}.jsonl.deadbeef.tmp").write_bytes(b"half a rewrite")
     store = await opened(root)
-    assert [p.name for p in (root / "sessions").iterdir()] == [f"{sid}.jsonl"]
+    assert sorted(p.name for p in (root / "sessions").iterdir()) == [f"{sid}.jsonl", f"{sid}.jsonl.mark"]
     await store.close()
+
+
+# -- one writer per data directory ---------------------------------------------------------------
+
+
+async def test_a_second_store_on_the_same_directory_is_refused_before_reading(root: Path) -> None:
+    store = await opened(root)
+    sid = await session_with(store, 2)
+    second = FilesStore(root, Settings())
+    with pytest.raises(DataDirLocked, match=rf"in use by pid {os.getpid()} \(started "):
+        await second.open()
+    assert not second._sessions  # nothing was read
+    assert (await store.append_messages(sid, [user("still mine")], caller=ALICE)).sequence_numbers == [3]
+    await store.close()
+    # Released on close: the next owner opens it and sees everything.
+    again = await opened(root)
+    assert (await again.get_session(sid, caller=ALICE)).last_sequence == 3
+    await again.close()
+
+
+async def test_other_files_in_the_data_directory_are_left_alone(root: Path) -> None:
+    store = await opened(root)
+    await store.close()
+    (root / "tokens.json").write_text("{}")
+    store = await opened(root)
+    await session_with(store, 1)
+    await store.close()
+    assert (root / "tokens.json").read_text() == "{}"
+    assert (root / "lock").read_bytes() == b""  # the holder note is cleared on release

@@ -30,17 +30,18 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#contextsvc/v1/context_service.proto\x12\rcontextsvc.v1\x1a\x1a\x63ontextsvc/v1/events.proto\x1a\x1d\x63ontextsvc/v1/resources.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"c\n\x14\x43reateSessionRequest\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"_\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x12\n\nprofile_id\x18\x03 \x01(\t\x12\r\n\x05query\x18\x04 \x01(\t\"m\n\x14ListSessionsResponse\x12(\n\x08sessions\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x12\n\ntotal_size\x18\x03 \x01(\x05\"p\n\x14UpdateSessionRequest\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.contextsvc.v1.Session\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x80\x01\n\x15\x41ppendMessagesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rturn_complete\x18\x04 \x01(\x08\"c\n\x16\x41ppendMessagesResponse\x12\x18\n\x10sequence_numbers\x18\x01 \x03(\x03\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\x03\x12\x17\n\x0fwindow_fraction\x18\x03 \x01(\x01\"|\n\x13ListMessagesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x06\x62uffer\x18\x02 \x01(\x0e\x32\x15.contextsvc.v1.Buffer\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x17\n\x0f\x62\x65\x66ore_sequence\x18\x04 \x01(\x03\"^\n\x14ListMessagesResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x1c\n\x14next_before_sequence\x18\x02 \x01(\x03\"\xcf\x01\n\x13\x42uildContextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07profile\x18\x02 \x01(\x0b\x32\x16.contextsvc.v1.Profile\x12(\n\x08incoming\x18\x03 \x01(\x0b\x32\x16.contextsvc.v1.Message\x12#\n\x05phase\x18\x04 \x01(\x0e\x32\x14.contextsvc.v1.Phase\x12\x1a\n\rauto_compress\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x10\n\x0e_auto_compress\"\xcd\x02\n\x11\x43ompressionReport\x12\x12\n\ncompressed\x18\x01 \x01(\x08\x12\x30\n\x06method\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionMethod\x12\x30\n\x06reason\x18\x03 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x17\n\x0fmessages_before\x18\x05 \x01(\x03\x12\x16\n\x0emessages_after\x18\x06 \x01(\x03\x12\x1d\n\x15\x63ontext_tokens_before\x18\x07 \x01(\x03\x12\x1c\n\x14\x63ontext_tokens_after\x18\x08 \x01(\x03\x12\x13\n\x0b\x62readcrumbs\x18\t \x03(\t\x12,\n\x04plan\x18\n \x01(\x0b\x32\x1e.contextsvc.v1.CompressionPlan\"\xc9\x01\n\x14\x42uildContextResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x0f\n\x07view_id\x18\x02 \x01(\t\x12.\n\x08\x65stimate\x18\x03 \x01(\x0b\x32\x1c.contextsvc.v1.TokenEstimate\x12\x35\n\x0b\x63ompression\x18\x04 \x01(\x0b\x32 .contextsvc.v1.CompressionReport\x12\x0f\n\x07notices\x18\x05 \x03(\t\"\x8d\x01\n\x15\x45stimateTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\'\n\x07profile\x18\x04 \x01(\x0b\x32\x16.contextsvc.v1.Profile\"H\n\x16\x45stimateTokensResponse\x12.\n\x08\x65stimate\x18\x01 \x01(\x0b\x32\x1c.contextsvc.v1.TokenEstimate\"S\n\x15RecordBaselineRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07view_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\"n\n\x16RecordBaselineResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x08\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12/\n\x0b\x63\x61libration\x18\x03 \x01(\x0b\x32\x1a.contextsvc.v1.Calibration\"o\n\x0f\x43ompressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07profile\x18\x02 \x01(\x0b\x32\x16.contextsvc.v1.Profile\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\"\x9a\x02\n\x10\x43ompressResponse\x12\x12\n\ncompressed\x18\x01 \x01(\x08\x12\x30\n\x06method\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionMethod\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x17\n\x0fmessages_before\x18\x04 \x01(\x03\x12\x16\n\x0emessages_after\x18\x05 \x01(\x03\x12\x1d\n\x15\x63ontext_tokens_before\x18\x06 \x01(\x03\x12\x1c\n\x14\x63ontext_tokens_after\x18\x07 \x01(\x03\x12\x13\n\x0b\x62readcrumbs\x18\x08 \x03(\t\x12,\n\x04plan\x18\t \x01(\x0b\x32\x1e.contextsvc.v1.CompressionPlan\"A\n\x13StreamEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x02 \x01(\x03\"H\n\x14SearchHistoryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"\xcd\x01\n\x0cHistoryChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x03\x12\x15\n\rlast_sequence\x18\x03 \x01(\x03\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62readcrumbs\x18\x06 \x03(\t\x12\r\n\x05score\x18\x07 \x01(\x01\"D\n\x15SearchHistoryResponse\x12+\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1b.contextsvc.v1.HistoryChunk\"C\n\x14\x45xpandSummaryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fsequence_number\x18\x02 \x01(\x03\"A\n\x15\x45xpandSummaryResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Message\"=\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61t_sequence\x18\x02 \x01(\x03*H\n\x06\x42uffer\x12\x16\n\x12\x42UFFER_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x42UFFER_DISPLAY\x10\x01\x12\x12\n\x0e\x42UFFER_CONTEXT\x10\x02*F\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0ePHASE_PRE_TURN\x10\x01\x12\x12\n\x0ePHASE_MID_TURN\x10\x02\x32\x85\n\n\x0e\x43ontextService\x12L\n\rCreateSession\x12#.contextsvc.v1.CreateSessionRequest\x1a\x16.contextsvc.v1.Session\x12\x46\n\nGetSession\x12 .contextsvc.v1.GetSessionRequest\x1a\x16.contextsvc.v1.Session\x12W\n\x0cListSessions\x12\".contextsvc.v1.ListSessionsRequest\x1a#.contextsvc.v1.ListSessionsResponse\x12L\n\rUpdateSession\x12#.contextsvc.v1.UpdateSessionRequest\x1a\x16.contextsvc.v1.Session\x12L\n\rDeleteSession\x12#.contextsvc.v1.DeleteSessionRequest\x1a\x16.google.protobuf.Empty\x12]\n\x0e\x41ppendMessages\x12$.contextsvc.v1.AppendMessagesRequest\x1a%.contextsvc.v1.AppendMessagesResponse\x12W\n\x0cListMessages\x12\".contextsvc.v1.ListMessagesRequest\x1a#.contextsvc.v1.ListMessagesResponse\x12W\n\x0c\x42uildContext\x12\".contextsvc.v1.BuildContextRequest\x1a#.contextsvc.v1.BuildContextResponse\x12]\n\x0e\x45stimateTokens\x12$.contextsvc.v1.EstimateTokensRequest\x1a%.contextsvc.v1.EstimateTokensResponse\x12]\n\x0eRecordBaseline\x12$.contextsvc.v1.RecordBaselineRequest\x1a%.contextsvc.v1.RecordBaselineResponse\x12K\n\x08\x43ompress\x12\x1e.contextsvc.v1.CompressRequest\x1a\x1f.contextsvc.v1.CompressResponse\x12J\n\x0cStreamEvents\x12\".contextsvc.v1.StreamEventsRequest\x1a\x14.contextsvc.v1.Event0\x01\x12Z\n\rSearchHistory\x12#.contextsvc.v1.SearchHistoryRequest\x1a$.contextsvc.v1.SearchHistoryResponse\x12Z\n\rExpandSummary\x12#.contextsvc.v1.ExpandSummaryRequest\x1a$.contextsvc.v1.ExpandSummaryResponse\x12H\n\x0b\x46orkSession\x12!.contextsvc.v1.ForkSessionRequest\x1a\x16.contextsvc.v1.Sessionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#contextsvc/v1/context_service.proto\x12\rcontextsvc.v1\x1a\x1a\x63ontextsvc/v1/events.proto\x1a\x1d\x63ontextsvc/v1/resources.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"c\n\x14\x43reateSessionRequest\x12\x12\n\nprofile_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"_\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x12\n\nprofile_id\x18\x03 \x01(\t\x12\r\n\x05query\x18\x04 \x01(\t\"m\n\x14ListSessionsResponse\x12(\n\x08sessions\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x12\n\ntotal_size\x18\x03 \x01(\x05\"p\n\x14UpdateSessionRequest\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.contextsvc.v1.Session\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x80\x01\n\x15\x41ppendMessagesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rturn_complete\x18\x04 \x01(\x08\"c\n\x16\x41ppendMessagesResponse\x12\x18\n\x10sequence_numbers\x18\x01 \x03(\x03\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\x03\x12\x17\n\x0fwindow_fraction\x18\x03 \x01(\x01\"\x90\x01\n\x13ListMessagesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x06\x62uffer\x18\x02 \x01(\x0e\x32\x15.contextsvc.v1.Buffer\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x17\n\x0f\x62\x65\x66ore_sequence\x18\x04 \x01(\x03\x12\x12\n\npage_token\x18\x05 \x01(\t\"w\n\x14ListMessagesResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x1c\n\x14next_before_sequence\x18\x02 \x01(\x03\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"\xcf\x01\n\x13\x42uildContextRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07profile\x18\x02 \x01(\x0b\x32\x16.contextsvc.v1.Profile\x12(\n\x08incoming\x18\x03 \x01(\x0b\x32\x16.contextsvc.v1.Message\x12#\n\x05phase\x18\x04 \x01(\x0e\x32\x14.contextsvc.v1.Phase\x12\x1a\n\rauto_compress\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x10\n\x0e_auto_compress\"\xfe\x02\n\x11\x43ompressionReport\x12\x12\n\ncompressed\x18\x01 \x01(\x08\x12\x30\n\x06method\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionMethod\x12\x30\n\x06reason\x18\x03 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x17\n\x0fmessages_before\x18\x05 \x01(\x03\x12\x16\n\x0emessages_after\x18\x06 \x01(\x03\x12\x1d\n\x15\x63ontext_tokens_before\x18\x07 \x01(\x03\x12\x1c\n\x14\x63ontext_tokens_after\x18\x08 \x01(\x03\x12\x13\n\x0b\x62readcrumbs\x18\t \x03(\t\x12,\n\x04plan\x18\n \x01(\x0b\x32\x1e.contextsvc.v1.CompressionPlan\x12/\n\x06stages\x18\x0b \x03(\x0b\x32\x1f.contextsvc.v1.CompressionStage\"\xc9\x01\n\x14\x42uildContextResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x0f\n\x07view_id\x18\x02 \x01(\t\x12.\n\x08\x65stimate\x18\x03 \x01(\x0b\x32\x1c.contextsvc.v1.TokenEstimate\x12\x35\n\x0b\x63ompression\x18\x04 \x01(\x0b\x32 .contextsvc.v1.CompressionReport\x12\x0f\n\x07notices\x18\x05 \x03(\t\"\x8d\x01\n\x15\x45stimateTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.contextsvc.v1.Message\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\'\n\x07profile\x18\x04 \x01(\x0b\x32\x16.contextsvc.v1.Profile\"H\n\x16\x45stimateTokensResponse\x12.\n\x08\x65stimate\x18\x01 \x01(\x0b\x32\x1c.contextsvc.v1.TokenEstimate\"S\n\x15RecordBaselineRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07view_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\"n\n\x16RecordBaselineResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x08\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12/\n\x0b\x63\x61libration\x18\x03 \x01(\x0b\x32\x1a.contextsvc.v1.Calibration\"o\n\x0f\x43ompressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07profile\x18\x02 \x01(\x0b\x32\x16.contextsvc.v1.Profile\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\"\xcb\x02\n\x10\x43ompressResponse\x12\x12\n\ncompressed\x18\x01 \x01(\x08\x12\x30\n\x06method\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionMethod\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x17\n\x0fmessages_before\x18\x04 \x01(\x03\x12\x16\n\x0emessages_after\x18\x05 \x01(\x03\x12\x1d\n\x15\x63ontext_tokens_before\x18\x06 \x01(\x03\x12\x1c\n\x14\x63ontext_tokens_after\x18\x07 \x01(\x03\x12\x13\n\x0b\x62readcrumbs\x18\x08 \x03(\t\x12,\n\x04plan\x18\t \x01(\x0b\x32\x1e.contextsvc.v1.CompressionPlan\x12/\n\x06stages\x18\n \x03(\x0b\x32\x1f.contextsvc.v1.CompressionStage\"A\n\x13StreamEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_event_id\x18\x02 \x01(\x03\"H\n\x14SearchHistoryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"\xcd\x01\n\x0cHistoryChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x03\x12\x15\n\rlast_sequence\x18\x03 \x01(\x03\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62readcrumbs\x18\x06 \x03(\t\x12\r\n\x05score\x18\x07 \x01(\x01\"D\n\x15SearchHistoryResponse\x12+\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1b.contextsvc.v1.HistoryChunk\"C\n\x14\x45xpandSummaryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0fsequence_number\x18\x02 \x01(\x03\"A\n\x15\x45xpandSummaryResponse\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.contextsvc.v1.Message\"=\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61t_sequence\x18\x02 \x01(\x03*H\n\x06\x42uffer\x12\x16\n\x12\x42UFFER_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x42UFFER_DISPLAY\x10\x01\x12\x12\n\x0e\x42UFFER_CONTEXT\x10\x02*F\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0ePHASE_PRE_TURN\x10\x01\x12\x12\n\x0ePHASE_MID_TURN\x10\x02\x32\x85\n\n\x0e\x43ontextService\x12L\n\rCreateSession\x12#.contextsvc.v1.CreateSessionRequest\x1a\x16.contextsvc.v1.Session\x12\x46\n\nGetSession\x12 .contextsvc.v1.GetSessionRequest\x1a\x16.contextsvc.v1.Session\x12W\n\x0cListSessions\x12\".contextsvc.v1.ListSessionsRequest\x1a#.contextsvc.v1.ListSessionsResponse\x12L\n\rUpdateSession\x12#.contextsvc.v1.UpdateSessionRequest\x1a\x16.contextsvc.v1.Session\x12L\n\rDeleteSession\x12#.contextsvc.v1.DeleteSessionRequest\x1a\x16.google.protobuf.Empty\x12]\n\x0e\x41ppendMessages\x12$.contextsvc.v1.AppendMessagesRequest\x1a%.contextsvc.v1.AppendMessagesResponse\x12W\n\x0cListMessages\x12\".contextsvc.v1.ListMessagesRequest\x1a#.contextsvc.v1.ListMessagesResponse\x12W\n\x0c\x42uildContext\x12\".contextsvc.v1.BuildContextRequest\x1a#.contextsvc.v1.BuildContextResponse\x12]\n\x0e\x45stimateTokens\x12$.contextsvc.v1.EstimateTokensRequest\x1a%.contextsvc.v1.EstimateTokensResponse\x12]\n\x0eRecordBaseline\x12$.contextsvc.v1.RecordBaselineRequest\x1a%.contextsvc.v1.RecordBaselineResponse\x12K\n\x08\x43ompress\x12\x1e.contextsvc.v1.CompressRequest\x1a\x1f.contextsvc.v1.CompressResponse\x12J\n\x0cStreamEvents\x12\".contextsvc.v1.StreamEventsRequest\x1a\x14.contextsvc.v1.Event0\x01\x12Z\n\rSearchHistory\x12#.contextsvc.v1.SearchHistoryRequest\x1a$.contextsvc.v1.SearchHistoryResponse\x12Z\n\rExpandSummary\x12#.contextsvc.v1.ExpandSummaryRequest\x1a$.contextsvc.v1.ExpandSummaryResponse\x12H\n\x0b\x46orkSession\x12!.contextsvc.v1.ForkSessionRequest\x1a\x16.contextsvc.v1.SessionBLZJgithub.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1;contextsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'contextsvc.v1.context_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_BUFFER']._serialized_start=3382
-  _globals['_BUFFER']._serialized_end=3454
-  _globals['_PHASE']._serialized_start=3456
-  _globals['_PHASE']._serialized_end=3526
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'ZJgithub.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1;contextsvcv1'
+  _globals['_BUFFER']._serialized_start=3526
+  _globals['_BUFFER']._serialized_end=3598
+  _globals['_PHASE']._serialized_start=3600
+  _globals['_PHASE']._serialized_end=3670
   _globals['_CREATESESSIONREQUEST']._serialized_start=239
   _globals['_CREATESESSIONREQUEST']._serialized_end=338
   _globals['_GETSESSIONREQUEST']._serialized_start=340
@@ -57,42 +58,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPENDMESSAGESREQUEST']._serialized_end=876
   _globals['_APPENDMESSAGESRESPONSE']._serialized_start=878
   _globals['_APPENDMESSAGESRESPONSE']._serialized_end=977
-  _globals['_LISTMESSAGESREQUEST']._serialized_start=979
-  _globals['_LISTMESSAGESREQUEST']._serialized_end=1103
-  _globals['_LISTMESSAGESRESPONSE']._serialized_start=1105
-  _globals['_LISTMESSAGESRESPONSE']._serialized_end=1199
-  _globals['_BUILDCONTEXTREQUEST']._serialized_start=1202
-  _globals['_BUILDCONTEXTREQUEST']._serialized_end=1409
-  _globals['_COMPRESSIONREPORT']._serialized_start=1412
-  _globals['_COMPRESSIONREPORT']._serialized_end=1745
-  _globals['_BUILDCONTEXTRESPONSE']._serialized_start=1748
-  _globals['_BUILDCONTEXTRESPONSE']._serialized_end=1949
-  _globals['_ESTIMATETOKENSREQUEST']._serialized_start=1952
-  _globals['_ESTIMATETOKENSREQUEST']._serialized_end=2093
-  _globals['_ESTIMATETOKENSRESPONSE']._serialized_start=2095
-  _globals['_ESTIMATETOKENSRESPONSE']._serialized_end=2167
-  _globals['_RECORDBASELINEREQUEST']._serialized_start=2169
-  _globals['_RECORDBASELINEREQUEST']._serialized_end=2252
-  _globals['_RECORDBASELINERESPONSE']._serialized_start=2254
-  _globals['_RECORDBASELINERESPONSE']._serialized_end=2364
-  _globals['_COMPRESSREQUEST']._serialized_start=2366
-  _globals['_COMPRESSREQUEST']._serialized_end=2477
-  _globals['_COMPRESSRESPONSE']._serialized_start=2480
-  _globals['_COMPRESSRESPONSE']._serialized_end=2762
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=2764
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=2829
-  _globals['_SEARCHHISTORYREQUEST']._serialized_start=2831
-  _globals['_SEARCHHISTORYREQUEST']._serialized_end=2903
-  _globals['_HISTORYCHUNK']._serialized_start=2906
-  _globals['_HISTORYCHUNK']._serialized_end=3111
-  _globals['_SEARCHHISTORYRESPONSE']._serialized_start=3113
-  _globals['_SEARCHHISTORYRESPONSE']._serialized_end=3181
-  _globals['_EXPANDSUMMARYREQUEST']._serialized_start=3183
-  _globals['_EXPANDSUMMARYREQUEST']._serialized_end=3250
-  _globals['_EXPANDSUMMARYRESPONSE']._serialized_start=3252
-  _globals['_EXPANDSUMMARYRESPONSE']._serialized_end=3317
-  _globals['_FORKSESSIONREQUEST']._serialized_start=3319
-  _globals['_FORKSESSIONREQUEST']._serialized_end=3380
-  _globals['_CONTEXTSERVICE']._serialized_start=3529
-  _globals['_CONTEXTSERVICE']._serialized_end=4814
+  _globals['_LISTMESSAGESREQUEST']._serialized_start=980
+  _globals['_LISTMESSAGESREQUEST']._serialized_end=1124
+  _globals['_LISTMESSAGESRESPONSE']._serialized_start=1126
+  _globals['_LISTMESSAGESRESPONSE']._serialized_end=1245
+  _globals['_BUILDCONTEXTREQUEST']._serialized_start=1248
+  _globals['_BUILDCONTEXTREQUEST']._serialized_end=1455
+  _globals['_COMPRESSIONREPORT']._serialized_start=1458
+  _globals['_COMPRESSIONREPORT']._serialized_end=1840
+  _globals['_BUILDCONTEXTRESPONSE']._serialized_start=1843
+  _globals['_BUILDCONTEXTRESPONSE']._serialized_end=2044
+  _globals['_ESTIMATETOKENSREQUEST']._serialized_start=2047
+  _globals['_ESTIMATETOKENSREQUEST']._serialized_end=2188
+  _globals['_ESTIMATETOKENSRESPONSE']._serialized_start=2190
+  _globals['_ESTIMATETOKENSRESPONSE']._serialized_end=2262
+  _globals['_RECORDBASELINEREQUEST']._serialized_start=2264
+  _globals['_RECORDBASELINEREQUEST']._serialized_end=2347
+  _globals['_RECORDBASELINERESPONSE']._serialized_start=2349
+  _globals['_RECORDBASELINERESPONSE']._serialized_end=2459
+  _globals['_COMPRESSREQUEST']._serialized_start=2461
+  _globals['_COMPRESSREQUEST']._serialized_end=2572
+  _globals['_COMPRESSRESPONSE']._serialized_start=2575
+  _globals['_COMPRESSRESPONSE']._serialized_end=2906
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=2908
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=2973
+  _globals['_SEARCHHISTORYREQUEST']._serialized_start=2975
+  _globals['_SEARCHHISTORYREQUEST']._serialized_end=3047
+  _globals['_HISTORYCHUNK']._serialized_start=3050
+  _globals['_HISTORYCHUNK']._serialized_end=3255
+  _globals['_SEARCHHISTORYRESPONSE']._serialized_start=3257
+  _globals['_SEARCHHISTORYRESPONSE']._serialized_end=3325
+  _globals['_EXPANDSUMMARYREQUEST']._serialized_start=3327
+  _globals['_EXPANDSUMMARYREQUEST']._serialized_end=3394
+  _globals['_EXPANDSUMMARYRESPONSE']._serialized_start=3396
+  _globals['_EXPANDSUMMARYRESPONSE']._serialized_end=3461
+  _globals['_FORKSESSIONREQUEST']._serialized_start=3463
+  _globals['_FORKSESSIONREQUEST']._serialized_end=3524
+  _globals['_CONTEXTSERVICE']._serialized_start=3673
+  _globals['_CONTEXTSERVICE']._serialized_end=4958
 # @@protoc_insertion_point(module_scope)

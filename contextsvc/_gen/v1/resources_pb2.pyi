@@ -420,6 +420,7 @@ class CompressionSettings(_message.Message):
     SUMMARIZER_FIELD_NUMBER: _builtins.int
     STRATEGIES_FIELD_NUMBER: _builtins.int
     CRITICAL_TOOL_NAMES_FIELD_NUMBER: _builtins.int
+    HARD_TRUNCATE_FALLBACK_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     """Whether automatic compression runs at all."""
     threshold: _builtins.float
@@ -434,6 +435,11 @@ class CompressionSettings(_message.Message):
     """Instructions given to the summarizer."""
     summarizer: _builtins.str
     """Summarizer name from the server's registry (`extractive`, `openai`, `ollama`)."""
+    hard_truncate_fallback: _builtins.bool
+    """Whether hard truncation (dropping the oldest whole turns, no summary) may follow when the
+    listed strategies cannot reach the target. Default true. With false, a profile listing only
+    `clear_tool_results` commits what clearing achieved and never drops whole turns.
+    """
     @_builtins.property
     def strategies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Strategy order, e.g. `clear_tool_results`, `summarize`."""
@@ -454,13 +460,16 @@ class CompressionSettings(_message.Message):
         summarizer: _builtins.str | None = ...,
         strategies: _abc.Iterable[_builtins.str] | None = ...,
         critical_tool_names: _abc.Iterable[_builtins.str] | None = ...,
+        hard_truncate_fallback: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "enabled", b"enabled", "keep_recent", b"keep_recent", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_hard_truncate_fallback", b"_hard_truncate_fallback", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "enabled", b"enabled", "hard_truncate_fallback", b"hard_truncate_fallback", "keep_recent", b"keep_recent", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "critical_tool_names", b"critical_tool_names", "enabled", b"enabled", "keep_recent", b"keep_recent", "strategies", b"strategies", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_hard_truncate_fallback", b"_hard_truncate_fallback", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "critical_tool_names", b"critical_tool_names", "enabled", b"enabled", "hard_truncate_fallback", b"hard_truncate_fallback", "keep_recent", b"keep_recent", "strategies", b"strategies", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
     _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
+    _WhichOneofReturnType__hard_truncate_fallback: _TypeAlias = _typing.Literal["hard_truncate_fallback"]  # noqa: Y015
+    _WhichOneofArgType__hard_truncate_fallback: _TypeAlias = _typing.Literal["_hard_truncate_fallback", b"_hard_truncate_fallback"]  # noqa: Y015
     _WhichOneofReturnType__keep_recent: _TypeAlias = _typing.Literal["keep_recent"]  # noqa: Y015
     _WhichOneofArgType__keep_recent: _TypeAlias = _typing.Literal["_keep_recent", b"_keep_recent"]  # noqa: Y015
     _WhichOneofReturnType__summarizer: _TypeAlias = _typing.Literal["summarizer"]  # noqa: Y015
@@ -475,6 +484,8 @@ class CompressionSettings(_message.Message):
     _WhichOneofArgType__threshold: _TypeAlias = _typing.Literal["_threshold", b"_threshold"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__enabled) -> _WhichOneofReturnType__enabled | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__hard_truncate_fallback) -> _WhichOneofReturnType__hard_truncate_fallback | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__keep_recent) -> _WhichOneofReturnType__keep_recent | None: ...
     @_typing.overload

@@ -1,6 +1,6 @@
 """The PostgreSQL store: sessions shared by any number of replicas (DESIGN §5.7, §5.8).
 
-An asyncpg pool; migrations at ``open()`` (see ``pg_schema``). Every mutation of a session is one
+An asyncpg pool; migrations at ``open()`` (see ``schema``). Every mutation of a session is one
 transaction that starts by locking the session's row (``SELECT … FOR UPDATE``): mutations of one
 session are serialized across processes, so sequence numbers never collide and the request-id
 check of an append cannot race its twin. Readers use single statements and see whole commits.
@@ -12,7 +12,7 @@ Beyond ``SessionStore`` it offers what the listing, archive and maintenance path
 ``count_sessions``, ``search_matches``, ``archive_old_messages`` / ``list_archived_messages``,
 ``prune_unreferenced_blobs`` and ``make_event_bus`` (a ``PostgresEventBus`` on the same pool).
 
-Every driver error is translated by ``pg_errors``; the pool replaces connections that died with
+Every driver error is translated by ``errors.pg_errors``; the pool replaces connections that died with
 a server restart by itself, so the service recovers without being restarted.
 """
 
@@ -35,14 +35,21 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
-from contextsvc.errors import Conflict, InvalidArgument, NotFound, Unavailable
-from contextsvc.events.postgres_bus import PostgresEventBus
+from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
-from contextsvc.stores._base import check_blob, compaction_conflict, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._base import (
+    check_blob,
+    compaction_conflict,
+    context_bound,
+    is_blob_id,
+    is_session_id,
+    session_not_found,
+)
 from contextsvc.stores._session import utc
-from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS, pg_errors
-from contextsvc.stores.pg_pool import migrate_database, open_lock_pool, open_pool, pooled
-from contextsvc.stores.pg_rows import (
+from contextsvc.stores.postgres.bus import PostgresEventBus
+from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
+from contextsvc.stores.postgres.pool import migrate_database, open_lock_pool, open_pool, pooled
+from contextsvc.stores.postgres.rows import (
     chunk_columns,
     chunk_from_row,
     like_pattern,
@@ -53,7 +60,8 @@ from contextsvc.stores.pg_rows import (
     stamped,
     view_from_row,
 )
-from contextsvc.stores.pg_schema import compaction_lock_keys
+from contextsvc.stores.postgres.schema import compaction_lock_keys
+from contextsvc.stores.postgres.tokens import PostgresTokenStore
 
 T = TypeVar("T")
 
@@ -121,6 +129,10 @@ class PostgresStore:
             await asyncio.wait_for(pool.close(), timeout=self._pg.connect_timeout_seconds)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             pool.terminate()
+
+    def api_tokens(self) -> PostgresTokenStore:
+        """The API tokens of this database (``ports.ApiTokenStore``), through this store's pool."""
+        return PostgresTokenStore(self._read, self._write)
 
     def make_event_bus(self) -> PostgresEventBus:
         """The event bus of this database, publishing and fetching through this store's pool."""
@@ -455,29 +467,35 @@ class PostgresStore:
         caller: Principal,
         request_id: str = "",
         context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
     ) -> AppendResult:
         async def work(conn: Any) -> AppendResult:
             row = await self._owned(conn, session_id, caller, lock=True)
             if request_id:
-                first = await conn.fetchval(
-                    "SELECT sequence_numbers FROM append_requests WHERE session_id = $1 AND request_id = $2",
+                first = await conn.fetchrow(
+                    "SELECT sequence_numbers, fingerprint FROM append_requests"
+                    " WHERE session_id = $1 AND request_id = $2",
                     session_id,
                     request_id,
                 )
                 if first is not None:
-                    return AppendResult(list(first), self._info(row), replayed=True)
+                    stored = first["fingerprint"] or ""
+                    if stored and request_fingerprint and stored != request_fingerprint:
+                        raise RequestIdReused(request_id)
+                    return AppendResult(list(first["sequence_numbers"]), self._info(row), replayed=True)
             now = self._now()
             rows = stamped(messages, row["last_sequence"] + 1, now)
             await _insert_rows(conn, session_id, rows)
             numbers = [m.sequence_number for m in rows]
             if request_id:
                 await conn.execute(
-                    "INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time)"
-                    " VALUES ($1, $2, $3, $4)",
+                    "INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time, fingerprint)"
+                    " VALUES ($1, $2, $3, $4, $5)",
                     session_id,
                     request_id,
                     numbers,
                     now,
+                    request_fingerprint or None,
                 )
             updated = await conn.fetchrow(
                 """UPDATE sessions
@@ -505,23 +523,30 @@ class PostgresStore:
         caller: Principal,
         buffer: BufferKind,
         before_sequence: int = 0,
+        before_position: tuple[int, int] | None = None,
         limit: int = 50,
     ) -> list[Message]:
         if before_sequence < 0:
             raise InvalidArgument.field("before_sequence", "must not be negative")
         if limit < 0:
             raise InvalidArgument.field("limit", "must not be negative")
-        context = BufferKind(buffer) is BufferKind.CONTEXT
-        flag = "is_context" if context else "is_display"
-        sql = f"""SELECT * FROM all_messages
-                   WHERE session_id = $1 AND {flag} AND seq < $2
-                   ORDER BY seq DESC LIMIT $3"""
+        if BufferKind(buffer) is BufferKind.CONTEXT:
+            # Context order is (context_key, seq): the partial index messages_context serves it.
+            bound = context_bound(before_sequence, before_position) or (_NO_BOUND, _NO_BOUND)
+            sql = """SELECT * FROM all_messages
+                      WHERE session_id = $1 AND is_context AND (context_key, seq) < ($2, $3)
+                      ORDER BY context_key DESC, seq DESC LIMIT $4"""
+            args: tuple[Any, ...] = (session_id, bound[0], bound[1], limit)
+        else:
+            sql = """SELECT * FROM all_messages
+                      WHERE session_id = $1 AND is_display AND seq < $2
+                      ORDER BY seq DESC LIMIT $3"""
+            args = (session_id, before_sequence or _NO_BOUND, limit)
 
         async def work(conn: Any) -> list[Message]:
             await self._owned(conn, session_id, caller)
-            rows = await conn.fetch(sql, session_id, before_sequence or _NO_BOUND, limit)
-            page = [message_from_row(r) for r in reversed(rows)]
-            return sorted(page, key=lambda m: m.context_sort_key) if context else page
+            rows = await conn.fetch(sql, *args)
+            return [message_from_row(r) for r in reversed(rows)]
 
         return await self._read("list_messages", work)
 

@@ -180,7 +180,33 @@ CREATE TABLE history_chunks (
 CREATE INDEX history_chunks_terms ON history_chunks USING gin (terms);
 """
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial schema", _V1),)
+# API tokens (DESIGN 5.10): only the SHA-256 of a token is stored. Not per session: a small
+# table keyed by its hash (a reference table, when distributed).
+_V2_API_TOKENS = """
+CREATE TABLE api_tokens (
+    token_hash     text PRIMARY KEY,
+    token_id       text NOT NULL UNIQUE,
+    user_id        text NOT NULL,
+    is_admin       boolean NOT NULL,
+    note           text NOT NULL DEFAULT '',
+    create_time    timestamptz NOT NULL,
+    expire_time    timestamptz,
+    last_used_time timestamptz,
+    revoke_time    timestamptz
+);
+"""
+
+# AppendMessages idempotency remembers what was sent with a request id, so a reused id with a
+# different body is refused (REQUEST_ID_REUSED). NULL for rows written before this migration.
+_V3_FINGERPRINTS = """
+ALTER TABLE append_requests ADD COLUMN fingerprint text;
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial schema", _V1),
+    Migration(2, "api tokens", _V2_API_TOKENS),
+    Migration(3, "append request fingerprints", _V3_FINGERPRINTS),
+)
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.
 TRIGRAM_INDEXES: dict[str, str] = {

@@ -13,9 +13,9 @@ from typing import Any
 import asyncpg
 
 from contextsvc.config import PostgresSettings
-from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS
-from contextsvc.stores.pg_rows import dumps
-from contextsvc.stores.pg_schema import MigrationReport, migrate
+from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS
+from contextsvc.stores.postgres.rows import dumps
+from contextsvc.stores.postgres.schema import MigrationReport, migrate
 
 
 async def init_connection(conn: Any) -> None:

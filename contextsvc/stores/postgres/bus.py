@@ -32,9 +32,9 @@ from contextsvc.core.session import Principal
 from contextsvc.errors import ContextError, Unavailable
 from contextsvc.ports import Clock, StoredEvent
 from contextsvc.stores._session import utc
-from contextsvc.stores.pg_errors import STALE_CONNECTION_ERRORS, pg_errors
-from contextsvc.stores.pg_pool import migrate_database, open_pool, pooled
-from contextsvc.stores.pg_schema import lock_key
+from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
+from contextsvc.stores.postgres.pool import migrate_database, open_pool, pooled
+from contextsvc.stores.postgres.schema import lock_key
 
 log = logging.getLogger(__name__)
 

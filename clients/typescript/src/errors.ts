@@ -1,0 +1,133 @@
+// Typed errors decoded from the google.rpc.Status details the server sends (ErrorInfo reason,
+// BadRequest field violations, RetryInfo delay). The classes mirror the Python hierarchy
+// (contextsvc/errors.py): catch the specific one (ContextTooLargeError) or its family.
+import { Code, ConnectError } from "@connectrpc/connect";
+import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "./gen/google/rpc/error_details_pb.js";
+
+export interface FieldViolation {
+  field: string;
+  description: string;
+}
+
+export class ContextError extends Error {
+  /** The gRPC status code name, e.g. "FAILED_PRECONDITION". */
+  readonly code: string;
+  /** ErrorInfo reason, e.g. "CONTEXT_TOO_LARGE" (the status code name when the server sent none). */
+  readonly reason: string;
+  readonly domain: string;
+  readonly metadata: Record<string, string>;
+  readonly violations: FieldViolation[];
+  /** RetryInfo delay in milliseconds, when the server asked for one. */
+  readonly retryDelayMs: number | undefined;
+  readonly cause: unknown;
+
+  constructor(
+    message: string,
+    init: {
+      code: string;
+      reason?: string;
+      domain?: string;
+      metadata?: Record<string, string>;
+      violations?: FieldViolation[];
+      retryDelayMs?: number;
+      cause?: unknown;
+    },
+  ) {
+    super(message);
+    this.name = new.target.name;
+    this.code = init.code;
+    this.reason = init.reason || init.code;
+    this.domain = init.domain ?? "";
+    this.metadata = init.metadata ?? {};
+    this.violations = init.violations ?? [];
+    this.retryDelayMs = init.retryDelayMs;
+    this.cause = init.cause;
+  }
+}
+
+export class NotFoundError extends ContextError {}
+export class InvalidArgumentError extends ContextError {}
+export class FailedPreconditionError extends ContextError {}
+export class NothingToCompactError extends FailedPreconditionError {}
+export class ContextTooLargeError extends FailedPreconditionError {}
+export class ConflictError extends ContextError {}
+export class UnavailableError extends ContextError {}
+export class UnimplementedError extends ContextError {}
+export class UnauthenticatedError extends ContextError {}
+export class InternalError extends ContextError {}
+
+type ErrorClass = new (message: string, init: ConstructorParameters<typeof ContextError>[1]) => ContextError;
+
+const BY_REASON: Record<string, ErrorClass> = {
+  NOT_FOUND: NotFoundError,
+  INVALID_ARGUMENT: InvalidArgumentError,
+  FAILED_PRECONDITION: FailedPreconditionError,
+  NOTHING_TO_COMPACT: NothingToCompactError,
+  CONTEXT_TOO_LARGE: ContextTooLargeError,
+  CONFLICT: ConflictError,
+  UNAVAILABLE: UnavailableError,
+  UNIMPLEMENTED: UnimplementedError,
+  UNAUTHENTICATED: UnauthenticatedError,
+  INTERNAL: InternalError,
+};
+
+const BY_CODE: Partial<Record<Code, ErrorClass>> = {
+  [Code.NotFound]: NotFoundError,
+  [Code.PermissionDenied]: NotFoundError,
+  [Code.InvalidArgument]: InvalidArgumentError,
+  [Code.OutOfRange]: InvalidArgumentError,
+  [Code.FailedPrecondition]: FailedPreconditionError,
+  [Code.Aborted]: ConflictError,
+  [Code.AlreadyExists]: ConflictError,
+  [Code.Unavailable]: UnavailableError,
+  [Code.DeadlineExceeded]: UnavailableError,
+  [Code.Unimplemented]: UnimplementedError,
+  [Code.Unauthenticated]: UnauthenticatedError,
+  [Code.Internal]: InternalError,
+};
+
+/** "FailedPrecondition" -> "FAILED_PRECONDITION", the name every other client uses. */
+export function codeName(code: Code): string {
+  return (Code[code] ?? "Unknown").replace(/(?<!^)([A-Z])/g, "_$1").toUpperCase();
+}
+
+// Node's HTTP/2 stack reports a cut connection as a reset or cancelled stream, which Connect
+// surfaces as CANCELED/ABORTED/UNKNOWN/INTERNAL without any status from the server. Those are
+// network failures: report them as UNAVAILABLE so they are retried like a refused connection.
+const NETWORK = /ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|EHOSTUNREACH|socket hang up|GOAWAY|stream closed with error code|session closed|stream was destroyed/i;
+const NETWORK_CODES = new Set([Code.Canceled, Code.Aborted, Code.Unknown, Code.Internal]);
+
+function isNetworkFailure(err: ConnectError): boolean {
+  if (!NETWORK_CODES.has(err.code) || err.details.length > 0 || err.metadata.has("grpc-status")) return false;
+  const cause = err.cause as { code?: unknown; message?: unknown } | undefined;
+  return NETWORK.test(err.rawMessage) || (typeof cause?.message === "string" && NETWORK.test(cause.message));
+}
+
+/**
+ * The typed error of a failed call (anything not a ConnectError is returned unchanged). Call it
+ * only when the caller did not abort the call itself: a cancelled call looks like a cut connection.
+ */
+export function toContextError(err: unknown): unknown {
+  if (err instanceof ContextError || !(err instanceof ConnectError)) return err;
+  if (isNetworkFailure(err)) {
+    return new UnavailableError(err.rawMessage, { code: "UNAVAILABLE", reason: "", cause: err });
+  }
+  const info = err.findDetails(ErrorInfoSchema)[0];
+  const bad = err.findDetails(BadRequestSchema)[0];
+  const retry = err.findDetails(RetryInfoSchema)[0];
+  const reason = info?.reason ?? "";
+  const Kind = BY_REASON[reason] ?? BY_CODE[err.code] ?? ContextError;
+  let retryDelayMs: number | undefined;
+  if (retry?.retryDelay) {
+    retryDelayMs = Number(retry.retryDelay.seconds) * 1000 + Math.round(retry.retryDelay.nanos / 1e6);
+  }
+  return new Kind(err.rawMessage, {
+    code: codeName(err.code),
+    reason,
+    domain: info?.domain ?? "",
+    metadata: { ...(info?.metadata ?? {}) },
+    violations: (bad?.fieldViolations ?? []).map((v) => ({ field: v.field, description: v.description })),
+    retryDelayMs,
+    cause: err,
+  });
+}

@@ -1,0 +1,180 @@
+// ContextClient against a real `contextsvc serve` process (node's test runner).
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import {
+  ContextClient,
+  ContextTooLargeError,
+  FailedPreconditionError,
+  InvalidArgumentError,
+  NotFoundError,
+  NothingToCompactError,
+  UnavailableError,
+  type Plain,
+} from "../src/index.js";
+import { startServer, TcpProxy, until, type Server } from "./support.js";
+
+const FAST = { maxAttempts: 8, initialBackoffMs: 50, maxBackoffMs: 500, maxReconnects: 20 };
+const PNG_1X1 = Buffer.from(
+  "89504e470d0a1a0a0000000d4948445200000001000000010806000000" +
+    "1f15c4890000000d49444154789c6360f8cfc0000003010100c9fe92ef0000000049454e44ae426082",
+  "hex",
+);
+
+let server: Server;
+let client: ContextClient;
+
+before(async () => {
+  server = await startServer();
+  client = new ContextClient(server.address, { timeoutMs: 10_000, retry: FAST });
+});
+after(() => server.stop());
+
+test("every RPC in plain shapes", async () => {
+  const s = await client.createSession({ name: "demo", metadata: { team: "core", n: 2 } });
+  assert.equal(s.name, "demo");
+  assert.deepEqual(s.metadata, { team: "core", n: 2 });
+  assert.ok(s.create_time instanceof Date);
+  const sid = s.id as string;
+  const appended = await client.appendMessages(
+    sid,
+    [
+      { role: "user", content: "read main.py", images: [PNG_1X1] },
+      { role: "assistant", content: "", tool_calls: [{ id: "c1", name: "read", arguments_json: "{}" }] },
+      { role: "tool", tool_call_id: "c1", content: "print('hi')", metadata: { source: "fs" } },
+    ],
+    { turn_complete: true },
+  );
+  assert.deepEqual(appended.sequence_numbers, [1, 2, 3]);
+  assert.equal(typeof appended.context_tokens, "number");
+  const page = await client.listMessages(sid, { buffer: "context" });
+  assert.deepEqual(page.messages.map((m: Plain) => m.role), ["user", "assistant", "tool"]);
+  assert.equal(page.messages[0].images[0].mime_type, "image/png");
+  assert.equal(page.messages[2].flags.is_context, true);
+  const view = await client.buildContext(sid, { profile: { model: "m", system_prompt: "be brief" }, phase: "pre_turn" });
+  assert.equal(view.messages[0].content, "be brief");
+  assert.equal(view.compression, null);
+  const recorded = await client.recordBaseline(sid, view.view_id, view.estimate.total);
+  assert.equal(recorded.recorded, true);
+  assert.equal(recorded.calibration.model, "m");
+  const est = await client.estimateTokens({ messages: [{ role: "user", content: "x".repeat(100) }], model: "m" });
+  assert.ok(est.estimate.total > 0);
+  const renamed = await client.updateSession(sid, { name: "renamed", pinned: true });
+  assert.equal(renamed.name, "renamed");
+  assert.equal(renamed.pinned, true);
+  assert.deepEqual(renamed.metadata, s.metadata);
+  const listed = await client.listSessions({ query: "renamed" });
+  assert.deepEqual(listed.sessions.map((x: Plain) => x.id), [sid]);
+  const fork = await client.forkSession(sid, { at_sequence: 2 });
+  assert.equal(fork.display_message_count, 2);
+  assert.deepEqual((await client.searchHistory(sid, "main")).chunks, []);
+  await client.deleteSession(fork.id);
+  await assert.rejects(client.getSession(fork.id), (e: unknown) => e instanceof NotFoundError && e.code === "NOT_FOUND");
+});
+
+test("typed errors carry the ErrorInfo reason", async () => {
+  const sid = (await client.createSession()).id as string;
+  await assert.rejects(client.compress(sid), (e: unknown) => {
+    assert.ok(e instanceof NothingToCompactError && e instanceof FailedPreconditionError);
+    assert.ok(!(e instanceof ContextTooLargeError));
+    assert.equal(e.reason, "NOTHING_TO_COMPACT");
+    assert.equal(e.domain, "contextsvc.dev");
+    return true;
+  });
+  await assert.rejects(client.appendMessages(sid, [{ role: "user", content: "x" }, { content: "no role" }]), (e: unknown) => {
+    assert.ok(e instanceof InvalidArgumentError);
+    assert.ok(e.violations[0]!.field.startsWith("messages[1]"));
+    return true;
+  });
+  await assert.rejects(client.appendMessages(sid, [{ role: "robot" }]), /unknown value "robot"/);
+});
+
+test("the deadline is enforced", async () => {
+  await assert.rejects(client.listSessions({}, { timeoutMs: 1 }), (e: unknown) => {
+    assert.ok(e instanceof UnavailableError);
+    assert.equal(e.code, "DEADLINE_EXCEEDED");
+    return true;
+  });
+});
+
+test("a bearer token is sent on every call", async () => {
+  let seen = "";
+  const c = new ContextClient(server.address, {
+    token: "t0ken",
+    interceptors: [
+      (next) => async (req) => {
+        seen = req.header.get("authorization") ?? "";
+        return next(req);
+      },
+    ],
+  });
+  assert.ok((await c.createSession()).id);
+  assert.equal(seen, "Bearer t0ken");
+});
+
+test("UNAVAILABLE is retried until the server is reachable again", async () => {
+  const proxy = await new TcpProxy(server.address).start();
+  const c = new ContextClient(proxy.address, { timeoutMs: 10_000, retry: FAST });
+  const sid = (await c.createSession()).id as string;
+  await proxy.stopListening();
+  setTimeout(() => void proxy.start(), 400);
+  const appended = await c.appendMessages(sid, [{ role: "user", content: "after the outage" }]);
+  assert.deepEqual(appended.sequence_numbers, [1]);
+  await proxy.stopListening();
+  const once = new ContextClient(proxy.address, { timeoutMs: 5000, retry: { maxAttempts: 1 } });
+  await assert.rejects(once.getSession(sid), UnavailableError);
+});
+
+test("request ids make appends idempotent; one is generated when not given", async () => {
+  const sid = (await client.createSession()).id as string;
+  const ac = new AbortController();
+  const seen: Plain[] = [];
+  const watching = (async () => {
+    for await (const e of client.events(sid, { signal: ac.signal })) {
+      seen.push(e);
+      if (seen.length === 2) break;
+    }
+  })();
+  await new Promise((r) => setTimeout(r, 300));
+  const first = await client.appendMessages(sid, [{ role: "user", content: "a" }], { request_id: "r-1" });
+  const again = await client.appendMessages(sid, [{ role: "user", content: "a" }], { request_id: "r-1" });
+  assert.deepEqual(first.sequence_numbers, [1]);
+  assert.deepEqual(again.sequence_numbers, [1]);
+  await client.appendMessages(sid, [{ role: "user", content: "b" }]);
+  await watching;
+  const ids = seen.map((e) => e.messages_appended.request_id as string);
+  assert.equal(ids[0], "r-1");
+  assert.match(ids[1]!, /^[0-9a-f-]{36}$/);
+});
+
+test("events resume after a dropped stream without gaps or duplicates", async () => {
+  const sid = (await client.createSession()).id as string;
+  const proxy = await new TcpProxy(server.address).start();
+  const watcher = new ContextClient(proxy.address, { retry: FAST });
+  const seen: Plain[] = [];
+  const watching = (async () => {
+    for await (const e of watcher.events(sid)) seen.push(e);
+  })();
+  await new Promise((r) => setTimeout(r, 300));
+  for (let i = 0; i < 3; i++) await client.appendMessages(sid, [{ role: "user", content: `m${i}` }]);
+  await until(() => seen.length === 3);
+  proxy.drop();
+  for (let i = 3; i < 6; i++) await client.appendMessages(sid, [{ role: "user", content: `m${i}` }]);
+  proxy.drop();
+  await until(() => seen.length === 6);
+  await client.deleteSession(sid);
+  await watching;
+  await proxy.stopListening();
+  assert.deepEqual(seen.map((e) => e.payload), [...Array(6).fill("messages_appended"), "session_deleted"]);
+  assert.deepEqual(seen.slice(0, 6).map((e) => e.messages_appended.sequence_numbers[0]), [1, 2, 3, 4, 5, 6]);
+  const ids = seen.map((e) => e.event_id as number);
+  assert.deepEqual(ids, [...new Set(ids)].sort((a, b) => a - b));
+});
+
+test("events give up after the reconnect cap", async () => {
+  const proxy = await new TcpProxy(server.address).start();
+  await proxy.stopListening();
+  const c = new ContextClient(proxy.address, { retry: { initialBackoffMs: 10, maxBackoffMs: 20, maxReconnects: 3 } });
+  await assert.rejects(async () => {
+    for await (const _ of c.events()) void _;
+  }, UnavailableError);
+});

@@ -1,0 +1,549 @@
+"""The async Python client of contextsvc (grpc.aio), in plain Python shapes.
+
+    from contextsvc.client import ContextClient
+
+    async with ContextClient("127.0.0.1:50051", token="…") as client:
+        session = await client.create_session(name="demo")
+        await client.append_messages(session["id"], [{"role": "user", "content": "hello"}])
+        view = await client.build_context(session["id"])
+
+Requests take and responses return plain values: dicts keyed by the proto field names, ``int`` for
+64-bit numbers, ``datetime`` (UTC) for timestamps, ``dict`` for ``Struct`` metadata, and enums as
+short lower-case names (``"user"``, ``"summary"``, ``"forced"``; ``None`` for the unset value).
+Errors are raised as the package's own hierarchy (:mod:`contextsvc.errors`), decoded from the
+``google.rpc.ErrorInfo`` in the status details, so ``except ContextTooLarge`` works the same on both
+sides of the wire. Calls failing with ``UNAVAILABLE`` are retried (honouring ``RetryInfo``), and
+appends carry a generated ``request_id`` so a retried append is applied once.
+
+It lives in the main distribution rather than a separate one: it is built on the same error
+classes and generated stubs the service uses, needs no dependency the package does not already
+have, and ships in lockstep with the contract it speaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import field_mask_pb2, json_format, struct_pb2, timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message as ProtoMessage
+from google.rpc import error_details_pb2, status_pb2
+
+from contextsvc import errors
+from contextsvc.v1 import context_service_pb2 as pb
+from contextsvc.v1 import context_service_pb2_grpc as pb_grpc
+from contextsvc.v1 import resources_pb2
+
+__all__ = ["ContextClient", "RetryPolicy", "TLSOptions", "from_plain", "to_plain"]
+
+Plain = dict[str, Any]
+M = TypeVar("M", bound=ProtoMessage)
+T = TypeVar("T")
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+# --------------------------------------------------------------------------------------------- errors
+
+# ErrorInfo reason -> the most specific class of the hierarchy that declares it.
+_BY_REASON: dict[str, type[errors.ContextError]] = {}
+
+
+def _collect(kind: type[errors.ContextError]) -> None:
+    _BY_REASON.setdefault(kind.reason, kind)
+    for sub in kind.__subclasses__():
+        _collect(sub)
+
+
+_collect(errors.ContextError)
+
+# gRPC code -> class, for reasons the hierarchy has no class of its own for (e.g. UNKNOWN_PROFILE).
+_BY_CODE: dict[grpc.StatusCode, type[errors.ContextError]] = {
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: errors.InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.ABORTED: errors.Conflict,
+    grpc.StatusCode.ALREADY_EXISTS: errors.Conflict,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.Unavailable,
+    grpc.StatusCode.UNIMPLEMENTED: errors.Unimplemented,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: errors.NotFound,
+}
+
+
+def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.ContextError:
+    """The typed error of a failed call. Sets ``code`` (the gRPC status code), ``domain`` and
+    ``retry_delay`` (seconds from ``RetryInfo``, or None) as extra attributes."""
+    code = exc.code()
+    message = exc.details() or code.name
+    reason, domain, metadata = "", "", {}
+    violations: list[errors.FieldViolation] = []
+    retry_delay: float | None = None
+    for key, value in exc.trailing_metadata() or ():
+        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason, domain, metadata = info.reason, info.domain, dict(info.metadata)
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations = [errors.FieldViolation(v.field, v.description) for v in bad.field_violations]
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                retry_delay = retry.retry_delay.ToTimedelta().total_seconds()
+    kind = _BY_REASON.get(reason) or _BY_CODE.get(code, errors.ContextError)
+    err: errors.ContextError
+    if issubclass(kind, errors.InvalidArgument):
+        err = kind(message, violations=violations, reason=reason or None, metadata=metadata)
+    else:
+        err = kind(message, reason=reason or None, metadata=metadata)
+    err.code = code  # type: ignore[attr-defined]
+    err.domain = domain  # type: ignore[attr-defined]
+    err.retry_delay = retry_delay  # type: ignore[attr-defined]
+    return err
+
+
+# ------------------------------------------------------------------------------------- plain shapes
+
+
+def _enum_prefix(enum: Any) -> str:
+    snake = "".join(f"_{c}" if c.isupper() and i else c for i, c in enumerate(enum.name))
+    return snake.upper() + "_"
+
+
+def enum_to_plain(enum: Any, number: int) -> str | None:
+    value = enum.values_by_number.get(number)
+    if value is None or number == 0:
+        return None
+    return str(value.name).removeprefix(_enum_prefix(enum)).lower()
+
+
+def enum_from_plain(enum: Any, value: str | int | None) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    name = _enum_prefix(enum) + value.upper()
+    found = enum.values_by_name.get(name) or enum.values_by_name.get(value)
+    if found is None:
+        choices = ", ".join(v.name.removeprefix(_enum_prefix(enum)).lower() for v in enum.values if v.number)
+        raise ValueError(f"{enum.name}: unknown value {value!r} (one of {choices})")
+    return int(found.number)
+
+
+def _is_map(fd: Any) -> bool:
+    return fd.message_type is not None and bool(fd.message_type.GetOptions().map_entry)
+
+
+def _value_to_plain(fd: Any, value: Any) -> Any:
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        return enum_to_plain(fd.enum_type, value)
+    if fd.type == FieldDescriptor.TYPE_MESSAGE:
+        return to_plain(value)
+    return value
+
+
+def to_plain(message: ProtoMessage) -> Any:
+    """A protobuf message as plain Python values (see the module docstring)."""
+    desc: Any = message.DESCRIPTOR
+    if desc.full_name == "google.protobuf.Timestamp":
+        assert isinstance(message, timestamp_pb2.Timestamp)
+        return message.ToDatetime(tzinfo=UTC)
+    if desc.full_name == "google.protobuf.Struct":
+        return json_format.MessageToDict(message)
+    out: Plain = {}
+    for fd in desc.fields:
+        value = getattr(message, fd.name)
+        oneof = fd.containing_oneof
+        if oneof is not None and not fd.has_presence:
+            continue
+        if oneof is not None and not _synthetic(oneof) and not message.HasField(fd.name):
+            continue  # a real oneof: only the member that is set appears
+        if _is_map(fd):
+            vfd = fd.message_type.fields_by_name["value"]
+            out[fd.name] = {k: _value_to_plain(vfd, v) for k, v in value.items()}
+        elif fd.is_repeated:
+            out[fd.name] = [_value_to_plain(fd, v) for v in value]
+        elif fd.has_presence and not message.HasField(fd.name):
+            out[fd.name] = None
+        else:
+            out[fd.name] = _value_to_plain(fd, value)
+    for oneof in desc.oneofs:
+        if not _synthetic(oneof):
+            out[oneof.name] = message.WhichOneof(oneof.name)
+    return out
+
+
+def _synthetic(oneof: Any) -> bool:
+    """True for the oneof protoc makes for a proto3 ``optional`` field."""
+    return len(oneof.fields) == 1 and oneof.name == "_" + oneof.fields[0].name
+
+
+def from_plain(cls: type[M], values: Mapping[str, Any] | M | None) -> M:
+    """A protobuf message of type ``cls`` from plain values (or the message itself)."""
+    if isinstance(values, cls):
+        return values
+    message = cls()
+    if values is not None:
+        _fill(message, values)
+    return message
+
+
+def _fill(message: ProtoMessage, values: Any) -> None:
+    desc: Any = message.DESCRIPTOR
+    if desc.full_name == "google.protobuf.Timestamp":
+        assert isinstance(message, timestamp_pb2.Timestamp)
+        message.FromDatetime(values)
+        return
+    if desc.full_name == "google.protobuf.Struct":
+        assert isinstance(message, struct_pb2.Struct)
+        message.update(dict(values))
+        return
+    if desc.full_name == "google.protobuf.FieldMask":
+        assert isinstance(message, field_mask_pb2.FieldMask)
+        message.paths.extend(values)
+        return
+    if desc.full_name == "contextsvc.v1.Image" and isinstance(values, bytes | bytearray):
+        values = {"data": bytes(values)}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{desc.name}: expected a mapping, got {type(values).__name__}")
+    for key, value in values.items():
+        fd = desc.fields_by_name.get(key)
+        if fd is None:
+            raise TypeError(f"{desc.name} has no field {key!r}")
+        if value is None:
+            continue
+        if fd.is_repeated and not _is_map(fd):
+            target = getattr(message, key)
+            for item in value:
+                if fd.type == FieldDescriptor.TYPE_MESSAGE:
+                    _fill(target.add(), item)
+                elif fd.type == FieldDescriptor.TYPE_ENUM:
+                    target.append(enum_from_plain(fd.enum_type, item))
+                else:
+                    target.append(item)
+        elif _is_map(fd):
+            getattr(message, key).update(value)
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+            _fill(getattr(message, key), value)
+            getattr(message, key).SetInParent()
+        elif fd.type == FieldDescriptor.TYPE_ENUM:
+            setattr(message, key, enum_from_plain(fd.enum_type, value))
+        else:
+            setattr(message, key, value)
+
+
+# ------------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of calls that fail with ``UNAVAILABLE`` (and only those).
+
+    The wait before attempt n+1 is the server's ``RetryInfo`` delay when it sent one, else an
+    exponential backoff ``initial_backoff * multiplier**n`` with full jitter, capped at ``max_backoff``.
+    The same numbers pace the reconnects of :meth:`ContextClient.events`."""
+
+    #: attempts per call, the first included (1 = no retry).
+    max_attempts: int = 4
+    #: seconds before the first retry when the server sent no RetryInfo.
+    initial_backoff: float = 0.1
+    #: longest wait between two attempts, in seconds (a RetryInfo delay is capped by it too).
+    max_backoff: float = 5.0
+    multiplier: float = 2.0
+    #: consecutive failed reconnects after which ``events()`` gives up with Unavailable.
+    max_reconnects: int = 10
+
+    def backoff(self, attempt: int, hint: float | None = None) -> float:
+        if hint is not None and hint > 0:
+            return min(hint, self.max_backoff)
+        ceiling = min(self.max_backoff, self.initial_backoff * self.multiplier**attempt)
+        return random.uniform(ceiling / 2, ceiling)
+
+
+@dataclass(frozen=True)
+class TLSOptions:
+    """TLS for the channel. All PEM bytes; leave ``root_certificates`` unset for the system roots."""
+
+    root_certificates: bytes | None = None
+    #: client certificate and key, for mutual TLS.
+    certificate_chain: bytes | None = None
+    private_key: bytes | None = None
+    #: expected server name when it differs from the target host (tests, IP targets).
+    server_name: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- client
+
+
+class ContextClient:
+    """One channel to a contextsvc server; one async method per RPC. Use as an async context
+    manager or call :meth:`close`."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        tls: TLSOptions | bool = False,
+        timeout: float | None = 30.0,
+        retry: RetryPolicy | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        """``target`` is ``host:port``. ``token`` is sent as ``authorization: Bearer <token>``.
+        ``tls`` True uses the system roots; a :class:`TLSOptions` sets roots, client cert or
+        server name. ``timeout`` is the default deadline of one call in seconds (retries included);
+        every method takes ``timeout=`` to override it, None meaning no deadline."""
+        self.target = target
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        options = list(channel_options)
+        if tls:
+            opts = tls if isinstance(tls, TLSOptions) else TLSOptions()
+            creds = grpc.ssl_channel_credentials(opts.root_certificates, opts.private_key, opts.certificate_chain)
+            if opts.server_name:
+                options.append(("grpc.ssl_target_name_override", opts.server_name))
+            self._channel = grpc.aio.secure_channel(target, creds, options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        self._stub = pb_grpc.ContextServiceStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> ContextClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------------------ plumbing
+
+    async def _call(self, method: Callable[..., Awaitable[T]], request: ProtoMessage, timeout: float | None) -> T:
+        """One unary call with the deadline spread over its retries on UNAVAILABLE."""
+        budget = self.timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if budget is None else loop.time() + budget
+        attempt = 0
+        while True:
+            remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+            try:
+                return await method(request, timeout=remaining, metadata=self._metadata)
+            except grpc.aio.AioRpcError as exc:
+                err = error_from_rpc(exc)
+                attempt += 1
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts:
+                    raise err from None
+                wait = self.retry.backoff(attempt - 1, err.retry_delay)  # type: ignore[attr-defined]
+                if deadline is not None and loop.time() + wait >= deadline:
+                    raise err from None
+                await asyncio.sleep(wait)
+
+    # --------------------------------------------------------------------------------- RPCs
+
+    async def create_session(
+        self,
+        *,
+        profile_id: str = "",
+        name: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Plain:
+        req = from_plain(pb.CreateSessionRequest, {"profile_id": profile_id, "name": name, "metadata": metadata})
+        return to_plain(await self._call(self._stub.CreateSession, req, timeout))  # type: ignore[no-any-return]
+
+    async def get_session(self, session_id: str, *, timeout: float | None = None) -> Plain:
+        req = pb.GetSessionRequest(session_id=session_id)
+        return to_plain(await self._call(self._stub.GetSession, req, timeout))  # type: ignore[no-any-return]
+
+    async def list_sessions(
+        self,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        profile_id: str = "",
+        query: str = "",
+        timeout: float | None = None,
+    ) -> Plain:
+        req = pb.ListSessionsRequest(page_size=page_size, page_token=page_token, profile_id=profile_id, query=query)
+        return to_plain(await self._call(self._stub.ListSessions, req, timeout))  # type: ignore[no-any-return]
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        name: str | None = None,
+        pinned: bool | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Plain:
+        """Updates the fields given (not None); the update mask is derived from them."""
+        changes = {k: v for k, v in {"name": name, "pinned": pinned, "metadata": metadata}.items() if v is not None}
+        req = from_plain(
+            pb.UpdateSessionRequest, {"session": {"id": session_id, **changes}, "update_mask": sorted(changes)}
+        )
+        return to_plain(await self._call(self._stub.UpdateSession, req, timeout))  # type: ignore[no-any-return]
+
+    async def delete_session(self, session_id: str, *, timeout: float | None = None) -> None:
+        await self._call(self._stub.DeleteSession, pb.DeleteSessionRequest(session_id=session_id), timeout)
+
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        request_id: str | None = None,
+        turn_complete: bool = False,
+        timeout: float | None = None,
+    ) -> Plain:
+        """Appends messages (dicts like ``{"role": "user", "content": "…", "images": [png_bytes]}``).
+        Without ``request_id`` one is generated, so retries of this call are applied once."""
+        req = pb.AppendMessagesRequest(
+            session_id=session_id,
+            messages=[from_plain(resources_pb2.Message, m) for m in messages],
+            request_id=request_id or str(uuid.uuid4()),
+            turn_complete=turn_complete,
+        )
+        return to_plain(await self._call(self._stub.AppendMessages, req, timeout))  # type: ignore[no-any-return]
+
+    async def list_messages(
+        self,
+        session_id: str,
+        *,
+        buffer: str = "display",
+        page_size: int = 0,
+        before_sequence: int = 0,
+        timeout: float | None = None,
+    ) -> Plain:
+        """``buffer`` is ``"display"`` or ``"context"``."""
+        req = from_plain(
+            pb.ListMessagesRequest,
+            {"session_id": session_id, "buffer": buffer, "page_size": page_size, "before_sequence": before_sequence},
+        )
+        return to_plain(await self._call(self._stub.ListMessages, req, timeout))  # type: ignore[no-any-return]
+
+    async def build_context(
+        self,
+        session_id: str,
+        *,
+        profile: Mapping[str, Any] | None = None,
+        incoming: Mapping[str, Any] | None = None,
+        phase: str | None = None,
+        auto_compress: bool | None = None,
+        timeout: float | None = None,
+    ) -> Plain:
+        """``phase`` is ``"pre_turn"`` (default) or ``"mid_turn"``."""
+        req = from_plain(
+            pb.BuildContextRequest,
+            {
+                "session_id": session_id,
+                "profile": profile,
+                "incoming": incoming,
+                "phase": phase,
+                "auto_compress": auto_compress,
+            },
+        )
+        return to_plain(await self._call(self._stub.BuildContext, req, timeout))  # type: ignore[no-any-return]
+
+    async def estimate_tokens(
+        self,
+        *,
+        session_id: str = "",
+        messages: Iterable[Mapping[str, Any]] = (),
+        model: str = "",
+        profile: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Plain:
+        req = from_plain(
+            pb.EstimateTokensRequest,
+            {"session_id": session_id, "messages": list(messages), "model": model, "profile": profile},
+        )
+        return to_plain(await self._call(self._stub.EstimateTokens, req, timeout))  # type: ignore[no-any-return]
+
+    async def record_baseline(
+        self, session_id: str, view_id: str, prompt_tokens: int, *, timeout: float | None = None
+    ) -> Plain:
+        req = pb.RecordBaselineRequest(session_id=session_id, view_id=view_id, prompt_tokens=prompt_tokens)
+        return to_plain(await self._call(self._stub.RecordBaseline, req, timeout))  # type: ignore[no-any-return]
+
+    async def compress(
+        self,
+        session_id: str,
+        *,
+        profile: Mapping[str, Any] | None = None,
+        reason: str = "",
+        dry_run: bool = False,
+        timeout: float | None = None,
+    ) -> Plain:
+        req = from_plain(
+            pb.CompressRequest, {"session_id": session_id, "profile": profile, "reason": reason, "dry_run": dry_run}
+        )
+        return to_plain(await self._call(self._stub.Compress, req, timeout))  # type: ignore[no-any-return]
+
+    async def search_history(
+        self, session_id: str, query: str, *, limit: int = 0, timeout: float | None = None
+    ) -> Plain:
+        req = pb.SearchHistoryRequest(session_id=session_id, query=query, limit=limit)
+        return to_plain(await self._call(self._stub.SearchHistory, req, timeout))  # type: ignore[no-any-return]
+
+    async def expand_summary(self, session_id: str, sequence_number: int, *, timeout: float | None = None) -> Plain:
+        req = pb.ExpandSummaryRequest(session_id=session_id, sequence_number=sequence_number)
+        return to_plain(await self._call(self._stub.ExpandSummary, req, timeout))  # type: ignore[no-any-return]
+
+    async def fork_session(self, session_id: str, *, at_sequence: int = 0, timeout: float | None = None) -> Plain:
+        req = pb.ForkSessionRequest(session_id=session_id, at_sequence=at_sequence)
+        return to_plain(await self._call(self._stub.ForkSession, req, timeout))  # type: ignore[no-any-return]
+
+    async def events(self, session_id: str = "", *, after_event_id: int = 0) -> AsyncIterator[Plain]:
+        """Events of one session (or of every session the caller may read), as plain dicts with
+        ``event_id``, ``session_id``, ``time``, ``payload`` (the kind, e.g. ``"messages_appended"``)
+        and that kind's fields under its name.
+
+        A stream that drops (``UNAVAILABLE``, or closed by the server) is reopened from the last
+        event id seen, so no event is lost or repeated within the server's retention window; waits
+        between reconnects back off exponentially up to ``retry.max_backoff``, and after
+        ``retry.max_reconnects`` consecutive failures the iterator raises :class:`Unavailable`.
+        Other errors are raised at once. The iterator ends after a ``session_deleted`` event."""
+        last = after_event_id
+        failures = 0
+        while True:
+            call = self._stub.StreamEvents(
+                pb.StreamEventsRequest(session_id=session_id, after_event_id=last), metadata=self._metadata
+            )
+            hint: float | None = None
+            try:
+                async for event in call:
+                    failures = 0
+                    last = event.event_id
+                    plain: Plain = to_plain(event)
+                    yield plain
+                    if session_id and plain["payload"] == "session_deleted":
+                        return
+            except grpc.aio.AioRpcError as exc:
+                err = error_from_rpc(exc)
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise err from None
+                hint = err.retry_delay  # type: ignore[attr-defined]
+                if failures >= self.retry.max_reconnects:
+                    raise err from None
+            finally:
+                call.cancel()
+            if failures >= self.retry.max_reconnects:
+                raise errors.Unavailable(f"event stream closed {failures} times in a row")
+            await asyncio.sleep(self.retry.backoff(failures, hint))
+            failures += 1

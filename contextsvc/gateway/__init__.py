@@ -1,0 +1,28 @@
+"""The WebSocket gateway for browsers and the inspector page (DESIGN §5.9, docs/websocket.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from contextsvc.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def run(settings: Settings) -> None:
+    """``contextsvc gateway``: the gateway alone, calling the service at ``settings.gateway.target``."""
+    from contextsvc.gateway.server import announce, start_gateway
+
+    listen = settings.gateway.listen or "127.0.0.1:8080"
+    gateway = await start_gateway(settings, listen, settings.gateway.target)
+    announce(listen, gateway.port)
+    log.info("gateway serving", extra={"listen": listen, "target": settings.gateway.target})
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    await gateway.close()
+    log.info("gateway stopped")

@@ -1,0 +1,210 @@
+"""One upstream event stream per watched session, fanned out to every socket watching it.
+
+A hub reads ``StreamEvents`` of one session (with one caller's token) and hands each event, already
+serialised once, to the bounded queue of every attached socket. It keeps the newest events in a ring
+so that a socket reconnecting with its last seen event id gets exactly what it missed. That ring is a
+cache of the service's own retained log: when it does not reach back far enough, the socket replays
+from the service (``StreamEvents`` with ``after_event_id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from contextsvc.config import GatewaySettings
+from contextsvc.gateway import frames
+from contextsvc.gateway.upstream import Upstream, UpstreamError
+
+log = logging.getLogger(__name__)
+
+CLOSE_DENIED = 4003
+CLOSE_NOT_FOUND = 4004
+CLOSE_SLOW = 4008
+CLOSE_UNAVAILABLE = 1013
+
+Item = tuple[int, str]  # (event id or 0 for replies, frame text)
+
+
+@dataclass(eq=False, slots=True)
+class Subscriber:
+    """One socket's side of the fan-out: a bounded queue, and a pending list while it replays."""
+
+    maxsize: int
+    on_close: Callable[[int, str], None]
+    queue: asyncio.Queue[Item | None] = field(init=False)
+    pending: list[Item] | None = field(default_factory=list)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.queue = asyncio.Queue()
+
+    def offer(self, item: Item) -> None:
+        if self.closed:
+            return
+        backlog = len(self.pending) if self.pending is not None else self.queue.qsize()
+        if backlog >= self.maxsize:
+            self.close(CLOSE_SLOW, f"too slow: {backlog} frames waiting")
+            return
+        if self.pending is not None:
+            self.pending.append(item)
+        else:
+            self.queue.put_nowait(item)
+
+    def go_live(self, after_id: int) -> None:
+        """Move the pending events newer than ``after_id`` to the queue; from now on events go there."""
+        pending, self.pending = self.pending or [], None
+        for event_id, text in pending:
+            if event_id > after_id:
+                self.queue.put_nowait((event_id, text))
+
+    def close(self, code: int, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+            self.on_close(code, reason)
+
+
+class SessionHub:
+    """The upstream stream of one (token, session) and its sockets."""
+
+    def __init__(self, upstream: Upstream, settings: GatewaySettings, token: str, session_id: str, after_event_id: int):
+        self._upstream = upstream
+        self._settings = settings
+        self.token = token
+        self.session_id = session_id
+        self._ring: deque[Item] = deque()
+        #: every event of the session with an id above ``floor`` is in the ring (None: not known yet).
+        self.floor: int | None = after_event_id if after_event_id > 0 else None
+        self.last_id = after_event_id
+        self.subscribers: set[Subscriber] = set()
+        self.refs = 0
+        self.linger: asyncio.TimerHandle | None = None
+        self._started_at = time.time()
+        self._received = 0
+        self._settled = after_event_id <= 0
+        self._task = asyncio.create_task(self._pump(), name=f"hub:{session_id}")
+        self.failed: UpstreamError | None = None
+
+    async def settled(self) -> None:
+        """Wait until a backlog replayed at start is in the ring (no event for the settle time)."""
+        while not self._settled and self.failed is None:
+            seen = self._received
+            await asyncio.sleep(self._settings.replay_settle_seconds)
+            if self._received == seen:
+                self._settled = True
+
+    def attach(self, sub: Subscriber, last_id: int) -> list[Item] | None:
+        """Attach a socket (synchronously: nothing can slip in between). Returns the events after
+        ``last_id`` from the ring, or None when the ring does not reach back that far."""
+        self.subscribers.add(sub)
+        if last_id <= 0:
+            return []
+        if self.floor is not None and last_id >= self.floor:
+            return [item for item in self._ring if item[0] > last_id]
+        return None
+
+    def detach(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    def _publish(self, event_id: int, text: str) -> None:
+        if self.floor is None:
+            self.floor = event_id - 1
+        self._ring.append((event_id, text))
+        while len(self._ring) > self._settings.replay_buffer_events:
+            self.floor = self._ring.popleft()[0]
+        self.last_id = event_id
+        for sub in list(self.subscribers):
+            sub.offer((event_id, text))
+
+    async def _pump(self) -> None:
+        settings = self._settings
+        while True:
+            try:
+                async for event in self._upstream.events(self.token, self.session_id, self.last_id):
+                    if event.event_id <= self.last_id:
+                        continue
+                    self._received += 1
+                    if not self._settled and event.time.ToSeconds() >= self._started_at:
+                        self._settled = True
+                    frame = frames.event_frame(event)
+                    self._publish(event.event_id, frames.dumps(frame))
+                    if frame["type"] == "session_deleted":
+                        self._fail(UpstreamError("NOT_FOUND", "the session was deleted"))
+                        return
+            except UpstreamError as exc:
+                if exc.denied or exc.not_found:
+                    self._fail(exc)
+                    return
+                log.warning("upstream event stream broke; reopening", extra={"code": exc.code})
+            # A live-only stream that broke may have missed events: the ring no longer proves anything.
+            if self.last_id <= 0:
+                self.floor = None
+            await asyncio.sleep(settings.upstream_retry_seconds)
+
+    def _fail(self, exc: UpstreamError) -> None:
+        self.failed = exc
+        code = CLOSE_DENIED if exc.denied else CLOSE_NOT_FOUND
+        for sub in list(self.subscribers):
+            sub.close(code, exc.message[:100])
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+
+
+class HubRegistry:
+    """Hubs by (token, session id), kept a while after their last socket leaves."""
+
+    def __init__(self, upstream: Upstream, settings: GatewaySettings):
+        self._upstream = upstream
+        self._settings = settings
+        self._hubs: dict[tuple[str, str], SessionHub] = {}
+        #: sessions with a `compact` running through this gateway.
+        self.compacting: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._hubs)
+
+    async def acquire(self, token: str, session_id: str, last_id: int) -> SessionHub:
+        key = (token, session_id)
+        hub = self._hubs.get(key)
+        if hub is None or hub.failed is not None:
+            hub = SessionHub(self._upstream, self._settings, token, session_id, last_id)
+            self._hubs[key] = hub
+        hub.refs += 1
+        if hub.linger is not None:
+            hub.linger.cancel()
+            hub.linger = None
+        await hub.settled()
+        return hub
+
+    def release(self, hub: SessionHub) -> None:
+        hub.refs -= 1
+        if hub.refs > 0:
+            return
+        key = (hub.token, hub.session_id)
+        if hub.failed is not None or self._settings.hub_linger_seconds <= 0:
+            self._drop(key, hub)
+        else:
+            hub.linger = asyncio.get_running_loop().call_later(self._settings.hub_linger_seconds, self._drop, key, hub)
+
+    def _drop(self, key: tuple[str, str], hub: SessionHub) -> None:
+        if hub.refs > 0:
+            return
+        if self._hubs.get(key) is hub:
+            del self._hubs[key]
+        asyncio.get_running_loop().create_task(hub.close())
+
+    async def close(self) -> None:
+        hubs, self._hubs = list(self._hubs.values()), {}
+        for hub in hubs:
+            if hub.linger is not None:
+                hub.linger.cancel()
+            await hub.close()

@@ -1,0 +1,504 @@
+"""The WebSocket gateway: ``ws://host/ws/sessions/{id}`` for browsers, plus the inspector page.
+
+It is a gRPC client of the service (see upstream.py) and holds no state the service does not:
+only caches (the hubs' replay rings) and the sockets themselves. The protocol is in docs/websocket.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import json
+import logging
+import mimetypes
+import re
+from dataclasses import dataclass
+from http.cookies import CookieError, SimpleCookie
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import resources_pb2
+from contextsvc.config import Settings
+from contextsvc.gateway import frames
+from contextsvc.gateway.hub import (
+    CLOSE_DENIED,
+    CLOSE_NOT_FOUND,
+    CLOSE_UNAVAILABLE,
+    HubRegistry,
+    Item,
+    SessionHub,
+    Subscriber,
+)
+from contextsvc.gateway.upstream import Upstream, UpstreamError
+
+log = logging.getLogger(__name__)
+# The library logs every connection at INFO (an object repr, nothing useful): keep warnings only.
+_ws_log = logging.getLogger("contextsvc.gateway.ws")
+_ws_log.setLevel(logging.WARNING)
+
+_WS_PATH = re.compile(r"^/ws/sessions/([^/]+)$")
+_PAGE_PATH = re.compile(r"^/(sessions/[^/]+)?$")
+_STATIC_PATH = re.compile(r"^/static/([A-Za-z0-9_\-]+\.(?:js|css|html|svg))$")
+
+
+class _Closed(Exception):
+    """Close the socket with this code."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _close_for(exc: UpstreamError) -> _Closed:
+    if exc.denied:
+        return _Closed(CLOSE_DENIED, "access denied")
+    if exc.not_found or exc.code == "INVALID_ARGUMENT":
+        # A malformed id names no session either.
+        return _Closed(CLOSE_NOT_FOUND, "session not found")
+    return _Closed(CLOSE_UNAVAILABLE, f"service unavailable: {exc.code}")
+
+
+def _cookie_token(headers: Headers, name: str) -> str:
+    cookie = SimpleCookie()
+    for raw in headers.get_all("Cookie"):
+        with contextlib.suppress(CookieError):
+            cookie.load(raw)
+    morsel = cookie.get(name)
+    return morsel.value if morsel is not None else ""
+
+
+def _bearer(headers: Headers) -> str:
+    value = headers.get("Authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _json_response(status: http.HTTPStatus, body: Any) -> Response:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    headers = Headers([("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+    return Response(status.value, status.phrase, headers, data)
+
+
+@dataclass(slots=True)
+class _Socket:
+    """Per-connection state."""
+
+    ws: ServerConnection
+    session_id: str
+    token: str
+    sub: Subscriber | None = None
+
+
+class Gateway:
+    """The gateway server; ``start()`` then ``close()``."""
+
+    def __init__(self, settings: Settings, target: str):
+        self.settings = settings
+        self.gs = settings.gateway
+        self.upstream = Upstream(
+            target,
+            timeout=self.gs.upstream_timeout_seconds,
+            max_message_bytes=max(settings.limits.grpc_max_receive_bytes, settings.limits.grpc_max_send_bytes),
+        )
+        self.hubs = HubRegistry(self.upstream, self.gs)
+        self._server: Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def start(self, listen: str) -> int:
+        host, _, port = listen.rpartition(":")
+        self._server = await serve(
+            self._handle,
+            host.strip("[]"),
+            int(port),
+            process_request=self._process_request,
+            max_size=self.gs.max_frame_bytes,
+            ping_interval=self.gs.ping_interval_seconds,
+            ping_timeout=self.gs.ping_timeout_seconds,
+            close_timeout=self.gs.close_timeout_seconds,
+            # The query string may carry a token: the handshake is never logged by the library.
+            logger=_ws_log,
+        )
+        sockets = list(self._server.sockets)
+        self.port = sockets[0].getsockname()[1] if sockets else 0
+        return self.port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        await self.hubs.close()
+        await self.upstream.close()
+
+    # ---- HTTP: the inspector page and its JSON reads -------------------------------------------------
+
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        origin = request.headers.get("Origin")
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("Host", ""):
+            # Cookies ride along on cross-site sockets too: only pages served by this gateway may connect.
+            return connection.respond(http.HTTPStatus.FORBIDDEN, "cross-origin requests are refused\n")
+        if _WS_PATH.match(url.path):
+            return None  # the WebSocket handshake proceeds
+        if url.path == "/api/sessions":
+            return await self._api_sessions(request, parse_qs(url.query))
+        if url.path == "/favicon.ico":
+            return Response(204, "No Content", Headers(), b"")
+        if url.path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "ok\n")
+        static = _STATIC_PATH.match(url.path)
+        if _PAGE_PATH.match(url.path):
+            return self._static("index.html")
+        if static:
+            return self._static(static.group(1))
+        return connection.respond(http.HTTPStatus.NOT_FOUND, "not found\n")
+
+    def _static(self, name: str) -> Response:
+        try:
+            data = resources.files("contextsvc.gateway").joinpath("static", name).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            status = http.HTTPStatus.NOT_FOUND
+            return Response(status.value, status.phrase, Headers([("Content-Type", "text/plain")]), b"not found\n")
+        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if kind.startswith("text/") or kind.endswith("javascript"):
+            kind += "; charset=utf-8"
+        headers = Headers(
+            [
+                ("Content-Type", kind),
+                ("Cache-Control", "no-cache"),
+                ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; connect-src 'self'"),
+                ("X-Content-Type-Options", "nosniff"),
+            ]
+        )
+        return Response(200, "OK", headers, data)
+
+    async def _api_sessions(self, request: Request, query: dict[str, list[str]]) -> Response:
+        token = _bearer(request.headers) or _cookie_token(request.headers, self.gs.cookie_name)
+        try:
+            page = await self.upstream.list_sessions(
+                token,
+                query=query.get("query", [""])[0],
+                page_size=self.gs.list_page_size,
+                page_token=query.get("page_token", [""])[0],
+            )
+        except UpstreamError as exc:
+            status = {
+                "UNAUTHENTICATED": http.HTTPStatus.UNAUTHORIZED,
+                "PERMISSION_DENIED": http.HTTPStatus.FORBIDDEN,
+                "INVALID_ARGUMENT": http.HTTPStatus.BAD_REQUEST,
+            }.get(exc.code, http.HTTPStatus.BAD_GATEWAY)
+            return _json_response(status, frames.error_frame(exc.code, exc.message, reason=exc.reason))
+        return _json_response(
+            http.HTTPStatus.OK,
+            {
+                "sessions": [frames.to_json(s) for s in page.sessions],
+                "next_page_token": page.next_page_token,
+                "total_size": page.total_size,
+            },
+        )
+
+    # ---- WebSocket ----------------------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        url = urlsplit(ws.request.path)
+        match = _WS_PATH.match(url.path)
+        assert match is not None
+        query = parse_qs(url.query)
+        sock = _Socket(ws=ws, session_id=match.group(1), token="")
+        hub: SessionHub | None = None
+        sender: asyncio.Task[None] | None = None
+        try:
+            last_id = self._last_event_id(query)
+            session = await self._authenticate(sock, query)
+            sock.sub = Subscriber(self.gs.send_queue_frames, lambda code, reason: self._close_later(ws, code, reason))
+            hub = await self.hubs.acquire(sock.token, sock.session_id, last_id)
+            replay = hub.attach(sock.sub, last_id)
+            await ws.send(frames.dumps({"type": "session_sync", "session": frames.to_json(session)}))
+            after = 0
+            if last_id > 0:
+                if replay is None:
+                    replay = await self._replay_from_service(sock, last_id)
+                await ws.send(frames.dumps({"type": "replay_start", "count": len(replay)}))
+                for _, text in replay:
+                    await ws.send(text)
+                await ws.send(frames.dumps({"type": "replay_end"}))
+                after = max([last_id, *(i for i, _ in replay)])
+            sock.sub.go_live(after)
+            sender = asyncio.create_task(self._send_loop(sock))
+            await self._read_loop(sock)
+        except _Closed as closed:
+            await ws.close(closed.code, closed.reason)
+        except ConnectionClosed:
+            pass
+        finally:
+            if sock.sub is not None:
+                sock.sub.closed = True
+                sock.sub.queue.put_nowait(None)
+                if hub is not None:
+                    hub.detach(sock.sub)
+            if hub is not None:
+                self.hubs.release(hub)
+            if sender is not None:
+                sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sender
+
+    def _last_event_id(self, query: dict[str, list[str]]) -> int:
+        raw = query.get("last_event_id", ["0"])[0] or "0"
+        if not raw.isdigit():
+            raise _Closed(1008, "last_event_id must be a non-negative integer")
+        return int(raw)
+
+    async def _authenticate(self, sock: _Socket, query: dict[str, list[str]]) -> resources_pb2.Session:
+        """Find the caller's token (cookie, query if enabled, else an auth frame) and check the session."""
+        ws = sock.ws
+        assert ws.request is not None
+        token = _cookie_token(ws.request.headers, self.gs.cookie_name)
+        if "api_token" in query:
+            if not self.gs.allow_query_token:
+                raise _Closed(CLOSE_DENIED, "api_token in the URL is disabled; send an auth frame")
+            token = query["api_token"][0]
+        if token:
+            sock.token = token
+            return await self._get_session(sock)
+        try:
+            # No token offered: maybe the service lets anonymous callers in (auth disabled).
+            return await self.upstream.get_session("", sock.session_id)
+        except UpstreamError as exc:
+            if not exc.denied:
+                raise _close_for(exc) from None
+        await ws.send(frames.dumps({"type": "auth_required", "timeout_seconds": self.gs.auth_timeout_seconds}))
+        try:
+            raw = await asyncio.wait_for(ws.recv(), self.gs.auth_timeout_seconds)
+        except TimeoutError:
+            raise _Closed(CLOSE_DENIED, "no auth frame in time") from None
+        try:
+            frame = frames.parse(raw)
+        except frames.FrameError:
+            raise _Closed(CLOSE_DENIED, "the first frame must be an auth frame") from None
+        offered = frame.get("api_token")
+        if frame["type"] != "auth" or not isinstance(offered, str) or not offered:
+            raise _Closed(CLOSE_DENIED, "the first frame must be an auth frame with an api_token")
+        sock.token = offered
+        session = await self._get_session(sock)
+        await ws.send(frames.dumps({"type": "auth_ok"}))
+        return session
+
+    async def _get_session(self, sock: _Socket) -> resources_pb2.Session:
+        try:
+            return await self.upstream.get_session(sock.token, sock.session_id)
+        except UpstreamError as exc:
+            raise _close_for(exc) from None
+
+    async def _replay_from_service(self, sock: _Socket, last_id: int) -> list[Item]:
+        """The hub's ring does not reach back to ``last_id``: read the service's retained log until it
+        joins what the hub delivered since this socket attached (or goes quiet)."""
+        assert sock.sub is not None
+        out: list[Item] = []
+        stream = self.upstream.events(sock.token, sock.session_id, last_id)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(anext(stream), self.gs.replay_settle_seconds)
+                except (TimeoutError, StopAsyncIteration):
+                    break
+                pending = sock.sub.pending
+                if pending and event.event_id >= pending[0][0]:
+                    break
+                out.append((event.event_id, frames.dumps(frames.event_frame(event))))
+        except UpstreamError as exc:
+            raise _close_for(exc) from None
+        finally:
+            await stream.aclose()
+        return out
+
+    def _close_later(self, ws: ServerConnection, code: int, reason: str) -> None:
+        task = asyncio.get_running_loop().create_task(ws.close(code, reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_loop(self, sock: _Socket) -> None:
+        assert sock.sub is not None
+        while True:
+            item = await sock.sub.queue.get()
+            if item is None:
+                return
+            try:
+                await sock.ws.send(item[1])
+            except ConnectionClosed:
+                return
+
+    def _reply(self, sock: _Socket, frame: dict[str, Any]) -> None:
+        assert sock.sub is not None
+        sock.sub.offer((0, frames.dumps(frame)))
+
+    async def _read_loop(self, sock: _Socket) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            async for raw in sock.ws:
+                if sock.sub is not None and sock.sub.closed:
+                    return
+                try:
+                    frame = frames.parse(raw)
+                except frames.FrameError as exc:
+                    self._reply(sock, frames.error_frame(exc.code, exc.message, frame_id=exc.frame_id))
+                    continue
+                if frame["type"] == "ping":
+                    self._reply(sock, {"type": "pong", **({"id": frame["id"]} if "id" in frame else {})})
+                    continue
+                task = asyncio.create_task(self._serve_frame(sock, frame))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            for task in list(tasks):
+                task.cancel()
+
+    async def _serve_frame(self, sock: _Socket, frame: dict[str, Any]) -> None:
+        frame_id = frame.get("id")
+        try:
+            reply = await self._dispatch(sock, frame)
+            if reply is not None:
+                if frame_id is not None:
+                    reply["id"] = frame_id
+                self._reply(sock, reply)
+        except frames.FrameError as exc:
+            self._reply(sock, frames.error_frame(exc.code, exc.message, frame_id=frame_id))
+        except UpstreamError as exc:
+            if exc.denied:
+                self._close_later(sock.ws, CLOSE_DENIED, "access denied")
+                return
+            self._reply(sock, frames.error_frame(exc.code, exc.message, frame_id=frame_id, reason=exc.reason))
+        except ConnectionClosed:
+            pass
+
+    async def _dispatch(self, sock: _Socket, frame: dict[str, Any]) -> dict[str, Any] | None:
+        kind = frame["type"]
+        sid = sock.session_id
+        if kind == "message":
+            msg = frames.parse_message(
+                frame,
+                max_images=self.gs.max_images,
+                max_image_bytes=self.gs.max_image_bytes,
+                max_files=self.gs.max_files,
+            )
+            response = await self.upstream.append(
+                sock.token,
+                pb.AppendMessagesRequest(
+                    session_id=sid,
+                    messages=[
+                        resources_pb2.Message(
+                            role=resources_pb2.ROLE_USER,
+                            content=msg.content,
+                            images=[resources_pb2.Image(data=d) for d in msg.images],
+                        )
+                    ],
+                    request_id=msg.request_id,
+                    turn_complete=msg.turn_complete,
+                ),
+            )
+            return {"type": "message_ack", **frames.to_json(response)}
+        if kind == "compact":
+            return await self._compact(sock, frame)
+        if kind == "auth":
+            token = frame.get("api_token")
+            if not isinstance(token, str) or not token:
+                raise frames.FrameError("INVALID_AUTH", "api_token must be a non-empty string")
+            await self.upstream.get_session(token, sid)
+            sock.token = token
+            return {"type": "auth_ok"}
+        if kind == "get_view":
+            return await self._view(sock)
+        if kind == "search":
+            query = frame.get("query")
+            if not isinstance(query, str) or not query.strip():
+                raise frames.FrameError("INVALID_SEARCH", "query must be a non-empty string")
+            limit = frame.get("limit", self.gs.search_limit)
+            if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
+                raise frames.FrameError("INVALID_SEARCH", "limit must be an integer from 1 to 100")
+            found = await self.upstream.search_history(sock.token, sid, query=query, limit=limit)
+            return {"type": "search_results", "query": query, "chunks": [frames.to_json(c) for c in found.chunks]}
+        if kind == "expand":
+            seq = frame.get("sequence_number")
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0:
+                raise frames.FrameError("INVALID_EXPAND", "sequence_number must be a positive integer")
+            expanded = await self.upstream.expand_summary(sock.token, sid, seq)
+            return {
+                "type": "expanded",
+                "sequence_number": seq,
+                "messages": [frames.to_json(m) for m in expanded.messages],
+            }
+        raise frames.FrameError("UNKNOWN_TYPE", f"unknown frame type {kind!r}")
+
+    async def _compact(self, sock: _Socket, frame: dict[str, Any]) -> dict[str, Any]:
+        dry_run = frame.get("dry_run", False)
+        reason = frame.get("reason", "")
+        if not isinstance(dry_run, bool) or not isinstance(reason, str):
+            raise frames.FrameError("INVALID_COMPACT", "dry_run must be a boolean and reason a string")
+        sid = sock.session_id
+        if dry_run:
+            plan = await self.upstream.compress(sock.token, sid, dry_run=True, reason=reason)
+            return {"type": "compact_preview", "plan": frames.to_json(plan.plan)}
+        if sid in self.hubs.compacting:
+            raise frames.FrameError("COMPACTION_IN_PROGRESS", "a compaction of this session is already running")
+        self.hubs.compacting.add(sid)
+        try:
+            result = await self.upstream.compress(sock.token, sid, dry_run=False, reason=reason or "websocket compact")
+        finally:
+            self.hubs.compacting.discard(sid)
+        if not result.compressed:
+            detail = result.plan.detail or "nothing to compress"
+            raise frames.FrameError("NOTHING_TO_COMPRESS", detail)
+        return {"type": "compact_result", **frames.to_json(result)}
+
+    async def _view(self, sock: _Socket) -> dict[str, Any]:
+        sid, token, n = sock.session_id, sock.token, self.gs.view_messages
+        session, display, context, view = await asyncio.gather(
+            self.upstream.get_session(token, sid),
+            self.upstream.list_messages(token, sid, buffer=pb.BUFFER_DISPLAY, page_size=n),
+            self.upstream.list_messages(token, sid, buffer=pb.BUFFER_CONTEXT, page_size=n),
+            self.upstream.build_context(token, sid),
+        )
+        profile = self.settings.profile(session.profile_id)
+        compression = profile.compression if profile is not None else None
+        return {
+            "type": "view",
+            "session": frames.to_json(session),
+            "display": [frames.to_json(m) for m in display.messages],
+            "display_more": bool(display.next_page_token),
+            "context": [frames.to_json(m) for m in context.messages],
+            # The context buffer pages by token only (its order is not sequence order).
+            "context_more": bool(context.next_page_token),
+            "view": {
+                "view_id": view.view_id,
+                "messages": [frames.to_json(m) for m in view.messages],
+                "estimate": frames.to_json(view.estimate),
+                "notices": list(view.notices),
+            },
+            "compression": (
+                {"enabled": compression.enabled, "threshold": compression.threshold, "target": compression.target}
+                if compression is not None
+                else None
+            ),
+        }
+
+
+async def start_gateway(settings: Settings, listen: str, target: str) -> Gateway:
+    gateway = Gateway(settings, target)
+    await gateway.start(listen)
+    return gateway
+
+
+def announce(listen: str, port: int) -> None:
+    host = listen.rpartition(":")[0]
+    # Tests and scripts read this line to learn the port when listening on port 0.
+    print(f"contextsvc gateway listening on http://{host}:{port}/", flush=True)

@@ -1,0 +1,150 @@
+"""How the server may listen: loopback, TLS, mutual TLS, and whether callers need a token.
+
+The rule (DESIGN §5.10): authentication may be off only on loopback. ``auth.mode = auto`` (the
+default) turns tokens on as soon as the listen address is not loopback; listening beyond
+loopback without TLS, or with ``auth.mode = none``, refuses to start with one line naming
+``--insecure``, the flag that allows it (behind a TLS-terminating proxy, say).
+
+Certificates are read at start and again on SIGHUP (``CertificateReloader.reload``): the new
+pair is checked first and, if it loads, used for every handshake from then on (gRPC's dynamic
+server credentials ask the fetcher before each new connection); a pair that does not load is
+logged and the old one stays in use.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import grpc
+
+from contextsvc.config import AuthMode, Settings
+
+log = logging.getLogger(__name__)
+
+
+class TransportError(ValueError):
+    """The listen/TLS settings cannot be used: beyond loopback unprotected, or certificate files
+    that do not load. The message is one line, for the CLI."""
+
+
+@dataclass(slots=True, frozen=True)
+class Transport:
+    """What ``check_transport`` decided."""
+
+    loopback: bool
+    auth_required: bool
+    tls: bool
+    mutual_tls: bool
+
+    def describe(self) -> str:
+        tls = "mutual TLS" if self.mutual_tls else "TLS" if self.tls else "plaintext"
+        return f"{tls}, {'API tokens required' if self.auth_required else 'no authentication'}"
+
+
+def listen_host(listen: str) -> str:
+    host = listen.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``; every other name counts as the network."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_transport(settings: Settings) -> Transport:
+    """Apply the loopback rule; ``TransportError`` (one line) when the settings break it."""
+    loopback = is_loopback(listen_host(settings.listen))
+    mode = settings.auth.mode
+    auth = mode is AuthMode.TOKENS or (mode is AuthMode.AUTO and not loopback)
+    tls = bool(settings.tls_cert)
+    if not loopback and not settings.insecure:
+        if not auth:
+            raise TransportError(
+                f"refusing to listen on {settings.listen} with auth mode 'none': beyond loopback every caller "
+                "would be admin; use auth mode 'auto' or 'tokens', or pass --insecure to allow it"
+            )
+        if not tls:
+            raise TransportError(
+                f"refusing to listen on {settings.listen} without TLS: API tokens would cross the network in "
+                "clear; give --tls-cert and --tls-key, or pass --insecure to allow it (e.g. behind a TLS proxy)"
+            )
+    return Transport(loopback=loopback, auth_required=auth, tls=tls, mutual_tls=bool(settings.tls_client_ca))
+
+
+class CertificateReloader:
+    """The server's certificate, key and (mutual TLS) client CAs, reloadable while serving."""
+
+    def __init__(self, cert: str, key: str, client_ca: str = "") -> None:
+        self._cert = Path(cert)
+        self._key = Path(key)
+        self._client_ca = Path(client_ca) if client_ca else None
+        self._lock = threading.Lock()  # the fetcher runs on a gRPC thread
+        self._pending: grpc.ServerCertificateConfiguration | None = None
+        self.reloads = 0
+        self._initial = self._load()
+
+    @property
+    def mutual(self) -> bool:
+        return self._client_ca is not None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        # The fetcher may return None ("no change"), which the stubs' type does not admit.
+        fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], self._fetch)
+        return grpc.dynamic_ssl_server_credentials(self._initial, fetch, require_client_authentication=self.mutual)
+
+    def reload(self) -> bool:
+        """Read the files again (SIGHUP). False, with one error line, if they do not load."""
+        try:
+            config = self._load()
+        except ValueError as exc:
+            log.error("certificate reload failed; still serving the previous certificate", extra={"error": str(exc)})
+            return False
+        with self._lock:
+            self._pending = config
+            self.reloads += 1
+        log.info("certificates reloaded", extra={"cert": str(self._cert), "reloads": self.reloads})
+        return True
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        with self._lock:
+            config, self._pending = self._pending, None
+        return config
+
+    def _load(self) -> grpc.ServerCertificateConfiguration:
+        """Read and check the PEM files; TransportError naming the file that is wrong."""
+        cert = _read(self._cert, "tls_cert")
+        key = _read(self._key, "tls_key")
+        ca = _read(self._client_ca, "tls_client_ca") if self._client_ca is not None else None
+        # gRPC only finds out at the first handshake; ssl says now, and which part is wrong.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(self._cert, self._key)
+        except (ssl.SSLError, OSError) as exc:
+            raise TransportError(
+                f"tls_cert {self._cert} and tls_key {self._key} do not load as a pair: {exc}"
+            ) from None
+        if self._client_ca is not None:
+            try:
+                context.load_verify_locations(cafile=self._client_ca)
+            except (ssl.SSLError, OSError) as exc:
+                raise TransportError(f"tls_client_ca {self._client_ca} holds no usable CA certificate: {exc}") from None
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+
+def _read(path: Path, setting: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TransportError(f"{setting} {path} cannot be read: {exc.strerror or exc}") from None

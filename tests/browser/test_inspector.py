@@ -1,0 +1,188 @@
+"""The inspector page in a real browser (system Chromium via Playwright) against real processes."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import field_mask_pb2
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import resources_pb2 as r
+from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
+from tests.support.gateway import Process
+from tests.support.rpc import assistant, tool, user
+
+pytestmark = pytest.mark.e2e
+
+UNKNOWN = "00000000-0000-4000-8000-000000000000"
+TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def bundled() -> Iterator[Process]:
+    proc = Process(["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"]).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def stub(bundled: Process) -> Iterator[ContextServiceStub]:
+    with grpc.insecure_channel(bundled.grpc_address) as channel:
+        yield ContextServiceStub(channel)
+
+
+def busy_session(stub: Any, name: str, turns: int = 8) -> str:
+    sid = str(stub.CreateSession(pb.CreateSessionRequest(name=name)).id)
+    pinned = r.Message(role=r.ROLE_USER, content="Always answer in French.", flags=r.MessageFlags(is_pinned=True))
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[pinned]))
+    for n in range(turns):
+        stub.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=sid,
+                messages=[
+                    user(f"question {n} about the harbour{n} " + "words " * 250),
+                    assistant("", calls=[(f"c{n}", "lookup")]),
+                    tool(f"c{n}", f"result {n} " + "data " * 300),
+                    assistant(f"answer {n}"),
+                ],
+                turn_complete=True,
+            )
+        )
+    return sid
+
+
+def meter_total(page: Any) -> int:
+    return int(page.get_attribute("#meter", "data-total"))
+
+
+def test_session_page_sends_a_message_and_compacts(page: Any, bundled: Process, stub: Any) -> None:
+    sid = busy_session(stub, "harbour")
+    page.goto(f"{bundled.http_url}/sessions/{sid}")
+    page.wait_for_selector("#display .row", timeout=TIMEOUT_MS)
+    assert page.text_content("#session-name") == "harbour"
+    page.wait_for_function("Number(document.querySelector('#meter').dataset.total) > 0", timeout=TIMEOUT_MS)
+    # Pinned and tool rows are marked; the context has no summary yet.
+    assert page.locator("#context .row .tag.pinned").count() >= 1
+    assert page.locator("#context .row.summary").count() == 0
+
+    page.fill("#message-input", "What about the lighthouse?")
+    page.click("#composer button[type=submit]")
+    page.wait_for_selector('#events li[data-type="messages_appended"]', timeout=TIMEOUT_MS)
+    page.wait_for_selector("#display .row:has-text('What about the lighthouse?')", timeout=TIMEOUT_MS)
+    before = meter_total(page)
+
+    page.click("#compress-button")
+    page.wait_for_selector("#preview:not([hidden])", timeout=TIMEOUT_MS)
+    assert "Would move" in page.text_content("#preview-body")
+    page.click("#compress-confirm")
+    page.wait_for_selector('#events li[data-type="context_compressed"]', timeout=TIMEOUT_MS)
+    page.wait_for_selector("#context .row.summary", timeout=TIMEOUT_MS)
+    page.wait_for_function(f"Number(document.querySelector('#meter').dataset.total) < {before}", timeout=TIMEOUT_MS)
+    assert meter_total(page) < before * 0.9
+    # Rows compressed out of the context stay in the display history, marked.
+    assert page.locator("#display .row.demoted").count() > 0
+
+    # ExpandSummary on the summary row shows the originals; SearchHistory finds dropped text.
+    page.click("#context .row.summary .expand")
+    page.wait_for_selector("#context .row.summary .expanded .row", timeout=TIMEOUT_MS)
+    assert "question 0" in page.text_content("#context .row.summary .expanded")
+    page.fill("#history-query", "harbour1")
+    page.click("#search-form button[type=submit]")
+    page.wait_for_selector("#search-results li pre", timeout=TIMEOUT_MS)
+    assert "harbour1" in page.text_content("#search-results")
+
+
+def test_phone_size_has_no_sideways_scroll(page: Any, bundled: Process, stub: Any) -> None:
+    sid = busy_session(stub, "phone", turns=3)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{bundled.http_url}/sessions/{sid}")
+    page.wait_for_selector("#context .row", timeout=TIMEOUT_MS)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 391
+    # Columns stack: the context column sits below the display column.
+    display_box = page.locator("#display").bounding_box()
+    context_box = page.locator("#context").bounding_box()
+    assert context_box["y"] > display_box["y"] + display_box["height"] - 1
+
+
+def test_sessions_list_pinned_first_and_search(page: Any, bundled: Process, stub: Any) -> None:
+    a = stub.CreateSession(pb.CreateSessionRequest(name="zz-plain-otter")).id
+    b = stub.CreateSession(pb.CreateSessionRequest(name="zz-pinned-otter")).id
+    stub.UpdateSession(
+        pb.UpdateSessionRequest(
+            session=r.Session(id=b, pinned=True), update_mask=field_mask_pb2.FieldMask(paths=["pinned"])
+        )
+    )
+    page.goto(f"{bundled.http_url}/")
+    page.fill("#session-search", "otter")
+    page.wait_for_function("document.querySelectorAll('#sessions li').length === 2", timeout=TIMEOUT_MS)
+    ids = page.eval_on_selector_all("#sessions li", "items => items.map(i => i.dataset.id)")
+    assert ids == [b, a]
+    page.click(f"#sessions li[data-id='{a}'] a")
+    page.wait_for_url(f"**/sessions/{a}", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#status[data-state=live]", timeout=TIMEOUT_MS)
+
+
+def test_unknown_session_closes_4004(page: Any, bundled: Process) -> None:
+    page.goto(f"{bundled.http_url}/sessions/{UNKNOWN}")
+    page.wait_for_function("document.body.dataset.closeCode === '4004'", timeout=TIMEOUT_MS)
+    assert page.text_content("#session-name") == "Session not found"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_reconnect_after_the_gateway_drops_replays_exactly_the_missed_events(page: Any, tmp_path: Path) -> None:
+    service = Process(["serve", "--listen", "127.0.0.1:0", "--store", f"files:{tmp_path / 'data'}"]).start()
+    port = free_port()
+    gateway_args = ["gateway", "--listen", f"127.0.0.1:{port}", "--target", service.grpc_address]
+    gateway = Process(gateway_args).start()
+    try:
+        with grpc.insecure_channel(service.grpc_address) as channel:
+            stub = ContextServiceStub(channel)
+            sid = str(stub.CreateSession(pb.CreateSessionRequest(name="reconnect")).id)
+            page.goto(f"{gateway.http_url}/sessions/{sid}")
+            page.wait_for_selector("#status[data-state=live]", timeout=TIMEOUT_MS)
+            stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("seen live")]))
+            page.wait_for_selector('#events li[data-type="messages_appended"]', timeout=TIMEOUT_MS)
+            seen = page.evaluate("window.inspector.lastEventId")
+
+            gateway.kill()  # the server side drops the socket
+            page.wait_for_selector("#status[data-state=closed]", timeout=TIMEOUT_MS)
+            missed = [
+                stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user(f"missed {n}")]))
+                for n in range(2)
+            ]
+            gateway = Process(gateway_args).start()
+
+            page.wait_for_selector('#events li[data-type="replay_end"]', timeout=TIMEOUT_MS)
+            replayed = page.eval_on_selector_all(
+                "#events li.replayed", "items => items.map(i => [i.dataset.type, Number(i.dataset.eventId)])"
+            )
+            assert len(replayed) == 2 and all(kind == "messages_appended" and eid > seen for kind, eid in replayed)
+            assert "2 missed events" in page.text_content('#events li[data-type="replay_start"]')
+            assert [m.sequence_numbers[0] for m in missed] == [2, 3]
+            # Then live again, with no duplicate.
+            stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("live again")]))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                ids = page.eval_on_selector_all(
+                    '#events li[data-type="messages_appended"]', "items => items.map(i => Number(i.dataset.eventId))"
+                )
+                if len(ids) >= 4:
+                    break
+                time.sleep(0.1)
+            assert len(ids) == 4 and len(set(ids)) == 4
+    finally:
+        gateway.kill()
+        service.kill()

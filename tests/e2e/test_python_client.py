@@ -1,0 +1,226 @@
+"""The public async Python client (contextsvc.client) against a real ``contextsvc serve``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from contextsvc import errors
+from contextsvc.client import ContextClient, RetryPolicy, from_plain, to_plain
+from contextsvc.v1 import context_service_pb2, resources_pb2
+from tests.support.server import ServerProcess
+from tests.support.tcp_proxy import TcpProxy
+
+FAST = RetryPolicy(max_attempts=8, initial_backoff=0.05, max_backoff=0.5, max_reconnects=20)
+# gRPC's own reconnect backoff starts at 1 s; tests shorten it so a retry reaches a restored port.
+CHANNEL = (
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 200),
+)
+PNG_1X1 = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cfc0000003010100c9fe92ef0000000049454e44ae426082"
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess("memory").start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+async def client(server: ServerProcess) -> AsyncIterator[ContextClient]:
+    async with ContextClient(server.address, timeout=10, retry=FAST) as c:
+        yield c
+
+
+@pytest.fixture
+async def proxy(server: ServerProcess) -> AsyncIterator[TcpProxy]:
+    p = await TcpProxy(server.address).start()
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+async def test_every_rpc_in_plain_shapes(client: ContextClient) -> None:
+    s = await client.create_session(name="demo", metadata={"team": "core", "n": 2})
+    assert s["name"] == "demo" and s["metadata"] == {"team": "core", "n": 2.0}
+    assert isinstance(s["create_time"], datetime) and s["create_time"].tzinfo is not None
+    sid = s["id"]
+    appended = await client.append_messages(
+        sid,
+        [
+            {"role": "user", "content": "read main.py", "images": [PNG_1X1]},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "read", "arguments_json": "{}"}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "print('hi')", "metadata": {"source": "fs"}},
+        ],
+        turn_complete=True,
+    )
+    assert appended["sequence_numbers"] == [1, 2, 3] and isinstance(appended["context_tokens"], int)
+    page = await client.list_messages(sid, buffer="context")
+    roles = [m["role"] for m in page["messages"]]
+    assert roles == ["user", "assistant", "tool"]
+    image = page["messages"][0]["images"][0]
+    assert image["mime_type"] == "image/png" and image["width"] == 1
+    assert page["messages"][2]["flags"]["is_context"] is True
+    view = await client.build_context(sid, profile={"model": "m", "system_prompt": "be brief"}, phase="pre_turn")
+    assert view["messages"][0]["content"] == "be brief" and view["estimate"]["method"] is not None
+    assert view["compression"] is None
+    recorded = await client.record_baseline(sid, view["view_id"], view["estimate"]["total"])
+    assert recorded["recorded"] is True and recorded["calibration"]["model"] == "m"
+    est = await client.estimate_tokens(messages=[{"role": "user", "content": "x" * 100}], model="m")
+    assert est["estimate"]["total"] > 0
+    renamed = await client.update_session(sid, name="renamed", pinned=True)
+    assert renamed["name"] == "renamed" and renamed["pinned"] is True and renamed["metadata"] == s["metadata"]
+    listed = await client.list_sessions(query="renamed")
+    assert [x["id"] for x in listed["sessions"]] == [sid]
+    fork = await client.fork_session(sid, at_sequence=2)
+    assert fork["display_message_count"] == 2
+    assert (await client.search_history(sid, "main"))["chunks"] == []
+    await client.delete_session(fork["id"])
+    with pytest.raises(errors.NotFound) as err:
+        await client.get_session(fork["id"])
+    assert err.value.code.name == "NOT_FOUND"  # type: ignore[attr-defined]
+
+
+async def test_typed_errors_carry_the_error_info_reason(client: ContextClient) -> None:
+    sid = (await client.create_session())["id"]
+    with pytest.raises(errors.NothingToCompact) as nothing:
+        await client.compress(sid)
+    assert nothing.value.reason == "NOTHING_TO_COMPACT" and isinstance(nothing.value, errors.FailedPrecondition)
+    assert nothing.value.domain == "contextsvc.dev"  # type: ignore[attr-defined]
+    with pytest.raises(errors.InvalidArgument) as bad:
+        await client.append_messages(sid, [{"role": "user", "content": "x"}, {"content": "no role"}])
+    assert bad.value.violations and bad.value.violations[0].field.startswith("messages[1]")
+    with pytest.raises(errors.NotFound) as missing:
+        await client.expand_summary(sid, 999)
+    assert missing.value.reason  # MESSAGE_NOT_FOUND or NOT_FOUND: a reason always arrives
+    with pytest.raises(ValueError, match=r"unknown value .robot."):
+        await client.append_messages(sid, [{"role": "robot", "content": "x"}])
+
+
+async def test_deadline_is_enforced(client: ContextClient) -> None:
+    with pytest.raises(errors.Unavailable) as err:
+        await client.list_sessions(timeout=0.000001)
+    assert err.value.code.name == "DEADLINE_EXCEEDED"  # type: ignore[attr-defined]
+
+
+async def test_bearer_token_is_sent(server: ServerProcess) -> None:
+    """The server ignores tokens until authentication lands; the header must still be well formed."""
+    async with ContextClient(server.address, token="t0ken") as c:
+        assert c._metadata == (("authorization", "Bearer t0ken"),)
+        assert (await c.create_session())["id"]
+
+
+async def test_unavailable_is_retried_until_the_server_is_reachable(proxy: TcpProxy) -> None:
+    async with ContextClient(proxy.address, timeout=10, retry=FAST, channel_options=CHANNEL) as c:
+        sid = (await c.create_session())["id"]
+        await proxy.stop_listening()
+        restore = asyncio.get_running_loop().call_later(0.4, lambda: asyncio.ensure_future(proxy.start()))
+        appended = await c.append_messages(sid, [{"role": "user", "content": "after the outage"}])
+        restore.cancel()
+        assert appended["sequence_numbers"] == [1]
+        # Without retries the same outage is a typed Unavailable.
+        await proxy.stop_listening()
+        async with ContextClient(
+            proxy.address, timeout=5, retry=RetryPolicy(max_attempts=1), channel_options=CHANNEL
+        ) as once:
+            with pytest.raises(errors.Unavailable):
+                await once.get_session(sid)
+
+
+async def test_request_ids_make_appends_idempotent(client: ContextClient) -> None:
+    sid = (await client.create_session())["id"]
+    events = asyncio.create_task(_collect(client.events(sid), 2))
+    await asyncio.sleep(0.3)  # the stream is live before the appends
+    first = await client.append_messages(sid, [{"role": "user", "content": "a"}], request_id="r-1")
+    again = await client.append_messages(sid, [{"role": "user", "content": "a"}], request_id="r-1")
+    assert first["sequence_numbers"] == again["sequence_numbers"] == [1]
+    await client.append_messages(sid, [{"role": "user", "content": "b"}])
+    ids = [e["messages_appended"]["request_id"] for e in await asyncio.wait_for(events, 10)]
+    assert ids[0] == "r-1" and len(ids[1]) == 36 and ids[1] != ids[0]  # generated uuid
+
+
+async def test_events_resume_after_a_dropped_stream(client: ContextClient, proxy: TcpProxy) -> None:
+    sid = (await client.create_session())["id"]
+    seen: list[dict[str, Any]] = []
+    async with ContextClient(proxy.address, timeout=10, retry=FAST, channel_options=CHANNEL) as watcher:
+
+        async def watch() -> None:
+            async for event in watcher.events(sid):
+                seen.append(event)
+                if event["payload"] == "session_deleted":
+                    return
+
+        task = asyncio.create_task(watch())
+        await asyncio.sleep(0.3)
+        for i in range(3):
+            await client.append_messages(sid, [{"role": "user", "content": f"m{i}"}])
+        await _until(lambda: len(seen) == 3)
+        await proxy.drop()  # the stream dies mid-flight
+        for i in range(3, 6):
+            await client.append_messages(sid, [{"role": "user", "content": f"m{i}"}])
+        await proxy.drop()  # and again, while the events are being delivered
+        await _until(lambda: len(seen) == 6)
+        await client.delete_session(sid)
+        await asyncio.wait_for(task, 15)
+    kinds = [e["payload"] for e in seen]
+    assert kinds == ["messages_appended"] * 6 + ["session_deleted"]
+    seqs = [e["messages_appended"]["sequence_numbers"][0] for e in seen[:6]]
+    assert seqs == [1, 2, 3, 4, 5, 6]  # no gap, no duplicate
+    ids = [e["event_id"] for e in seen]
+    assert ids == sorted(set(ids))
+
+
+async def test_events_give_up_after_the_reconnect_cap(server: ServerProcess, proxy: TcpProxy) -> None:
+    policy = RetryPolicy(initial_backoff=0.01, max_backoff=0.02, max_reconnects=3)
+    async with ContextClient(proxy.address, retry=policy, channel_options=CHANNEL) as c:
+        await proxy.stop_listening()
+        with pytest.raises(errors.Unavailable):
+            async for _ in c.events():
+                pass
+
+
+def test_plain_round_trip_of_a_message() -> None:
+    plain = {
+        "role": "assistant",
+        "content": "hi",
+        "flags": {"is_context": False, "is_pinned": True},
+        "metadata": {"source": "x"},
+        "tool_calls": [{"id": "1", "name": "n", "arguments_json": "{}"}],
+    }
+    msg = from_plain(resources_pb2.Message, plain)
+    assert msg.role == resources_pb2.ROLE_ASSISTANT and msg.flags.HasField("is_context")
+    back = to_plain(msg)
+    assert back["role"] == "assistant" and back["flags"]["is_context"] is False
+    assert back["flags"]["is_display"] is None  # unset proto3 optional stays distinguishable
+    assert back["create_time"] is None and back["replaces"] is None
+    req = from_plain(context_service_pb2.BuildContextRequest, {"session_id": "s", "phase": "mid_turn"})
+    assert req.phase == context_service_pb2.PHASE_MID_TURN and not req.HasField("auto_compress")
+
+
+async def _collect(it: AsyncIterator[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    async for item in it:
+        out.append(item)
+        if len(out) == n:
+            break
+    return out
+
+
+async def _until(cond: Any, limit: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    while not cond():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.02)

@@ -1,0 +1,296 @@
+"""OpenTelemetry end to end: a real server exports over OTLP/gRPC to a receiver this test runs.
+
+The receiver implements the OTLP collector services from ``opentelemetry-proto``; the server is told
+where it is only through the standard ``OTEL_*`` variables. A client ``traceparent`` must become the
+parent of the server's spans; one forced compaction with an HTTP summarizer must produce the
+compaction span, a GenAI client span, store spans and the compaction metrics; message content must
+appear in no span; and with no exporter configured nothing is sent at all.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import resources_pb2 as r
+from tests.support.fake_llm import FakeLLM
+from tests.support.rpc import assistant, tool, user
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN_ID = "00f067aa0ba902b7"
+SECRET_CONTENT = "the-vault-passphrase-is-zebra-42"
+WINDOW = 4096
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+    """A minimal OTLP collector: keeps every span and metric it is sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.spans: list[Any] = []
+        self.metrics: list[Any] = []
+        self.requests = 0
+
+    def Export(self, request: Any, context: Any) -> Any:  # one name for both services
+        with self.lock:
+            self.requests += 1
+            if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+                for resource_spans in request.resource_spans:
+                    for scope_spans in resource_spans.scope_spans:
+                        self.spans.extend(scope_spans.spans)
+                return trace_service_pb2.ExportTraceServiceResponse()
+            for resource_metrics in request.resource_metrics:
+                for scope_metrics in resource_metrics.scope_metrics:
+                    self.metrics.extend(scope_metrics.metrics)
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def wait_for(self, predicate: Any, timeout: float = 15.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if predicate(self):
+                    return True
+            time.sleep(0.1)
+        return False
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[Receiver, int]]:
+    found = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(found, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield found, port
+    finally:
+        server.stop(0)
+
+
+def _otel_env(port: int) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_SERVICE_NAME": "contextsvc-e2e",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
+    }
+
+
+def _clean_env() -> dict[str, str]:
+    """The test runner's environment without any OTEL_* variable a developer may have set."""
+    return {k: ("" if k.startswith("OTEL_") else v) for k, v in os.environ.items()}
+
+
+def _attrs(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in span.attributes:
+        value = kv.value
+        out[kv.key] = getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
+    return out
+
+
+def _profile() -> r.Profile:
+    return r.Profile(
+        model="m-telemetry",
+        context_window=WINDOW,
+        system_prompt="You are terse.",
+        compression=r.CompressionSettings(summarizer="openai", strategies=["summarize"]),
+    )
+
+
+def _fill(stub: Any, sid: str, turns: int) -> None:
+    batch: list[r.Message] = []
+    for t in range(turns):
+        batch += [
+            user(f"turn {t}: {SECRET_CONTENT} check module_{t}.py"),
+            assistant("", [(f"c{t}", "read_file")]),
+            tool(f"c{t}", f"def handler_{t}():\n    return {t}\n" * 20),
+            assistant(f"module_{t}.py defines handler_{t}"),
+        ]
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
+
+
+def test_spans_continue_the_client_trace_and_describe_one_compaction(
+    tmp_path: Path, receiver: tuple[Receiver, int], llm: FakeLLM
+) -> None:
+    found, port = receiver
+    llm.reset()
+    env = {
+        **_clean_env(),
+        **_otel_env(port),
+        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OPENAI__MODEL": "fake-summarizer",
+    }
+    proc = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
+    traceparent = f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01"
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            meta = (("traceparent", traceparent),)
+            sid = stub.CreateSession(pb.CreateSessionRequest(name="otel"), metadata=meta).id
+            _fill(stub, sid, 12)
+            done = stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile()), metadata=meta)
+            assert done.compressed
+            view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile()), metadata=meta)
+            assert view.messages
+
+        def compaction_seen(rcv: Receiver) -> bool:
+            names = {s.name for s in rcv.spans}
+            metric_names = {m.name for m in rcv.metrics}
+            return (
+                "contextsvc.compaction" in names
+                and "contextsvc.build_view" in names
+                and "contextsvc.compressions" in metric_names
+                and "gen_ai.client.operation.duration" in metric_names
+            )
+
+        assert found.wait_for(compaction_seen), sorted({s.name for s in found.spans})
+    finally:
+        proc.terminate()
+
+    spans = list(found.spans)
+    by_id = {s.span_id: s for s in spans}
+    trace_id = bytes.fromhex(TRACE_ID)
+
+    compress_rpc = [s for s in spans if s.name == "/contextsvc.v1.ContextService/Compress"]
+    assert len(compress_rpc) == 1
+    rpc_span = compress_rpc[0]
+    # The client's traceparent is honoured: same trace, the client's span as parent.
+    assert rpc_span.trace_id == trace_id
+    assert rpc_span.parent_span_id == bytes.fromhex(CLIENT_SPAN_ID)
+
+    (compaction,) = [s for s in spans if s.name == "contextsvc.compaction"]
+    assert compaction.trace_id == trace_id
+    assert compaction.parent_span_id == rpc_span.span_id
+    attrs = _attrs(compaction)
+    assert attrs["contextsvc.session_id"] == sid
+    assert attrs["contextsvc.compaction.reason"] == "forced"
+    assert attrs["contextsvc.compaction.method"] == "summary"
+    assert attrs["contextsvc.compaction.messages_before"] == 48
+    assert attrs["contextsvc.compaction.messages_after"] < 48
+    assert attrs["contextsvc.compaction.tokens_after"] < attrs["contextsvc.compaction.tokens_before"]
+
+    # The summarizer call is a GenAI client span under the compaction.
+    (chat,) = [s for s in spans if s.name == "chat fake-summarizer"]
+    chat_attrs = _attrs(chat)
+    assert chat.kind == chat.SPAN_KIND_CLIENT
+    assert chat_attrs["gen_ai.operation.name"] == "chat"
+    assert chat_attrs["gen_ai.provider.name"] == "openai"
+    assert chat_attrs["gen_ai.request.model"] == "fake-summarizer"
+    assert chat_attrs["gen_ai.conversation.id"] == sid
+    assert chat_attrs["gen_ai.usage.input_tokens"] >= 1
+    assert chat_attrs["gen_ai.usage.output_tokens"] >= 1
+    ancestor = chat
+    while ancestor.parent_span_id and ancestor.parent_span_id in by_id and ancestor is not compaction:
+        ancestor = by_id[ancestor.parent_span_id]
+    assert ancestor is compaction
+
+    # The HTTP call to the summarizer (httpx instrumentation) sits under the GenAI span.
+    assert any(s.parent_span_id == chat.span_id and s.kind == s.SPAN_KIND_CLIENT for s in spans)
+    # Store calls are spans of their own inside the RPC's trace.
+    store_spans = [s for s in spans if s.name.startswith("store.") and s.trace_id == trace_id]
+    assert {"store.get_session", "store.load_context"} <= {s.name for s in store_spans}
+
+    (build,) = [s for s in spans if s.name == "contextsvc.build_view"]
+    build_attrs = _attrs(build)
+    assert build_attrs["gen_ai.request.model"] == "m-telemetry"
+    assert build_attrs["contextsvc.view.tokens"] == view.estimate.total
+
+    # Content never goes into spans.
+    for span in spans:
+        for value in _attrs(span).values():
+            assert SECRET_CONTENT not in str(value), span.name
+
+
+def _points(metrics: list[Any], name: str) -> list[Any]:
+    out: list[Any] = []
+    for metric in metrics:
+        if metric.name != name:
+            continue
+        data = metric.WhichOneof("data")
+        out.extend(getattr(metric, data).data_points)
+    return out
+
+
+def test_metrics_count_rpcs_compressions_and_baselines(
+    tmp_path: Path, receiver: tuple[Receiver, int], llm: FakeLLM
+) -> None:
+    found, port = receiver
+    env = {**_clean_env(), **_otel_env(port), "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url}
+    proc = ServerProcess("memory", env=env).start()
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            _fill(stub, sid, 12)
+            stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile()))
+            view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile()))
+            stub.RecordBaseline(
+                pb.RecordBaselineRequest(
+                    session_id=sid, view_id=view.view_id, prompt_tokens=max(1, view.estimate.total)
+                )
+            )
+            with pytest.raises(grpc.RpcError):
+                stub.GetSession(pb.GetSessionRequest(session_id="00000000-0000-4000-8000-000000000000"))
+
+        def all_there(rcv: Receiver) -> bool:
+            names = {m.name for m in rcv.metrics}
+            return {
+                "rpc.server.call.duration",
+                "contextsvc.compressions",
+                "contextsvc.estimate.ratio",
+                "contextsvc.context.fill",
+                "contextsvc.sessions.created",
+            } <= names
+
+        assert found.wait_for(all_there), sorted({m.name for m in found.metrics})
+    finally:
+        proc.terminate()
+
+    metrics = list(found.metrics)
+    compressions = _points(metrics, "contextsvc.compressions")
+    forced = [p for p in compressions if _attrs(p).get("contextsvc.compaction.reason") == "forced"]
+    assert forced and forced[-1].as_int == 1
+    assert _attrs(forced[-1])["contextsvc.compaction.method"] == "summary"
+
+    durations = _points(metrics, "rpc.server.call.duration")
+    codes = {(_attrs(p)["rpc.method"], _attrs(p)["rpc.grpc.status_code"]) for p in durations}
+    assert ("BuildContext", 0) in codes
+    assert ("GetSession", grpc.StatusCode.NOT_FOUND.value[0]) in codes
+
+    ratios = _points(metrics, "contextsvc.estimate.ratio")
+    assert ratios and _attrs(ratios[-1])["gen_ai.request.model"] == "m-telemetry"
+    assert ratios[-1].count >= 1
+
+
+def test_nothing_is_exported_without_otel_variables(tmp_path: Path, receiver: tuple[Receiver, int]) -> None:
+    found, _port = receiver
+    proc = ServerProcess("memory", env=_clean_env()).start()
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            _fill(stub, sid, 3)
+            stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+        time.sleep(1.0)  # longer than the export intervals the other tests use
+    finally:
+        proc.terminate()
+    assert found.requests == 0
+    assert "telemetry on" not in proc.stderr_text

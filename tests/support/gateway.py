@@ -1,0 +1,86 @@
+"""Start a real ``contextsvc serve --gateway`` (or ``contextsvc gateway``) process on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import IO
+
+_GRPC = re.compile(r"contextsvc listening on (\S+):(\d+)")
+_GATEWAY = re.compile(r"contextsvc gateway listening on http://(\S+):(\d+)/")
+START_TIMEOUT_S = 20.0
+
+
+class Process:
+    """``python -m contextsvc ARGS``; waits for the listening lines it prints; stopped by its own pid."""
+
+    def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None):
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.grpc_address = ""
+        self.gateway_address = ""
+        self._stderr: IO[str] | None = None
+
+    def start(self) -> Process:
+        want_grpc = self.args[0] == "serve"
+        want_gateway = self.args[0] == "gateway" or "--gateway" in self.args
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "contextsvc", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and (
+            (want_grpc and not self.grpc_address) or (want_gateway and not self.gateway_address)
+        ):
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if ready:
+                line = self.proc.stdout.readline()
+                if m := _GRPC.search(line):
+                    self.grpc_address = f"{m.group(1)}:{m.group(2)}"
+                if m := _GATEWAY.search(line):
+                    self.gateway_address = f"{m.group(1)}:{m.group(2)}"
+            elif self.proc.poll() is not None:
+                break
+        if (want_grpc and not self.grpc_address) or (want_gateway and not self.gateway_address):
+            self.kill()
+            raise RuntimeError(f"process did not start: {self.stderr_text[-3000:]}")
+        return self
+
+    @property
+    def stderr_text(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    def ws_url(self, session_id: str, query: str = "") -> str:
+        return f"ws://{self.gateway_address}/ws/sessions/{session_id}" + (f"?{query}" if query else "")
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.gateway_address}"
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
