@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -458,7 +459,7 @@ def main() -> None:
     notes = derived(scenarios, results)
     print("\n".join(notes))
     if args.record:
-        command = "python bench/load/run.py " + " ".join(sys.argv[1:])
+        command = shlex.join(["python", "bench/load/run.py", *sys.argv[1:]])
         record(args.label, command.strip(), [row(r) for r in results], notes)
 
 
