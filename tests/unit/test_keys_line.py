@@ -60,6 +60,7 @@ def test_the_keys_rule(text: str, summary_text: str, keys: list[str]) -> None:
     assert split_keys_line(text) == (summary_text, keys)
 
 
+@settings(deadline=None)
 @given(st.text(max_size=200))
 def test_canonical_key_is_idempotent(item: str) -> None:
     once = canonical_key(item)
