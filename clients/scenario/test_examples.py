@@ -67,9 +67,9 @@ def test_example_agent_loop_over_tls_with_a_token(
 
 
 def _loop(cmd: list[str], cwd: str, address: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*cmd, address], cwd=ROOT / cwd, capture_output=True, text=True, timeout=180, env={**os.environ, **env}
-    )
+    # PYTHONPATH: the Python example imports this checkout's contextsvc, whatever is installed.
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([*cmd, address], cwd=ROOT / cwd, capture_output=True, text=True, timeout=180, env=full_env)
 
 
 def _check_loop(cmd: list[str], cwd: str, address: str, env: dict[str, str]) -> None:
