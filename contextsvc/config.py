@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES
+
 MB = 1024 * 1024
 
 
@@ -114,6 +116,13 @@ class TokenSettings(BaseModel):
     views_kept_per_session: int = Field(16, ge=1)
     #: model name -> path of a tokenizer.json for exact counting.
     tokenizer_files: dict[str, str] = Field(default_factory=dict)
+    #: model name glob -> vocabulary family whose cold prior prices it (core/priors.py); the first
+    #: matching glob wins, an unknown model gets the ``default`` family.
+    model_families: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_FAMILIES))
+    #: an estimate's margin is never below this share of what it prices (DESIGN §5.3).
+    margin_floor: float = Field(0.01, ge=0, le=1)
+    #: how many baselines the cold margin counts for: with n baselines it adds cold x w / (w + n).
+    margin_prior_weight: float = Field(8.0, ge=0)
 
 
 class OpenAISummarizerConfig(BaseModel):
@@ -176,6 +185,11 @@ class ExtractiveSummarizerConfig(BaseModel):
     max_commands: int = Field(10, ge=0)
     #: share of the summary budget an earlier summary being replaced may keep.
     carried_summary_share: float = Field(0.35, ge=0, le=1)
+    #: fact lines carried forward (contextsvc/core/facts.py): at most this many, this share of
+    #: the summary's character budget, each cut to ``fact_chars``.
+    max_facts: int = Field(24, ge=0)
+    fact_share: float = Field(0.5, ge=0, le=1)
+    fact_chars: int = Field(200, ge=40)
 
 
 class SummarizerSettings(BaseModel):
@@ -379,6 +393,9 @@ class GatewaySettings(BaseModel):
     ping_interval_seconds: float = Field(20.0, gt=0)
     ping_timeout_seconds: float = Field(20.0, gt=0)
     close_timeout_seconds: float = Field(5.0, gt=0)
+    #: permessage-deflate. Off: frames are small JSON, and compressing each frame once per socket
+    #: costs CPU on every fan-out and a zlib context per socket.
+    compression: bool = False
     #: recent events of a session kept by the gateway for replay to reconnecting sockets.
     replay_buffer_events: int = Field(2000, ge=10)
     #: a session's upstream event stream stays open this long after its last socket leaves,

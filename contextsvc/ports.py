@@ -38,6 +38,11 @@ class ViewRecord:
     #: the session's compaction count when the view was built: a baseline from a view older than
     #: the last compaction describes a context that no longer exists.
     epoch: int = 0
+    #: the view's calibration features (``core.priors.FEATURES``): what a baseline of it is fitted on.
+    features: tuple[float, ...] = ()
+    #: estimated tokens of the not-yet-stored incoming message the view carried: once appended it
+    #: is newer than ``last_sequence``, so a baseline of this view must not count it twice.
+    incoming_tokens: int = 0
 
 
 class TokenStore(Protocol):

@@ -21,6 +21,8 @@ from contextsvc.api.errors import internal_status, to_status
 from contextsvc.api.streams import until_stopped
 from contextsvc.api.views import estimate_to_pb, report_to_compress_response, response_fields
 from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, serialize
+from contextsvc.core.priors import MESSAGE, TOOL_CALL
+from contextsvc.core.sizing import CLASSES
 from contextsvc.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -189,7 +191,14 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
                 tokens_per_char=cal.tokens_per_char,
                 observations=cal.observations,
                 fitted=cal.fitted,
+                per_message=cal.weights[MESSAGE],
+                per_tool_call=cal.weights[TOOL_CALL],
+                margin=cal.margin,
+                family=cal.family,
+                class_ratios=dict(zip(CLASSES, cal.weights, strict=False)),
             ),
+            truncation_reason=result.truncation_reason,
+            lower_bound=result.lower_bound,
         )
 
     @unary

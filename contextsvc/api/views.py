@@ -37,6 +37,7 @@ def estimate_to_pb(e: TokenEstimate) -> resources_pb2.TokenEstimate:
             images=s.images,
             incoming=s.incoming,
         ),
+        margin=e.margin,
     )
 
 

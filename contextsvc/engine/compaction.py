@@ -31,6 +31,7 @@ from contextsvc.core.compression.formatting import (
 )
 from contextsvc.core.compression.plan import CompactionPlan, mid_turn_keep_messages, plan_compaction, plan_hard_truncate
 from contextsvc.core.compression.records import compression_record, demoted_ranges, summary_message
+from contextsvc.core.facts import fact_lines, facts_block
 from contextsvc.core.history import HistoryChunk
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import EffectiveProfile
@@ -492,11 +493,19 @@ class Compactor:
                 image_fallback_tokens=self._settings.tokens.image_tokens_fallback,
             )
             images = [await self._store.get_blob(b) or b"" for b in formatted.image_blob_ids]
+            text_in = formatted.text
+            if summarizer.name != "extractive":
+                # A model summary must not drop the concrete details silently: it gets the same fact
+                # lines the extractive summarizer keeps, and is asked to carry them.
+                cfg = self._settings.summarizer.extractive
+                block = facts_block(fact_lines(plan.drop, max_facts=cfg.max_facts, fact_chars=cfg.fact_chars))
+                if block:
+                    text_in += "\n\nKeep these facts in the summary, verbatim where you can:\n" + block
             raw = await summarizer.summarize(
                 SummaryRequest(
                     session_id=s.session.id,
                     messages=plan.drop,
-                    text=formatted.text,
+                    text=text_in,
                     instructions=summary_instructions(c.summary_prompt),
                     max_tokens=self._summary_reserve(p),
                     temperature=self._settings.summarizer.temperature,

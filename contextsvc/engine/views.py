@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from contextsvc.config import Settings
-from contextsvc.core.calibration import Calibration, Observation
+from contextsvc.core.calibration import Calibration, Observation, lower_bound
 from contextsvc.core.messages import Message
-from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
+from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import (
     Baseline,
@@ -19,7 +19,7 @@ from contextsvc.core.tokens import (
     TokenEstimate,
     estimate,
     messages_chars,
-    truncation_check,
+    messages_features,
 )
 from contextsvc.core.view import Segment, build_view
 from contextsvc.core.view_budget import budget_images, too_large, truncate_for_view
@@ -62,6 +62,10 @@ class BaselineResult:
     truncated: bool
     model: str
     calibration: Calibration
+    #: why the count was taken as truncated (empty when it was not).
+    truncation_reason: str = ""
+    #: the fewest tokens any vocabulary could count for the view (what the count was held against).
+    lower_bound: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -235,9 +239,17 @@ class ViewService:
         compression: Any = None,
     ) -> BuiltView:
         """Size-check and remember an assembled view; load the bytes of the images it carries."""
+        # The compression trigger fires on estimate + margin, so a view reaches here over the budget
+        # by its margin only when compression could not shrink it further. The turn fails only when
+        # the estimate itself does not fit: a margin is a doubt, and a turn must never fail on one.
         error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens)
         if error is not None:
             raise error
+        if built.estimate.guarded > built.estimate.budget:
+            built.notices.append(
+                f"the view's estimate {built.estimate.total} is within the budget of {built.estimate.budget} tokens "
+                f"but its margin of {built.estimate.margin} is not: the real count may exceed it"
+            )
         view_id = uuid.uuid4().hex
         await self._store.save_view(
             session.id,
@@ -250,6 +262,8 @@ class ViewService:
                 last_sequence=built.last_sequence,
                 create_time=self._clock.now(),
                 epoch=EngineState.of(session).epoch,
+                features=tuple(float(x) for x in messages_features(built.rows, views=1)),
+                incoming_tokens=built.estimate.segments.incoming,
             ),
             keep=self._settings.tokens.views_kept_per_session,
         )
@@ -302,13 +316,13 @@ class ViewService:
             reserve=profile.output_reserve_tokens,
             context=rows,
             image_fallback=self._settings.tokens.image_tokens_fallback,
+            view=False,
         )
 
     async def estimate_session(
-        self, caller: Principal, session_id: str, *, model: str, overrides: ProfileOverrides
+        self, caller: Principal, session: SessionInfo, *, model: str, profile: EffectiveProfile
     ) -> TokenEstimate:
-        session = await self._store.get_session(require_session_id(session_id), caller=caller)
-        profile = resolve_profile(self._settings, session.profile_id, overrides)
+        """What ``BuildContext`` with ``profile`` would send now, priced the same way (no compression)."""
         profile = dataclasses.replace(profile, model=model or profile.model)
         await self._accounting.ensure_loaded(profile.model)
         context = await self._store.load_context(session.id, caller=caller)
@@ -331,7 +345,8 @@ class ViewService:
                 metadata={"view_id": view_id},
             )
         state = EngineState.of(session)
-        if truncation_check(prompt_tokens, view.estimated_tokens, self._settings.tokens.truncation_ratio):
+        reason, bound = self._truncation(prompt_tokens, view)
+        if reason:
             # The provider silently cut the prompt's head: keep the previous honest baseline and
             # make the post-turn check compress regardless of the threshold.
             await self._store.update_state(sid, caller=caller, context_truncated=True)
@@ -339,13 +354,30 @@ class ViewService:
                 session_id=sid,
                 user_id=session.user_id,
                 kind="context_truncated",
-                payload={"view_id": view_id, "prompt_tokens": prompt_tokens, "estimated_tokens": view.estimated_tokens},
+                payload={
+                    "view_id": view_id,
+                    "prompt_tokens": prompt_tokens,
+                    "estimated_tokens": view.estimated_tokens,
+                    "lower_bound": bound,
+                    "reason": reason,
+                },
             )
             calibration = await self._accounting.ensure_loaded(view.model)
-            return BaselineResult(recorded=False, truncated=True, model=view.model, calibration=calibration)
+            return BaselineResult(
+                recorded=False,
+                truncated=True,
+                model=view.model,
+                calibration=calibration,
+                truncation_reason=reason,
+                lower_bound=bound,
+            )
         calibration = await self._accounting.observe(
-            view.model, Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images)
+            view.model,
+            Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images, features=view.features),
         )
+        # The incoming message the view carried is appended later, newer than the view's last
+        # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
+        anchor = max(1, prompt_tokens - view.incoming_tokens)
         # A view that carried images is no anchor: the provider's count holds those images, and a
         # later view may leave some out (image budget), so baseline + delta would count them twice.
         # Such views are priced fresh every time, by the same rules the view's budget used.
@@ -353,13 +385,13 @@ class ViewService:
             newer = [
                 m for m in await self._store.load_context(sid, caller=caller) if m.sequence_number > view.last_sequence
             ]
-            context_tokens = prompt_tokens + self._accounting.messages_tokens(view.model, newer)
+            context_tokens = anchor + self._accounting.messages_tokens(view.model, newer)
             await self._store.update_state(
                 sid,
                 caller=caller,
                 context_tokens=context_tokens,
                 context_truncated=False,
-                state=state.with_baseline(prompt_tokens, view.last_sequence, view_id).to_dict(),
+                state=state.with_baseline(anchor, view.last_sequence, view_id).to_dict(),
             )
         await self._bus.publish(
             session_id=sid,
@@ -372,4 +404,36 @@ class ViewService:
                 "model": view.model,
             },
         )
-        return BaselineResult(recorded=True, truncated=False, model=view.model, calibration=calibration)
+        return BaselineResult(
+            recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
+        )
+
+    def _truncation(self, prompt_tokens: int, view: ViewRecord) -> tuple[str, int]:
+        """Why ``prompt_tokens`` looks silently truncated ("" when it does not), and the lower bound.
+
+        The count is held against the smaller of ``truncation_ratio`` x the view's estimate and the
+        fewest tokens any vocabulary could have counted for the view (``calibration.lower_bound``):
+        the bound holds before any calibration, so an inflated cold estimate never refuses an
+        honest count. A view recorded without features falls back to the estimate alone.
+        """
+        ratio = self._settings.tokens.truncation_ratio
+        by_estimate = ratio * view.estimated_tokens
+        if not view.features:
+            if view.estimated_tokens > 0 and prompt_tokens < by_estimate:
+                return (
+                    f"prompt_tokens {prompt_tokens} is below {ratio:.0%} of the view's estimate "
+                    f"{view.estimated_tokens}",
+                    0,
+                )
+            return "", 0
+        # Images are not in the features: their smallest price (256 + 2 tokens each) is not known
+        # per view here, so a view with images is held against its text bound alone.
+        bound = lower_bound(view.features)
+        if bound > 0 and prompt_tokens < min(by_estimate, bound):
+            return (
+                f"prompt_tokens {prompt_tokens} is below {bound}, the fewest tokens any known vocabulary "
+                f"counts for this view's text (estimate {view.estimated_tokens}): the provider most likely "
+                "dropped the head of the prompt",
+                bound,
+            )
+        return "", bound

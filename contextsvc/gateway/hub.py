@@ -28,7 +28,7 @@ CLOSE_NOT_FOUND = 4004
 CLOSE_SLOW = 4008
 CLOSE_UNAVAILABLE = 1013
 
-Item = tuple[int, str]  # (event id or 0 for replies, frame text)
+Item = tuple[int, bytes]  # (event id or 0 for replies, the frame as UTF-8 JSON, encoded once)
 
 
 @dataclass(eq=False, slots=True)
@@ -37,6 +37,9 @@ class Subscriber:
 
     maxsize: int
     on_close: Callable[[int, str], None]
+    #: writes a frame at once when nothing is waiting (saves a task switch per socket per event);
+    #: returns False when the frame must wait in the queue instead.
+    write_now: Callable[[bytes], bool] | None = None
     queue: asyncio.Queue[Item | None] = field(init=False)
     pending: list[Item] | None = field(default_factory=list)
     closed: bool = False
@@ -53,7 +56,7 @@ class Subscriber:
             return
         if self.pending is not None:
             self.pending.append(item)
-        else:
+        elif not (self.queue.empty() and self.write_now is not None and self.write_now(item[1])):
             self.queue.put_nowait(item)
 
     def go_live(self, after_id: int) -> None:
@@ -79,20 +82,26 @@ class SessionHub:
         self.token = token
         self.session_id = session_id
         self._ring: deque[Item] = deque()
-        #: every event of the session with an id above ``floor`` is in the ring (None: not known yet).
-        self.floor: int | None = after_event_id if after_event_id > 0 else None
-        self.last_id = after_event_id
+        # The stream always starts from an event id, never "live only": a live-only stream misses
+        # what is published before the service has registered it, and nothing would replay that.
+        # Without a resume point it starts from the service's whole retained log of the session
+        # (the ring keeps the newest part), which also lets it serve older resume points.
+        start = after_event_id if after_event_id > 0 else 1
+        #: every event of the session with an id above ``floor`` is in the ring (None: not known).
+        self.floor: int | None = start
+        self.last_id = start
         self.subscribers: set[Subscriber] = set()
         self.refs = 0
         self.linger: asyncio.TimerHandle | None = None
         self._started_at = time.time()
         self._received = 0
-        self._settled = after_event_id <= 0
+        self._settled = False
         self._task = asyncio.create_task(self._pump(), name=f"hub:{session_id}")
         self.failed: UpstreamError | None = None
 
     async def settled(self) -> None:
-        """Wait until a backlog replayed at start is in the ring (no event for the settle time)."""
+        """Wait until the backlog replayed at start is in the ring: an event from after the start
+        arrived, or none came for ``replay_settle_seconds``."""
         while not self._settled and self.failed is None:
             seen = self._received
             await asyncio.sleep(self._settings.replay_settle_seconds)
@@ -112,9 +121,7 @@ class SessionHub:
     def detach(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
 
-    def _publish(self, event_id: int, text: str) -> None:
-        if self.floor is None:
-            self.floor = event_id - 1
+    def _publish(self, event_id: int, text: bytes) -> None:
         self._ring.append((event_id, text))
         while len(self._ring) > self._settings.replay_buffer_events:
             self.floor = self._ring.popleft()[0]
@@ -133,7 +140,7 @@ class SessionHub:
                     if not self._settled and event.time.ToSeconds() >= self._started_at:
                         self._settled = True
                     frame = frames.event_frame(event)
-                    self._publish(event.event_id, frames.dumps(frame))
+                    self._publish(event.event_id, frames.dumps(frame).encode())
                     if frame["type"] == "session_deleted":
                         self._fail(UpstreamError("NOT_FOUND", "the session was deleted"))
                         return
@@ -142,9 +149,7 @@ class SessionHub:
                     self._fail(exc)
                     return
                 log.warning("upstream event stream broke; reopening", extra={"code": exc.code})
-            # A live-only stream that broke may have missed events: the ring no longer proves anything.
-            if self.last_id <= 0:
-                self.floor = None
+            # Reopened from the last event seen: nothing is missed, duplicates are skipped above.
             await asyncio.sleep(settings.upstream_retry_seconds)
 
     def _fail(self, exc: UpstreamError) -> None:

@@ -23,6 +23,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2
@@ -88,6 +89,19 @@ def _json_response(status: http.HTTPStatus, body: Any) -> Response:
     return Response(status.value, status.phrase, headers, data)
 
 
+def _write_now(ws: ServerConnection, data: bytes) -> bool:
+    """Frame and write a text message synchronously when the socket is open and its write buffer is
+    empty (the kernel takes it at once). Otherwise the socket's sender task sends it in order, with
+    flow control. Never splits a frame: this library's sends write whole frames without awaiting."""
+    if ws.protocol.state is not State.OPEN or ws.transport.get_write_buffer_size() > 0:
+        return False
+    ws.protocol.send_text(data)
+    for chunk in ws.protocol.data_to_send():
+        if chunk:
+            ws.transport.write(chunk)
+    return True
+
+
 @dataclass(slots=True)
 class _Socket:
     """Per-connection state."""
@@ -122,6 +136,7 @@ class Gateway:
             int(port),
             process_request=self._process_request,
             max_size=self.gs.max_frame_bytes,
+            compression="deflate" if self.gs.compression else None,
             ping_interval=self.gs.ping_interval_seconds,
             ping_timeout=self.gs.ping_timeout_seconds,
             close_timeout=self.gs.close_timeout_seconds,
@@ -220,7 +235,11 @@ class Gateway:
         try:
             last_id = self._last_event_id(query)
             session = await self._authenticate(sock, query)
-            sock.sub = Subscriber(self.gs.send_queue_frames, lambda code, reason: self._close_later(ws, code, reason))
+            sock.sub = Subscriber(
+                self.gs.send_queue_frames,
+                lambda code, reason: self._close_later(ws, code, reason),
+                write_now=lambda data: _write_now(ws, data),
+            )
             hub = await self.hubs.acquire(sock.token, sock.session_id, last_id)
             replay = hub.attach(sock.sub, last_id)
             await ws.send(frames.dumps({"type": "session_sync", "session": frames.to_json(session)}))
@@ -229,8 +248,8 @@ class Gateway:
                 if replay is None:
                     replay = await self._replay_from_service(sock, last_id)
                 await ws.send(frames.dumps({"type": "replay_start", "count": len(replay)}))
-                for _, text in replay:
-                    await ws.send(text)
+                for _, data in replay:
+                    await ws.send(data, text=True)
                 await ws.send(frames.dumps({"type": "replay_end"}))
                 after = max([last_id, *(i for i, _ in replay)])
             sock.sub.go_live(after)
@@ -315,7 +334,7 @@ class Gateway:
                 pending = sock.sub.pending
                 if pending and event.event_id >= pending[0][0]:
                     break
-                out.append((event.event_id, frames.dumps(frames.event_frame(event))))
+                out.append((event.event_id, frames.dumps(frames.event_frame(event)).encode()))
         except UpstreamError as exc:
             raise _close_for(exc) from None
         finally:
@@ -334,13 +353,13 @@ class Gateway:
             if item is None:
                 return
             try:
-                await sock.ws.send(item[1])
+                await sock.ws.send(item[1], text=True)
             except ConnectionClosed:
                 return
 
     def _reply(self, sock: _Socket, frame: dict[str, Any]) -> None:
         assert sock.sub is not None
-        sock.sub.offer((0, frames.dumps(frame)))
+        sock.sub.offer((0, frames.dumps(frame).encode()))
 
     async def _read_loop(self, sock: _Socket) -> None:
         tasks: set[asyncio.Task[None]] = set()

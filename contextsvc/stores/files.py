@@ -358,9 +358,11 @@ class FilesStore(RowStore):
 
     async def _persist_observation(self, model: str, observation: Observation) -> None:
         log = self._calibration
-        line = {"model": model, "chars": observation.chars, "tokens": observation.tokens}
+        line: dict[str, Any] = {"model": model, "chars": observation.chars, "tokens": observation.tokens}
         if observation.had_images:
             line["had_images"] = True
+        if observation.features:
+            line["features"] = list(observation.features)
         try:
             await self._append(log, _dumps(line))
         except OSError as exc:
@@ -577,7 +579,12 @@ class FilesStore(RowStore):
         for raw in lines:
             try:
                 d = _loads(raw)
-                obs = Observation(int(d["chars"]), int(d["tokens"]), bool(d.get("had_images", False)))
+                obs = Observation(
+                    int(d["chars"]),
+                    int(d["tokens"]),
+                    bool(d.get("had_images", False)),
+                    tuple(float(x) for x in d.get("features", ())),
+                )
                 observations.setdefault(str(d["model"]), []).append(obs)
             except (ValueError, KeyError, TypeError, AttributeError):
                 bad += 1
@@ -931,7 +938,8 @@ def _view_to_dict(view: ViewRecord) -> dict[str, Any]:
 
 
 def _view_from_dict(d: dict[str, Any]) -> ViewRecord:
-    return ViewRecord(**{**d, "create_time": datetime.fromisoformat(d["create_time"])})
+    features = tuple(float(x) for x in d.get("features", ()))
+    return ViewRecord(**{**d, "create_time": datetime.fromisoformat(d["create_time"]), "features": features})
 
 
 def _time(value: datetime | None) -> str | None:
@@ -1115,6 +1123,8 @@ def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]],
     for model, kept in observations.items():
         for obs in kept[-keep:]:
             line: dict[str, Any] = {"model": model, "chars": obs.chars, "tokens": obs.tokens}
+            if obs.features:
+                line["features"] = list(obs.features)
             if obs.had_images:
                 line["had_images"] = True
             lines.append(_dumps(line))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,3 +188,38 @@ def test_reconnect_after_the_gateway_drops_replays_exactly_the_missed_events(pag
     finally:
         gateway.kill()
         service.kill()
+
+
+def test_wrong_token_closes_4003_and_a_good_one_goes_live(browser: Any, tmp_path: Path) -> None:
+    store = f"files:{tmp_path / 'data'}"
+    token = subprocess.run(
+        [sys.executable, "-m", "contextsvc", "tokens", "create", "--user", "carol", "--store", store],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()[-1]
+    proc = Process(
+        ["serve", "--listen", "127.0.0.1:0", "--store", store, "--auth", "tokens", "--gateway", "127.0.0.1:0"]
+    ).start()
+    try:
+        with grpc.insecure_channel(proc.grpc_address) as channel:
+            stub = ContextServiceStub(channel)
+            sid = stub.CreateSession(
+                pb.CreateSessionRequest(name="carol's"), metadata=(("authorization", f"Bearer {token}"),)
+            ).id
+        host = proc.gateway_address.rsplit(":", 1)[0]
+        for cookie, outcome in (("wrong-token", "4003"), (token, "live")):
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            context.add_cookies([{"name": "contextsvc_token", "value": cookie, "domain": host, "path": "/"}])
+            page = context.new_page()
+            page.goto(f"{proc.http_url}/sessions/{sid}")
+            if outcome == "4003":
+                page.wait_for_function("document.body.dataset.closeCode === '4003'", timeout=TIMEOUT_MS)
+                assert "access denied" in page.text_content("#status")
+            else:
+                page.wait_for_selector("#status[data-state=live]", timeout=TIMEOUT_MS)
+                assert page.text_content("#session-name") == "carol's"
+            context.close()
+    finally:
+        proc.kill()

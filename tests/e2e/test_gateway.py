@@ -395,27 +395,25 @@ async def test_standalone_gateway_replays_from_the_service_after_a_gateway_resta
             append(stub, sid, "one")
             last = (await recv_type(ws, "messages_appended"))["event_id"]
         gateway.kill()
-        append(stub, sid, "two")
-        append(stub, sid, "three")
-        fresh = Process(["gateway", "--listen", "127.0.0.1:0", "--target", service.grpc_address]).start()
+        for n in range(12):
+            append(stub, sid, f"missed {n}")
+        # The new gateway remembers only 10 events per session: the 12 missed ones must come from
+        # the service's retained log, joined to what the gateway's own stream delivers.
+        fresh = Process(
+            ["gateway", "--listen", "127.0.0.1:0", "--target", service.grpc_address],
+            env={"CONTEXTSVC_GATEWAY__REPLAY_BUFFER_EVENTS": "10"},
+        ).start()
         try:
-            # Another browser keeps a live stream open, so the new gateway's memory starts after `last`:
-            # the missed events come from the service's retained log.
-            async with connect(fresh.ws_url(sid)) as watcher, connect(fresh.ws_url(sid, f"last_event_id={last}")) as ws:
+            async with connect(fresh.ws_url(sid)) as watcher:
                 await recv(watcher)
-                frames = [await recv(ws) for _ in range(5)]
-                assert [f["type"] for f in frames] == [
-                    "session_sync",
-                    "replay_start",
-                    "messages_appended",
-                    "messages_appended",
-                    "replay_end",
-                ]
-                assert frames[1]["count"] == 2
-                assert [f["sequence_numbers"] for f in frames[2:4]] == [[2], [3]]
-                append(stub, sid, "four")
-                assert [f["sequence_numbers"] for f in await quiet(ws)] == [[4]]
-                assert [f["sequence_numbers"] for f in await quiet(watcher)] == [[4]]
+                async with connect(fresh.ws_url(sid, f"last_event_id={last}")) as ws:
+                    frames = [await recv(ws) for _ in range(15)]
+                    assert [f["type"] for f in frames[:2]] == ["session_sync", "replay_start"]
+                    assert frames[1]["count"] == 12 and frames[-1]["type"] == "replay_end"
+                    assert [f["sequence_numbers"] for f in frames[2:14]] == [[n] for n in range(2, 14)]
+                    append(stub, sid, "live")
+                    assert [f["sequence_numbers"] for f in await quiet(ws)] == [[14]]
+                    assert [f["sequence_numbers"] for f in await quiet(watcher)] == [[14]]
         finally:
             fresh.kill()
 

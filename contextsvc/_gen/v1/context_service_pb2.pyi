@@ -648,10 +648,18 @@ class RecordBaselineResponse(_message.Message):
     RECORDED_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     CALIBRATION_FIELD_NUMBER: _builtins.int
+    TRUNCATION_REASON_FIELD_NUMBER: _builtins.int
+    LOWER_BOUND_FIELD_NUMBER: _builtins.int
     recorded: _builtins.bool
     """True when the count became the session's baseline."""
     truncated: _builtins.bool
     """True when the count looked silently truncated and was refused."""
+    truncation_reason: _builtins.str
+    """Why the count was taken as truncated (empty when it was not)."""
+    lower_bound: _builtins.int
+    """The fewest tokens any known vocabulary counts for the view's text: a count is taken as
+    truncated only below the smaller of this and 70% of the estimate.
+    """
     @_builtins.property
     def calibration(self) -> _resources_pb2.Calibration:
         """The model's calibration after this observation."""
@@ -662,10 +670,12 @@ class RecordBaselineResponse(_message.Message):
         recorded: _builtins.bool = ...,
         truncated: _builtins.bool = ...,
         calibration: _resources_pb2.Calibration | None = ...,
+        truncation_reason: _builtins.str = ...,
+        lower_bound: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration", "recorded", b"recorded", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration", "lower_bound", b"lower_bound", "recorded", b"recorded", "truncated", b"truncated", "truncation_reason", b"truncation_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -638,6 +638,7 @@ class TokenEstimate(_message.Message):
     BUDGET_FIELD_NUMBER: _builtins.int
     FRACTION_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
+    MARGIN_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """Total estimated tokens (text and images)."""
     text: _builtins.int
@@ -652,6 +653,10 @@ class TokenEstimate(_message.Message):
     """Tokens the view may use: window minus the output reserve."""
     fraction: _builtins.float
     """total / window."""
+    margin: _builtins.int
+    """Tokens the total may be short by, from the calibration's recent residuals; the size guard
+    and the compression trigger use total + margin.
+    """
     @_builtins.property
     def segments(self) -> Global___TokenSegments:
         """Breakdown by segment."""
@@ -667,10 +672,11 @@ class TokenEstimate(_message.Message):
         budget: _builtins.int = ...,
         fraction: _builtins.float = ...,
         segments: Global___TokenSegments | None = ...,
+        margin: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segments", b"segments"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "fraction", b"fraction", "images", b"images", "method", b"method", "segments", b"segments", "text", b"text", "total", b"total", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "fraction", b"fraction", "images", b"images", "margin", b"margin", "method", b"method", "segments", b"segments", "text", b"text", "total", b"total", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -682,11 +688,36 @@ class Calibration(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ClassRatiosEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MODEL_FIELD_NUMBER: _builtins.int
     OVERHEAD_FIELD_NUMBER: _builtins.int
     TOKENS_PER_CHAR_FIELD_NUMBER: _builtins.int
     OBSERVATIONS_FIELD_NUMBER: _builtins.int
     FITTED_FIELD_NUMBER: _builtins.int
+    PER_MESSAGE_FIELD_NUMBER: _builtins.int
+    PER_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    MARGIN_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    CLASS_RATIOS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model the calibration belongs to."""
     overhead: _builtins.float
@@ -697,6 +728,18 @@ class Calibration(_message.Message):
     """Observations the fit used."""
     fitted: _builtins.bool
     """True when the fitted line is in use; false means the fallback ratio."""
+    per_message: _builtins.float
+    """Tokens per message of template framing."""
+    per_tool_call: _builtins.float
+    """Tokens per tool call of template framing."""
+    margin: _builtins.float
+    """Relative margin of estimates (0.02 = 2%)."""
+    family: _builtins.str
+    """Vocabulary family whose prior the fit starts from."""
+    @_builtins.property
+    def class_ratios(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Tokens per size unit of each content class."""
+
     def __init__(
         self,
         *,
@@ -705,10 +748,15 @@ class Calibration(_message.Message):
         tokens_per_char: _builtins.float = ...,
         observations: _builtins.int = ...,
         fitted: _builtins.bool = ...,
+        per_message: _builtins.float = ...,
+        per_tool_call: _builtins.float = ...,
+        margin: _builtins.float = ...,
+        family: _builtins.str = ...,
+        class_ratios: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fitted", b"fitted", "model", b"model", "observations", b"observations", "overhead", b"overhead", "tokens_per_char", b"tokens_per_char"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["class_ratios", b"class_ratios", "family", b"family", "fitted", b"fitted", "margin", b"margin", "model", b"model", "observations", b"observations", "overhead", b"overhead", "per_message", b"per_message", "per_tool_call", b"per_tool_call", "tokens_per_char", b"tokens_per_char"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

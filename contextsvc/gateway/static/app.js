@@ -45,18 +45,22 @@ function askToken() {
 // ---- sessions list -------------------------------------------------------------------------------
 
 let searchTimer = 0;
+let listRequest = 0;
 
 async function loadSessions() {
   const query = $("#session-search").value.trim();
   const message = $("#list-message");
+  const mine = ++listRequest;
   let response;
+  let body;
   try {
     response = await fetch(`/api/sessions?query=${encodeURIComponent(query)}`, { credentials: "same-origin" });
+    body = await response.json();
   } catch (err) {
-    message.textContent = `Cannot reach the gateway: ${err}`;
+    if (mine === listRequest) message.textContent = `Cannot reach the gateway: ${err}`;
     return;
   }
-  const body = await response.json();
+  if (mine !== listRequest) return; // a newer search answered (or will answer) instead
   if (response.status === 401 || response.status === 403) {
     message.textContent = "The service wants an API token: use the Token button.";
     fill($("#sessions"));
@@ -176,7 +180,7 @@ function messageRow(m, { cutInView = false, inContextColumn = false } = {}) {
   const row = el("li", { class: classes.join(" "), dataset: { seq: m.sequence_number } });
   const head = el("div", { class: "head" },
     el("span", { class: "role" }, m.role), m.sequence_number ? `#${m.sequence_number}` : "",
-    m.name ? `· ${m.name}` : "", `· ${fmt(m.token_count)} tok`,
+    m.name ? `· ${m.name}` : "", m.token_count ? `· ${fmt(m.token_count)} tok` : "",
     flags.is_pinned ? tag("pinned", "pinned", "never summarized or truncated") : null,
     flags.is_summary ? tag("summary", m.replaces ? `summary of #${m.replaces.first}–#${m.replaces.last}` : "summary") : null,
     flags.is_compression ? tag("", "compression record") : null,

@@ -762,13 +762,14 @@ class PostgresStore:
 
         async def work(conn: Any) -> None:
             await conn.execute(
-                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time)"
-                " VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
                 model,
                 observation.chars,
                 observation.tokens,
                 observation.had_images,
                 self._now(),
+                list(observation.features),
             )
             await conn.execute(
                 """DELETE FROM calibration_observations
@@ -787,12 +788,15 @@ class PostgresStore:
 
         async def work(conn: Any) -> list[Observation]:
             rows = await conn.fetch(
-                """SELECT chars, tokens, had_images FROM calibration_observations
+                """SELECT chars, tokens, had_images, features FROM calibration_observations
                     WHERE model = $1 ORDER BY observation_id DESC LIMIT $2""",
                 model,
                 limit,
             )
-            return [Observation(r["chars"], r["tokens"], r["had_images"]) for r in reversed(rows)]
+            return [
+                Observation(r["chars"], r["tokens"], r["had_images"], tuple(r["features"] or ()))
+                for r in reversed(rows)
+            ]
 
         return await self._read("list_calibration_observations", work)
 
@@ -808,13 +812,14 @@ class PostgresStore:
             await conn.execute("SET LOCAL synchronous_commit = off")
             saved = await conn.fetchval(
                 """INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images,
-                                      last_sequence, create_time, epoch)
-                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9 FROM sessions WHERE session_id = $1
+                                      last_sequence, create_time, epoch, features, incoming_tokens)
+                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM sessions WHERE session_id = $1
                    ON CONFLICT (session_id, view_id) DO UPDATE
                       SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
                           estimated_tokens = EXCLUDED.estimated_tokens, had_images = EXCLUDED.had_images,
                           last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
-                          epoch = EXCLUDED.epoch
+                          epoch = EXCLUDED.epoch, features = EXCLUDED.features,
+                          incoming_tokens = EXCLUDED.incoming_tokens
                    RETURNING saved""",
                 session_id,
                 view.view_id,
@@ -825,6 +830,8 @@ class PostgresStore:
                 view.last_sequence,
                 view.create_time,
                 view.epoch,
+                list(view.features),
+                view.incoming_tokens,
             )
             if saved is None:
                 raise session_not_found(session_id)

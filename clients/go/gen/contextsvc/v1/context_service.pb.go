@@ -1257,7 +1257,12 @@ type RecordBaselineResponse struct {
 	// True when the count looked silently truncated and was refused.
 	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	// The model's calibration after this observation.
-	Calibration   *Calibration `protobuf:"bytes,3,opt,name=calibration,proto3" json:"calibration,omitempty"`
+	Calibration *Calibration `protobuf:"bytes,3,opt,name=calibration,proto3" json:"calibration,omitempty"`
+	// Why the count was taken as truncated (empty when it was not).
+	TruncationReason string `protobuf:"bytes,4,opt,name=truncation_reason,json=truncationReason,proto3" json:"truncation_reason,omitempty"`
+	// The fewest tokens any known vocabulary counts for the view's text: a count is taken as
+	// truncated only below the smaller of this and 70% of the estimate.
+	LowerBound    int64 `protobuf:"varint,5,opt,name=lower_bound,json=lowerBound,proto3" json:"lower_bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1311,6 +1316,20 @@ func (x *RecordBaselineResponse) GetCalibration() *Calibration {
 		return x.Calibration
 	}
 	return nil
+}
+
+func (x *RecordBaselineResponse) GetTruncationReason() string {
+	if x != nil {
+		return x.TruncationReason
+	}
+	return ""
+}
+
+func (x *RecordBaselineResponse) GetLowerBound() int64 {
+	if x != nil {
+		return x.LowerBound
+	}
+	return 0
 }
 
 // Request of Compress.
@@ -2031,11 +2050,14 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
 	"\aview_id\x18\x02 \x01(\tR\x06viewId\x12#\n" +
-	"\rprompt_tokens\x18\x03 \x01(\x03R\fpromptTokens\"\x90\x01\n" +
+	"\rprompt_tokens\x18\x03 \x01(\x03R\fpromptTokens\"\xde\x01\n" +
 	"\x16RecordBaselineResponse\x12\x1a\n" +
 	"\brecorded\x18\x01 \x01(\bR\brecorded\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12<\n" +
-	"\vcalibration\x18\x03 \x01(\v2\x1a.contextsvc.v1.CalibrationR\vcalibration\"\x93\x01\n" +
+	"\vcalibration\x18\x03 \x01(\v2\x1a.contextsvc.v1.CalibrationR\vcalibration\x12+\n" +
+	"\x11truncation_reason\x18\x04 \x01(\tR\x10truncationReason\x12\x1f\n" +
+	"\vlower_bound\x18\x05 \x01(\x03R\n" +
+	"lowerBound\"\x93\x01\n" +
 	"\x0fCompressRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x120\n" +

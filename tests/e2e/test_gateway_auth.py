@@ -1,0 +1,159 @@
+"""The gateway with API tokens on (`serve --auth tokens`): the browser's token is forwarded as bearer
+metadata and the service decides; cookie, first-frame auth, and the close codes of docs/websocket.md."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
+from tests.support.gateway import Process
+from tests.support.rpc import user
+
+pytestmark = pytest.mark.e2e
+
+
+def create_token(store: str, name: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "contextsvc", "tokens", "create", "--user", name, "--store", store],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    store = f"files:{tmp_path_factory.mktemp('auth') / 'data'}"
+    alice, bob = create_token(store, "alice"), create_token(store, "bob")
+    proc = Process(
+        ["serve", "--listen", "127.0.0.1:0", "--store", store, "--auth", "tokens", "--gateway", "127.0.0.1:0"],
+        env={"CONTEXTSVC_GATEWAY__AUTH_TIMEOUT_SECONDS": "1"},
+    ).start()
+    try:
+        with grpc.insecure_channel(proc.grpc_address) as channel:
+            stub = ContextServiceStub(channel)
+            meta = (("authorization", f"Bearer {alice}"),)
+            sid = stub.CreateSession(pb.CreateSessionRequest(name="alice's"), metadata=meta).id
+            yield {"proc": proc, "alice": alice, "bob": bob, "sid": sid, "stub": stub, "meta": meta}
+    finally:
+        proc.kill()
+
+
+async def recv(ws: ClientConnection) -> dict[str, Any]:
+    frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert isinstance(frame, dict)
+    return frame
+
+
+async def closed_with(ws: ClientConnection) -> int | None:
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await asyncio.wait_for(ws.recv(), 10)
+    return ws.close_code
+
+
+def cookie(token: str) -> dict[str, str]:
+    return {"Cookie": f"contextsvc_token={token}"}
+
+
+async def test_cookie_token_is_forwarded(world: dict[str, Any]) -> None:
+    proc, sid = world["proc"], world["sid"]
+    async with connect(proc.ws_url(sid), additional_headers=cookie(world["alice"])) as ws:
+        assert (await recv(ws))["type"] == "session_sync"
+        await ws.send(json.dumps({"type": "message", "content": "hi", "id": 1}))
+        ack = await recv(ws)
+        while ack["type"] != "message_ack":
+            ack = await recv(ws)
+        assert ack["id"] == 1
+
+
+async def test_wrong_cookie_token_closes_4003(world: dict[str, Any]) -> None:
+    async with connect(world["proc"].ws_url(world["sid"]), additional_headers=cookie("not-a-token")) as ws:
+        assert await closed_with(ws) == 4003
+
+
+async def test_another_users_token_is_denied(world: dict[str, Any]) -> None:
+    async with connect(world["proc"].ws_url(world["sid"]), additional_headers=cookie(world["bob"])) as ws:
+        # The service decides: another user's session is either denied or not found for bob.
+        assert await closed_with(ws) in (4003, 4004)
+
+
+async def test_auth_frame_then_pipelined_frames(world: dict[str, Any]) -> None:
+    async with connect(world["proc"].ws_url(world["sid"])) as ws:
+        assert (await recv(ws))["type"] == "auth_required"
+        # Frames right after the auth frame wait until the token is accepted, then are served.
+        await ws.send(json.dumps({"type": "auth", "api_token": world["alice"]}))
+        await ws.send(json.dumps({"type": "ping", "id": "p"}))
+        assert [(await recv(ws))["type"] for _ in range(3)] == ["auth_ok", "session_sync", "pong"]
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"type": "auth", "api_token": "wrong-token"},
+        {"type": "ping"},
+        {"type": "auth"},
+        "not json",
+    ],
+)
+async def test_bad_first_frame_closes_4003(world: dict[str, Any], first: Any) -> None:
+    async with connect(world["proc"].ws_url(world["sid"])) as ws:
+        assert (await recv(ws))["type"] == "auth_required"
+        await ws.send(first if isinstance(first, str) else json.dumps(first))
+        assert await closed_with(ws) == 4003
+
+
+async def test_no_auth_frame_in_time_closes_4003(world: dict[str, Any]) -> None:
+    async with connect(world["proc"].ws_url(world["sid"])) as ws:
+        assert (await recv(ws))["type"] == "auth_required"
+        assert await closed_with(ws) == 4003  # CONTEXTSVC_GATEWAY__AUTH_TIMEOUT_SECONDS=1
+
+
+async def test_unknown_session_with_a_good_token_closes_4004(world: dict[str, Any]) -> None:
+    url = world["proc"].ws_url("00000000-0000-4000-8000-000000000000")
+    async with connect(url, additional_headers=cookie(world["alice"])) as ws:
+        assert await closed_with(ws) == 4004
+
+
+def get(url: str, headers: dict[str, str]) -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_http_session_list_needs_a_token_and_shows_only_ones_own(world: dict[str, Any]) -> None:
+    url = f"{world['proc'].http_url}/api/sessions"
+    status, body = await asyncio.to_thread(get, url, {})
+    assert status == 401 and body["code"] == "UNAUTHENTICATED"
+    status, body = await asyncio.to_thread(get, url, {"Authorization": f"Bearer {world['alice']}"})
+    assert status == 200 and [s["id"] for s in body["sessions"]] == [world["sid"]]
+    status, body = await asyncio.to_thread(get, url, cookie(world["bob"]))
+    assert status == 200 and body["sessions"] == []
+
+
+async def test_events_reach_only_the_owner_socket(world: dict[str, Any], tmp_path: Path) -> None:
+    stub, meta, sid = world["stub"], world["meta"], world["sid"]
+    async with connect(world["proc"].ws_url(sid), additional_headers=cookie(world["alice"])) as ws:
+        assert (await recv(ws))["type"] == "session_sync"
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("owned")]), metadata=meta)
+        frame = await recv(ws)
+        assert frame["type"] == "messages_appended" and frame["session_id"] == sid
+    assert world["alice"] not in world["proc"].stderr_text and world["bob"] not in world["proc"].stderr_text
