@@ -124,6 +124,8 @@ class Situation:
     reason: Reason
     mid_turn: bool = False
     note: str = ""
+    #: the estimate's margin (TokenEstimate.margin): the trigger compares view_tokens + margin.
+    margin: int = 0
     state: EngineState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -231,7 +233,7 @@ class Compactor:
         return Bounds(trigger=trigger, goal=goal, limit=limit)
 
     def over_threshold(self, s: Situation) -> bool:
-        return s.view_tokens >= self.bounds(s.profile).trigger
+        return s.view_tokens + s.margin >= self.bounds(s.profile).trigger
 
     def _flush_due(self, s: Situation, state: EngineState) -> bool:
         """The memory flush is due once per cycle, when the view grows past the soft threshold.
