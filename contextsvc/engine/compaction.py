@@ -161,6 +161,8 @@ class Situation:
     reason: Reason
     mid_turn: bool = False
     note: str = ""
+    #: the estimate's margin (TokenEstimate.margin): the trigger compares view_tokens + margin.
+    margin: int = 0
     state: EngineState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -293,7 +295,7 @@ class Compactor:
         return list(cut.keep) if cut.would_compress else list(s.context)
 
     def over_threshold(self, s: Situation) -> bool:
-        return s.view_tokens >= self.bounds(s.profile).trigger
+        return s.view_tokens + s.margin >= self.bounds(s.profile).trigger
 
     def _flush_due(self, s: Situation, state: EngineState) -> bool:
         """The memory flush is due once per cycle, when the view grows past the soft threshold.

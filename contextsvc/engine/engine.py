@@ -128,8 +128,9 @@ class Engine:
             session=session,
             profile=profile,
             context=context,
+            view_tokens=built.estimate.total,
             # Estimate + margin: the trigger fires before the true size could pass the threshold.
-            view_tokens=built.estimate.guarded,
+            margin=built.estimate.margin,
             fixed_tokens=seg.system + seg.incoming,
             reason=reason,
             mid_turn=mid_turn,
