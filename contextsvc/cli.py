@@ -62,6 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     fsck.add_argument("--store", metavar="URL", help="files:PATH (default files:./.contextsvc; env CONTEXTSVC_STORE)")
     fsck.add_argument("--config", metavar="FILE", help="TOML settings file")
     fsck.add_argument("--repair", action="store_true", help="rewrite and rebuild what can be rebuilt")
+    maintain = commands.add_parser(
+        "maintain",
+        help="run store maintenance once (prune idle sessions, cap their number, disk budget)",
+        description=(
+            "Run store maintenance once over the files store, by the [maintenance] settings: remove sessions "
+            "idle past prune_after_days, the longest idle past max_sessions, and down to the high-water mark "
+            "when over disk_budget_mb; never a pinned session. Prints each removal and why. In mode 'warn' "
+            "(the default) nothing is removed unless --enforce is given. Takes the data directory's lock: "
+            "stop the server first (serve runs it every interval_seconds by itself)."
+        ),
+    )
+    maintain.add_argument("--store", metavar="URL", help="files:PATH (default files:./.contextsvc)")
+    maintain.add_argument("--config", metavar="FILE", help="TOML settings file")
+    maintain.add_argument("--dry-run", action="store_true", help="only print what would be removed and why")
+    maintain.add_argument("--enforce", action="store_true", help="remove even when maintenance.mode is 'warn'")
     serve.add_argument(
         "--gateway",
         metavar="HOST:PORT",
@@ -153,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         from contextsvc.store_tools import run_fsck
 
         return run_fsck(settings, repair=args.repair)
+    if args.command == "maintain":
+        from contextsvc.store_tools import run_maintain
+
+        setup_logging("ERROR")  # the report is the output; warnings would repeat it
+        return run_maintain(settings, dry_run=args.dry_run, enforce=args.enforce)
     setup_logging(settings.log_level)
     if args.command == "tokens":
         return run_tokens(args, settings)
@@ -161,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 2
+    from contextsvc.startup import StartupError
+
     try:
         asyncio.run(_gateway(settings) if args.command == "gateway" else _serve(settings))
-    except OSError as exc:
+    except (OSError, StartupError) as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1
     return 0

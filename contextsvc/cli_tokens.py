@@ -98,7 +98,8 @@ async def _create(args: argparse.Namespace, settings: Settings, tokens: Any, now
 def _list(records: list[ApiToken], now: datetime, *, as_json: bool) -> int:
     if as_json:
         for t in records:
-            print(json.dumps({**_audit_fields(t), "state": t.state(now).value, "note": t.note}, default=str))
+            fields = {k: v for k, v in _audit_fields(t).items() if k != "audit"}
+            print(json.dumps({**fields, "state": t.state(now).value, "note": t.note}))
         return 0
     header = ("ID", "USER", "ADMIN", "STATE", "CREATED", "LAST USED", "EXPIRES", "NOTE")
     rows = [

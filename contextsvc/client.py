@@ -341,7 +341,8 @@ class ContextClient:
         deadline = None if budget is None else loop.time() + budget
         attempt = 0
         while True:
-            remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+            # never 0: grpc reads a zero timeout as "no deadline"
+            remaining = None if deadline is None else max(deadline - loop.time(), 1e-6)
             try:
                 return await method(request, timeout=remaining, metadata=self._metadata)
             except grpc.aio.AioRpcError as exc:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES
+
 MB = 1024 * 1024
 
 
@@ -42,6 +44,10 @@ class CompressionDefaults(BaseModel):
     summarizer: str = "extractive"
     strategies: list[str] = Field(default_factory=lambda: ["clear_tool_results", "summarize"])
     critical_tool_names: list[str] = Field(default_factory=list)
+    #: whether hard truncation (oldest whole turns dropped, no summary) may follow when the listed
+    #: strategies cannot reach the target. True keeps every turn under the window whatever the
+    #: summarizer does; false makes a clearing-only profile commit what clearing achieved.
+    hard_truncate_fallback: bool = True
 
     @model_validator(mode="after")
     def _target_below_threshold(self) -> CompressionDefaults:
@@ -110,6 +116,13 @@ class TokenSettings(BaseModel):
     views_kept_per_session: int = Field(16, ge=1)
     #: model name -> path of a tokenizer.json for exact counting.
     tokenizer_files: dict[str, str] = Field(default_factory=dict)
+    #: model name glob -> vocabulary family whose cold prior prices it (core/priors.py); the first
+    #: matching glob wins, an unknown model gets the ``default`` family.
+    model_families: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_FAMILIES))
+    #: an estimate's margin is never below this share of what it prices (DESIGN §5.3).
+    margin_floor: float = Field(0.01, ge=0, le=1)
+    #: how many baselines the cold margin counts for: with n baselines it adds cold x w / (w + n).
+    margin_prior_weight: float = Field(8.0, ge=0)
 
 
 class OpenAISummarizerConfig(BaseModel):
@@ -172,6 +185,11 @@ class ExtractiveSummarizerConfig(BaseModel):
     max_commands: int = Field(10, ge=0)
     #: share of the summary budget an earlier summary being replaced may keep.
     carried_summary_share: float = Field(0.35, ge=0, le=1)
+    #: fact lines carried forward (contextsvc/core/facts.py): at most this many, this share of
+    #: the summary's character budget, each cut to ``fact_chars``.
+    max_facts: int = Field(24, ge=0)
+    fact_share: float = Field(0.5, ge=0, le=1)
+    fact_chars: int = Field(200, ge=40)
 
 
 class SummarizerSettings(BaseModel):
@@ -220,6 +238,25 @@ class SummarizerSettings(BaseModel):
     http_trust_env: bool = True
 
 
+class MaintenanceSettings(BaseModel):
+    """Store maintenance (DESIGN §5.7, ``core/maintenance.py``): files store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ``warn`` reports what would be removed (log lines); ``enforce`` removes it.
+    mode: Literal["warn", "enforce"] = "warn"
+    #: a session idle longer than this is removed (0 = never).
+    prune_after_days: float = Field(30.0, ge=0)
+    #: at most this many sessions (0 = no cap); the longest idle go first.
+    max_sessions: int = Field(0, ge=0)
+    #: the data directory's budget in MB (0 = none); over it, sessions go down to the high-water mark.
+    disk_budget_mb: float = Field(0.0, ge=0)
+    #: share of the budget to come down to once over it.
+    high_water_fraction: float = Field(0.8, gt=0, le=1)
+    #: how often ``serve`` runs it.
+    interval_seconds: float = Field(3600.0, gt=0)
+
+
 class PostgresSettings(BaseModel):
     """The PostgreSQL store and event bus (DESIGN §5.7, §5.8)."""
 
@@ -263,6 +300,27 @@ class PostgresSettings(BaseModel):
         return self
 
 
+class QuotaSettings(BaseModel):
+    """Per-user limits (the user is the caller's id, see api/auth.py). 0 switches a limit off; all
+    are off by default. Counted per server process: N replicas allow up to N times as much."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ContextService calls per second per user (a token bucket) ...
+    calls_per_second: float = Field(0.0, ge=0)
+    #: ... with room for this many at once (0 = one second's worth, at least 1).
+    calls_burst: int = Field(0, ge=0)
+    #: request bytes of AppendMessages per user and minute (a bucket refilled continuously; one
+    #: append larger than this is let through when the bucket is full, and paid back after).
+    append_bytes_per_minute: int = Field(0, ge=0)
+    #: sessions a user may own (checked by CreateSession and ForkSession).
+    sessions_per_user: int = Field(0, ge=0)
+    #: StreamEvents calls a user may have open at once.
+    streams_per_user: int = Field(0, ge=0)
+    #: users whose buckets are remembered (least recently seen ones are forgotten first).
+    max_tracked_users: int = Field(100_000, ge=1)
+
+
 class AuthMode(StrEnum):
     """Whether callers must present an API token (DESIGN §5.10)."""
 
@@ -303,6 +361,8 @@ class HotPathSettings(BaseModel):
 
     #: memory (MB) of the API adapter's LRU of encoded stored messages; 0 turns the cache off.
     wire_cache_mb: int = Field(64, ge=0)
+    #: sessions whose last assembled view is kept for reuse by the next build (0 = off).
+    view_cache_sessions: int = Field(1024, ge=0)
 
 
 class GatewaySettings(BaseModel):
@@ -376,8 +436,15 @@ class Settings(BaseSettings):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
+    #: after in-flight calls drained, how long the transport waits for what is left (health
+    #: watchers, calls refused meanwhile) before closing.
+    shutdown_close_seconds: float = Field(0.5, ge=0)
     #: log lines a minute about refused undecodable requests (the rest are counted, not written).
     refusal_log_per_minute: int = Field(10, ge=0)
+    #: a store that does not answer at start: serve NOT_SERVING and retry, pausing at most this long.
+    store_retry_max_seconds: float = Field(5.0, gt=0)
+    #: ... and give up (one line, exit 1) after this long; 0 = keep trying for ever.
+    store_start_timeout_seconds: float = Field(0.0, ge=0)
     #: how often the server probes its store (a write + fsync) for the health service.
     store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
 
@@ -405,6 +472,8 @@ class Settings(BaseSettings):
     tokens: TokenSettings = Field(default_factory=TokenSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 

@@ -109,6 +109,18 @@ class Unavailable(ContextError):
     reason = "UNAVAILABLE"
 
 
+class ResourceExhausted(ContextError):
+    """A per-user quota or rate limit was hit; ``retry_after_seconds`` says when to try again."""
+
+    reason = "QUOTA_EXCEEDED"
+
+    def __init__(self, message: str, *, limit: str, subject: str, retry_after_seconds: float):
+        super().__init__(message, metadata={"limit": limit, "retry_after_seconds": f"{retry_after_seconds:.3f}"})
+        self.limit = limit
+        self.subject = subject
+        self.retry_after_seconds = retry_after_seconds
+
+
 class Unimplemented(ContextError):
     """The RPC exists in the contract but its capability has not landed yet."""
 

@@ -38,6 +38,11 @@ class ViewRecord:
     #: the session's compaction count when the view was built: a baseline from a view older than
     #: the last compaction describes a context that no longer exists.
     epoch: int = 0
+    #: the view's calibration features (``core.priors.FEATURES``): what a baseline of it is fitted on.
+    features: tuple[float, ...] = ()
+    #: estimated tokens of the not-yet-stored incoming message the view carried: once appended it
+    #: is newer than ``last_sequence``, so a baseline of this view must not count it twice.
+    incoming_tokens: int = 0
 
 
 class TokenStore(Protocol):
@@ -163,11 +168,16 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         caller: Principal,
         buffer: BufferKind,
         before_sequence: int = 0,
+        before_position: tuple[int, int] | None = None,
         limit: int = 50,
     ) -> list[Message]:
-        """Up to ``limit`` newest rows of the buffer with sequence < ``before_sequence`` (0 = no
-        bound), returned oldest first. DISPLAY: rows with ``is_display``, by sequence. CONTEXT:
-        rows with ``is_context``, in context order (see ``context_order``), paged by sequence."""
+        """Up to ``limit`` rows of the buffer just before a position, returned in buffer order.
+
+        DISPLAY: rows with ``is_display`` and sequence < ``before_sequence`` (0 = no bound), by
+        sequence. CONTEXT: rows with ``is_context`` whose ``context_sort_key`` is below
+        ``before_position`` — or, without one, below ``(before_sequence, 0)``: the rows placed
+        before message ``before_sequence`` (0 = no bound) — in context order. Pages cut at a
+        position, never at a sequence number, so consecutive pages concatenate to the buffer."""
         ...
 
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -18,14 +19,21 @@ from contextsvc import __version__, telemetry
 from contextsvc._gen.v1 import context_service_pb2
 from contextsvc.api.auth import AuthInterceptor
 from contextsvc.api.decoding import DecodeGuard
+from contextsvc.api.gate import ServingGate
 from contextsvc.api.health import HealthService
+from contextsvc.api.quotas import Quotas
 from contextsvc.api.servicer import ContextServicer, add_to_server
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
+from contextsvc.core.session import Principal
 from contextsvc.engine.authn import Authenticator
 from contextsvc.engine.engine import Engine
+from contextsvc.engine.maintenance import maintenance_loop
+from contextsvc.errors import Unavailable
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
+from contextsvc.startup import DeferredBus, StartupError, open_store_until_ready
+from contextsvc.store_health import StoreHealthWatcher
 from contextsvc.stores import open_store
 from contextsvc.stores.token_access import server_token_store
 from contextsvc.summarizers.registry import build_summarizers
@@ -49,6 +57,14 @@ class RunningServer:
     certificates: CertificateReloader | None = None
     #: closes what authentication opened (a separate token store), before the store closes.
     auth_resources: AsyncExitStack = field(default_factory=AsyncExitStack)
+    #: admits ContextService calls only while SERVING (not before the store answers, not draining).
+    gate: ServingGate = field(default_factory=ServingGate)
+    #: retries opening a store that did not answer at start (None when it did).
+    opener: asyncio.Task[None] | None = None
+    #: mirrors the store's health (writable, damaged sessions) into the health service.
+    store_health: StoreHealthWatcher | None = None
+    #: the periodic store maintenance run (``engine/maintenance.py``).
+    maintenance: asyncio.Task[None] | None = None
 
     def reload_certificates(self) -> None:
         """SIGHUP: read the TLS certificate, key and client CAs again (no-op without TLS)."""
@@ -71,8 +87,19 @@ async def start(settings: Settings) -> RunningServer:
     )
     # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
     tel = telemetry.configure(service_version=__version__)
-    store = open_store(settings.store, settings)
-    await store.open()
+    try:
+        store = open_store(settings.store, settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    gate = ServingGate()
+    first_error: Unavailable | None = None
+    try:
+        await store.open()
+    except Unavailable as exc:
+        # Transient (PostgreSQL not up yet): listen NOT_SERVING and keep trying (contextsvc/startup.py).
+        first_error = exc
+    except Exception as exc:
+        raise StartupError(f"cannot open the store {settings.store}: {' '.join(str(exc).split())}") from None
     auth_resources = AsyncExitStack()
     authenticator: Authenticator | None = None
     if transport.auth_required:
@@ -82,7 +109,13 @@ async def start(settings: Settings) -> RunningServer:
             await store.close()
             raise
         authenticator = Authenticator(tokens, settings.auth, SystemClock())
-    bus = _make_bus(settings, store)
+    deferred: DeferredBus | None = None
+    bus: EventBus
+    if first_error is None:
+        bus = _make_bus(settings, store)
+        gate.ready()
+    else:
+        bus = deferred = DeferredBus()
     engine = Engine(
         store=tel.wrap_store(store),
         bus=tel.wrap_bus(bus),
@@ -91,12 +124,23 @@ async def start(settings: Settings) -> RunningServer:
         summarizers=tel.wrap_summarizers(build_summarizers(settings)),
     )
     limits = settings.limits
+
+    async def owned_sessions(caller: Principal) -> int:
+        # Counted as a non-admin of the same user: an admin's quota is on what they own.
+        owner = Principal(user_id=caller.user_id)
+        return (await engine.sessions.list(owner, page_size=1, page_token="", profile_id="", query="")).total
+
+    quotas = Quotas(settings.quotas, count_sessions=owned_sessions)
     server = grpc.aio.server(
-        # Telemetry outermost, so refused calls are measured and traced too.
+        # Telemetry outermost, so refused calls are measured and traced too. The serving gate runs
+        # before authentication (a server whose store is not ready cannot check tokens); quotas
+        # after it, since they are per authenticated user. Without authentication no auth
+        # interceptor runs: caller_of() is the local admin.
         interceptors=[
             *tel.server_interceptors(),
-            DecodeGuard(log_per_minute=settings.refusal_log_per_minute),
-            AuthInterceptor(authenticator),
+            DecodeGuard(log_per_minute=settings.refusal_log_per_minute, admissions=[gate]),
+            *([AuthInterceptor(authenticator)] if authenticator is not None else []),
+            DecodeGuard(log_per_minute=settings.refusal_log_per_minute, admissions=[quotas], decoding=False),
         ],
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
@@ -106,7 +150,7 @@ async def start(settings: Settings) -> RunningServer:
             ("grpc.so_reuseport", 0),
         ],
     )
-    add_to_server(ContextServicer(engine), server)
+    add_to_server(ContextServicer(engine, stopping=gate.stopping), server)
     health = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -122,10 +166,12 @@ async def start(settings: Settings) -> RunningServer:
         await auth_resources.aclose()
         await store.close()
         raise OSError(f"cannot listen on {settings.listen}: {exc}") from None
+    await _set_health(
+        health,
+        health_pb2.HealthCheckResponse.SERVING if first_error is None else health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(
+    running = RunningServer(
         server=server,
         health=health,
         engine=engine,
@@ -136,14 +182,87 @@ async def start(settings: Settings) -> RunningServer:
         authenticator=authenticator,
         certificates=certificates,
         auth_resources=auth_resources,
+        gate=gate,
+    )
+    if deferred is None or first_error is None:
+        await _start_background(running, settings, bus)
+        return running
+    log.warning(
+        "store not reachable; serving NOT_SERVING until it answers",
+        extra={"store": settings.store, "error": " ".join(str(first_error).split())},
+    )
+
+    async def ready() -> None:
+        deferred.target = _make_bus(settings, store)
+        gate.ready()
+        await _set_health(health, health_pb2.HealthCheckResponse.SERVING)
+        await _start_background(running, settings, deferred.target)
+
+    running.opener = asyncio.create_task(
+        open_store_until_ready(
+            store,
+            first_error=first_error,
+            retry_max_seconds=settings.store_retry_max_seconds,
+            give_up_after_seconds=settings.store_start_timeout_seconds,
+            on_ready=ready,
+        )
+    )
+    return running
+
+
+async def _start_background(running: RunningServer, settings: Settings, bus: EventBus) -> None:
+    """Once the store answers: mirror its health (writable, damaged sessions) into the health
+    service, and run store maintenance periodically (``engine/maintenance.py``)."""
+    store_health = StoreHealthWatcher(
+        running.health, running.store, SERVICE_NAME, settings.store_health_interval_seconds
+    )
+    await store_health.start()
+    running.store_health = store_health
+    watched = getattr(bus, "watched_sessions", None)
+    running.maintenance = asyncio.create_task(
+        maintenance_loop(
+            running.store,
+            bus,
+            settings.maintenance,
+            now=SystemClock().now,
+            busy=watched if watched is not None else frozenset,
+            sleep=asyncio.sleep,
+        ),
+        name="contextsvc-maintenance",
     )
 
 
-async def stop(running: RunningServer, grace: float) -> None:
-    """Health NOT_SERVING first so balancers drain us, then finish in-flight calls, then close."""
+async def _set_health(health: health_aio.HealthServicer, status: int) -> None:
     for name in ("", SERVICE_NAME):
-        await running.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await running.server.stop(grace)
+        await health.set(name, status)
+
+
+async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -> None:
+    """Drain: new ContextService calls get UNAVAILABLE (SHUTTING_DOWN) and health says NOT_SERVING
+    so balancers move on; open StreamEvents calls end with UNAVAILABLE carrying the
+    ``after_event_id`` to resume from; calls in flight finish within ``grace``; then close."""
+    running.gate.drain()
+    # The store's health watcher would otherwise turn SERVING back on during the drain.
+    if running.store_health is not None:
+        await running.store_health.stop()
+    if running.maintenance is not None:
+        running.maintenance.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running.maintenance
+    await _set_health(running.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if running.opener is not None:
+        running.opener.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StartupError):
+            await running.opener
+    # Calls in flight finish first, while the transport still accepts (and the gate refuses) new
+    # ones; grpc's own stop would cancel calls it had accepted but not yet handed over.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    idle = await running.gate.wait_idle(grace)
+    if not idle:
+        log.warning("grace period over; cancelling calls still running", extra={"calls": running.gate.in_flight})
+    # What remains are health watchers and calls refused meanwhile: a short close.
+    await running.server.stop(min(max(deadline - loop.time(), 0.0), close_grace))
     await running.engine.close()
     await running.bus.close()
     if running.authenticator is not None:
@@ -184,9 +303,21 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     loop.add_signal_handler(signal.SIGHUP, running.reload_certificates)
+    failed: BaseException | None = None
+    if running.opener is not None:
+        # A store that never answers within store_start_timeout_seconds ends the process.
+        running.opener.add_done_callback(
+            lambda task: stopping.set() if not task.cancelled() and task.exception() is not None else None
+        )
     await stopping.wait()
+    if running.opener is not None and running.opener.done():
+        if not running.opener.cancelled():
+            failed = running.opener.exception()
+        running.opener = None
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
     if gateway is not None:
         await gateway.close()
-    await stop(running, settings.shutdown_grace_seconds)
+    await stop(running, settings.shutdown_grace_seconds, settings.shutdown_close_seconds)
     log.info("stopped")
+    if failed is not None:
+        raise failed

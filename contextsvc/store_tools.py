@@ -1,11 +1,13 @@
-"""Operator commands over a store: ``contextsvc fsck`` checks (and ``--repair``s) the files store's logs."""
+"""Operator commands over a store: ``contextsvc fsck`` checks (and ``--repair``s) the files store's
+logs; ``contextsvc maintain`` runs store maintenance once (``--dry-run`` only prints)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections import Counter
 
-from contextsvc.config import Settings
+from contextsvc.config import MaintenanceSettings, Settings
 from contextsvc.stores import open_store
 from contextsvc.stores.files import FilesStore
 
@@ -38,3 +40,62 @@ def run_fsck(settings: Settings, *, repair: bool) -> int:
     print(", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES))
     remaining = [e for e in entries if e.outcome != "ok" and not e.repaired]
     return 1 if remaining else 0
+
+
+def run_maintain(settings: Settings, *, dry_run: bool, enforce: bool) -> int:
+    """One maintenance run over the files store (the server must be stopped: it takes the lock)."""
+    from contextsvc.clock import SystemClock
+    from contextsvc.engine.maintenance import run_maintenance
+
+    try:
+        store = open_store(settings.store, settings)
+    except ValueError as exc:
+        print(f"contextsvc maintain: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(store, FilesStore):
+        print("contextsvc maintain: runs over the files store (store is not files:PATH)", file=sys.stderr)
+        return 2
+    config = settings.maintenance.model_copy(update={"mode": "enforce"}) if enforce else settings.maintenance
+
+    async def run() -> int:
+        await store.open()
+        try:
+            result = await run_maintenance(store, None, config, now=SystemClock().now(), dry_run=dry_run)
+        finally:
+            await store.close()
+        assert result is not None
+        removing = config.mode == "enforce" and not dry_run
+        how = "dry run" if dry_run else f"mode {config.mode}"
+        print(
+            f"contextsvc maintain: {store.root} ({how}): {result.sessions_before} sessions, "
+            f"{_mb(result.bytes_before)}; policy: {_policy(config)}"
+        )
+        verb = "removed" if removing else "to remove"
+        for r in result.removals:
+            print(f"{'removed' if removing else 'would remove'}  {r.session_id}  {_mb(r.size_bytes):>9}  {r.reason}")
+        for note in result.notes:
+            print(f"note: {note}")
+        freed = sum(r.size_bytes for r in result.removals)
+        left = "left" if removing else "would be left"
+        print(f"{len(result.removals)} session(s), {_mb(freed)} {verb}; {_mb(result.bytes_after)} {left}")
+        return 0
+
+    try:
+        return asyncio.run(run())
+    except OSError as exc:
+        print(f"contextsvc maintain: {exc}", file=sys.stderr)
+        return 1
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1024 * 1024):.2f} MB"
+
+
+def _policy(config: MaintenanceSettings) -> str:
+    parts = [f"prune_after {config.prune_after_days:g} days" if config.prune_after_days else "no prune_after"]
+    parts.append(f"max_sessions {config.max_sessions}" if config.max_sessions else "no max_sessions")
+    if config.disk_budget_mb:
+        parts.append(f"disk_budget {config.disk_budget_mb:g} MB (high-water {config.high_water_fraction:.0%})")
+    else:
+        parts.append("no disk_budget")
+    return ", ".join(parts)

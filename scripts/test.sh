@@ -19,6 +19,8 @@ scripts/buf.sh lint
 step "generated code matches protos/"
 python3 scripts/gen_protos.py --check
 
+scripts/test-clients.sh  # contract (buf breaking, client drift), TypeScript and Go clients, scenario
+
 step "ruff"
 python3 -m ruff check .
 python3 -m ruff format --check .

@@ -102,17 +102,15 @@ class Seeder:
     def copy_context(self, source: str, *, profile: str = "") -> str:
         """A fresh session holding the context rows of ``source`` (appended as plain messages)."""
         rows: list[r.Message] = []
-        before = 0
-        for _ in range(1000):  # bounded paging
+        token = ""
+        for _ in range(1000):  # bounded paging; the context buffer pages by token
             page = self.stub.ListMessages(
-                pb.ListMessagesRequest(
-                    session_id=source, buffer=pb.BUFFER_CONTEXT, page_size=1000, before_sequence=before
-                )
+                pb.ListMessagesRequest(session_id=source, buffer=pb.BUFFER_CONTEXT, page_size=1000, page_token=token)
             )
             rows[:0] = list(page.messages)
-            if not page.next_before_sequence:
+            if not page.next_page_token:
                 break
-            before = page.next_before_sequence
+            token = page.next_page_token
         sid = self.stub.CreateSession(pb.CreateSessionRequest(profile_id=profile or self.profile, name="copy")).id
         fresh = []
         for m in rows:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
 import grpc
 
 from contextsvc.api.errors import to_status
 from contextsvc.api.throttled_log import ThrottledLog
-from contextsvc.errors import FieldViolation, InvalidArgument
+from contextsvc.errors import ContextError, FieldViolation, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,22 @@ def undecodable_error(bad: Undecodable, method: str) -> InvalidArgument:
 
 # The handler namedtuple grpc builds (grpc._utilities.RpcMethodHandler); its fields are typed loosely.
 Handler = Any
+Release = Callable[[], None]
+#: Decides whether a decoded call may run: raises a ContextError to refuse it (the status the client
+#: gets), or returns a release callback run when the call ends (None when there is nothing to undo).
+#: ``request`` is None for client-streaming methods.
+Admission = Callable[[str, Any, Any], Awaitable[Release | None]]
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):
-    """Wraps every method handler so an undecodable request is refused with INVALID_ARGUMENT."""
+    """Wraps every method handler so an undecodable request is refused with INVALID_ARGUMENT, then
+    runs the admissions (serving gate, quotas) before the servicer sees the call."""
 
-    def __init__(self, *, log_per_minute: int):
+    def __init__(self, *, log_per_minute: int, admissions: Sequence[Admission] = (), decoding: bool = True):
+        """``decoding=False`` runs only the admissions (a guard placed after authentication)."""
         self._refusals = ThrottledLog(log, per_minute=log_per_minute)
+        self._admissions = tuple(admissions)
+        self._decoding = decoding
         # method path -> (handler as registered, wrapped handler); bounded by the registered methods.
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
@@ -97,13 +106,15 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler:
         handler: Handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
+        if handler is None or (self._decoding and handler.request_deserializer is None):
+            return handler
+        if not self._decoding and not self._admissions:
             return handler
         method: str = handler_call_details.method
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, method)
+        wrapped = self.wrap(handler, method)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
@@ -118,9 +129,26 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
         await context.abort_with_status(to_status(undecodable_error(bad, method)))
         raise AssertionError("abort_with_status returned")  # pragma: no cover
 
-    def _wrap(self, handler: Handler, method: str) -> Handler:
+    async def _admit(self, method: str, request: Any, context: Any) -> list[Release]:
+        releases: list[Release] = []
+        try:
+            for admission in self._admissions:
+                release = await admission(method, request, context)
+                if release is not None:
+                    releases.append(release)
+        except ContextError as exc:
+            for release in releases:
+                release()
+            await context.abort_with_status(to_status(exc))
+        return releases
+
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        """``handler`` with undecodable requests refused and the admissions run first."""
         refuse = self._refuse
-        changes: dict[str, Any] = {"request_deserializer": safe_deserializer(handler.request_deserializer)}
+        admit = self._admit
+        changes: dict[str, Any] = {}
+        if self._decoding:
+            changes["request_deserializer"] = safe_deserializer(handler.request_deserializer)
         if handler.request_streaming:
 
             async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
@@ -133,15 +161,23 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
                 inner_ss = handler.stream_stream
 
                 async def stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-                    async for response in _responses(inner_ss(checked(requests, context), context)):
-                        yield response
+                    releases = await admit(method, None, context)
+                    try:
+                        async for response in _responses(inner_ss(checked(requests, context), context)):
+                            yield response
+                    finally:
+                        _release(releases)
 
                 changes["stream_stream"] = stream_stream
             else:
                 inner_su = handler.stream_unary
 
                 async def stream_unary(requests: AsyncIterator[Any], context: Any) -> Any:
-                    return await inner_su(checked(requests, context), context)
+                    releases = await admit(method, None, context)
+                    try:
+                        return await inner_su(checked(requests, context), context)
+                    finally:
+                        _release(releases)
 
                 changes["stream_unary"] = stream_unary
         elif handler.response_streaming:
@@ -150,8 +186,12 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 if isinstance(request, Undecodable):
                     await refuse(request, method, context)
-                async for response in _responses(inner_us(request, context)):
-                    yield response
+                releases = await admit(method, request, context)
+                try:
+                    async for response in _responses(inner_us(request, context)):
+                        yield response
+                finally:
+                    _release(releases)
 
             changes["unary_stream"] = unary_stream
         else:
@@ -160,11 +200,20 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
             async def unary_unary(request: Any, context: Any) -> Any:
                 if isinstance(request, Undecodable):
                     await refuse(request, method, context)
-                result = inner_uu(request, context)
-                return await result if inspect.isawaitable(result) else result
+                releases = await admit(method, request, context)
+                try:
+                    result = inner_uu(request, context)
+                    return await result if inspect.isawaitable(result) else result
+                finally:
+                    _release(releases)
 
             changes["unary_unary"] = unary_unary
         return handler._replace(**changes)
+
+
+def _release(releases: list[Release]) -> None:
+    for release in releases:
+        release()
 
 
 async def _responses(result: Any) -> AsyncIterator[Any]:

@@ -22,6 +22,7 @@ _CODES: list[tuple[type[errors.ContextError], grpc.StatusCode]] = [
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Conflict, grpc.StatusCode.ABORTED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.Internal, grpc.StatusCode.INTERNAL),
@@ -54,6 +55,14 @@ def to_status(exc: errors.ContextError) -> grpc.Status:
     if isinstance(exc, errors.Unavailable):
         retry = error_details_pb2.RetryInfo()
         retry.retry_delay.seconds = RETRY_DELAY_SECONDS
+        details.append(_pack(retry))
+    if isinstance(exc, errors.ResourceExhausted):
+        quota = error_details_pb2.QuotaFailure(
+            violations=[error_details_pb2.QuotaFailure.Violation(subject=exc.subject, description=exc.message)]
+        )
+        details.append(_pack(quota))
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(max(1_000_000, int(exc.retry_after_seconds * 1e9)))
         details.append(_pack(retry))
     status = status_pb2.Status(code=code.value[0], message=exc.message, details=details)
     return cast(grpc.Status, rpc_status.to_status(status))

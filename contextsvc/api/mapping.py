@@ -115,6 +115,7 @@ def profile_from_pb(pb: resources_pb2.Profile | None) -> ProfileOverrides:
             summarizer=opt(c, "summarizer"),
             strategies=tuple(c.strategies),
             critical_tool_names=tuple(c.critical_tool_names),
+            hard_truncate_fallback=opt(c, "hard_truncate_fallback"),
         ),
     )
 
@@ -220,4 +221,10 @@ def _extended_event(pb: events_pb2.Event, kind: str, payload: dict[str, Any]) ->
     ):
         if isinstance(converted.get(key), str):
             converted[key] = prefix + converted[key].upper()
+    if isinstance(converted.get("stages"), list):
+        converted["stages"] = [
+            {**stage, "method": "COMPRESSION_METHOD_" + str(stage.get("method", "unspecified")).upper()}
+            for stage in converted["stages"]
+            if isinstance(stage, dict)
+        ]
     json_format.ParseDict(converted, target, ignore_unknown_fields=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,8 +18,11 @@ from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.api import mapping
 from contextsvc.api.auth import caller_of
 from contextsvc.api.errors import internal_status, to_status
+from contextsvc.api.streams import until_stopped
 from contextsvc.api.views import estimate_to_pb, report_to_compress_response, response_fields
 from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, serialize
+from contextsvc.core.priors import MESSAGE, TOOL_CALL
+from contextsvc.core.sizing import CLASSES
 from contextsvc.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -50,9 +54,11 @@ def unary(
 
 
 class ContextServicer(pb_grpc.ContextServiceServicer):
-    def __init__(self, engine: Engine, *, wire_cache: WireCache | None = None):
+    def __init__(self, engine: Engine, *, wire_cache: WireCache | None = None, stopping: asyncio.Event | None = None):
         self._engine = engine
         self.wire_cache = wire_cache or WireCache(engine.settings.hot_path.wire_cache_mb * 1024 * 1024)
+        # Set when the server drains: open StreamEvents calls end with UNAVAILABLE + after_event_id.
+        self._stopping = stopping or asyncio.Event()
 
     @unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Context) -> resources_pb2.Session:
@@ -133,10 +139,12 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             buffer=mapping.buffer_from_pb(request.buffer),
             page_size=request.page_size,
             before_sequence=request.before_sequence,
+            page_token=request.page_token,
         )
         return pb.ListMessagesResponse(
             messages=[mapping.message_to_pb(m) for m in page.messages],
             next_before_sequence=page.next_before_sequence,
+            next_page_token=page.next_page_token,
         )
 
     @unary
@@ -183,7 +191,14 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
                 tokens_per_char=cal.tokens_per_char,
                 observations=cal.observations,
                 fitted=cal.fitted,
+                per_message=cal.weights[MESSAGE],
+                per_tool_call=cal.weights[TOOL_CALL],
+                margin=cal.margin,
+                family=cal.family,
+                class_ratios=dict(zip(CLASSES, cal.weights, strict=False)),
             ),
+            truncation_reason=result.truncation_reason,
+            lower_bound=result.lower_bound,
         )
 
     @unary
@@ -199,9 +214,10 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
 
     async def StreamEvents(self, request: pb.StreamEventsRequest, context: Context) -> AsyncIterator[events_pb2.Event]:
         try:
-            async for event in self._engine.sessions.events(
+            events = self._engine.sessions.events(
                 caller_of(context), session_id=request.session_id, after_event_id=request.after_event_id
-            ):
+            )
+            async for event in until_stopped(events, self._stopping, after_event_id=request.after_event_id):
                 yield mapping.event_to_pb(event)
         except errors.ContextError as exc:
             await context.abort_with_status(to_status(exc))

@@ -7,7 +7,7 @@ from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.api.mapping import message_to_pb
 from contextsvc.core.compression.plan import CompactionPlan
 from contextsvc.core.tokens import EstimateMethod, TokenEstimate
-from contextsvc.engine.compaction import CompressionReport, Method, Reason, plan_payload
+from contextsvc.engine.compaction import CompressionReport, Method, Reason, Stage, plan_payload
 from contextsvc.engine.views import BuiltView
 
 _METHODS = {
@@ -37,6 +37,7 @@ def estimate_to_pb(e: TokenEstimate) -> resources_pb2.TokenEstimate:
             images=s.images,
             incoming=s.incoming,
         ),
+        margin=e.margin,
     )
 
 
@@ -85,6 +86,16 @@ def plan_to_pb(plan: CompactionPlan | None) -> events_pb2.CompressionPlan | None
     return events_pb2.CompressionPlan(**plan_payload(plan))
 
 
+def stage_to_pb(stage: Stage) -> events_pb2.CompressionStage:
+    return events_pb2.CompressionStage(
+        method=_COMPRESSION_METHODS[stage.method],
+        messages_removed=stage.messages_removed,
+        messages_added=stage.messages_added,
+        tokens_before=stage.tokens_before,
+        tokens_after=stage.tokens_after,
+    )
+
+
 def report_to_pb(report: CompressionReport) -> pb.CompressionReport:
     return pb.CompressionReport(
         compressed=report.compressed,
@@ -97,6 +108,7 @@ def report_to_pb(report: CompressionReport) -> pb.CompressionReport:
         context_tokens_after=report.context_tokens_after,
         breadcrumbs=list(report.breadcrumbs),
         plan=plan_to_pb(report.plan),
+        stages=[stage_to_pb(stage) for stage in report.stages],
     )
 
 
@@ -111,4 +123,5 @@ def report_to_compress_response(report: CompressionReport) -> pb.CompressRespons
         context_tokens_after=report.context_tokens_after,
         breadcrumbs=list(report.breadcrumbs),
         plan=plan_to_pb(report.plan),
+        stages=[stage_to_pb(stage) for stage in report.stages],
     )

@@ -72,6 +72,20 @@ class _Entry:
     framed: bytes
 
 
+@dataclass(slots=True, frozen=True)
+class _ViewEntry:
+    """The framed messages of a session's last view, valid while the engine hands out the very
+    same message list (it does when it reuses the view: ``engine.view_memo``). Holding the list
+    keeps its identity from being reused."""
+
+    messages: list[ViewMessage]
+    framed: bytes
+
+
+#: Key slot of a session's whole-view entry (no stored row has sequence number 0).
+_VIEW = 0
+
+
 class WireCache:
     """LRU of framed, encoded stored messages, bounded in bytes. Safe to share across tasks and
     threads (one lock around the dict operations; encoding happens outside it)."""
@@ -80,7 +94,7 @@ class WireCache:
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, int], _Entry | _ViewEntry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -92,7 +106,7 @@ class WireCache:
         with self._lock:
             entry = self._entries.get(key)
             if (
-                entry is not None
+                isinstance(entry, _Entry)
                 and entry.flags == m.flags
                 and entry.token_count == m.token_count
                 and entry.content_len == len(m.content)
@@ -105,7 +119,21 @@ class WireCache:
         self._put(key, _Entry(m.flags, m.token_count, len(m.content), framed))
         return framed
 
-    def _put(self, key: tuple[str, int], entry: _Entry) -> None:
+    def view(self, session_id: str, messages: list[ViewMessage]) -> bytes | None:
+        """The framed messages of ``messages`` when they are the session's last view's, else None."""
+        key = (session_id, _VIEW)
+        with self._lock:
+            entry = self._entries.get(key)
+            if isinstance(entry, _ViewEntry) and entry.messages is messages:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry.framed
+        return None
+
+    def put_view(self, session_id: str, messages: list[ViewMessage], framed: bytes) -> None:
+        self._put((session_id, _VIEW), _ViewEntry(messages, framed))
+
+    def _put(self, key: tuple[str, int], entry: _Entry | _ViewEntry) -> None:
         cost = len(entry.framed) + ENTRY_OVERHEAD_BYTES
         if cost > self._max_bytes:
             return
@@ -148,12 +176,20 @@ def encode_build_response(
 ) -> EncodedResponse:
     """``built`` on the wire: each view message framed (from ``cache`` when it is a stored row the
     view did not change), then ``tail`` (the response's other fields, without messages)."""
+    tail_bytes = tail.SerializeToString()
+    whole = cache.view(session_id, built.messages)
+    if whole is not None:
+        return EncodedResponse(whole + tail_bytes)
     parts: list[bytes] = []
+    carries_images = False
     for vm in built.messages:
         m = vm.message
         if vm.truncated or m.images or not m.sequence_number or not vm.stored:
+            carries_images = carries_images or bool(vm.image_data)
             parts.append(_fresh(vm))
         else:
             parts.append(cache.framed(session_id, m))
-    parts.append(tail.SerializeToString())
-    return EncodedResponse(b"".join(parts))
+    framed = b"".join(parts)
+    if not carries_images:
+        cache.put_view(session_id, built.messages, framed)
+    return EncodedResponse(framed + tail_bytes)

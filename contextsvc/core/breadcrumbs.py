@@ -23,6 +23,7 @@ from contextsvc.core.messages import Message
 __all__ = [
     "Entity",
     "EntityKind",
+    "canonical_key",
     "extract_breadcrumbs",
     "extract_entities",
     "format_keys_line",
@@ -112,7 +113,9 @@ _PATTERNS: tuple[tuple[EntityKind, re.Pattern[str]], ...] = (
 )
 _QUOTED = re.compile(
     r"`([^`\n;]{2,80})`"
-    r"|\"([^\"\n;]{2,60})\"(?!\s*:)"
+    # A double-quoted name neither opens onto JSON punctuation (the gap `": 1, "` after a key)
+    # nor is a key itself (followed by `:`).
+    r"|\"(?!\s*[:,}\]])([^\"\n;]{2,60})\"(?!\s*:)"
     r"|“([^”\n;]{2,60})”"
     r"|«([^»\n;]{2,60})»"
     r"|(?<![\w'])'([^'\n;]{2,60})'(?![\w'])"
@@ -128,6 +131,12 @@ _NOT_TICKETS = frozenset({"UTF", "SHA", "ISO", "MD", "AES", "RSA", "ECMA", "UCS"
 #: quoted words too common to be names.
 _QUOTED_STOP = frozenset({"yes", "no", "ok", "true", "false", "none", "null", "the", "and", "or"})
 _SPACES = re.compile(r"\s+")
+#: characters a quoted name never starts or ends with (they mark a JSON fragment).
+_FRAGMENT_EDGES = frozenset(":,{}[]=")
+#: JSON keys that give a number its meaning (identifier-like, not an array index or a sentence).
+_JSON_KEY = re.compile(r"[A-Za-z_][\w.-]{1,40}")
+#: JSON documents up to this size are parsed whole; larger ones are scanned as text.
+_JSON_PARSE_CHARS = 200_000
 _TRAILING_PUNCT = ".,:!?'\")]}>"
 
 
@@ -192,34 +201,88 @@ def merge_breadcrumbs(
 
 
 def split_keys_line(summary: str) -> tuple[str, list[str]]:
-    """Split a trailing ``KEYS:`` line off ``summary``: (text without it, its keys).
+    """Split the ``KEYS:`` line off a summary: ``(text without it, its keys)``. The one KEYS
+    parser of the project (``core.compression.split_keys`` is this function).
 
-    Keys are separated by ``;`` (or by ``,`` when the line has no ``;``). A summary without the
-    line comes back unchanged with no keys. Markdown decoration around the label is tolerated."""
-    lines = summary.rstrip().splitlines()
-    for index in range(len(lines) - 1, -1, -1):
-        line = lines[index].strip()
-        if not line:
-            continue
-        match = _KEYS_LABEL.match(line)
+    The rule, pinned by ``tests/unit/test_keys_line.py``:
+
+    1. The KEYS line is the *last* line whose label reads ``KEYS:`` — any case, an optional
+       bullet (``-``, ``*``, ``•``, ``>``) and bold/underline markers around the label, an ASCII
+       or full-width colon.
+    2. A label in upper case (``KEYS:``) counts wherever it is (a model may add a closing sentence
+       after it). Any other spelling (``Keys:``, ``keys:``) counts only when it ends the text —
+       nothing but blank lines, or its own bullets, after it — so an ordinary bullet that starts
+       with "Keys:" is left alone.
+    3. Items are separated by ``;``; by ``,`` only when the line has no ``;`` (so ``1,000 USD``
+       survives in a ``;`` list). A bare ``KEYS:`` takes the bullet lines right under it.
+    4. Each item is canonicalized by ``canonical_key``: whitespace collapsed; list punctuation,
+       quotes and code ticks around it and bold/italic asterisk pairs removed; ``_`` and a lone
+       ``*`` kept (``__init__``, ``*args``). Empty items and exact duplicates are dropped.
+    5. Without a KEYS line the text comes back unchanged, with no keys.
+
+    ``format_keys_line`` writes a line this reads back to the same keys, and every breadcrumb
+    the extractor makes is already canonical, so breadcrumbs round-trip through one line."""
+    lines = summary.splitlines()
+    for at in range(len(lines) - 1, -1, -1):
+        match = _KEYS_LINE.match(lines[at])
         if match is None:
-            break
-        body = line[match.end() :].strip()
-        if line.startswith("**") and body.endswith("**"):  # **KEYS: a; b**
-            body = body[:-2].rstrip()
-        separator = ";" if ";" in body else ","
-        keys = [_unquote(k.strip()) for k in body.split(separator)]
-        text = "\n".join(lines[:index]).rstrip()
-        return text, [k for k in keys if k]
+            continue
+        rest = match.group("rest").strip()
+        if rest.endswith(("**", "__")) and match.group("bold"):  # **KEYS: a; b**
+            rest = rest[:-2].rstrip()
+        following = lines[at + 1 :]
+        bullets = [] if rest else _leading_bullets(following)
+        final = all(not line.strip() for line in following[len(bullets) :])
+        if not final and match.group("word") != "KEYS":
+            continue
+        raw = (rest.split(";") if ";" in rest else rest.split(",")) if rest else bullets
+        used = at + 1 + len(bullets)
+        text = "\n".join(lines[:at] + lines[used:]).rstrip()
+        keys: dict[str, None] = {}
+        for item in raw:
+            if key := canonical_key(item):
+                keys.setdefault(key, None)
+        return text, list(keys)
     return summary, []
 
 
-def _unquote(key: str) -> str:
-    """A key without the backticks a model may put around it."""
-    return key[1:-1].strip() if len(key) >= 2 and key[0] == key[-1] == "`" else key
+def canonical_key(item: str) -> str:
+    """One KEYS item in canonical form (rule 4 of ``split_keys_line``); idempotent."""
+    text = _SPACES.sub(" ", item).strip()
+    while True:
+        before = text
+        text = text.strip(_LIST_PUNCT)
+        if len(text) > 1 and text[-1] == "." and text[-2].isalnum():  # a full stop, not `ruff check .`
+            text = text[:-1]
+        text = _BOLD_EDGES.sub("", text).strip()
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in _PAIRS and text[0] not in text[1:-1]:
+            text = text[1:-1].strip()  # `a`, "a", 'a', *a*
+        if text == before:
+            return text
 
 
-_KEYS_LABEL = re.compile(r"^[-*>#\s]*[*_`]*KEYS[*_`]*\s*:[*_`]*", re.I)
+def _leading_bullets(lines: Sequence[str]) -> list[str]:
+    items: list[str] = []
+    for line in lines:
+        bullet = _BULLET.match(line)
+        if bullet is None:
+            break
+        items.append(bullet.group("item"))
+    return items
+
+
+_KEYS_LINE = re.compile(
+    r"^\s*(?:[-*•>]+\s*)?#*\s*(?P<bold>\*\*|__)?\s*(?P<word>keys)\s*(?:\*\*|__)?\s*[:\uff1a]\s*(?:\*\*|__)?\s*"
+    r"(?P<rest>.*)$",
+    re.IGNORECASE,
+)
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(?P<item>.*)$")
+# List punctuation around a key goes, and one pair of quotes / code ticks / emphasis around the
+# whole key; `_`, a leading `.` and a lone `*` stay: they are part of names (`__init__`, `.env`,
+# `*args`), and so does a quote that is part of a command (`echo "hi"`).
+_LIST_PUNCT = " \t;,"
+_PAIRS = "\"'`*"
+_BOLD_EDGES = re.compile(r"^\*{2,}|\*{2,}$")
 
 
 def format_keys_line(keys: Sequence[str]) -> str:
@@ -267,6 +330,54 @@ def _from_arguments(arguments_json: str, *, max_chars: int, scan_chars: int) -> 
             yield from _from_text(value, max_chars=max_chars, scan_chars=scan_chars)
 
 
+def _from_json(document: object, *, max_chars: int, scan_chars: int) -> Iterator[Entity]:
+    """Entities of a parsed JSON document: commands and paths by key, short string values as
+    names, numbers with the key that gives them their meaning (``total_tokens=79924``), and the
+    entities of longer strings. Bounded like ``_walk``."""
+    budget = scan_chars
+    for key, value in _walk_json(document, depth=0):
+        if budget <= 0:
+            return
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int | float):
+            if _JSON_KEY.fullmatch(key) and (text := _clean(f"{key}={value}", max_chars)):
+                budget -= len(text)
+                yield Entity(EntityKind.QUANTITY, text)
+            continue
+        if not isinstance(value, str):
+            continue
+        budget -= len(value)
+        lowered = key.lower()
+        if lowered in _COMMAND_KEYS:
+            for command in _split_commands(value):
+                if text := _clean(command, max_chars):
+                    yield Entity(EntityKind.COMMAND, text)
+        elif lowered in _PATH_KEYS and value.strip() and not any(c.isspace() for c in value.strip()):
+            if text := _clean(value, max_chars):
+                yield Entity(EntityKind.PATH, text)
+        else:
+            inner = list(_from_text(value, max_chars=max_chars, scan_chars=scan_chars))
+            if inner:
+                yield from inner
+            elif _accept(EntityKind.QUOTED, value.strip()) and (text := _clean(value, max_chars)):
+                yield Entity(EntityKind.QUOTED, text)  # a short string value: a name
+
+
+def _walk_json(value: object, *, depth: int, key: str = "") -> Iterator[tuple[str, object]]:
+    """(key, leaf) pairs of a parsed JSON value, leaves being strings, numbers, booleans or null."""
+    if depth > 8:
+        return
+    if isinstance(value, dict):
+        for k, v in list(value.items())[:200]:
+            yield from _walk_json(v, depth=depth + 1, key=str(k))
+    elif isinstance(value, list):
+        for v in value[:100]:
+            yield from _walk_json(v, depth=depth + 1, key=key)
+    else:
+        yield key, value
+
+
 def _walk(value: object, *, depth: int, key: str = "") -> Iterator[tuple[str, str]]:
     """(key, string value) pairs of a parsed JSON value; bounded depth."""
     if depth > 8:
@@ -282,6 +393,17 @@ def _walk(value: object, *, depth: int, key: str = "") -> Iterator[tuple[str, st
 
 
 def _from_text(text: str, *, max_chars: int, scan_chars: int) -> Iterator[Entity]:
+    stripped = text.strip()
+    if stripped[:1] in ("{", "[") and len(stripped) <= _JSON_PARSE_CHARS:
+        # A JSON document (a tool's output) is read as JSON: its quotes pair up by the grammar,
+        # so no ": 79924"-style fragment between two strings can pass for a quoted name.
+        try:
+            document = json.loads(stripped)
+        except (json.JSONDecodeError, RecursionError):
+            document = None
+        if isinstance(document, dict | list):
+            yield from _from_json(document, max_chars=max_chars, scan_chars=scan_chars)
+            return
     text = _scan_window(text, scan_chars)
     if not text:
         return
@@ -327,7 +449,12 @@ def _accept(kind: EntityKind, value: str) -> bool:
         words = value.split()
         return (
             0 < len(words) <= 6
-            and any(c.isalnum() for c in value)
+            and any(c.isalpha() for c in value)
+            # Whole names only: a span that starts or ends in JSON punctuation is the gap
+            # between two strings (`": 79924, "`), not a quoted name.
+            and value[0] not in _FRAGMENT_EDGES
+            and value[-1] not in _FRAGMENT_EDGES
+            and '"' not in value  # single-quoted or ticked across JSON strings
             and value.lower() not in _QUOTED_STOP
             and not value.endswith((".", "!", "?"))
         )
@@ -349,10 +476,11 @@ def _scan_window(text: str, scan_chars: int) -> str:
 
 
 def _clean(value: str, max_chars: int) -> str:
-    text = _SPACES.sub(" ", value.replace(";", ",")).strip()
+    """A breadcrumb in the canonical KEYS form (``canonical_key``), so it reads back unchanged."""
+    text = canonical_key(value.replace(";", ","))
     if len(text) > max_chars:
-        text = text[: max(1, max_chars - 1)].rstrip() + "…"
-    return text
+        text = canonical_key(text[: max(1, max_chars - 1)]) + "…"
+    return text if text != "…" else ""
 
 
 def _dedupe_key(text: str) -> str:

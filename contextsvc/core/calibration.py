@@ -1,94 +1,224 @@
-"""Per-model calibration: ``tokens ~ overhead + chars * tokens_per_char`` (DESIGN §5.3).
+"""Per-model calibration: tokens as a priced sum of content-class units and overheads (DESIGN §5.3).
 
-A fixed chars-per-token ratio was measured ~1.8x off on real prompts, so the service learns a
-line per model from the real prompt counts providers report (baselines). The numbers (window,
-spread, slope range, fallback ratio) live in ``settings.tokens``.
+What a view costs is modelled where the cost arises::
 
-The unit of ``chars``: size units, not characters. The fit is unit-agnostic; what it is fed is
-``contextsvc.core.tokens.messages_size`` of a view (``contextsvc.core.sizing``: pieces of text
-priced by class and length, about half a token each, plus the template framing of each
-message). Raw characters made one slope wrong for every other kind of content (prose ~0.19
-tokens/char, JSON ~0.35); per size unit every kind measured sits near 0.5 tokens. So
-``tokens_per_char`` reads "tokens per size unit", the slope range [0.25, 1.0] brackets that with
-room on both sides (a slope below it still means a silently truncated prompt), and the fallback
-``chars / 1.8`` is ``size / 1.8``. The names stay because observations persist as ``chars``.
+    tokens ~ sum_c ratio_c * units_c  +  per_message * messages  +  per_tool_call * tool_calls
+             + per_view * views
+
+``units_c`` are the size units of each content class (``sizing.CLASSES``: words, identifiers,
+numbers, punctuation, whitespace, Cyrillic, CJK, other scripts); ``messages``/``tool_calls``
+count the chat-template framing; ``views`` is 1 for a whole prompt (its reply primer) and 0 for
+a standalone message list, which is therefore never charged a view's overhead. One line with one
+intercept (the first version) priced a model's other content with the slope of the last one and
+added a whole view's intercept to any list.
+
+The fit is a regularized, robust regression *towards the prior* (``core.priors``, measured per
+vocabulary family on the bench corpus): each weight is ``prior * (1 + delta)``; the deltas
+minimize the squared *relative* residuals of the baselines plus ``(delta / sigma)^2`` per
+feature. With two baselines of code it moves the classes code is made of and leaves Cyrillic
+alone; a model switching content kinds keeps what earlier baselines taught about other classes.
+Outliers are down-weighted (Huber weights, a few reweighting passes) and observations still far
+off after that are trimmed. Every weight is clamped to a bounded range around its prior, so it
+is never negative and never absurd.
+
+Every calibration carries a relative ``margin``: the p90 of the recent baselines' residuals,
+never less than ``margin_floor``, and, while there are few baselines, a share of the prior's
+cold margin. Guards add it to the estimate (``TokenEstimate.margin``).
+
+Observations persist ``features`` (one number per ``priors.FEATURES``); ``chars`` keeps the
+total size units for older readers. An observation without features (written before this
+model) is ignored by the fit.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from contextsvc.config import TokenSettings
+from contextsvc.core.priors import (
+    LOWER_BOUND,
+    N_CLASSES,
+    N_FEATURES,
+    VIEW,
+    family_for,
+    prior_for,
+)
+
+#: Relative noise of one baseline (its count is exact; the template's details are not).
+_OBS_SIGMA = 0.01
+#: Huber threshold on the relative residual, and the trim level past the reweighting.
+_HUBER = 0.03
+_TRIM = 0.25
+_IRLS_PASSES = 4
+#: Bounds of a fitted weight as a multiple of its prior: classes, then the overheads.
+_CLASS_BOUNDS = (0.4, 2.5)
+_OVERHEAD_BOUNDS = (0.0, 4.0)
 
 
 @dataclass(slots=True, frozen=True)
 class Observation:
     """One baseline: the size of a view that was sent and the prompt tokens the provider counted.
 
-    ``chars`` holds the view's size in size units (see the module docstring), not characters.
+    ``features`` holds the view's units per ``priors.FEATURES`` (empty for observations written
+    before the class model; those are not fitted). ``chars`` is its total size units.
     """
 
     chars: int
     tokens: int
     had_images: bool = False
+    features: tuple[float, ...] = ()
 
     @property
     def usable(self) -> bool:
-        # Image tokens are not in the size: fed to the fit they would land in the slope and
-        # intercept and skew every later text estimate for the model.
-        return not self.had_images and self.chars > 0 and self.tokens > 0
+        # Image tokens are not in the size: fed to the fit they would land in the class weights
+        # and skew every later text estimate for the model.
+        return (
+            not self.had_images
+            and self.tokens > 0
+            and len(self.features) == N_FEATURES
+            and sum(self.features[:N_CLASSES]) > 0
+        )
 
 
 @dataclass(slots=True, frozen=True)
 class Calibration:
-    """A fitted (or fallback) line. ``observations`` counts the usable observations considered."""
+    """Prices per feature (tokens per unit), how it was obtained, and its relative margin."""
 
-    overhead: float
-    tokens_per_char: float
+    weights: tuple[float, ...]
     observations: int
     fitted: bool
+    margin: float
+    family: str = "default"
+    residuals: tuple[float, ...] = field(default=(), compare=False)
 
-    def estimate(self, chars: int) -> int:
-        """Tokens of a whole prompt of ``chars`` size units (the overhead counted once)."""
-        if chars <= 0:
-            return 0
-        return max(0, round(self.overhead + chars * self.tokens_per_char))
+    def price(self, features: Sequence[float]) -> float:
+        """Tokens of something with these ``features`` (unrounded)."""
+        return sum(w * x for w, x in zip(self.weights, features, strict=False))
 
-    def estimate_delta(self, chars: int) -> int:
-        """Tokens that ``chars`` more size units add to a prompt (no overhead: it is already paid)."""
-        return max(0, round(chars * self.tokens_per_char))
+    @property
+    def overhead(self) -> float:
+        """Tokens a whole prompt adds once (the reply primer): the per-view weight."""
+        return self.weights[VIEW]
+
+    @property
+    def tokens_per_char(self) -> float:
+        """Tokens per size unit of plain words (kept for the contract's single-number field)."""
+        return self.weights[0]
 
 
-def fallback(settings: TokenSettings, observations: int = 0) -> Calibration:
-    """The line used without a usable fit: ``size / fallback_chars_per_token``, no overhead."""
-    return Calibration(0.0, 1.0 / settings.fallback_chars_per_token, observations, fitted=False)
+def lower_bound(features: Sequence[float]) -> int:
+    """Fewest tokens any vocabulary measured could count for these ``features`` (with room):
+    valid before any calibration, so an honest count is never below it."""
+    return math.floor(sum(w * x for w, x in zip(LOWER_BOUND, features, strict=False)))
 
 
-def fit(observations: Iterable[Observation], settings: TokenSettings) -> Calibration:
-    """Least squares over the newest ``calibration_window`` usable observations.
+def fallback(settings: TokenSettings, observations: int = 0, *, family: str = "default") -> Calibration:
+    """The cold calibration: the family's prior and its cold margin."""
+    prior = prior_for(family)
+    return Calibration(prior.weights, observations, fitted=False, margin=prior.cold_margin, family=family)
 
-    Fitted only with >= 2 observations whose sizes span ``calibration_min_spread`` and a slope
-    inside [``calibration_min_slope``, ``calibration_max_slope``]; otherwise the fallback. An
-    implausible slope in practice means a prompt was silently truncated by the provider.
+
+def fit(observations: Iterable[Observation], settings: TokenSettings, *, family: str = "default") -> Calibration:
+    """The regularized robust fit over the newest ``calibration_window`` usable observations.
+
+    Fitted with at least one usable observation; otherwise the prior (``fallback``).
     """
     usable = [o for o in observations if o.usable][-settings.calibration_window :]
-    n = len(usable)
-    if n < 2:
-        return fallback(settings, n)
-    xs = [float(o.chars) for o in usable]
-    ys = [float(o.tokens) for o in usable]
-    if max(xs) < settings.calibration_min_spread * min(xs):
-        return fallback(settings, n)
-    mean_x = sum(xs) / n
-    mean_y = sum(ys) / n
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    sxy = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
-    slope = sxy / sxx  # sxx > 0: the spread check guarantees two distinct sizes
-    if not settings.calibration_min_slope <= slope <= settings.calibration_max_slope:
-        return fallback(settings, n)
-    return Calibration(mean_y - slope * mean_x, slope, n, fitted=True)
+    if not usable:
+        return fallback(settings, 0, family=family)
+    prior = prior_for(family)
+    p, sigma = prior.weights, prior.sigma
+    # a[i][j]: feature j's share of observation i's count at the prior; r[i]: what is left over.
+    rows = [[x * w / o.tokens for x, w in zip(o.features, p, strict=True)] for o in usable]
+    left = [1.0 - sum(a) for a in rows]
+    keep = list(range(len(usable)))
+    weights = [1.0] * len(usable)
+    delta = [0.0] * N_FEATURES
+    for _ in range(2):  # the second round without the trimmed observations
+        for _ in range(_IRLS_PASSES):
+            delta = _map_solve([rows[i] for i in keep], [left[i] for i in keep], [weights[i] for i in keep], sigma)
+            delta = _clamp(delta)
+            changed = False
+            for i in keep:
+                e = abs(left[i] - _dot(rows[i], delta))
+                w = 1.0 if e <= _HUBER else _HUBER / e
+                changed |= abs(w - weights[i]) > 1e-3
+                weights[i] = w
+            if not changed:
+                break
+        residual = {i: left[i] - _dot(rows[i], delta) for i in keep}
+        trimmed = [i for i in keep if abs(residual[i]) <= _TRIM]
+        if len(trimmed) == len(keep) or not trimmed:
+            break
+        keep = trimmed
+    fitted = tuple(w * (1.0 + d) for w, d in zip(p, delta, strict=True))
+    residuals = tuple(left[i] - _dot(rows[i], delta) for i in keep)
+    return Calibration(
+        fitted,
+        len(usable),
+        fitted=True,
+        margin=_margin(residuals, prior.cold_margin, settings),
+        family=family,
+        residuals=residuals,
+    )
+
+
+def _margin(residuals: Sequence[float], cold: float, settings: TokenSettings) -> float:
+    """Relative margin: p90 |residual| of the retained baselines, floored, plus a share of the
+    cold margin that fades as baselines accumulate (in-sample residuals of a few points flatter)."""
+    ordered = sorted(abs(r) for r in residuals)
+    p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)] if ordered else cold
+    fading = cold * settings.margin_prior_weight / (settings.margin_prior_weight + len(ordered))
+    return max(settings.margin_floor, p90 + fading)
+
+
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def _clamp(delta: list[float]) -> list[float]:
+    out = []
+    for j, d in enumerate(delta):
+        lo, hi = _CLASS_BOUNDS if j < N_CLASSES else _OVERHEAD_BOUNDS
+        out.append(min(max(1.0 + d, lo), hi) - 1.0)
+    return out
+
+
+def _map_solve(
+    rows: Sequence[Sequence[float]], left: Sequence[float], weights: Sequence[float], sigma: Sequence[float]
+) -> list[float]:
+    """``delta = S A' (A S A' + s^2 W^-1)^-1 r``: the maximum a posteriori deltas (dual form: an
+    n x n system for n observations, n <= the calibration window)."""
+    n = len(rows)
+    s2 = [s * s for s in sigma]
+    scaled = [[a * v for a, v in zip(row, s2, strict=True)] for row in rows]  # A S
+    m = [[_dot(scaled[i], rows[k]) for k in range(n)] for i in range(n)]
+    for i in range(n):
+        m[i][i] += _OBS_SIGMA**2 / max(weights[i], 1e-6)
+    z = _solve(m, list(left))
+    return [sum(scaled[i][j] * z[i] for i in range(n)) for j in range(N_FEATURES)]
+
+
+def _solve(m: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (``m`` is symmetric positive definite)."""
+    n = len(b)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        b[col], b[pivot] = b[pivot], b[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            if f:
+                for k in range(col, n):
+                    m[r][k] -= f * m[col][k]
+                b[r] -= f * b[col]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (b[r] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
 
 
 class CalibrationRegistry:
@@ -99,12 +229,16 @@ class CalibrationRegistry:
     caches each model's fit until its observations change.
     """
 
-    __slots__ = ("_fits", "_observations", "_settings")
+    __slots__ = ("_families", "_fits", "_observations", "_settings")
 
-    def __init__(self, settings: TokenSettings) -> None:
+    def __init__(self, settings: TokenSettings, families: Mapping[str, str] | None = None) -> None:
         self._settings = settings
+        self._families = dict(families) if families is not None else dict(settings.model_families)
         self._observations: dict[str, deque[Observation]] = {}
         self._fits: dict[str, Calibration] = {}
+
+    def family(self, model: str) -> str:
+        return family_for(model, self._families)
 
     def load(self, model: str, observations: Iterable[Observation]) -> Calibration:
         """Replace ``model``'s observations (oldest first), e.g. with the store's; returns its calibration."""
@@ -125,10 +259,12 @@ class CalibrationRegistry:
         return self.calibration(model)
 
     def calibration(self, model: str) -> Calibration:
-        """The model's current line (the fallback for a model never observed)."""
+        """The model's current calibration (its family's prior for a model never observed)."""
         cached = self._fits.get(model)
         if cached is None:
-            cached = self._fits[model] = fit(self._observations.get(model, ()), self._settings)
+            cached = self._fits[model] = fit(
+                self._observations.get(model, ()), self._settings, family=self.family(model)
+            )
         return cached
 
     def observations(self, model: str) -> Sequence[Observation]:

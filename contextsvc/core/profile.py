@@ -23,6 +23,7 @@ class CompressionOverrides:
     summarizer: str | None = None
     strategies: tuple[str, ...] = ()
     critical_tool_names: tuple[str, ...] = ()
+    hard_truncate_fallback: bool | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -87,6 +88,7 @@ def _merge(name: str, base: ProfileConfig, o: ProfileOverrides) -> EffectiveProf
             ("summarizer", c.summarizer),
             ("strategies", list(c.strategies) or None),
             ("critical_tool_names", list(c.critical_tool_names) or None),
+            ("hard_truncate_fallback", c.hard_truncate_fallback),
         )
         if value is not None
     }

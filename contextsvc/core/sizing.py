@@ -26,11 +26,14 @@ import threading
 from dataclasses import dataclass
 
 __all__ = [
+    "CLASSES",
     "MESSAGE_FRAME_UNITS",
     "TOOL_CALL_FRAME_UNITS",
     "WEIGHTS",
     "SizeWeights",
+    "class_units",
     "clear_caches",
+    "piece_class",
     "piece_tokens",
     "piece_units",
     "pieces",
@@ -259,5 +262,93 @@ def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
     never change)."""
     if texts:
         _MEMO.clear()
+        _CLASS_MEMO.clear()
     if pieces:
         piece_units.cache_clear()
+
+
+# --- content classes: the features the calibration prices (DESIGN §5.3) ----------------------
+
+#: Content classes a piece falls in. Tokens per size unit differ by class and by vocabulary
+#: (Cyrillic and CJK most), so the calibration prices each class with its own ratio.
+CLASSES: tuple[str, ...] = ("word", "ident", "number", "punct", "space", "cyrillic", "cjk", "other")
+WORD, IDENT, NUMBER, PUNCT, SPACE, CYRILLIC, CJK, OTHER = range(len(CLASSES))
+_SINGLE_HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]{1,4}")
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def piece_class(piece: str) -> int:
+    """The content class (an index into ``CLASSES``) of one piece as ``pieces`` emits it."""
+    last = piece[-1]
+    if last.isdecimal():
+        return NUMBER
+    if piece.isspace():
+        return SPACE
+    if not last.isalnum():
+        return PUNCT
+    head = piece[0]
+    letters = piece if head.isalnum() else piece[1:]
+    if not letters.isascii():
+        if any("\u0400" <= ch <= "\u052f" for ch in letters):
+            return CYRILLIC
+        if _CJK.search(letters):
+            return CJK
+        return OTHER
+    if (head.isalnum() or head == " ") and _SINGLE_HUMP.fullmatch(letters):
+        return WORD
+    return IDENT  # camelCase humps, a ``_``/``.``/punctuation prefix, a tab: identifiers
+
+
+def class_units(text: str) -> tuple[int, ...]:
+    """Size units of ``text`` per content class (``CLASSES`` order); they sum to ``text_size``.
+
+    Long texts are memoized like ``text_size``: a view's messages are re-measured every turn.
+    """
+    if len(text) >= _MEMO_MIN_CHARS:
+        hit = _CLASS_MEMO.get(text)
+        if hit is not None:
+            return hit
+    units = [0] * len(CLASSES)
+    for piece in _PIECE.findall(text):
+        units[piece_class(piece)] += piece_units(piece)
+    out = tuple(units)
+    if len(text) >= _MEMO_MIN_CHARS:
+        _CLASS_MEMO.put(text, out)
+    return out
+
+
+class _ClassMemo:
+    """``class_units`` of recently measured long texts (same bound and policy as ``_SizeMemo``)."""
+
+    __slots__ = ("_chars", "_lock", "_max_chars", "_units")
+
+    def __init__(self, max_chars: int) -> None:
+        self._units: dict[str, tuple[int, ...]] = {}
+        self._chars = 0
+        self._max_chars = max_chars
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> tuple[int, ...] | None:
+        return self._units.get(text)
+
+    def put(self, text: str, units: tuple[int, ...]) -> None:
+        cost = len(text) + _MEMO_ENTRY_CHARS
+        if cost > self._max_chars:
+            return
+        with self._lock:
+            if text in self._units:
+                return
+            while self._chars + cost > self._max_chars and self._units:
+                oldest = next(iter(self._units))
+                del self._units[oldest]
+                self._chars -= len(oldest) + _MEMO_ENTRY_CHARS
+            self._units[text] = units
+            self._chars += cost
+
+    def clear(self) -> None:
+        with self._lock:
+            self._units.clear()
+            self._chars = 0
+
+
+_CLASS_MEMO = _ClassMemo(_MEMO_MAX_CHARS)

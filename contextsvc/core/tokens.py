@@ -12,6 +12,7 @@ tokens. Where the DESIGN and the persisted observations say "chars", read size u
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -22,7 +23,8 @@ from contextsvc.core.calibration import Calibration
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
-from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, text_size
+from contextsvc.core.priors import MESSAGE, N_CLASSES, N_FEATURES, TOOL_CALL, VIEW
+from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, class_units, text_size
 
 _DEFAULTS = TokenSettings()
 
@@ -78,6 +80,34 @@ def message_frame_units(m: Message) -> int:
     return MESSAGE_FRAME_UNITS + TOOL_CALL_FRAME_UNITS * len(m.tool_calls)
 
 
+def message_features(m: Message) -> tuple[int, ...]:
+    """What the calibration prices in ``m`` (``priors.FEATURES`` order): size units of its parts
+    per content class, 1 message, and its tool calls. Computed once per message and cacheable: the
+    fit maps these to tokens, so a new fit never invalidates them."""
+    units = [0] * N_FEATURES
+    for part in message_parts(m):
+        for c, u in enumerate(class_units(part)):
+            units[c] += u
+    units[MESSAGE] = 1
+    units[TOOL_CALL] = len(m.tool_calls)
+    return tuple(units)
+
+
+def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[int, ...]:
+    """Sum of ``message_features``, plus ``views`` whole prompts (1 for a view sent as a prompt)."""
+    total = [0] * N_FEATURES
+    for m in messages:
+        for j, u in enumerate(message_features(m)):
+            total[j] += u
+    total[VIEW] = views
+    return tuple(total)
+
+
+def text_features(text: str) -> tuple[int, ...]:
+    """Class units of a bare text (no message framing)."""
+    return (*class_units(text), *([0] * (N_FEATURES - N_CLASSES)))
+
+
 #: Kept under their historical names: the engine stores ``messages_chars`` of a built view as
 #: the ``chars`` of its baseline observation, so they must return the calibration's measure —
 #: size units, not characters.
@@ -107,6 +137,11 @@ class TextCounter(Protocol):
     @property
     def overhead(self) -> int: ...
 
+    @property
+    def margin_rate(self) -> float:
+        """Relative margin of what this counter prices (from the fit's recent residuals)."""
+        ...
+
     def count_text(self, text: str) -> int: ...
 
     def count_messages(self, messages: Iterable[Message]) -> int:
@@ -116,7 +151,7 @@ class TextCounter(Protocol):
 
 @dataclass(slots=True, frozen=True)
 class CalibratedCounter:
-    """Counts with a model's calibration line (or the size/1.8 fallback), over size units."""
+    """Counts with a model's calibration (or its family's cold prior) over content-class units."""
 
     calibration: Calibration
 
@@ -128,12 +163,17 @@ class CalibratedCounter:
     def overhead(self) -> int:
         return round(self.calibration.overhead)
 
+    @property
+    def margin_rate(self) -> float:
+        return self.calibration.margin
+
     def count_text(self, text: str) -> int:
-        return self.calibration.estimate_delta(text_size(text))
+        return max(0, round(self.calibration.price(text_features(text))))
 
     def count_messages(self, messages: Iterable[Message]) -> int:
-        # Sum sizes first, round once: per-message rounding would drift on long contexts.
-        return self.calibration.estimate_delta(messages_size(messages))
+        # Sum the units first, round once: per-message rounding would drift on long contexts.
+        # Per-message and per-tool-call framing only: a list is never charged a view's overhead.
+        return max(0, round(self.calibration.price(messages_features(messages))))
 
 
 @dataclass(slots=True, frozen=True)
@@ -146,6 +186,7 @@ class ExactCounter:
 
     count: Callable[[str], int]
     overhead: int = 0
+    margin_rate: float = 0.0
 
     @property
     def method(self) -> EstimateMethod:
@@ -246,10 +287,18 @@ class TokenEstimate:
     budget: int
     fraction: float
     segments: TokenSegments
+    #: tokens the estimate may be short by (from the calibration's recent residuals); guards and
+    #: triggers use ``total + margin``.
+    margin: int = 0
+
+    @property
+    def guarded(self) -> int:
+        """``total + margin``: what the size guard and the compression trigger compare."""
+        return self.total + self.margin
 
     @property
     def over_budget(self) -> bool:
-        return self.total > self.budget
+        return self.guarded > self.budget
 
 
 @dataclass(slots=True, frozen=True)
@@ -283,6 +332,7 @@ def estimate(
     incoming: Sequence[Message] = (),
     baseline: Baseline | None = None,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    view: bool = True,
 ) -> TokenEstimate:
     """Estimate the view made of ``system`` prompt, ``records``, ``context`` and ``incoming``.
 
@@ -293,6 +343,10 @@ def estimate(
     rows newer than ``baseline.last_sequence`` and the incoming messages (method
     BASELINE_DELTA); the per-segment estimate is then scaled to that total so the breakdown
     keeps its proportions and still sums to it.
+
+    ``view=False`` prices a standalone message list: no per-view overhead. The margin is the
+    counter's ``margin_rate`` of the text it priced (with a baseline: of the delta only, the
+    baseline being a real count).
     """
     summaries = [m for m in context if m.flags.is_summary]
     pinned = [m for m in context if m.flags.is_pinned and not m.flags.is_summary]
@@ -301,7 +355,11 @@ def estimate(
         # The system prompt is counted as the message it is sent as (with its framing), like the
         # system row of the view whose size the engine records for the calibration. A negative
         # fitted intercept cannot make the segment negative.
-        system=max(0, counter.overhead + (counter.count_messages([Message(Role.SYSTEM, system)]) if system else 0)),
+        system=max(
+            0,
+            (counter.overhead if view else 0)
+            + (counter.count_messages([Message(Role.SYSTEM, system)]) if system else 0),
+        ),
         records=counter.count_messages(records),
         summaries=counter.count_messages(summaries),
         pinned=counter.count_messages(pinned),
@@ -310,6 +368,7 @@ def estimate(
         incoming=counter.count_messages(incoming),
     )
     segments, method = raw, counter.method
+    priced = raw.total - raw.images
     if baseline is not None:
         # Rows newer than the baseline's view; an unnumbered row cannot be in it either.
         since = [
@@ -317,7 +376,9 @@ def estimate(
         ]
         total = baseline_delta(baseline.tokens, [*since, *incoming], counter, image_fallback=image_fallback)
         segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
+        priced = counter.count_messages([*since, *incoming])
     total = segments.total
+    margin = math.ceil(counter.margin_rate * max(0, priced))
     return TokenEstimate(
         total=total,
         text=total - segments.images,
@@ -327,6 +388,7 @@ def estimate(
         budget=window - output_reserve(window, reserve),
         fraction=total / window if window > 0 else 0.0,
         segments=segments,
+        margin=margin,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from contextsvc import telemetry
 from contextsvc.config import Settings
 from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs
-from contextsvc.core.compression.cheap import clear_old_tool_results, is_placeholder
+from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool_results, is_placeholder
 from contextsvc.core.compression.formatting import (
     format_for_summary,
     format_meta_summary_input,
@@ -31,6 +31,7 @@ from contextsvc.core.compression.formatting import (
 )
 from contextsvc.core.compression.plan import CompactionPlan, mid_turn_keep_messages, plan_compaction, plan_hard_truncate
 from contextsvc.core.compression.records import compression_record, demoted_ranges, summary_message
+from contextsvc.core.facts import fact_lines, facts_block
 from contextsvc.core.history import HistoryChunk
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import EffectiveProfile
@@ -74,6 +75,35 @@ class Method(StrEnum):
     CLEAR_TOOL_RESULTS = "clear_tool_results"
 
 
+class Refusal(StrEnum):
+    """Why a compaction announced with ``compression_started`` committed nothing; the engine
+    publishes it as ``compression_refused`` so every started compaction has a closing event."""
+
+    CONFLICT = "conflict"
+    NO_PROGRESS = "no_progress"
+    FAILED = "failed"
+
+
+@dataclass(slots=True, frozen=True)
+class Stage:
+    """One stage of a committed compaction: what it did and what it removed (view tokens)."""
+
+    method: Method
+    messages_removed: int
+    messages_added: int
+    tokens_before: int
+    tokens_after: int
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "method": self.method.value,
+            "messages_removed": self.messages_removed,
+            "messages_added": self.messages_added,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+        }
+
+
 @dataclass(slots=True, frozen=True)
 class CompressionReport:
     compressed: bool
@@ -86,6 +116,10 @@ class CompressionReport:
     context_tokens_after: int = 0
     breadcrumbs: tuple[str, ...] = ()
     plan: CompactionPlan | None = None
+    #: every stage that ran, in order (``method`` is the last one's); empty when not compressed.
+    stages: tuple[Stage, ...] = ()
+    #: set when a compaction was carried out but committed nothing.
+    refused: Refusal | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -347,24 +381,52 @@ class Compactor:
                 "plan": plan_payload(plan),
             },
         )
+        # Every compression_started gets exactly one closing event: context_compressed from the
+        # commit, or compression_refused saying why nothing was committed (issue #8).
+        try:
+            report = await self._carry_out(s, plan)
+        except BaseException as exc:
+            detail = f"compaction stopped: {type(exc).__name__}"
+            await self._close_refused(s, Refusal.FAILED, detail)
+            raise
+        if not report.compressed:
+            refusal = report.refused or Refusal.NO_PROGRESS
+            await self._close_refused(s, refusal, _REFUSAL_DETAIL[refusal])
+            return dataclasses.replace(report, refused=refusal)
+        return report
+
+    async def _carry_out(self, s: Situation, plan: CompactionPlan) -> CompressionReport:
         # The profile's strategies in their order; the first that commits wins. Hard truncation is
-        # the fallback of every order, so a summarizer failure never fails the caller's turn.
+        # the fallback of every order (unless the profile says ``hard_truncate_fallback = false``),
+        # so a summarizer failure never fails the caller's turn. Clearing that fell short of the
+        # target is not thrown away when hard truncation follows: truncation starts from the
+        # cleared context, and the report names both stages.
+        cleared: ClearedToolResults | None = None
         for strategy in s.profile.compression.strategies:
             if strategy == STRATEGY_CLEAR:
-                report = await self._cheap_stage(s, plan)
+                report, cleared = await self._cheap_stage(s, plan)
             elif strategy == STRATEGY_SUMMARIZE:
                 report = await self._summarize(s, plan)
             else:  # rejected when the profile is resolved (Engine._profile_for); never reached
                 report = None
             if report is not None:
                 return report
-        return await self._hard_truncate(s, plan)
+        if not s.profile.compression.hard_truncate_fallback:
+            if cleared is not None and cleared.cleared and cleared.tokens_after < cleared.tokens_before:
+                return await self._commit_clearing(s, plan, cleared)
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.NO_PROGRESS)
+        return await self._hard_truncate(s, plan, cleared=cleared)
 
-    async def _cheap_stage(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
+    async def _close_refused(self, s: Situation, refusal: Refusal, detail: str) -> None:
+        await self._publish(
+            s, "compression_refused", {"reason": refusal.value, "trigger": s.reason.value, "detail": detail}
+        )
+
+    def _clearing(self, s: Situation, plan: CompactionPlan) -> ClearedToolResults:
         c = s.profile.compression
         count = self.counter(s.profile)
         goal = int(self.bounds(s.profile).goal) - s.fixed_tokens
-        cleared = clear_old_tool_results(
+        return clear_old_tool_results(
             s.context,
             plan.keep_from,
             count=count,
@@ -372,8 +434,20 @@ class Compactor:
             target_tokens=goal,
             current_tokens=count(s.context),
         )
+
+    async def _cheap_stage(
+        self, s: Situation, plan: CompactionPlan
+    ) -> tuple[CompressionReport | None, ClearedToolResults]:
+        """Commit the clearing when it reaches the target; else hand back what it would clear."""
+        cleared = self._clearing(s, plan)
+        goal = int(self.bounds(s.profile).goal) - s.fixed_tokens
         if not cleared.cleared or cleared.tokens_after > goal:
-            return None  # clearing alone does not reach the target: summarize instead
+            return None, cleared  # clearing alone does not reach the target: summarize instead
+        return await self._commit_clearing(s, plan, cleared), cleared
+
+    async def _commit_clearing(
+        self, s: Situation, plan: CompactionPlan, cleared: ClearedToolResults
+    ) -> CompressionReport:
         return await self._commit(
             s,
             method=Method.CLEAR_TOOL_RESULTS,
@@ -419,11 +493,19 @@ class Compactor:
                 image_fallback_tokens=self._settings.tokens.image_tokens_fallback,
             )
             images = [await self._store.get_blob(b) or b"" for b in formatted.image_blob_ids]
+            text_in = formatted.text
+            if summarizer.name != "extractive":
+                # A model summary must not drop the concrete details silently: it gets the same fact
+                # lines the extractive summarizer keeps, and is asked to carry them.
+                cfg = self._settings.summarizer.extractive
+                block = facts_block(fact_lines(plan.drop, max_facts=cfg.max_facts, fact_chars=cfg.fact_chars))
+                if block:
+                    text_in += "\n\nKeep these facts in the summary, verbatim where you can:\n" + block
             raw = await summarizer.summarize(
                 SummaryRequest(
                     session_id=s.session.id,
                     messages=plan.drop,
-                    text=formatted.text,
+                    text=text_in,
                     instructions=summary_instructions(c.summary_prompt),
                     max_tokens=self._summary_reserve(p),
                     temperature=self._settings.summarizer.temperature,
@@ -489,8 +571,27 @@ class Compactor:
         )
         return merged
 
-    async def _hard_truncate(self, s: Situation, plan: CompactionPlan) -> CompressionReport:
+    async def _hard_truncate(
+        self, s: Situation, plan: CompactionPlan, *, cleared: ClearedToolResults | None = None
+    ) -> CompressionReport:
         p = s.profile
+        first: list[Stage] = []
+        original = s
+        if cleared is not None and cleared.cleared and cleared.tokens_after < cleared.tokens_before:
+            # Clearing ran and fell short: truncate the cleared context. Placeholders are rows to
+            # be appended; the originals they stand for are demoted whatever truncation keeps.
+            after_clearing = cleared.tokens_after + s.fixed_tokens
+            first = [
+                Stage(
+                    Method.CLEAR_TOOL_RESULTS,
+                    messages_removed=len(cleared.demote),
+                    messages_added=len(cleared.placeholders),
+                    tokens_before=s.view_tokens,
+                    tokens_after=after_clearing,
+                )
+            ]
+            s = dataclasses.replace(s, context=list(cleared.context), view_tokens=after_clearing)
+            s.state = original.state
         # The whole view (system prompt and incoming message included) must come down to the
         # hard-truncate level, not only the context buffer.
         level = self._settings.summarizer.hard_truncate_fraction * p.context_window - s.fixed_tokens
@@ -526,11 +627,27 @@ class Compactor:
                 placeholders = list(cleared.placeholders)
                 kept = list(cleared.context)
         if not demote or count(kept) >= count(s.context):
+            if first and cleared is not None:
+                # Nothing more can be dropped, but the clearing itself shrank the context.
+                return await self._commit_clearing(original, plan, cleared)
             # The planner found rows to summarize but nothing can be dropped: keep the context.
-            return CompressionReport(compressed=False, reason=s.reason, plan=plan)
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.NO_PROGRESS)
+        truncation = Stage(
+            Method.HARD_TRUNCATE,
+            messages_removed=len(demote),
+            messages_added=len(placeholders),
+            tokens_before=s.view_tokens,
+            tokens_after=count(kept) + s.fixed_tokens,
+        )
+        if first:
+            assert cleared is not None
+            # Unsaved placeholders that truncation dropped are simply not appended.
+            fresh = {id(m) for m in cleared.placeholders}
+            placeholders = [m for m in kept if id(m) in fresh] + placeholders
+            demote = list(cleared.demote) + [m for m in demote if id(m) not in fresh]
         crumbs = self._breadcrumbs([], demote)
         return await self._commit(
-            s,
+            original,
             method=Method.HARD_TRUNCATE,
             demote=demote,
             new_rows=placeholders,
@@ -538,6 +655,7 @@ class Compactor:
             summary="",
             breadcrumbs=crumbs,
             plan=cut,
+            stages=[*first, truncation],
         )
 
     def _inner_truncation(self, s: Situation, context_tokens: float) -> CompactionPlan:
@@ -601,9 +719,15 @@ class Compactor:
         summary: str,
         breadcrumbs: list[str],
         plan: CompactionPlan,
+        stages: list[Stage] | None = None,
     ) -> CompressionReport:
         count = self.counter(s.profile)
         tokens_after = count(new_context) + s.fixed_tokens
+        if stages is None:
+            stages = [Stage(method, len(demote), len(new_rows), s.view_tokens, tokens_after)]
+        else:
+            # The last stage ends where the commit ends (the same count the report states).
+            stages[-1] = dataclasses.replace(stages[-1], tokens_after=tokens_after)
         record = compression_record(
             method=method.value,
             reason=s.reason.value,
@@ -640,7 +764,7 @@ class Compactor:
                     "error": exc.message,
                 },
             )
-            return CompressionReport(compressed=False, reason=s.reason, plan=plan)
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.CONFLICT)
         if s.session.context_truncated:
             await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
         await self._index(s.session.id, demote)
@@ -656,6 +780,7 @@ class Compactor:
             context_tokens_after=tokens_after,
             breadcrumbs=tuple(breadcrumbs),
             plan=plan,
+            stages=tuple(stages),
         )
         await self._publish(
             s,
@@ -671,6 +796,7 @@ class Compactor:
                 "max_context_tokens": s.profile.context_window,
                 "breadcrumbs": list(breadcrumbs),
                 "summary_sequence": summary_seq,
+                "stages": [stage.payload() for stage in stages],
             },
         )
         log.info(
@@ -731,6 +857,12 @@ class Compactor:
             s, "compression_refused", {"reason": "loop_guard", "trigger": s.reason.value, "detail": detail}
         )
 
+
+_REFUSAL_DETAIL = {
+    Refusal.CONFLICT: "another compaction committed first; the context is already compacted",
+    Refusal.NO_PROGRESS: "no stage could shrink the context enough; nothing was committed",
+    Refusal.FAILED: "the compaction stopped on an error; nothing was committed",
+}
 
 # Compaction runs on behalf of the service once the caller's access was checked.
 _SYSTEM = Principal(user_id="contextsvc", is_admin=True)

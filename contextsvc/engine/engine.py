@@ -126,7 +126,8 @@ class Engine:
             session=session,
             profile=profile,
             context=context,
-            view_tokens=built.estimate.total,
+            # Estimate + margin: the trigger fires before the true size could pass the threshold.
+            view_tokens=built.estimate.guarded,
             fixed_tokens=seg.system + seg.incoming,
             reason=reason,
             mid_turn=mid_turn,
@@ -162,8 +163,8 @@ class Engine:
         effective = await self._profile_for(session, profile)
         session = await self._remember_profile(session, profile)
         message, data = await self.views.prepare_incoming(incoming, "incoming")
-        context = await self.store.load_context(sid, caller=caller)
-        built = self.views.assemble(effective, context, message, EngineState.of(session))
+        session, context = await self._consistent_context(session, caller)
+        built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
         report: CompressionReport | None = None
         reason = Reason.MIDTURN if mid_turn else Reason.PRETURN
         if auto_compress and effective.compression.enabled:
@@ -178,10 +179,26 @@ class Engine:
                 if EngineState.of(fresh).epoch != epoch:
                     session = fresh
                     context = await self.store.load_context(sid, caller=caller)
-                    built = self.views.assemble(effective, context, message, EngineState.of(session))
+                    built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
         view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
         return view
+
+    async def _consistent_context(self, session: SessionInfo, caller: Principal) -> tuple[SessionInfo, list[Message]]:
+        """The context and a session state that belong together.
+
+        Two reads: a compaction committed between them (another request's, the post-turn job's,
+        another replica's) would pair the pre-compaction baseline with the compacted context, and
+        baseline + delta would count the dropped turns and their summary both (the soak's
+        CONTEXT_TOO_LARGE). Re-read the session after the context until its state is unchanged.
+        """
+        for _ in range(3):
+            context = await self.store.load_context(session.id, caller=caller)
+            fresh = await self.store.get_session(session.id, caller=caller)
+            if fresh.state == session.state:
+                return fresh, context
+            session = fresh
+        return session, await self.store.load_context(session.id, caller=caller)
 
     async def _compress_automatically(self, s: Situation) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:
@@ -231,7 +248,11 @@ class Engine:
         if len(model) > self.settings.limits.max_model_chars:
             raise InvalidArgument.field("model", f"exceeds {self.settings.limits.max_model_chars} characters")
         if session_id:
-            return await self.views.estimate_session(caller, session_id, model=model, overrides=profile)
+            session = await self.store.get_session(require_session_id(session_id), caller=caller)
+            # Without a profile, the one BuildContext last used (remembered on the session), so the
+            # estimate prices exactly what BuildContext would send.
+            effective = await self._profile_for(session, None if profile == ProfileOverrides() else profile)
+            return await self.views.estimate_session(caller, session, model=model, profile=effective)
         effective = resolve_profile(self.settings, "", profile)
         return await self.views.estimate_messages(model=model, profile=effective, messages=messages)
 

@@ -1,10 +1,17 @@
-"""Opaque AIP-158 page tokens: an offset bound to the filter that produced it."""
+"""Opaque AIP-158 page tokens, bound to the filter that produced them.
+
+Two kinds: an offset into a listing (``ListSessions``) and a position in a message buffer
+(``ListMessages``): the ``(anchor, sequence)`` context-order key of the oldest row of the page
+just returned, so the next page holds exactly the rows placed before it. Both are URL-safe
+base64 of a small JSON object; callers treat them as opaque.
+"""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+from typing import Any
 
 from contextsvc.errors import InvalidArgument
 
@@ -13,24 +20,54 @@ def _filter_hash(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 
-def encode_page_token(offset: int, *filter_parts: str) -> str:
-    raw = json.dumps({"o": offset, "f": _filter_hash(*filter_parts)}, separators=(",", ":")).encode()
+def _encode(body: dict[str, Any], filter_parts: tuple[str, ...]) -> str:
+    raw = json.dumps({**body, "f": _filter_hash(*filter_parts)}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode(token: str, filter_parts: tuple[str, ...], field: str) -> dict[str, Any]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        filter_hash = data["f"]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidArgument.field(field, "is not a token this service issued") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument.field(field, "is not a token this service issued")
+    if filter_hash != _filter_hash(*filter_parts):
+        raise InvalidArgument.field(field, "was issued for a different filter; start again without it")
+    return data
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def encode_page_token(offset: int, *filter_parts: str) -> str:
+    return _encode({"o": offset}, filter_parts)
 
 
 def decode_page_token(token: str, *filter_parts: str, field: str = "page_token") -> int:
     """The offset a token stands for; a foreign, corrupt or mismatched token is INVALID_ARGUMENT."""
     if not token:
         return 0
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        offset = data["o"]
-        filter_hash = data["f"]
-    except (ValueError, KeyError, TypeError):
-        raise InvalidArgument.field(field, "is not a token this service issued") from None
-    if not isinstance(offset, int) or offset < 0:
+    offset = _decode(token, filter_parts, field).get("o")
+    if not _count(offset):
         raise InvalidArgument.field(field, "is not a token this service issued")
-    if filter_hash != _filter_hash(*filter_parts):
-        raise InvalidArgument.field(field, "was issued for a different filter; start again without it")
+    assert isinstance(offset, int)
     return offset
+
+
+def encode_position_token(position: tuple[int, int], *filter_parts: str) -> str:
+    return _encode({"p": [position[0], position[1]]}, filter_parts)
+
+
+def decode_position_token(token: str, *filter_parts: str, field: str = "page_token") -> tuple[int, int] | None:
+    """The buffer position a token stands for (None for no token); a foreign, corrupt or
+    mismatched token is INVALID_ARGUMENT."""
+    if not token:
+        return None
+    position = _decode(token, filter_parts, field).get("p")
+    if not (isinstance(position, list) and len(position) == 2 and all(_count(v) for v in position)):
+        raise InvalidArgument.field(field, "is not a token this service issued")
+    return (position[0], position[1])

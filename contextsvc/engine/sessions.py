@@ -14,7 +14,7 @@ from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
-from contextsvc.engine.paging import decode_page_token, encode_page_token
+from contextsvc.engine.paging import decode_page_token, decode_position_token, encode_page_token, encode_position_token
 from contextsvc.engine.validation import (
     IncomingMessage,
     check_messages,
@@ -48,7 +48,10 @@ class AppendOutcome:
 @dataclass(slots=True, frozen=True)
 class MessagePage:
     messages: list[Message]
+    #: display buffer only: the sequence to pass as ``before_sequence`` for the older page.
     next_before_sequence: int
+    #: either buffer: the opaque token of the older page ("" when there is none).
+    next_page_token: str = ""
 
 
 class SessionService:
@@ -189,20 +192,48 @@ class SessionService:
             )
 
     async def list_messages(
-        self, caller: Principal, session_id: str, *, buffer: BufferKind, page_size: int, before_sequence: int
+        self,
+        caller: Principal,
+        session_id: str,
+        *,
+        buffer: BufferKind,
+        page_size: int,
+        before_sequence: int,
+        page_token: str = "",
     ) -> MessagePage:
+        """One page of a buffer, in buffer order, newest page first.
+
+        ``page_token`` (AIP-158) pages either buffer: it holds the buffer position of the oldest
+        row of the previous page, so the pages concatenate to exactly the buffer — also the
+        context buffer, whose order is not sequence order (a summary sits where the rows it
+        replaced were). ``before_sequence`` still pages the display buffer; on the context buffer
+        it means "the rows placed before message N" and no ``next_before_sequence`` is given,
+        because a sequence number cannot name a position there."""
         sid = require_session_id(session_id)
         limit = check_page_size(page_size, self._limits)
+        kind = BufferKind(buffer)
         if before_sequence < 0:
             raise InvalidArgument.field("before_sequence", "must not be negative")
+        if page_token and before_sequence:
+            raise InvalidArgument.field("before_sequence", "set either page_token or before_sequence, not both")
+        scope = (sid, kind.name)
+        position = decode_position_token(page_token, "messages", *scope)
+        if position is not None and kind is BufferKind.DISPLAY:
+            before_sequence, position = position[1], None
         # One extra row tells whether an older page exists without a second query.
         rows = await self._store.list_messages(
-            sid, caller=caller, buffer=buffer, before_sequence=before_sequence, limit=limit + 1
+            sid, caller=caller, buffer=kind, before_sequence=before_sequence, before_position=position, limit=limit + 1
         )
         more = len(rows) > limit
         page = rows[-limit:] if more else rows
-        next_before = min(m.sequence_number for m in page) if more and page else 0
-        return MessagePage(messages=page, next_before_sequence=next_before)
+        if not (more and page):
+            return MessagePage(messages=page, next_before_sequence=0)
+        oldest = page[0]
+        token = encode_position_token(
+            oldest.context_sort_key if kind is BufferKind.CONTEXT else (0, oldest.sequence_number), "messages", *scope
+        )
+        next_before = oldest.sequence_number if kind is BufferKind.DISPLAY else 0
+        return MessagePage(messages=page, next_before_sequence=next_before, next_page_token=token)
 
     async def fork(self, caller: Principal, session_id: str, *, at_sequence: int) -> SessionInfo:
         """A new session whose two buffers are the parent's as they stood right after ``at_sequence``."""

@@ -9,17 +9,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from contextsvc.config import Settings
-from contextsvc.core.calibration import Calibration, Observation
+from contextsvc.core.calibration import Calibration, Observation, lower_bound
 from contextsvc.core.messages import Message
-from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
+from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
-from contextsvc.core.tokens import Baseline, TokenEstimate, estimate, messages_chars, truncation_check
+from contextsvc.core.tokens import (
+    Baseline,
+    TextCounter,
+    TokenEstimate,
+    estimate,
+    messages_chars,
+    messages_features,
+)
 from contextsvc.core.view import Segment, build_view
 from contextsvc.core.view_budget import budget_images, too_large, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
+from contextsvc.engine.view_memo import ViewMemo
 from contextsvc.errors import InvalidArgument, NotFound
 from contextsvc.ports import Clock, EventBus, SessionStore, ViewRecord
 
@@ -54,6 +62,10 @@ class BaselineResult:
     truncated: bool
     model: str
     calibration: Calibration
+    #: why the count was taken as truncated (empty when it was not).
+    truncation_reason: str = ""
+    #: the fewest tokens any vocabulary could count for the view (what the count was held against).
+    lower_bound: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,6 +75,15 @@ class Assembled:
     truncated: list[bool]
     estimate: TokenEstimate
     notices: list[str]
+    #: size units of ``rows`` (what a baseline of this view is fitted on)
+    chars: int = 0
+    #: newest sequence number of the context the view was built from
+    last_sequence: int = 0
+    had_images: bool = False
+    #: the view's messages ready to send, when none carries an image (no bytes to load per build);
+    #: the same list object for every build that reuses this view, so the API adapter can reuse
+    #: its encoding too.
+    plain: list[ViewMessage] | None = None
 
 
 class ViewService:
@@ -80,6 +101,7 @@ class ViewService:
         self._settings = settings
         self._clock = clock
         self._accounting = accounting
+        self._memo: ViewMemo[Assembled] = ViewMemo(settings.hot_path.view_cache_sessions)
 
     async def prepare_incoming(
         self, incoming: IncomingMessage | None, field: str
@@ -99,11 +121,48 @@ class ViewService:
         context: Sequence[Message],
         incoming: Message | None,
         state: EngineState,
+        *,
+        session_id: str = "",
     ) -> Assembled:
         """The view of ``context`` for ``profile``: ordered, legal, cut per message, images budgeted,
-        estimated. Pure given its inputs; shared by BuildContext and EstimateTokens."""
-        tokens = self._settings.tokens
+        estimated. Pure given its inputs; shared by BuildContext and EstimateTokens.
+
+        With ``session_id`` and no incoming message, the session's last view is reused when every
+        input is the same (``engine.view_memo``)."""
         counter = self._accounting.counter(profile.model)
+        if not session_id or incoming is not None:
+            return self._assemble(profile, context, incoming, state, counter)
+        baseline = state.baseline
+        # Every input of ``_assemble``: the profile fields it reads (not compression settings).
+        key = (
+            profile.model,
+            profile.context_window,
+            profile.system_prompt,
+            profile.vision,
+            profile.output_reserve_tokens,
+            profile.message_token_budget,
+            counter,
+            (baseline.tokens, baseline.last_sequence) if baseline is not None else None,
+        )
+        try:
+            hash(key)
+        except TypeError:  # a counter that cannot be compared by value (never cached)
+            return self._assemble(profile, context, incoming, state, counter)
+        built = self._memo.get(session_id, key, context)
+        if built is None:
+            built = self._assemble(profile, context, incoming, state, counter)
+            self._memo.put(session_id, key, context, built)
+        return built
+
+    def _assemble(
+        self,
+        profile: EffectiveProfile,
+        context: Sequence[Message],
+        incoming: Message | None,
+        state: EngineState,
+        counter: TextCounter,
+    ) -> Assembled:
+        tokens = self._settings.tokens
         view = build_view(profile.system_prompt, self._settings.llm_system_sources, context, incoming)
         budget = profile.per_message_budget
         rows: list[Message] = []
@@ -149,7 +208,25 @@ class ViewService:
             baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
             image_fallback=tokens.image_tokens_fallback,
         )
-        return Assembled(rows=rows, segments=segments, truncated=truncated, estimate=est, notices=notices)
+        had_images = any(m.images for m in rows)
+        plain = None
+        if not had_images:
+            stored_rows = {id(m) for m in context}
+            plain = [
+                ViewMessage(message=m, image_data=(), truncated=cut, stored=not cut and id(m) in stored_rows)
+                for m, cut in zip(rows, truncated, strict=True)
+            ]
+        return Assembled(
+            rows=rows,
+            segments=segments,
+            truncated=truncated,
+            estimate=est,
+            notices=notices,
+            chars=messages_chars(rows),
+            last_sequence=max((m.sequence_number for m in context), default=0),
+            had_images=had_images,
+            plain=plain,
+        )
 
     async def finish(
         self,
@@ -162,25 +239,42 @@ class ViewService:
         compression: Any = None,
     ) -> BuiltView:
         """Size-check and remember an assembled view; load the bytes of the images it carries."""
+        # The compression trigger fires on estimate + margin, so a view reaches here over the budget
+        # by its margin only when compression could not shrink it further. The turn fails only when
+        # the estimate itself does not fit: a margin is a doubt, and a turn must never fail on one.
         error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens)
         if error is not None:
             raise error
+        if built.estimate.guarded > built.estimate.budget:
+            built.notices.append(
+                f"the view's estimate {built.estimate.total} is within the budget of {built.estimate.budget} tokens "
+                f"but its margin of {built.estimate.margin} is not: the real count may exceed it"
+            )
         view_id = uuid.uuid4().hex
-        had_images = any(m.images for m in built.rows)
         await self._store.save_view(
             session.id,
             ViewRecord(
                 view_id=view_id,
                 model=profile.model,
-                chars=messages_chars(built.rows),
+                chars=built.chars,
                 estimated_tokens=built.estimate.total,
-                had_images=had_images,
-                last_sequence=max((m.sequence_number for m in context), default=0),
+                had_images=built.had_images,
+                last_sequence=built.last_sequence,
                 create_time=self._clock.now(),
                 epoch=EngineState.of(session).epoch,
+                features=tuple(float(x) for x in messages_features(built.rows, views=1)),
+                incoming_tokens=built.estimate.segments.incoming,
             ),
             keep=self._settings.tokens.views_kept_per_session,
         )
+        if built.plain is not None:
+            return BuiltView(
+                messages=built.plain,
+                view_id=view_id,
+                estimate=built.estimate,
+                notices=built.notices,
+                compression=compression,
+            )
         messages = []
         stored_rows = {id(m) for m in context}
         for m, cut in zip(built.rows, built.truncated, strict=True):
@@ -222,13 +316,13 @@ class ViewService:
             reserve=profile.output_reserve_tokens,
             context=rows,
             image_fallback=self._settings.tokens.image_tokens_fallback,
+            view=False,
         )
 
     async def estimate_session(
-        self, caller: Principal, session_id: str, *, model: str, overrides: ProfileOverrides
+        self, caller: Principal, session: SessionInfo, *, model: str, profile: EffectiveProfile
     ) -> TokenEstimate:
-        session = await self._store.get_session(require_session_id(session_id), caller=caller)
-        profile = resolve_profile(self._settings, session.profile_id, overrides)
+        """What ``BuildContext`` with ``profile`` would send now, priced the same way (no compression)."""
         profile = dataclasses.replace(profile, model=model or profile.model)
         await self._accounting.ensure_loaded(profile.model)
         context = await self._store.load_context(session.id, caller=caller)
@@ -251,7 +345,8 @@ class ViewService:
                 metadata={"view_id": view_id},
             )
         state = EngineState.of(session)
-        if truncation_check(prompt_tokens, view.estimated_tokens, self._settings.tokens.truncation_ratio):
+        reason, bound = self._truncation(prompt_tokens, view)
+        if reason:
             # The provider silently cut the prompt's head: keep the previous honest baseline and
             # make the post-turn check compress regardless of the threshold.
             await self._store.update_state(sid, caller=caller, context_truncated=True)
@@ -259,13 +354,30 @@ class ViewService:
                 session_id=sid,
                 user_id=session.user_id,
                 kind="context_truncated",
-                payload={"view_id": view_id, "prompt_tokens": prompt_tokens, "estimated_tokens": view.estimated_tokens},
+                payload={
+                    "view_id": view_id,
+                    "prompt_tokens": prompt_tokens,
+                    "estimated_tokens": view.estimated_tokens,
+                    "lower_bound": bound,
+                    "reason": reason,
+                },
             )
             calibration = await self._accounting.ensure_loaded(view.model)
-            return BaselineResult(recorded=False, truncated=True, model=view.model, calibration=calibration)
+            return BaselineResult(
+                recorded=False,
+                truncated=True,
+                model=view.model,
+                calibration=calibration,
+                truncation_reason=reason,
+                lower_bound=bound,
+            )
         calibration = await self._accounting.observe(
-            view.model, Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images)
+            view.model,
+            Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images, features=view.features),
         )
+        # The incoming message the view carried is appended later, newer than the view's last
+        # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
+        anchor = max(1, prompt_tokens - view.incoming_tokens)
         # A view that carried images is no anchor: the provider's count holds those images, and a
         # later view may leave some out (image budget), so baseline + delta would count them twice.
         # Such views are priced fresh every time, by the same rules the view's budget used.
@@ -273,13 +385,13 @@ class ViewService:
             newer = [
                 m for m in await self._store.load_context(sid, caller=caller) if m.sequence_number > view.last_sequence
             ]
-            context_tokens = prompt_tokens + self._accounting.messages_tokens(view.model, newer)
+            context_tokens = anchor + self._accounting.messages_tokens(view.model, newer)
             await self._store.update_state(
                 sid,
                 caller=caller,
                 context_tokens=context_tokens,
                 context_truncated=False,
-                state=state.with_baseline(prompt_tokens, view.last_sequence, view_id).to_dict(),
+                state=state.with_baseline(anchor, view.last_sequence, view_id).to_dict(),
             )
         await self._bus.publish(
             session_id=sid,
@@ -292,4 +404,36 @@ class ViewService:
                 "model": view.model,
             },
         )
-        return BaselineResult(recorded=True, truncated=False, model=view.model, calibration=calibration)
+        return BaselineResult(
+            recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
+        )
+
+    def _truncation(self, prompt_tokens: int, view: ViewRecord) -> tuple[str, int]:
+        """Why ``prompt_tokens`` looks silently truncated ("" when it does not), and the lower bound.
+
+        The count is held against the smaller of ``truncation_ratio`` x the view's estimate and the
+        fewest tokens any vocabulary could have counted for the view (``calibration.lower_bound``):
+        the bound holds before any calibration, so an inflated cold estimate never refuses an
+        honest count. A view recorded without features falls back to the estimate alone.
+        """
+        ratio = self._settings.tokens.truncation_ratio
+        by_estimate = ratio * view.estimated_tokens
+        if not view.features:
+            if view.estimated_tokens > 0 and prompt_tokens < by_estimate:
+                return (
+                    f"prompt_tokens {prompt_tokens} is below {ratio:.0%} of the view's estimate "
+                    f"{view.estimated_tokens}",
+                    0,
+                )
+            return "", 0
+        # Images are not in the features: their smallest price (256 + 2 tokens each) is not known
+        # per view here, so a view with images is held against its text bound alone.
+        bound = lower_bound(view.features)
+        if bound > 0 and prompt_tokens < min(by_estimate, bound):
+            return (
+                f"prompt_tokens {prompt_tokens} is below {bound}, the fewest tokens any known vocabulary "
+                f"counts for this view's text (estimate {view.estimated_tokens}): the provider most likely "
+                "dropped the head of the prompt",
+                bound,
+            )
+        return "", bound

@@ -39,6 +39,12 @@ class MemoryEventBus:
         self._next_id = time.time_ns() // 1000
         self._clock = clock or SystemClock()
         self._closed = False
+        #: the session each subscriber streams ("" = all of the caller's): maintenance spares them.
+        self._watching: dict[asyncio.Queue[StoredEvent | None], str] = {}
+
+    def watched_sessions(self) -> set[str]:
+        """Sessions with a stream open on them (store maintenance never removes those)."""
+        return {sid for sid in self._watching.values() if sid}
 
     async def publish(self, *, session_id: str, user_id: str, kind: str, payload: Mapping[str, Any]) -> StoredEvent:
         self._next_id += 1
@@ -71,6 +77,7 @@ class MemoryEventBus:
         # Register before snapshotting the log: nothing published in between can be missed,
         # and duplicates are removed by the id check below.
         self._subscribers[queue] = visible
+        self._watching[queue] = session_id
         try:
             last = after_event_id
             if after_event_id:
@@ -89,9 +96,11 @@ class MemoryEventBus:
                     yield item
         finally:
             self._subscribers.pop(queue, None)
+            self._watching.pop(queue, None)
 
     async def close(self) -> None:
         self._closed = True
         for queue in list(self._subscribers):
             queue.put_nowait(None)
         self._subscribers.clear()
+        self._watching.clear()

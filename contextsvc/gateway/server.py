@@ -494,9 +494,10 @@ class Gateway:
             "type": "view",
             "session": frames.to_json(session),
             "display": [frames.to_json(m) for m in display.messages],
-            "display_more": bool(display.next_before_sequence),
+            "display_more": bool(display.next_page_token),
             "context": [frames.to_json(m) for m in context.messages],
-            "context_more": bool(context.next_before_sequence),
+            # The context buffer pages by token only (its order is not sequence order).
+            "context_more": bool(context.next_page_token),
             "view": {
                 "view_id": view.view_id,
                 "messages": [frames.to_json(m) for m in view.messages],

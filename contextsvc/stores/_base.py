@@ -88,6 +88,18 @@ def compaction_conflict(session_id: str, sequence_number: int) -> Conflict:
     )
 
 
+def context_bound(before_sequence: int, before_position: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The context-order key a context page ends before (None = the end of the buffer):
+    ``before_position`` when given, else the position of message ``before_sequence`` — every row
+    placed before it, a summary included when it stands for older rows."""
+    if before_position is not None:
+        anchor, sequence = before_position
+        if anchor < 0 or sequence < 0:
+            raise InvalidArgument.field("before_position", "must not be negative")
+        return (anchor, sequence)
+    return (before_sequence, 0) if before_sequence > 0 else None
+
+
 def _list_key(st: SessionState) -> tuple[bool, int, str]:
     # Integer microseconds: a float timestamp cannot tell neighbouring microseconds apart.
     micros = (st.update_time - _EPOCH) // _MICROSECOND if st.update_time is not None else 0
@@ -329,6 +341,7 @@ class RowStore:
         caller: Principal,
         buffer: BufferKind,
         before_sequence: int = 0,
+        before_position: tuple[int, int] | None = None,
         limit: int = 50,
     ) -> list[Message]:
         st = self._owned(session_id, caller)
@@ -337,7 +350,7 @@ class RowStore:
         if limit < 0:
             raise InvalidArgument.field("limit", "must not be negative")
         if BufferKind(buffer) is BufferKind.CONTEXT:
-            return st.context_page(before_sequence, limit)
+            return st.context_page(context_bound(before_sequence, before_position), limit)
         return st.display_page(before_sequence, limit)
 
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:

@@ -73,6 +73,17 @@ def mark_bytes(n: int, meta: dict[str, Any]) -> bytes:
     return b"%0*d\n" % (_MARK_WIDTH, n) + json.dumps(meta, separators=(",", ":")).encode() + b"\n"
 
 
+def write_mark(path: Path, n: int, meta: dict[str, Any]) -> None:
+    """Write the whole mark file. Not atomic and not fsynced, on purpose: a mark cut short is
+    unreadable and simply rebuilt from the log on the next start (it is never ahead of the log),
+    and the first start over thousands of logs written before marks existed stays fast."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, mark_bytes(n, meta))
+    finally:
+        os.close(fd)
+
+
 def write_mark_number(path: Path, n: int) -> None:
     """Rewrite the number in place (same width: no truncation, no torn file)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -123,7 +123,6 @@ class SessionState:
     __slots__ = (
         "_ctx",
         "_ctx_keys",
-        "_ctx_seqs",
         "context_tokens",
         "context_truncated",
         "create_time",
@@ -161,7 +160,6 @@ class SessionState:
         self.rows: list[Message] = []
         self._ctx: list[Message] = []
         self._ctx_keys: list[tuple[int, int]] = []
-        self._ctx_seqs: list[int] = []
         self.display_count = 0
         #: content of the newest display row with non-empty content (cut when read).
         self.preview_source = ""
@@ -205,11 +203,11 @@ class SessionState:
     def context(self) -> list[Message]:
         return list(self._ctx)
 
-    def context_page(self, before: int, limit: int) -> list[Message]:
-        """The ``limit`` context rows with the highest sequence < ``before``, in context order."""
-        end = bisect_left(self._ctx_seqs, before) if before > 0 else len(self._ctx_seqs)
-        seqs = self._ctx_seqs[max(0, end - limit) : end]
-        return sorted((self.rows[s - 1] for s in seqs), key=lambda m: m.context_sort_key)
+    def context_page(self, before: tuple[int, int] | None, limit: int) -> list[Message]:
+        """The ``limit`` context rows placed just before position ``before`` (None = the end),
+        in context order."""
+        end = bisect_left(self._ctx_keys, before) if before is not None else len(self._ctx_keys)
+        return self._ctx[max(0, end - limit) : end]
 
     def display_page(self, before: int, limit: int) -> list[Message]:
         """The ``limit`` newest display rows with sequence < ``before``, oldest first."""
@@ -350,10 +348,8 @@ class SessionState:
         at = bisect_left(self._ctx_keys, key)
         self._ctx_keys.insert(at, key)
         self._ctx.insert(at, row)
-        insort(self._ctx_seqs, row.sequence_number)
 
     def _unindex(self, row: Message) -> None:
         at = bisect_left(self._ctx_keys, row.context_sort_key)
         del self._ctx_keys[at]
         del self._ctx[at]
-        del self._ctx_seqs[bisect_left(self._ctx_seqs, row.sequence_number)]

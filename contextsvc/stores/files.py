@@ -41,15 +41,24 @@ session, creating its history file, rewriting a log and storing a blob are durab
 call returns (temp file + fsync + ``os.replace`` + directory fsync), and a compaction is a single
 record, so after any crash a session shows all of a compaction or none.
 
-Recovery on load: a torn last line (no trailing newline, or not valid JSON) is what a crash in
-the middle of a write leaves; the log is copied aside (``.torn-<time>``), a warning is logged and
-the log is rewritten without that line. A bad line anywhere else is corruption: the log is
-copied aside (``.corrupt-<time>``), an error is logged and the session loads what precedes the
-bad line. A history file gets the same treatment, except that its chunks do not depend on each
-other: every readable line is kept, unreadable ones are dropped (the original set aside as
+Integrity (issue #9): the store holds ``<data>/lock`` (``_dirlock``) for its whole life, so one
+process writes a directory. Every line is a checked record (``_frames``: CRC32C + the record,
+which carries ``n``, the session's highest sequence number once it applies), and
+``sessions/<id>.jsonl.mark`` keeps the highest number ever acknowledged and the header fields that
+never change. Lines written before checksums load unchecked.
+
+Recovery on load (``scan_log``, shared with ``contextsvc fsck``): every line is checked on its
+own; a bad one is set aside (the original log copied to ``.corrupt-<time>``, or ``.torn-<time>``
+when only the last line is bad and nothing acknowledged is lost: an interrupted write) and the
+records after it still load. Acknowledged numbers that cannot be read (a bad append record, a gap,
+a tail below the mark) get stand-in rows (``SessionState.fill_lost``) so they are never handed out
+again, and the session is damaged: read-only (``SESSION_DAMAGED`` on writes) until ``fsck
+--repair``. A lost header is rebuilt from the mark file; a log with no readable record and no mark
+is moved aside. A history file gets the same treatment, except that its chunks do not depend on
+each other: every readable line is kept, unreadable ones are dropped (the original set aside as
 ``.torn-<time>`` or ``.corrupt-<time>``) and the file is rewritten. Deleting a session removes its
-history file, then its log, and any copies of either set aside. A history file left without a
-session (its log set aside as unreadable) is kept for the operator, and removed if a session
+mark, its history file, then its log, and any copies of either set aside. A history file left
+without a session (its log and mark removed by an operator) is kept, and removed if a session
 with that id is ever created again.
 """
 
@@ -63,22 +72,23 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
+from contextsvc.core.maintenance import Candidate
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import SessionInfo
 from contextsvc.errors import Conflict, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
-from contextsvc.stores._frames import BadFrame, frame, mark_bytes, mark_path, read_mark, unframe, write_mark_number
+from contextsvc.stores._frames import BadFrame, frame, mark_path, read_mark, unframe, write_mark, write_mark_number
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -209,6 +219,42 @@ class FilesStore(RowStore):
         finally:
             self._dir_lock.release()
 
+    async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
+        """Every session with its bytes on disk (log, mark, history, copies set aside), and the
+        bytes no session owns (blobs, calibration), for ``core/maintenance.py``."""
+        sessions = [st for st in list(self._sessions.values()) if not st.deleted]
+
+        def sizes() -> tuple[dict[str, int], int]:
+            owned: dict[str, int] = {}
+            other = 0
+            for folder in (self._sessions_dir, self._history_dir):
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        sid = entry.name[:36]
+                        size = entry.stat().st_size if entry.is_file() else 0
+                        if is_session_id(sid):
+                            owned[sid] = owned.get(sid, 0) + size
+                        else:
+                            other += size
+            for dirpath, _dirs, names in os.walk(self._blobs_dir):
+                other += sum(os.stat(os.path.join(dirpath, n)).st_size for n in names)
+            return owned, other + self._calibration.size
+
+        owned, other = await asyncio.to_thread(sizes)
+        epoch = datetime.min.replace(tzinfo=UTC)
+        candidates = [
+            Candidate(
+                session_id=st.id,
+                update_time=st.update_time or st.create_time or epoch,
+                pinned=st.pinned,
+                size_bytes=owned.get(st.id, 0),
+                busy=st.id in busy,
+                user_id=st.user_id,
+            )
+            for st in sessions
+        ]
+        return candidates, other
+
     async def health_check(self) -> StoreHealth:
         """Can the store write right now (a probe write + fsync in the data directory), and how
         many sessions are damaged (read-only)? Polled by the server for the health service."""
@@ -278,7 +324,7 @@ class FilesStore(RowStore):
             await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
             await asyncio.to_thread(_create_file, path, data)
             # After the log: a mark file never stands for a session that was not created.
-            await asyncio.to_thread(_write_atomic, mark_path(path), mark_bytes(0, _mark_meta(st)))
+            await asyncio.to_thread(write_mark, mark_path(path), 0, _mark_meta(st))
         except FileExistsError:
             raise Conflict("session already exists", metadata={"session_id": st.id}) from None
         except OSError as exc:
@@ -312,9 +358,11 @@ class FilesStore(RowStore):
 
     async def _persist_observation(self, model: str, observation: Observation) -> None:
         log = self._calibration
-        line = {"model": model, "chars": observation.chars, "tokens": observation.tokens}
+        line: dict[str, Any] = {"model": model, "chars": observation.chars, "tokens": observation.tokens}
         if observation.had_images:
             line["had_images"] = True
+        if observation.features:
+            line["features"] = list(observation.features)
         try:
             await self._append(log, _dumps(line))
         except OSError as exc:
@@ -531,7 +579,12 @@ class FilesStore(RowStore):
         for raw in lines:
             try:
                 d = _loads(raw)
-                obs = Observation(int(d["chars"]), int(d["tokens"]), bool(d.get("had_images", False)))
+                obs = Observation(
+                    int(d["chars"]),
+                    int(d["tokens"]),
+                    bool(d.get("had_images", False)),
+                    tuple(float(x) for x in d.get("features", ())),
+                )
                 observations.setdefault(str(d["model"]), []).append(obs)
             except (ValueError, KeyError, TypeError, AttributeError):
                 bad += 1
@@ -610,7 +663,7 @@ class FilesStore(RowStore):
 
     def _save_mark(self, path: Path, st: SessionState) -> None:
         try:
-            _write_atomic(mark_path(path), mark_bytes(st.last_sequence, _mark_meta(st)))
+            write_mark(mark_path(path), st.last_sequence, _mark_meta(st))
         except OSError as exc:
             logger.warning("files store: cannot write the sequence mark of session %s: %s", st.id, exc)
 
@@ -885,7 +938,8 @@ def _view_to_dict(view: ViewRecord) -> dict[str, Any]:
 
 
 def _view_from_dict(d: dict[str, Any]) -> ViewRecord:
-    return ViewRecord(**{**d, "create_time": datetime.fromisoformat(d["create_time"])})
+    features = tuple(float(x) for x in d.get("features", ()))
+    return ViewRecord(**{**d, "create_time": datetime.fromisoformat(d["create_time"]), "features": features})
 
 
 def _time(value: datetime | None) -> str | None:
@@ -1069,6 +1123,8 @@ def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]],
     for model, kept in observations.items():
         for obs in kept[-keep:]:
             line: dict[str, Any] = {"model": model, "chars": obs.chars, "tokens": obs.tokens}
+            if obs.features:
+                line["features"] = list(obs.features)
             if obs.had_images:
                 line["had_images"] = True
             lines.append(_dumps(line))

@@ -23,6 +23,7 @@ from contextsvc.core.breadcrumbs import (
     format_keys_line,
     split_keys_line,
 )
+from contextsvc.core.facts import FACTS_HEADER, fact_lines, strip_facts
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.turns import split_turns
 from contextsvc.ports import SummarizerError, SummaryRequest
@@ -59,6 +60,7 @@ class _Facts:
     outcomes: list[str] = field(default_factory=list)
     tools: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
 
 
 class ExtractiveSummarizer:
@@ -114,6 +116,10 @@ class ExtractiveSummarizer:
         entities = extract_entities(items, limit=self._limit, max_chars=self._max_chars, scan_chars=self._scan_chars)
         keys = [e.text for e in entities]
         facts = self._collect(list(request.messages)) if request.messages else _Facts()
+        cfg = self.config
+        facts.lines = fact_lines(
+            request.messages, max_facts=cfg.max_facts, max_chars=int(budget * cfg.fact_share), fact_chars=cfg.fact_chars
+        )
         body = self._body(request, facts, entities, budget)
         keys_line = _fit_keys(keys, max(40, budget // 4))
         return _fit_lines(body, budget - len(keys_line) - 1) + "\n" + keys_line
@@ -130,8 +136,15 @@ class ExtractiveSummarizer:
             facts.image_count += len(m.images)
             if m.flags.is_summary:
                 text, _ = split_keys_line(m.content)
-                if text.strip():
-                    facts.carried.append(text.strip())
+                # Fold, never nest: its facts join ours (fact_lines reads them), its own header and
+                # any "Earlier summary" it carried are dropped, the rest is quoted once.
+                rest = [
+                    line
+                    for line in strip_facts(text).splitlines()
+                    if line.strip() and not line.startswith(("Summary of ", "Earlier summary: "))
+                ]
+                if rest:
+                    facts.carried.append("\n".join(rest))
                 continue
             if m.role is Role.USER and m.content.strip():
                 facts.asks.append(m.content)
@@ -156,6 +169,10 @@ class ExtractiveSummarizer:
         cfg = self.config
         q = cfg.quote_chars
         lines = [_header(request, facts)]
+        # Facts first: the body is cut to the budget from the end, and they are what must survive.
+        if facts.lines:
+            lines.append(FACTS_HEADER)
+            lines.extend("- " + f for f in facts.lines)
         for carried in facts.carried[-2:]:
             share = max(80, int(budget * cfg.carried_summary_share) // max(1, min(2, len(facts.carried))))
             lines.append("Earlier summary: " + _quote(carried, share))

@@ -71,12 +71,19 @@ async def all_rows(store: SessionStore, sid: str, buffer: BufferKind, page: int 
     """Every row of a buffer, fetched page by page from the newest back (as a client would)."""
     pages: list[list[Message]] = []
     before = 0
+    position: tuple[int, int] | None = None
     while True:
-        rows = await store.list_messages(sid, caller=ADMIN, buffer=buffer, before_sequence=before, limit=page)
+        rows = await store.list_messages(
+            sid, caller=ADMIN, buffer=buffer, before_sequence=before, before_position=position, limit=page
+        )
         if not rows:
             break
         pages.append(rows)
-        before = min(seqs(rows))
+        # The display buffer is in sequence order; the context buffer pages by position.
+        if buffer is BufferKind.CONTEXT:
+            position = rows[0].context_sort_key
+        else:
+            before = rows[0].sequence_number
     out: list[Message] = []
     for rows in reversed(pages):
         out.extend(rows)

@@ -161,20 +161,28 @@ async def test_display_pages_run_newest_first_and_return_oldest_first(store: Ses
         await store.list_messages(sid, caller=ALICE, buffer=BufferKind.DISPLAY, before_sequence=-1)
 
 
-async def test_context_pages_are_paged_by_sequence_and_returned_in_context_order(store: SessionStore) -> None:
+async def test_context_pages_are_cut_at_a_position_in_context_order(store: SessionStore) -> None:
     sid = await _ten_with_a_summary(store)
 
-    async def page(before: int, limit: int) -> list[int]:
+    async def page(before: int, limit: int, position: tuple[int, int] | None = None) -> list[int]:
         rows = await store.list_messages(
-            sid, caller=ALICE, buffer=BufferKind.CONTEXT, before_sequence=before, limit=limit
+            sid, caller=ALICE, buffer=BufferKind.CONTEXT, before_sequence=before, before_position=position, limit=limit
         )
         return seqs(rows)
 
     # Context rows by sequence: 3, 7, 8, 9, 10, 11. The summary (11) sorts at its anchor (1).
     assert await page(0, 100) == [11, 3, 7, 8, 9, 10]
-    assert await page(0, 3) == [11, 9, 10]
-    assert await page(9, 3) == [3, 7, 8]
-    assert await page(3, 3) == []
+    assert await page(0, 3) == [8, 9, 10]
+    # before_sequence N: the rows placed before message N (the summary stands at row 1's place).
+    assert await page(8, 3) == [11, 3, 7]
+    assert await page(3, 3) == [11]
+    assert await page(1, 3) == []
+    # A position: the (anchor, sequence) key of the oldest row of the previous page.
+    assert await page(0, 2, (7, 7)) == [11, 3]
+    assert await page(0, 2, (3, 3)) == [11]
+    assert await page(0, 2, (1, 11)) == []
+    with pytest.raises(InvalidArgument):
+        await page(0, 2, (-1, 3))
     assert seqs(await store.load_context(sid, caller=ALICE)) == [11, 3, 7, 8, 9, 10]
 
 

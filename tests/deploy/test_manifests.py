@@ -73,8 +73,14 @@ def test_probes_ask_the_service_health_and_termination_outlasts_the_drain(overla
     docs = _render(overlay)
     server = _server(docs)
     container, pod = server["container"], server["deployment"]["spec"]["template"]["spec"]
-    assert container["readinessProbe"]["grpc"] == {"port": 50051, "service": HEALTH_SERVICE}
-    assert container["livenessProbe"]["grpc"]["port"] == 50051
+    readiness = container["readinessProbe"]["exec"]["command"]
+    assert readiness[0] == "grpc-health-probe"
+    assert f"-service={HEALTH_SERVICE}" in readiness and "-tls" in readiness
+    assert "-tls" in container["livenessProbe"]["exec"]["command"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # Beyond loopback the server refuses to start without TLS (or --insecure): the pod gives it TLS.
+    assert env["CONTEXTSVC_TLS_CERT"] and env["CONTEXTSVC_TLS_KEY"]
+    assert "CONTEXTSVC_INSECURE" not in env
     (config_map,) = (c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"] == "contextsvc-config")
     toml_text = config_map["data"]["contextsvc.toml"]
     settings = Settings.model_validate(tomllib.loads(toml_text))

@@ -286,3 +286,80 @@ def test_bad_compression_requests(llm_server: ServerProcess) -> None:
         with pytest.raises(grpc.RpcError) as err:
             stub.ExpandSummary(pb.ExpandSummaryRequest(session_id=sid, sequence_number=99))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_context_buffer_pages_by_token_after_compactions(llm_server: ServerProcess) -> None:
+    """Issue #8 item 1 over the wire: after compactions the context buffer is not in sequence
+    order (summary first, placeholders at their results' places); pages joined by
+    next_page_token equal the one-page listing for every page size, and a bad token is
+    INVALID_ARGUMENT naming page_token."""
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 20)
+        profile = _profile(strategies=["clear_tool_results", "summarize"])
+        assert stub.Compress(pb.CompressRequest(session_id=sid, profile=profile)).compressed
+        _fill(stub, sid, 6)
+        whole = stub.ListMessages(pb.ListMessagesRequest(session_id=sid, buffer=pb.BUFFER_CONTEXT, page_size=1000))
+        expected = [m.sequence_number for m in whole.messages]
+        assert not whole.next_page_token
+        assert expected != sorted(expected)  # the summary stands before rows with smaller numbers
+        for size in range(1, len(expected) + 1):
+            got = [m.sequence_number for m in all_messages(stub, sid, pb.BUFFER_CONTEXT, page_size=size)]
+            assert got == expected, size
+        first = stub.ListMessages(pb.ListMessagesRequest(session_id=sid, buffer=pb.BUFFER_CONTEXT, page_size=5))
+        assert first.next_page_token and first.next_before_sequence == 0
+        for token in ("%%%", first.next_page_token[:-3] + "AAA"):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ListMessages(
+                    pb.ListMessagesRequest(session_id=sid, buffer=pb.BUFFER_CONTEXT, page_size=5, page_token=token)
+                )
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_details(err.value)["fields"] == ["page_token"]
+
+
+def test_clearing_then_truncation_names_both_stages_and_closes_the_start(llm_server: ServerProcess) -> None:
+    """Issue #8 items 2 and 3 over the wire: a clearing-only profile whose clearing cannot reach
+    the target reports clear_tool_results then hard_truncate (response and event); with
+    hard_truncate_fallback=false it drops no turn; every compression_started is closed."""
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        events: list[Any] = []
+        watcher = _watch(stub, sid, events)
+        batch: list[r.Message] = []
+        for t in range(14):  # conversation-heavy turns: results are a small share
+            batch += [
+                user(f"turn {t}: " + "please look at the retry policy and explain it " * 12),
+                assistant("", [(f"c{t}", "read_file")]),
+                tool(f"c{t}", f"def handler_{t}():\n    return {t}\n" * 6),
+                assistant(f"handler_{t} " + "retries with backoff and a jittered delay " * 12),
+            ]
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
+        users_before = sum(m.role == r.ROLE_USER for m in all_messages(stub, sid, pb.BUFFER_CONTEXT))
+
+        no_fallback = _profile(strategies=["clear_tool_results"], hard_truncate_fallback=False)
+        kept = stub.Compress(pb.CompressRequest(session_id=sid, profile=no_fallback))
+        assert kept.compressed and kept.method == events_pb2.COMPRESSION_METHOD_CLEAR_TOOL_RESULTS
+        assert [s.method for s in kept.stages] == [events_pb2.COMPRESSION_METHOD_CLEAR_TOOL_RESULTS]
+        context = all_messages(stub, sid, pb.BUFFER_CONTEXT)
+        assert sum(m.role == r.ROLE_USER for m in context) == users_before
+
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch[:20]))
+        both = stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile(strategies=["clear_tool_results"])))
+        assert both.compressed and both.method == events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE
+        assert [s.method for s in both.stages] == [
+            events_pb2.COMPRESSION_METHOD_CLEAR_TOOL_RESULTS,
+            events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE,
+        ]
+        assert both.stages[0].messages_removed > 0 and both.stages[1].messages_removed > 0
+        assert both.stages[0].tokens_before == both.context_tokens_before
+        assert both.stages[-1].tokens_after == both.context_tokens_after
+
+        stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid))
+        watcher.join(10)
+        kinds = [e.WhichOneof("payload") for e in events]
+        kinds = [k for k in kinds if k in ("compression_started", "context_compressed", "compression_refused")]
+        assert kinds == ["compression_started", "context_compressed"] * 2
+        compressed = [e.context_compressed for e in events if e.WhichOneof("payload") == "context_compressed"]
+        assert [len(c.stages) for c in compressed] == [1, 2]

@@ -119,7 +119,13 @@ def test_fuzzed_requests_never_internal(server: ServerProcess) -> None:
                 (stub.ListSessions, pb.ListSessionsRequest(page_size=page_size, page_token=page_token, query=sid)),
                 (
                     stub.ListMessages,
-                    pb.ListMessagesRequest(session_id=sid, page_size=page_size, before_sequence=before, buffer=buffer),
+                    pb.ListMessagesRequest(
+                        session_id=sid,
+                        page_size=page_size,
+                        before_sequence=before,
+                        buffer=buffer,
+                        page_token=page_token,
+                    ),
                 ),
                 (
                     stub.RecordBaseline,

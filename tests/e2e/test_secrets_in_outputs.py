@@ -10,6 +10,7 @@ The summarizer key reached the summarizer (so the test is not vacuous), and nowh
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -95,6 +96,10 @@ def test_no_token_or_key_appears_in_any_output(tmp_path: Path, llm: FakeLLM) -> 
             outputs.append(revoked.stdout + revoked.stderr)
             listed = _cli("tokens", "list", "--store", store, env=env)
             outputs.append(listed.stdout + listed.stderr)
+            as_json = _cli("tokens", "list", "--json", "--store", store, env=env).stdout
+            rows = [json.loads(line) for line in as_json.splitlines()]
+            assert [row["state"] for row in rows] == ["active", "revoked"]
+            assert rows[0]["last_used_time"] != "-"  # the server recorded alice's use
 
             for value in (f"Bearer {unknown}", f"Bearer {doomed_token}", malformed, f"bearer {token}x"):
                 with pytest.raises(grpc.RpcError) as caught:
@@ -103,6 +108,8 @@ def test_no_token_or_key_appears_in_any_output(tmp_path: Path, llm: FakeLLM) -> 
                     )
                 details = error_details(caught.value)
                 assert details["code"] == grpc.StatusCode.UNAUTHENTICATED
+                if doomed_token in value:
+                    assert details["reason"] == "TOKEN_REVOKED"  # seen by the running server at once
                 outputs.append(repr(details) + str(caught.value.debug_error_string()))
 
             events = stub.StreamEvents(pb.StreamEventsRequest(after_event_id=1), metadata=md, timeout=2)

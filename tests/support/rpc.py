@@ -48,15 +48,15 @@ def error_details(err: grpc.RpcError) -> dict[str, Any]:
 
 
 def all_messages(stub: Any, session_id: str, buffer: int = pb.BUFFER_DISPLAY, page_size: int = 100) -> list[r.Message]:
-    """Every message of a buffer, oldest first, by paging backwards."""
+    """Every message of a buffer, oldest first, by paging backwards with page tokens."""
     pages: list[list[r.Message]] = []
-    before = 0
-    while True:
+    token = ""
+    for _ in range(100_000):  # bounded; a test session has far fewer pages
         resp = stub.ListMessages(
-            pb.ListMessagesRequest(session_id=session_id, buffer=buffer, page_size=page_size, before_sequence=before)
+            pb.ListMessagesRequest(session_id=session_id, buffer=buffer, page_size=page_size, page_token=token)
         )
         pages.append(list(resp.messages))
-        if not resp.next_before_sequence:
+        if not resp.next_page_token:
             break
-        before = resp.next_before_sequence
+        token = resp.next_page_token
     return [m for page in reversed(pages) for m in page]

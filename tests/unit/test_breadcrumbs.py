@@ -154,25 +154,6 @@ def test_defaults_come_from_the_settings() -> None:
 # --- the KEYS line --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("summary", "text", "keys"),
-    [
-        ("- did things\nKEYS: a; b c; /x/y.py", "- did things", ["a", "b c", "/x/y.py"]),
-        ("- did things\nKEYS: a, b, c\n\n", "- did things", ["a", "b", "c"]),
-        ("- did\n**KEYS:** a; b", "- did", ["a", "b"]),
-        ("- did\n- KEYS: `a`; `b`", "- did", ["a", "b"]),
-        ("- did\nkeys: a", "- did", ["a"]),
-        ("- did\n**KEYS: a; b**", "- did", ["a", "b"]),
-        ("- did\nKEYS: _private_name; __init__; *args", "- did", ["_private_name", "__init__", "*args"]),
-        ("- did\nKEYS:", "- did", []),
-        ("- no keys here\n- KEYS are discussed inline", "- no keys here\n- KEYS are discussed inline", []),
-        ("KEYS: a\n- a later line", "KEYS: a\n- a later line", []),
-    ],
-)
-def test_split_keys_line(summary: str, text: str, keys: list[str]) -> None:
-    assert split_keys_line(summary) == (text, keys)
-
-
 def test_format_keys_line_round_trips() -> None:
     keys = ["a", "b; c", "1,000 USD", "multi\nline"]
     line = format_keys_line(keys)

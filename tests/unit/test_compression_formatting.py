@@ -250,34 +250,6 @@ def test_summary_instructions_add_the_keys_request_to_a_custom_prompt() -> None:
     assert summary_instructions("Summarize; end with KEYS: a; b") == "Summarize; end with KEYS: a; b"
 
 
-KEYS_CASES = [
-    pytest.param("- did x\nKEYS: a; b; c", "- did x", ["a", "b", "c"], id="plain"),
-    pytest.param("- did x\nkeys:a;b", "- did x", ["a", "b"], id="lower-no-space"),
-    pytest.param("- did x\n\n**KEYS:** `src/app.py`; make deploy", "- did x", ["src/app.py", "make deploy"], id="bold"),
-    pytest.param("- did x\n- Keys: a, b, c\n", "- did x", ["a", "b", "c"], id="bullet-commas"),
-    pytest.param("- did x\nKEYS:\n- a\n- b\n", "- did x", ["a", "b"], id="bullets-under"),
-    pytest.param("- did x\nKEYS: a; ; a; b.\n", "- did x", ["a", "b"], id="empty-and-duplicates"),
-    pytest.param("- did x\nKEYS: budget 12,000 EUR; x", "- did x", ["budget 12,000 EUR", "x"], id="commas-inside"),
-    pytest.param("- did x\n- done", "- did x\n- done", [], id="missing"),
-    pytest.param("- Keys: rotated\n- next step", "- Keys: rotated\n- next step", [], id="lower-mid-text"),
-    pytest.param("- x\nKEYS: a; b\nThat is all.", "- x\nThat is all.", ["a", "b"], id="upper-then-chatter"),
-    pytest.param("KEYS: old\n- x\nKEYS: new", "KEYS: old\n- x", ["new"], id="last-wins"),
-    pytest.param("- x\n  KEYS\uff1a甲; 乙", "- x", ["甲", "乙"], id="fullwidth-colon"),
-    pytest.param(
-        "- x\nKEYS: _private_name; __init__; *args; **bold**",
-        "- x",
-        ["_private_name", "__init__", "*args", "bold"],
-        id="identifiers-keep-underscores-and-stars",
-    ),
-    pytest.param("- x\n**KEYS: a; b**", "- x", ["a", "b"], id="bold-wrapped-line"),
-]
-
-
-@pytest.mark.parametrize(("text", "summary_text", "keys"), KEYS_CASES)
-def test_split_keys(text: str, summary_text: str, keys: list[str]) -> None:
-    assert split_keys(text) == (summary_text, keys)
-
-
 @given(st.text(max_size=300))
 def test_split_keys_never_fails_and_keeps_text_without_keys(text: str) -> None:
     body, keys = split_keys(text)

@@ -86,3 +86,17 @@ def test_the_postgres_bus_reaches_no_other_folder() -> None:
         if m.startswith("contextsvc.stores.") and not m.startswith("contextsvc.stores.postgres")
     )
     assert all(m.startswith("contextsvc.stores._session") for m in others), others
+
+
+def test_the_core_reads_settings_sections_not_the_environment() -> None:
+    """docs/design.md, "Settings in the core": the core takes the plain section models of
+    ``contextsvc.config`` (no I/O, validated once at the edge); only profile resolution sees the
+    root ``Settings``, and nothing in the core reads the environment or pydantic-settings."""
+    root_users = []
+    for path in files_under("core"):
+        imported = imported_modules(path)
+        assert not any(m.startswith(("pydantic_settings", "os.environ", "dotenv")) for m in imported), path
+        assert "os" not in imported, f"{path.relative_to(ROOT)} imports os"
+        if "contextsvc.config.Settings" in imported:
+            root_users.append(str(path.relative_to(ROOT)))
+    assert root_users == ["core/profile.py"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contextsvc.config import TokenSettings
-from contextsvc.core.calibration import Calibration, Observation, fallback, fit
+from contextsvc.core.calibration import Calibration
 from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+from contextsvc.core.priors import N_CLASSES
 from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, text_size
 from contextsvc.core.tokens import (
     Baseline,
@@ -33,8 +35,12 @@ from contextsvc.core.tokens import (
 )
 
 S = TokenSettings()
-FALLBACK = CalibratedCounter(fallback(S))
-LINE = CalibratedCounter(fit([Observation(1000, 400), Observation(2000, 700)], S))  # 100 + 0.3/unit
+# Uniform prices that reproduce the size-unit line these tests were written against: every class at
+# one price per unit, the old framing allowance (8 units a message, 16 a tool call) per message.
+FALLBACK = CalibratedCounter(
+    Calibration((1 / 1.8,) * N_CLASSES + (8 / 1.8, 16 / 1.8, 0.0), 0, fitted=False, margin=0.0)
+)
+LINE = CalibratedCounter(Calibration((0.3,) * N_CLASSES + (2.4, 4.8, 100.0), 2, fitted=True, margin=0.0))
 
 
 def msg(
@@ -113,7 +119,7 @@ def test_calibrated_counter_methods() -> None:
 
 def test_sizes_are_summed_before_rounding() -> None:
     # 3 messages of 10 units at 0.05 tokens/unit: 0.5 each rounds to 0, together 1.5 rounds to 2.
-    counter = CalibratedCounter(Calibration(0.0, 0.05, 2, fitted=True))
+    counter = CalibratedCounter(Calibration((0.05,) * N_CLASSES + (0.4, 0.8, 0.0), 2, fitted=True, margin=0.0))
     three = [msg("a"), msg("b"), msg("c")]
     assert [message_size(m) for m in three] == [10, 10, 10]
     assert [counter.count_messages([m]) for m in three] == [0, 0, 0]
@@ -144,8 +150,8 @@ def test_exact_counter_from_a_tokenizer_file(tmp_path: Path) -> None:
 
 def test_counter_for_uses_the_configured_tokenizer(tmp_path: Path) -> None:
     settings = TokenSettings(tokenizer_files={"llama": _word_tokenizer(tmp_path)})
-    assert counter_for("llama", fallback(settings), settings).method is EstimateMethod.EXACT
-    assert counter_for("other", fallback(settings), settings).method is EstimateMethod.FALLBACK
+    assert counter_for("llama", FALLBACK.calibration, settings).method is EstimateMethod.EXACT
+    assert counter_for("other", FALLBACK.calibration, settings).method is EstimateMethod.FALLBACK
 
 
 def test_a_missing_tokenizer_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -235,10 +241,18 @@ def test_estimate_of_nothing_is_zero() -> None:
     assert (est.total, est.method, est.budget, est.fraction) == (0, EstimateMethod.FALLBACK, 750, 0.0)
 
 
-def test_a_negative_intercept_never_makes_a_negative_segment() -> None:
-    counter = CalibratedCounter(Calibration(-500.0, 0.5, 2, fitted=True))
-    est = estimate(counter=counter, window=1000, reserve=0, system="short", context=[msg(PROSE, 1)])
-    assert est.segments.system == 0 and est.total == round(0.5 * units(PROSE)) > 0
+def test_a_standalone_list_is_not_charged_the_view_overhead() -> None:
+    est = estimate(counter=LINE, window=100_000, reserve=0, context=[msg(PROSE, 1)], view=False)
+    assert est.segments.system == 0
+    assert est.total == LINE.count_messages([msg(PROSE, 1)])
+    as_view = estimate(counter=LINE, window=100_000, reserve=0, context=[msg(PROSE, 1)])
+    assert as_view.total == est.total + 100  # the per-view overhead, once
+
+
+def test_the_margin_is_the_rate_of_what_was_priced() -> None:
+    cal = Calibration((0.3,) * N_CLASSES + (2.4, 4.8, 0.0), 2, fitted=True, margin=0.05)
+    est = estimate(counter=CalibratedCounter(cal), window=100_000, reserve=0, context=[msg(PROSE, 1)])
+    assert est.margin == math.ceil(0.05 * est.total) and est.guarded == est.total + est.margin
 
 
 def test_baseline_delta_adds_the_new_messages_to_the_real_count() -> None:

@@ -3,7 +3,7 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { DescMessage } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
   AppendMessagesRequestSchema,
   BuildContextRequestSchema,
@@ -82,6 +82,7 @@ export class ContextClient {
   readonly retry: RetryPolicy;
   readonly timeoutMs: number;
   private readonly rpc: Client<typeof ContextService>;
+  private readonly sessions: Http2SessionManager;
 
   /** `target` is `host:port` (or a full `http://` / `https://` URL). */
   constructor(target: string, options: ClientOptions = {}) {
@@ -98,12 +99,15 @@ export class ContextClient {
         return next(req);
       });
     }
-    const transport = createGrpcTransport({
-      baseUrl,
-      interceptors,
-      nodeOptions: typeof tls === "object" ? { ...tls } : {},
-    });
+    const nodeOptions = typeof tls === "object" ? { ...tls } : {};
+    this.sessions = new Http2SessionManager(baseUrl, {}, nodeOptions);
+    const transport = createGrpcTransport({ baseUrl, interceptors, nodeOptions, sessionManager: this.sessions });
     this.rpc = createClient(ContextService, transport);
+  }
+
+  /** Closes the HTTP/2 connection (calls in flight fail); the process can then exit. */
+  close(): void {
+    this.sessions.abort();
   }
 
   /** One unary call, its deadline spread over retries on UNAVAILABLE. */

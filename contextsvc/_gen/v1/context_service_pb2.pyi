@@ -322,6 +322,7 @@ class ListMessagesRequest(_message.Message):
     BUFFER_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     BEFORE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id."""
     buffer: Global___Buffer.ValueType
@@ -329,7 +330,14 @@ class ListMessagesRequest(_message.Message):
     page_size: _builtins.int
     """Maximum messages per page; 0 = default, above the maximum = clamped."""
     before_sequence: _builtins.int
-    """Only messages with a smaller sequence number (0 = from the newest)."""
+    """Display buffer: only messages with a smaller sequence number (0 = from the newest).
+    Context buffer: only the rows placed before message N in the buffer. Not with page_token.
+    """
+    page_token: _builtins.str
+    """Opaque token from a previous response's next_page_token (AIP-158); pages either buffer.
+    The context buffer is not in sequence order (a summary sits before the rows it precedes):
+    page it by token so the pages concatenate to exactly the buffer.
+    """
     def __init__(
         self,
         *,
@@ -337,10 +345,11 @@ class ListMessagesRequest(_message.Message):
         buffer: Global___Buffer.ValueType = ...,
         page_size: _builtins.int = ...,
         before_sequence: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["before_sequence", b"before_sequence", "buffer", b"buffer", "page_size", b"page_size", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["before_sequence", b"before_sequence", "buffer", b"buffer", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -354,8 +363,13 @@ class ListMessagesResponse(_message.Message):
 
     MESSAGES_FIELD_NUMBER: _builtins.int
     NEXT_BEFORE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_before_sequence: _builtins.int
-    """Pass as `before_sequence` for the previous page; 0 when there is none."""
+    """Display buffer: pass as `before_sequence` for the previous page; 0 when there is none.
+    Always 0 for the context buffer (a sequence number cannot name a position there).
+    """
+    next_page_token: _builtins.str
+    """Pass as `page_token` for the previous (older) page of either buffer; empty when there is none."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_resources_pb2.Message]:
         """One page of messages in buffer order (oldest first within the page)."""
@@ -365,10 +379,11 @@ class ListMessagesResponse(_message.Message):
         *,
         messages: _abc.Iterable[_resources_pb2.Message] | None = ...,
         next_before_sequence: _builtins.int = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_before_sequence", b"next_before_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_before_sequence", b"next_before_sequence", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -434,6 +449,7 @@ class CompressionReport(_message.Message):
     CONTEXT_TOKENS_AFTER_FIELD_NUMBER: _builtins.int
     BREADCRUMBS_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    STAGES_FIELD_NUMBER: _builtins.int
     compressed: _builtins.bool
     """True when the context was compressed."""
     method: _events_pb2.CompressionMethod.ValueType
@@ -458,6 +474,10 @@ class CompressionReport(_message.Message):
     def plan(self) -> _events_pb2.CompressionPlan:
         """The plan that was carried out."""
 
+    @_builtins.property
+    def stages(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.CompressionStage]:
+        """Every stage that ran, in order (`method` is the last one's)."""
+
     def __init__(
         self,
         *,
@@ -471,10 +491,11 @@ class CompressionReport(_message.Message):
         context_tokens_after: _builtins.int = ...,
         breadcrumbs: _abc.Iterable[_builtins.str] | None = ...,
         plan: _events_pb2.CompressionPlan | None = ...,
+        stages: _abc.Iterable[_events_pb2.CompressionStage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "reason", b"reason", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "reason", b"reason", "stages", b"stages", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -627,10 +648,18 @@ class RecordBaselineResponse(_message.Message):
     RECORDED_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     CALIBRATION_FIELD_NUMBER: _builtins.int
+    TRUNCATION_REASON_FIELD_NUMBER: _builtins.int
+    LOWER_BOUND_FIELD_NUMBER: _builtins.int
     recorded: _builtins.bool
     """True when the count became the session's baseline."""
     truncated: _builtins.bool
     """True when the count looked silently truncated and was refused."""
+    truncation_reason: _builtins.str
+    """Why the count was taken as truncated (empty when it was not)."""
+    lower_bound: _builtins.int
+    """The fewest tokens any known vocabulary counts for the view's text: a count is taken as
+    truncated only below the smaller of this and 70% of the estimate.
+    """
     @_builtins.property
     def calibration(self) -> _resources_pb2.Calibration:
         """The model's calibration after this observation."""
@@ -641,10 +670,12 @@ class RecordBaselineResponse(_message.Message):
         recorded: _builtins.bool = ...,
         truncated: _builtins.bool = ...,
         calibration: _resources_pb2.Calibration | None = ...,
+        truncation_reason: _builtins.str = ...,
+        lower_bound: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration", "recorded", b"recorded", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration", "lower_bound", b"lower_bound", "recorded", b"recorded", "truncated", b"truncated", "truncation_reason", b"truncation_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -701,6 +732,7 @@ class CompressResponse(_message.Message):
     CONTEXT_TOKENS_AFTER_FIELD_NUMBER: _builtins.int
     BREADCRUMBS_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    STAGES_FIELD_NUMBER: _builtins.int
     compressed: _builtins.bool
     """True when the context was compressed."""
     method: _events_pb2.CompressionMethod.ValueType
@@ -723,6 +755,12 @@ class CompressResponse(_message.Message):
     def plan(self) -> _events_pb2.CompressionPlan:
         """The plan (the only output of a dry run)."""
 
+    @_builtins.property
+    def stages(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.CompressionStage]:
+        """Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
+        then hard_truncate when clearing alone could not reach the target.
+        """
+
     def __init__(
         self,
         *,
@@ -735,10 +773,11 @@ class CompressResponse(_message.Message):
         context_tokens_after: _builtins.int = ...,
         breadcrumbs: _abc.Iterable[_builtins.str] | None = ...,
         plan: _events_pb2.CompressionPlan | None = ...,
+        stages: _abc.Iterable[_events_pb2.CompressionStage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "compressed", b"compressed", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "plan", b"plan", "stages", b"stages", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

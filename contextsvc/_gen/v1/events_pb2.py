@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63ontextsvc/v1/events.proto\x12\rcontextsvc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x01\n\x0f\x43ompressionPlan\x12\x16\n\x0ewould_compress\x18\x01 \x01(\x08\x12\x18\n\x10messages_to_drop\x18\x02 \x01(\x03\x12\x18\n\x10messages_to_keep\x18\x03 \x01(\x03\x12\x12\n\nturns_kept\x18\x04 \x01(\x05\x12\x15\n\rtokens_before\x18\x05 \x01(\x03\x12\x13\n\x0btokens_kept\x18\x06 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x07 \x01(\x03\x12\x15\n\rlast_sequence\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\"\xa8\x01\n\x12\x43ompressionStarted\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x03 \x01(\x03\x12,\n\x04plan\x18\x04 \x01(\x0b\x32\x1e.contextsvc.v1.CompressionPlan\"\xc1\x02\n\x11\x43ontextCompressed\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x30\n\x06method\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionMethod\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x17\n\x0fmessages_before\x18\x04 \x01(\x03\x12\x16\n\x0emessages_after\x18\x05 \x01(\x03\x12\x1d\n\x15\x63ontext_tokens_before\x18\x06 \x01(\x03\x12\x1c\n\x14\x63ontext_tokens_after\x18\x07 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x08 \x01(\x03\x12\x13\n\x0b\x62readcrumbs\x18\t \x03(\t\x12\x18\n\x10summary_sequence\x18\n \x01(\x03\"\x89\x01\n\x12\x43ompressionRefused\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x31\n\x07trigger\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"c\n\x10\x42\x61selineRecorded\x12\x0f\n\x07view_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\r\n\x05model\x18\x04 \x01(\t\"T\n\x10\x43ontextTruncated\x12\x0f\n\x07view_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\"B\n\x0eMemoryFlushDue\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\x03\x12\x18\n\x10threshold_tokens\x18\x02 \x01(\x03\"o\n\x10MessagesAppended\x12\x18\n\x10sequence_numbers\x18\x01 \x03(\x03\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\x03\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rturn_complete\x18\x04 \x01(\x08\"\x10\n\x0eSessionDeleted\"\xd5\x04\n\x05\x45vent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12@\n\x13\x63ompression_started\x18\n \x01(\x0b\x32!.contextsvc.v1.CompressionStartedH\x00\x12>\n\x12\x63ontext_compressed\x18\x0b \x01(\x0b\x32 .contextsvc.v1.ContextCompressedH\x00\x12<\n\x11\x62\x61seline_recorded\x18\x0c \x01(\x0b\x32\x1f.contextsvc.v1.BaselineRecordedH\x00\x12<\n\x11\x63ontext_truncated\x18\r \x01(\x0b\x32\x1f.contextsvc.v1.ContextTruncatedH\x00\x12\x39\n\x10memory_flush_due\x18\x0e \x01(\x0b\x32\x1d.contextsvc.v1.MemoryFlushDueH\x00\x12<\n\x11messages_appended\x18\x0f \x01(\x0b\x32\x1f.contextsvc.v1.MessagesAppendedH\x00\x12\x38\n\x0fsession_deleted\x18\x10 \x01(\x0b\x32\x1d.contextsvc.v1.SessionDeletedH\x00\x12@\n\x13\x63ompression_refused\x18\x11 \x01(\x0b\x32!.contextsvc.v1.CompressionRefusedH\x00\x42\t\n\x07payload*\xda\x01\n\x11\x43ompressionReason\x12\"\n\x1e\x43OMPRESSION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_REASON_PRETURN\x10\x01\x12\x1e\n\x1a\x43OMPRESSION_REASON_MIDTURN\x10\x02\x12\x1f\n\x1b\x43OMPRESSION_REASON_POSTTURN\x10\x03\x12\x1d\n\x19\x43OMPRESSION_REASON_FORCED\x10\x04\x12!\n\x1d\x43OMPRESSION_REASON_LOOP_GUARD\x10\x05*\xa8\x01\n\x11\x43ompressionMethod\x12\"\n\x1e\x43OMPRESSION_METHOD_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_METHOD_SUMMARY\x10\x01\x12$\n COMPRESSION_METHOD_HARD_TRUNCATE\x10\x02\x12)\n%COMPRESSION_METHOD_CLEAR_TOOL_RESULTS\x10\x03\x42LZJgithub.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1;contextsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63ontextsvc/v1/events.proto\x12\rcontextsvc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x01\n\x10\x43ompressionStage\x12\x30\n\x06method\x18\x01 \x01(\x0e\x32 .contextsvc.v1.CompressionMethod\x12\x18\n\x10messages_removed\x18\x02 \x01(\x03\x12\x16\n\x0emessages_added\x18\x03 \x01(\x03\x12\x15\n\rtokens_before\x18\x04 \x01(\x03\x12\x14\n\x0ctokens_after\x18\x05 \x01(\x03\"\xdc\x01\n\x0f\x43ompressionPlan\x12\x16\n\x0ewould_compress\x18\x01 \x01(\x08\x12\x18\n\x10messages_to_drop\x18\x02 \x01(\x03\x12\x18\n\x10messages_to_keep\x18\x03 \x01(\x03\x12\x12\n\nturns_kept\x18\x04 \x01(\x05\x12\x15\n\rtokens_before\x18\x05 \x01(\x03\x12\x13\n\x0btokens_kept\x18\x06 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x07 \x01(\x03\x12\x15\n\rlast_sequence\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\"\xa8\x01\n\x12\x43ompressionStarted\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x03 \x01(\x03\x12,\n\x04plan\x18\x04 \x01(\x0b\x32\x1e.contextsvc.v1.CompressionPlan\"\xf2\x02\n\x11\x43ontextCompressed\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x30\n\x06method\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionMethod\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x17\n\x0fmessages_before\x18\x04 \x01(\x03\x12\x16\n\x0emessages_after\x18\x05 \x01(\x03\x12\x1d\n\x15\x63ontext_tokens_before\x18\x06 \x01(\x03\x12\x1c\n\x14\x63ontext_tokens_after\x18\x07 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x08 \x01(\x03\x12\x13\n\x0b\x62readcrumbs\x18\t \x03(\t\x12\x18\n\x10summary_sequence\x18\n \x01(\x03\x12/\n\x06stages\x18\x0b \x03(\x0b\x32\x1f.contextsvc.v1.CompressionStage\"\x89\x01\n\x12\x43ompressionRefused\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x31\n\x07trigger\x18\x02 \x01(\x0e\x32 .contextsvc.v1.CompressionReason\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"c\n\x10\x42\x61selineRecorded\x12\x0f\n\x07view_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\r\n\x05model\x18\x04 \x01(\t\"T\n\x10\x43ontextTruncated\x12\x0f\n\x07view_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\"B\n\x0eMemoryFlushDue\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\x03\x12\x18\n\x10threshold_tokens\x18\x02 \x01(\x03\"o\n\x10MessagesAppended\x12\x18\n\x10sequence_numbers\x18\x01 \x03(\x03\x12\x16\n\x0e\x63ontext_tokens\x18\x02 \x01(\x03\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rturn_complete\x18\x04 \x01(\x08\"\x10\n\x0eSessionDeleted\"\xd5\x04\n\x05\x45vent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12@\n\x13\x63ompression_started\x18\n \x01(\x0b\x32!.contextsvc.v1.CompressionStartedH\x00\x12>\n\x12\x63ontext_compressed\x18\x0b \x01(\x0b\x32 .contextsvc.v1.ContextCompressedH\x00\x12<\n\x11\x62\x61seline_recorded\x18\x0c \x01(\x0b\x32\x1f.contextsvc.v1.BaselineRecordedH\x00\x12<\n\x11\x63ontext_truncated\x18\r \x01(\x0b\x32\x1f.contextsvc.v1.ContextTruncatedH\x00\x12\x39\n\x10memory_flush_due\x18\x0e \x01(\x0b\x32\x1d.contextsvc.v1.MemoryFlushDueH\x00\x12<\n\x11messages_appended\x18\x0f \x01(\x0b\x32\x1f.contextsvc.v1.MessagesAppendedH\x00\x12\x38\n\x0fsession_deleted\x18\x10 \x01(\x0b\x32\x1d.contextsvc.v1.SessionDeletedH\x00\x12@\n\x13\x63ompression_refused\x18\x11 \x01(\x0b\x32!.contextsvc.v1.CompressionRefusedH\x00\x42\t\n\x07payload*\xbe\x02\n\x11\x43ompressionReason\x12\"\n\x1e\x43OMPRESSION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_REASON_PRETURN\x10\x01\x12\x1e\n\x1a\x43OMPRESSION_REASON_MIDTURN\x10\x02\x12\x1f\n\x1b\x43OMPRESSION_REASON_POSTTURN\x10\x03\x12\x1d\n\x19\x43OMPRESSION_REASON_FORCED\x10\x04\x12!\n\x1d\x43OMPRESSION_REASON_LOOP_GUARD\x10\x05\x12\x1f\n\x1b\x43OMPRESSION_REASON_CONFLICT\x10\x06\x12\"\n\x1e\x43OMPRESSION_REASON_NO_PROGRESS\x10\x07\x12\x1d\n\x19\x43OMPRESSION_REASON_FAILED\x10\x08*\xa8\x01\n\x11\x43ompressionMethod\x12\"\n\x1e\x43OMPRESSION_METHOD_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_METHOD_SUMMARY\x10\x01\x12$\n COMPRESSION_METHOD_HARD_TRUNCATE\x10\x02\x12)\n%COMPRESSION_METHOD_CLEAR_TOOL_RESULTS\x10\x03\x42LZJgithub.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1;contextsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,30 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'contextsvc.v1.events_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZJgithub.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1;contextsvcv1'
-  _globals['_COMPRESSIONREASON']._serialized_start=1923
-  _globals['_COMPRESSIONREASON']._serialized_end=2141
-  _globals['_COMPRESSIONMETHOD']._serialized_start=2144
-  _globals['_COMPRESSIONMETHOD']._serialized_end=2312
-  _globals['_COMPRESSIONPLAN']._serialized_start=79
-  _globals['_COMPRESSIONPLAN']._serialized_end=299
-  _globals['_COMPRESSIONSTARTED']._serialized_start=302
-  _globals['_COMPRESSIONSTARTED']._serialized_end=470
-  _globals['_CONTEXTCOMPRESSED']._serialized_start=473
-  _globals['_CONTEXTCOMPRESSED']._serialized_end=794
-  _globals['_COMPRESSIONREFUSED']._serialized_start=797
-  _globals['_COMPRESSIONREFUSED']._serialized_end=934
-  _globals['_BASELINERECORDED']._serialized_start=936
-  _globals['_BASELINERECORDED']._serialized_end=1035
-  _globals['_CONTEXTTRUNCATED']._serialized_start=1037
-  _globals['_CONTEXTTRUNCATED']._serialized_end=1121
-  _globals['_MEMORYFLUSHDUE']._serialized_start=1123
-  _globals['_MEMORYFLUSHDUE']._serialized_end=1189
-  _globals['_MESSAGESAPPENDED']._serialized_start=1191
-  _globals['_MESSAGESAPPENDED']._serialized_end=1302
-  _globals['_SESSIONDELETED']._serialized_start=1304
-  _globals['_SESSIONDELETED']._serialized_end=1320
-  _globals['_EVENT']._serialized_start=1323
-  _globals['_EVENT']._serialized_end=1920
+  _globals['_COMPRESSIONREASON']._serialized_start=2138
+  _globals['_COMPRESSIONREASON']._serialized_end=2456
+  _globals['_COMPRESSIONMETHOD']._serialized_start=2459
+  _globals['_COMPRESSIONMETHOD']._serialized_end=2627
+  _globals['_COMPRESSIONSTAGE']._serialized_start=79
+  _globals['_COMPRESSIONSTAGE']._serialized_end=242
+  _globals['_COMPRESSIONPLAN']._serialized_start=245
+  _globals['_COMPRESSIONPLAN']._serialized_end=465
+  _globals['_COMPRESSIONSTARTED']._serialized_start=468
+  _globals['_COMPRESSIONSTARTED']._serialized_end=636
+  _globals['_CONTEXTCOMPRESSED']._serialized_start=639
+  _globals['_CONTEXTCOMPRESSED']._serialized_end=1009
+  _globals['_COMPRESSIONREFUSED']._serialized_start=1012
+  _globals['_COMPRESSIONREFUSED']._serialized_end=1149
+  _globals['_BASELINERECORDED']._serialized_start=1151
+  _globals['_BASELINERECORDED']._serialized_end=1250
+  _globals['_CONTEXTTRUNCATED']._serialized_start=1252
+  _globals['_CONTEXTTRUNCATED']._serialized_end=1336
+  _globals['_MEMORYFLUSHDUE']._serialized_start=1338
+  _globals['_MEMORYFLUSHDUE']._serialized_end=1404
+  _globals['_MESSAGESAPPENDED']._serialized_start=1406
+  _globals['_MESSAGESAPPENDED']._serialized_end=1517
+  _globals['_SESSIONDELETED']._serialized_start=1519
+  _globals['_SESSIONDELETED']._serialized_end=1535
+  _globals['_EVENT']._serialized_start=1538
+  _globals['_EVENT']._serialized_end=2135
 # @@protoc_insertion_point(module_scope)

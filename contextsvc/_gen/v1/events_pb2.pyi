@@ -38,6 +38,14 @@ class _CompressionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Com
     """Asked for explicitly with Compress."""
     COMPRESSION_REASON_LOOP_GUARD: _CompressionReason.ValueType  # 5
     """An automatic compaction refused because it would re-fire inside the hysteresis band."""
+    COMPRESSION_REASON_CONFLICT: _CompressionReason.ValueType  # 6
+    """Refusal reason: another compaction (another replica) committed first; nothing changed."""
+    COMPRESSION_REASON_NO_PROGRESS: _CompressionReason.ValueType  # 7
+    """Refusal reason: no stage could shrink the context enough (summary larger than what it
+    replaced, target missed, nothing droppable, or hard truncation not allowed by the profile).
+    """
+    COMPRESSION_REASON_FAILED: _CompressionReason.ValueType  # 8
+    """Refusal reason: the compaction stopped on an error (store unreachable, cancelled)."""
 
 class CompressionReason(_CompressionReason, metaclass=_CompressionReasonEnumTypeWrapper):
     """Why a compression ran (or was considered)."""
@@ -54,6 +62,14 @@ COMPRESSION_REASON_FORCED: CompressionReason.ValueType  # 4
 """Asked for explicitly with Compress."""
 COMPRESSION_REASON_LOOP_GUARD: CompressionReason.ValueType  # 5
 """An automatic compaction refused because it would re-fire inside the hysteresis band."""
+COMPRESSION_REASON_CONFLICT: CompressionReason.ValueType  # 6
+"""Refusal reason: another compaction (another replica) committed first; nothing changed."""
+COMPRESSION_REASON_NO_PROGRESS: CompressionReason.ValueType  # 7
+"""Refusal reason: no stage could shrink the context enough (summary larger than what it
+replaced, target missed, nothing droppable, or hard truncation not allowed by the profile).
+"""
+COMPRESSION_REASON_FAILED: CompressionReason.ValueType  # 8
+"""Refusal reason: the compaction stopped on an error (store unreachable, cancelled)."""
 Global___CompressionReason: _TypeAlias = CompressionReason  # noqa: Y015
 
 class _CompressionMethod:
@@ -83,6 +99,44 @@ COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod.ValueType  # 2
 COMPRESSION_METHOD_CLEAR_TOOL_RESULTS: CompressionMethod.ValueType  # 3
 """Old tool results replaced by placeholders; no summary needed."""
 Global___CompressionMethod: _TypeAlias = CompressionMethod  # noqa: Y015
+
+@_typing.final
+class CompressionStage(_message.Message):
+    """One stage of a committed compaction, in the order the stages ran."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    MESSAGES_REMOVED_FIELD_NUMBER: _builtins.int
+    MESSAGES_ADDED_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    method: Global___CompressionMethod.ValueType
+    """What the stage did."""
+    messages_removed: _builtins.int
+    """Context rows the stage took out (cleared tool results, summarized or dropped rows)."""
+    messages_added: _builtins.int
+    """Context rows the stage added (placeholders, the summary)."""
+    tokens_before: _builtins.int
+    """View tokens before the stage."""
+    tokens_after: _builtins.int
+    """View tokens after the stage."""
+    def __init__(
+        self,
+        *,
+        method: Global___CompressionMethod.ValueType = ...,
+        messages_removed: _builtins.int = ...,
+        messages_added: _builtins.int = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages_added", b"messages_added", "messages_removed", b"messages_removed", "method", b"method", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompressionStage: _TypeAlias = CompressionStage  # noqa: Y015
 
 @_typing.final
 class CompressionPlan(_message.Message):
@@ -190,6 +244,7 @@ class ContextCompressed(_message.Message):
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
     BREADCRUMBS_FIELD_NUMBER: _builtins.int
     SUMMARY_SEQUENCE_FIELD_NUMBER: _builtins.int
+    STAGES_FIELD_NUMBER: _builtins.int
     reason: Global___CompressionReason.ValueType
     """Trigger."""
     method: Global___CompressionMethod.ValueType
@@ -212,6 +267,12 @@ class ContextCompressed(_message.Message):
     def breadcrumbs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Breadcrumbs kept from the dropped text."""
 
+    @_builtins.property
+    def stages(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompressionStage]:
+        """Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
+        then hard_truncate when clearing alone could not reach the target.
+        """
+
     def __init__(
         self,
         *,
@@ -225,10 +286,11 @@ class ContextCompressed(_message.Message):
         max_context_tokens: _builtins.int = ...,
         breadcrumbs: _abc.Iterable[_builtins.str] | None = ...,
         summary_sequence: _builtins.int = ...,
+        stages: _abc.Iterable[Global___CompressionStage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "max_context_tokens", b"max_context_tokens", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "reason", b"reason", "summary", b"summary", "summary_sequence", b"summary_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "context_tokens_after", b"context_tokens_after", "context_tokens_before", b"context_tokens_before", "max_context_tokens", b"max_context_tokens", "messages_after", b"messages_after", "messages_before", b"messages_before", "method", b"method", "reason", b"reason", "stages", b"stages", "summary", b"summary", "summary_sequence", b"summary_sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -236,7 +298,10 @@ Global___ContextCompressed: _TypeAlias = ContextCompressed  # noqa: Y015
 
 @_typing.final
 class CompressionRefused(_message.Message):
-    """An automatic compaction was refused (for example by the loop guard)."""
+    """A compaction was refused (the loop guard), or one that was announced with
+    CompressionStarted committed nothing: every CompressionStarted is followed by exactly one
+    ContextCompressed or CompressionRefused.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -244,7 +309,7 @@ class CompressionRefused(_message.Message):
     TRIGGER_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     reason: Global___CompressionReason.ValueType
-    """Why it was refused, e.g. COMPRESSION_REASON_LOOP_GUARD."""
+    """Why: COMPRESSION_REASON_LOOP_GUARD, _CONFLICT, _NO_PROGRESS or _FAILED."""
     trigger: Global___CompressionReason.ValueType
     """The trigger that asked for it."""
     detail: _builtins.str

@@ -420,6 +420,7 @@ class CompressionSettings(_message.Message):
     SUMMARIZER_FIELD_NUMBER: _builtins.int
     STRATEGIES_FIELD_NUMBER: _builtins.int
     CRITICAL_TOOL_NAMES_FIELD_NUMBER: _builtins.int
+    HARD_TRUNCATE_FALLBACK_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     """Whether automatic compression runs at all."""
     threshold: _builtins.float
@@ -434,6 +435,11 @@ class CompressionSettings(_message.Message):
     """Instructions given to the summarizer."""
     summarizer: _builtins.str
     """Summarizer name from the server's registry (`extractive`, `openai`, `ollama`)."""
+    hard_truncate_fallback: _builtins.bool
+    """Whether hard truncation (dropping the oldest whole turns, no summary) may follow when the
+    listed strategies cannot reach the target. Default true. With false, a profile listing only
+    `clear_tool_results` commits what clearing achieved and never drops whole turns.
+    """
     @_builtins.property
     def strategies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Strategy order, e.g. `clear_tool_results`, `summarize`."""
@@ -454,13 +460,16 @@ class CompressionSettings(_message.Message):
         summarizer: _builtins.str | None = ...,
         strategies: _abc.Iterable[_builtins.str] | None = ...,
         critical_tool_names: _abc.Iterable[_builtins.str] | None = ...,
+        hard_truncate_fallback: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "enabled", b"enabled", "keep_recent", b"keep_recent", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_hard_truncate_fallback", b"_hard_truncate_fallback", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "enabled", b"enabled", "hard_truncate_fallback", b"hard_truncate_fallback", "keep_recent", b"keep_recent", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "critical_tool_names", b"critical_tool_names", "enabled", b"enabled", "keep_recent", b"keep_recent", "strategies", b"strategies", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_hard_truncate_fallback", b"_hard_truncate_fallback", "_keep_recent", b"_keep_recent", "_summarizer", b"_summarizer", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prompt", b"_summary_prompt", "_target", b"_target", "_threshold", b"_threshold", "critical_tool_names", b"critical_tool_names", "enabled", b"enabled", "hard_truncate_fallback", b"hard_truncate_fallback", "keep_recent", b"keep_recent", "strategies", b"strategies", "summarizer", b"summarizer", "summary_max_tokens", b"summary_max_tokens", "summary_prompt", b"summary_prompt", "target", b"target", "threshold", b"threshold"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
     _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
+    _WhichOneofReturnType__hard_truncate_fallback: _TypeAlias = _typing.Literal["hard_truncate_fallback"]  # noqa: Y015
+    _WhichOneofArgType__hard_truncate_fallback: _TypeAlias = _typing.Literal["_hard_truncate_fallback", b"_hard_truncate_fallback"]  # noqa: Y015
     _WhichOneofReturnType__keep_recent: _TypeAlias = _typing.Literal["keep_recent"]  # noqa: Y015
     _WhichOneofArgType__keep_recent: _TypeAlias = _typing.Literal["_keep_recent", b"_keep_recent"]  # noqa: Y015
     _WhichOneofReturnType__summarizer: _TypeAlias = _typing.Literal["summarizer"]  # noqa: Y015
@@ -475,6 +484,8 @@ class CompressionSettings(_message.Message):
     _WhichOneofArgType__threshold: _TypeAlias = _typing.Literal["_threshold", b"_threshold"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__enabled) -> _WhichOneofReturnType__enabled | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__hard_truncate_fallback) -> _WhichOneofReturnType__hard_truncate_fallback | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__keep_recent) -> _WhichOneofReturnType__keep_recent | None: ...
     @_typing.overload
@@ -627,6 +638,7 @@ class TokenEstimate(_message.Message):
     BUDGET_FIELD_NUMBER: _builtins.int
     FRACTION_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
+    MARGIN_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """Total estimated tokens (text and images)."""
     text: _builtins.int
@@ -641,6 +653,10 @@ class TokenEstimate(_message.Message):
     """Tokens the view may use: window minus the output reserve."""
     fraction: _builtins.float
     """total / window."""
+    margin: _builtins.int
+    """Tokens the total may be short by, from the calibration's recent residuals; the size guard
+    and the compression trigger use total + margin.
+    """
     @_builtins.property
     def segments(self) -> Global___TokenSegments:
         """Breakdown by segment."""
@@ -656,10 +672,11 @@ class TokenEstimate(_message.Message):
         budget: _builtins.int = ...,
         fraction: _builtins.float = ...,
         segments: Global___TokenSegments | None = ...,
+        margin: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segments", b"segments"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "fraction", b"fraction", "images", b"images", "method", b"method", "segments", b"segments", "text", b"text", "total", b"total", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "fraction", b"fraction", "images", b"images", "margin", b"margin", "method", b"method", "segments", b"segments", "text", b"text", "total", b"total", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -671,11 +688,36 @@ class Calibration(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ClassRatiosEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MODEL_FIELD_NUMBER: _builtins.int
     OVERHEAD_FIELD_NUMBER: _builtins.int
     TOKENS_PER_CHAR_FIELD_NUMBER: _builtins.int
     OBSERVATIONS_FIELD_NUMBER: _builtins.int
     FITTED_FIELD_NUMBER: _builtins.int
+    PER_MESSAGE_FIELD_NUMBER: _builtins.int
+    PER_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    MARGIN_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    CLASS_RATIOS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model the calibration belongs to."""
     overhead: _builtins.float
@@ -686,6 +728,18 @@ class Calibration(_message.Message):
     """Observations the fit used."""
     fitted: _builtins.bool
     """True when the fitted line is in use; false means the fallback ratio."""
+    per_message: _builtins.float
+    """Tokens per message of template framing."""
+    per_tool_call: _builtins.float
+    """Tokens per tool call of template framing."""
+    margin: _builtins.float
+    """Relative margin of estimates (0.02 = 2%)."""
+    family: _builtins.str
+    """Vocabulary family whose prior the fit starts from."""
+    @_builtins.property
+    def class_ratios(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Tokens per size unit of each content class."""
+
     def __init__(
         self,
         *,
@@ -694,10 +748,15 @@ class Calibration(_message.Message):
         tokens_per_char: _builtins.float = ...,
         observations: _builtins.int = ...,
         fitted: _builtins.bool = ...,
+        per_message: _builtins.float = ...,
+        per_tool_call: _builtins.float = ...,
+        margin: _builtins.float = ...,
+        family: _builtins.str = ...,
+        class_ratios: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fitted", b"fitted", "model", b"model", "observations", b"observations", "overhead", b"overhead", "tokens_per_char", b"tokens_per_char"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["class_ratios", b"class_ratios", "family", b"family", "fitted", b"fitted", "margin", b"margin", "model", b"model", "observations", b"observations", "overhead", b"overhead", "per_message", b"per_message", "per_tool_call", b"per_tool_call", "tokens_per_char", b"tokens_per_char"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

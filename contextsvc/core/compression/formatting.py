@@ -27,11 +27,11 @@ returns its items, which become the summary's breadcrumbs.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from contextsvc.config import SummarizerSettings
+from contextsvc.core.breadcrumbs import split_keys_line
 from contextsvc.core.compression.importance import call_names, is_critical, tool_name
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.messages import Message, Role
@@ -199,69 +199,8 @@ def cap_text(text: str, limit: int, head_share: float) -> str:
 
 # --- KEYS ------------------------------------------------------------------------------------
 
-_KEYS_LINE = re.compile(
-    r"^\s*(?:[-*•>]+\s*)?(?:\*\*|__)?\s*(?P<word>keys)\s*(?:\*\*|__)?\s*[:\uff1a]\s*(?:\*\*|__)?\s*(?P<rest>.*)$",
-    re.IGNORECASE,
-)
-_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(?P<item>.*)$")
-# Quotes, code ticks and list punctuation around a key go; `_` and a lone `*` stay, since they are
-# part of identifiers (`__init__`, `_private`, `*args`). Bold/italic asterisks on both ends go.
-_STRIP = " \t\"'`;,."
-_BOLD_EDGES = re.compile(r"^\*{2,}|\*{2,}$")
-
-
-def split_keys(text: str) -> tuple[str, list[str]]:
-    """Split a summary into ``(text without its KEYS line, keys)``.
-
-    The KEYS line is the last line that reads ``KEYS: a; b; c`` in any case, with or without a
-    bullet or bold markers. Items are separated by semicolons (commas when there is none), or given
-    as bullet lines right under a bare ``KEYS:``. A ``keys:`` line not in upper case counts only
-    when it ends the text (nothing but blank lines after it, or its bullets), so an ordinary bullet
-    that happens to start with "Keys:" is not taken. Without a KEYS line the text comes back unchanged and keys empty.
-    """
-    lines = text.splitlines()
-    for at in range(len(lines) - 1, -1, -1):
-        match = _KEYS_LINE.match(lines[at])
-        if match is None:
-            continue
-        rest = match.group("rest").strip()
-        following = lines[at + 1 :]
-        # Bullets continue only a bare "KEYS:" line.
-        trailing_bullets = [] if rest else _leading_bullets(following)
-        final_block = all(not line.strip() for line in following[len(trailing_bullets) :])
-        if not final_block and match.group("word") != "KEYS":
-            continue
-        raw = _split_items(rest) if rest else trailing_bullets
-        used = at + 1 + (0 if rest else len(trailing_bullets))
-        summary = "\n".join(lines[:at] + lines[used:]).rstrip()
-        return summary, _clean_items(raw)
-    return text, []
-
-
-def _leading_bullets(lines: Sequence[str]) -> list[str]:
-    items: list[str] = []
-    for line in lines:
-        bullet = _BULLET.match(line)
-        if bullet is None:
-            break
-        items.append(bullet.group("item"))
-    return items
-
-
-def _split_items(rest: str) -> list[str]:
-    return rest.split(";") if ";" in rest else rest.split(",")
-
-
-def _clean_items(raw: Sequence[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for item in raw:
-        cleaned = item.strip().strip(_STRIP).strip()
-        cleaned = _BOLD_EDGES.sub("", cleaned).strip().strip(_STRIP).strip()
-        while len(cleaned) > 2 and cleaned[0] == cleaned[-1] == "*":
-            cleaned = cleaned[1:-1].strip().strip(_STRIP).strip()
-        if cleaned and cleaned not in seen:
-            seen[cleaned] = None
-    return list(seen)
+#: The one KEYS-line parser lives with the breadcrumbs it produces (see its docstring for the rule).
+split_keys = split_keys_line
 
 
 # --- blocks ----------------------------------------------------------------------------------

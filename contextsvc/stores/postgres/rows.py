@@ -92,6 +92,8 @@ def view_from_row(row: Any) -> ViewRecord:
         last_sequence=row["last_sequence"],
         create_time=row["create_time"],
         epoch=row["epoch"],
+        features=tuple(row["features"] or ()) if "features" in row else (),
+        incoming_tokens=row.get("incoming_tokens", 0),
     )
 
 

@@ -202,10 +202,18 @@ _V3_FINGERPRINTS = """
 ALTER TABLE append_requests ADD COLUMN fingerprint text;
 """
 
+# Calibration features (content-class units and overheads) of observations and views.
+_V4_FEATURES = """
+ALTER TABLE calibration_observations ADD COLUMN features double precision[] NOT NULL DEFAULT '{}';
+ALTER TABLE views ADD COLUMN features double precision[] NOT NULL DEFAULT '{}';
+ALTER TABLE views ADD COLUMN incoming_tokens bigint NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
     Migration(3, "append request fingerprints", _V3_FINGERPRINTS),
+    Migration(4, "calibration features", _V4_FEATURES),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

@@ -37,7 +37,14 @@ from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
-from contextsvc.stores._base import check_blob, compaction_conflict, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._base import (
+    check_blob,
+    compaction_conflict,
+    context_bound,
+    is_blob_id,
+    is_session_id,
+    session_not_found,
+)
 from contextsvc.stores._session import utc
 from contextsvc.stores.postgres.bus import PostgresEventBus
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
@@ -516,23 +523,30 @@ class PostgresStore:
         caller: Principal,
         buffer: BufferKind,
         before_sequence: int = 0,
+        before_position: tuple[int, int] | None = None,
         limit: int = 50,
     ) -> list[Message]:
         if before_sequence < 0:
             raise InvalidArgument.field("before_sequence", "must not be negative")
         if limit < 0:
             raise InvalidArgument.field("limit", "must not be negative")
-        context = BufferKind(buffer) is BufferKind.CONTEXT
-        flag = "is_context" if context else "is_display"
-        sql = f"""SELECT * FROM all_messages
-                   WHERE session_id = $1 AND {flag} AND seq < $2
-                   ORDER BY seq DESC LIMIT $3"""
+        if BufferKind(buffer) is BufferKind.CONTEXT:
+            # Context order is (context_key, seq): the partial index messages_context serves it.
+            bound = context_bound(before_sequence, before_position) or (_NO_BOUND, _NO_BOUND)
+            sql = """SELECT * FROM all_messages
+                      WHERE session_id = $1 AND is_context AND (context_key, seq) < ($2, $3)
+                      ORDER BY context_key DESC, seq DESC LIMIT $4"""
+            args: tuple[Any, ...] = (session_id, bound[0], bound[1], limit)
+        else:
+            sql = """SELECT * FROM all_messages
+                      WHERE session_id = $1 AND is_display AND seq < $2
+                      ORDER BY seq DESC LIMIT $3"""
+            args = (session_id, before_sequence or _NO_BOUND, limit)
 
         async def work(conn: Any) -> list[Message]:
             await self._owned(conn, session_id, caller)
-            rows = await conn.fetch(sql, session_id, before_sequence or _NO_BOUND, limit)
-            page = [message_from_row(r) for r in reversed(rows)]
-            return sorted(page, key=lambda m: m.context_sort_key) if context else page
+            rows = await conn.fetch(sql, *args)
+            return [message_from_row(r) for r in reversed(rows)]
 
         return await self._read("list_messages", work)
 
@@ -748,13 +762,14 @@ class PostgresStore:
 
         async def work(conn: Any) -> None:
             await conn.execute(
-                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time)"
-                " VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
                 model,
                 observation.chars,
                 observation.tokens,
                 observation.had_images,
                 self._now(),
+                list(observation.features),
             )
             await conn.execute(
                 """DELETE FROM calibration_observations
@@ -773,12 +788,15 @@ class PostgresStore:
 
         async def work(conn: Any) -> list[Observation]:
             rows = await conn.fetch(
-                """SELECT chars, tokens, had_images FROM calibration_observations
+                """SELECT chars, tokens, had_images, features FROM calibration_observations
                     WHERE model = $1 ORDER BY observation_id DESC LIMIT $2""",
                 model,
                 limit,
             )
-            return [Observation(r["chars"], r["tokens"], r["had_images"]) for r in reversed(rows)]
+            return [
+                Observation(r["chars"], r["tokens"], r["had_images"], tuple(r["features"] or ()))
+                for r in reversed(rows)
+            ]
 
         return await self._read("list_calibration_observations", work)
 
@@ -794,13 +812,14 @@ class PostgresStore:
             await conn.execute("SET LOCAL synchronous_commit = off")
             saved = await conn.fetchval(
                 """INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images,
-                                      last_sequence, create_time, epoch)
-                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9 FROM sessions WHERE session_id = $1
+                                      last_sequence, create_time, epoch, features, incoming_tokens)
+                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM sessions WHERE session_id = $1
                    ON CONFLICT (session_id, view_id) DO UPDATE
                       SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
                           estimated_tokens = EXCLUDED.estimated_tokens, had_images = EXCLUDED.had_images,
                           last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
-                          epoch = EXCLUDED.epoch
+                          epoch = EXCLUDED.epoch, features = EXCLUDED.features,
+                          incoming_tokens = EXCLUDED.incoming_tokens
                    RETURNING saved""",
                 session_id,
                 view.view_id,
@@ -811,6 +830,8 @@ class PostgresStore:
                 view.last_sequence,
                 view.create_time,
                 view.epoch,
+                list(view.features),
+                view.incoming_tokens,
             )
             if saved is None:
                 raise session_not_found(session_id)

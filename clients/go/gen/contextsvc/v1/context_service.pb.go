@@ -625,10 +625,15 @@ type ListMessagesRequest struct {
 	Buffer Buffer `protobuf:"varint,2,opt,name=buffer,proto3,enum=contextsvc.v1.Buffer" json:"buffer,omitempty"`
 	// Maximum messages per page; 0 = default, above the maximum = clamped.
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	// Only messages with a smaller sequence number (0 = from the newest).
+	// Display buffer: only messages with a smaller sequence number (0 = from the newest).
+	// Context buffer: only the rows placed before message N in the buffer. Not with page_token.
 	BeforeSequence int64 `protobuf:"varint,4,opt,name=before_sequence,json=beforeSequence,proto3" json:"before_sequence,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Opaque token from a previous response's next_page_token (AIP-158); pages either buffer.
+	// The context buffer is not in sequence order (a summary sits before the rows it precedes):
+	// page it by token so the pages concatenate to exactly the buffer.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListMessagesRequest) Reset() {
@@ -689,15 +694,25 @@ func (x *ListMessagesRequest) GetBeforeSequence() int64 {
 	return 0
 }
 
+func (x *ListMessagesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // Response of ListMessages.
 type ListMessagesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One page of messages in buffer order (oldest first within the page).
 	Messages []*Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
-	// Pass as `before_sequence` for the previous page; 0 when there is none.
+	// Display buffer: pass as `before_sequence` for the previous page; 0 when there is none.
+	// Always 0 for the context buffer (a sequence number cannot name a position there).
 	NextBeforeSequence int64 `protobuf:"varint,2,opt,name=next_before_sequence,json=nextBeforeSequence,proto3" json:"next_before_sequence,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Pass as `page_token` for the previous (older) page of either buffer; empty when there is none.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListMessagesResponse) Reset() {
@@ -742,6 +757,13 @@ func (x *ListMessagesResponse) GetNextBeforeSequence() int64 {
 		return x.NextBeforeSequence
 	}
 	return 0
+}
+
+func (x *ListMessagesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // Request of BuildContext.
@@ -848,7 +870,9 @@ type CompressionReport struct {
 	// Breadcrumbs kept from the dropped text.
 	Breadcrumbs []string `protobuf:"bytes,9,rep,name=breadcrumbs,proto3" json:"breadcrumbs,omitempty"`
 	// The plan that was carried out.
-	Plan          *CompressionPlan `protobuf:"bytes,10,opt,name=plan,proto3" json:"plan,omitempty"`
+	Plan *CompressionPlan `protobuf:"bytes,10,opt,name=plan,proto3" json:"plan,omitempty"`
+	// Every stage that ran, in order (`method` is the last one's).
+	Stages        []*CompressionStage `protobuf:"bytes,11,rep,name=stages,proto3" json:"stages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -949,6 +973,13 @@ func (x *CompressionReport) GetBreadcrumbs() []string {
 func (x *CompressionReport) GetPlan() *CompressionPlan {
 	if x != nil {
 		return x.Plan
+	}
+	return nil
+}
+
+func (x *CompressionReport) GetStages() []*CompressionStage {
+	if x != nil {
+		return x.Stages
 	}
 	return nil
 }
@@ -1226,7 +1257,12 @@ type RecordBaselineResponse struct {
 	// True when the count looked silently truncated and was refused.
 	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	// The model's calibration after this observation.
-	Calibration   *Calibration `protobuf:"bytes,3,opt,name=calibration,proto3" json:"calibration,omitempty"`
+	Calibration *Calibration `protobuf:"bytes,3,opt,name=calibration,proto3" json:"calibration,omitempty"`
+	// Why the count was taken as truncated (empty when it was not).
+	TruncationReason string `protobuf:"bytes,4,opt,name=truncation_reason,json=truncationReason,proto3" json:"truncation_reason,omitempty"`
+	// The fewest tokens any known vocabulary counts for the view's text: a count is taken as
+	// truncated only below the smaller of this and 70% of the estimate.
+	LowerBound    int64 `protobuf:"varint,5,opt,name=lower_bound,json=lowerBound,proto3" json:"lower_bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1280,6 +1316,20 @@ func (x *RecordBaselineResponse) GetCalibration() *Calibration {
 		return x.Calibration
 	}
 	return nil
+}
+
+func (x *RecordBaselineResponse) GetTruncationReason() string {
+	if x != nil {
+		return x.TruncationReason
+	}
+	return ""
+}
+
+func (x *RecordBaselineResponse) GetLowerBound() int64 {
+	if x != nil {
+		return x.LowerBound
+	}
+	return 0
 }
 
 // Request of Compress.
@@ -1375,7 +1425,10 @@ type CompressResponse struct {
 	// Breadcrumbs kept from the dropped text.
 	Breadcrumbs []string `protobuf:"bytes,8,rep,name=breadcrumbs,proto3" json:"breadcrumbs,omitempty"`
 	// The plan (the only output of a dry run).
-	Plan          *CompressionPlan `protobuf:"bytes,9,opt,name=plan,proto3" json:"plan,omitempty"`
+	Plan *CompressionPlan `protobuf:"bytes,9,opt,name=plan,proto3" json:"plan,omitempty"`
+	// Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
+	// then hard_truncate when clearing alone could not reach the target.
+	Stages        []*CompressionStage `protobuf:"bytes,10,rep,name=stages,proto3" json:"stages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1469,6 +1522,13 @@ func (x *CompressResponse) GetBreadcrumbs() []string {
 func (x *CompressResponse) GetPlan() *CompressionPlan {
 	if x != nil {
 		return x.Plan
+	}
+	return nil
+}
+
+func (x *CompressResponse) GetStages() []*CompressionStage {
+	if x != nil {
+		return x.Stages
 	}
 	return nil
 }
@@ -1936,16 +1996,19 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\x16AppendMessagesResponse\x12)\n" +
 	"\x10sequence_numbers\x18\x01 \x03(\x03R\x0fsequenceNumbers\x12%\n" +
 	"\x0econtext_tokens\x18\x02 \x01(\x03R\rcontextTokens\x12'\n" +
-	"\x0fwindow_fraction\x18\x03 \x01(\x01R\x0ewindowFraction\"\xa9\x01\n" +
+	"\x0fwindow_fraction\x18\x03 \x01(\x01R\x0ewindowFraction\"\xc8\x01\n" +
 	"\x13ListMessagesRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12-\n" +
 	"\x06buffer\x18\x02 \x01(\x0e2\x15.contextsvc.v1.BufferR\x06buffer\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12'\n" +
-	"\x0fbefore_sequence\x18\x04 \x01(\x03R\x0ebeforeSequence\"|\n" +
+	"\x0fbefore_sequence\x18\x04 \x01(\x03R\x0ebeforeSequence\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\xa4\x01\n" +
 	"\x14ListMessagesResponse\x122\n" +
 	"\bmessages\x18\x01 \x03(\v2\x16.contextsvc.v1.MessageR\bmessages\x120\n" +
-	"\x14next_before_sequence\x18\x02 \x01(\x03R\x12nextBeforeSequence\"\x82\x02\n" +
+	"\x14next_before_sequence\x18\x02 \x01(\x03R\x12nextBeforeSequence\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\x82\x02\n" +
 	"\x13BuildContextRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x120\n" +
@@ -1953,7 +2016,7 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\bincoming\x18\x03 \x01(\v2\x16.contextsvc.v1.MessageR\bincoming\x12*\n" +
 	"\x05phase\x18\x04 \x01(\x0e2\x14.contextsvc.v1.PhaseR\x05phase\x12(\n" +
 	"\rauto_compress\x18\x05 \x01(\bH\x00R\fautoCompress\x88\x01\x01B\x10\n" +
-	"\x0e_auto_compress\"\xcd\x03\n" +
+	"\x0e_auto_compress\"\x86\x04\n" +
 	"\x11CompressionReport\x12\x1e\n" +
 	"\n" +
 	"compressed\x18\x01 \x01(\bR\n" +
@@ -1967,7 +2030,8 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\x14context_tokens_after\x18\b \x01(\x03R\x12contextTokensAfter\x12 \n" +
 	"\vbreadcrumbs\x18\t \x03(\tR\vbreadcrumbs\x122\n" +
 	"\x04plan\x18\n" +
-	" \x01(\v2\x1e.contextsvc.v1.CompressionPlanR\x04plan\"\xfb\x01\n" +
+	" \x01(\v2\x1e.contextsvc.v1.CompressionPlanR\x04plan\x127\n" +
+	"\x06stages\x18\v \x03(\v2\x1f.contextsvc.v1.CompressionStageR\x06stages\"\xfb\x01\n" +
 	"\x14BuildContextResponse\x122\n" +
 	"\bmessages\x18\x01 \x03(\v2\x16.contextsvc.v1.MessageR\bmessages\x12\x17\n" +
 	"\aview_id\x18\x02 \x01(\tR\x06viewId\x128\n" +
@@ -1986,17 +2050,20 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
 	"\aview_id\x18\x02 \x01(\tR\x06viewId\x12#\n" +
-	"\rprompt_tokens\x18\x03 \x01(\x03R\fpromptTokens\"\x90\x01\n" +
+	"\rprompt_tokens\x18\x03 \x01(\x03R\fpromptTokens\"\xde\x01\n" +
 	"\x16RecordBaselineResponse\x12\x1a\n" +
 	"\brecorded\x18\x01 \x01(\bR\brecorded\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12<\n" +
-	"\vcalibration\x18\x03 \x01(\v2\x1a.contextsvc.v1.CalibrationR\vcalibration\"\x93\x01\n" +
+	"\vcalibration\x18\x03 \x01(\v2\x1a.contextsvc.v1.CalibrationR\vcalibration\x12+\n" +
+	"\x11truncation_reason\x18\x04 \x01(\tR\x10truncationReason\x12\x1f\n" +
+	"\vlower_bound\x18\x05 \x01(\x03R\n" +
+	"lowerBound\"\x93\x01\n" +
 	"\x0fCompressRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x120\n" +
 	"\aprofile\x18\x02 \x01(\v2\x16.contextsvc.v1.ProfileR\aprofile\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x17\n" +
-	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\x92\x03\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\xcb\x03\n" +
 	"\x10CompressResponse\x12\x1e\n" +
 	"\n" +
 	"compressed\x18\x01 \x01(\bR\n" +
@@ -2008,7 +2075,9 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\x15context_tokens_before\x18\x06 \x01(\x03R\x13contextTokensBefore\x120\n" +
 	"\x14context_tokens_after\x18\a \x01(\x03R\x12contextTokensAfter\x12 \n" +
 	"\vbreadcrumbs\x18\b \x03(\tR\vbreadcrumbs\x122\n" +
-	"\x04plan\x18\t \x01(\v2\x1e.contextsvc.v1.CompressionPlanR\x04plan\"Z\n" +
+	"\x04plan\x18\t \x01(\v2\x1e.contextsvc.v1.CompressionPlanR\x04plan\x127\n" +
+	"\x06stages\x18\n" +
+	" \x03(\v2\x1f.contextsvc.v1.CompressionStageR\x06stages\"Z\n" +
 	"\x13StreamEventsRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12$\n" +
@@ -2118,11 +2187,12 @@ var file_contextsvc_v1_context_service_proto_goTypes = []any{
 	(CompressionMethod)(0),         // 33: contextsvc.v1.CompressionMethod
 	(CompressionReason)(0),         // 34: contextsvc.v1.CompressionReason
 	(*CompressionPlan)(nil),        // 35: contextsvc.v1.CompressionPlan
-	(*TokenEstimate)(nil),          // 36: contextsvc.v1.TokenEstimate
-	(*Calibration)(nil),            // 37: contextsvc.v1.Calibration
-	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),          // 39: google.protobuf.Empty
-	(*Event)(nil),                  // 40: contextsvc.v1.Event
+	(*CompressionStage)(nil),       // 36: contextsvc.v1.CompressionStage
+	(*TokenEstimate)(nil),          // 37: contextsvc.v1.TokenEstimate
+	(*Calibration)(nil),            // 38: contextsvc.v1.Calibration
+	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),          // 40: google.protobuf.Empty
+	(*Event)(nil),                  // 41: contextsvc.v1.Event
 }
 var file_contextsvc_v1_context_service_proto_depIdxs = []int32{
 	28, // 0: contextsvc.v1.CreateSessionRequest.metadata:type_name -> google.protobuf.Struct
@@ -2138,55 +2208,57 @@ var file_contextsvc_v1_context_service_proto_depIdxs = []int32{
 	33, // 10: contextsvc.v1.CompressionReport.method:type_name -> contextsvc.v1.CompressionMethod
 	34, // 11: contextsvc.v1.CompressionReport.reason:type_name -> contextsvc.v1.CompressionReason
 	35, // 12: contextsvc.v1.CompressionReport.plan:type_name -> contextsvc.v1.CompressionPlan
-	31, // 13: contextsvc.v1.BuildContextResponse.messages:type_name -> contextsvc.v1.Message
-	36, // 14: contextsvc.v1.BuildContextResponse.estimate:type_name -> contextsvc.v1.TokenEstimate
-	13, // 15: contextsvc.v1.BuildContextResponse.compression:type_name -> contextsvc.v1.CompressionReport
-	31, // 16: contextsvc.v1.EstimateTokensRequest.messages:type_name -> contextsvc.v1.Message
-	32, // 17: contextsvc.v1.EstimateTokensRequest.profile:type_name -> contextsvc.v1.Profile
-	36, // 18: contextsvc.v1.EstimateTokensResponse.estimate:type_name -> contextsvc.v1.TokenEstimate
-	37, // 19: contextsvc.v1.RecordBaselineResponse.calibration:type_name -> contextsvc.v1.Calibration
-	32, // 20: contextsvc.v1.CompressRequest.profile:type_name -> contextsvc.v1.Profile
-	33, // 21: contextsvc.v1.CompressResponse.method:type_name -> contextsvc.v1.CompressionMethod
-	35, // 22: contextsvc.v1.CompressResponse.plan:type_name -> contextsvc.v1.CompressionPlan
-	38, // 23: contextsvc.v1.HistoryChunk.start_time:type_name -> google.protobuf.Timestamp
-	38, // 24: contextsvc.v1.HistoryChunk.end_time:type_name -> google.protobuf.Timestamp
-	23, // 25: contextsvc.v1.SearchHistoryResponse.chunks:type_name -> contextsvc.v1.HistoryChunk
-	31, // 26: contextsvc.v1.ExpandSummaryResponse.messages:type_name -> contextsvc.v1.Message
-	2,  // 27: contextsvc.v1.ContextService.CreateSession:input_type -> contextsvc.v1.CreateSessionRequest
-	3,  // 28: contextsvc.v1.ContextService.GetSession:input_type -> contextsvc.v1.GetSessionRequest
-	4,  // 29: contextsvc.v1.ContextService.ListSessions:input_type -> contextsvc.v1.ListSessionsRequest
-	6,  // 30: contextsvc.v1.ContextService.UpdateSession:input_type -> contextsvc.v1.UpdateSessionRequest
-	7,  // 31: contextsvc.v1.ContextService.DeleteSession:input_type -> contextsvc.v1.DeleteSessionRequest
-	8,  // 32: contextsvc.v1.ContextService.AppendMessages:input_type -> contextsvc.v1.AppendMessagesRequest
-	10, // 33: contextsvc.v1.ContextService.ListMessages:input_type -> contextsvc.v1.ListMessagesRequest
-	12, // 34: contextsvc.v1.ContextService.BuildContext:input_type -> contextsvc.v1.BuildContextRequest
-	15, // 35: contextsvc.v1.ContextService.EstimateTokens:input_type -> contextsvc.v1.EstimateTokensRequest
-	17, // 36: contextsvc.v1.ContextService.RecordBaseline:input_type -> contextsvc.v1.RecordBaselineRequest
-	19, // 37: contextsvc.v1.ContextService.Compress:input_type -> contextsvc.v1.CompressRequest
-	21, // 38: contextsvc.v1.ContextService.StreamEvents:input_type -> contextsvc.v1.StreamEventsRequest
-	22, // 39: contextsvc.v1.ContextService.SearchHistory:input_type -> contextsvc.v1.SearchHistoryRequest
-	25, // 40: contextsvc.v1.ContextService.ExpandSummary:input_type -> contextsvc.v1.ExpandSummaryRequest
-	27, // 41: contextsvc.v1.ContextService.ForkSession:input_type -> contextsvc.v1.ForkSessionRequest
-	29, // 42: contextsvc.v1.ContextService.CreateSession:output_type -> contextsvc.v1.Session
-	29, // 43: contextsvc.v1.ContextService.GetSession:output_type -> contextsvc.v1.Session
-	5,  // 44: contextsvc.v1.ContextService.ListSessions:output_type -> contextsvc.v1.ListSessionsResponse
-	29, // 45: contextsvc.v1.ContextService.UpdateSession:output_type -> contextsvc.v1.Session
-	39, // 46: contextsvc.v1.ContextService.DeleteSession:output_type -> google.protobuf.Empty
-	9,  // 47: contextsvc.v1.ContextService.AppendMessages:output_type -> contextsvc.v1.AppendMessagesResponse
-	11, // 48: contextsvc.v1.ContextService.ListMessages:output_type -> contextsvc.v1.ListMessagesResponse
-	14, // 49: contextsvc.v1.ContextService.BuildContext:output_type -> contextsvc.v1.BuildContextResponse
-	16, // 50: contextsvc.v1.ContextService.EstimateTokens:output_type -> contextsvc.v1.EstimateTokensResponse
-	18, // 51: contextsvc.v1.ContextService.RecordBaseline:output_type -> contextsvc.v1.RecordBaselineResponse
-	20, // 52: contextsvc.v1.ContextService.Compress:output_type -> contextsvc.v1.CompressResponse
-	40, // 53: contextsvc.v1.ContextService.StreamEvents:output_type -> contextsvc.v1.Event
-	24, // 54: contextsvc.v1.ContextService.SearchHistory:output_type -> contextsvc.v1.SearchHistoryResponse
-	26, // 55: contextsvc.v1.ContextService.ExpandSummary:output_type -> contextsvc.v1.ExpandSummaryResponse
-	29, // 56: contextsvc.v1.ContextService.ForkSession:output_type -> contextsvc.v1.Session
-	42, // [42:57] is the sub-list for method output_type
-	27, // [27:42] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	36, // 13: contextsvc.v1.CompressionReport.stages:type_name -> contextsvc.v1.CompressionStage
+	31, // 14: contextsvc.v1.BuildContextResponse.messages:type_name -> contextsvc.v1.Message
+	37, // 15: contextsvc.v1.BuildContextResponse.estimate:type_name -> contextsvc.v1.TokenEstimate
+	13, // 16: contextsvc.v1.BuildContextResponse.compression:type_name -> contextsvc.v1.CompressionReport
+	31, // 17: contextsvc.v1.EstimateTokensRequest.messages:type_name -> contextsvc.v1.Message
+	32, // 18: contextsvc.v1.EstimateTokensRequest.profile:type_name -> contextsvc.v1.Profile
+	37, // 19: contextsvc.v1.EstimateTokensResponse.estimate:type_name -> contextsvc.v1.TokenEstimate
+	38, // 20: contextsvc.v1.RecordBaselineResponse.calibration:type_name -> contextsvc.v1.Calibration
+	32, // 21: contextsvc.v1.CompressRequest.profile:type_name -> contextsvc.v1.Profile
+	33, // 22: contextsvc.v1.CompressResponse.method:type_name -> contextsvc.v1.CompressionMethod
+	35, // 23: contextsvc.v1.CompressResponse.plan:type_name -> contextsvc.v1.CompressionPlan
+	36, // 24: contextsvc.v1.CompressResponse.stages:type_name -> contextsvc.v1.CompressionStage
+	39, // 25: contextsvc.v1.HistoryChunk.start_time:type_name -> google.protobuf.Timestamp
+	39, // 26: contextsvc.v1.HistoryChunk.end_time:type_name -> google.protobuf.Timestamp
+	23, // 27: contextsvc.v1.SearchHistoryResponse.chunks:type_name -> contextsvc.v1.HistoryChunk
+	31, // 28: contextsvc.v1.ExpandSummaryResponse.messages:type_name -> contextsvc.v1.Message
+	2,  // 29: contextsvc.v1.ContextService.CreateSession:input_type -> contextsvc.v1.CreateSessionRequest
+	3,  // 30: contextsvc.v1.ContextService.GetSession:input_type -> contextsvc.v1.GetSessionRequest
+	4,  // 31: contextsvc.v1.ContextService.ListSessions:input_type -> contextsvc.v1.ListSessionsRequest
+	6,  // 32: contextsvc.v1.ContextService.UpdateSession:input_type -> contextsvc.v1.UpdateSessionRequest
+	7,  // 33: contextsvc.v1.ContextService.DeleteSession:input_type -> contextsvc.v1.DeleteSessionRequest
+	8,  // 34: contextsvc.v1.ContextService.AppendMessages:input_type -> contextsvc.v1.AppendMessagesRequest
+	10, // 35: contextsvc.v1.ContextService.ListMessages:input_type -> contextsvc.v1.ListMessagesRequest
+	12, // 36: contextsvc.v1.ContextService.BuildContext:input_type -> contextsvc.v1.BuildContextRequest
+	15, // 37: contextsvc.v1.ContextService.EstimateTokens:input_type -> contextsvc.v1.EstimateTokensRequest
+	17, // 38: contextsvc.v1.ContextService.RecordBaseline:input_type -> contextsvc.v1.RecordBaselineRequest
+	19, // 39: contextsvc.v1.ContextService.Compress:input_type -> contextsvc.v1.CompressRequest
+	21, // 40: contextsvc.v1.ContextService.StreamEvents:input_type -> contextsvc.v1.StreamEventsRequest
+	22, // 41: contextsvc.v1.ContextService.SearchHistory:input_type -> contextsvc.v1.SearchHistoryRequest
+	25, // 42: contextsvc.v1.ContextService.ExpandSummary:input_type -> contextsvc.v1.ExpandSummaryRequest
+	27, // 43: contextsvc.v1.ContextService.ForkSession:input_type -> contextsvc.v1.ForkSessionRequest
+	29, // 44: contextsvc.v1.ContextService.CreateSession:output_type -> contextsvc.v1.Session
+	29, // 45: contextsvc.v1.ContextService.GetSession:output_type -> contextsvc.v1.Session
+	5,  // 46: contextsvc.v1.ContextService.ListSessions:output_type -> contextsvc.v1.ListSessionsResponse
+	29, // 47: contextsvc.v1.ContextService.UpdateSession:output_type -> contextsvc.v1.Session
+	40, // 48: contextsvc.v1.ContextService.DeleteSession:output_type -> google.protobuf.Empty
+	9,  // 49: contextsvc.v1.ContextService.AppendMessages:output_type -> contextsvc.v1.AppendMessagesResponse
+	11, // 50: contextsvc.v1.ContextService.ListMessages:output_type -> contextsvc.v1.ListMessagesResponse
+	14, // 51: contextsvc.v1.ContextService.BuildContext:output_type -> contextsvc.v1.BuildContextResponse
+	16, // 52: contextsvc.v1.ContextService.EstimateTokens:output_type -> contextsvc.v1.EstimateTokensResponse
+	18, // 53: contextsvc.v1.ContextService.RecordBaseline:output_type -> contextsvc.v1.RecordBaselineResponse
+	20, // 54: contextsvc.v1.ContextService.Compress:output_type -> contextsvc.v1.CompressResponse
+	41, // 55: contextsvc.v1.ContextService.StreamEvents:output_type -> contextsvc.v1.Event
+	24, // 56: contextsvc.v1.ContextService.SearchHistory:output_type -> contextsvc.v1.SearchHistoryResponse
+	26, // 57: contextsvc.v1.ContextService.ExpandSummary:output_type -> contextsvc.v1.ExpandSummaryResponse
+	29, // 58: contextsvc.v1.ContextService.ForkSession:output_type -> contextsvc.v1.Session
+	44, // [44:59] is the sub-list for method output_type
+	29, // [29:44] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_contextsvc_v1_context_service_proto_init() }

@@ -38,6 +38,13 @@ const (
 	CompressionReason_COMPRESSION_REASON_FORCED CompressionReason = 4
 	// An automatic compaction refused because it would re-fire inside the hysteresis band.
 	CompressionReason_COMPRESSION_REASON_LOOP_GUARD CompressionReason = 5
+	// Refusal reason: another compaction (another replica) committed first; nothing changed.
+	CompressionReason_COMPRESSION_REASON_CONFLICT CompressionReason = 6
+	// Refusal reason: no stage could shrink the context enough (summary larger than what it
+	// replaced, target missed, nothing droppable, or hard truncation not allowed by the profile).
+	CompressionReason_COMPRESSION_REASON_NO_PROGRESS CompressionReason = 7
+	// Refusal reason: the compaction stopped on an error (store unreachable, cancelled).
+	CompressionReason_COMPRESSION_REASON_FAILED CompressionReason = 8
 )
 
 // Enum value maps for CompressionReason.
@@ -49,6 +56,9 @@ var (
 		3: "COMPRESSION_REASON_POSTTURN",
 		4: "COMPRESSION_REASON_FORCED",
 		5: "COMPRESSION_REASON_LOOP_GUARD",
+		6: "COMPRESSION_REASON_CONFLICT",
+		7: "COMPRESSION_REASON_NO_PROGRESS",
+		8: "COMPRESSION_REASON_FAILED",
 	}
 	CompressionReason_value = map[string]int32{
 		"COMPRESSION_REASON_UNSPECIFIED": 0,
@@ -57,6 +67,9 @@ var (
 		"COMPRESSION_REASON_POSTTURN":    3,
 		"COMPRESSION_REASON_FORCED":      4,
 		"COMPRESSION_REASON_LOOP_GUARD":  5,
+		"COMPRESSION_REASON_CONFLICT":    6,
+		"COMPRESSION_REASON_NO_PROGRESS": 7,
+		"COMPRESSION_REASON_FAILED":      8,
 	}
 )
 
@@ -144,6 +157,88 @@ func (CompressionMethod) EnumDescriptor() ([]byte, []int) {
 	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{1}
 }
 
+// One stage of a committed compaction, in the order the stages ran.
+type CompressionStage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the stage did.
+	Method CompressionMethod `protobuf:"varint,1,opt,name=method,proto3,enum=contextsvc.v1.CompressionMethod" json:"method,omitempty"`
+	// Context rows the stage took out (cleared tool results, summarized or dropped rows).
+	MessagesRemoved int64 `protobuf:"varint,2,opt,name=messages_removed,json=messagesRemoved,proto3" json:"messages_removed,omitempty"`
+	// Context rows the stage added (placeholders, the summary).
+	MessagesAdded int64 `protobuf:"varint,3,opt,name=messages_added,json=messagesAdded,proto3" json:"messages_added,omitempty"`
+	// View tokens before the stage.
+	TokensBefore int64 `protobuf:"varint,4,opt,name=tokens_before,json=tokensBefore,proto3" json:"tokens_before,omitempty"`
+	// View tokens after the stage.
+	TokensAfter   int64 `protobuf:"varint,5,opt,name=tokens_after,json=tokensAfter,proto3" json:"tokens_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompressionStage) Reset() {
+	*x = CompressionStage{}
+	mi := &file_contextsvc_v1_events_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompressionStage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompressionStage) ProtoMessage() {}
+
+func (x *CompressionStage) ProtoReflect() protoreflect.Message {
+	mi := &file_contextsvc_v1_events_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompressionStage.ProtoReflect.Descriptor instead.
+func (*CompressionStage) Descriptor() ([]byte, []int) {
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CompressionStage) GetMethod() CompressionMethod {
+	if x != nil {
+		return x.Method
+	}
+	return CompressionMethod_COMPRESSION_METHOD_UNSPECIFIED
+}
+
+func (x *CompressionStage) GetMessagesRemoved() int64 {
+	if x != nil {
+		return x.MessagesRemoved
+	}
+	return 0
+}
+
+func (x *CompressionStage) GetMessagesAdded() int64 {
+	if x != nil {
+		return x.MessagesAdded
+	}
+	return 0
+}
+
+func (x *CompressionStage) GetTokensBefore() int64 {
+	if x != nil {
+		return x.TokensBefore
+	}
+	return 0
+}
+
+func (x *CompressionStage) GetTokensAfter() int64 {
+	if x != nil {
+		return x.TokensAfter
+	}
+	return 0
+}
+
 // What a compaction would do; shared by dry runs and real runs.
 type CompressionPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -171,7 +266,7 @@ type CompressionPlan struct {
 
 func (x *CompressionPlan) Reset() {
 	*x = CompressionPlan{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[0]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +278,7 @@ func (x *CompressionPlan) String() string {
 func (*CompressionPlan) ProtoMessage() {}
 
 func (x *CompressionPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[0]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +291,7 @@ func (x *CompressionPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionPlan.ProtoReflect.Descriptor instead.
 func (*CompressionPlan) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{0}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *CompressionPlan) GetWouldCompress() bool {
@@ -279,7 +374,7 @@ type CompressionStarted struct {
 
 func (x *CompressionStarted) Reset() {
 	*x = CompressionStarted{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[1]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +386,7 @@ func (x *CompressionStarted) String() string {
 func (*CompressionStarted) ProtoMessage() {}
 
 func (x *CompressionStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[1]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +399,7 @@ func (x *CompressionStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionStarted.ProtoReflect.Descriptor instead.
 func (*CompressionStarted) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{1}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CompressionStarted) GetReason() CompressionReason {
@@ -358,13 +453,16 @@ type ContextCompressed struct {
 	Breadcrumbs []string `protobuf:"bytes,9,rep,name=breadcrumbs,proto3" json:"breadcrumbs,omitempty"`
 	// Sequence number of the stored summary row, if any.
 	SummarySequence int64 `protobuf:"varint,10,opt,name=summary_sequence,json=summarySequence,proto3" json:"summary_sequence,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
+	// then hard_truncate when clearing alone could not reach the target.
+	Stages        []*CompressionStage `protobuf:"bytes,11,rep,name=stages,proto3" json:"stages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContextCompressed) Reset() {
 	*x = ContextCompressed{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[2]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +474,7 @@ func (x *ContextCompressed) String() string {
 func (*ContextCompressed) ProtoMessage() {}
 
 func (x *ContextCompressed) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[2]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +487,7 @@ func (x *ContextCompressed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextCompressed.ProtoReflect.Descriptor instead.
 func (*ContextCompressed) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{2}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ContextCompressed) GetReason() CompressionReason {
@@ -462,10 +560,19 @@ func (x *ContextCompressed) GetSummarySequence() int64 {
 	return 0
 }
 
-// An automatic compaction was refused (for example by the loop guard).
+func (x *ContextCompressed) GetStages() []*CompressionStage {
+	if x != nil {
+		return x.Stages
+	}
+	return nil
+}
+
+// A compaction was refused (the loop guard), or one that was announced with
+// CompressionStarted committed nothing: every CompressionStarted is followed by exactly one
+// ContextCompressed or CompressionRefused.
 type CompressionRefused struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Why it was refused, e.g. COMPRESSION_REASON_LOOP_GUARD.
+	// Why: COMPRESSION_REASON_LOOP_GUARD, _CONFLICT, _NO_PROGRESS or _FAILED.
 	Reason CompressionReason `protobuf:"varint,1,opt,name=reason,proto3,enum=contextsvc.v1.CompressionReason" json:"reason,omitempty"`
 	// The trigger that asked for it.
 	Trigger CompressionReason `protobuf:"varint,2,opt,name=trigger,proto3,enum=contextsvc.v1.CompressionReason" json:"trigger,omitempty"`
@@ -477,7 +584,7 @@ type CompressionRefused struct {
 
 func (x *CompressionRefused) Reset() {
 	*x = CompressionRefused{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[3]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +596,7 @@ func (x *CompressionRefused) String() string {
 func (*CompressionRefused) ProtoMessage() {}
 
 func (x *CompressionRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[3]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +609,7 @@ func (x *CompressionRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompressionRefused.ProtoReflect.Descriptor instead.
 func (*CompressionRefused) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{3}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CompressionRefused) GetReason() CompressionReason {
@@ -543,7 +650,7 @@ type BaselineRecorded struct {
 
 func (x *BaselineRecorded) Reset() {
 	*x = BaselineRecorded{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[4]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +662,7 @@ func (x *BaselineRecorded) String() string {
 func (*BaselineRecorded) ProtoMessage() {}
 
 func (x *BaselineRecorded) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[4]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +675,7 @@ func (x *BaselineRecorded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BaselineRecorded.ProtoReflect.Descriptor instead.
 func (*BaselineRecorded) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BaselineRecorded) GetViewId() string {
@@ -614,7 +721,7 @@ type ContextTruncated struct {
 
 func (x *ContextTruncated) Reset() {
 	*x = ContextTruncated{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[5]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +733,7 @@ func (x *ContextTruncated) String() string {
 func (*ContextTruncated) ProtoMessage() {}
 
 func (x *ContextTruncated) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[5]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +746,7 @@ func (x *ContextTruncated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextTruncated.ProtoReflect.Descriptor instead.
 func (*ContextTruncated) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{5}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ContextTruncated) GetViewId() string {
@@ -676,7 +783,7 @@ type MemoryFlushDue struct {
 
 func (x *MemoryFlushDue) Reset() {
 	*x = MemoryFlushDue{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[6]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +795,7 @@ func (x *MemoryFlushDue) String() string {
 func (*MemoryFlushDue) ProtoMessage() {}
 
 func (x *MemoryFlushDue) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[6]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +808,7 @@ func (x *MemoryFlushDue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryFlushDue.ProtoReflect.Descriptor instead.
 func (*MemoryFlushDue) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{6}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MemoryFlushDue) GetContextTokens() int64 {
@@ -735,7 +842,7 @@ type MessagesAppended struct {
 
 func (x *MessagesAppended) Reset() {
 	*x = MessagesAppended{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[7]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +854,7 @@ func (x *MessagesAppended) String() string {
 func (*MessagesAppended) ProtoMessage() {}
 
 func (x *MessagesAppended) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[7]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +867,7 @@ func (x *MessagesAppended) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MessagesAppended.ProtoReflect.Descriptor instead.
 func (*MessagesAppended) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{7}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MessagesAppended) GetSequenceNumbers() []int64 {
@@ -800,7 +907,7 @@ type SessionDeleted struct {
 
 func (x *SessionDeleted) Reset() {
 	*x = SessionDeleted{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[8]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +919,7 @@ func (x *SessionDeleted) String() string {
 func (*SessionDeleted) ProtoMessage() {}
 
 func (x *SessionDeleted) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[8]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +932,7 @@ func (x *SessionDeleted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionDeleted.ProtoReflect.Descriptor instead.
 func (*SessionDeleted) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{8}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{9}
 }
 
 // One event about one session.
@@ -856,7 +963,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_contextsvc_v1_events_proto_msgTypes[9]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +975,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_events_proto_msgTypes[9]
+	mi := &file_contextsvc_v1_events_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +988,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{9}
+	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Event) GetEventId() int64 {
@@ -1048,7 +1155,13 @@ var File_contextsvc_v1_events_proto protoreflect.FileDescriptor
 
 const file_contextsvc_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x1acontextsvc/v1/events.proto\x12\rcontextsvc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x02\n" +
+	"\x1acontextsvc/v1/events.proto\x12\rcontextsvc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe6\x01\n" +
+	"\x10CompressionStage\x128\n" +
+	"\x06method\x18\x01 \x01(\x0e2 .contextsvc.v1.CompressionMethodR\x06method\x12)\n" +
+	"\x10messages_removed\x18\x02 \x01(\x03R\x0fmessagesRemoved\x12%\n" +
+	"\x0emessages_added\x18\x03 \x01(\x03R\rmessagesAdded\x12#\n" +
+	"\rtokens_before\x18\x04 \x01(\x03R\ftokensBefore\x12!\n" +
+	"\ftokens_after\x18\x05 \x01(\x03R\vtokensAfter\"\xd5\x02\n" +
 	"\x0fCompressionPlan\x12%\n" +
 	"\x0ewould_compress\x18\x01 \x01(\bR\rwouldCompress\x12(\n" +
 	"\x10messages_to_drop\x18\x02 \x01(\x03R\x0emessagesToDrop\x12(\n" +
@@ -1065,7 +1178,7 @@ const file_contextsvc_v1_events_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\x0e2 .contextsvc.v1.CompressionReasonR\x06reason\x12%\n" +
 	"\x0econtext_tokens\x18\x02 \x01(\x03R\rcontextTokens\x12,\n" +
 	"\x12max_context_tokens\x18\x03 \x01(\x03R\x10maxContextTokens\x122\n" +
-	"\x04plan\x18\x04 \x01(\v2\x1e.contextsvc.v1.CompressionPlanR\x04plan\"\xd2\x03\n" +
+	"\x04plan\x18\x04 \x01(\v2\x1e.contextsvc.v1.CompressionPlanR\x04plan\"\x8b\x04\n" +
 	"\x11ContextCompressed\x128\n" +
 	"\x06reason\x18\x01 \x01(\x0e2 .contextsvc.v1.CompressionReasonR\x06reason\x128\n" +
 	"\x06method\x18\x02 \x01(\x0e2 .contextsvc.v1.CompressionMethodR\x06method\x12\x18\n" +
@@ -1077,7 +1190,8 @@ const file_contextsvc_v1_events_proto_rawDesc = "" +
 	"\x12max_context_tokens\x18\b \x01(\x03R\x10maxContextTokens\x12 \n" +
 	"\vbreadcrumbs\x18\t \x03(\tR\vbreadcrumbs\x12)\n" +
 	"\x10summary_sequence\x18\n" +
-	" \x01(\x03R\x0fsummarySequence\"\xa2\x01\n" +
+	" \x01(\x03R\x0fsummarySequence\x127\n" +
+	"\x06stages\x18\v \x03(\v2\x1f.contextsvc.v1.CompressionStageR\x06stages\"\xa2\x01\n" +
 	"\x12CompressionRefused\x128\n" +
 	"\x06reason\x18\x01 \x01(\x0e2 .contextsvc.v1.CompressionReasonR\x06reason\x12:\n" +
 	"\atrigger\x18\x02 \x01(\x0e2 .contextsvc.v1.CompressionReasonR\atrigger\x12\x16\n" +
@@ -1115,14 +1229,17 @@ const file_contextsvc_v1_events_proto_rawDesc = "" +
 	"\x11messages_appended\x18\x0f \x01(\v2\x1f.contextsvc.v1.MessagesAppendedH\x00R\x10messagesAppended\x12H\n" +
 	"\x0fsession_deleted\x18\x10 \x01(\v2\x1d.contextsvc.v1.SessionDeletedH\x00R\x0esessionDeleted\x12T\n" +
 	"\x13compression_refused\x18\x11 \x01(\v2!.contextsvc.v1.CompressionRefusedH\x00R\x12compressionRefusedB\t\n" +
-	"\apayload*\xda\x01\n" +
+	"\apayload*\xbe\x02\n" +
 	"\x11CompressionReason\x12\"\n" +
 	"\x1eCOMPRESSION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aCOMPRESSION_REASON_PRETURN\x10\x01\x12\x1e\n" +
 	"\x1aCOMPRESSION_REASON_MIDTURN\x10\x02\x12\x1f\n" +
 	"\x1bCOMPRESSION_REASON_POSTTURN\x10\x03\x12\x1d\n" +
 	"\x19COMPRESSION_REASON_FORCED\x10\x04\x12!\n" +
-	"\x1dCOMPRESSION_REASON_LOOP_GUARD\x10\x05*\xa8\x01\n" +
+	"\x1dCOMPRESSION_REASON_LOOP_GUARD\x10\x05\x12\x1f\n" +
+	"\x1bCOMPRESSION_REASON_CONFLICT\x10\x06\x12\"\n" +
+	"\x1eCOMPRESSION_REASON_NO_PROGRESS\x10\a\x12\x1d\n" +
+	"\x19COMPRESSION_REASON_FAILED\x10\b*\xa8\x01\n" +
 	"\x11CompressionMethod\x12\"\n" +
 	"\x1eCOMPRESSION_METHOD_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aCOMPRESSION_METHOD_SUMMARY\x10\x01\x12$\n" +
@@ -1142,43 +1259,46 @@ func file_contextsvc_v1_events_proto_rawDescGZIP() []byte {
 }
 
 var file_contextsvc_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_contextsvc_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_contextsvc_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_contextsvc_v1_events_proto_goTypes = []any{
 	(CompressionReason)(0),        // 0: contextsvc.v1.CompressionReason
 	(CompressionMethod)(0),        // 1: contextsvc.v1.CompressionMethod
-	(*CompressionPlan)(nil),       // 2: contextsvc.v1.CompressionPlan
-	(*CompressionStarted)(nil),    // 3: contextsvc.v1.CompressionStarted
-	(*ContextCompressed)(nil),     // 4: contextsvc.v1.ContextCompressed
-	(*CompressionRefused)(nil),    // 5: contextsvc.v1.CompressionRefused
-	(*BaselineRecorded)(nil),      // 6: contextsvc.v1.BaselineRecorded
-	(*ContextTruncated)(nil),      // 7: contextsvc.v1.ContextTruncated
-	(*MemoryFlushDue)(nil),        // 8: contextsvc.v1.MemoryFlushDue
-	(*MessagesAppended)(nil),      // 9: contextsvc.v1.MessagesAppended
-	(*SessionDeleted)(nil),        // 10: contextsvc.v1.SessionDeleted
-	(*Event)(nil),                 // 11: contextsvc.v1.Event
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*CompressionStage)(nil),      // 2: contextsvc.v1.CompressionStage
+	(*CompressionPlan)(nil),       // 3: contextsvc.v1.CompressionPlan
+	(*CompressionStarted)(nil),    // 4: contextsvc.v1.CompressionStarted
+	(*ContextCompressed)(nil),     // 5: contextsvc.v1.ContextCompressed
+	(*CompressionRefused)(nil),    // 6: contextsvc.v1.CompressionRefused
+	(*BaselineRecorded)(nil),      // 7: contextsvc.v1.BaselineRecorded
+	(*ContextTruncated)(nil),      // 8: contextsvc.v1.ContextTruncated
+	(*MemoryFlushDue)(nil),        // 9: contextsvc.v1.MemoryFlushDue
+	(*MessagesAppended)(nil),      // 10: contextsvc.v1.MessagesAppended
+	(*SessionDeleted)(nil),        // 11: contextsvc.v1.SessionDeleted
+	(*Event)(nil),                 // 12: contextsvc.v1.Event
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_contextsvc_v1_events_proto_depIdxs = []int32{
-	0,  // 0: contextsvc.v1.CompressionStarted.reason:type_name -> contextsvc.v1.CompressionReason
-	2,  // 1: contextsvc.v1.CompressionStarted.plan:type_name -> contextsvc.v1.CompressionPlan
-	0,  // 2: contextsvc.v1.ContextCompressed.reason:type_name -> contextsvc.v1.CompressionReason
-	1,  // 3: contextsvc.v1.ContextCompressed.method:type_name -> contextsvc.v1.CompressionMethod
-	0,  // 4: contextsvc.v1.CompressionRefused.reason:type_name -> contextsvc.v1.CompressionReason
-	0,  // 5: contextsvc.v1.CompressionRefused.trigger:type_name -> contextsvc.v1.CompressionReason
-	12, // 6: contextsvc.v1.Event.time:type_name -> google.protobuf.Timestamp
-	3,  // 7: contextsvc.v1.Event.compression_started:type_name -> contextsvc.v1.CompressionStarted
-	4,  // 8: contextsvc.v1.Event.context_compressed:type_name -> contextsvc.v1.ContextCompressed
-	6,  // 9: contextsvc.v1.Event.baseline_recorded:type_name -> contextsvc.v1.BaselineRecorded
-	7,  // 10: contextsvc.v1.Event.context_truncated:type_name -> contextsvc.v1.ContextTruncated
-	8,  // 11: contextsvc.v1.Event.memory_flush_due:type_name -> contextsvc.v1.MemoryFlushDue
-	9,  // 12: contextsvc.v1.Event.messages_appended:type_name -> contextsvc.v1.MessagesAppended
-	10, // 13: contextsvc.v1.Event.session_deleted:type_name -> contextsvc.v1.SessionDeleted
-	5,  // 14: contextsvc.v1.Event.compression_refused:type_name -> contextsvc.v1.CompressionRefused
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	1,  // 0: contextsvc.v1.CompressionStage.method:type_name -> contextsvc.v1.CompressionMethod
+	0,  // 1: contextsvc.v1.CompressionStarted.reason:type_name -> contextsvc.v1.CompressionReason
+	3,  // 2: contextsvc.v1.CompressionStarted.plan:type_name -> contextsvc.v1.CompressionPlan
+	0,  // 3: contextsvc.v1.ContextCompressed.reason:type_name -> contextsvc.v1.CompressionReason
+	1,  // 4: contextsvc.v1.ContextCompressed.method:type_name -> contextsvc.v1.CompressionMethod
+	2,  // 5: contextsvc.v1.ContextCompressed.stages:type_name -> contextsvc.v1.CompressionStage
+	0,  // 6: contextsvc.v1.CompressionRefused.reason:type_name -> contextsvc.v1.CompressionReason
+	0,  // 7: contextsvc.v1.CompressionRefused.trigger:type_name -> contextsvc.v1.CompressionReason
+	13, // 8: contextsvc.v1.Event.time:type_name -> google.protobuf.Timestamp
+	4,  // 9: contextsvc.v1.Event.compression_started:type_name -> contextsvc.v1.CompressionStarted
+	5,  // 10: contextsvc.v1.Event.context_compressed:type_name -> contextsvc.v1.ContextCompressed
+	7,  // 11: contextsvc.v1.Event.baseline_recorded:type_name -> contextsvc.v1.BaselineRecorded
+	8,  // 12: contextsvc.v1.Event.context_truncated:type_name -> contextsvc.v1.ContextTruncated
+	9,  // 13: contextsvc.v1.Event.memory_flush_due:type_name -> contextsvc.v1.MemoryFlushDue
+	10, // 14: contextsvc.v1.Event.messages_appended:type_name -> contextsvc.v1.MessagesAppended
+	11, // 15: contextsvc.v1.Event.session_deleted:type_name -> contextsvc.v1.SessionDeleted
+	6,  // 16: contextsvc.v1.Event.compression_refused:type_name -> contextsvc.v1.CompressionRefused
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_contextsvc_v1_events_proto_init() }
@@ -1186,7 +1306,7 @@ func file_contextsvc_v1_events_proto_init() {
 	if File_contextsvc_v1_events_proto != nil {
 		return
 	}
-	file_contextsvc_v1_events_proto_msgTypes[9].OneofWrappers = []any{
+	file_contextsvc_v1_events_proto_msgTypes[10].OneofWrappers = []any{
 		(*Event_CompressionStarted)(nil),
 		(*Event_ContextCompressed)(nil),
 		(*Event_BaselineRecorded)(nil),
@@ -1202,7 +1322,7 @@ func file_contextsvc_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_contextsvc_v1_events_proto_rawDesc), len(file_contextsvc_v1_events_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

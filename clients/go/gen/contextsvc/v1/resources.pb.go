@@ -804,8 +804,12 @@ type CompressionSettings struct {
 	Strategies []string `protobuf:"bytes,8,rep,name=strategies,proto3" json:"strategies,omitempty"`
 	// Tool names whose results the summarizer keeps verbatim.
 	CriticalToolNames []string `protobuf:"bytes,9,rep,name=critical_tool_names,json=criticalToolNames,proto3" json:"critical_tool_names,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Whether hard truncation (dropping the oldest whole turns, no summary) may follow when the
+	// listed strategies cannot reach the target. Default true. With false, a profile listing only
+	// `clear_tool_results` commits what clearing achieved and never drops whole turns.
+	HardTruncateFallback *bool `protobuf:"varint,10,opt,name=hard_truncate_fallback,json=hardTruncateFallback,proto3,oneof" json:"hard_truncate_fallback,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CompressionSettings) Reset() {
@@ -899,6 +903,13 @@ func (x *CompressionSettings) GetCriticalToolNames() []string {
 		return x.CriticalToolNames
 	}
 	return nil
+}
+
+func (x *CompressionSettings) GetHardTruncateFallback() bool {
+	if x != nil && x.HardTruncateFallback != nil {
+		return *x.HardTruncateFallback
+	}
+	return false
 }
 
 // A model profile. Every field is optional: unset fields fall back to the
@@ -1129,7 +1140,10 @@ type TokenEstimate struct {
 	// total / window.
 	Fraction float64 `protobuf:"fixed64,7,opt,name=fraction,proto3" json:"fraction,omitempty"`
 	// Breakdown by segment.
-	Segments      *TokenSegments `protobuf:"bytes,8,opt,name=segments,proto3" json:"segments,omitempty"`
+	Segments *TokenSegments `protobuf:"bytes,8,opt,name=segments,proto3" json:"segments,omitempty"`
+	// Tokens the total may be short by, from the calibration's recent residuals; the size guard
+	// and the compression trigger use total + margin.
+	Margin        int64 `protobuf:"varint,9,opt,name=margin,proto3" json:"margin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1220,6 +1234,13 @@ func (x *TokenEstimate) GetSegments() *TokenSegments {
 	return nil
 }
 
+func (x *TokenEstimate) GetMargin() int64 {
+	if x != nil {
+		return x.Margin
+	}
+	return 0
+}
+
 // A model's fitted token calibration.
 type Calibration struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1232,7 +1253,17 @@ type Calibration struct {
 	// Observations the fit used.
 	Observations int32 `protobuf:"varint,4,opt,name=observations,proto3" json:"observations,omitempty"`
 	// True when the fitted line is in use; false means the fallback ratio.
-	Fitted        bool `protobuf:"varint,5,opt,name=fitted,proto3" json:"fitted,omitempty"`
+	Fitted bool `protobuf:"varint,5,opt,name=fitted,proto3" json:"fitted,omitempty"`
+	// Tokens per message of template framing.
+	PerMessage float64 `protobuf:"fixed64,6,opt,name=per_message,json=perMessage,proto3" json:"per_message,omitempty"`
+	// Tokens per tool call of template framing.
+	PerToolCall float64 `protobuf:"fixed64,7,opt,name=per_tool_call,json=perToolCall,proto3" json:"per_tool_call,omitempty"`
+	// Relative margin of estimates (0.02 = 2%).
+	Margin float64 `protobuf:"fixed64,8,opt,name=margin,proto3" json:"margin,omitempty"`
+	// Vocabulary family whose prior the fit starts from.
+	Family string `protobuf:"bytes,9,opt,name=family,proto3" json:"family,omitempty"`
+	// Tokens per size unit of each content class.
+	ClassRatios   map[string]float64 `protobuf:"bytes,10,rep,name=class_ratios,json=classRatios,proto3" json:"class_ratios,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1300,6 +1331,41 @@ func (x *Calibration) GetFitted() bool {
 		return x.Fitted
 	}
 	return false
+}
+
+func (x *Calibration) GetPerMessage() float64 {
+	if x != nil {
+		return x.PerMessage
+	}
+	return 0
+}
+
+func (x *Calibration) GetPerToolCall() float64 {
+	if x != nil {
+		return x.PerToolCall
+	}
+	return 0
+}
+
+func (x *Calibration) GetMargin() float64 {
+	if x != nil {
+		return x.Margin
+	}
+	return 0
+}
+
+func (x *Calibration) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *Calibration) GetClassRatios() map[string]float64 {
+	if x != nil {
+		return x.ClassRatios
+	}
+	return nil
 }
 
 var File_contextsvc_v1_resources_proto protoreflect.FileDescriptor
@@ -1373,7 +1439,7 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\vtoken_count\x18\f \x01(\x03R\n" +
 	"tokenCount\x128\n" +
 	"\breplaces\x18\r \x01(\v2\x1c.contextsvc.v1.SequenceRangeR\breplaces\x12*\n" +
-	"\x11truncated_in_view\x18\x0e \x01(\bR\x0ftruncatedInView\"\xdc\x03\n" +
+	"\x11truncated_in_view\x18\x0e \x01(\bR\x0ftruncatedInView\"\xb2\x04\n" +
 	"\x13CompressionSettings\x12\x1d\n" +
 	"\aenabled\x18\x01 \x01(\bH\x00R\aenabled\x88\x01\x01\x12!\n" +
 	"\tthreshold\x18\x02 \x01(\x01H\x01R\tthreshold\x88\x01\x01\x12\x1b\n" +
@@ -1388,7 +1454,9 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"strategies\x18\b \x03(\tR\n" +
 	"strategies\x12.\n" +
-	"\x13critical_tool_names\x18\t \x03(\tR\x11criticalToolNamesB\n" +
+	"\x13critical_tool_names\x18\t \x03(\tR\x11criticalToolNames\x129\n" +
+	"\x16hard_truncate_fallback\x18\n" +
+	" \x01(\bH\aR\x14hardTruncateFallback\x88\x01\x01B\n" +
 	"\n" +
 	"\b_enabledB\f\n" +
 	"\n" +
@@ -1397,7 +1465,8 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\f_keep_recentB\x15\n" +
 	"\x13_summary_max_tokensB\x11\n" +
 	"\x0f_summary_promptB\r\n" +
-	"\v_summarizer\"\xd9\x03\n" +
+	"\v_summarizerB\x19\n" +
+	"\x17_hard_truncate_fallback\"\xd9\x03\n" +
 	"\aProfile\x12\x1d\n" +
 	"\n" +
 	"profile_id\x18\x01 \x01(\tR\tprofileId\x12\x19\n" +
@@ -1421,7 +1490,7 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\x06pinned\x18\x04 \x01(\x03R\x06pinned\x12\x1a\n" +
 	"\bmessages\x18\x05 \x01(\x03R\bmessages\x12\x16\n" +
 	"\x06images\x18\x06 \x01(\x03R\x06images\x12\x1a\n" +
-	"\bincoming\x18\a \x01(\x03R\bincoming\"\x8e\x02\n" +
+	"\bincoming\x18\a \x01(\x03R\bincoming\"\xa6\x02\n" +
 	"\rTokenEstimate\x12\x14\n" +
 	"\x05total\x18\x01 \x01(\x03R\x05total\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\x03R\x04text\x12\x16\n" +
@@ -1430,13 +1499,24 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\x06window\x18\x05 \x01(\x03R\x06window\x12\x16\n" +
 	"\x06budget\x18\x06 \x01(\x03R\x06budget\x12\x1a\n" +
 	"\bfraction\x18\a \x01(\x01R\bfraction\x128\n" +
-	"\bsegments\x18\b \x01(\v2\x1c.contextsvc.v1.TokenSegmentsR\bsegments\"\xa3\x01\n" +
+	"\bsegments\x18\b \x01(\v2\x1c.contextsvc.v1.TokenSegmentsR\bsegments\x12\x16\n" +
+	"\x06margin\x18\t \x01(\x03R\x06margin\"\xa8\x03\n" +
 	"\vCalibration\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1a\n" +
 	"\boverhead\x18\x02 \x01(\x01R\boverhead\x12&\n" +
 	"\x0ftokens_per_char\x18\x03 \x01(\x01R\rtokensPerChar\x12\"\n" +
 	"\fobservations\x18\x04 \x01(\x05R\fobservations\x12\x16\n" +
-	"\x06fitted\x18\x05 \x01(\bR\x06fitted*_\n" +
+	"\x06fitted\x18\x05 \x01(\bR\x06fitted\x12\x1f\n" +
+	"\vper_message\x18\x06 \x01(\x01R\n" +
+	"perMessage\x12\"\n" +
+	"\rper_tool_call\x18\a \x01(\x01R\vperToolCall\x12\x16\n" +
+	"\x06margin\x18\b \x01(\x01R\x06margin\x12\x16\n" +
+	"\x06family\x18\t \x01(\tR\x06family\x12N\n" +
+	"\fclass_ratios\x18\n" +
+	" \x03(\v2+.contextsvc.v1.Calibration.ClassRatiosEntryR\vclassRatios\x1a>\n" +
+	"\x10ClassRatiosEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01*_\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
@@ -1463,7 +1543,7 @@ func file_contextsvc_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_contextsvc_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_contextsvc_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_contextsvc_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_contextsvc_v1_resources_proto_goTypes = []any{
 	(Role)(0),                     // 0: contextsvc.v1.Role
 	(EstimateMethod)(0),           // 1: contextsvc.v1.EstimateMethod
@@ -1478,28 +1558,30 @@ var file_contextsvc_v1_resources_proto_goTypes = []any{
 	(*TokenSegments)(nil),         // 10: contextsvc.v1.TokenSegments
 	(*TokenEstimate)(nil),         // 11: contextsvc.v1.TokenEstimate
 	(*Calibration)(nil),           // 12: contextsvc.v1.Calibration
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 14: google.protobuf.Struct
+	nil,                           // 13: contextsvc.v1.Calibration.ClassRatiosEntry
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 15: google.protobuf.Struct
 }
 var file_contextsvc_v1_resources_proto_depIdxs = []int32{
-	13, // 0: contextsvc.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	13, // 1: contextsvc.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	14, // 2: contextsvc.v1.Session.metadata:type_name -> google.protobuf.Struct
+	14, // 0: contextsvc.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	14, // 1: contextsvc.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	15, // 2: contextsvc.v1.Session.metadata:type_name -> google.protobuf.Struct
 	0,  // 3: contextsvc.v1.Message.role:type_name -> contextsvc.v1.Role
 	3,  // 4: contextsvc.v1.Message.images:type_name -> contextsvc.v1.Image
 	4,  // 5: contextsvc.v1.Message.tool_calls:type_name -> contextsvc.v1.ToolCall
 	5,  // 6: contextsvc.v1.Message.flags:type_name -> contextsvc.v1.MessageFlags
-	14, // 7: contextsvc.v1.Message.metadata:type_name -> google.protobuf.Struct
-	13, // 8: contextsvc.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	15, // 7: contextsvc.v1.Message.metadata:type_name -> google.protobuf.Struct
+	14, // 8: contextsvc.v1.Message.create_time:type_name -> google.protobuf.Timestamp
 	6,  // 9: contextsvc.v1.Message.replaces:type_name -> contextsvc.v1.SequenceRange
 	8,  // 10: contextsvc.v1.Profile.compression:type_name -> contextsvc.v1.CompressionSettings
 	1,  // 11: contextsvc.v1.TokenEstimate.method:type_name -> contextsvc.v1.EstimateMethod
 	10, // 12: contextsvc.v1.TokenEstimate.segments:type_name -> contextsvc.v1.TokenSegments
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	13, // 13: contextsvc.v1.Calibration.class_ratios:type_name -> contextsvc.v1.Calibration.ClassRatiosEntry
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_contextsvc_v1_resources_proto_init() }
@@ -1516,7 +1598,7 @@ func file_contextsvc_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_contextsvc_v1_resources_proto_rawDesc), len(file_contextsvc_v1_resources_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -12,7 +12,56 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file contextsvc/v1/events.proto.
  */
 export const file_contextsvc_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("Chpjb250ZXh0c3ZjL3YxL2V2ZW50cy5wcm90bxINY29udGV4dHN2Yy52MSLcAQoPQ29tcHJlc3Npb25QbGFuEhYKDndvdWxkX2NvbXByZXNzGAEgASgIEhgKEG1lc3NhZ2VzX3RvX2Ryb3AYAiABKAMSGAoQbWVzc2FnZXNfdG9fa2VlcBgDIAEoAxISCgp0dXJuc19rZXB0GAQgASgFEhUKDXRva2Vuc19iZWZvcmUYBSABKAMSEwoLdG9rZW5zX2tlcHQYBiABKAMSFgoOZmlyc3Rfc2VxdWVuY2UYByABKAMSFQoNbGFzdF9zZXF1ZW5jZRgIIAEoAxIOCgZkZXRhaWwYCSABKAkiqAEKEkNvbXByZXNzaW9uU3RhcnRlZBIwCgZyZWFzb24YASABKA4yIC5jb250ZXh0c3ZjLnYxLkNvbXByZXNzaW9uUmVhc29uEhYKDmNvbnRleHRfdG9rZW5zGAIgASgDEhoKEm1heF9jb250ZXh0X3Rva2VucxgDIAEoAxIsCgRwbGFuGAQgASgLMh4uY29udGV4dHN2Yy52MS5Db21wcmVzc2lvblBsYW4iwQIKEUNvbnRleHRDb21wcmVzc2VkEjAKBnJlYXNvbhgBIAEoDjIgLmNvbnRleHRzdmMudjEuQ29tcHJlc3Npb25SZWFzb24SMAoGbWV0aG9kGAIgASgOMiAuY29udGV4dHN2Yy52MS5Db21wcmVzc2lvbk1ldGhvZBIPCgdzdW1tYXJ5GAMgASgJEhcKD21lc3NhZ2VzX2JlZm9yZRgEIAEoAxIWCg5tZXNzYWdlc19hZnRlchgFIAEoAxIdChVjb250ZXh0X3Rva2Vuc19iZWZvcmUYBiABKAMSHAoUY29udGV4dF90b2tlbnNfYWZ0ZXIYByABKAMSGgoSbWF4X2NvbnRleHRfdG9rZW5zGAggASgDEhMKC2JyZWFkY3J1bWJzGAkgAygJEhgKEHN1bW1hcnlfc2VxdWVuY2UYCiABKAMiiQEKEkNvbXByZXNzaW9uUmVmdXNlZBIwCgZyZWFzb24YASABKA4yIC5jb250ZXh0c3ZjLnYxLkNvbXByZXNzaW9uUmVhc29uEjEKB3RyaWdnZXIYAiABKA4yIC5jb250ZXh0c3ZjLnYxLkNvbXByZXNzaW9uUmVhc29uEg4KBmRldGFpbBgDIAEoCSJjChBCYXNlbGluZVJlY29yZGVkEg8KB3ZpZXdfaWQYASABKAkSFQoNcHJvbXB0X3Rva2VucxgCIAEoAxIYChBlc3RpbWF0ZWRfdG9rZW5zGAMgASgDEg0KBW1vZGVsGAQgASgJIlQKEENvbnRleHRUcnVuY2F0ZWQSDwoHdmlld19pZBgBIAEoCRIVCg1wcm9tcHRfdG9rZW5zGAIgASgDEhgKEGVzdGltYXRlZF90b2tlbnMYAyABKAMiQgoOTWVtb3J5Rmx1c2hEdWUSFgoOY29udGV4dF90b2tlbnMYASABKAMSGAoQdGhyZXNob2xkX3Rva2VucxgCIAEoAyJvChBNZXNzYWdlc0FwcGVuZGVkEhgKEHNlcXVlbmNlX251bWJlcnMYASADKAMSFgoOY29udGV4dF90b2tlbnMYAiABKAMSEgoKcmVxdWVzdF9pZBgDIAEoCRIVCg10dXJuX2NvbXBsZXRlGAQgASgIIhAKDlNlc3Npb25EZWxldGVkItUECgVFdmVudBIQCghldmVudF9pZBgBIAEoAxISCgpzZXNzaW9uX2lkGAIgASgJEigKBHRpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEkAKE2NvbXByZXNzaW9uX3N0YXJ0ZWQYCiABKAsyIS5jb250ZXh0c3ZjLnYxLkNvbXByZXNzaW9uU3RhcnRlZEgAEj4KEmNvbnRleHRfY29tcHJlc3NlZBgLIAEoCzIgLmNvbnRleHRzdmMudjEuQ29udGV4dENvbXByZXNzZWRIABI8ChFiYXNlbGluZV9yZWNvcmRlZBgMIAEoCzIfLmNvbnRleHRzdmMudjEuQmFzZWxpbmVSZWNvcmRlZEgAEjwKEWNvbnRleHRfdHJ1bmNhdGVkGA0gASgLMh8uY29udGV4dHN2Yy52MS5Db250ZXh0VHJ1bmNhdGVkSAASOQoQbWVtb3J5X2ZsdXNoX2R1ZRgOIAEoCzIdLmNvbnRleHRzdmMudjEuTWVtb3J5Rmx1c2hEdWVIABI8ChFtZXNzYWdlc19hcHBlbmRlZBgPIAEoCzIfLmNvbnRleHRzdmMudjEuTWVzc2FnZXNBcHBlbmRlZEgAEjgKD3Nlc3Npb25fZGVsZXRlZBgQIAEoCzIdLmNvbnRleHRzdmMudjEuU2Vzc2lvbkRlbGV0ZWRIABJAChNjb21wcmVzc2lvbl9yZWZ1c2VkGBEgASgLMiEuY29udGV4dHN2Yy52MS5Db21wcmVzc2lvblJlZnVzZWRIAEIJCgdwYXlsb2FkKtoBChFDb21wcmVzc2lvblJlYXNvbhIiCh5DT01QUkVTU0lPTl9SRUFTT05fVU5TUEVDSUZJRUQQABIeChpDT01QUkVTU0lPTl9SRUFTT05fUFJFVFVSThABEh4KGkNPTVBSRVNTSU9OX1JFQVNPTl9NSURUVVJOEAISHwobQ09NUFJFU1NJT05fUkVBU09OX1BPU1RUVVJOEAMSHQoZQ09NUFJFU1NJT05fUkVBU09OX0ZPUkNFRBAEEiEKHUNPTVBSRVNTSU9OX1JFQVNPTl9MT09QX0dVQVJEEAUqqAEKEUNvbXByZXNzaW9uTWV0aG9kEiIKHkNPTVBSRVNTSU9OX01FVEhPRF9VTlNQRUNJRklFRBAAEh4KGkNPTVBSRVNTSU9OX01FVEhPRF9TVU1NQVJZEAESJAogQ09NUFJFU1NJT05fTUVUSE9EX0hBUkRfVFJVTkNBVEUQAhIpCiVDT01QUkVTU0lPTl9NRVRIT0RfQ0xFQVJfVE9PTF9SRVNVTFRTEANCTFpKZ2l0aHViLmNvbS9jb250ZXh0c3ZjL2NvbnRleHRzdmMvY2xpZW50cy9nby9nZW4vY29udGV4dHN2Yy92MTtjb250ZXh0c3ZjdjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("Chpjb250ZXh0c3ZjL3YxL2V2ZW50cy5wcm90bxINY29udGV4dHN2Yy52MSKjAQoQQ29tcHJlc3Npb25TdGFnZRIwCgZtZXRob2QYASABKA4yIC5jb250ZXh0c3ZjLnYxLkNvbXByZXNzaW9uTWV0aG9kEhgKEG1lc3NhZ2VzX3JlbW92ZWQYAiABKAMSFgoObWVzc2FnZXNfYWRkZWQYAyABKAMSFQoNdG9rZW5zX2JlZm9yZRgEIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBSABKAMi3AEKD0NvbXByZXNzaW9uUGxhbhIWCg53b3VsZF9jb21wcmVzcxgBIAEoCBIYChBtZXNzYWdlc190b19kcm9wGAIgASgDEhgKEG1lc3NhZ2VzX3RvX2tlZXAYAyABKAMSEgoKdHVybnNfa2VwdBgEIAEoBRIVCg10b2tlbnNfYmVmb3JlGAUgASgDEhMKC3Rva2Vuc19rZXB0GAYgASgDEhYKDmZpcnN0X3NlcXVlbmNlGAcgASgDEhUKDWxhc3Rfc2VxdWVuY2UYCCABKAMSDgoGZGV0YWlsGAkgASgJIqgBChJDb21wcmVzc2lvblN0YXJ0ZWQSMAoGcmVhc29uGAEgASgOMiAuY29udGV4dHN2Yy52MS5Db21wcmVzc2lvblJlYXNvbhIWCg5jb250ZXh0X3Rva2VucxgCIAEoAxIaChJtYXhfY29udGV4dF90b2tlbnMYAyABKAMSLAoEcGxhbhgEIAEoCzIeLmNvbnRleHRzdmMudjEuQ29tcHJlc3Npb25QbGFuIvICChFDb250ZXh0Q29tcHJlc3NlZBIwCgZyZWFzb24YASABKA4yIC5jb250ZXh0c3ZjLnYxLkNvbXByZXNzaW9uUmVhc29uEjAKBm1ldGhvZBgCIAEoDjIgLmNvbnRleHRzdmMudjEuQ29tcHJlc3Npb25NZXRob2QSDwoHc3VtbWFyeRgDIAEoCRIXCg9tZXNzYWdlc19iZWZvcmUYBCABKAMSFgoObWVzc2FnZXNfYWZ0ZXIYBSABKAMSHQoVY29udGV4dF90b2tlbnNfYmVmb3JlGAYgASgDEhwKFGNvbnRleHRfdG9rZW5zX2FmdGVyGAcgASgDEhoKEm1heF9jb250ZXh0X3Rva2VucxgIIAEoAxITCgticmVhZGNydW1icxgJIAMoCRIYChBzdW1tYXJ5X3NlcXVlbmNlGAogASgDEi8KBnN0YWdlcxgLIAMoCzIfLmNvbnRleHRzdmMudjEuQ29tcHJlc3Npb25TdGFnZSKJAQoSQ29tcHJlc3Npb25SZWZ1c2VkEjAKBnJlYXNvbhgBIAEoDjIgLmNvbnRleHRzdmMudjEuQ29tcHJlc3Npb25SZWFzb24SMQoHdHJpZ2dlchgCIAEoDjIgLmNvbnRleHRzdmMudjEuQ29tcHJlc3Npb25SZWFzb24SDgoGZGV0YWlsGAMgASgJImMKEEJhc2VsaW5lUmVjb3JkZWQSDwoHdmlld19pZBgBIAEoCRIVCg1wcm9tcHRfdG9rZW5zGAIgASgDEhgKEGVzdGltYXRlZF90b2tlbnMYAyABKAMSDQoFbW9kZWwYBCABKAkiVAoQQ29udGV4dFRydW5jYXRlZBIPCgd2aWV3X2lkGAEgASgJEhUKDXByb21wdF90b2tlbnMYAiABKAMSGAoQZXN0aW1hdGVkX3Rva2VucxgDIAEoAyJCCg5NZW1vcnlGbHVzaER1ZRIWCg5jb250ZXh0X3Rva2VucxgBIAEoAxIYChB0aHJlc2hvbGRfdG9rZW5zGAIgASgDIm8KEE1lc3NhZ2VzQXBwZW5kZWQSGAoQc2VxdWVuY2VfbnVtYmVycxgBIAMoAxIWCg5jb250ZXh0X3Rva2VucxgCIAEoAxISCgpyZXF1ZXN0X2lkGAMgASgJEhUKDXR1cm5fY29tcGxldGUYBCABKAgiEAoOU2Vzc2lvbkRlbGV0ZWQi1QQKBUV2ZW50EhAKCGV2ZW50X2lkGAEgASgDEhIKCnNlc3Npb25faWQYAiABKAkSKAoEdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASQAoTY29tcHJlc3Npb25fc3RhcnRlZBgKIAEoCzIhLmNvbnRleHRzdmMudjEuQ29tcHJlc3Npb25TdGFydGVkSAASPgoSY29udGV4dF9jb21wcmVzc2VkGAsgASgLMiAuY29udGV4dHN2Yy52MS5Db250ZXh0Q29tcHJlc3NlZEgAEjwKEWJhc2VsaW5lX3JlY29yZGVkGAwgASgLMh8uY29udGV4dHN2Yy52MS5CYXNlbGluZVJlY29yZGVkSAASPAoRY29udGV4dF90cnVuY2F0ZWQYDSABKAsyHy5jb250ZXh0c3ZjLnYxLkNvbnRleHRUcnVuY2F0ZWRIABI5ChBtZW1vcnlfZmx1c2hfZHVlGA4gASgLMh0uY29udGV4dHN2Yy52MS5NZW1vcnlGbHVzaER1ZUgAEjwKEW1lc3NhZ2VzX2FwcGVuZGVkGA8gASgLMh8uY29udGV4dHN2Yy52MS5NZXNzYWdlc0FwcGVuZGVkSAASOAoPc2Vzc2lvbl9kZWxldGVkGBAgASgLMh0uY29udGV4dHN2Yy52MS5TZXNzaW9uRGVsZXRlZEgAEkAKE2NvbXByZXNzaW9uX3JlZnVzZWQYESABKAsyIS5jb250ZXh0c3ZjLnYxLkNvbXByZXNzaW9uUmVmdXNlZEgAQgkKB3BheWxvYWQqvgIKEUNvbXByZXNzaW9uUmVhc29uEiIKHkNPTVBSRVNTSU9OX1JFQVNPTl9VTlNQRUNJRklFRBAAEh4KGkNPTVBSRVNTSU9OX1JFQVNPTl9QUkVUVVJOEAESHgoaQ09NUFJFU1NJT05fUkVBU09OX01JRFRVUk4QAhIfChtDT01QUkVTU0lPTl9SRUFTT05fUE9TVFRVUk4QAxIdChlDT01QUkVTU0lPTl9SRUFTT05fRk9SQ0VEEAQSIQodQ09NUFJFU1NJT05fUkVBU09OX0xPT1BfR1VBUkQQBRIfChtDT01QUkVTU0lPTl9SRUFTT05fQ09ORkxJQ1QQBhIiCh5DT01QUkVTU0lPTl9SRUFTT05fTk9fUFJPR1JFU1MQBxIdChlDT01QUkVTU0lPTl9SRUFTT05fRkFJTEVEEAgqqAEKEUNvbXByZXNzaW9uTWV0aG9kEiIKHkNPTVBSRVNTSU9OX01FVEhPRF9VTlNQRUNJRklFRBAAEh4KGkNPTVBSRVNTSU9OX01FVEhPRF9TVU1NQVJZEAESJAogQ09NUFJFU1NJT05fTUVUSE9EX0hBUkRfVFJVTkNBVEUQAhIpCiVDT01QUkVTU0lPTl9NRVRIT0RfQ0xFQVJfVE9PTF9SRVNVTFRTEANCTFpKZ2l0aHViLmNvbS9jb250ZXh0c3ZjL2NvbnRleHRzdmMvY2xpZW50cy9nby9nZW4vY29udGV4dHN2Yy92MTtjb250ZXh0c3ZjdjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+
+/**
+ * One stage of a committed compaction, in the order the stages ran.
+ *
+ * @generated from message contextsvc.v1.CompressionStage
+ */
+export type CompressionStage = Message<"contextsvc.v1.CompressionStage"> & {
+  /**
+   * What the stage did.
+   *
+   * @generated from field: contextsvc.v1.CompressionMethod method = 1;
+   */
+  method: CompressionMethod;
+
+  /**
+   * Context rows the stage took out (cleared tool results, summarized or dropped rows).
+   *
+   * @generated from field: int64 messages_removed = 2;
+   */
+  messagesRemoved: bigint;
+
+  /**
+   * Context rows the stage added (placeholders, the summary).
+   *
+   * @generated from field: int64 messages_added = 3;
+   */
+  messagesAdded: bigint;
+
+  /**
+   * View tokens before the stage.
+   *
+   * @generated from field: int64 tokens_before = 4;
+   */
+  tokensBefore: bigint;
+
+  /**
+   * View tokens after the stage.
+   *
+   * @generated from field: int64 tokens_after = 5;
+   */
+  tokensAfter: bigint;
+};
+
+/**
+ * Describes the message contextsvc.v1.CompressionStage.
+ * Use `create(CompressionStageSchema)` to create a new message.
+ */
+export const CompressionStageSchema: GenMessage<CompressionStage> = /*@__PURE__*/
+  messageDesc(file_contextsvc_v1_events, 0);
 
 /**
  * What a compaction would do; shared by dry runs and real runs.
@@ -89,7 +138,7 @@ export type CompressionPlan = Message<"contextsvc.v1.CompressionPlan"> & {
  * Use `create(CompressionPlanSchema)` to create a new message.
  */
 export const CompressionPlanSchema: GenMessage<CompressionPlan> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 0);
+  messageDesc(file_contextsvc_v1_events, 1);
 
 /**
  * Compression is about to run (emitted only when the plan can shrink the context).
@@ -131,7 +180,7 @@ export type CompressionStarted = Message<"contextsvc.v1.CompressionStarted"> & {
  * Use `create(CompressionStartedSchema)` to create a new message.
  */
 export const CompressionStartedSchema: GenMessage<CompressionStarted> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 1);
+  messageDesc(file_contextsvc_v1_events, 2);
 
 /**
  * A compaction was committed.
@@ -208,6 +257,14 @@ export type ContextCompressed = Message<"contextsvc.v1.ContextCompressed"> & {
    * @generated from field: int64 summary_sequence = 10;
    */
   summarySequence: bigint;
+
+  /**
+   * Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
+   * then hard_truncate when clearing alone could not reach the target.
+   *
+   * @generated from field: repeated contextsvc.v1.CompressionStage stages = 11;
+   */
+  stages: CompressionStage[];
 };
 
 /**
@@ -215,16 +272,18 @@ export type ContextCompressed = Message<"contextsvc.v1.ContextCompressed"> & {
  * Use `create(ContextCompressedSchema)` to create a new message.
  */
 export const ContextCompressedSchema: GenMessage<ContextCompressed> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 2);
+  messageDesc(file_contextsvc_v1_events, 3);
 
 /**
- * An automatic compaction was refused (for example by the loop guard).
+ * A compaction was refused (the loop guard), or one that was announced with
+ * CompressionStarted committed nothing: every CompressionStarted is followed by exactly one
+ * ContextCompressed or CompressionRefused.
  *
  * @generated from message contextsvc.v1.CompressionRefused
  */
 export type CompressionRefused = Message<"contextsvc.v1.CompressionRefused"> & {
   /**
-   * Why it was refused, e.g. COMPRESSION_REASON_LOOP_GUARD.
+   * Why: COMPRESSION_REASON_LOOP_GUARD, _CONFLICT, _NO_PROGRESS or _FAILED.
    *
    * @generated from field: contextsvc.v1.CompressionReason reason = 1;
    */
@@ -250,7 +309,7 @@ export type CompressionRefused = Message<"contextsvc.v1.CompressionRefused"> & {
  * Use `create(CompressionRefusedSchema)` to create a new message.
  */
 export const CompressionRefusedSchema: GenMessage<CompressionRefused> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 3);
+  messageDesc(file_contextsvc_v1_events, 4);
 
 /**
  * A real prompt token count was recorded as the session's baseline.
@@ -292,7 +351,7 @@ export type BaselineRecorded = Message<"contextsvc.v1.BaselineRecorded"> & {
  * Use `create(BaselineRecordedSchema)` to create a new message.
  */
 export const BaselineRecordedSchema: GenMessage<BaselineRecorded> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 4);
+  messageDesc(file_contextsvc_v1_events, 5);
 
 /**
  * A reported prompt count looked silently truncated; it was not recorded.
@@ -327,7 +386,7 @@ export type ContextTruncated = Message<"contextsvc.v1.ContextTruncated"> & {
  * Use `create(ContextTruncatedSchema)` to create a new message.
  */
 export const ContextTruncatedSchema: GenMessage<ContextTruncated> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 5);
+  messageDesc(file_contextsvc_v1_events, 6);
 
 /**
  * The context crossed the soft threshold: a runtime may flush memory before compaction.
@@ -355,7 +414,7 @@ export type MemoryFlushDue = Message<"contextsvc.v1.MemoryFlushDue"> & {
  * Use `create(MemoryFlushDueSchema)` to create a new message.
  */
 export const MemoryFlushDueSchema: GenMessage<MemoryFlushDue> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 6);
+  messageDesc(file_contextsvc_v1_events, 7);
 
 /**
  * Messages were appended to a session.
@@ -397,7 +456,7 @@ export type MessagesAppended = Message<"contextsvc.v1.MessagesAppended"> & {
  * Use `create(MessagesAppendedSchema)` to create a new message.
  */
 export const MessagesAppendedSchema: GenMessage<MessagesAppended> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 7);
+  messageDesc(file_contextsvc_v1_events, 8);
 
 /**
  * A session was deleted.
@@ -412,7 +471,7 @@ export type SessionDeleted = Message<"contextsvc.v1.SessionDeleted"> & {
  * Use `create(SessionDeletedSchema)` to create a new message.
  */
 export const SessionDeletedSchema: GenMessage<SessionDeleted> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 8);
+  messageDesc(file_contextsvc_v1_events, 9);
 
 /**
  * One event about one session.
@@ -518,7 +577,7 @@ export type Event = Message<"contextsvc.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_contextsvc_v1_events, 9);
+  messageDesc(file_contextsvc_v1_events, 10);
 
 /**
  * Why a compression ran (or was considered).
@@ -567,6 +626,28 @@ export enum CompressionReason {
    * @generated from enum value: COMPRESSION_REASON_LOOP_GUARD = 5;
    */
   LOOP_GUARD = 5,
+
+  /**
+   * Refusal reason: another compaction (another replica) committed first; nothing changed.
+   *
+   * @generated from enum value: COMPRESSION_REASON_CONFLICT = 6;
+   */
+  CONFLICT = 6,
+
+  /**
+   * Refusal reason: no stage could shrink the context enough (summary larger than what it
+   * replaced, target missed, nothing droppable, or hard truncation not allowed by the profile).
+   *
+   * @generated from enum value: COMPRESSION_REASON_NO_PROGRESS = 7;
+   */
+  NO_PROGRESS = 7,
+
+  /**
+   * Refusal reason: the compaction stopped on an error (store unreachable, cancelled).
+   *
+   * @generated from enum value: COMPRESSION_REASON_FAILED = 8;
+   */
+  FAILED = 8,
 }
 
 /**

@@ -1,0 +1,394 @@
+"""Fidelity bench: the calibration's estimates against four real tokenizers, on held-out text.
+
+    python bench/fidelity/run.py --fit-prior   # measure the cold prior on the FIT split, write core/priors.py
+    python bench/fidelity/run.py               # score on the SCORE split, print the tables
+    python bench/fidelity/run.py --record      # and write them into bench/RESULTS.md (## Fidelity)
+
+Reuses bench/tokens (its npm tokenizers, its ChatML-like rendering and frame counts). A "model"
+is a tokenizer with a model name that maps to its family (gpt-4o -> o200k, gpt-4 -> cl100k,
+llama-3 -> llama3, claude-2 -> claude). True tokens of a view: each message rendered and counted
+plus 3 frame tokens, plus 3 for the reply primer; of a standalone list: the same without the 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import platform
+import random
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "bench" / "tokens"))
+sys.path.insert(0, str(ROOT))
+
+from fidelity_corpus import CATEGORIES, Session, sessions  # noqa: E402
+from run import FRAME_PER_MESSAGE, FRAME_PER_PROMPT, count_real, ensure_node_deps, render  # noqa: E402
+
+from contextsvc.config import TokenSettings  # noqa: E402
+from contextsvc.core.calibration import Calibration, Observation, fit, lower_bound  # noqa: E402
+from contextsvc.core.messages import Message, Role  # noqa: E402
+from contextsvc.core.priors import FEATURES, N_CLASSES, N_FEATURES, VIEW  # noqa: E402
+from contextsvc.core.tokens import message_features, message_parts  # noqa: E402
+
+MODELS = {"o200k": "gpt-4o", "cl100k": "gpt-4", "llama3": "llama-3-8b", "claude": "claude-2"}
+TOKENIZERS = tuple(MODELS)
+SETTINGS = TokenSettings()
+PRIORS_FILE = ROOT / "contextsvc" / "core" / "priors.py"
+
+
+@dataclass
+class Counted:
+    """A session with real counts per message (render + frame) per tokenizer."""
+
+    session: Session
+    messages: list[Message]  # system row first, then every step's messages, numbered
+    ends: list[int]  # index one past the last message of each step (a view = messages[:end])
+    real: dict[str, list[int]]  # tokenizer -> tokens of each message (frame included)
+
+
+def count_sessions(all_sessions: dict[str, list[Session]]) -> dict[str, list[Counted]]:
+    texts: list[str] = []
+    index: dict[str, int] = {}
+    prepared: dict[str, list[tuple[Session, list[Message], list[int]]]] = {}
+    for cat, ss in all_sessions.items():
+        for s in ss:
+            msgs = [Message(role=Role.SYSTEM, content=s.system)]
+            ends = []
+            for step in s.steps:
+                for m in step:
+                    msgs.append(replace(m, sequence_number=len(msgs)))
+                ends.append(len(msgs))
+            for m in msgs:
+                r = render(m)
+                if r not in index:
+                    index[r] = len(texts)
+                    texts.append(r)
+            prepared.setdefault(cat, []).append((s, msgs, ends))
+    counts = count_real(texts)
+    out: dict[str, list[Counted]] = {}
+    for cat, items in prepared.items():
+        for s, msgs, ends in items:
+            real = {t: [counts[t][index[render(m)]] + FRAME_PER_MESSAGE for m in msgs] for t in TOKENIZERS}
+            out.setdefault(cat, []).append(Counted(s, msgs, ends, real))
+    return out
+
+
+def features_of(msgs: Sequence[Message], *, view: bool) -> np.ndarray:
+    x = np.zeros(N_FEATURES)
+    for m in msgs:
+        x += np.array(message_features(m), dtype=float)
+    x[VIEW] = 1.0 if view else 0.0
+    return x
+
+
+# --- the prior (fit split only) -------------------------------------------------------------
+
+
+def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares by active-set elimination (small problems)."""
+    active = list(range(a.shape[1]))
+    w = np.zeros(a.shape[1])
+    for _ in range(a.shape[1]):
+        sol, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            w[:] = 0
+            w[active] = sol
+            return w
+        active.pop(int(np.argmin(sol)))
+    return w
+
+
+def fit_prior(counted: dict[str, list[Counted]]) -> str:
+    rows, ys = [], {t: [] for t in TOKENIZERS}
+    for items in counted.values():
+        for c in items:
+            for i, m in enumerate(c.messages):
+                rows.append(np.array(message_features(m), dtype=float))
+                for t in TOKENIZERS:
+                    ys[t].append(c.real[t][i])
+    a = np.array(rows)
+    used = [j for j in range(N_FEATURES) if a[:, j].any()]
+    weights: dict[str, np.ndarray] = {}
+    for t in TOKENIZERS:
+        y = np.array(ys[t], dtype=float)
+        # Relative errors matter: weight each message by 1/tokens (rows scaled by 1/sqrt(y)).
+        s = 1 / np.sqrt(np.maximum(y, 1))
+        w = np.zeros(N_FEATURES)
+        w[used] = nnls(a[:, used] * s[:, None], y * s)
+        w[VIEW] = FRAME_PER_PROMPT
+        for j in range(N_CLASSES):  # a class absent from the fit split keeps the median ratio
+            if j not in used or w[j] == 0:
+                w[j] = float(np.median([w[k] for k in range(N_CLASSES) if w[k] > 0]))
+        weights[t] = w
+    weights["default"] = np.exp(np.mean([np.log(np.maximum(weights[t], 1e-3)) for t in TOKENIZERS], axis=0))
+    weights["default"][VIEW] = FRAME_PER_PROMPT
+    known_sigma = (0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3)
+    default_sigma = (0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4)
+    # The cold margin: p90 relative error of cold views of the fit split, per family.
+    lines = ["PRIORS: dict[str, Prior] = {"]
+    for fam, w in weights.items():
+        errs = []
+        for items in counted.values():
+            for c in items:
+                for end in c.ends:
+                    x = features_of(c.messages[:end], view=True)
+                    for t in TOKENIZERS if fam == "default" else (fam,):
+                        errs.append(err(float(w @ x), real_or(t, c, end)))
+        margin = float(np.percentile(errs, 90))
+        sigma = default_sigma if fam == "default" else known_sigma
+        lines.append(f'    "{fam}": Prior(')
+        lines.append(f"        weights=({', '.join(f'{v:.4f}' for v in w)}),")
+        lines.append(f"        sigma={sigma},")
+        lines.append(f"        cold_margin={margin:.3f},")
+        lines.append("    ),")
+    lines.append("}")
+    # 3/4 of the cheapest vocabulary per class; overheads at the barest framing a template may use
+    # (the bench's tool-call wrapper is verbose; a provider's may cost a couple of tokens).
+    low = np.min([weights[t] for t in TOKENIZERS], axis=0) * 0.75
+    low[N_CLASSES:] = (1.0, 2.0, 0.0)
+    lines.append("#: The smallest plausible tokens per unit of each feature over every vocabulary measured, with")
+    lines.append("#: room below: a count under this is below what any tokenizer could have produced.")
+    lines.append(f"LOWER_BOUND: tuple[float, ...] = ({', '.join(f'{v:.4f}' for v in low)})")
+    return "\n".join(lines)
+
+
+def real_or(t: str, c: Counted, end: int) -> float:
+    return sum(c.real[t][:end]) + FRAME_PER_PROMPT
+
+
+def write_prior(block: str) -> None:
+    text = PRIORS_FILE.read_text()
+    begin = text.index("\n", text.index("-- BEGIN GENERATED")) + 1
+    end = text.index("# --- END GENERATED")
+    PRIORS_FILE.write_text(text[:begin] + block + "\n" + text[end:])
+
+
+# --- scoring --------------------------------------------------------------------------------
+
+
+def err(est: float, real: float) -> float:
+    return abs(est - real) / real
+
+
+def pct(values: list[float], q: float) -> float:
+    return 100 * float(np.percentile(values, 100 * q)) if values else float("nan")
+
+
+def cell(values: list[float]) -> str:
+    return f"{pct(values, 0.5):.1f} / {pct(values, 0.9):.1f}"
+
+
+def calibrate(tokenizer: str, obs: list[Observation], settings: TokenSettings = SETTINGS) -> Calibration:
+    from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES, family_for
+
+    return fit(obs, settings, family=family_for(MODELS[tokenizer], DEFAULT_MODEL_FAMILIES))
+
+
+def tune_margin(counted: dict[str, list[Counted]]) -> None:
+    """On the FIT split: share of next views (baseline + delta) whose real count exceeds
+    estimate + margin, for candidate ``margin_prior_weight`` values."""
+    for w in (2.0, 4.0, 8.0, 16.0, 32.0):
+        st = TokenSettings(margin_prior_weight=w)
+        over = total = 0
+        spent = []
+        for t in TOKENIZERS:
+            for items in counted.values():
+                for c in items:
+                    for n in range(1, len(c.ends)):
+                        cal = calibrate(t, [observation(c, t, e) for e in c.ends[:n]], st)
+                        prev, end = c.ends[n - 1], c.ends[n]
+                        delta = cal.price(features_of(c.messages[prev:end], view=False))
+                        est = real_or(t, c, prev) + delta
+                        over += est + math.ceil(cal.margin * delta) < real_or(t, c, end)
+                        total += 1
+                        spent.append(cal.margin * delta / real_or(t, c, end))
+        print(
+            f"margin_prior_weight={w}: over {over}/{total} ({100 * over / total:.1f}%), "
+            f"median margin {100 * statistics.median(spent):.2f}% of the view"
+        )
+
+
+def observation(c: Counted, t: str, end: int) -> Observation:
+    x = features_of(c.messages[:end], view=True)
+    return Observation(int(x[:N_CLASSES].sum()), int(real_or(t, c, end)), features=tuple(float(v) for v in x))
+
+
+def chars_of(msgs: Sequence[Message]) -> int:
+    return sum(len(p) for m in msgs for p in message_parts(m))
+
+
+def bytes_of(msgs: Sequence[Message]) -> int:
+    return sum(len(p.encode()) for m in msgs for p in message_parts(m))
+
+
+def score(counted: dict[str, list[Counted]]) -> tuple[str, str, list[str]]:
+    rng = random.Random(7)
+    head = (
+        "| model (tokenizer) | category | views: cold | 2 baselines | 8 baselines | lists: cold | 2 | 8 "
+        "| chars/4 views | bytes/4x1.3 views | chars/4 lists | refused | over est+margin |"
+    )
+    rows = [head, "|---" * 13 + "|"]
+    verdicts: list[str] = []
+    cold_by: dict[tuple[str, str], float] = {}
+    for t in TOKENIZERS:
+        for cat in CATEGORIES:
+            col: dict[str, list[float]] = {}
+            refused = over = 0
+            for c in counted[cat]:
+                views = c.ends
+                for n in (0, 2, 8):
+                    if n >= len(views):
+                        continue
+                    obs = [observation(c, t, e) for e in views[:n]]
+                    cal = calibrate(t, obs)
+                    end = views[n]
+                    real = real_or(t, c, end)
+                    if n == 0:
+                        est = cal.price(features_of(c.messages[:end], view=True))
+                    else:  # baseline + delta, as the service does
+                        prev = views[n - 1]
+                        est = real_or(t, c, prev) + cal.price(features_of(c.messages[prev:end], view=False))
+                        margin = cal.margin * (est - real_or(t, c, prev))
+                        over += est + margin < real
+                    col.setdefault(f"v{n}", []).append(err(est, real))
+                    # standalone lists: a random slice of the session's messages after those baselines
+                    a = rng.randrange(1, end - 1)
+                    b = rng.randrange(a + 1, end + 1)
+                    lst = c.messages[a:b]
+                    lreal = sum(c.real[t][a:b])
+                    col.setdefault(f"l{n}", []).append(err(cal.price(features_of(lst, view=False)), lreal))
+                    if n == 0:
+                        col.setdefault("c4l", []).append(err(chars_of(lst) / 4, lreal))
+                for e in views:
+                    real = real_or(t, c, e)
+                    col.setdefault("c4", []).append(err(chars_of(c.messages[:e]) / 4, real))
+                    col.setdefault("b4", []).append(err(bytes_of(c.messages[:e]) / 4 * 1.3, real))
+                    cold = calibrate(t, []).price(features_of(c.messages[:e], view=True))
+                    bound = lower_bound(tuple(features_of(c.messages[:e], view=True)))
+                    refused += real < min(SETTINGS.truncation_ratio * cold, bound)
+            cold_by[(t, cat)] = pct(col["v0"], 0.5)
+            rows.append(
+                f"| {MODELS[t]} ({t}) | {cat} | "
+                + " | ".join(cell(col[k]) for k in ("v0", "v2", "v8", "l0", "l2", "l8", "c4", "b4", "c4l"))
+                + f" | {refused} | {over} |"
+            )
+            v2, l2 = col["v2"], col["l2"]
+            ok = pct(v2, 0.5) <= 1.5 and pct(v2, 0.9) <= 5 and pct(l2, 0.5) <= 4 and pct(l2, 0.9) <= 10
+            cold_ok = pct(col["v0"], 0.5) <= pct(col["c4"], 0.5) and (
+                cat != "cyrillic_cjk" or pct(col["v0"], 0.5) <= 15
+            )
+            verdicts.append(
+                f"- {MODELS[t]} / {cat}: 2-baseline targets {'met' if ok else 'NOT met'}; "
+                f"cold {'met' if cold_ok else 'NOT met'} "
+                f"({pct(col['v0'], 0.5):.1f}% vs chars/4 {pct(col['c4'], 0.5):.1f}%); "
+                f"refused {refused}; views over estimate+margin {over}"
+            )
+    return "\n".join(rows), cross_table(counted), verdicts
+
+
+def cross_table(counted: dict[str, list[Counted]]) -> str:
+    """Calibrate a model with 2 baselines of category A, price cold views of category B: the change of
+    B's median error against the uncalibrated prior (points; positive = worse)."""
+    cats = [c for c in CATEGORIES if c != "mixed"]
+    head = "| model | calibrated on | " + " | ".join(cats) + " | worst |"
+    rows = [head, "|---" * (len(cats) + 3) + "|"]
+    for t in TOKENIZERS:
+        base: dict[str, float] = {}
+        for b in cats:
+            base[b] = pct(
+                [
+                    err(
+                        calibrate(t, []).price(features_of(c.messages[: c.ends[-1]], view=True)),
+                        real_or(t, c, c.ends[-1]),
+                    )
+                    for c in counted[b]
+                ],
+                0.5,
+            )
+        for a in cats:
+            deltas = []
+            for b in cats:
+                errs = []
+                for i, cb in enumerate(counted[b]):
+                    ca = counted[a][i % len(counted[a])]
+                    cal = calibrate(t, [observation(ca, t, e) for e in ca.ends[:2]])
+                    errs.append(
+                        err(cal.price(features_of(cb.messages[: cb.ends[-1]], view=True)), real_or(t, cb, cb.ends[-1]))
+                    )
+                deltas.append(pct(errs, 0.5) - base[b])
+            worst = max(d for d, b in zip(deltas, cats, strict=True) if b != a)
+            rows.append(f"| {MODELS[t]} | {a} | " + " | ".join(f"{d:+.1f}" for d in deltas) + f" | {worst:+.1f} |")
+    return "\n".join(rows)
+
+
+def record(table: str, cross: str, verdicts: list[str], command: str) -> None:
+    path = ROOT / "bench" / "RESULTS.md"
+    text = path.read_text()
+    section = (
+        "## Fidelity (`bench/fidelity/`)\n\n"
+        f"{dt.date.today().isoformat()}, `{command}`, {platform.machine()} {platform.python_version()}, "
+        f"{__import__('os').cpu_count()} cores.\n"
+        "Held-out corpus (bench/fidelity/corpus.py): the prior in core/priors.py was measured on the FIT split "
+        "only (`--fit-prior`); every figure below is on the SCORE split. Median / p90 |error| in %.\n\n"
+        "### Estimates (views: baseline + delta after n baselines; lists: a random slice priced alone)\n\n"
+        f"{table}\n\n### Cross-category: median error change (points) after 2 baselines of one category\n\n"
+        f"{cross}\n\n### Verdicts\n\n"
+        + "\n".join(verdicts)
+        + "\n\n### Prior (tokens per size unit, fit split)\n\n"
+        + prior_table()
+        + "\n"
+    )
+    if "## Fidelity" in text:
+        text = re.sub(r"## Fidelity.*?(?=\n## |\Z)", section, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.write_text(text)
+
+
+def prior_table() -> str:
+    from contextsvc.core.priors import PRIORS
+
+    rows = ["| family | " + " | ".join(FEATURES) + " | cold margin |", "|---" * (len(FEATURES) + 2) + "|"]
+    for fam, p in PRIORS.items():
+        rows.append(f"| {fam} | " + " | ".join(f"{w:.3f}" for w in p.weights) + f" | {p.cold_margin:.3f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fit-prior", action="store_true")
+    ap.add_argument("--record", action="store_true")
+    ap.add_argument("--tune-margin", action="store_true")
+    ap.add_argument("--sessions", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    ensure_node_deps()
+    split = "fit" if args.fit_prior or args.tune_margin else "score"
+    counted = count_sessions(sessions(split, count=args.sessions, steps=args.steps))
+    if args.tune_margin:
+        tune_margin(counted)
+        return
+    if args.fit_prior:
+        block = fit_prior(counted)
+        write_prior(block)
+        print(block)
+        return
+    table, cross, verdicts = score(counted)
+    print(table, cross, "\n".join(verdicts), sep="\n\n")
+    if args.record:
+        record(table, cross, verdicts, "python bench/fidelity/run.py --record")
+
+
+if __name__ == "__main__":
+    main()

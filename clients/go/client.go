@@ -1,0 +1,220 @@
+// Package contextsvc is a thin Go client of contextsvc: the generated gRPC client
+// (gen/contextsvc/v1) behind one connection that adds default deadlines, bearer tokens, TLS,
+// typed errors decoded from google.rpc status details, retries of UNAVAILABLE calls honouring
+// RetryInfo, generated request ids for appends, and an events iterator that resumes after a
+// dropped stream.
+package contextsvc
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"math"
+	mrand "math/rand/v2"
+	"time"
+
+	pb "github.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+)
+
+// RetryPolicy paces retries of UNAVAILABLE calls (and only those) and the reconnects of Events.
+type RetryPolicy struct {
+	MaxAttempts    int           // attempts per call, the first included (1 = no retry); default 4
+	InitialBackoff time.Duration // first wait when the server sent no RetryInfo; default 100ms
+	MaxBackoff     time.Duration // longest wait (caps a RetryInfo delay too); default 5s
+	Multiplier     float64       // growth per attempt; default 2
+	MaxReconnects  int           // consecutive failed reconnects before Events gives up; default 10
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = 4
+	}
+	if p.InitialBackoff <= 0 {
+		p.InitialBackoff = 100 * time.Millisecond
+	}
+	if p.MaxBackoff <= 0 {
+		p.MaxBackoff = 5 * time.Second
+	}
+	if p.Multiplier < 1 {
+		p.Multiplier = 2
+	}
+	if p.MaxReconnects <= 0 {
+		p.MaxReconnects = 10
+	}
+	return p
+}
+
+func (p RetryPolicy) backoff(attempt int, hint time.Duration) time.Duration {
+	if hint > 0 {
+		return min(hint, p.MaxBackoff)
+	}
+	ceiling := time.Duration(math.Min(float64(p.MaxBackoff), float64(p.InitialBackoff)*math.Pow(p.Multiplier, float64(attempt))))
+	return ceiling/2 + time.Duration(mrand.Int64N(int64(ceiling/2)+1))
+}
+
+// Options configure a Client. The zero value is a plaintext connection with defaults.
+type Options struct {
+	Token       string        // sent as "authorization: Bearer <token>"
+	TLS         *tls.Config   // nil = plaintext
+	Timeout     time.Duration // default deadline of a call without one (retries included); 0 = 30s, <0 = none
+	Retry       RetryPolicy
+	DialOptions []grpc.DialOption
+}
+
+// Client is one connection to a contextsvc server. Every RPC of the generated
+// ContextServiceClient is available on it, with the behaviour described in the package doc.
+type Client struct {
+	pb.ContextServiceClient
+	conn  *grpc.ClientConn
+	opts  Options
+	retry RetryPolicy
+}
+
+// New connects to target ("host:port"); the connection is made lazily on the first call.
+func New(target string, opts Options) (*Client, error) {
+	c := &Client{opts: opts, retry: opts.Retry.withDefaults()}
+	if c.opts.Timeout == 0 {
+		c.opts.Timeout = 30 * time.Second
+	}
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		creds = credentials.NewTLS(opts.TLS)
+	}
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithChainUnaryInterceptor(c.unary),
+		grpc.WithChainStreamInterceptor(c.stream),
+	}, opts.DialOptions...)
+	conn, err := grpc.NewClient(target, dial...)
+	if err != nil {
+		return nil, err
+	}
+	c.conn = conn
+	c.ContextServiceClient = pb.NewContextServiceClient(conn)
+	return c, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+func (c *Client) withToken(ctx context.Context) context.Context {
+	if c.opts.Token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.Token)
+}
+
+func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	ctx = c.withToken(ctx)
+	if _, ok := ctx.Deadline(); !ok && c.opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.Timeout)
+		defer cancel()
+	}
+	for attempt := 1; ; attempt++ {
+		err := FromError(invoker(ctx, method, req, reply, cc, opts...))
+		var typed *Error
+		if err == nil || !errors.As(err, &typed) || typed.Code != codes.Unavailable || attempt >= c.retry.MaxAttempts {
+			return err
+		}
+		wait := c.retry.backoff(attempt-1, typed.RetryDelay)
+		if deadline, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(c.withToken(ctx), desc, cc, method, opts...)
+	return s, FromError(err)
+}
+
+// AppendMessages appends messages; without a RequestId one is generated, so the retries of this
+// call are applied once.
+func (c *Client) AppendMessages(ctx context.Context, in *pb.AppendMessagesRequest, opts ...grpc.CallOption) (*pb.AppendMessagesResponse, error) {
+	if in.GetRequestId() == "" {
+		in.RequestId = newRequestID()
+	}
+	return c.ContextServiceClient.AppendMessages(ctx, in, opts...)
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = (b[6] & 0x0f) | 0x40
+	b[8] = (b[8] & 0x3f) | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// Events yields the events of one session ("" = every session the caller may read) after
+// afterEventID (0 = live only). A dropped stream (UNAVAILABLE, or closed by the server) is reopened
+// after the last event id seen, so within the server's retention window no event is lost or
+// repeated; waits between reconnects back off up to Retry.MaxBackoff, and after
+// Retry.MaxReconnects consecutive failures the iterator yields an ErrUnavailable error and stops.
+// Other errors are yielded once and end the iteration, as do a session_deleted event of the
+// watched session and the end of ctx.
+func (c *Client) Events(ctx context.Context, sessionID string, afterEventID int64) iter.Seq2[*pb.Event, error] {
+	return func(yield func(*pb.Event, error) bool) {
+		last, failures := afterEventID, 0
+		for {
+			var hint time.Duration
+			var lastErr error
+			stream, err := c.StreamEvents(ctx, &pb.StreamEventsRequest{SessionId: sessionID, AfterEventId: last})
+			if err == nil {
+				for {
+					ev, rerr := stream.Recv()
+					if rerr != nil {
+						err = rerr
+						break
+					}
+					failures, last = 0, ev.GetEventId()
+					if !yield(ev, nil) {
+						return
+					}
+					if sessionID != "" && ev.GetSessionDeleted() != nil {
+						return
+					}
+				}
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				err = FromError(err)
+				var typed *Error
+				if !errors.As(err, &typed) || typed.Code != codes.Unavailable {
+					yield(nil, err)
+					return
+				}
+				hint, lastErr = typed.RetryDelay, err
+			}
+			if failures >= c.retry.MaxReconnects {
+				if lastErr == nil {
+					lastErr = fmt.Errorf("%w: event stream closed %d times in a row", ErrUnavailable, failures)
+				}
+				yield(nil, lastErr)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(c.retry.backoff(failures, hint)):
+			}
+			failures++
+		}
+	}
+}

@@ -1,0 +1,339 @@
+package contextsvc_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	contextsvc "github.com/contextsvc/contextsvc/clients/go"
+	pb "github.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+)
+
+var serverAddr string
+
+var fast = contextsvc.RetryPolicy{MaxAttempts: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, MaxReconnects: 20}
+
+// grpc-go waits a second before reconnecting by default; tests shorten it so a restored port is found.
+var quickReconnect = grpc.WithConnectParams(grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: 200 * time.Millisecond},
+	MinConnectTimeout: time.Second,
+})
+
+// TestMain starts one real `python3 -m contextsvc serve --store memory` from the repository root.
+func TestMain(m *testing.M) {
+	python := os.Getenv("PYTHON")
+	if python == "" {
+		python = "python3"
+	}
+	cmd := exec.Command(python, "-m", "contextsvc", "serve", "--listen", "127.0.0.1:0", "--store", "memory")
+	cmd.Dir = "../.."
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		panic(err)
+	}
+	if err := cmd.Start(); err != nil {
+		panic(err)
+	}
+	found := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`contextsvc listening on (\S+):(\d+)`)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				found <- m[1] + ":" + m[2]
+			}
+		}
+	}()
+	select {
+	case serverAddr = <-found:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		panic("server did not start")
+	}
+	code := m.Run()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	os.Exit(code)
+}
+
+func newClient(t *testing.T, target string, opts contextsvc.Options) *contextsvc.Client {
+	t.Helper()
+	opts.DialOptions = append(opts.DialOptions, quickReconnect)
+	c, err := contextsvc.New(target, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func user(text string) *pb.Message { return &pb.Message{Role: pb.Role_ROLE_USER, Content: text} }
+
+func TestEveryRPC(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, serverAddr, contextsvc.Options{Retry: fast})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Name: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app, err := c.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{user("read main.py"), user("and tests")}})
+	if err != nil || len(app.SequenceNumbers) != 2 || app.SequenceNumbers[1] != 2 {
+		t.Fatalf("append: %v %v", app, err)
+	}
+	view, err := c.BuildContext(ctx, &pb.BuildContextRequest{SessionId: s.Id, Profile: &pb.Profile{Model: ptr("m"), SystemPrompt: ptr("be brief")}})
+	if err != nil || view.Messages[0].Content != "be brief" || view.ViewId == "" {
+		t.Fatalf("build: %v %v", view, err)
+	}
+	rec, err := c.RecordBaseline(ctx, &pb.RecordBaselineRequest{SessionId: s.Id, ViewId: view.ViewId, PromptTokens: view.Estimate.Total})
+	if err != nil || !rec.Recorded {
+		t.Fatalf("baseline: %v %v", rec, err)
+	}
+	fork, err := c.ForkSession(ctx, &pb.ForkSessionRequest{SessionId: s.Id, AtSequence: 1})
+	if err != nil || fork.DisplayMessageCount != 1 {
+		t.Fatalf("fork: %v %v", fork, err)
+	}
+	if _, err := c.DeleteSession(ctx, &pb.DeleteSessionRequest{SessionId: fork.Id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.GetSession(ctx, &pb.GetSessionRequest{SessionId: fork.Id})
+	if !errors.Is(err, contextsvc.ErrNotFound) {
+		t.Fatalf("want ErrNotFound, got %v", err)
+	}
+}
+
+func TestTypedErrors(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, serverAddr, contextsvc.Options{})
+	s, _ := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	_, err := c.Compress(ctx, &pb.CompressRequest{SessionId: s.Id})
+	var typed *contextsvc.Error
+	if !errors.Is(err, contextsvc.ErrNothingToCompact) || !errors.Is(err, contextsvc.ErrFailedPrecondition) ||
+		errors.Is(err, contextsvc.ErrContextTooLarge) || !errors.As(err, &typed) {
+		t.Fatalf("want NothingToCompact, got %v", err)
+	}
+	if typed.Reason != "NOTHING_TO_COMPACT" || typed.Domain != "contextsvc.dev" || typed.Code != codes.FailedPrecondition {
+		t.Fatalf("details: %+v", typed)
+	}
+	_, err = c.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{user("x"), {Content: "no role"}}})
+	if !errors.As(err, &typed) || !errors.Is(err, contextsvc.ErrInvalidArgument) || len(typed.Violations) == 0 {
+		t.Fatalf("want InvalidArgument with violations, got %v", err)
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	c := newClient(t, serverAddr, contextsvc.Options{Timeout: time.Microsecond})
+	_, err := c.ListSessions(context.Background(), &pb.ListSessionsRequest{})
+	var typed *contextsvc.Error
+	if !errors.As(err, &typed) || typed.Code != codes.DeadlineExceeded {
+		t.Fatalf("want DEADLINE_EXCEEDED, got %v", err)
+	}
+}
+
+func TestBearerToken(t *testing.T) {
+	var seen string
+	spy := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		if v := md.Get("authorization"); len(v) > 0 {
+			seen = v[0]
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	c := newClient(t, serverAddr, contextsvc.Options{Token: "t0ken", DialOptions: []grpc.DialOption{spy}})
+	if _, err := c.CreateSession(context.Background(), &pb.CreateSessionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if seen != "Bearer t0ken" {
+		t.Fatalf("authorization header = %q", seen)
+	}
+}
+
+func TestRetriesUnavailableAndRequestIDs(t *testing.T) {
+	ctx := context.Background()
+	p := startProxy(t, serverAddr)
+	c := newClient(t, p.addr, contextsvc.Options{Retry: fast, Timeout: 10 * time.Second})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.stopListening()
+	time.AfterFunc(400*time.Millisecond, p.listen)
+	req := &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{user("after the outage")}}
+	app, err := c.AppendMessages(ctx, req)
+	if err != nil || app.SequenceNumbers[0] != 1 {
+		t.Fatalf("append through the outage: %v %v", app, err)
+	}
+	if len(req.RequestId) != 36 {
+		t.Fatalf("no generated request id: %q", req.RequestId)
+	}
+	again, err := c.AppendMessages(ctx, req) // the same id: applied once
+	if err != nil || again.SequenceNumbers[0] != 1 {
+		t.Fatalf("replayed append: %v %v", again, err)
+	}
+	p.stopListening()
+	once := newClient(t, p.addr, contextsvc.Options{Retry: contextsvc.RetryPolicy{MaxAttempts: 1}})
+	if _, err := once.GetSession(ctx, &pb.GetSessionRequest{SessionId: s.Id}); !errors.Is(err, contextsvc.ErrUnavailable) {
+		t.Fatalf("want ErrUnavailable, got %v", err)
+	}
+}
+
+func TestEventsResumeAfterADroppedStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := newClient(t, serverAddr, contextsvc.Options{})
+	p := startProxy(t, serverAddr)
+	watcher := newClient(t, p.addr, contextsvc.Options{Retry: fast})
+	s, _ := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	var mu sync.Mutex
+	var seen []*pb.Event
+	done := make(chan error, 1)
+	go func() {
+		for ev, err := range watcher.Events(ctx, s.Id, 0) {
+			if err != nil {
+				done <- err
+				return
+			}
+			mu.Lock()
+			seen = append(seen, ev)
+			mu.Unlock()
+		}
+		done <- nil
+	}()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(seen) }
+	time.Sleep(300 * time.Millisecond)
+	for i := 0; i < 3; i++ {
+		if _, err := c.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{user("m")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return count() == 3 })
+	p.drop()
+	for i := 0; i < 3; i++ {
+		if _, err := c.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{user("m")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.drop()
+	waitFor(t, func() bool { return count() == 6 })
+	if _, err := c.DeleteSession(ctx, &pb.DeleteSessionRequest{SessionId: s.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 7 || seen[6].GetSessionDeleted() == nil {
+		t.Fatalf("want 6 appends and a deletion, got %d events", len(seen))
+	}
+	for i, ev := range seen[:6] {
+		if got := ev.GetMessagesAppended().GetSequenceNumbers()[0]; got != int64(i+1) {
+			t.Fatalf("event %d has sequence %d: a gap or a duplicate", i, got)
+		}
+		if ev.EventId >= seen[i+1].EventId {
+			t.Fatal("event ids not increasing")
+		}
+	}
+}
+
+func TestEventsGiveUpAfterTheReconnectCap(t *testing.T) {
+	p := startProxy(t, serverAddr)
+	p.stopListening()
+	c := newClient(t, p.addr, contextsvc.Options{Retry: contextsvc.RetryPolicy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxReconnects: 3}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, err := range c.Events(ctx, "", 0) {
+		if !errors.Is(err, contextsvc.ErrUnavailable) {
+			t.Fatalf("want ErrUnavailable, got %v", err)
+		}
+		return
+	}
+	t.Fatal("iterator ended without an error")
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// proxy forwards a loopback port to the server; tests cut it to simulate network failures.
+type proxy struct {
+	t      *testing.T
+	target string
+	addr   string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	p := &proxy{t: t, target: target, addr: "127.0.0.1:0", conns: map[net.Conn]struct{}{}}
+	p.listen()
+	t.Cleanup(p.stopListening)
+	return p
+}
+
+func (p *proxy) listen() {
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Error(err)
+		return
+	}
+	p.mu.Lock()
+	p.ln, p.addr = ln, ln.Addr().String()
+	p.mu.Unlock()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				conn.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[conn], p.conns[up] = struct{}{}, struct{}{}
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, conn); up.Close(); conn.Close() }()
+			go func() { _, _ = io.Copy(conn, up); up.Close(); conn.Close() }()
+		}
+	}()
+}
+
+func (p *proxy) drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = map[net.Conn]struct{}{}
+}
+
+func (p *proxy) stopListening() {
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	p.mu.Unlock()
+	p.drop()
+}

@@ -1,0 +1,111 @@
+package contextsvc
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Sentinel errors for errors.Is, mirroring the Python hierarchy (contextsvc/errors.py):
+// errors.Is(err, ErrNothingToCompact) and errors.Is(err, ErrFailedPrecondition) both hold for a
+// NOTHING_TO_COMPACT failure.
+var (
+	ErrNotFound           = errors.New("contextsvc: not found")
+	ErrInvalidArgument    = errors.New("contextsvc: invalid argument")
+	ErrFailedPrecondition = errors.New("contextsvc: failed precondition")
+	ErrNothingToCompact   = errors.New("contextsvc: nothing to compact")
+	ErrContextTooLarge    = errors.New("contextsvc: context too large")
+	ErrConflict           = errors.New("contextsvc: conflict")
+	ErrUnavailable        = errors.New("contextsvc: unavailable")
+	ErrUnimplemented      = errors.New("contextsvc: unimplemented")
+	ErrUnauthenticated    = errors.New("contextsvc: unauthenticated")
+	ErrInternal           = errors.New("contextsvc: internal")
+)
+
+var byReason = map[string]error{
+	"NOTHING_TO_COMPACT": ErrNothingToCompact,
+	"CONTEXT_TOO_LARGE":  ErrContextTooLarge,
+}
+
+var byCode = map[codes.Code]error{
+	codes.NotFound:           ErrNotFound,
+	codes.PermissionDenied:   ErrNotFound,
+	codes.InvalidArgument:    ErrInvalidArgument,
+	codes.OutOfRange:         ErrInvalidArgument,
+	codes.FailedPrecondition: ErrFailedPrecondition,
+	codes.Aborted:            ErrConflict,
+	codes.AlreadyExists:      ErrConflict,
+	codes.Unavailable:        ErrUnavailable,
+	codes.DeadlineExceeded:   ErrUnavailable,
+	codes.Unimplemented:      ErrUnimplemented,
+	codes.Unauthenticated:    ErrUnauthenticated,
+	codes.Internal:           ErrInternal,
+}
+
+// FieldViolation names one bad field of a request (from google.rpc.BadRequest).
+type FieldViolation struct {
+	Field       string
+	Description string
+}
+
+// Error is a failed call with the google.rpc details the server sent.
+type Error struct {
+	Code       codes.Code
+	Message    string
+	Reason     string // ErrorInfo reason, e.g. CONTEXT_TOO_LARGE (the code name when none was sent)
+	Domain     string
+	Metadata   map[string]string
+	Violations []FieldViolation
+	RetryDelay time.Duration // from RetryInfo; 0 when the server sent none
+	status     *status.Status
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (%s): %s", e.Code, e.Reason, e.Message) }
+
+// GRPCStatus lets status.FromError and status.Code see through the typed error.
+func (e *Error) GRPCStatus() *status.Status { return e.status }
+
+// Is matches the sentinel of the reason and of its family.
+func (e *Error) Is(target error) bool {
+	if kind, ok := byReason[e.Reason]; ok && kind == target {
+		return true
+	}
+	kind, ok := byCode[e.Code]
+	return ok && kind == target
+}
+
+// FromError decodes a gRPC error into *Error; other errors (and nil) come back unchanged.
+func FromError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var typed *Error
+	if errors.As(err, &typed) {
+		return err
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	out := &Error{Code: st.Code(), Message: st.Message(), Reason: st.Code().String(), Metadata: map[string]string{}, status: st}
+	for _, d := range st.Details() {
+		switch v := d.(type) {
+		case *errdetails.ErrorInfo:
+			out.Reason, out.Domain = v.GetReason(), v.GetDomain()
+			for k, val := range v.GetMetadata() {
+				out.Metadata[k] = val
+			}
+		case *errdetails.BadRequest:
+			for _, f := range v.GetFieldViolations() {
+				out.Violations = append(out.Violations, FieldViolation{Field: f.GetField(), Description: f.GetDescription()})
+			}
+		case *errdetails.RetryInfo:
+			out.RetryDelay = v.GetRetryDelay().AsDuration()
+		}
+	}
+	return out
+}

@@ -1,0 +1,191 @@
+"""Fact lines: the concrete details a summary must carry forward (DESIGN §5.5).
+
+A summary that keeps "what was discussed" but drops the hostname, the file and line, the id, the
+person's name or the user's standing preference is what made a 400-turn session forget all 20
+planted facts. So before any summary is written, the dropped rows are scanned for sentences (and
+tool-output lines) that hold such *anchors* — identifiers, numbers with units, paths, hostnames,
+URLs, names, dates, error lines — or that state a preference or decision ("prefer", "always",
+"never", "must", "don't"). They become deduplicated one-line facts, ranked by how many anchors
+they hold, how often those anchors are referenced elsewhere, and recency, within a budget.
+
+The extractive summarizer writes them under a ``Facts:`` header; a later fold reads that section
+back (``carried_facts``) so facts survive any number of compactions without nesting summaries;
+LLM summarizers get the same lines in their input (``facts_block``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from contextsvc.core.messages import Message, Role
+
+__all__ = ["FACTS_HEADER", "carried_facts", "fact_lines", "facts_block", "strip_facts"]
+
+FACTS_HEADER = "Facts:"
+
+#: Letters a name is written in: Latin (with accents) and Cyrillic, as escapes.
+_UPPER = r"A-Z\u00c0-\u00d6\u00d8-\u00de\u0410-\u042f\u0401"
+_LOWER = r"a-z\u00df-\u00f6\u00f8-\u00ff\u0430-\u044f\u0451"
+_ANCHORS: dict[str, re.Pattern[str]] = {
+    "url": re.compile(r"\bhttps?://[^\s<>\"')\]]+"),
+    "path": re.compile(r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|\b[\w.-]+/[\w./-]*\w\.\w{1,5}\b"),
+    "file_line": re.compile(r"\b[\w./-]+\.\w{1,5}:\d+\b"),
+    "host": re.compile(
+        r"\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b", re.I
+    ),
+    "email": re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"),
+    "date": re.compile(
+        r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
+        r" \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b",
+        re.I,
+    ),
+    "quantity": re.compile(
+        r"\b\d+(?:[.,]\d+)?\s?(?:ms|s|sec|seconds?|minutes?|min|h|hours?|days?|kb|mb|gb|tb|kib|mib|gib|%|px|tokens?"
+        r"|cores?|rps|qps|usd|eur|\$)\b",
+        re.I,
+    ),
+    "id": re.compile(
+        r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
+        r"|\b[0-9a-f]{7,40}\b(?=[^\w]|$)|\b[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?\b|\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w+\b"
+    ),
+    "name": re.compile(rf"(?<=[{_LOWER},;:] )(?:[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*)"),
+    "error": re.compile(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b", re.I),
+}
+_PREFERENCE = re.compile(
+    r"\b(?:prefer|preferred|always|never|must|don't|do not|dont|should(?:n't)?|remember|from now on|make sure"
+    r"|decided|decision|we will|agreed|my name is|call me)\b",
+    re.I,
+)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_SPACES = re.compile(r"\s+")
+_COMMON_NAMES = frozenset({"I", "The", "This", "That", "It", "We", "You", "OK", "Yes", "No"})
+
+
+@dataclass(slots=True)
+class _Candidate:
+    text: str
+    anchors: frozenset[str]
+    preference: bool
+    recency: int
+    from_user: bool
+
+
+def _anchors(sentence: str) -> set[str]:
+    found: set[str] = set()
+    for kind, pattern in _ANCHORS.items():
+        for match in pattern.finditer(sentence):
+            value = match.group(0).strip(".,;:")
+            if kind == "name" and value in _COMMON_NAMES:
+                continue
+            if kind == "error":
+                found.add("error:" + sentence[:60].casefold())
+                continue
+            if len(value) >= 3:
+                found.add(value.casefold())
+    return found
+
+
+def _sentences(m: Message) -> list[str]:
+    text = m.content[:50_000]
+    if m.role is Role.TOOL:
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+
+
+def _clip(text: str, limit: int) -> str:
+    flat = _SPACES.sub(" ", text).strip().lstrip("-•* ").strip()
+    return flat if len(flat) <= limit else flat[: max(1, limit - 1)].rstrip() + "…"
+
+
+def carried_facts(summary_text: str) -> list[str]:
+    """The fact lines of an earlier summary's ``Facts:`` section (without their ``- ``)."""
+    out: list[str] = []
+    inside = False
+    for line in summary_text.splitlines():
+        if line.strip() == FACTS_HEADER:
+            inside = True
+            continue
+        if inside:
+            if line.startswith("- "):
+                out.append(line[2:].strip())
+            else:
+                inside = False
+    return out
+
+
+def strip_facts(summary_text: str) -> str:
+    """``summary_text`` without its ``Facts:`` section."""
+    out: list[str] = []
+    inside = False
+    for line in summary_text.splitlines():
+        if line.strip() == FACTS_HEADER:
+            inside = True
+            continue
+        if inside and line.startswith("- "):
+            continue
+        inside = False
+        out.append(line)
+    return "\n".join(out)
+
+
+def fact_lines(
+    messages: Iterable[Message], *, max_facts: int = 24, max_chars: int = 2400, fact_chars: int = 200
+) -> list[str]:
+    """Deduplicated fact lines of ``messages`` (oldest first as given), best first, within budget.
+
+    Rank: a stated preference or decision first, then the number of anchors weighted by how often
+    they are referenced across the rows, then recency. A candidate whose anchors are all covered by
+    a fact already chosen is skipped (no two lines for one hostname).
+    """
+    rows = list(messages)
+    candidates: list[_Candidate] = []
+    refs: Counter[str] = Counter()
+    for i, m in enumerate(rows):
+        if m.flags.is_summary:
+            for fact in carried_facts(m.content):
+                anchors = frozenset(_anchors(fact))
+                refs.update(anchors)
+                candidates.append(_Candidate(fact, anchors, bool(_PREFERENCE.search(fact)), i, False))
+            continue
+        per_tool: list[_Candidate] = []
+        for sentence in _sentences(m):
+            anchors = frozenset(_anchors(sentence))
+            preference = m.role is Role.USER and bool(_PREFERENCE.search(sentence))
+            refs.update(anchors)
+            if not anchors and not preference:
+                continue
+            c = _Candidate(_clip(sentence, fact_chars), anchors, preference, i, m.role is Role.USER)
+            (per_tool if m.role is Role.TOOL else candidates).append(c)
+        # A long tool output contributes its few best lines, not every line with a number.
+        per_tool.sort(key=lambda c: -len(c.anchors))
+        candidates.extend(per_tool[:4])
+
+    def score(c: _Candidate) -> tuple[float, int]:
+        weight = sum(min(refs[a], 4) for a in c.anchors)
+        return (10.0 * c.preference + 2.0 * c.from_user + min(len(c.anchors), 4) + 0.5 * weight, c.recency)
+
+    chosen: list[str] = []
+    seen_text: set[str] = set()
+    covered: set[str] = set()
+    used = 0
+    for c in sorted(candidates, key=score, reverse=True):
+        key = _SPACES.sub(" ", c.text).casefold()
+        if key in seen_text or (c.anchors and c.anchors <= covered and not c.preference):
+            continue
+        if used + len(c.text) + 3 > max_chars or len(chosen) >= max_facts:
+            break
+        seen_text.add(key)
+        covered |= c.anchors
+        chosen.append(c.text)
+        used += len(c.text) + 3
+    return chosen
+
+
+def facts_block(facts: Sequence[str]) -> str:
+    """The ``Facts:`` section as text (empty when there are none)."""
+    if not facts:
+        return ""
+    return "\n".join([FACTS_HEADER, *("- " + f for f in facts)])

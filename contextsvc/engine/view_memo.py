@@ -1,0 +1,69 @@
+"""The last assembled view of each session, reused while nothing it depends on changed (issue #15).
+
+An assembled view is a pure function of: the effective profile, the model's counter (its
+calibration), the session's baseline, the settings (fixed for the process) and the context rows.
+Stored rows are immutable — an append adds rows, a flag change or a compaction replaces them with
+new objects — so the identities of the rows name the context exactly. A build whose inputs all
+match the session's last one returns that view without redoing any per-message work; anything
+else (new rows, a flag change, a compaction, a new baseline, another profile, a refitted
+calibration, a restart) misses and assembles from scratch, which is also what is kept next.
+The entry holds the rows it was built from, so their identities cannot be reused meanwhile.
+Bounded by a number of sessions (``hot_path.view_cache_sessions``), least recently used out first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Generic, TypeVar
+
+from contextsvc.core.messages import Message
+
+__all__ = ["ViewMemo"]
+
+T = TypeVar("T")
+
+
+class ViewMemo(Generic[T]):
+    __slots__ = ("_entries", "_lock", "_max_sessions", "hits", "misses")
+
+    def __init__(self, max_sessions: int) -> None:
+        self._max_sessions = max_sessions
+        self._entries: OrderedDict[str, tuple[Hashable, tuple[int, ...], Sequence[Message], T]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _ids(context: Sequence[Message]) -> tuple[int, ...]:
+        return tuple(map(id, context))
+
+    def get(self, session_id: str, key: Hashable, context: Sequence[Message]) -> T | None:
+        with self._lock:
+            entry = self._entries.get(session_id)
+        if entry is None or entry[0] != key or entry[1] != self._ids(context):
+            self.misses += 1
+            return None
+        with self._lock:
+            if session_id in self._entries:
+                self._entries.move_to_end(session_id)
+        self.hits += 1
+        return entry[3]
+
+    def put(self, session_id: str, key: Hashable, context: Sequence[Message], value: T) -> None:
+        if self._max_sessions <= 0:
+            return
+        entry = (key, self._ids(context), tuple(context), value)
+        with self._lock:
+            self._entries[session_id] = entry
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self._max_sessions:
+                self._entries.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._entries.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,153 @@
+"""SIGTERM under load drains (issue 13, item 6): every call is OK or UNAVAILABLE, a call in flight
+finishes, a watcher is told where to resume, and nothing acknowledged is lost after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
+from contextsvc._gen.v1 import resources_pb2 as r
+from tests.support.fake_llm import FakeLLM
+from tests.support.rpc import all_messages, error_details
+from tests.support.server import ServerProcess
+
+WRITERS = 16
+
+
+async def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path, llm: FakeLLM) -> None:
+    env = {
+        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
+        "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "8",
+    }
+    server = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
+    acked: dict[str, list[tuple[int, str]]] = {}
+    outcomes: list[grpc.StatusCode] = []
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.ContextServiceStub(channel)
+            sessions = [(await stub.CreateSession(pb.CreateSessionRequest(name=f"w{i}"))).id for i in range(4)]
+            slow = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
+            for turn in range(10):
+                await stub.AppendMessages(
+                    pb.AppendMessagesRequest(
+                        session_id=slow,
+                        messages=[
+                            r.Message(role=r.ROLE_USER, content=f"question {turn} " + "words " * 80),
+                            r.Message(role=r.ROLE_ASSISTANT, content=f"answer {turn} " + "more " * 80),
+                        ],
+                    )
+                )
+            for sid in sessions:
+                acked[sid] = []
+            sigterm_sent = asyncio.Event()
+            watched: list[int] = []
+            watcher_end: dict[str, Any] = {}
+            health_seen: list[int] = []
+
+            async def writer(k: int) -> None:
+                sid = sessions[k % len(sessions)]
+                i = 0
+                while True:
+                    content = f"writer {k} message {i}"
+                    try:
+                        got = await stub.AppendMessages(
+                            pb.AppendMessagesRequest(
+                                session_id=sid,
+                                messages=[r.Message(role=r.ROLE_USER, content=content)],
+                                request_id=f"w{k}-{i}",
+                            ),
+                            timeout=20,
+                        )
+                        acked[sid].append((got.sequence_numbers[0], content))
+                        outcomes.append(grpc.StatusCode.OK)
+                    except grpc.aio.AioRpcError as err:
+                        outcomes.append(err.code())
+                        if sigterm_sent.is_set():
+                            return
+                        await asyncio.sleep(0.01)
+                    i += 1
+
+            async def watcher() -> None:
+                try:
+                    async for event in stub.StreamEvents(pb.StreamEventsRequest()):
+                        watched.append(event.event_id)
+                except grpc.aio.AioRpcError as err:
+                    watcher_end.update(error_details(err))  # type: ignore[arg-type]
+
+            async def health_watch() -> None:
+                health = health_pb2_grpc.HealthStub(channel)
+                try:
+                    async for status in health.Watch(health_pb2.HealthCheckRequest(service="")):
+                        health_seen.append(status.status)
+                except grpc.aio.AioRpcError:
+                    pass
+
+            async def slow_compress() -> grpc.StatusCode:
+                llm.control(mode="hang", hang_seconds=2.0)
+                try:
+                    reply = await stub.Compress(
+                        pb.CompressRequest(
+                            session_id=slow, profile=r.Profile(compression=r.CompressionSettings(summarizer="openai"))
+                        ),
+                        timeout=30,
+                    )
+                    assert reply.compressed
+                    return grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as err:
+                    return err.code()
+
+            tasks = [asyncio.create_task(writer(k)) for k in range(WRITERS)]
+            stream = asyncio.create_task(watcher())
+            health_task = asyncio.create_task(health_watch())
+            await asyncio.sleep(1.0)
+            compress = asyncio.create_task(slow_compress())
+            await asyncio.sleep(0.5)  # the summarizer call is now hanging: Compress is in flight
+            assert server.proc is not None
+            server.proc.send_signal(15)
+            sigterm_sent.set()
+            sent_at = time.monotonic()
+            compress_code = await compress
+            await asyncio.wait_for(asyncio.gather(*tasks, stream, health_task), timeout=30)
+            exit_code = server.proc.wait(20)
+            drained_in = time.monotonic() - sent_at
+    finally:
+        llm.reset()
+        server.kill()
+
+    assert exit_code == 0
+    assert drained_in < 8 + 5
+    counts = {code: outcomes.count(code) for code in set(outcomes)}
+    assert set(counts) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, counts
+    assert counts.get(grpc.StatusCode.OK, 0) > 50 and counts.get(grpc.StatusCode.UNAVAILABLE, 0) >= WRITERS
+    # The call in flight when SIGTERM came finished normally inside the grace period.
+    assert compress_code == grpc.StatusCode.OK
+    # The watcher was told where to resume: the id of the last event it received.
+    assert watcher_end["code"] == grpc.StatusCode.UNAVAILABLE
+    assert watcher_end["reason"] == "SHUTTING_DOWN"
+    assert watched and watcher_end["metadata"]["after_event_id"] == str(watched[-1])
+    assert health_seen[0] == health_pb2.HealthCheckResponse.SERVING
+    assert health_pb2.HealthCheckResponse.NOT_SERVING in health_seen
+    log = server.stderr_text
+    assert '"event": "stopping"' in log and '"event": "stopped"' in log and "Traceback" not in log
+
+    # Restart on the same files: every acknowledged append is there, at the number it was given.
+    again = ServerProcess(f"files:{tmp_path / 'data'}").start()
+    try:
+        with again.channel() as ch:
+            stub2 = again.stub(ch)
+            for sid, appended in acked.items():
+                stored = {m.sequence_number: m.content for m in all_messages(stub2, sid)}
+                assert appended, sid
+                for seq, content in appended:
+                    assert stored.get(seq) == content, (sid, seq, content)
+    finally:
+        assert again.terminate() == 0

@@ -1,0 +1,101 @@
+"""Start-up failures (issue 13, item 7).
+
+A store that cannot be reached at start is transient: the server listens, health says NOT_SERVING,
+ContextService calls get UNAVAILABLE (STORE_NOT_READY) with a retry delay, and it turns SERVING
+by itself once the store answers. With ``store_start_timeout_seconds`` it gives up: one line,
+exit 1. A store that is misconfigured is one line and exit 1 at once. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from tests.support.postgres import PgCluster
+from tests.support.rpc import error_details
+from tests.support.server import ServerProcess
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _health(channel: grpc.Channel) -> int:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    return int(reply.status)
+
+
+def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() -> None:
+    cluster = PgCluster.create()
+    try:
+        url = cluster.start()
+        cluster.stop()  # the port is now closed; the cluster comes back on the same port below
+        server = ServerProcess(url, env={"CONTEXTSVC_STORE_RETRY_MAX_SECONDS": "0.5"}).start()
+        try:
+            with server.channel() as ch:
+                assert _health(ch) == health_pb2.HealthCheckResponse.NOT_SERVING
+                with pytest.raises(grpc.RpcError) as caught:
+                    server.stub(ch).CreateSession(pb.CreateSessionRequest(name="early"), timeout=5)
+                details = error_details(caught.value)
+                assert details["code"] == grpc.StatusCode.UNAVAILABLE
+                assert details["reason"] == "STORE_NOT_READY"
+
+                cluster.start()
+                deadline = time.monotonic() + 30
+                while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
+                    assert time.monotonic() < deadline, server.stderr_text[-2000:]
+                    time.sleep(0.2)
+                sid = server.stub(ch).CreateSession(pb.CreateSessionRequest(name="late"), timeout=10).id
+                assert server.stub(ch).GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).name == "late"
+            assert server.terminate() == 0
+        finally:
+            server.kill()
+        log = server.stderr_text
+        assert "Traceback" not in log
+        assert '"event": "store not reachable; serving NOT_SERVING until it answers"' in log
+        assert '"event": "store reachable; SERVING"' in log
+    finally:
+        cluster.remove()
+
+
+def _serve(store: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "contextsvc", "serve", "--listen", "127.0.0.1:0", "--store", store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        check=False,
+    )
+
+
+def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    done = _serve(url, tmp_path, CONTEXTSVC_STORE_START_TIMEOUT_SECONDS="1", CONTEXTSVC_STORE_RETRY_MAX_SECONDS="0.3")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("contextsvc: the store did not answer within 1 s:"), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("store", "expected"),
+    [("nosuch://x", "unknown store URL"), ("files:{tmp}/a-file/data", "cannot open the store")],
+)
+def test_misconfigured_store_is_one_line_and_exit_1(tmp_path: Path, store: str, expected: str) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    done = _serve(store.format(tmp=tmp_path), tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: ") and expected in lines[0], done.stderr

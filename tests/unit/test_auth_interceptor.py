@@ -1,0 +1,110 @@
+"""The auth interceptor in process (a grpc.aio server on loopback, memory store): each refusal's
+status and ErrorInfo, the principal reaching the stores, and the audit lines of admin access."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
+from contextsvc.api.errors import DOMAIN
+from contextsvc.config import Settings
+from contextsvc.core.credentials import issue
+from contextsvc.server import RunningServer, start, stop
+from contextsvc.stores.token_access import tokens_of
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[RunningServer]:
+    settings = Settings(store="memory", listen="127.0.0.1:0", auth={"mode": "tokens", "cache_seconds": 0})
+    server = await start(settings)
+    try:
+        yield server
+    finally:
+        await stop(server, 0)
+
+
+async def _token(server: RunningServer, user: str, *, admin: bool = False, **times: datetime) -> str:
+    now = datetime.now(UTC)
+    issued = issue(user=user, is_admin=admin, now=now, expire_time=times.get("expires"))
+    await tokens_of(server.store).add_api_token(issued.record)
+    if "revoked" in times:
+        await tokens_of(server.store).revoke_api_token(issued.record.token_id, times["revoked"])
+    return issued.secret
+
+
+def _info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    assert status is not None
+    infos = [d for d in status.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)]
+    assert len(infos) == 1
+    info = error_details_pb2.ErrorInfo()
+    infos[0].Unpack(info)
+    return info
+
+
+async def test_each_refusal_is_unauthenticated_with_its_reason(running: RunningServer) -> None:
+    now = datetime.now(UTC)
+    good = await _token(running, "alice")
+    expired = await _token(running, "alice", expires=now - timedelta(seconds=1))
+    revoked = await _token(running, "alice", revoked=now)
+    cases = {
+        None: "TOKEN_MISSING",
+        "Basic YWxpY2U6cHc=": "TOKEN_INVALID",
+        "Bearer ctx_short": "TOKEN_INVALID",
+        f"Bearer {good[:-1]}A" if good[-1] != "A" else f"Bearer {good[:-1]}B": "TOKEN_INVALID",
+        f"Bearer {expired}": "TOKEN_EXPIRED",
+        f"Bearer {revoked}": "TOKEN_REVOKED",
+    }
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = ContextServiceStub(channel)
+        for header, reason in cases.items():
+            md = [("authorization", header)] if header else None
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ListSessions(pb.ListSessionsRequest(), metadata=md)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            info = _info(caught.value)
+            assert (info.reason, info.domain) == (reason, DOMAIN)
+            assert header is None or header.split()[-1] not in (caught.value.details() or "")
+            stream = stub.StreamEvents(pb.StreamEventsRequest(), metadata=md)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.read()
+            assert _info(caught.value).reason == reason
+        created = await stub.CreateSession(
+            pb.CreateSessionRequest(name="mine"), metadata=[("authorization", f"Bearer {good}")]
+        )
+        assert created.user_id == "alice"
+
+
+async def test_admin_access_to_another_users_session_is_one_audit_line(
+    running: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    alice = [("authorization", f"Bearer {await _token(running, 'alice')}")]
+    root = [("authorization", f"Bearer {await _token(running, 'root', admin=True)}")]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = ContextServiceStub(channel)
+        sid = (await stub.CreateSession(pb.CreateSessionRequest(), metadata=alice)).id
+        mine = (await stub.CreateSession(pb.CreateSessionRequest(), metadata=root)).id
+        with caplog.at_level(logging.INFO, logger="contextsvc.audit"):
+            await stub.GetSession(pb.GetSessionRequest(session_id=sid), metadata=alice)  # the owner: nothing
+            await stub.GetSession(pb.GetSessionRequest(session_id=mine), metadata=root)  # the admin's own: nothing
+            assert not [r for r in caplog.records if r.name == "contextsvc.audit"]
+            await stub.BuildContext(pb.BuildContextRequest(session_id=sid), metadata=root)
+            await stub.ListSessions(pb.ListSessionsRequest(), metadata=root)
+        audit = [r for r in caplog.records if r.name == "contextsvc.audit"]
+        foreign = [r for r in audit if r.getMessage() == "admin read of another user's session"]
+        assert len(foreign) == 1  # once per call, however often the store checked
+        assert (foreign[0].user, foreign[0].owner, foreign[0].method, foreign[0].session_id) == (  # type: ignore[attr-defined]
+            "root",
+            "alice",
+            "BuildContext",
+            sid,
+        )
+        assert [r.method for r in audit if r.getMessage() == "admin read across users"] == ["ListSessions"]  # type: ignore[attr-defined]

@@ -1,0 +1,86 @@
+"""Fact lines carried through compression (DESIGN §5.5, issue 14 item 6)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from contextsvc.core.facts import FACTS_HEADER, carried_facts, fact_lines, facts_block, strip_facts
+from contextsvc.core.messages import Flags, Message, Role
+from contextsvc.ports import SummaryRequest
+from contextsvc.summarizers.extractive import ExtractiveSummarizer
+
+PLANTED = {
+    "preference": ("I prefer tabs over spaces; never reformat my files.", "prefer tabs"),
+    "host": ("The primary database is db-primary.internal.example.com now.", "db-primary.internal.example.com"),
+    "file_line": ("The crash comes from src/api/handler.py:142 in the retry loop.", "src/api/handler.py:142"),
+    "ticket": ("This is tracked as INC-4411 by the on-call team.", "INC-4411"),
+    "person": ("Please loop in our colleague Zoë Müller before deploying.", "Zoë Müller"),
+    "date": ("The release freeze starts on 2026-03-14 at noon.", "2026-03-14"),
+    "region": ("Everything runs in region eu-west-1 for this customer.", "eu-west-1"),
+    "cyrillic": ("Бюджет согласует Алексей Иванов.", "Алексей Иванов"),
+}
+
+
+def _filler(i: int) -> list[Message]:
+    return [
+        Message(Role.USER, f"ok, next step {i} please, keep going with the refactor"),
+        Message(Role.ASSISTANT, f"done with step {i}; the tests pass and nothing else changed"),
+    ]
+
+
+def _conversation() -> list[Message]:
+    rows: list[Message] = []
+    for i, (text, _) in enumerate(PLANTED.values()):
+        rows += [Message(Role.USER, text), *_filler(i)]
+    rows.append(
+        Message(
+            Role.TOOL,
+            "\n".join(f"row {k}: ok" for k in range(300)) + "\nvault path secret/data/prod/payments found\n",
+            tool_call_id="c1",
+            name="run_command",
+        )
+    )
+    return [dataclasses.replace(m, sequence_number=i + 1) for i, m in enumerate(rows)]
+
+
+def test_every_planted_fact_becomes_a_fact_line() -> None:
+    facts = "\n".join(fact_lines(_conversation()))
+    for kind, (_, needle) in PLANTED.items():
+        assert needle in facts, kind
+    assert "secret/data/prod/payments" in facts  # a fact inside a long tool output
+    assert "next step" not in facts  # filler holds no anchor
+
+
+def test_facts_are_deduplicated_and_bounded() -> None:
+    rows = _conversation() * 3
+    facts = fact_lines(rows, max_facts=5, max_chars=10_000)
+    assert len(facts) == 5 and len(set(facts)) == 5
+    assert sum(len(f) for f in fact_lines(rows, max_chars=300)) <= 300
+
+
+def test_the_facts_section_round_trips() -> None:
+    block = facts_block(["a fact with host x.example.com", "another at 2026-01-02"])
+    text = "Summary of 3 earlier messages.\n" + block + "\nFirst request: hi"
+    assert carried_facts(text) == ["a fact with host x.example.com", "another at 2026-01-02"]
+    assert FACTS_HEADER not in strip_facts(text) and "First request: hi" in strip_facts(text)
+
+
+async def test_folding_summaries_keeps_the_facts_and_never_stacks_headers() -> None:
+    summarizer = ExtractiveSummarizer()
+    rows = _conversation()
+    summary_text = ""
+    for round_ in range(6):  # six compactions, each folding the previous summary into the next
+        batch = [dataclasses.replace(m, sequence_number=1000 * round_ + m.sequence_number) for m in _filler(round_) * 4]
+        if round_ == 0:
+            batch = rows + batch
+        else:
+            previous = Message(Role.USER, summary_text, flags=Flags(is_summary=True, is_display=False))
+            batch = [previous, *batch]
+        summary_text = summarizer.summarize_sync(
+            SummaryRequest(messages=batch, text="", instructions="", max_tokens=1200, temperature=0.3)
+        )
+    for kind, (_, needle) in PLANTED.items():
+        assert needle in summary_text, kind
+    assert summary_text.count("Summary of ") == 1
+    assert summary_text.count("Earlier summary:") <= 1
+    assert summary_text.count(FACTS_HEADER) == 1

@@ -1,0 +1,215 @@
+"""The reused view (engine.view_memo) and the reused encodings (api.wire) give exactly what a build
+from scratch gives, through random sequences of appends, flag changes, compactions, baselines,
+profile changes and restarts (issue #15, item 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc.api.views import build_response, response_fields
+from contextsvc.api.wire import WireCache, encode_build_response
+from contextsvc.config import ProfileConfig, Settings
+from contextsvc.core.messages import Message, Role, ToolCall
+from contextsvc.core.profile import ProfileOverrides
+from contextsvc.core.session import ANONYMOUS
+from contextsvc.engine.engine import Engine
+from contextsvc.engine.state import EngineState
+from contextsvc.engine.validation import IncomingMessage
+from contextsvc.engine.views import BuiltView
+from contextsvc.errors import ContextError
+from contextsvc.events.memory_bus import MemoryEventBus
+from contextsvc.stores.files import FilesStore
+from tests.support.stores import TickingClock
+
+PROFILES = [
+    ProfileOverrides(),
+    ProfileOverrides(system_prompt="You are terse.", message_token_budget=60),
+    ProfileOverrides(system_prompt="Другой промпт", context_window=4096),
+]
+
+ops = st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 6), st.integers(0, 400)),
+    st.tuples(st.just("flags"), st.integers(0, 1 << 30), st.booleans()),
+    st.tuples(st.just("compress"), st.just(0), st.just(0)),
+    st.tuples(st.just("baseline"), st.integers(95, 130), st.just(0)),
+    st.tuples(st.just("replica_baseline"), st.integers(95, 130), st.just(0)),
+    st.tuples(st.just("profile"), st.integers(0, len(PROFILES) - 1), st.just(0)),
+    st.tuples(st.just("restart"), st.just(0), st.just(0)),
+)
+
+
+def _turn(n: int, k: int, words: int) -> list[IncomingMessage]:
+    text = " ".join(f"w{(k * 7 + i) % 97}" for i in range(words))
+    out: list[Message] = []
+    for i in range(n):
+        step = (k + i) % 4
+        if step == 0:
+            out.append(Message(role=Role.USER, content=f"ask {k}.{i} {text}"))
+        elif step == 1:
+            out.append(
+                Message(
+                    role=Role.ASSISTANT,
+                    content="calling",
+                    tool_calls=(ToolCall(id=f"c{k}_{i}", name="read", arguments_json='{"p": 1}'),),
+                    metadata={"step": i},
+                )
+            )
+        elif step == 2:
+            out.append(Message(role=Role.TOOL, tool_call_id=f"c{k}_{i - 1}", content=f"result {text}"))
+        else:
+            out.append(Message(role=Role.ASSISTANT, content=f"answer {k}.{i}"))
+    return [IncomingMessage(m) for m in out]
+
+
+class World:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.settings = Settings(
+            store="memory", profiles={"default": ProfileConfig(context_window=16384, output_reserve_tokens=512)}
+        )
+        self.wire = WireCache(1 << 20)
+        self.profile = PROFILES[0]
+        self.engine: Engine | None = None
+        self.sid = ""
+
+    async def open(self) -> Engine:
+        store = FilesStore(self.root, self.settings, clock=TickingClock())
+        await store.open()
+        self.engine = Engine(
+            store=store, bus=MemoryEventBus(retention=100), settings=self.settings, clock=TickingClock()
+        )
+        return self.engine
+
+    async def close(self) -> None:
+        assert self.engine is not None
+        await self.engine.close()
+        await self.engine.store.close()
+
+    async def build(self) -> BuiltView:
+        assert self.engine is not None
+        return await self.engine.build_context(
+            ANONYMOUS, self.sid, profile=self.profile, incoming=None, mid_turn=False, auto_compress=False
+        )
+
+    async def check(self) -> None:
+        """The build through the memo and the caches equals a build from scratch."""
+        engine = self.engine
+        assert engine is not None
+        try:
+            built = await self.build()
+        except ContextError:
+            return  # too large for this profile: nothing is served, nothing to compare
+        session = await engine.store.get_session(self.sid, caller=ANONYMOUS)
+        effective = await engine._profile_for(session, self.profile)
+        context = await engine.store.load_context(self.sid, caller=ANONYMOUS)
+        counter = engine.accounting.counter(effective.model)
+        fresh = engine.views._assemble(effective, context, None, EngineState.of(session), counter)
+        again = engine.views.assemble(effective, context, None, EngineState.of(session), session_id=self.sid)
+        for field in ("segments", "truncated", "estimate", "notices", "chars", "last_sequence", "had_images"):
+            assert getattr(again, field) == getattr(fresh, field), field
+        assert [m for m in again.rows] == [m for m in fresh.rows]
+        assert built.estimate == fresh.estimate
+        expected = build_response(dataclasses.replace(built, messages=fresh.plain or []))
+        encoded = encode_build_response(built, self.sid, self.wire, response_fields(built))
+        assert pb.BuildContextResponse.FromString(encoded.data) == expected
+        # And a second encoding of the very same view (the whole-view hit) is the same bytes.
+        assert encode_build_response(built, self.sid, self.wire, response_fields(built)).data == encoded.data
+
+    async def step(self, op: tuple[str, int, Any], k: int) -> None:
+        engine = self.engine
+        assert engine is not None
+        kind, a, b = op
+        if kind == "append":
+            await engine.append(ANONYMOUS, self.sid, _turn(a, k, b), request_id="", turn_complete=False)
+        elif kind == "flags":
+            rows = await engine.store.load_context(self.sid, caller=ANONYMOUS)
+            if rows:
+                pick = rows[a % len(rows)].sequence_number
+                await engine.store.set_context_flags(self.sid, [pick], caller=ANONYMOUS, is_context=b)
+        elif kind == "compress":
+            with contextlib.suppress(ContextError):
+                await engine.compress(ANONYMOUS, self.sid, profile=self.profile, note="test", dry_run=False)
+        elif kind == "baseline":
+            try:
+                built = await self.build()
+            except ContextError:
+                return
+            await engine.record_baseline(
+                ANONYMOUS, self.sid, view_id=built.view_id, prompt_tokens=max(1, built.estimate.total * a // 100)
+            )
+        elif kind == "replica_baseline":
+            # Another replica recorded a baseline: the state changes, this process's calibration
+            # does not (it refreshes on its own clock), so only the baseline tells the views apart.
+            try:
+                built = await self.build()
+            except ContextError:
+                return
+            session = await engine.store.get_session(self.sid, caller=ANONYMOUS)
+            state = EngineState.of(session).with_baseline(
+                max(1, built.estimate.total * a // 100),
+                max((m.sequence_number for m in built_rows(built)), default=0),
+                built.view_id,
+            )
+            await engine.store.update_state(self.sid, caller=ANONYMOUS, state=state.to_dict())
+        elif kind == "profile":
+            self.profile = PROFILES[a]
+        elif kind == "restart":
+            await self.close()
+            await self.open()
+
+
+def built_rows(built: BuiltView) -> list[Message]:
+    return [vm.message for vm in built.messages]
+
+
+async def _run(steps: list[tuple[str, int, Any]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        world = World(Path(tmp))
+        engine = await world.open()
+        world.sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
+        await engine.append(ANONYMOUS, world.sid, _turn(8, 0, 20), request_id="", turn_complete=False)
+        try:
+            await world.check()
+            for k, op in enumerate(steps, start=1):
+                await world.step(op, k)
+                await world.check()
+        finally:
+            await world.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ops, min_size=1, max_size=14))
+def test_reused_views_equal_views_built_from_scratch(steps: list[tuple[str, int, Any]]) -> None:
+    asyncio.run(_run(steps))
+
+
+def test_a_steady_session_reuses_its_view_and_its_encoding() -> None:
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            world = World(Path(tmp))
+            engine = await world.open()
+            world.sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
+            await engine.append(ANONYMOUS, world.sid, _turn(40, 0, 20), request_id="", turn_complete=False)
+            first = await world.build()
+            second = await world.build()
+            assert second.messages is first.messages  # the reused view: no per-message work
+            encode_build_response(first, world.sid, world.wire, response_fields(first))
+            hits = world.wire.stats()["hits"]
+            encode_build_response(second, world.sid, world.wire, response_fields(second))
+            assert world.wire.stats()["hits"] == hits + 1  # one whole-view hit, not 40 row hits
+            await engine.append(ANONYMOUS, world.sid, _turn(2, 40, 5), request_id="", turn_complete=False)
+            third = await world.build()
+            assert third.messages is not first.messages
+            assert len(third.messages) == len(first.messages) + 2
+            await world.close()
+
+    asyncio.run(run())
