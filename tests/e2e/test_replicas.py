@@ -448,7 +448,7 @@ def test_serve_creates_the_schema_once_and_a_second_start_changes_nothing(databa
     created = fingerprint(database)
     tables = {name for name, kind, *_ in created["relations"] if kind == "r"}
     assert {"sessions", "messages", "messages_archive", "events", "history_chunks", "schema_migrations"} <= tables
-    assert [v for v, *_ in created["migrations"]] == [m.version for m in MIGRATIONS]
+    assert [v for v, *_ in created["migrations"]] == [m.version for m in MIGRATIONS]  # every one, once
     assert any(name == "pg_trgm" for name, _ in created["extensions"])
     assert any(name == "messages_content_trgm" for name, _ in created["indexes"])
 
