@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--target", metavar="HOST:PORT", help="the service to call (default 127.0.0.1:50051)")
     gateway.add_argument("--config", metavar="FILE", help="TOML file with settings (the [gateway] table)")
     gateway.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
+    gateway.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a gateway beyond loopback in front of a service that lets anonymous callers in",
+    )
     commands.add_parser(
         "config", help="print the effective settings as JSON", description="Print the effective settings as JSON."
     ).add_argument("--config", metavar="FILE", help="TOML settings file")

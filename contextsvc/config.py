@@ -239,7 +239,7 @@ class SummarizerSettings(BaseModel):
 
 
 class MaintenanceSettings(BaseModel):
-    """Store maintenance (DESIGN §5.7, ``core/maintenance.py``): files store."""
+    """Store maintenance (DESIGN §5.7, ``core/maintenance.py``), run by ``serve`` on every store."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -255,6 +255,9 @@ class MaintenanceSettings(BaseModel):
     high_water_fraction: float = Field(0.8, gt=0, le=1)
     #: how often ``serve`` runs it.
     interval_seconds: float = Field(3600.0, gt=0)
+    #: PostgreSQL: rows beyond a session's newest this many move to the archive table (0 = never);
+    #: archived rows stay readable by every RPC.
+    archive_keep_messages: int = Field(2000, ge=0)
 
 
 class PostgresSettings(BaseModel):
@@ -363,6 +366,9 @@ class HotPathSettings(BaseModel):
     wire_cache_mb: int = Field(64, ge=0)
     #: sessions whose last assembled view is kept for reuse by the next build (0 = off).
     view_cache_sessions: int = Field(1024, ge=0)
+    #: longest a BuildContext that must compress waits for a compaction of the same session already
+    #: running (its summarizer call); past it the build answers with a hard-truncated view.
+    build_wait_seconds: float = Field(2.0, ge=0)
 
 
 class GatewaySettings(BaseModel):

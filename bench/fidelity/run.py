@@ -339,8 +339,12 @@ def record(table: str, cross: str, verdicts: list[str], command: str) -> None:
         "## Fidelity (`bench/fidelity/`)\n\n"
         f"{dt.date.today().isoformat()}, `{command}`, {platform.machine()} {platform.python_version()}, "
         f"{__import__('os').cpu_count()} cores.\n"
-        "Held-out corpus (bench/fidelity/corpus.py): the prior in core/priors.py was measured on the FIT split "
-        "only (`--fit-prior`); every figure below is on the SCORE split. Median / p90 |error| in %.\n\n"
+        "Held-out corpus (bench/fidelity/fidelity_corpus.py): the prior in core/priors.py was measured on the FIT "
+        "split only (`--fit-prior`), the margin weight chosen on it (`--tune-margin`); every figure below is on "
+        "the SCORE split. Median / p90 |error| in %. The real-file sources are whatever the machine has "
+        "installed, so figures move a little between machines (and runs, as packages are installed).\n\n"
+        + SOURCES_TABLE
+        + "\n\n"
         "### Estimates (views: baseline + delta after n baselines; lists: a random slice priced alone)\n\n"
         f"{table}\n\n### Cross-category: median error change (points) after 2 baselines of one category\n\n"
         f"{cross}\n\n### Verdicts\n\n"
@@ -354,6 +358,11 @@ def record(table: str, cross: str, verdicts: list[str], command: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + section
     path.write_text(text)
+
+
+SOURCES_TABLE = "\n".join(
+    line for line in (__import__("fidelity_corpus").__doc__ or "").splitlines() if line.startswith("|")
+)
 
 
 def prior_table() -> str:

@@ -128,6 +128,10 @@ class Seeder:
             self.stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
         return sid
 
+    def warm(self, sessions: list[str]) -> None:
+        for sid in sessions:
+            self.stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+
     def context_count(self, sid: str) -> int:
         return self.stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_message_count
 

@@ -42,11 +42,9 @@ from corpus import KINDS, Session, cyrillic, english, json_output, python_code, 
 
 from contextsvc.config import TokenSettings  # noqa: E402
 from contextsvc.core import sizing  # noqa: E402
-from contextsvc.core.calibration import Calibration, Observation, fit  # noqa: E402
 from contextsvc.core.messages import Message, Role  # noqa: E402
 from contextsvc.core.tokens import (  # noqa: E402
     Baseline,
-    CalibratedCounter,
     EstimateMethod,
     TextCounter,
     estimate,
@@ -111,11 +109,76 @@ def count_real(texts: list[str]) -> dict[str, list[int]]:
 
 
 @dataclass(slots=True, frozen=True)
+class Observation:
+    chars: int
+    tokens: int
+
+
+@dataclass(slots=True, frozen=True)
+class Calibration:
+    """The first version's calibration, kept here to replay it: one line ``overhead + x * slope``
+    over a measure (raw characters, or size units). The service now fits content-class features
+    (core/calibration.py; measured by bench/fidelity)."""
+
+    overhead: float
+    tokens_per_char: float
+    fitted: bool
+
+    def estimate_delta(self, chars: int) -> int:
+        return max(0, round(chars * self.tokens_per_char))
+
+
+def fit(observations: list[Observation], settings: TokenSettings) -> Calibration:
+    """Least squares over the newest 8 observations, 1.25x spread, slope in [0.25, 1.0], else size/1.8."""
+    fallback = Calibration(0.0, 1 / 1.8, fitted=False)
+    usable = [o for o in observations if o.chars > 0 and o.tokens > 0][-8:]
+    if len(usable) < 2:
+        return fallback
+    xs, ys = [float(o.chars) for o in usable], [float(o.tokens) for o in usable]
+    if max(xs) < 1.25 * min(xs):
+        return fallback
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    if not 0.25 <= slope <= 1.0:
+        return fallback
+    return Calibration(my - slope * mx, slope, fitted=True)
+
+
+@dataclass(slots=True, frozen=True)
+class SizeLineCounter:
+    """The first version's line over size units (what the service fitted before content classes)."""
+
+    calibration: Calibration
+
+    @property
+    def method(self) -> EstimateMethod:
+        return EstimateMethod.CALIBRATED if self.calibration.fitted else EstimateMethod.FALLBACK
+
+    @property
+    def overhead(self) -> int:
+        return round(self.calibration.overhead)
+
+    @property
+    def margin_rate(self) -> float:
+        return 0.0
+
+    def count_text(self, text: str) -> int:
+        return self.calibration.estimate_delta(sizing.text_size(text))
+
+    def count_messages(self, messages: Iterable[Message]) -> int:
+        return self.calibration.estimate_delta(messages_size(messages))
+
+
+@dataclass(slots=True, frozen=True)
 class RawCharCounter:
     """The calibrated counter as it was before ``contextsvc.core.sizing``: the same line, fitted
     and applied over plain characters of the same message parts (no framing allowance)."""
 
     calibration: Calibration
+
+    @property
+    def margin_rate(self) -> float:
+        return 0.0
 
     @property
     def method(self) -> EstimateMethod:
@@ -133,7 +196,7 @@ class RawCharCounter:
 
 
 def counter(measure: str, calibration: Calibration) -> TextCounter:
-    return RawCharCounter(calibration) if measure == "chars" else CalibratedCounter(calibration)
+    return RawCharCounter(calibration) if measure == "chars" else SizeLineCounter(calibration)
 
 
 # --- views -----------------------------------------------------------------------------------
@@ -390,11 +453,11 @@ def cost_tables(mixed: list[tuple[Session, list[View]]]) -> str:
 
     def cold_build() -> None:
         sizing.clear_caches()
-        build(CalibratedCounter(line), "size")
+        build(SizeLineCounter(line), "size")
 
     cold_ms = best_ms(cold_build, 3)
-    build(CalibratedCounter(line), "size")
-    warm = best_ms(lambda: build(CalibratedCounter(line), "size"))
+    build(SizeLineCounter(line), "size")
+    warm = best_ms(lambda: build(SizeLineCounter(line), "size"))
     rows += [
         "",
         f"Token accounting of one 200-message view ({chars:,} chars of mixed agent turns), as BuildContext does it "

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from contextsvc.client import ContextClient
+from contextsvc.client import ContextClient, TLSOptions
 
 PROFILE = {"model": "fake-model", "context_window": 8192, "system_prompt": "You are a coding agent."}
 
@@ -25,8 +27,9 @@ def fake_model(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
     return {"role": "assistant", "content": f"main.py has {len(last['content'])} characters."}, prompt_tokens
 
 
-async def main(address: str) -> None:
-    async with ContextClient(address) as client:
+async def main(address: str, ca_pem: bytes | None) -> None:
+    tls = TLSOptions(root_certificates=ca_pem) if ca_pem else False
+    async with ContextClient(address, token=os.environ.get("CONTEXTSVC_TOKEN"), tls=tls) as client:
         sid = (await client.create_session(name="agent-loop"))["id"]
         await client.append_messages(sid, [{"role": "user", "content": "How long is main.py?"}])
         phase = "pre_turn"
@@ -46,4 +49,6 @@ async def main(address: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051"))
+    ca_file = os.environ.get("CONTEXTSVC_CA_FILE")
+    ca = Path(ca_file).read_bytes() if ca_file else None
+    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051", ca))

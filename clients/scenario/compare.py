@@ -10,15 +10,11 @@ VOLATILE_KEYS = frozenset(
     {"id", "session_id", "view_id", "event_id", "request_id"}
     | {"create_time", "update_time", "time", "start_time", "end_time"}
 )
-# Server-wide counters that grow with every run against the same server (the three clients share one).
-RUN_ORDER_KEYS = frozenset({"observations"})
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def normalize(value: Any, key: str = "") -> Any:
     """Volatile values become a marker of whether they were set; numbers compare as floats."""
-    if key in RUN_ORDER_KEYS:
-        return "<counter>"
     if key in VOLATILE_KEYS:
         return "<set>" if value not in (None, "", 0) else value
     if isinstance(value, dict):

@@ -1,5 +1,5 @@
 """One scripted agent loop, three languages: the transcripts of the Python, TypeScript and Go
-clients against one real server must match field for field (after masking ids and clocks).
+clients, each against a real server, must match field for field (after masking ids and clocks).
 
 Run by scripts/test-clients.sh after the TypeScript client is built (dist/examples/scenario.js)."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-
-import pytest
 
 from contextsvc.client import ContextClient
 from tests.support.server import ServerProcess
@@ -25,8 +25,8 @@ from compare import differences, normalize  # noqa: E402
 RUN_TIMEOUT_S = 180
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
+@contextmanager
+def _server() -> Iterator[ServerProcess]:
     proc = ServerProcess("memory").start()
     try:
         yield proc
@@ -35,21 +35,31 @@ def server() -> Iterator[ServerProcess]:
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    # PYTHONPATH: the Python runner imports this checkout's contextsvc, whatever is installed.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
-def test_three_clients_produce_the_same_transcript(server: ServerProcess, tmp_path: Path) -> None:
-    async def warm() -> None:  # an event before the scenario's, so after_event_id=1 replays all of them
-        async with ContextClient(server.address) as c:
+def test_three_clients_produce_the_same_transcript(tmp_path: Path) -> None:
+    """Each client runs against a fresh server of its own: calibration is learned per model across
+    sessions, so runs sharing one server would see each other's baselines."""
+
+    async def warm(address: str) -> None:  # an event before the scenario's, so after_event_id=1 replays them all
+        async with ContextClient(address) as c:
             sid = (await c.create_session())["id"]
             await c.append_messages(sid, [{"role": "user", "content": "warm up"}])
 
-    asyncio.run(warm())
     outputs = {name: tmp_path / f"{name}.json" for name in ("python", "typescript", "go")}
-    _run([sys.executable, str(HERE / "run_python.py"), server.address, str(outputs["python"])], ROOT)
-    _run(["node", "dist/examples/scenario.js", server.address, str(outputs["typescript"])], ROOT / "clients/typescript")
-    _run(["go", "run", "./cmd/scenario", server.address, str(outputs["go"])], ROOT / "clients/go")
+    commands = {
+        "python": ([sys.executable, str(HERE / "run_python.py")], ROOT),
+        "typescript": (["node", "dist/examples/scenario.js"], ROOT / "clients/typescript"),
+        "go": (["go", "run", "./cmd/scenario"], ROOT / "clients/go"),
+    }
+    for name, (cmd, cwd) in commands.items():
+        with _server() as server:
+            asyncio.run(warm(server.address))
+            _run([*cmd, server.address, str(outputs[name])], cwd)
 
     transcripts = {name: json.loads(path.read_text()) for name, path in outputs.items()}
     steps = json.loads((HERE / "scenario.json").read_text())["steps"]

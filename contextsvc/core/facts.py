@@ -71,6 +71,7 @@ class _Candidate:
     preference: bool
     recency: int
     from_user: bool
+    carried: bool = False
 
 
 def _anchors(sentence: str) -> set[str]:
@@ -148,11 +149,14 @@ def fact_lines(
             for fact in carried_facts(m.content):
                 anchors = frozenset(_anchors(fact))
                 refs.update(anchors)
-                candidates.append(_Candidate(fact, anchors, bool(_PREFERENCE.search(fact)), i, False))
+                candidates.append(_Candidate(fact, anchors, bool(_PREFERENCE.search(fact)), i, False, carried=True))
             continue
         per_tool: list[_Candidate] = []
         for sentence in _sentences(m):
             anchors = frozenset(_anchors(sentence))
+            if m.role is not Role.TOOL:
+                # An error word in conversation is chatter; an error line in tool output is a fact.
+                anchors = frozenset(x for x in anchors if not x.startswith("error:"))
             preference = m.role is Role.USER and bool(_PREFERENCE.search(sentence))
             refs.update(anchors)
             if not anchors and not preference:
@@ -164,8 +168,14 @@ def fact_lines(
         candidates.extend(per_tool[:4])
 
     def score(c: _Candidate) -> tuple[float, int]:
-        weight = sum(min(refs[a], 4) for a in c.anchors)
-        return (10.0 * c.preference + 2.0 * c.from_user + min(len(c.anchors), 4) + 0.5 * weight, c.recency)
+        # Concrete anchors (ids, hosts, paths, names, dates...) weigh most; an error word alone is
+        # weak (chatter mentions errors all the time). A carried fact was chosen before and keeps
+        # its place against newer chatter: facts must survive many folds, not only the next one.
+        strong = [x for x in c.anchors if not x.startswith("error:")]
+        weight = sum(min(refs[x], 4) for x in strong)
+        value = 10.0 * c.preference + 1.0 * c.from_user + 3.0 * min(len(strong), 4) + 0.5 * weight
+        value += 0.5 * (len(c.anchors) > len(strong)) + 6.0 * c.carried
+        return (value, c.recency)
 
     chosen: list[str] = []
     seen_text: set[str] = set()

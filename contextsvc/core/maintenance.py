@@ -53,6 +53,8 @@ class Plan:
     bytes_before: int = 0
     bytes_after: int = 0
     notes: list[str] = field(default_factory=list)
+    #: session id -> rows moved to the archive (PostgreSQL), filled in by the run.
+    archived: dict[str, int] = field(default_factory=dict)
 
 
 def plan(candidates: Sequence[Candidate], policy: Policy, now: datetime, *, other_bytes: int = 0) -> Plan:

@@ -141,6 +141,10 @@ class Bounds:
         return self.trigger - self.limit
 
 
+class CompactionBusy(Exception):
+    """The session's compaction lock was not free within the bound a caller gave."""
+
+
 @dataclass(slots=True)
 class Situation:
     """What a compaction decision is made on: the context and the numbers of the view around it.
@@ -157,6 +161,8 @@ class Situation:
     reason: Reason
     mid_turn: bool = False
     note: str = ""
+    #: the estimate's margin (TokenEstimate.margin): the trigger compares view_tokens + margin.
+    margin: int = 0
     state: EngineState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -184,16 +190,25 @@ class Compactor:
     # -- locking ----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def lock(self, session_id: str) -> AsyncIterator[None]:
+    async def lock(self, session_id: str, *, wait: float | None = None) -> AsyncIterator[None]:
         """One compaction (or state read-modify-write) per session at a time: an in-process lock,
         then the store's cross-process lock. The in-process entry lives only while someone holds
-        or waits for it, so the map never grows with the number of sessions ever seen."""
+        or waits for it, so the map never grows with the number of sessions ever seen.
+
+        ``wait`` bounds the time spent acquiring both locks (``CompactionBusy`` past it); what runs
+        under the lock is not bounded by it."""
         entry = self._locks.get(session_id)
         if entry is None:
             entry = self._locks[session_id] = [asyncio.Lock(), 0]
         entry[1] += 1
         try:
-            async with entry[0], self._store.compaction_lock(session_id):
+            async with contextlib.AsyncExitStack() as held:
+                try:
+                    async with asyncio.timeout(wait):
+                        await held.enter_async_context(entry[0])
+                        await held.enter_async_context(self._store.compaction_lock(session_id))
+                except TimeoutError:
+                    raise CompactionBusy(f"session {session_id} is compacting; waited {wait:g} s") from None
                 yield
         finally:
             entry[1] -= 1
@@ -263,8 +278,24 @@ class Compactor:
             limit = goal
         return Bounds(trigger=trigger, goal=goal, limit=limit)
 
+    def busy(self, session_id: str) -> bool:
+        """A compaction (or a state write) of the session is running in this process."""
+        entry = self._locks.get(session_id)
+        return entry is not None and entry[0].locked()
+
+    def fallback_context(self, s: Situation) -> list[Message]:
+        """The context a hard truncation would keep, computed without committing anything: what a
+        build serves when it may not wait for a running compaction (its summarizer call)."""
+        level = self._settings.summarizer.hard_truncate_fraction * s.profile.context_window - s.fixed_tokens
+        cut = self._truncation(s, level)
+        if cut.tokens_kept > level:
+            inner = self._inner_truncation(s, level)
+            if inner.would_compress and inner.tokens_kept < cut.tokens_kept:
+                cut = inner
+        return list(cut.keep) if cut.would_compress else list(s.context)
+
     def over_threshold(self, s: Situation) -> bool:
-        return s.view_tokens >= self.bounds(s.profile).trigger
+        return s.view_tokens + s.margin >= self.bounds(s.profile).trigger
 
     def _flush_due(self, s: Situation, state: EngineState) -> bool:
         """The memory flush is due once per cycle, when the view grows past the soft threshold.
@@ -279,14 +310,21 @@ class Compactor:
         soft = max(b.trigger - self._settings.summarizer.memory_flush_soft_tokens, b.limit)
         return c.enabled and s.view_tokens > soft and state.extra.get(_FLUSH_EPOCH) != state.epoch
 
-    async def maybe_memory_flush(self, s: Situation) -> None:
-        """Once per compaction cycle, warn watchers that a compaction is near (DESIGN §5.4)."""
+    async def maybe_memory_flush(self, s: Situation, *, wait: float | None = None) -> None:
+        """Once per compaction cycle, warn watchers that a compaction is near (DESIGN §5.4).
+        With ``wait``, gives up after that long behind a running compaction (due again next time)."""
         if not self._flush_due(s, s.state):
             return
+        try:
+            await self._memory_flush(s, wait)
+        except CompactionBusy:
+            return
+
+    async def _memory_flush(self, s: Situation, wait: float | None) -> None:
         # Decide again on the session as it is now, under the compaction lock: concurrent builds
         # would each flush (and each write back a stale state, undoing a compaction that committed
         # meanwhile: its epoch, its cleared baseline).
-        async with self.lock(s.session.id):
+        async with self.lock(s.session.id, wait=wait):
             fresh = EngineState.of(await self._store.get_session(s.session.id, caller=_SYSTEM))
             if fresh.epoch != s.state.epoch or not self._flush_due(s, fresh):
                 return

@@ -14,9 +14,11 @@ from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_
 from contextsvc.core.recall import query_terms
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import TokenEstimate
+from contextsvc.core.view_budget import too_large
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.compaction import (
     STRATEGIES,
+    CompactionBusy,
     Compactor,
     CompressionReport,
     Reason,
@@ -126,8 +128,9 @@ class Engine:
             session=session,
             profile=profile,
             context=context,
+            view_tokens=built.estimate.total,
             # Estimate + margin: the trigger fires before the true size could pass the threshold.
-            view_tokens=built.estimate.guarded,
+            margin=built.estimate.margin,
             fixed_tokens=seg.system + seg.incoming,
             reason=reason,
             mid_turn=mid_turn,
@@ -169,9 +172,26 @@ class Engine:
         reason = Reason.MIDTURN if mid_turn else Reason.PRETURN
         if auto_compress and effective.compression.enabled:
             situation = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
-            await self.compactor.maybe_memory_flush(situation)
-            if self.compactor.over_threshold(situation):
-                report = await self._compress_automatically(situation)
+            # A build never waits on another compaction's summarizer past ``build_wait_seconds``.
+            wait = self.settings.hot_path.build_wait_seconds
+            await self.compactor.maybe_memory_flush(situation, wait=wait)
+            fits = too_large(built.estimate.total, effective.context_window, effective.output_reserve_tokens) is None
+            # When a compaction of this session is already running and the current view fits, it is
+            # served now rather than after that compaction's summarizer.
+            if self.compactor.over_threshold(situation) and not (fits and self.compactor.busy(sid)):
+                try:
+                    report = await self._compress_automatically(situation, wait=wait)
+                except CompactionBusy:
+                    # Still compacting elsewhere after the bound: a hard-truncated view, computed
+                    # and not committed (the running compaction commits its own result).
+                    kept = self.compactor.fallback_context(situation)
+                    built = self.views.assemble(effective, kept, message, EngineState.of(session))
+                    notice = (
+                        f"a compaction of this session was still running after {wait:g} s: "
+                        f"this view is hard-truncated to {len(kept)} of {len(context)} context messages"
+                    )
+                    built = dataclasses.replace(built, notices=[*built.notices, notice])
+                    return await self.views.finish(caller, session, effective, kept, built, data, anchor=False)
                 # Reload after our compaction, and also when another request compacted while this
                 # one waited for the lock: the view built before it is stale (and may no longer fit).
                 epoch = EngineState.of(session).epoch
@@ -200,10 +220,11 @@ class Engine:
             session = fresh
         return session, await self.store.load_context(session.id, caller=caller)
 
-    async def _compress_automatically(self, s: Situation) -> CompressionReport | None:
+    async def _compress_automatically(self, s: Situation, *, wait: float | None = None) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:
-        a compaction that finished while we waited may have done the work already."""
-        async with self.compactor.lock(s.session.id):
+        a compaction that finished while we waited may have done the work already. ``wait``
+        bounds the wait for the lock (``CompactionBusy``)."""
+        async with self.compactor.lock(s.session.id, wait=wait):
             fresh = await self.store.get_session(s.session.id, caller=_INTERNAL)
             if EngineState.of(fresh).epoch != s.state.epoch:
                 return None

@@ -3,7 +3,8 @@
 Every removal is a ``session_deleted`` event (payload ``reason``) and an audit line (logger
 ``contextsvc.audit``); in ``warn`` mode (or a dry run) each would-be removal is a warning line
 instead. Only stores that can list their sessions' sizes take part (``maintenance_candidates``:
-the files store); for the others a run does nothing and says so.
+the files store, memory and PostgreSQL); for others a run does nothing. PostgreSQL also moves old
+rows to its archive table by ``archive_keep_messages`` (``archive_by_rule``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ async def run_maintenance(
                 payload={"reason": f"maintenance: {removal.reason}"},
             )
     result.removals = done
+    archive: Callable[..., Awaitable[dict[str, int]]] | None = getattr(store, "archive_by_rule", None)
+    if archive is not None and settings.archive_keep_messages > 0 and not dry_run:
+        # Archiving loses nothing (every read still sees the rows): it runs in warn mode too.
+        moved = await archive(settings.archive_keep_messages, caller=MAINTENANCE)
+        result.archived = moved
+        for sid, n in moved.items():
+            log.info("maintenance archived old rows", extra={"session_id": sid, "rows": n})
     for note in result.notes:
         log.warning("maintenance: %s", note)
     return result

@@ -237,16 +237,24 @@ class ViewService:
         built: Assembled,
         incoming_data: dict[str, bytes],
         compression: Any = None,
+        *,
+        anchor: bool = True,
     ) -> BuiltView:
-        """Size-check and remember an assembled view; load the bytes of the images it carries."""
+        """Size-check and remember an assembled view; load the bytes of the images it carries.
+
+        ``anchor=False`` marks a view that is not the session's committed context (a fallback
+        served while a compaction runs): its baseline still calibrates the model, but is never
+        kept as the session's anchor (it would price a context the session does not hold)."""
         # The compression trigger fires on estimate + margin, so a view reaches here over the budget
         # by its margin only when compression could not shrink it further. The turn fails only when
         # the estimate itself does not fit: a margin is a doubt, and a turn must never fail on one.
         error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens)
         if error is not None:
             raise error
+        # A copy: ``built`` may be the session's reused view (engine.view_memo), shared by builds.
+        notices = list(built.notices)
         if built.estimate.guarded > built.estimate.budget:
-            built.notices.append(
+            notices.append(
                 f"the view's estimate {built.estimate.total} is within the budget of {built.estimate.budget} tokens "
                 f"but its margin of {built.estimate.margin} is not: the real count may exceed it"
             )
@@ -261,7 +269,7 @@ class ViewService:
                 had_images=built.had_images,
                 last_sequence=built.last_sequence,
                 create_time=self._clock.now(),
-                epoch=EngineState.of(session).epoch,
+                epoch=EngineState.of(session).epoch if anchor else -1,
                 features=tuple(float(x) for x in messages_features(built.rows, views=1)),
                 incoming_tokens=built.estimate.segments.incoming,
             ),
@@ -272,7 +280,7 @@ class ViewService:
                 messages=built.plain,
                 view_id=view_id,
                 estimate=built.estimate,
-                notices=built.notices,
+                notices=notices,
                 compression=compression,
             )
         messages = []
@@ -291,7 +299,7 @@ class ViewService:
             messages=messages,
             view_id=view_id,
             estimate=built.estimate,
-            notices=built.notices,
+            notices=notices,
             compression=compression,
         )
 

@@ -39,6 +39,7 @@ from contextsvc.gateway.hub import (
     Subscriber,
 )
 from contextsvc.gateway.upstream import Upstream, UpstreamError
+from contextsvc.transport import is_loopback, listen_host
 
 log = logging.getLogger(__name__)
 # The library logs every connection at INFO (an object repr, nothing useful): keep warnings only.
@@ -511,9 +512,39 @@ class Gateway:
         }
 
 
+class GatewayRefused(OSError):
+    """The gateway would expose an open service beyond loopback."""
+
+
+async def check_exposure(upstream: Upstream, settings: Settings, listen: str) -> None:
+    """The loopback rule for the gateway: beyond loopback it forwards whatever the service grants an
+    anonymous caller, so it starts there only when the service wants tokens (or with --insecure)."""
+    if settings.insecure or is_loopback(listen_host(listen)):
+        return
+    try:
+        await upstream.list_sessions("", query="", page_size=1, page_token="")
+    except UpstreamError as exc:
+        if exc.code == "UNAUTHENTICATED":
+            return
+        raise GatewayRefused(
+            f"refusing to serve the gateway on {listen}: cannot check that the service at {upstream.target} "
+            f"requires tokens ({exc.code}); start the service first, or pass --insecure"
+        ) from None
+    raise GatewayRefused(
+        f"refusing to serve the gateway on {listen}: the service at {upstream.target} lets anonymous callers "
+        "in, and beyond loopback the gateway would hand that to the network; turn tokens on (--auth tokens) "
+        "or pass --insecure"
+    )
+
+
 async def start_gateway(settings: Settings, listen: str, target: str) -> Gateway:
     gateway = Gateway(settings, target)
-    await gateway.start(listen)
+    try:
+        await check_exposure(gateway.upstream, settings, listen)
+        await gateway.start(listen)
+    except BaseException:
+        await gateway.close()
+        raise
     return gateway
 
 

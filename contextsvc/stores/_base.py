@@ -17,13 +17,14 @@ import dataclasses
 import hashlib
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
+from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
@@ -303,6 +304,23 @@ class RowStore:
             self._history.pop(st.id, None)
 
         await self._serialized(st, work)
+
+    async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
+        """Every session with the characters of its rows as its size (the files store counts its
+        bytes on disk instead), for store maintenance (``core/maintenance.py``)."""
+        epoch = datetime.min.replace(tzinfo=UTC)
+        return [
+            Candidate(
+                session_id=st.id,
+                update_time=st.update_time or st.create_time or epoch,
+                pinned=st.pinned,
+                size_bytes=sum(len(m.content) for m in st.rows),
+                busy=st.id in busy,
+                user_id=st.user_id,
+            )
+            for st in list(self._sessions.values())
+            if not st.deleted
+        ], 0
 
     # -- rows ------------------------------------------------------------------------------
 

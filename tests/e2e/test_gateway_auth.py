@@ -157,3 +157,24 @@ async def test_events_reach_only_the_owner_socket(world: dict[str, Any], tmp_pat
         frame = await recv(ws)
         assert frame["type"] == "messages_appended" and frame["session_id"] == sid
     assert world["alice"] not in world["proc"].stderr_text and world["bob"] not in world["proc"].stderr_text
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "contextsvc", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_gateway_beyond_loopback_refuses_an_open_service(tmp_path: Path) -> None:
+    # Refused before anything binds: the tests never open a socket beyond loopback.
+    bundled = run_cli("serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "0.0.0.0:0")
+    assert bundled.returncode == 1 and "refusing to serve the gateway on 0.0.0.0:0" in bundled.stderr
+    assert "lets anonymous callers in" in bundled.stderr
+    service = Process(["serve", "--listen", "127.0.0.1:0", "--store", "memory"]).start()
+    try:
+        alone = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", service.grpc_address)
+        assert alone.returncode == 1 and "lets anonymous callers in" in alone.stderr
+    finally:
+        service.kill()
+    unreachable = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", "127.0.0.1:1")
+    assert unreachable.returncode == 1 and "cannot check that the service" in unreachable.stderr

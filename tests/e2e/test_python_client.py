@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contextsvc import errors
-from contextsvc.client import ContextClient, RetryPolicy, from_plain, to_plain
+from contextsvc.client import ContextClient, RetryPolicy, TLSOptions, from_plain, to_plain
 from contextsvc.v1 import context_service_pb2, resources_pb2
 from tests.support.server import ServerProcess
 from tests.support.tcp_proxy import TcpProxy
@@ -224,3 +225,46 @@ async def _until(cond: Any, limit: float = 10.0) -> None:
     while not cond():
         assert loop.time() < end, "condition not reached"
         await asyncio.sleep(0.02)
+
+
+def test_tls_mutual_tls_and_tokens(tmp_path: Path) -> None:
+    """The client's TLS options and bearer token against a server serving TLS with token auth."""
+    from tests.e2e.test_tls import _token
+    from tests.support.certs import Authority
+
+    folder = tmp_path / "pki"
+    server_ca, client_ca = Authority("server CA"), Authority("client CA")
+    cert, key = server_ca.server().write(folder, "server")
+    (folder / "clients.pem").write_bytes(client_ca.pem)
+    alice = client_ca.client("alice-laptop")
+    token = _token(tmp_path / "data")
+    tls = TLSOptions(root_certificates=server_ca.pem)
+    mtls = TLSOptions(root_certificates=server_ca.pem, certificate_chain=alice.cert, private_key=alice.key)
+
+    async def calls(address: str) -> None:
+        async with ContextClient(address, tls=tls, token=token, timeout=10) as c:
+            assert (await c.create_session(name="over tls"))["user_id"] == "alice"
+        async with ContextClient(address, tls=tls, timeout=10) as anonymous:
+            with pytest.raises(errors.Unauthenticated):
+                await anonymous.list_sessions()
+        async with ContextClient(address, timeout=5, retry=RetryPolicy(max_attempts=1)) as plaintext:
+            with pytest.raises(errors.Unavailable):
+                await plaintext.list_sessions()
+
+    async def mutual(address: str) -> None:
+        async with ContextClient(address, tls=mtls, timeout=10) as c:
+            assert (await c.create_session())["id"]
+
+    args = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    proc = ServerProcess(f"files:{tmp_path / 'data'}", extra_args=[*args, "--auth", "tokens"]).start()
+    try:
+        asyncio.run(calls(proc.address))
+    finally:
+        proc.kill()
+    proc = ServerProcess(
+        f"files:{tmp_path / 'data2'}", extra_args=[*args, "--tls-client-ca", str(folder / "clients.pem")]
+    )
+    try:
+        asyncio.run(mutual(proc.start().address))
+    finally:
+        proc.kill()

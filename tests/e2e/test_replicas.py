@@ -29,6 +29,7 @@ from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import events_pb2
 from contextsvc._gen.v1 import resources_pb2 as r
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
+from contextsvc.stores.postgres.schema import MIGRATIONS
 from tests.support.fake_llm import FakeLLM
 from tests.support.postgres import PgCluster, create_database, drop_database, postgres_dsn
 from tests.support.rpc import all_messages, assistant, tool, user
@@ -447,7 +448,7 @@ def test_serve_creates_the_schema_once_and_a_second_start_changes_nothing(databa
     created = fingerprint(database)
     tables = {name for name, kind, *_ in created["relations"] if kind == "r"}
     assert {"sessions", "messages", "messages_archive", "events", "history_chunks", "schema_migrations"} <= tables
-    assert [v for v, *_ in created["migrations"]] == [1]
+    assert [v for v, *_ in created["migrations"]] == [m.version for m in MIGRATIONS]  # every one, once
     assert any(name == "pg_trgm" for name, _ in created["extensions"])
     assert any(name == "messages_content_trgm" for name, _ in created["indexes"])
 

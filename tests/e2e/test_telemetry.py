@@ -294,3 +294,43 @@ def test_nothing_is_exported_without_otel_variables(tmp_path: Path, receiver: tu
         proc.terminate()
     assert found.requests == 0
     assert "telemetry on" not in proc.stderr_text
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_prometheus_scrape_endpoint_serves_the_metrics(tmp_path: Path) -> None:
+    import httpx
+
+    port = _free_port()
+    env = {
+        **_clean_env(),
+        "OTEL_METRICS_EXPORTER": "prometheus",
+        "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+        "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+    }
+    proc = ServerProcess("memory", env=env).start()
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            _fill(stub, sid, 2)
+            stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+        body = ""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            if "contextsvc_context_fill" in body:
+                break
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+    assert "rpc_server_call_duration" in body
+    assert 'rpc_method="BuildContext"' in body
+    assert "contextsvc_context_fill" in body
+    assert "contextsvc_sessions_created" in body

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from contextsvc.config import MaintenanceSettings
 from contextsvc.core.messages import BufferKind, Flags, ImageRef, Message, Role, ToolCall
 from contextsvc.core.session import Principal
+from contextsvc.engine.maintenance import run_maintenance
 from contextsvc.errors import NotFound
 from contextsvc.stores.postgres import PostgresStore
 
@@ -90,3 +92,31 @@ async def test_archive_round_trip(store: PostgresStore, postgres_db: str) -> Non
         await store.archive_old_messages(sid, 20, caller=BOB)
     await store.delete_session(sid, caller=ALICE)
     assert await hot_and_archived(postgres_db, sid) == (0, 0)
+
+
+async def test_maintenance_archives_by_rule_and_every_read_still_sees_the_rows(
+    store: PostgresStore, postgres_db: str
+) -> None:
+    long = (await store.create_session(caller=ALICE, profile_id="p")).id
+    short = (await store.create_session(caller=ALICE, profile_id="p")).id
+    for _ in range(3):
+        await store.append_messages(long, rows(), caller=ALICE)  # 60 rows
+    await store.append_messages(short, rows()[:5], caller=ALICE)
+    before = {sid: await snapshot(store, sid) for sid in (long, short)}
+    now = (await store.get_session(long, caller=ALICE)).update_time
+    assert now is not None
+    config = MaintenanceSettings(archive_keep_messages=25, prune_after_days=0)
+
+    dry = await run_maintenance(store, None, config, now=now, dry_run=True)
+    assert dry is not None and dry.archived == {} and await hot_and_archived(postgres_db, long) == (60, 0)
+    result = await run_maintenance(store, None, config, now=now)  # mode warn: archiving loses nothing
+    assert result is not None and result.removals == [] and result.archived == {long: 35}
+    assert await hot_and_archived(postgres_db, long) == (25, 35)
+    assert await hot_and_archived(postgres_db, short) == (5, 0)
+    for sid in (long, short):
+        assert await snapshot(store, sid) == before[sid]  # ListMessages, ExpandSummary's rows, the header
+    # The rule holds as the session grows; a second run moves only what is new.
+    await store.append_messages(long, rows()[:10], caller=ALICE)
+    again = await run_maintenance(store, None, config, now=now)
+    assert again is not None and again.archived == {long: 10}
+    assert await hot_and_archived(postgres_db, long) == (25, 45)

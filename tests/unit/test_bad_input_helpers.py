@@ -101,3 +101,14 @@ def test_append_fingerprint_changes_with_anything_that_would_be_appended() -> No
         [IncomingMessage(base.message, (IncomingImage(blob_id="sha256:x"),))],
     ]
     assert len({fp, *(append_fingerprint(v) for v in variants)}) == len(variants) + 1
+
+
+def test_token_bucket_refills_and_lets_an_oversized_request_through_into_debt() -> None:
+    from contextsvc.api.quotas import TokenBucket
+
+    bucket = TokenBucket(capacity=10, rate=2, now=0.0)
+    assert bucket.take(6, 0.0) == 0.0
+    assert bucket.take(6, 0.0) == 1.0  # 4 left, 6 needed, 2 per second
+    assert bucket.take(6, 1.0) == 0.0
+    assert bucket.take(25, 6.0) == 0.0  # full (10): an oversized request passes ...
+    assert bucket.take(1, 6.0) == 8.0  # ... and leaves a debt of 15 to pay back first

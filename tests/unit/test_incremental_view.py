@@ -28,6 +28,7 @@ from contextsvc.engine.views import BuiltView
 from contextsvc.errors import ContextError
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.files import FilesStore
+from contextsvc.summarizers.registry import build_summarizers
 from tests.support.stores import TickingClock
 
 PROFILES = [
@@ -85,7 +86,11 @@ class World:
         store = FilesStore(self.root, self.settings, clock=TickingClock())
         await store.open()
         self.engine = Engine(
-            store=store, bus=MemoryEventBus(retention=100), settings=self.settings, clock=TickingClock()
+            store=store,
+            bus=MemoryEventBus(retention=100),
+            settings=self.settings,
+            clock=TickingClock(),
+            summarizers=build_summarizers(self.settings),
         )
         return self.engine
 

@@ -1,5 +1,8 @@
 // A minimal agent loop on contextsvc with a local fake model.
 //   node dist/examples/agent_loop.js 127.0.0.1:50051
+// With CONTEXTSVC_TOKEN set it sends that bearer token; with CONTEXTSVC_CA_FILE (a PEM bundle) it
+// connects over TLS trusting those roots.
+import { readFileSync } from "node:fs";
 import { ContextClient, type Plain } from "../src/index.js";
 
 const PROFILE = { model: "fake-model", context_window: 8192, system_prompt: "You are a coding agent." };
@@ -15,7 +18,11 @@ function fakeModel(messages: Plain[]): [Plain, number] {
   return [{ role: "assistant", content: `main.py has ${last.content.length} characters.` }, promptTokens];
 }
 
-const client = new ContextClient(process.argv[2] ?? "127.0.0.1:50051");
+const caFile = process.env.CONTEXTSVC_CA_FILE;
+const client = new ContextClient(process.argv[2] ?? "127.0.0.1:50051", {
+  token: process.env.CONTEXTSVC_TOKEN,
+  tls: caFile ? { ca: readFileSync(caFile) } : false,
+});
 const sid = (await client.createSession({ name: "agent-loop" })).id as string;
 await client.appendMessages(sid, [{ role: "user", content: "How long is main.py?" }]);
 let phase = "pre_turn";

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ import asyncpg
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
+from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
@@ -457,6 +458,36 @@ class PostgresStore:
 
         await self._write("delete_session", work)
 
+    async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
+        """Every session with the bytes of its rows (hot and archived), for store maintenance
+        (``core/maintenance.py``). Blobs, chunks and events are not counted."""
+
+        async def work(conn: Any) -> list[Any]:
+            return list(
+                await conn.fetch(
+                    "SELECT s.session_id, s.user_id, s.pinned, s.update_time,"
+                    " COALESCE((SELECT sum(pg_column_size(m.*)) FROM messages m"
+                    "   WHERE m.session_id = s.session_id), 0)"
+                    " + COALESCE((SELECT sum(pg_column_size(a.*)) FROM messages_archive a"
+                    "   WHERE a.session_id = s.session_id), 0) AS bytes"
+                    " FROM sessions s"
+                )
+            )
+
+        rows = await self._read("maintenance_candidates", work)
+        busy_set = set(busy)
+        return [
+            Candidate(
+                session_id=row["session_id"],
+                update_time=utc(row["update_time"]),
+                pinned=row["pinned"],
+                size_bytes=int(row["bytes"]),
+                busy=row["session_id"] in busy_set,
+                user_id=row["user_id"],
+            )
+            for row in rows
+        ], 0
+
     # -- rows --------------------------------------------------------------------------------
 
     async def append_messages(
@@ -691,6 +722,36 @@ class PostgresStore:
             return int(moved)
 
         return await self._write("archive_old_messages", work)
+
+    async def archive_by_rule(self, keep_messages: int, *, caller: Principal) -> dict[str, int]:
+        """The archive rule of store maintenance: every session keeps its newest
+        ``keep_messages`` rows in the hot table; older ones move to the archive (still read by
+        ``ListMessages``, ``ExpandSummary`` and ``SearchHistory`` through ``all_messages``).
+        Returns session id -> rows moved."""
+
+        async def due(conn: Any) -> list[Any]:
+            return list(
+                await conn.fetch(
+                    "SELECT s.session_id, s.last_sequence FROM sessions s"
+                    " WHERE s.last_sequence > $1 AND EXISTS (SELECT 1 FROM messages m"
+                    "   WHERE m.session_id = s.session_id AND m.seq <= s.last_sequence - $1)",
+                    keep_messages,
+                )
+            )
+
+        moved: dict[str, int] = {}
+        if keep_messages <= 0:
+            return moved
+        for row in await self._read("archive_by_rule", due):
+            try:
+                n = await self.archive_old_messages(
+                    row["session_id"], int(row["last_sequence"]) - keep_messages + 1, caller=caller
+                )
+            except NotFound:  # deleted meanwhile
+                continue
+            if n:
+                moved[row["session_id"]] = n
+        return moved
 
     async def list_archived_messages(
         self, session_id: str, *, caller: Principal, before_sequence: int = 0, limit: int = 50

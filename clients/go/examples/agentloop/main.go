@@ -1,10 +1,15 @@
 // Command agentloop is a minimal agent loop on contextsvc with a local fake model.
 //
 //	go run ./examples/agentloop 127.0.0.1:50051
+//
+// With CONTEXTSVC_TOKEN set it sends that bearer token; with CONTEXTSVC_CA_FILE (a PEM bundle) it
+// connects over TLS trusting those roots.
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log"
 	"os"
@@ -36,7 +41,17 @@ func main() {
 		addr = os.Args[1]
 	}
 	ctx := context.Background()
-	c, err := contextsvc.New(addr, contextsvc.Options{})
+	opts := contextsvc.Options{Token: os.Getenv("CONTEXTSVC_TOKEN")}
+	if caFile := os.Getenv("CONTEXTSVC_CA_FILE"); caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		opts.TLS = &tls.Config{RootCAs: pool}
+	}
+	c, err := contextsvc.New(addr, opts)
 	if err != nil {
 		log.Fatal(err)
 	}
