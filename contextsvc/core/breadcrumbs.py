@@ -271,8 +271,10 @@ def _leading_bullets(lines: Sequence[str]) -> list[str]:
     return items
 
 
+# A marker after the colon closes a bold label (``**KEYS:** a``); only then, and only as a whole
+# token, so ``KEYS: __`` and ``**KEYS**: __init__`` keep their keys.
 _KEYS_LINE = re.compile(
-    r"^\s*(?:[-*•>]+\s*)?#*\s*(?P<bold>\*\*|__)?\s*(?P<word>keys)\s*(?:\*\*|__)?\s*[:\uff1a]\s*(?:\*\*|__)?\s*"
+    r"^\s*(?:[-*•>]+\s*)?#*\s*(?P<bold>\*\*|__)?\s*(?P<word>keys)\s*(?:\*\*|__)?\s*[:\uff1a]\s*(?(bold)(?:(?:\*\*|__)(?=\s|$))?)\s*"
     r"(?P<rest>.*)$",
     re.IGNORECASE,
 )
