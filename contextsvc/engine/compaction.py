@@ -652,7 +652,9 @@ class Compactor:
             # The newest tool group alone is over the level (many parallel results): as a last
             # resort clear the oldest results that are still kept, placeholders keeping every call
             # answered. The originals stay in the display history and go to the history index.
-            cleared = clear_old_tool_results(
+            # Its own name: ``cleared`` still holds the first stage, whose placeholders are
+            # unsaved rows the commit below must never hand the store as rows to demote.
+            last_resort = clear_old_tool_results(
                 kept,
                 len(kept),
                 count=count,
@@ -660,10 +662,10 @@ class Compactor:
                 target_tokens=int(level),
                 current_tokens=count(kept),
             )
-            if cleared.cleared:
-                demote += cleared.demote
-                placeholders = list(cleared.placeholders)
-                kept = list(cleared.context)
+            if last_resort.cleared:
+                demote += last_resort.demote
+                placeholders = list(last_resort.placeholders)
+                kept = list(last_resort.context)
         if not demote or count(kept) >= count(s.context):
             if first and cleared is not None:
                 # Nothing more can be dropped, but the clearing itself shrank the context.
@@ -679,10 +681,13 @@ class Compactor:
         )
         if first:
             assert cleared is not None
-            # Unsaved placeholders that truncation dropped are simply not appended.
+            # Unsaved placeholders that truncation dropped are simply not appended; those it kept
+            # are appended (with the last resort's, if any), and only stored rows are demoted.
             fresh = {id(m) for m in cleared.placeholders}
             placeholders = [m for m in kept if id(m) in fresh] + placeholders
             demote = list(cleared.demote) + [m for m in demote if id(m) not in fresh]
+        # The store demotes rows it holds: a row without a sequence number is never one of them.
+        assert all(m.sequence_number > 0 for m in demote), "compaction would demote an unsaved row"
         crumbs = self._breadcrumbs([], demote)
         return await self._commit(
             original,

@@ -36,11 +36,11 @@ from contextsvc.engine.engine import Engine
 from contextsvc.engine.validation import IncomingImage, IncomingMessage
 from contextsvc.engine.views import BuiltView
 from contextsvc.events.memory_bus import MemoryEventBus
-from contextsvc.ports import StoredEvent, Summarizer, SummarizerError, SummaryRequest
+from contextsvc.ports import SessionStore, StoredEvent, Summarizer, SummarizerError, SummaryRequest
 from contextsvc.stores.memory import MemoryStore
 from contextsvc.summarizers.extractive import ExtractiveSummarizer
 from contextsvc.summarizers.registry import SummarizerSet
-from tests.support.stores import TickingClock
+from tests.support.stores import Backing, TickingClock
 
 WINDOW = 8192
 
@@ -172,9 +172,16 @@ def overrides(**compression: Any) -> ProfileOverrides:
 class Rig:
     """The engine, its store and bus, and the calls a runtime makes."""
 
-    def __init__(self, settings: Settings, *extra: Summarizer, store: type[MemoryStore] = MemoryStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *extra: Summarizer,
+        store: type[MemoryStore] = MemoryStore,
+        opened: SessionStore | None = None,
+    ) -> None:
         self.settings = settings
-        self.store = store(settings)
+        # ``opened``: an already opened store of any kind (files, PostgreSQL) instead of ``store``.
+        self.store: Any = opened if opened is not None else store(settings)
         self.bus = MemoryEventBus(retention=settings.event_retention)
         summarizers: dict[str, Summarizer] = {"extractive": ExtractiveSummarizer.from_settings(settings)}
         summarizers.update({s.name: s for s in extra})
@@ -191,6 +198,12 @@ class Rig:
         rig = cls(make_settings(**settings), *extra, store=store)
         await rig.store.open()
         return rig
+
+    @classmethod
+    async def over(cls, backing: Backing, *extra: Summarizer, **settings: Any) -> Rig:
+        """A rig over a conformance backing (tests/support/stores.py): memory, files or PostgreSQL."""
+        made = make_settings(**settings)
+        return cls(made, *extra, opened=await backing.open(clock=TickingClock(), settings=made))
 
     async def close(self) -> None:
         await self.engine.close()
