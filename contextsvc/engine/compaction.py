@@ -295,7 +295,16 @@ class Compactor:
         return list(cut.keep) if cut.would_compress else list(s.context)
 
     def over_threshold(self, s: Situation) -> bool:
-        return s.view_tokens + s.margin >= self.bounds(s.profile).trigger
+        """Estimate + margin at or over the trigger. A crossing that only the margin makes is
+        honoured once the context grew a hysteresis band since the last compaction: the margin is
+        doubt about the estimate, and it must not make compactions re-fire inside the band."""
+        b = self.bounds(s.profile)
+        if s.view_tokens >= b.trigger:
+            return True
+        if s.view_tokens + s.margin < b.trigger:
+            return False
+        last_after = s.state.extra.get(_LAST_AFTER)
+        return last_after is None or s.view_tokens - int(last_after) >= b.band
 
     def _flush_due(self, s: Situation, state: EngineState) -> bool:
         """The memory flush is due once per cycle, when the view grows past the soft threshold.
@@ -836,6 +845,8 @@ class Compactor:
                 "messages_after": report.messages_after,
                 "context_tokens_before": report.context_tokens_before,
                 "context_tokens_after": report.context_tokens_after,
+                # The trigger compared context_tokens_before + margin (the estimate's doubt).
+                "margin": s.margin,
                 "max_context_tokens": s.profile.context_window,
                 "breadcrumbs": list(breadcrumbs),
                 "summary_sequence": summary_seq,

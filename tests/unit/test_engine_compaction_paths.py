@@ -326,7 +326,7 @@ async def test_a_baseline_recorded_during_a_compaction_does_not_undo_it() -> Non
 async def test_a_profile_remembered_during_a_compaction_is_kept() -> None:
     """The post-turn check prices with the newest BuildContext's profile; a compaction committing
     the state it read before must not bring back the older profile."""
-    slow = ScriptedSummarizer(delay=0.05)
+    slow = ScriptedSummarizer(delay=0.5)
     rig = await Rig.start(slow)
     first = overrides(summarizer="scripted", strategies=["summarize"])
     second = overrides(summarizer="scripted", strategies=["summarize"], keep_recent=2)
@@ -335,7 +335,11 @@ async def test_a_profile_remembered_during_a_compaction_is_kept() -> None:
         await rig.build(sid, auto=False, profile=first)
         await _fill_until(rig, sid, 0.92)
         compacting = asyncio.create_task(rig.build(sid, profile=first))
-        await asyncio.sleep(0.01)  # inside the summarizer call
+        # Wait (bounded) until the compaction is inside the summarizer call, however busy the machine.
+        for _ in range(500):
+            if slow.calls or compacting.done():
+                break
+            await asyncio.sleep(0.01)
         assert slow.calls
         await rig.build(sid, profile=second)
         await compacting
