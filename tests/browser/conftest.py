@@ -38,7 +38,9 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    # The page's strict CSP (no eval) also blocks Playwright's string predicates in
+    # wait_for_function; bypassing it affects only the test driver, not the page's own scripts.
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True)
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))

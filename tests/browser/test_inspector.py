@@ -210,7 +210,7 @@ def test_wrong_token_closes_4003_and_a_good_one_goes_live(browser: Any, tmp_path
             ).id
         host = proc.gateway_address.rsplit(":", 1)[0]
         for cookie, outcome in (("wrong-token", "4003"), (token, "live")):
-            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            context = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True)
             context.add_cookies([{"name": "contextsvc_token", "value": cookie, "domain": host, "path": "/"}])
             page = context.new_page()
             page.goto(f"{proc.http_url}/sessions/{sid}")
