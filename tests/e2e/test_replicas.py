@@ -472,6 +472,9 @@ def slow_summarizer_replicas(database: str, llm: FakeLLM) -> Iterator[Replicas]:
         "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
         "CONTEXTSVC_SUMMARIZER__OPENAI__TOTAL_TIMEOUT_SECONDS": "20",
         "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
+        # Longer than a summary (SUMMARY_S): B must wait for A's commit, not take the bounded
+        # fallback a build serves when a compaction runs too long (hot_path.build_wait_seconds).
+        "CONTEXTSVC_HOT_PATH__BUILD_WAIT_SECONDS": "15",
     }
     replicas = start_replicas(database, 3, env)
     try:
