@@ -150,6 +150,8 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
             assert done.compressed
             view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile()), metadata=meta)
             assert view.messages
+            with pytest.raises(grpc.RpcError):
+                stub.GetSession(pb.GetSessionRequest(session_id="00000000-0000-4000-8000-000000000000"))
 
         def compaction_seen(rcv: Receiver) -> bool:
             names = {s.name for s in rcv.spans}
@@ -157,6 +159,7 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
             return (
                 "contextsvc.compaction" in names
                 and "contextsvc.build_view" in names
+                and "/contextsvc.v1.ContextService/GetSession" in names
                 and "contextsvc.compressions" in metric_names
                 and "gen_ai.client.operation.duration" in metric_names
             )
@@ -204,19 +207,80 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
 
     # The HTTP call to the summarizer (httpx instrumentation) sits under the GenAI span.
     assert any(s.parent_span_id == chat.span_id and s.kind == s.SPAN_KIND_CLIENT for s in spans)
-    # Store calls are spans of their own inside the RPC's trace.
-    store_spans = [s for s in spans if s.name.startswith("store.") and s.trace_id == trace_id]
-    assert {"store.get_session", "store.load_context"} <= {s.name for s in store_spans}
+    # Store calls are events on the span they ran under (a span each cost more than the call).
+    assert not [s.name for s in spans if s.name.startswith("store.")]
+    compress_events = [e for s in (rpc_span, compaction) for e in s.events if e.name.startswith("store.")]
+    assert compress_events, "the Compress trace records its store calls"
 
     (build,) = [s for s in spans if s.name == "contextsvc.build_view"]
     build_attrs = _attrs(build)
     assert build_attrs["gen_ai.request.model"] == "m-telemetry"
     assert build_attrs["contextsvc.view.tokens"] == view.estimate.total
+    store_events = [e for e in build.events if e.name.startswith("store.")]
+    assert {"store.get_session", "store.load_context"} <= {e.name for e in store_events}
+    for event in store_events:
+        event_attrs = _attrs(event)
+        assert event_attrs["contextsvc.store"] == "FilesStore"
+        assert event_attrs["contextsvc.store.duration_ms"] >= 0
+        assert build.start_time_unix_nano <= event.time_unix_nano <= build.end_time_unix_nano
+    assert _attrs(next(e for e in store_events if e.name == "store.load_context"))["contextsvc.session_id"] == sid
+
+    # The server span: rpc.* attributes and the status code; a client's mistake is not an error.
+    (build_rpc,) = [s for s in spans if s.name == "/contextsvc.v1.ContextService/BuildContext"]
+    assert build.parent_span_id == build_rpc.span_id
+    assert build_rpc.kind == build_rpc.SPAN_KIND_SERVER
+    rpc_attrs = _attrs(build_rpc)
+    assert rpc_attrs["rpc.system"] == "grpc"
+    assert rpc_attrs["rpc.service"] == "contextsvc.v1.ContextService"
+    assert rpc_attrs["rpc.method"] == "BuildContext"
+    assert rpc_attrs["rpc.grpc.status_code"] == 0
+    (missing,) = [s for s in spans if s.name == "/contextsvc.v1.ContextService/GetSession"]
+    assert _attrs(missing)["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert missing.status.code == missing.status.STATUS_CODE_UNSET
 
     # Content never goes into spans.
     for span in spans:
         for value in _attrs(span).values():
             assert SECRET_CONTENT not in str(value), span.name
+
+
+def test_a_trace_the_sampler_drops_exports_nothing_below_it(receiver: tuple[Receiver, int]) -> None:
+    """Root traces sampled at ratio 0: only a caller's sampled traceparent makes spans; the metrics
+    still count every call."""
+    found, port = receiver
+    env = {
+        **_clean_env(),
+        **_otel_env(port),
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+    }
+    proc = ServerProcess("memory", env=env).start()
+    sampled = ("traceparent", f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01")
+    dropped = ("traceparent", f"00-{'1' * 32}-{CLIENT_SPAN_ID}-00")
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            _fill(stub, sid, 3)
+            for _ in range(3):
+                stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+                stub.BuildContext(pb.BuildContextRequest(session_id=sid), metadata=(dropped,))
+            stub.BuildContext(pb.BuildContextRequest(session_id=sid), metadata=(sampled,))
+
+        def counted(rcv: Receiver) -> bool:
+            points = _points(rcv.metrics, "rpc.server.call.duration")
+            builds = [p for p in points if _attrs(p)["rpc.method"] == "BuildContext"]
+            return bool(builds) and builds[-1].count == 7 and bool(rcv.spans)
+
+        assert found.wait_for(counted), sorted({m.name for m in found.metrics})
+        time.sleep(0.5)  # a late export of a dropped trace would show up here
+    finally:
+        proc.terminate()
+    spans = list(found.spans)
+    assert {s.trace_id for s in spans} == {bytes.fromhex(TRACE_ID)}
+    assert sorted(s.name for s in spans) == ["/contextsvc.v1.ContextService/BuildContext", "contextsvc.build_view"]
+    (build,) = [s for s in spans if s.name == "contextsvc.build_view"]
+    assert {"store.get_session", "store.load_context"} <= {e.name for e in build.events}
 
 
 def _points(metrics: list[Any], name: str) -> list[Any]:
