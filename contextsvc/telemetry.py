@@ -172,6 +172,7 @@ class Telemetry:
     tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracer())
     instruments: _Instruments = field(default_factory=lambda: _Instruments.from_meter(metrics.NoOpMeter(_SCOPE)))
     _shutdowns: list[Callable[[], Any]] = field(default_factory=list)
+    _flushes: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
     def enabled(self) -> bool:
@@ -193,6 +194,11 @@ class Telemetry:
         if not self.enabled:
             return summarizers
         return cast(Summarizers, _TracedSummarizers(summarizers, self.tracer, self.instruments))
+
+    def flush(self) -> None:
+        """Export the spans waiting in the batch processor now (benchmarks measure it this way)."""
+        for flush in self._flushes:
+            flush()
 
     def shutdown(self) -> None:
         for stop in reversed(self._shutdowns):
@@ -247,10 +253,11 @@ def build(traces: str, metrics_exporter: str, *, service_version: str = "", inst
     attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or _SERVICE_DEFAULT}
     if service_version:
         attributes["service.version"] = service_version
-    resource = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES are merged in by the SDK
+    created = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES are merged in by the SDK
+    resource = _resource_type()(created.attributes, created.schema_url)
     telemetry = Telemetry()
     if traces:
-        telemetry.tracer = _tracing(traces, resource, telemetry._shutdowns, install)
+        telemetry.tracer = _tracing(traces, resource, telemetry._shutdowns, install, telemetry._flushes)
         telemetry.tracing = True
     if metrics_exporter:
         telemetry.instruments = _metering(metrics_exporter, resource, telemetry._shutdowns, install)
@@ -258,7 +265,33 @@ def build(traces: str, metrics_exporter: str, *, service_version: str = "", inst
     return telemetry
 
 
-def _tracing(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any]], install: bool) -> trace.Tracer:
+def _resource_type() -> type[Any]:
+    """The SDK's Resource with its hash computed once.
+
+    The OTLP encoders group every exported span and metric by resource, and ``Resource.__hash__``
+    serialises all its attributes to JSON each time: a tenth of the export thread's CPU. A resource
+    never changes once created, so its hash need not either.
+    """
+    from opentelemetry.sdk.resources import Resource
+
+    class _Resource(Resource):
+        _hash: int | None = None
+
+        def __hash__(self) -> int:
+            if self._hash is None:
+                self._hash = super().__hash__()
+            return self._hash
+
+    return _Resource
+
+
+def _tracing(
+    exporter_name: str,
+    resource: Any,
+    shutdowns: list[Callable[[], Any]],
+    install: bool,
+    flushes: list[Callable[[], Any]],
+) -> trace.Tracer:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
@@ -278,6 +311,7 @@ def _tracing(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any
     # processor's thread, and costs in proportion to the spans and attributes a call records.
     provider.add_span_processor(BatchSpanProcessor(exporter))
     shutdowns.append(provider.shutdown)
+    flushes.append(provider.force_flush)
     if not install:
         return provider.get_tracer(_SCOPE)
     trace.set_tracer_provider(provider)
@@ -432,15 +466,16 @@ class _TracedStore:
     """Every coroutine method of the store records a ``store.<method>`` event on the current span.
 
     An event, not a span of its own: a span per store call cost more than most memory- and
-    file-store calls themselves (two to four per RPC), and the event keeps what matters (which
-    call, how long, whether it failed, in order, under the span it served). PostgreSQL statements
-    still get their own spans from the asyncpg instrumentation. Nothing is recorded, nor timed,
-    when the current span is not recording (a trace the sampler dropped).
+    file-store calls themselves (four per BuildContext), and the event keeps what matters (which
+    call, when, how long, whether it failed, in order, under the span it served). It carries only
+    its duration (and ``error.type``): the session is on the span above it, the store kind is the
+    deployment's. PostgreSQL statements still get their own spans from the asyncpg
+    instrumentation. Nothing is recorded, nor timed, when the current span is not recording (a
+    trace the sampler dropped).
     """
 
     def __init__(self, inner: SessionStore, tracer: trace.Tracer) -> None:
         self._inner = inner
-        self._system = type(inner).__name__
         del tracer  # events go on the current span, whichever tracer started it
 
     def __getattr__(self, name: str) -> Any:
@@ -453,7 +488,7 @@ class _TracedStore:
         return wrapped
 
     def _wrap(self, name: str) -> Callable[..., Awaitable[Any]]:
-        inner, event_name, system = self._inner, f"store.{name}", self._system
+        inner, event_name = self._inner, f"store.{name}"
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             span = trace.get_current_span()
@@ -467,12 +502,7 @@ class _TracedStore:
                 error = type(exc).__name__
                 raise
             finally:
-                attributes: dict[str, Any] = {
-                    "contextsvc.store": system,
-                    "contextsvc.store.duration_ms": (time.time_ns() - started) / 1e6,
-                }
-                if args and isinstance(args[0], str):
-                    attributes["contextsvc.session_id"] = args[0]
+                attributes: dict[str, Any] = {"contextsvc.store.duration_ms": (time.time_ns() - started) / 1e6}
                 if error:
                     attributes["error.type"] = error
                 span.add_event(event_name, attributes, timestamp=started)

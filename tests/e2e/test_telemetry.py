@@ -219,11 +219,9 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
     store_events = [e for e in build.events if e.name.startswith("store.")]
     assert {"store.get_session", "store.load_context"} <= {e.name for e in store_events}
     for event in store_events:
-        event_attrs = _attrs(event)
-        assert event_attrs["contextsvc.store"] == "FilesStore"
-        assert event_attrs["contextsvc.store.duration_ms"] >= 0
+        assert _attrs(event)["contextsvc.store.duration_ms"] >= 0
         assert build.start_time_unix_nano <= event.time_unix_nano <= build.end_time_unix_nano
-    assert _attrs(next(e for e in store_events if e.name == "store.load_context"))["contextsvc.session_id"] == sid
+    assert _attrs(build)["contextsvc.session_id"] == sid
 
     # The server span: rpc.* attributes and the status code; a client's mistake is not an error.
     (build_rpc,) = [s for s in spans if s.name == "/contextsvc.v1.ContextService/BuildContext"]
