@@ -697,6 +697,9 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tracer: trace.Tracer | None, instruments: _Instruments | None) -> None:
         self._tracer = tracer
         self._m = instruments
+        # The metadata keys the configured propagators read (traceparent, tracestate, baggage by
+        # default): a call carrying none of them starts a new trace without running the extractors.
+        self._fields = frozenset(propagate.get_global_textmap().fields)
         # method path -> (handler as given, wrapped handler); bounded by the registered methods.
         self._wrapped: dict[str, tuple[Any, Any]] = {}
 
@@ -733,7 +736,10 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
         if tracer is None:
             return None, None
         metadata = context.invocation_metadata()
-        parent = propagate.extract(dict(metadata)) if metadata else None
+        fields = self._fields
+        parent = None
+        if metadata and any(key in fields for key, _ in metadata):
+            parent = propagate.extract(dict(metadata))
         span = tracer.start_span(method.path, context=parent, kind=SpanKind.SERVER, attributes=method.attributes)
         return span, otel_context.attach(trace.set_span_in_context(span, parent))
 

@@ -1,7 +1,7 @@
 """What telemetry adds to one BuildContext, in microseconds of CPU, without the rest of the call.
 
     python bench/load/telemetry_cost.py                  # 15 repeats of 500 calls per variant
-    python bench/load/telemetry_cost.py --calls 1000 --repeats 25
+    python bench/load/telemetry_cost.py --record         # and write it under "## Telemetry cost in process"
 
 The ghz comparison (telemetry_overhead.py) sets whole server processes against each other; on a
 shared machine their CPU per call moves by more than the cost looked for. This isolates it: a
@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
@@ -40,8 +40,15 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
 from contextsvc import telemetry  # noqa: E402
 
 SESSION = "00000000-0000-4000-8000-000000000000"
+
+
+class _Metadatum(NamedTuple):  # the shape of grpc.aio's metadata entries: a (key, value) pair
+    key: str
+    value: str
+
+
 #: what grpc.aio hands the interceptor for a ghz call: one metadata entry, no traceparent
-METADATA = (("user-agent", "grpc-go/1.85.0"),)
+METADATA = (_Metadatum("user-agent", "grpc-go/1.85.0"),)
 METHOD = "/contextsvc.v1.ContextService/BuildContext"
 
 
@@ -52,7 +59,7 @@ class _Details:
 class _Context:
     """The parts of a grpc.aio servicer context the interceptor reads."""
 
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+    def invocation_metadata(self) -> tuple[_Metadatum, ...]:
         return METADATA
 
     def code(self) -> None:
@@ -219,6 +226,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=500, help="calls per variant per repeat")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sink:
@@ -235,9 +243,43 @@ def main() -> None:
         if sink.stdin is not None:
             sink.stdin.close()
         sink.wait(timeout=30)
-    print("\n".join(table(variants)))
-    for name, us in primitives(args.repeats).items():
-        print(f"- for scale, {name}: {us:.1f} µs")
+    lines = table(variants)
+    notes = [f"- For scale, in the same run: {name}: {us:.1f} µs." for name, us in primitives(args.repeats).items()]
+    print("\n".join([*lines, "", *notes]))
+    if args.record:
+        record(lines, notes, args)
+
+
+def record(lines: list[str], notes: list[str], args: argparse.Namespace) -> None:
+    import datetime as dt
+
+    from run import machine
+
+    results = HERE.parents[1] / "bench" / "RESULTS.md"
+    section = "## Telemetry cost in process"
+    command = "python bench/load/telemetry_cost.py " + " ".join(a for a in sys.argv[1:])
+    body = "\n".join(
+        [
+            section,
+            "",
+            f"{dt.date.today().isoformat()} · `{command.strip()}` · {machine()} · {args.repeats} repeats of "
+            f"{args.calls} calls per variant, rotating order; a BuildContext's telemetry with a stub store "
+            "(see the script's docstring).",
+            "",
+            *lines,
+            "",
+            *notes,
+            "",
+        ]
+    )
+    text = results.read_text()
+    if section in text:
+        head, _, rest = text.partition(section)
+        tail = rest.partition("\n## ")
+        text = head + body + (("\n## " + tail[2]) if tail[1] else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body
+    results.write_text(text)
 
 
 if __name__ == "__main__":
