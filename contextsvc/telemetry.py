@@ -378,9 +378,11 @@ class _ChildSpan:
         self._token: object = None
 
     def __enter__(self) -> Span:
-        parent = trace.get_current_span()
         telemetry = _current
-        if not telemetry.tracing or not parent.is_recording():
+        if not telemetry.tracing:
+            return trace.INVALID_SPAN  # off: a no-op span, nothing looked up
+        parent = trace.get_current_span()
+        if not parent.is_recording():
             return parent
         span = self._span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
         self._token = otel_context.attach(trace.set_span_in_context(span))
