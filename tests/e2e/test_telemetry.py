@@ -281,6 +281,36 @@ def test_a_trace_the_sampler_drops_exports_nothing_below_it(receiver: tuple[Rece
     assert {"store.get_session", "store.load_context"} <= {e.name for e in build.events}
 
 
+def test_a_watcher_stream_is_one_server_span_ended_when_the_watcher_leaves(receiver: tuple[Receiver, int]) -> None:
+    """StreamEvents: the span stays current across the stream's yields and ends CANCELLED when the
+    client hangs up; the watchers gauge goes up and back down; nothing is logged about contexts."""
+    found, port = receiver
+    proc = ServerProcess("memory", env={**_clean_env(), **_otel_env(port)}).start()
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            stream = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid))
+            events = iter(stream)
+            _fill(stub, sid, 1)
+            assert next(events).WhichOneof("payload")
+            stream.cancel()
+
+        def ended(rcv: Receiver) -> bool:
+            watchers = _points(rcv.metrics, "contextsvc.watchers")
+            return any(s.name.endswith("/StreamEvents") for s in rcv.spans) and bool(watchers)
+
+        assert found.wait_for(ended), sorted({s.name for s in found.spans})
+        time.sleep(0.5)  # the gauge's next export shows the watcher gone
+    finally:
+        proc.terminate()
+    (span,) = [s for s in found.spans if s.name == "/contextsvc.v1.ContextService/StreamEvents"]
+    assert _attrs(span)["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    assert span.status.code == span.status.STATUS_CODE_UNSET
+    assert _points(found.metrics, "contextsvc.watchers")[-1].as_int == 0
+    assert "detach" not in proc.stderr_text.lower(), proc.stderr_text[-2000:]
+
+
 def _points(metrics: list[Any], name: str) -> list[Any]:
     out: list[Any] = []
     for metric in metrics:
