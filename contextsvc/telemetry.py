@@ -704,6 +704,9 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
         self._fields = frozenset(propagate.get_global_textmap().fields)
         # method path -> (handler as given, wrapped handler); bounded by the registered methods.
         self._wrapped: dict[str, tuple[Any, Any]] = {}
+        # method path -> what its calls record; kept apart from the handlers, which an inner
+        # interceptor may build anew for every call (authentication does).
+        self._methods: dict[str, _Method] = {}
 
     async def intercept_service(
         self,
@@ -717,7 +720,10 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(path)
         if cached is not None and cached[0] is handler:
             return cast("grpc.RpcMethodHandler[Any, Any]", cached[1])
-        wrapped: grpc.RpcMethodHandler[Any, Any] = self._wrap(handler, _Method(path))
+        method = self._methods.get(path)
+        if method is None:
+            method = self._methods[path] = _Method(path)
+        wrapped: grpc.RpcMethodHandler[Any, Any] = self._wrap(handler, method)
         self._wrapped[path] = (handler, wrapped)
         return wrapped
 
