@@ -38,7 +38,8 @@ from contextsvc.gateway.hub import (
     SessionHub,
     Subscriber,
 )
-from contextsvc.gateway.upstream import Upstream, UpstreamError
+from contextsvc.gateway.tls import ListenerTLS, bundled_upstream_tls, listener_tls, standalone_upstream_tls
+from contextsvc.gateway.upstream import Upstream, UpstreamError, UpstreamTLS
 from contextsvc.transport import is_loopback, listen_host
 
 log = logging.getLogger(__name__)
@@ -116,13 +117,23 @@ class _Socket:
 class Gateway:
     """The gateway server; ``start()`` then ``close()``."""
 
-    def __init__(self, settings: Settings, target: str):
+    def __init__(
+        self,
+        settings: Settings,
+        target: str,
+        *,
+        upstream_tls: UpstreamTLS | None = None,
+        tls: ListenerTLS | None = None,
+    ):
         self.settings = settings
         self.gs = settings.gateway
+        self.tls = tls
         self.upstream = Upstream(
             target,
             timeout=self.gs.upstream_timeout_seconds,
             max_message_bytes=max(settings.limits.grpc_max_receive_bytes, settings.limits.grpc_max_send_bytes),
+            max_attempts=self.gs.upstream_max_attempts,
+            tls=upstream_tls,
         )
         self.hubs = HubRegistry(self.upstream, self.gs)
         self._server: Server | None = None
@@ -136,6 +147,7 @@ class Gateway:
             host.strip("[]"),
             int(port),
             process_request=self._process_request,
+            ssl=self.tls.context if self.tls is not None else None,
             max_size=self.gs.max_frame_bytes,
             compression="deflate" if self.gs.compression else None,
             ping_interval=self.gs.ping_interval_seconds,
@@ -147,6 +159,15 @@ class Gateway:
         sockets = list(self._server.sockets)
         self.port = sockets[0].getsockname()[1] if sockets else 0
         return self.port
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    def reload_certificates(self) -> None:
+        """SIGHUP: reread the listener's certificate pair (the upstream channel keeps its own)."""
+        if self.tls is not None:
+            self.tls.reload()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -537,8 +558,14 @@ async def check_exposure(upstream: Upstream, settings: Settings, listen: str) ->
     )
 
 
-async def start_gateway(settings: Settings, listen: str, target: str) -> Gateway:
-    gateway = Gateway(settings, target)
+async def start_gateway(settings: Settings, listen: str, target: str, *, bundled: bool = False) -> Gateway:
+    """Start a gateway calling ``target``. ``bundled``: in the process of the server at ``target``,
+    whose TLS settings it follows (gateway/tls.py)."""
+    if bundled:
+        upstream_tls = bundled_upstream_tls(settings, target.rpartition(":")[0])
+    else:
+        upstream_tls = standalone_upstream_tls(settings)
+    gateway = Gateway(settings, target, upstream_tls=upstream_tls, tls=listener_tls(settings, bundled=bundled))
     try:
         await check_exposure(gateway.upstream, settings, listen)
         await gateway.start(listen)
@@ -548,7 +575,7 @@ async def start_gateway(settings: Settings, listen: str, target: str) -> Gateway
     return gateway
 
 
-def announce(listen: str, port: int) -> None:
+def announce(listen: str, port: int, scheme: str = "http") -> None:
     host = listen.rpartition(":")[0]
     # Tests and scripts read this line to learn the port when listening on port 0.
-    print(f"contextsvc gateway listening on http://{host}:{port}/", flush=True)
+    print(f"contextsvc gateway listening on {scheme}://{host}:{port}/", flush=True)
