@@ -496,9 +496,8 @@ class Gateway:
             result = await self.upstream.compress(sock.token, sid, dry_run=False, reason=reason or "websocket compact")
         finally:
             self.hubs.compacting.discard(sid)
-        if not result.compressed:
-            detail = result.plan.detail or "nothing to compress"
-            raise frames.FrameError("NOTHING_TO_COMPRESS", detail)
+        # compressed=false: the service started the compaction and refused to commit it; the
+        # compression_refused event (already fanned out) says why.
         return {"type": "compact_result", **frames.to_json(result)}
 
     async def _view(self, sock: _Socket) -> dict[str, Any]:

@@ -147,7 +147,9 @@ function describe(frame) {
     case "error":
       return `${frame.code}: ${frame.message}`;
     case "compact_result":
-      return `${fmt(frame.context_tokens_before)} → ${fmt(frame.context_tokens_after)} tokens`;
+      return frame.compressed
+        ? `${fmt(frame.context_tokens_before)} → ${fmt(frame.context_tokens_after)} tokens`
+        : "not compressed (see compression_refused)";
     case "message_ack":
       return `stored as #${frame.sequence_numbers.join(", #")}`;
     default:
