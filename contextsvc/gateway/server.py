@@ -50,6 +50,7 @@ _ws_log.setLevel(logging.WARNING)
 _WS_PATH = re.compile(r"^/ws/sessions/([^/]+)$")
 _PAGE_PATH = re.compile(r"^/(sessions/[^/]+)?$")
 _STATIC_PATH = re.compile(r"^/static/([A-Za-z0-9_\-]+\.(?:js|css|html|svg))$")
+_BUFFERS = {"display": pb.BUFFER_DISPLAY, "context": pb.BUFFER_CONTEXT}
 
 
 class _Closed(Exception):
@@ -459,6 +460,8 @@ class Gateway:
             return {"type": "auth_ok"}
         if kind == "get_view":
             return await self._view(sock)
+        if kind == "get_messages":
+            return await self._messages_page(sock, frame)
         if kind == "search":
             query = frame.get("query")
             if not isinstance(query, str) or not query.strip():
@@ -500,6 +503,30 @@ class Gateway:
         # compression_refused event (already fanned out) says why.
         return {"type": "compact_result", **frames.to_json(result)}
 
+    async def _messages_page(self, sock: _Socket, frame: dict[str, Any]) -> dict[str, Any]:
+        """One page of a buffer: the rows before ``page_token`` (from a ``view`` or a previous page)."""
+        buffer = frame.get("buffer")
+        token = frame.get("page_token", "")
+        size = frame.get("page_size", self.gs.view_messages)
+        if buffer not in _BUFFERS:
+            raise frames.FrameError("INVALID_GET_MESSAGES", 'buffer must be "display" or "context"')
+        if not isinstance(token, str):
+            raise frames.FrameError("INVALID_GET_MESSAGES", "page_token must be a string")
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= self.gs.view_messages:
+            raise frames.FrameError(
+                "INVALID_GET_MESSAGES", f"page_size must be an integer from 1 to {self.gs.view_messages}"
+            )
+        page = await self.upstream.list_messages(
+            sock.token, sock.session_id, buffer=_BUFFERS[buffer], page_size=size, page_token=token
+        )
+        return {
+            "type": "messages_page",
+            "buffer": buffer,
+            "page_token": token,
+            "messages": [frames.to_json(m) for m in page.messages],
+            "next_page_token": page.next_page_token,
+        }
+
     async def _view(self, sock: _Socket) -> dict[str, Any]:
         sid, token, n = sock.session_id, sock.token, self.gs.view_messages
         session, display, context, view = await asyncio.gather(
@@ -515,9 +542,11 @@ class Gateway:
             "session": frames.to_json(session),
             "display": [frames.to_json(m) for m in display.messages],
             "display_more": bool(display.next_page_token),
+            "display_page_token": display.next_page_token,
             "context": [frames.to_json(m) for m in context.messages],
             # The context buffer pages by token only (its order is not sequence order).
             "context_more": bool(context.next_page_token),
+            "context_page_token": context.next_page_token,
             "view": {
                 "view_id": view.view_id,
                 "messages": [frames.to_json(m) for m in view.messages],

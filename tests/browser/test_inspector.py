@@ -102,6 +102,48 @@ def test_session_page_sends_a_message_and_compacts(page: Any, bundled: Process, 
     assert "harbour1" in page.text_content("#search-results")
 
 
+def shown_sequences(page: Any, column: str) -> list[int]:
+    return [
+        int(seq)
+        for seq in page.eval_on_selector_all(f"#{column} > .row", "rows => rows.map(r => r.dataset.seq)")
+        if seq and seq.isdigit()
+    ]
+
+
+def test_load_older_pages_both_buffers_back_to_the_first_message(page: Any, bundled: Process, stub: Any) -> None:
+    """The view frame carries the newest 500 rows of each buffer; "Load older" pages back with the
+    API's page_token until the first message, and a live refresh keeps what was paged in."""
+    total = 1050
+    sid = str(stub.CreateSession(pb.CreateSessionRequest(name="long")).id)
+    rows = [user(f"row {n}") if n % 2 else assistant(f"row {n}") for n in range(1, total + 1)]
+    for start in range(0, total, 500):
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=rows[start : start + 500]))
+    page.goto(f"{bundled.http_url}/sessions/{sid}")
+    page.wait_for_selector("#display .row", timeout=TIMEOUT_MS)
+    for column in ("display", "context"):
+        assert shown_sequences(page, column) == list(range(total - 499, total + 1))
+        assert page.locator(f"#{column}-older").count() == 1
+    assert page.text_content("#display-count") == "(500+)"
+
+    for column in ("display", "context"):
+        for shown in (1000, total):
+            page.click(f"#{column}-older")
+            page.wait_for_function(
+                f"document.querySelectorAll('#{column} > .row[data-seq]').length >= {shown}", timeout=TIMEOUT_MS
+            )
+        assert shown_sequences(page, column) == list(range(1, total + 1))
+        assert page.locator(f"#{column}-older").count() == 0
+        assert "row 1" in page.text_content(f"#{column} > .row[data-seq='1']")
+    assert page.text_content("#display-count") == f"({total})"
+
+    # A live message refreshes the view (the newest 500): the older rows stay, the new one joins.
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("one more")]))
+    page.wait_for_selector(f"#display > .row[data-seq='{total + 1}']", timeout=TIMEOUT_MS)
+    page.wait_for_selector(f"#context > .row[data-seq='{total + 1}']", timeout=TIMEOUT_MS)
+    for column in ("display", "context"):
+        assert shown_sequences(page, column) == list(range(1, total + 2))
+
+
 def test_phone_size_has_no_sideways_scroll(page: Any, bundled: Process, stub: Any) -> None:
     sid = busy_session(stub, "phone", turns=3)
     page.set_viewport_size({"width": 390, "height": 844})
