@@ -265,3 +265,44 @@ def test_wrong_token_closes_4003_and_a_good_one_goes_live(browser: Any, tmp_path
             context.close()
     finally:
         proc.kill()
+
+
+def test_inspector_over_https_and_wss_with_a_tls_server(browser: Any, tmp_path: Path) -> None:
+    """serve --tls-cert … --gateway: the page over https, its socket over wss, the bundled gateway
+    calling its own TLS server; a message sent from the page comes back as a live event."""
+    from tests.support.certs import self_signed
+
+    cert, key = self_signed("inspector", dns=("localhost",), ips=("127.0.0.1",)).write(tmp_path, "server")
+    proc = Process(
+        [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory",
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--gateway",
+            "127.0.0.1:0",
+        ]
+    ).start()
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True, ignore_https_errors=True)
+    try:
+        assert proc.http_url.startswith("https://")
+        credentials = grpc.ssl_channel_credentials(cert.read_bytes())
+        with grpc.secure_channel(proc.grpc_address, credentials) as channel:
+            sid = ContextServiceStub(channel).CreateSession(pb.CreateSessionRequest(name="over https")).id
+        page = context.new_page()
+        page.goto(f"{proc.http_url}/sessions/{sid}")
+        page.wait_for_selector("#status[data-state=live]", timeout=TIMEOUT_MS)
+        assert page.text_content("#session-name") == "over https"
+        assert page.evaluate("location.protocol") == "https:"
+        page.fill("#message-input", "sent over wss")
+        page.click("#composer button[type=submit]")
+        page.wait_for_selector('#events li[data-type="messages_appended"]', timeout=TIMEOUT_MS)
+        page.wait_for_selector("#display .row:has-text('sent over wss')", timeout=TIMEOUT_MS)
+    finally:
+        context.close()
+        proc.kill()
