@@ -14,6 +14,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 
+from google.protobuf.message import Message
+
 from contextsvc import errors
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import events_pb2, resources_pb2
@@ -98,9 +100,9 @@ class Upstream:
     async def close(self) -> None:
         await self.client.close()
 
-    async def _call(self, token: str, method: str, request: object) -> object:
+    async def _call(self, token: str, method: str, request: Message) -> object:
         try:
-            return await self.client.with_token(token).call(method, request)  # type: ignore[arg-type]
+            return await self.client.with_token(token).call(method, request)
         except errors.ContextError as exc:
             raise _error(exc) from None
 
