@@ -68,6 +68,9 @@ def _close_for(exc: UpstreamError) -> _Closed:
     if exc.not_found or exc.code == "INVALID_ARGUMENT":
         # A malformed id names no session either.
         return _Closed(CLOSE_NOT_FOUND, "session not found")
+    # The operator needs the cause (a refused connection, a TLS handshake or name mismatch): the
+    # browser gets the code only. gRPC's message names the address, never a token.
+    log.warning("service unreachable; closing the socket 1013", extra={"code": exc.code, "error": exc.message[:300]})
     return _Closed(CLOSE_UNAVAILABLE, f"service unavailable: {exc.code}")
 
 

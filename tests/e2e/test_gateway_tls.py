@@ -174,6 +174,7 @@ async def test_standalone_gateway_calls_a_tls_service_with_its_ca(tls_service: t
         for broken in (plaintext, wrong_name):
             async with connect(broken.ws_url(sid)) as ws:
                 assert await close_code(ws) == 1013
+            assert "service unreachable" in broken.stderr_text  # the operator sees why
     finally:
         for proc in (gateway, plaintext, wrong_name):
             proc.kill()
