@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from contextsvc.config import GatewaySettings, Settings
-from contextsvc.gateway.tls import GatewayTLSError, bundled_upstream_tls, expected_name, standalone_upstream_tls
+from contextsvc.gateway.tls import (
+    GatewayTLSError,
+    ListenerTLS,
+    bundled_upstream_tls,
+    expected_name,
+    listener_tls,
+    standalone_upstream_tls,
+)
 from tests.support.certs import Authority, self_signed
 
 
@@ -68,3 +77,54 @@ def test_pairs_go_together() -> None:
         GatewaySettings(target_client_cert="a.pem")
     with pytest.raises(ValidationError, match=r"gateway\.tls_cert and gateway\.tls_key"):
         GatewaySettings(tls_key="k.pem")
+
+
+async def _served_certificate(context: ssl.SSLContext) -> bytes:
+    """The DER certificate a TLS listener with ``context`` presents to a new connection."""
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    client = ssl.create_default_context()
+    client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        return bytes(der)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_listener_certificate_is_reread_on_reload(tmp_path: Path) -> None:
+    first, second = self_signed("first"), self_signed("second")
+    cert, key = first.write(tmp_path, "gw")
+    listener = ListenerTLS(str(cert), str(key))
+    assert await _served_certificate(listener.context) == ssl.PEM_cert_to_DER_cert(first.cert.decode())
+    second.write(tmp_path, "gw")
+    assert listener.reload() is True
+    assert await _served_certificate(listener.context) == ssl.PEM_cert_to_DER_cert(second.cert.decode())
+    key.write_text("not a key")  # a broken pair is refused; the previous one keeps serving
+    assert listener.reload() is False
+    assert await _served_certificate(listener.context) == ssl.PEM_cert_to_DER_cert(second.cert.decode())
+    with pytest.raises(GatewayTLSError, match="do not load as a pair"):
+        ListenerTLS(str(cert), str(key))
+
+
+def test_listener_tls_uses_the_servers_pair_only_when_bundled(tmp_path: Path) -> None:
+    cert, key = self_signed("svc").write(tmp_path, "svc")
+    served = Settings(tls_cert=str(cert), tls_key=str(key))
+    assert listener_tls(Settings(), bundled=True) is None
+    assert listener_tls(served, bundled=False) is None
+    bundled = listener_tls(served, bundled=True)
+    assert bundled is not None and bundled.cert == str(cert)
+    gw_cert, gw_key = self_signed("gw").write(tmp_path, "gw")
+    own = listener_tls(
+        served.model_copy(update={"gateway": GatewaySettings(tls_cert=str(gw_cert), tls_key=str(gw_key))}),
+        bundled=True,
+    )
+    assert own is not None and own.cert == str(gw_cert)
