@@ -369,6 +369,10 @@ class HotPathSettings(BaseModel):
     #: longest a BuildContext that must compress waits for a compaction of the same session already
     #: running (its summarizer call); past it the build answers with a hard-truncated view.
     build_wait_seconds: float = Field(2.0, ge=0)
+    #: longest RecordBaseline waits for the session's compaction lock to apply its anchor; past it
+    #: (a compaction is running its summarizer) it answers and the anchor applies after that
+    #: compaction, or is dropped if the compaction committed (the view is then of an older cycle).
+    baseline_wait_seconds: float = Field(0.1, ge=0)
 
 
 class GatewaySettings(BaseModel):
