@@ -288,6 +288,9 @@ class PostgresSettings(BaseModel):
     event_poll_seconds: float = Field(5.0, gt=0)
     #: rows fetched per subscriber query.
     event_batch: int = Field(500, ge=1)
+    #: newest events a replica keeps in memory for its watchers: one fetch per notification serves
+    #: every watcher of the replica; a watcher further behind (a resume) reads the table itself.
+    event_fanout_events: int = Field(4096, ge=1)
     #: longest pause between reconnect attempts of the listening connection.
     reconnect_max_seconds: float = Field(5.0, gt=0)
     #: calibration observations kept per model (the fit reads only the newest few).
