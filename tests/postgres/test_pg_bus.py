@@ -310,3 +310,37 @@ async def test_a_watcher_resuming_before_the_window_reads_the_table_then_joins_i
         await live.stop()
     finally:
         await bus.close()
+
+
+async def test_a_publish_draws_its_id_only_once_it_holds_the_publish_lock(
+    postgres_db: str, make_bus: Callable[..., Any]
+) -> None:
+    """The one-statement publish takes the advisory lock before the id: while another transaction
+    holds the lock, the publish waits and the id sequence does not move."""
+    from contextsvc.stores.postgres.bus import PUBLISH_LOCK
+
+    bus = await make_bus()
+    await publish(bus, 1)  # the sequence has a value to compare with
+    holder = await asyncpg.connect(postgres_db)
+    try:
+        seq = "pg_get_serial_sequence('events', 'event_id')"
+        before = await holder.fetchval(f"SELECT last_value FROM {await holder.fetchval(f'SELECT {seq}')}")
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+        waiting = asyncio.create_task(publish(bus, 1))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        async with asyncio.timeout(WAIT):
+            probe = await asyncpg.connect(postgres_db)
+            try:
+                name = await probe.fetchval(f"SELECT {seq}")
+                assert await probe.fetchval(f"SELECT last_value FROM {name}") == before
+            finally:
+                await probe.close()
+        await tx.commit()
+        async with asyncio.timeout(WAIT):
+            (event,) = await waiting
+        assert event.event_id == before + 1
+    finally:
+        await holder.close()

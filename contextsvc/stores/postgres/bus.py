@@ -137,13 +137,16 @@ class PostgresEventBus:
 
         async def run() -> int:
             with pg_errors("publish"):
-                async with self._acquire() as conn, conn.transaction():
-                    # Ids committed in the order they are handed out (see the module docstring).
-                    await conn.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+                async with self._acquire() as conn:
+                    # One statement, its own transaction: the lock (a CTE with a volatile function is
+                    # evaluated first, never inlined) is taken before the id is drawn and released
+                    # after the commit made the row visible, so ids are committed in the order they
+                    # are handed out (see the module docstring). One round trip instead of four.
                     event_id: int = await conn.fetchval(
-                        """WITH added AS (
+                        """WITH locked AS (SELECT pg_advisory_xact_lock($7)),
+                                added AS (
                                INSERT INTO events (session_id, user_id, kind, payload, time)
-                               VALUES ($1, $2, $3, $4, $5) RETURNING event_id)
+                               SELECT $1, $2, $3, $4, $5 FROM locked RETURNING event_id)
                            SELECT event_id FROM added, pg_notify($6, event_id::text)""",
                         session_id,
                         user_id,
@@ -151,6 +154,7 @@ class PostgresEventBus:
                         body,
                         time,
                         self._pg.event_channel,
+                        PUBLISH_LOCK,
                     )
                     return event_id
 
