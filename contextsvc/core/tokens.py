@@ -102,7 +102,10 @@ _FEATURES: IdentityMemo[tuple[int, ...]] = IdentityMemo()
 
 def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[int, ...]:
     """Sum of ``message_features``, plus ``views`` whole prompts (1 for a view sent as a prompt)."""
-    total = [sum(column) for column in zip(*map(message_features, messages), strict=True)] or [0] * N_FEATURES
+    each = list(map(message_features, messages))
+    if len(each) == 1 and not views:
+        return each[0]  # one message (a per-message cut check): its own features, VIEW already 0
+    total = [sum(column) for column in zip(*each, strict=True)] or [0] * N_FEATURES
     total[VIEW] = views
     return tuple(total)
 
