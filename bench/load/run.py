@@ -264,7 +264,13 @@ class Loader:
         }
 
     def health(self, server: Server, run: Run) -> float:
-        floor = Run(label="health", concurrency=run.concurrency, max_calls=run.max_calls, max_seconds=run.max_seconds)
+        # The floor needs no longer than a usual run (a soak's length would only add minutes).
+        floor = Run(
+            label="health",
+            concurrency=run.concurrency,
+            max_calls=min(run.max_calls, 20_000),
+            max_seconds=min(run.max_seconds, 10.0),
+        )
         return float(self.ghz_run(server, HEALTH, {}, floor)["rps"])
 
     def driver(self, server: Server, kind: str, sessions: list[str], run: Run) -> dict[str, Any]:
@@ -314,9 +320,12 @@ def run_scenario(loader: Loader, server: Server, store: str, sc: Scenario) -> li
             if run.call == "BuildContext" and sc.driver == "ghz":
                 seeder.warm(sessions)  # one build each first: a cold first build is not the steady cost
             health = loader.health(server, run)
+            rss_before = rss_mb(server.pid)
             if sc.driver == "ghz":
                 m = loader.ghz_run(server, f"{SERVICE}.{run.call}", call_data(run, sessions), run)
                 extra: dict[str, Any] = {}
+                if sc.derive == "soak":
+                    extra = {"rss_before_mb": rss_before, "rss_after_mb": rss_mb(server.pid)}
             else:
                 m = loader.driver(server, sc.driver, sessions, run)
                 extra = {k: v for k, v in m.items() if k in ("latency", "lost", "ordered", "watchers", "events")}
@@ -382,6 +391,13 @@ def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
                     f"- {sc.name} ({store}): {a.label} costs {a.cpu_ms_per_call / b.cpu_ms_per_call:.2f}x the server "
                     f"CPU per call of {b.label}, throughput {b.rps / a.rps:.2f}x slower (target <= 1.1x)"
                 )
+            elif sc.derive == "soak":
+                for r in rs:
+                    before, after = r.extra["rss_before_mb"], r.extra["rss_after_mb"]
+                    lines.append(
+                        f"- {sc.name} ({store}, {r.label}): server RSS {before:.1f} -> {after:.1f} MB "
+                        f"({100 * (after - before) / before:+.1f}%) over {r.count} calls (target < 5%)"
+                    )
             elif sc.driver == "turns":
                 for r in rs:
                     lat = r.extra.get("latency", {})

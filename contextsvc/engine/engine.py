@@ -258,7 +258,8 @@ class Engine:
         if not profile.compression.enabled:
             return
         context = await self.store.load_context(session_id, caller=_INTERNAL)
-        built = self.views.assemble(profile, context, None, EngineState.of(session))
+        # Through the session's view memo: the next build of an unchanged session reuses this view.
+        built = self.views.assemble(profile, context, None, EngineState.of(session), session_id=session_id)
         s = self._situation(session, profile, context, built, Reason.POSTTURN)
         await self.compactor.maybe_memory_flush(s)
         if session.context_truncated or self.compactor.over_threshold(s):
