@@ -16,6 +16,8 @@ from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import (
     Baseline,
+    CalibratedCounter,
+    ExactCounter,
     TextCounter,
     TokenEstimate,
     estimate,
@@ -87,6 +89,14 @@ class _SavedView:
     epoch: int
     view_id: str
     others: int = 0
+
+
+def _additive(counter: TextCounter) -> bool:
+    """A list's count is at least each member's: exact counts (sums of per-part counts) and
+    calibrated prices whose weights are all non-negative (linear in non-negative features)."""
+    if isinstance(counter, ExactCounter):
+        return True
+    return isinstance(counter, CalibratedCounter) and min(counter.calibration.weights, default=0.0) >= 0
 
 
 def _new_id() -> str:
@@ -199,14 +209,19 @@ class ViewService:
         rows: list[Message] = []
         truncated: list[bool] = []
         notices: list[str] = []
+        # When the whole view fits one message's budget, no message alone can exceed it (counts
+        # are sums of non-negative per-message parts): one count instead of one per message.
+        whole = counter.count_messages(view.messages) if _additive(counter) else None
+        whole_fits = whole is not None and whole <= budget
         for m, seg in zip(view.messages, view.segments, strict=True):
-            cut = m if seg is Segment.SYSTEM else truncate_for_view(m, budget, counter)
+            cut = m if seg is Segment.SYSTEM or whole_fits else truncate_for_view(m, budget, counter)
             rows.append(cut)
             truncated.append(cut is not m)
             if cut is not m:
                 where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
                 notices.append(f"{where} was cut to fit the per-message budget of {budget} tokens")
-        text_tokens = counter.count_messages(rows) + counter.overhead
+        # Nothing was cut when the whole fitted: the rows are the view's messages, already counted.
+        text_tokens = (whole if whole_fits and whole is not None else counter.count_messages(rows)) + counter.overhead
         plan = budget_images(
             rows,
             window=profile.context_window,
