@@ -288,6 +288,9 @@ class PostgresSettings(BaseModel):
     event_poll_seconds: float = Field(5.0, gt=0)
     #: rows fetched per subscriber query.
     event_batch: int = Field(500, ge=1)
+    #: newest events a replica keeps in memory for its watchers: one fetch per notification serves
+    #: every watcher of the replica; a watcher further behind (a resume) reads the table itself.
+    event_fanout_events: int = Field(4096, ge=1)
     #: longest pause between reconnect attempts of the listening connection.
     reconnect_max_seconds: float = Field(5.0, gt=0)
     #: calibration observations kept per model (the fit reads only the newest few).
@@ -369,6 +372,10 @@ class HotPathSettings(BaseModel):
     #: longest a BuildContext that must compress waits for a compaction of the same session already
     #: running (its summarizer call); past it the build answers with a hard-truncated view.
     build_wait_seconds: float = Field(2.0, ge=0)
+    #: longest RecordBaseline waits for the session's compaction lock to apply its anchor; past it
+    #: (a compaction is running its summarizer) it answers and the anchor applies after that
+    #: compaction, or is dropped if the compaction committed (the view is then of an older cycle).
+    baseline_wait_seconds: float = Field(0.1, ge=0)
 
 
 class GatewaySettings(BaseModel):
