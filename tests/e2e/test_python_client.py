@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -110,10 +111,18 @@ async def test_typed_errors_carry_the_error_info_reason(client: ContextClient) -
         await client.append_messages(sid, [{"role": "robot", "content": "x"}])
 
 
-async def test_deadline_is_enforced(client: ContextClient) -> None:
-    with pytest.raises(errors.Unavailable) as err:
-        await client.list_sessions(timeout=0.000001)
+async def test_deadline_is_enforced() -> None:
+    # A listener that accepts TCP but never speaks HTTP/2: the call can only end by its deadline
+    # (a 1 µs deadline against a real server sometimes lost the race to a fast loopback answer).
+    with socket.create_server(("127.0.0.1", 0)) as mute:
+        port = mute.getsockname()[1]
+        async with ContextClient(f"127.0.0.1:{port}", retry=RetryPolicy(max_attempts=1)) as c:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(errors.Unavailable) as err:
+                await c.list_sessions(timeout=0.3)
+            waited = asyncio.get_running_loop().time() - started
     assert err.value.code.name == "DEADLINE_EXCEEDED"  # type: ignore[attr-defined]
+    assert waited < 10  # ended by the 0.3 s deadline, not by a hang
 
 
 async def test_bearer_token_is_sent(server: ServerProcess) -> None:
