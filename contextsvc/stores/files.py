@@ -4,6 +4,8 @@ Layout under the data directory::
 
     sessions/<session-id>.jsonl                 the session's log
     sessions/<session-id>.jsonl.torn-<time>     a log set aside on load (also ``.corrupt-<time>``)
+    sessions/<session-id>.jsonl.mark            the highest sequence number ever acknowledged
+    index.jsonl                                 the start-up index: a summary of every session
     blobs/<ab>/<sha256>                         image bytes, stored once under their SHA-256
     history/<session-id>.jsonl                  the session's raw history index (chunks), if any
     calibration.jsonl                           calibration observations, one per line, every model
@@ -13,10 +15,16 @@ A log's first line is the session header (``{"t": "session", ...}``, fields as i
 token delta), ``flags`` (explicit ``is_context`` changes by sequence number, context-only rows
 included), ``header`` (name / pinned / metadata), ``state`` (counters, engine state) or
 ``compaction`` (demotions + appended rows + counters in one line) or ``view`` (a built view kept
-for RecordBaseline: soft state, written but never fsynced on its own). Every session is loaded at
-``open()`` and kept in memory; reads are served from memory, writes go to the log first and then
-to memory. Logs are rewritten compactly when flag/header/state records pile up
-(``rewrite_log``).
+for RecordBaseline: soft state, written but never fsynced on its own). Writes go to the log first
+and then to memory.
+
+Bounded memory and fast start (issue #9 item 3): ``open()`` reads the start-up index
+(``index.jsonl``, ``_index``) instead of the logs, and only the logs it has no matching entry for;
+every session starts as a summary (``SessionState.resident`` False: header, counters, preview). A
+session's rows are read from its log on first use, under its lock (``_ensure_rows``), and the least
+recently used sessions' rows are dropped past ``files.cache_mb`` (never a session whose lock is
+held). Logs are rewritten compactly in the background when flag/header/state/view records pile up
+(``_compact_loop``; ``rewrite_log`` on demand).
 
 The raw history index of a session (DESIGN §5.6) is a separate append-only file, one chunk per
 line (``{"t": "chunk", "hash", "text", "first", "last", "start", "end", "crumbs"}``), created by
