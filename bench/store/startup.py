@@ -164,11 +164,13 @@ def build_ms(stub: Any, sid: str) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def measure(sessions: int, messages: int, cold: int, touch: list[int], keep: Path | None) -> dict[str, Any]:
+def measure(
+    sessions: int, messages: int, cold: int, touch: list[int], keep: Path | None, env: dict[str, str]
+) -> dict[str, Any]:
     plan = Plan(sessions, messages)
     tmp = Path(tempfile.mkdtemp(prefix="contextsvc-startup-"))
     data = keep if keep is not None else tmp / "data"
-    out: dict[str, Any] = {"plan": plan, "cache_mb": FilesSettings().cache_mb}
+    out: dict[str, Any] = {"plan": plan, "cache_mb": FilesSettings().cache_mb, "env": env}
     try:
         if not (data / "sessions").is_dir():
             print(f"writing {sessions:,} sessions / {messages:,} messages ...", flush=True)
@@ -176,12 +178,12 @@ def measure(sessions: int, messages: int, cold: int, touch: list[int], keep: Pat
         (data / "index.jsonl").unlink(missing_ok=True)
         out["disk_mb"] = sum(p.stat().st_size for p in (data / "sessions").iterdir()) / 1e6
 
-        empty = start_server(tmp / "empty")
+        empty = start_server(tmp / "empty", env)
         out["empty"] = empty.started
         empty.stop()
 
         print("first start (no index: every log read) ...", flush=True)
-        full = start_server(data)
+        full = start_server(data, env)
         out["full"] = full.started
         with full.channel() as ch:
             stub = context_service_pb2_grpc.ContextServiceStub(ch)
@@ -191,7 +193,7 @@ def measure(sessions: int, messages: int, cold: int, touch: list[int], keep: Pat
 
         starts = []
         for _ in range(3):
-            s = start_server(data)
+            s = start_server(data, env)
             starts.append(s.started)
             if len(starts) < 3:
                 s.stop()
@@ -254,7 +256,9 @@ def report(r: dict[str, Any], command: str) -> str:
         f"- command: `{command}`",
         f"- data: {plan.sessions:,} sessions, {plan.messages:,} messages, {r['disk_mb']:.0f} MB of logs"
         + (f" (written in {r['write_s']:.0f} s by `bulk.write_files`)" if "write_s" in r else ""),
-        f"- default `files.cache_mb` = {r['cache_mb']:g}; times are from `Popen` to health SERVING",
+        f"- default `files.cache_mb` = {r['cache_mb']:g}; settings given: "
+        + (", ".join(f"`{k}={v}`" for k, v in r["env"].items()) or "none (defaults)")
+        + "; times are from `Popen` to health SERVING",
         "",
         "| start | to SERVING (s) | RSS after start (MB) | peak RSS (MB) |",
         "|---|---|---|---|",
@@ -298,10 +302,12 @@ def main() -> int:
     parser.add_argument("--cold", type=int, default=200, help="sessions BuildContext is timed cold and warm on")
     parser.add_argument("--touch", default="2000,10000", help="RSS after BuildContext on this many sessions")
     parser.add_argument("--keep", type=Path, help="data directory to reuse (written there if missing)")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the servers (settings)")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     touch = [min(int(n), args.sessions) for n in args.touch.split(",") if n]
-    result = measure(args.sessions, args.messages, args.cold, touch, args.keep)
+    env = dict(item.split("=", 1) for item in args.env)
+    result = measure(args.sessions, args.messages, args.cold, touch, args.keep, env)
     command = " ".join(["python bench/store/startup.py", *sys.argv[1:]])
     text = report(result, command)
     print(text)

@@ -226,6 +226,9 @@ class FilesStore(RowStore):
         self._compact_idle.set()
         self._compacting = False
         self._tasks: list[asyncio.Task[None]] = []
+        #: called with a session id when its rows are dropped (the server drops the engine's
+        #: reused view of it, which would otherwise keep the rows alive).
+        self.on_evict: Callable[[str], None] | None = None
 
     @property
     def pending_fsync(self) -> int:
@@ -392,6 +395,8 @@ class FilesStore(RowStore):
             if st is not None:
                 st.evict(self._settings.preview_chars)
             self.stats.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(sid)
 
     async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True) -> T:
         try:

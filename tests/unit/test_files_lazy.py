@@ -175,13 +175,16 @@ async def test_rows_load_on_first_use_and_the_least_recently_used_go(root: Path)
     expected = {sid: await store.get_messages(sid, caller=ALICE, first=1, last=40) for sid in sids}
     await store.close()
     store = await opened(root, cache_mb=0.1)  # room for about two sessions
+    evicted: list[str] = []
+    store.on_evict = evicted.append  # the server drops the engine's reused view of these
     budget = int(0.1 * 1024 * 1024)
     for _round in range(2):
         for sid in sids:
             assert await store.get_messages(sid, caller=ALICE, first=1, last=40) == expected[sid]
             assert store.held_bytes <= budget
     assert store.stats.loads >= 2 * len(sids) - 2  # the second round loaded them again
-    assert store.stats.evictions >= len(sids)
+    assert store.stats.evictions >= len(sids) and len(evicted) == store.stats.evictions
+    assert set(evicted) <= set(sids) and sids[-1] not in evicted[-2:]
     assert 1 <= store.resident_sessions <= 3
     await store.close()
 
