@@ -123,8 +123,10 @@ _CALIBRATION = "calibration.jsonl"
 _TMP_SUFFIX = ".tmp"
 _MARK_SUFFIX = ".mark"
 _MB = 1024 * 1024
-#: estimated memory of a held row beyond its text (object, flags, dict, timestamps; measured ~520 B).
-_ROW_BYTES = 512
+#: estimated memory of a held row beyond its text: the row itself (~520 B measured) and what the
+#: engine keeps for it once it was built into a view (per-message pricing memo, the reused view;
+#: ~900 B more measured on synthetic chat rows, bench/store/startup.py).
+_ROW_BYTES = 1400
 #: estimated memory of a held session beyond its rows (state, lock, indexes).
 _SESSION_BYTES = 4096
 
@@ -1297,7 +1299,7 @@ def _rebuilt_header(
 
 
 def _row_bytes(m: Message) -> int:
-    """Estimated memory of a held row (``_ROW_BYTES`` measured on synthetic chat rows)."""
+    """Estimated memory of a held row and the engine's caches of it (``_ROW_BYTES``)."""
     return _ROW_BYTES + len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls)
 
 
