@@ -6,15 +6,20 @@ no SDK is installed: the spans and instruments below are the API's no-op objects
 interceptor and wraps no port, so "off" costs a few attribute look-ups per call.
 
 What is recorded (DESIGN §5.11):
-- a server span per RPC (``opentelemetry-instrumentation-grpc``'s aio interceptor, which also continues
-  an incoming ``traceparent``), child spans for view assembly, compaction, every store call and every
-  summarizer call (a GenAI client span, ``chat {model}``), and asyncpg/httpx spans from their
-  instrumentations;
+- a server span per RPC (one interceptor of ours, which also continues an incoming ``traceparent``
+  through the configured propagators and records the RPC duration metric in the same layer), child
+  spans for view assembly, compaction and every summarizer call (a GenAI client span,
+  ``chat {model}``), every store call as an event on the span it runs under (``store.<operation>``
+  with its duration), and asyncpg/httpx spans from their instrumentations;
 - metrics: RPC duration by method and code, compressions by reason and method, context fill fraction,
   the estimate error of each accepted baseline, summarizer latency/failures/token usage, sessions,
   events published and delivered, watchers.
 
 Message content never goes into a span or a metric: spans carry ids, counts and token figures only.
+
+Cost (bench/RESULTS.md, "Telemetry overhead"): everything below the server span is recorded only
+under a recording span, so a trace the sampler dropped costs one non-recording span and two metric
+measurements per call; a sampled BuildContext exports two spans.
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ import contextvars
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, cast
 
 import grpc
-from opentelemetry import metrics, trace
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from contextsvc.ports import EventBus, SessionStore, StoredEvent, Summarizer, Summarizers, SummaryRequest
@@ -166,21 +172,17 @@ class Telemetry:
     tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracer())
     instruments: _Instruments = field(default_factory=lambda: _Instruments.from_meter(metrics.NoOpMeter(_SCOPE)))
     _shutdowns: list[Callable[[], Any]] = field(default_factory=list)
+    _flushes: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
     def enabled(self) -> bool:
         return self.tracing or self.metering
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        """The interceptors to install: none when telemetry is off."""
-        found: list[grpc.aio.ServerInterceptor] = []
-        if self.metering:
-            found.append(_MetricsInterceptor(self.instruments))
-        if self.tracing:
-            from opentelemetry.instrumentation.grpc import aio_server_interceptor
-
-            found.append(aio_server_interceptor(tracer_provider=trace.get_tracer_provider()))  # type: ignore[no-untyped-call]
-        return found
+        """The interceptors to install: none when telemetry is off, else one for spans and metrics."""
+        if not self.enabled:
+            return []
+        return [_ServerInterceptor(self.tracer if self.tracing else None, self.instruments if self.metering else None)]
 
     def wrap_store(self, store: SessionStore) -> SessionStore:
         return cast(SessionStore, _TracedStore(store, self.tracer)) if self.tracing else store
@@ -192,6 +194,11 @@ class Telemetry:
         if not self.enabled:
             return summarizers
         return cast(Summarizers, _TracedSummarizers(summarizers, self.tracer, self.instruments))
+
+    def flush(self) -> None:
+        """Export the spans waiting in the batch processor now (benchmarks measure it this way)."""
+        for flush in self._flushes:
+            flush()
 
     def shutdown(self) -> None:
         for stop in reversed(self._shutdowns):
@@ -212,6 +219,16 @@ def current() -> Telemetry:
     return _current
 
 
+def set_current(telemetry: Telemetry) -> Telemetry:
+    """Make ``telemetry`` the one the engine's hooks use and return the previous one.
+
+    For in-process comparisons (bench/load/telemetry_cost.py); the server calls ``configure``.
+    """
+    global _current
+    previous, _current = _current, telemetry
+    return previous
+
+
 def configure(*, service_version: str = "") -> Telemetry:
     """Install tracer and meter providers when the environment names an exporter; once per process."""
     global _current
@@ -220,25 +237,61 @@ def configure(*, service_version: str = "") -> Telemetry:
     traces, metrics_exporter = _wanted("traces"), _wanted("metrics")
     if not traces and not metrics_exporter:
         return _current
+    _current = build(traces, metrics_exporter, service_version=service_version, install=True)
+    log.info("telemetry on", extra={"traces": traces or "off", "metrics": metrics_exporter or "off"})
+    return _current
+
+
+def build(traces: str, metrics_exporter: str, *, service_version: str = "", install: bool = False) -> Telemetry:
+    """A ``Telemetry`` exporting traces / metrics with the named exporters ('' = that signal off).
+
+    ``install`` makes its providers the process's global ones and instruments asyncpg and httpx
+    (``configure`` does); without it the providers are private to the returned object.
+    """
     from opentelemetry.sdk.resources import Resource
 
     attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or _SERVICE_DEFAULT}
     if service_version:
         attributes["service.version"] = service_version
-    resource = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES are merged in by the SDK
+    created = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES are merged in by the SDK
+    resource = _resource_type()(created.attributes, created.schema_url)
     telemetry = Telemetry()
     if traces:
-        telemetry.tracer = _tracing(traces, resource, telemetry._shutdowns)
+        telemetry.tracer = _tracing(traces, resource, telemetry._shutdowns, install, telemetry._flushes)
         telemetry.tracing = True
     if metrics_exporter:
-        telemetry.instruments = _metering(metrics_exporter, resource, telemetry._shutdowns)
+        telemetry.instruments = _metering(metrics_exporter, resource, telemetry._shutdowns, install)
         telemetry.metering = True
-    _current = telemetry
-    log.info("telemetry on", extra={"traces": traces or "off", "metrics": metrics_exporter or "off"})
     return telemetry
 
 
-def _tracing(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any]]) -> trace.Tracer:
+def _resource_type() -> type[Any]:
+    """The SDK's Resource with its hash computed once.
+
+    The OTLP encoders group every exported span and metric by resource, and ``Resource.__hash__``
+    serialises all its attributes to JSON each time: a tenth of the export thread's CPU. A resource
+    never changes once created, so its hash need not either.
+    """
+    from opentelemetry.sdk.resources import Resource
+
+    class _Resource(Resource):
+        _hash: int | None = None
+
+        def __hash__(self) -> int:
+            if self._hash is None:
+                self._hash = super().__hash__()
+            return self._hash
+
+    return _Resource
+
+
+def _tracing(
+    exporter_name: str,
+    resource: Any,
+    shutdowns: list[Callable[[], Any]],
+    install: bool,
+    flushes: list[Callable[[], Any]],
+) -> trace.Tracer:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
@@ -254,9 +307,14 @@ def _tracing(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 
         exporter = HttpSpanExporter()
-    provider.add_span_processor(BatchSpanProcessor(exporter))  # OTEL_BSP_* tune it
-    trace.set_tracer_provider(provider)
+    # The SDK's defaults (OTEL_BSP_*): batches of 512 every 5 s, 2048 queued; encoding runs on the
+    # processor's thread, and costs in proportion to the spans and attributes a call records.
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     shutdowns.append(provider.shutdown)
+    flushes.append(provider.force_flush)
+    if not install:
+        return provider.get_tracer(_SCOPE)
+    trace.set_tracer_provider(provider)
     # The drivers' own spans: statements (without parameters) and HTTP calls to summarizers.
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
@@ -266,7 +324,7 @@ def _tracing(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any
     return provider.get_tracer(_SCOPE)
 
 
-def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any]]) -> _Instruments:
+def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any]], install: bool) -> _Instruments:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
 
@@ -294,7 +352,8 @@ def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], An
 
         reader = PeriodicExportingMetricReader(HttpMetricExporter())
     provider = MeterProvider(resource=resource, metric_readers=[reader])
-    metrics.set_meter_provider(provider)
+    if install:
+        metrics.set_meter_provider(provider)
     shutdowns.append(provider.shutdown)
     return _Instruments.from_meter(provider.get_meter(_SCOPE))
 
@@ -302,34 +361,77 @@ def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], An
 # -- spans and measurements the engine records --------------------------------------------------
 
 
-@contextmanager
-def view_span(session_id: str) -> Iterator[Span]:
+class _ChildSpan:
+    """A child span made current for the block, started only under a recording span.
+
+    Lighter than ``start_as_current_span`` (no generator context managers), and free when the
+    trace is not sampled: the block then gets the (non-recording) current span, so nothing below a
+    dropped trace is created, timed or exported.
+    """
+
+    __slots__ = ("_attributes", "_name", "_span", "_token")
+
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self._name = name
+        self._attributes = attributes
+        self._span: Span | None = None
+        self._token: object = None
+
+    def __enter__(self) -> Span:
+        telemetry = _current
+        if not telemetry.tracing:
+            return trace.INVALID_SPAN  # off: a no-op span, nothing looked up
+        parent = trace.get_current_span()
+        if not parent.is_recording():
+            return parent
+        span = self._span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        return span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        span = self._span
+        if span is None:
+            return
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+        if exc is not None and not isinstance(exc, asyncio.CancelledError):
+            span.set_attribute("error.type", type(exc).__name__)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        span.end()
+
+
+def view_span(session_id: str) -> _ChildSpan:
     """The span around assembling one view (BuildContext); the caller adds model and sizes."""
-    with _current.tracer.start_as_current_span(
-        "contextsvc.build_view", attributes={"contextsvc.session_id": session_id}
-    ) as span:
-        yield span
+    return _ChildSpan("contextsvc.build_view", {"contextsvc.session_id": session_id})
 
 
-@contextmanager
-def compaction_span(session_id: str, reason: str) -> Iterator[Span]:
+def compaction_span(session_id: str, reason: str) -> _ChildSpan:
     """The span around one compaction; the caller adds method, messages and tokens before/after."""
-    with _current.tracer.start_as_current_span(
-        "contextsvc.compaction",
-        attributes={"contextsvc.session_id": session_id, "contextsvc.compaction.reason": reason},
-    ) as span:
-        yield span
+    return _ChildSpan(
+        "contextsvc.compaction", {"contextsvc.session_id": session_id, "contextsvc.compaction.reason": reason}
+    )
+
+
+#: model -> the fill metric's attributes, built once per model (bounded: cleared when full).
+_model_attributes: dict[str, dict[str, str]] = {}
+_MODEL_ATTRIBUTES_MAX = 256
 
 
 def view_built(model: str, messages: int, tokens: int, fraction: float) -> None:
     """What the view span and the fill metric say about a view that was just built."""
-    if _current.tracing:
+    telemetry = _current
+    if telemetry.tracing:
         span = trace.get_current_span()
-        span.set_attribute("gen_ai.request.model", model)
-        span.set_attribute("contextsvc.view.messages", messages)
-        span.set_attribute("contextsvc.view.tokens", tokens)
-    if _current.metering:
-        _current.instruments.fill.record(fraction, {"gen_ai.request.model": model})
+        if span.is_recording():
+            span.set_attributes(
+                {"gen_ai.request.model": model, "contextsvc.view.messages": messages, "contextsvc.view.tokens": tokens}
+            )
+    if telemetry.metering:
+        attributes = _model_attributes.get(model)
+        if attributes is None:
+            if len(_model_attributes) >= _MODEL_ATTRIBUTES_MAX:
+                _model_attributes.clear()
+            attributes = _model_attributes[model] = {"gen_ai.request.model": model}
+        telemetry.instruments.fill.record(fraction, attributes)
 
 
 def compaction_done(report: Any) -> None:
@@ -337,14 +439,19 @@ def compaction_done(report: Any) -> None:
     if not _current.tracing:
         return
     span = trace.get_current_span()
-    span.set_attribute("contextsvc.compaction.compressed", bool(report.compressed))
+    if not span.is_recording():
+        return
     method = getattr(report.method, "value", report.method)
+    attributes: dict[str, Any] = {
+        "contextsvc.compaction.compressed": bool(report.compressed),
+        "contextsvc.compaction.messages_before": report.messages_before,
+        "contextsvc.compaction.messages_after": report.messages_after,
+        "contextsvc.compaction.tokens_before": report.context_tokens_before,
+        "contextsvc.compaction.tokens_after": report.context_tokens_after,
+    }
     if method:
-        span.set_attribute("contextsvc.compaction.method", str(method))
-    span.set_attribute("contextsvc.compaction.messages_before", report.messages_before)
-    span.set_attribute("contextsvc.compaction.messages_after", report.messages_after)
-    span.set_attribute("contextsvc.compaction.tokens_before", report.context_tokens_before)
-    span.set_attribute("contextsvc.compaction.tokens_after", report.context_tokens_after)
+        attributes["contextsvc.compaction.method"] = str(method)
+    span.set_attributes(attributes)
 
 
 def note_genai_usage(input_tokens: int | None, output_tokens: int | None) -> None:
@@ -358,34 +465,49 @@ def note_genai_usage(input_tokens: int | None, output_tokens: int | None) -> Non
 
 
 class _TracedStore:
-    """Every coroutine method of the store runs inside a ``store.<method>`` client span."""
+    """Every coroutine method of the store records a ``store.<method>`` event on the current span.
+
+    An event, not a span of its own: a span per store call cost more than most memory- and
+    file-store calls themselves (four per BuildContext), and the event keeps what matters (which
+    call, when, how long, whether it failed, in order, under the span it served). It carries only
+    its duration (and ``error.type``): the session is on the span above it, the store kind is the
+    deployment's. PostgreSQL statements still get their own spans from the asyncpg
+    instrumentation. Nothing is recorded, nor timed, when the current span is not recording (a
+    trace the sampler dropped).
+    """
 
     def __init__(self, inner: SessionStore, tracer: trace.Tracer) -> None:
         self._inner = inner
-        self._tracer = tracer
-        self._wrapped: dict[str, Callable[..., Awaitable[Any]]] = {}
+        del tracer  # events go on the current span, whichever tracer started it
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
         if name.startswith("_") or not callable(attr) or not _is_coroutine_function(attr):
             return attr
-        wrapped = self._wrapped.get(name)
-        if wrapped is None:
-            wrapped = self._wrap(name)
-            self._wrapped[name] = wrapped
+        wrapped = self._wrap(name)
+        # Kept on the instance: later look-ups find it without coming back here.
+        object.__setattr__(self, name, wrapped)
         return wrapped
 
     def _wrap(self, name: str) -> Callable[..., Awaitable[Any]]:
-        tracer, inner, span_name = self._tracer, self._inner, f"store.{name}"
-        system = type(inner).__name__
+        inner, event_name = self._inner, f"store.{name}"
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            with tracer.start_as_current_span(
-                span_name, kind=SpanKind.CLIENT, attributes={"contextsvc.store": system}
-            ) as span:
-                if args and isinstance(args[0], str):
-                    span.set_attribute("contextsvc.session_id", args[0])
+            span = trace.get_current_span()
+            if not span.is_recording():
                 return await getattr(inner, name)(*args, **kwargs)
+            started = time.time_ns()
+            error = ""
+            try:
+                return await getattr(inner, name)(*args, **kwargs)
+            except BaseException as exc:
+                error = type(exc).__name__
+                raise
+            finally:
+                attributes: dict[str, Any] = {"contextsvc.store.duration_ms": (time.time_ns() - started) / 1e6}
+                if error:
+                    attributes["error.type"] = error
+                span.add_event(event_name, attributes, timestamp=started)
 
         return call
 
@@ -524,11 +646,67 @@ class _TracedSummarizer:
             return text
 
 
-class _MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """RPC duration by method and status code, and session counts, for every call."""
+#: gRPC codes that mark a server span as an error (the RPC semantic conventions); the others are
+#: the client's doing (NOT_FOUND, INVALID_ARGUMENT, ...) and leave the status unset.
+_SERVER_ERROR_CODES = frozenset(
+    code.value[0]
+    for code in (
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    )
+)
+_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
+_CODE_NAMES = {int(code.value[0]): code.name for code in grpc.StatusCode}
 
-    def __init__(self, instruments: _Instruments) -> None:
+
+class _Method:
+    """What one method's calls record, built once per method: span name, attributes, counters."""
+
+    __slots__ = ("attributes", "by_code", "created", "deleted", "name", "path", "service")
+
+    def __init__(self, path: str) -> None:
+        service, _, name = path.lstrip("/").partition("/")
+        self.path, self.service, self.name = path, service, name
+        self.attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+        #: status code -> the duration metric's attributes
+        self.by_code: dict[int, dict[str, Any]] = {}
+        self.created = name in ("CreateSession", "ForkSession")
+        self.deleted = name == "DeleteSession"
+
+    def metric_attributes(self, code: int) -> dict[str, Any]:
+        found = self.by_code.get(code)
+        if found is None:
+            found = self.by_code[code] = {**self.attributes, "rpc.grpc.status_code": code}
+        return found
+
+
+class _ServerInterceptor(grpc.aio.ServerInterceptor):
+    """The server span of every RPC and its duration metric, in one layer.
+
+    Ours rather than ``opentelemetry-instrumentation-grpc``'s aio interceptor: that one starts each
+    span through two generator context managers, copies the metadata twice, parses the peer address
+    and proxies every servicer-context call through a wrapper, and the duration metric needed a
+    second interceptor of its own (bench/RESULTS.md, "Telemetry overhead: where it went"). This one
+    continues an incoming trace through the configured propagators (W3C ``traceparent`` by
+    default), names the span by method, records ``rpc.*`` attributes and the status code, and marks
+    the server-side failure codes as errors.
+    """
+
+    def __init__(self, tracer: trace.Tracer | None, instruments: _Instruments | None) -> None:
+        self._tracer = tracer
         self._m = instruments
+        # The metadata keys the configured propagators read (traceparent, tracestate, baggage by
+        # default): a call carrying none of them starts a new trace without running the extractors.
+        self._fields = frozenset(propagate.get_global_textmap().fields)
+        # method path -> (handler as given, wrapped handler); bounded by the registered methods.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
+        # method path -> what its calls record; kept apart from the handlers, which an inner
+        # interceptor may build anew for every call (authentication does).
+        self._methods: dict[str, _Method] = {}
 
     async def intercept_service(
         self,
@@ -538,60 +716,100 @@ class _MetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        method = handler_call_details.method
+        path = handler_call_details.method
+        cached = self._wrapped.get(path)
+        if cached is not None and cached[0] is handler:
+            return cast("grpc.RpcMethodHandler[Any, Any]", cached[1])
+        method = self._methods.get(path)
+        if method is None:
+            method = self._methods[path] = _Method(path)
+        wrapped: grpc.RpcMethodHandler[Any, Any] = self._wrap(handler, method)
+        self._wrapped[path] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: _Method) -> Any:
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return handler._replace(unary_unary=self._unary(method, handler.unary_unary))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=self._unary(method, handler.stream_unary))
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return handler._replace(unary_stream=self._stream(method, handler.unary_stream))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=self._stream(method, handler.stream_stream))
         return handler
 
-    def _record(self, method: str, started: float, context: Any, failed: bool, cancelled: bool = False) -> None:
-        code = grpc.StatusCode.CANCELLED.value[0] if cancelled else _code_of(context, failed)
-        service, _, name = method.lstrip("/").partition("/")
-        self._m.rpc_duration.record(
-            time.perf_counter() - started,
-            {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name, "rpc.grpc.status_code": code},
-        )
-        if code == 0 and name in ("CreateSession", "ForkSession"):
-            self._m.sessions_created.add(1)
-        elif code == 0 and name == "DeleteSession":
-            self._m.sessions_deleted.add(1)
+    def _start(self, method: _Method, context: Any) -> tuple[Span | None, object]:
+        """The server span, current from here on (also when not sampled: children then skip)."""
+        tracer = self._tracer
+        if tracer is None:
+            return None, None
+        metadata = context.invocation_metadata()
+        fields = self._fields
+        parent = None
+        if metadata and any(key in fields for key, _ in metadata):
+            parent = propagate.extract(dict(metadata))
+        span = tracer.start_span(method.path, context=parent, kind=SpanKind.SERVER, attributes=method.attributes)
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
-    def _unary(self, method: str, behavior: Any) -> Any:
+    def _finish(
+        self, method: _Method, span: Span | None, token: object, started: float, code: int, exc: BaseException | None
+    ) -> None:
+        if span is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+            if span.is_recording():
+                span.set_attribute("rpc.grpc.status_code", code)
+                if code in _SERVER_ERROR_CODES:
+                    span.set_status(Status(StatusCode.ERROR, _CODE_NAMES.get(code, "UNKNOWN")))
+                    if exc is not None and not isinstance(exc, grpc.aio.AbortError):
+                        span.record_exception(exc)
+            span.end()
+        m = self._m
+        if m is None:
+            return
+        m.rpc_duration.record(time.perf_counter() - started, method.metric_attributes(code))
+        if code == 0 and method.created:
+            m.sessions_created.add(1)
+        elif code == 0 and method.deleted:
+            m.sessions_deleted.add(1)
+
+    def _unary(self, method: _Method, behavior: Any) -> Any:
         async def call(request: Any, context: Any) -> Any:
-            started, failed, cancelled = time.perf_counter(), True, False
+            started = time.perf_counter()
+            span, token = self._start(method, context)
+            failure: BaseException | None = None
+            cancelled = False
             try:
-                response = await behavior(request, context)
-                failed = False
-                return response
+                return await behavior(request, context)
             except asyncio.CancelledError:
                 cancelled = True  # the client went away or the server is stopping
                 raise
+            except BaseException as exc:
+                failure = exc
+                raise
             finally:
-                self._record(method, started, context, failed, cancelled)
+                code = _CANCELLED if cancelled else _code_of(context, failure is not None)
+                self._finish(method, span, token, started, code, failure)
 
         return call
 
-    def _stream(self, method: str, behavior: Any) -> Any:
+    def _stream(self, method: _Method, behavior: Any) -> Any:
         async def call(request: Any, context: Any) -> AsyncIterator[Any]:
-            started, failed, cancelled = time.perf_counter(), True, False
+            started = time.perf_counter()
+            span, token = self._start(method, context)
+            failure: BaseException | None = None
+            cancelled = False
             try:
                 async for item in behavior(request, context):
                     yield item
-                failed = False
             except (asyncio.CancelledError, GeneratorExit):
                 cancelled = True  # a watcher that hangs up ends its stream this way
                 raise
+            except BaseException as exc:
+                failure = exc
+                raise
             finally:
-                self._record(method, started, context, failed, cancelled)
+                code = _CANCELLED if cancelled else _code_of(context, failure is not None)
+                self._finish(method, span, token, started, code, failure)
 
         return call
 

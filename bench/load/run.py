@@ -72,6 +72,10 @@ class Run:
     append: int = 2  # messages per AppendMessages call
     watchers: int = 50
     profile: str = "bench"
+    #: "decode": ghz decodes each response into a dynamic message (the contract's protoset);
+    #: "opaque": the view's messages stay bytes (bench/load/opaque/), so the client's decoding
+    #: (~5 ms of ghz CPU per 75 KB view) does not cap what is measured of the server.
+    client: str = "decode"
 
 
 @dataclass
@@ -150,6 +154,18 @@ def protoset() -> Path:
     return out
 
 
+def opaque_protoset() -> Path:
+    """The BuildContext call with the view's messages left as bytes (bench/load/opaque/)."""
+    BUILD.mkdir(exist_ok=True)
+    out = BUILD / "opaque.protoset"
+    cmd = [
+        sys.executable, "-m", "grpc_tools.protoc", f"-I{HERE / 'opaque'}", "--include_imports",
+        f"--descriptor_set_out={out}", "context_service.proto",
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=120)
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
@@ -207,6 +223,7 @@ class Loader:
     def __init__(self, ghz: str, protoset_path: Path, workdir: Path, quick: bool) -> None:
         self.ghz = ghz
         self.protoset = protoset_path
+        self.opaque = opaque_protoset()
         self.workdir = workdir
         self.quick = quick
 
@@ -220,8 +237,9 @@ class Loader:
         data_file = self.workdir / "data.json"
         data_file.write_text(json.dumps(data))
         out = self.workdir / "ghz.json"
+        protoset_path = self.opaque if run.client == "opaque" else self.protoset
         cmd = [
-            self.ghz, "--insecure", "--protoset", str(self.protoset), "--call", method,
+            self.ghz, "--insecure", "--protoset", str(protoset_path), "--call", method,
             "--data-file", str(data_file), "-c", str(run.concurrency), "--connections", "1", "--cpus", "1",
             "-n", str(calls), "-x", f"{seconds}s", "--duration-stop", "ignore", "--max-recv-message-size", "64MB",
             "--format", "json", "-o", str(out), server.address,
@@ -246,7 +264,13 @@ class Loader:
         }
 
     def health(self, server: Server, run: Run) -> float:
-        floor = Run(label="health", concurrency=run.concurrency, max_calls=run.max_calls, max_seconds=run.max_seconds)
+        # The floor needs no longer than a usual run (a soak's length would only add minutes).
+        floor = Run(
+            label="health",
+            concurrency=run.concurrency,
+            max_calls=min(run.max_calls, 20_000),
+            max_seconds=min(run.max_seconds, 10.0),
+        )
         return float(self.ghz_run(server, HEALTH, {}, floor)["rps"])
 
     def driver(self, server: Server, kind: str, sessions: list[str], run: Run) -> dict[str, Any]:
@@ -296,9 +320,12 @@ def run_scenario(loader: Loader, server: Server, store: str, sc: Scenario) -> li
             if run.call == "BuildContext" and sc.driver == "ghz":
                 seeder.warm(sessions)  # one build each first: a cold first build is not the steady cost
             health = loader.health(server, run)
+            rss_before = rss_mb(server.pid)
             if sc.driver == "ghz":
                 m = loader.ghz_run(server, f"{SERVICE}.{run.call}", call_data(run, sessions), run)
                 extra: dict[str, Any] = {}
+                if sc.derive == "soak":
+                    extra = {"rss_before_mb": rss_before, "rss_after_mb": rss_mb(server.pid)}
             else:
                 m = loader.driver(server, sc.driver, sessions, run)
                 extra = {k: v for k, v in m.items() if k in ("latency", "lost", "ordered", "watchers", "events")}
@@ -364,6 +391,13 @@ def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
                     f"- {sc.name} ({store}): {a.label} costs {a.cpu_ms_per_call / b.cpu_ms_per_call:.2f}x the server "
                     f"CPU per call of {b.label}, throughput {b.rps / a.rps:.2f}x slower (target <= 1.1x)"
                 )
+            elif sc.derive == "soak":
+                for r in rs:
+                    before, after = r.extra["rss_before_mb"], r.extra["rss_after_mb"]
+                    lines.append(
+                        f"- {sc.name} ({store}, {r.label}): server RSS {before:.1f} -> {after:.1f} MB "
+                        f"({100 * (after - before) / before:+.1f}%) over {r.count} calls (target < 5%)"
+                    )
             elif sc.driver == "turns":
                 for r in rs:
                     lat = r.extra.get("latency", {})

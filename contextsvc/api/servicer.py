@@ -19,7 +19,7 @@ from contextsvc.api import mapping
 from contextsvc.api.auth import caller_of
 from contextsvc.api.errors import internal_status, to_status
 from contextsvc.api.streams import until_stopped
-from contextsvc.api.views import estimate_to_pb, report_to_compress_response, response_fields
+from contextsvc.api.views import estimate_to_pb, report_to_compress_response
 from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, serialize
 from contextsvc.core.priors import MESSAGE, TOOL_CALL
 from contextsvc.core.sizing import CLASSES
@@ -162,7 +162,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         )
         # Written from the encodings kept per stored message (api.wire), served as is by the
         # serializer ``add_to_server`` registers for this method.
-        return encode_build_response(built, request.session_id, self.wire_cache, response_fields(built))
+        return encode_build_response(built, request.session_id, self.wire_cache)
 
     @unary
     async def EstimateTokens(self, request: pb.EstimateTokensRequest, context: Context) -> pb.EstimateTokensResponse:

@@ -16,12 +16,14 @@ in encoded bytes plus a fixed per-entry allowance); ``stats()`` reports what it 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc.api.mapping import message_to_pb
+from contextsvc.api.views import response_fields
 from contextsvc.core.messages import Flags, Message
 from contextsvc.engine.views import BuiltView, ViewMessage
 
@@ -29,6 +31,8 @@ __all__ = ["EncodedResponse", "WireCache", "encode_build_response", "frame", "se
 
 #: Tag of ``BuildContextResponse.messages`` (field 1, wire type 2: length-delimited).
 _MESSAGES_TAG = bytes([(pb.BuildContextResponse.MESSAGES_FIELD_NUMBER << 3) | 2])
+#: Tag of ``BuildContextResponse.view_id`` (field 2, length-delimited).
+_VIEW_ID_TAG = bytes([(pb.BuildContextResponse.VIEW_ID_FIELD_NUMBER << 3) | 2])
 #: What one cache entry costs beyond its bytes (key tuple, OrderedDict node, the entry object).
 ENTRY_OVERHEAD_BYTES = 200
 
@@ -72,14 +76,19 @@ class _Entry:
     framed: bytes
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class _ViewEntry:
     """The framed messages of a session's last view, valid while the engine hands out the very
     same message list (it does when it reuses the view: ``engine.view_memo``). Holding the list
-    keeps its identity from being reused."""
+    keeps its identity from being reused. ``rest`` is the encoding of the response's other fields
+    but the view id, valid for the very ``estimate`` object and these ``notices`` (a reused view
+    hands out the same estimate; no compression report)."""
 
     messages: list[ViewMessage]
     framed: bytes
+    estimate: object = None
+    notices: tuple[str, ...] = ()
+    rest: bytes | None = None
 
 
 #: Key slot of a session's whole-view entry (no stored row has sequence number 0).
@@ -119,19 +128,21 @@ class WireCache:
         self._put(key, _Entry(m.flags, m.token_count, len(m.content), framed))
         return framed
 
-    def view(self, session_id: str, messages: list[ViewMessage]) -> bytes | None:
-        """The framed messages of ``messages`` when they are the session's last view's, else None."""
+    def view(self, session_id: str, messages: list[ViewMessage]) -> _ViewEntry | None:
+        """The entry of ``messages`` when they are the session's last view's, else None."""
         key = (session_id, _VIEW)
         with self._lock:
             entry = self._entries.get(key)
             if isinstance(entry, _ViewEntry) and entry.messages is messages:
                 self._entries.move_to_end(key)
                 self.hits += 1
-                return entry.framed
+                return entry
         return None
 
-    def put_view(self, session_id: str, messages: list[ViewMessage], framed: bytes) -> None:
-        self._put((session_id, _VIEW), _ViewEntry(messages, framed))
+    def put_view(self, session_id: str, messages: list[ViewMessage], framed: bytes) -> _ViewEntry:
+        entry = _ViewEntry(messages, framed)
+        self._put((session_id, _VIEW), entry)
+        return entry
 
     def _put(self, key: tuple[str, int], entry: _Entry | _ViewEntry) -> None:
         cost = len(entry.framed) + ENTRY_OVERHEAD_BYTES
@@ -171,15 +182,35 @@ def _fresh(vm: ViewMessage) -> bytes:
     return frame(m.SerializeToString())
 
 
+def _view_id_field(view_id: str) -> bytes:
+    if not view_id:
+        return b""
+    raw = view_id.encode()
+    return _VIEW_ID_TAG + _varint(len(raw)) + raw
+
+
+def _tail(built: BuiltView, entry: _ViewEntry | None) -> bytes:
+    """Every field but ``messages``: the view id, then the rest, kept with the view's entry while
+    the estimate object and the notices are the same (a build that reuses the view)."""
+    if entry is None or built.compression is not None:
+        return response_fields(built).SerializeToString()
+    notices = tuple(built.notices)
+    if entry.rest is None or entry.estimate is not built.estimate or entry.notices != notices:
+        rest = response_fields(dataclasses.replace(built, view_id="")).SerializeToString()
+        entry.estimate, entry.notices, entry.rest = built.estimate, notices, rest
+    return _view_id_field(built.view_id) + entry.rest
+
+
 def encode_build_response(
-    built: BuiltView, session_id: str, cache: WireCache, tail: pb.BuildContextResponse
+    built: BuiltView, session_id: str, cache: WireCache, tail: pb.BuildContextResponse | None = None
 ) -> EncodedResponse:
     """``built`` on the wire: each view message framed (from ``cache`` when it is a stored row the
-    view did not change), then ``tail`` (the response's other fields, without messages)."""
-    tail_bytes = tail.SerializeToString()
+    view did not change), then the response's other fields: ``tail`` when given (without
+    messages), else encoded here (kept with the view's entry for builds that reuse it)."""
     whole = cache.view(session_id, built.messages)
     if whole is not None:
-        return EncodedResponse(whole + tail_bytes)
+        tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, whole)
+        return EncodedResponse(whole.framed + tail_bytes)
     parts: list[bytes] = []
     carries_images = False
     for vm in built.messages:
@@ -190,6 +221,6 @@ def encode_build_response(
         else:
             parts.append(cache.framed(session_id, m))
     framed = b"".join(parts)
-    if not carries_images:
-        cache.put_view(session_id, built.messages, framed)
+    entry = None if carries_images else cache.put_view(session_id, built.messages, framed)
+    tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, entry)
     return EncodedResponse(framed + tail_bytes)

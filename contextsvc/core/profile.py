@@ -71,7 +71,23 @@ def resolve_profile(
     base = settings.profile(name)
     if base is None:
         raise InvalidArgument.field("profile.profile_id", f"unknown profile {name!r}", reason="UNKNOWN_PROFILE")
-    return _merge(name, base, o)
+    # Every build resolves its profile: the merge (a pydantic dump and validation) is done once per
+    # (profile, overrides) and reused while the named profile is the same object.
+    key = (name, o)
+    hit = _MERGED.get(key)
+    if hit is not None and hit[0] is base:
+        return hit[1]
+    merged = _merge(name, base, o)
+    if len(_MERGED) >= _MERGED_MAX:
+        _MERGED.clear()
+    _MERGED[key] = (base, merged)
+    return merged
+
+
+#: (profile name, overrides) -> (the named profile it was merged onto, the effective profile).
+#: Overrides are frozen and hashable; a handful of distinct ones is the common case.
+_MERGED: dict[tuple[str, ProfileOverrides], tuple[ProfileConfig, EffectiveProfile]] = {}
+_MERGED_MAX = 256
 
 
 def _merge(name: str, base: ProfileConfig, o: ProfileOverrides) -> EffectiveProfile:

@@ -82,8 +82,12 @@ def message_frame_units(m: Message) -> int:
 
 def message_features(m: Message) -> tuple[int, ...]:
     """What the calibration prices in ``m`` (``priors.FEATURES`` order): size units of its parts
-    per content class, 1 message, and its tool calls. Computed once per message and cacheable: the
-    fit maps these to tokens, so a new fit never invalidates them."""
+    per content class, 1 message, and its tool calls. Computed once per message object
+    (``core.message_memo``): the fit maps these to tokens, so a new fit never invalidates them."""
+    return _FEATURES.get(m, _features)
+
+
+def _features(m: Message) -> tuple[int, ...]:
     units = [0] * N_FEATURES
     for part in message_parts(m):
         for c, u in enumerate(class_units(part)):
@@ -93,12 +97,15 @@ def message_features(m: Message) -> tuple[int, ...]:
     return tuple(units)
 
 
+_FEATURES: IdentityMemo[tuple[int, ...]] = IdentityMemo()
+
+
 def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[int, ...]:
     """Sum of ``message_features``, plus ``views`` whole prompts (1 for a view sent as a prompt)."""
-    total = [0] * N_FEATURES
-    for m in messages:
-        for j, u in enumerate(message_features(m)):
-            total[j] += u
+    each = list(map(message_features, messages))
+    if len(each) == 1 and not views:
+        return each[0]  # one message (a per-message cut check): its own features, VIEW already 0
+    total = [sum(column) for column in zip(*each, strict=True)] or [0] * N_FEATURES
     total[VIEW] = views
     return tuple(total)
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
 import dataclasses
+import functools
 import json
+import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from contextsvc import telemetry
 from contextsvc.config import Settings
@@ -28,10 +33,12 @@ from contextsvc.engine.compaction import (
 from contextsvc.engine.sessions import AppendOutcome, SessionService
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
-from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, ViewService
+from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, PendingAnchor, ViewService
 from contextsvc.engine.worker import PostTurnWorker
 from contextsvc.errors import InvalidArgument, NotFound
 from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore, Summarizers
+
+log = logging.getLogger(__name__)
 
 # Engine-state key: the inline profile overrides of the newest BuildContext, so the post-turn
 # check (which has no request) prices against the window the runtime actually uses.
@@ -60,6 +67,8 @@ class Engine:
             store=store, bus=bus, settings=settings, accounting=self.accounting, summarizers=self.summarizers
         )
         self.post_turn = PostTurnWorker(self._post_turn_check)
+        #: session id -> its newest baseline anchor waiting for a running compaction (``_anchor``).
+        self._anchors: dict[str, asyncio.Task[None]] = {}
 
     async def append(
         self,
@@ -99,7 +108,7 @@ class Engine:
     async def _remember_profile(self, session: SessionInfo, overrides: ProfileOverrides) -> SessionInfo:
         # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
         # costs no write (and no lock) on every build.
-        wanted = json.loads(json.dumps(dataclasses.asdict(overrides)))
+        wanted = _as_stored(overrides)
         if EngineState.of(session).extra.get(_PROFILE_KEY) == wanted:
             return session
         # Read-modify-write of the engine state under the compaction lock, on a fresh read: writing
@@ -110,7 +119,7 @@ class Engine:
             state = EngineState.of(fresh)
             if state.extra.get(_PROFILE_KEY) == wanted:
                 return fresh
-            new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: wanted})
+            new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: copy.deepcopy(wanted)})
             return await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
 
     def _situation(
@@ -249,7 +258,8 @@ class Engine:
         if not profile.compression.enabled:
             return
         context = await self.store.load_context(session_id, caller=_INTERNAL)
-        built = self.views.assemble(profile, context, None, EngineState.of(session))
+        # Through the session's view memo: the next build of an unchanged session reuses this view.
+        built = self.views.assemble(profile, context, None, EngineState.of(session), session_id=session_id)
         s = self._situation(session, profile, context, built, Reason.POSTTURN)
         await self.compactor.maybe_memory_flush(s)
         if session.context_truncated or self.compactor.over_threshold(s):
@@ -281,14 +291,62 @@ class Engine:
         self, caller: Principal, session_id: str, *, view_id: str, prompt_tokens: int
     ) -> BaselineResult:
         sid = require_session_id(session_id)
-        # Serialized with compactions: RecordBaseline reads the engine state, then writes it back with
-        # the new baseline; a compaction committed in between would be undone (its epoch, its cleared
-        # baseline) and the stale baseline would make the next build compress again.
-        await self.store.get_session(sid, caller=caller)  # unknown or foreign: NOT_FOUND before any lock
-        async with self.compactor.lock(sid):
-            result = await self.views.record_baseline(caller, sid, view_id=view_id, prompt_tokens=prompt_tokens)
+
+        async def anchor(pending: PendingAnchor) -> None:
+            await self._anchor(caller, sid, pending)
+
+        result = await self.views.record_baseline(
+            caller, sid, view_id=view_id, prompt_tokens=prompt_tokens, anchor=anchor
+        )
         self.post_turn.schedule(sid)
         return result
+
+    async def _anchor(self, caller: Principal, sid: str, pending: PendingAnchor) -> None:
+        """Apply a new baseline under the compaction lock, without waiting behind a compaction.
+
+        The baseline is a read-modify-write of the engine state, serialized with compactions (one
+        committed in between would be undone: its epoch, its cleared baseline). When the lock is
+        not free within ``hot_path.baseline_wait_seconds`` (a compaction of the session is running
+        its summarizer, here or on another replica), RecordBaseline answers at once and the anchor
+        is applied after that compaction: if it committed, the view is of an older cycle and the
+        anchor is dropped (``apply_anchor``); if it did not, the anchor applies then. Anchors of a
+        session apply in the order they were recorded."""
+        if not self.compactor.busy(sid) and sid not in self._anchors:
+            try:
+                async with self.compactor.lock(sid, wait=self.settings.hot_path.baseline_wait_seconds):
+                    await self.views.apply_anchor(caller, sid, pending)
+                return
+            except CompactionBusy:
+                pass
+        previous = self._anchors.get(sid)
+
+        async def later() -> None:
+            if previous is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await previous
+            async with self.compactor.lock(sid):
+                await self.views.apply_anchor(caller, sid, pending)
+
+        task = asyncio.create_task(later(), name=f"baseline-anchor-{sid}")
+        self._anchors[sid] = task
+        task.add_done_callback(functools.partial(self._anchor_done, sid))
+
+    def _anchor_done(self, sid: str, task: asyncio.Task[None]) -> None:
+        if self._anchors.get(sid) is task:
+            del self._anchors[sid]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, NotFound):  # a session deleted meanwhile has no anchor
+            log.warning("a deferred baseline could not be applied", extra={"session_id": sid}, exc_info=exc)
+
+    async def anchors_applied(self, within: float) -> bool:
+        """Wait until every deferred baseline anchor was applied or dropped (tests, shutdown)."""
+        pending = list(self._anchors.values())
+        if not pending:
+            return True
+        _, waiting = await asyncio.wait(pending, timeout=within)
+        return not waiting
 
     # -- compression and recall -----------------------------------------------------------------
 
@@ -338,8 +396,18 @@ class Engine:
         ]
 
     async def close(self) -> None:
+        for task in list(self._anchors.values()):
+            task.cancel()
+        await asyncio.gather(*self._anchors.values(), return_exceptions=True)
         await self.post_turn.close()
         await self.summarizers.close()
+
+
+@functools.lru_cache(maxsize=256)
+def _as_stored(overrides: ProfileOverrides) -> dict[str, Any]:
+    """``overrides`` as the engine state stores them (JSON: tuples come back as lists), computed
+    once per distinct overrides (they are frozen). Shared: compare it, copy it before storing it."""
+    return cast(dict[str, Any], json.loads(json.dumps(dataclasses.asdict(overrides))))
 
 
 def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:

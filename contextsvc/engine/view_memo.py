@@ -61,6 +61,11 @@ class ViewMemo(Generic[T]):
             while len(self._entries) > self._max_sessions:
                 self._entries.popitem(last=False)
 
+    def holds(self, session_id: str, value: T) -> bool:
+        """Is ``value`` (that very object) the session's kept view?"""
+        entry = self._entries.get(session_id)
+        return entry is not None and entry[3] is value
+
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._entries.pop(session_id, None)

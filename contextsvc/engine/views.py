@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from collections.abc import Sequence
+import os
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import (
     Baseline,
+    CalibratedCounter,
+    ExactCounter,
     TextCounter,
     TokenEstimate,
     estimate,
@@ -69,6 +72,39 @@ class BaselineResult:
 
 
 @dataclass(slots=True, frozen=True)
+class PendingAnchor:
+    """A baseline to make the session's anchor: the provider's count of ``view``'s stored part."""
+
+    view_id: str
+    view: ViewRecord
+    tokens: int
+
+
+@dataclass(slots=True)
+class _SavedView:
+    """The view record saved for a session's reused view, and how many other views of the session
+    were saved since (the store keeps the newest ``views_kept_per_session``)."""
+
+    built: Assembled
+    epoch: int
+    view_id: str
+    others: int = 0
+
+
+def _additive(counter: TextCounter) -> bool:
+    """A list's count is at least each member's: exact counts (sums of per-part counts) and
+    calibrated prices whose weights are all non-negative (linear in non-negative features)."""
+    if isinstance(counter, ExactCounter):
+        return True
+    return isinstance(counter, CalibratedCounter) and min(counter.calibration.weights, default=0.0) >= 0
+
+
+def _new_id() -> str:
+    """A fresh view id: 128 random bits as 32 hex digits (the form ``uuid4().hex`` had)."""
+    return os.urandom(16).hex()
+
+
+@dataclass(slots=True, frozen=True)
 class Assembled:
     rows: list[Message]
     segments: list[Segment]
@@ -77,6 +113,8 @@ class Assembled:
     notices: list[str]
     #: size units of ``rows`` (what a baseline of this view is fitted on)
     chars: int = 0
+    #: calibration features of ``rows`` as one prompt (what a baseline of this view is fitted on)
+    features: tuple[float, ...] = ()
     #: newest sequence number of the context the view was built from
     last_sequence: int = 0
     had_images: bool = False
@@ -102,6 +140,9 @@ class ViewService:
         self._clock = clock
         self._accounting = accounting
         self._memo: ViewMemo[Assembled] = ViewMemo(settings.hot_path.view_cache_sessions)
+        #: session id -> the view record saved for its reused view (``_SavedView``), so a build that
+        #: reuses the assembled view also reuses its record instead of writing a new one.
+        self._saved: OrderedDict[str, _SavedView] = OrderedDict()
 
     async def prepare_incoming(
         self, incoming: IncomingMessage | None, field: str
@@ -173,14 +214,19 @@ class ViewService:
         rows: list[Message] = []
         truncated: list[bool] = []
         notices: list[str] = []
+        # When the whole view fits one message's budget, no message alone can exceed it (counts
+        # are sums of non-negative per-message parts): one count instead of one per message.
+        whole = counter.count_messages(view.messages) if _additive(counter) else None
+        whole_fits = whole is not None and whole <= budget
         for m, seg in zip(view.messages, view.segments, strict=True):
-            cut = m if seg is Segment.SYSTEM else truncate_for_view(m, budget, counter)
+            cut = m if seg is Segment.SYSTEM or whole_fits else truncate_for_view(m, budget, counter)
             rows.append(cut)
             truncated.append(cut is not m)
             if cut is not m:
                 where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
                 notices.append(f"{where} was cut to fit the per-message budget of {budget} tokens")
-        text_tokens = counter.count_messages(rows) + counter.overhead
+        # Nothing was cut when the whole fitted: the rows are the view's messages, already counted.
+        text_tokens = (whole if whole_fits and whole is not None else counter.count_messages(rows)) + counter.overhead
         plan = budget_images(
             rows,
             window=profile.context_window,
@@ -228,6 +274,7 @@ class ViewService:
             estimate=est,
             notices=notices,
             chars=messages_chars(rows),
+            features=tuple(float(x) for x in messages_features(rows, views=1)),
             last_sequence=max((m.sequence_number for m in context), default=0),
             had_images=had_images,
             plain=plain,
@@ -263,23 +310,7 @@ class ViewService:
                 f"the view's estimate {built.estimate.total} is within the budget of {built.estimate.budget} tokens "
                 f"but its margin of {built.estimate.margin} is not: the real count may exceed it"
             )
-        view_id = uuid.uuid4().hex
-        await self._store.save_view(
-            session.id,
-            ViewRecord(
-                view_id=view_id,
-                model=profile.model,
-                chars=built.chars,
-                estimated_tokens=built.estimate.total,
-                had_images=built.had_images,
-                last_sequence=built.last_sequence,
-                create_time=self._clock.now(),
-                epoch=EngineState.of(session).epoch if anchor else -1,
-                features=tuple(float(x) for x in messages_features(built.rows, views=1)),
-                incoming_tokens=built.estimate.segments.incoming,
-            ),
-            keep=self._settings.tokens.views_kept_per_session,
-        )
+        view_id = await self._remember(session, profile, built, anchor)
         if built.plain is not None:
             return BuiltView(
                 messages=built.plain,
@@ -307,6 +338,47 @@ class ViewService:
             notices=notices,
             compression=compression,
         )
+
+    async def _remember(self, session: SessionInfo, profile: EffectiveProfile, built: Assembled, anchor: bool) -> str:
+        """The id of ``built``'s view record, saved for RecordBaseline.
+
+        A view names what was sent (its size, estimate, images, context boundary, compaction cycle),
+        so a build that reuses the session's assembled view (``view_memo``: same rows, profile,
+        calibration and baseline) in the same cycle is the same view, and gets the same id without a
+        store write. The record is written again before the store could have let it go: after
+        ``views_kept_per_session - 1`` other views of the session were saved by this process.
+        """
+        epoch = EngineState.of(session).epoch if anchor else -1
+        keep = self._settings.tokens.views_kept_per_session
+        saved = self._saved.get(session.id)
+        if saved is not None and saved.built is built and saved.epoch == epoch and saved.others < keep - 1:
+            self._saved.move_to_end(session.id)
+            return saved.view_id
+        view_id = saved.view_id if saved is not None and saved.built is built and saved.epoch == epoch else _new_id()
+        await self._store.save_view(
+            session.id,
+            ViewRecord(
+                view_id=view_id,
+                model=profile.model,
+                chars=built.chars,
+                estimated_tokens=built.estimate.total,
+                had_images=built.had_images,
+                last_sequence=built.last_sequence,
+                create_time=self._clock.now(),
+                epoch=epoch,
+                features=built.features,
+                incoming_tokens=built.estimate.segments.incoming,
+            ),
+            keep=keep,
+        )
+        if anchor and self._memo.holds(session.id, built):
+            self._saved[session.id] = _SavedView(built, epoch, view_id)
+            self._saved.move_to_end(session.id)
+            while len(self._saved) > max(1, self._settings.hot_path.view_cache_sessions):
+                self._saved.popitem(last=False)
+        elif saved is not None:
+            saved.others += 1
+        return view_id
 
     async def estimate_messages(
         self, *, model: str, profile: EffectiveProfile, messages: Sequence[IncomingMessage]
@@ -342,8 +414,17 @@ class ViewService:
         return self.assemble(profile, context, None, EngineState.of(session)).estimate
 
     async def record_baseline(
-        self, caller: Principal, session_id: str, *, view_id: str, prompt_tokens: int
+        self,
+        caller: Principal,
+        session_id: str,
+        *,
+        view_id: str,
+        prompt_tokens: int,
+        anchor: Callable[[PendingAnchor], Awaitable[None]],
     ) -> BaselineResult:
+        """Record the provider's count of a view: a calibration observation for the view's model,
+        and (unless it looks truncated) the session's new anchor, handed to ``anchor``, which
+        applies it under the compaction lock (``apply_anchor``), now or once a compaction ends."""
         sid = require_session_id(session_id)
         if not view_id:
             raise InvalidArgument.field("view_id", "is required")
@@ -357,7 +438,6 @@ class ViewService:
                 reason="VIEW_NOT_FOUND",
                 metadata={"view_id": view_id},
             )
-        state = EngineState.of(session)
         reason, bound = self._truncation(prompt_tokens, view)
         if reason:
             # The provider silently cut the prompt's head: keep the previous honest baseline and
@@ -388,24 +468,15 @@ class ViewService:
             view.model,
             Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images, features=view.features),
         )
-        # The incoming message the view carried is appended later, newer than the view's last
-        # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
-        anchor = max(1, prompt_tokens - view.incoming_tokens)
         # A view that carried images is no anchor: the provider's count holds those images, and a
         # later view may leave some out (image budget), so baseline + delta would count them twice.
-        # Such views are priced fresh every time, by the same rules the view's budget used.
-        if view.epoch == state.epoch and not view.had_images:
-            newer = [
-                m for m in await self._store.load_context(sid, caller=caller) if m.sequence_number > view.last_sequence
-            ]
-            context_tokens = anchor + self._accounting.messages_tokens(view.model, newer)
-            await self._store.update_state(
-                sid,
-                caller=caller,
-                context_tokens=context_tokens,
-                context_truncated=False,
-                state=state.with_baseline(anchor, view.last_sequence, view_id).to_dict(),
-            )
+        # Such views are priced fresh every time, by the same rules the view's budget used. A view
+        # of an older compaction cycle is no anchor either (checked again where it is applied).
+        if view.epoch == EngineState.of(session).epoch and not view.had_images:
+            # The incoming message the view carried is appended later, newer than the view's last
+            # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
+            pending = PendingAnchor(view_id, view, max(1, prompt_tokens - view.incoming_tokens))
+            await anchor(pending)
         await self._bus.publish(
             session_id=sid,
             user_id=session.user_id,
@@ -420,6 +491,31 @@ class ViewService:
         return BaselineResult(
             recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
         )
+
+    async def apply_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> bool:
+        """Make ``pending`` the session's baseline if its view is of the session's current
+        compaction cycle (a compaction committed since the view was built makes it stale: it is
+        dropped). A read-modify-write of the engine state: call it under the compaction lock.
+        True when applied."""
+        session = await self._store.get_session(session_id, caller=caller)
+        state = EngineState.of(session)
+        view = pending.view
+        if view.epoch != state.epoch:
+            return False
+        newer = [
+            m
+            for m in await self._store.load_context(session_id, caller=caller)
+            if m.sequence_number > view.last_sequence
+        ]
+        context_tokens = pending.tokens + self._accounting.messages_tokens(view.model, newer)
+        await self._store.update_state(
+            session_id,
+            caller=caller,
+            context_tokens=context_tokens,
+            context_truncated=False,
+            state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict(),
+        )
+        return True
 
     def _truncation(self, prompt_tokens: int, view: ViewRecord) -> tuple[str, int]:
         """Why ``prompt_tokens`` looks silently truncated ("" when it does not), and the lower bound.

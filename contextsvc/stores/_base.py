@@ -1,7 +1,7 @@
 """The ``SessionStore`` methods over sessions held in memory, shared by the memory and files stores.
 
 Subclasses make it durable through hooks (``_persist_create``, ``_persist``, ``_persist_delete``,
-``_after_apply``, ``_persist_observation``, ``_load_history``, ``_persist_history``) and provide
+``_after_apply``, ``_persist_observations``, ``_load_history``, ``_persist_history``) and provide
 the blob methods. Every mutation runs under the session's lock inside a shielded task: a caller
 cancelled half-way (a client deadline) can neither split a record between disk and memory nor
 let the next mutation overtake it. The raw history index of each session is a ``RecallIndex``
@@ -131,7 +131,9 @@ class RowStore:
         #: session id -> its raw history index (all of it, or the sessions loaded so far).
         self._history = history if history is not None else {}
         self._create_lock = asyncio.Lock()
-        self._calibration_lock = asyncio.Lock()
+        #: calibration observations waiting for the writer (``add_calibration_observation``).
+        self._observations_queued: list[tuple[str, Observation, asyncio.Future[None]]] = []
+        self._observations_writer: asyncio.Future[None] | None = None
         self._inflight: set[asyncio.Future[Any]] = set()
 
     # -- hooks -----------------------------------------------------------------------------
@@ -148,8 +150,9 @@ class RowStore:
     async def _after_apply(self, st: SessionState) -> None:
         """Housekeeping after a mutation, still under the session lock."""
 
-    async def _persist_observation(self, model: str, observation: Observation) -> None:
-        """Make a calibration observation durable before it is kept in memory."""
+    async def _persist_observations(self, batch: Sequence[tuple[str, Observation]]) -> None:
+        """Make calibration observations (model, observation) durable, in order, before they are
+        kept in memory: one write for the whole batch."""
 
     async def _load_history(self, st: SessionState) -> RecallIndex:
         """The session's history index when it is not in ``_history`` yet (under the session lock)."""
@@ -458,14 +461,36 @@ class RowStore:
     # -- calibration and views (TokenStore) --------------------------------------------------
 
     async def add_calibration_observation(self, model: str, observation: Observation) -> None:
-        async def work() -> None:
-            async with self._calibration_lock:
-                await self._persist_observation(model, observation)
-                kept = self._observations.setdefault(model, [])
-                kept.append(observation)
-                del kept[: -self.observations_kept]
+        """Queued for one writer that persists everything queued meanwhile in one write (group
+        commit: concurrent baselines share a write and its fsync instead of taking turns behind
+        one lock, each with its own). Returns once the observation is durable and kept."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._observations_queued.append((model, observation, done))
+        if self._observations_writer is None or self._observations_writer.done():
+            writer = asyncio.ensure_future(self._write_observations())
+            self._observations_writer = writer
+            self._inflight.add(writer)
+            writer.add_done_callback(_settle)
+            writer.add_done_callback(self._inflight.discard)
+        await asyncio.shield(done)  # a caller that goes away does not take its write with it
 
-        await self._shielded(work)
+    async def _write_observations(self) -> None:
+        while self._observations_queued:
+            batch, self._observations_queued = self._observations_queued, []
+            try:
+                await self._persist_observations([(model, obs) for model, obs, _ in batch])
+            except Exception as exc:  # each waiting caller gets the store's error
+                for _, _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                        done.add_done_callback(_settle)
+                continue
+            for model, obs, done in batch:
+                kept = self._observations.setdefault(model, [])
+                kept.append(obs)
+                del kept[: -self.observations_kept]
+                if not done.done():
+                    done.set_result(None)
 
     async def list_calibration_observations(self, model: str, *, limit: int) -> list[Observation]:
         if limit <= 0:

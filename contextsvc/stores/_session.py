@@ -123,6 +123,7 @@ class SessionState:
     __slots__ = (
         "_ctx",
         "_ctx_keys",
+        "_info",
         "_stub_ctx",
         "_stub_last",
         "context_tokens",
@@ -173,6 +174,8 @@ class SessionState:
         #: view_id -> view, oldest first (dicts keep insertion order).
         self.views: dict[str, ViewRecord] = {}
         self.lock = asyncio.Lock()
+        #: the last ``info`` snapshot and the preview length it was cut to; dropped by every change.
+        self._info: tuple[int, SessionInfo] | None = None
         self.deleted = False
         #: why the history cannot be trusted ("" = it can): the session is then read-only.
         self.damage = ""
@@ -193,8 +196,13 @@ class SessionState:
         return len(self._ctx) if self.resident else self._stub_ctx
 
     def info(self, preview_chars: int) -> SessionInfo:
-        """A snapshot the caller may keep (dicts copied)."""
-        return SessionInfo(
+        """A snapshot the caller may keep: its dicts are copies, made once per change of the session
+        and shared by every read until the next one (callers never mutate a ``SessionInfo``'s dicts;
+        every read of an unchanged session would otherwise deep-copy its state again)."""
+        cached = self._info
+        if cached is not None and cached[0] == preview_chars:
+            return cached[1]
+        info = SessionInfo(
             id=self.id,
             user_id=self.user_id,
             profile_id=self.profile_id,
@@ -211,6 +219,8 @@ class SessionState:
             preview=self.preview_source[:preview_chars],
             state=copy.deepcopy(self.state),
         )
+        self._info = (preview_chars, info)
+        return info
 
     def context(self) -> list[Message]:
         return list(self._ctx)
@@ -303,6 +313,8 @@ class SessionState:
 
     def apply(self, record: Record) -> None:
         """Apply one record; raises ``RecordError`` (changing nothing) if it does not fit."""
+        if not isinstance(record, SaveViewRecord):  # views are not part of the snapshot
+            self._info = None
         if isinstance(record, AppendRecord):
             self._check_numbers(record.messages)
             for m in record.messages:
@@ -341,6 +353,7 @@ class SessionState:
         their sequence numbers taken (never handed out again) and show the loss in the display
         history; they never reach the context. Returns the numbers filled."""
         filled = list(range(len(self.rows) + 1, upto + 1))
+        self._info = None
         for seq in filled:
             self._add_row(lost_row(seq, note, time))
         return filled

@@ -726,22 +726,27 @@ class FilesStore(RowStore):
             self._dirty.add(log.path)
             self._dirty_event.set()
 
-    async def _persist_observation(self, model: str, observation: Observation) -> None:
+    async def _persist_observations(self, batch: Sequence[tuple[str, Observation]]) -> None:
+        """One append (and, in fsync mode, one fsync) for every observation queued meanwhile."""
         log = self._calibration
-        line: dict[str, Any] = {"model": model, "chars": observation.chars, "tokens": observation.tokens}
-        if observation.had_images:
-            line["had_images"] = True
-        if observation.features:
-            line["features"] = list(observation.features)
+        lines = []
+        for model, observation in batch:
+            line: dict[str, Any] = {"model": model, "chars": observation.chars, "tokens": observation.tokens}
+            if observation.had_images:
+                line["had_images"] = True
+            if observation.features:
+                line["features"] = list(observation.features)
+            lines.append(_dumps(line))
         try:
-            await self._append(log, _dumps(line))
+            await self._append(log, b"".join(lines))
         except OSError as exc:
             logger.error("files store: cannot append to %s: %s", log.path, exc)
             raise Unavailable("the calibration log could not be written") from exc
-        log.overhead += 1
+        log.overhead += len(batch)
         if log.overhead > 2 * self.observations_kept * max(1, len(self._observations)):
             kept = {m: list(obs) for m, obs in self._observations.items()}
-            kept.setdefault(model, []).append(observation)
+            for model, observation in batch:
+                kept.setdefault(model, []).append(observation)
             log.size = await asyncio.to_thread(_rewrite_calibration, log.path, kept, self.observations_kept)
             log.overhead = sum(min(len(v), self.observations_kept) for v in kept.values())
             self._dirty.discard(log.path)

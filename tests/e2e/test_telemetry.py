@@ -31,6 +31,7 @@ from tests.support.server import ServerProcess
 pytestmark = pytest.mark.e2e
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+METHOD_BUILD = "/contextsvc.v1.ContextService/BuildContext"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
 SECRET_CONTENT = "the-vault-passphrase-is-zebra-42"
 WINDOW = 4096
@@ -150,6 +151,8 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
             assert done.compressed
             view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile()), metadata=meta)
             assert view.messages
+            with pytest.raises(grpc.RpcError):
+                stub.GetSession(pb.GetSessionRequest(session_id="00000000-0000-4000-8000-000000000000"))
 
         def compaction_seen(rcv: Receiver) -> bool:
             names = {s.name for s in rcv.spans}
@@ -157,6 +160,7 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
             return (
                 "contextsvc.compaction" in names
                 and "contextsvc.build_view" in names
+                and "/contextsvc.v1.ContextService/GetSession" in names
                 and "contextsvc.compressions" in metric_names
                 and "gen_ai.client.operation.duration" in metric_names
             )
@@ -204,19 +208,109 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
 
     # The HTTP call to the summarizer (httpx instrumentation) sits under the GenAI span.
     assert any(s.parent_span_id == chat.span_id and s.kind == s.SPAN_KIND_CLIENT for s in spans)
-    # Store calls are spans of their own inside the RPC's trace.
-    store_spans = [s for s in spans if s.name.startswith("store.") and s.trace_id == trace_id]
-    assert {"store.get_session", "store.load_context"} <= {s.name for s in store_spans}
+    # Store calls are events on the span they ran under (a span each cost more than the call).
+    assert not [s.name for s in spans if s.name.startswith("store.")]
+    compress_events = [e for s in (rpc_span, compaction) for e in s.events if e.name.startswith("store.")]
+    assert compress_events, "the Compress trace records its store calls"
 
     (build,) = [s for s in spans if s.name == "contextsvc.build_view"]
     build_attrs = _attrs(build)
     assert build_attrs["gen_ai.request.model"] == "m-telemetry"
     assert build_attrs["contextsvc.view.tokens"] == view.estimate.total
+    store_events = [e for e in build.events if e.name.startswith("store.")]
+    assert {"store.get_session", "store.load_context"} <= {e.name for e in store_events}
+    for event in store_events:
+        assert _attrs(event)["contextsvc.store.duration_ms"] >= 0
+        assert build.start_time_unix_nano <= event.time_unix_nano <= build.end_time_unix_nano
+    assert _attrs(build)["contextsvc.session_id"] == sid
+
+    # The server span: rpc.* attributes and the status code; a client's mistake is not an error.
+    (build_rpc,) = [s for s in spans if s.name == "/contextsvc.v1.ContextService/BuildContext"]
+    assert build.parent_span_id == build_rpc.span_id
+    assert build_rpc.kind == build_rpc.SPAN_KIND_SERVER
+    rpc_attrs = _attrs(build_rpc)
+    assert rpc_attrs["rpc.system"] == "grpc"
+    assert rpc_attrs["rpc.service"] == "contextsvc.v1.ContextService"
+    assert rpc_attrs["rpc.method"] == "BuildContext"
+    assert rpc_attrs["rpc.grpc.status_code"] == 0
+    (missing,) = [s for s in spans if s.name == "/contextsvc.v1.ContextService/GetSession"]
+    assert _attrs(missing)["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert missing.status.code == missing.status.STATUS_CODE_UNSET
 
     # Content never goes into spans.
     for span in spans:
         for value in _attrs(span).values():
             assert SECRET_CONTENT not in str(value), span.name
+
+
+def test_a_trace_the_sampler_drops_exports_nothing_below_it(receiver: tuple[Receiver, int]) -> None:
+    """Root traces sampled at ratio 0: only a caller's sampled traceparent makes spans; the metrics
+    still count every call."""
+    found, port = receiver
+    env = {
+        **_clean_env(),
+        **_otel_env(port),
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+    }
+    proc = ServerProcess("memory", env=env).start()
+    sampled = ("traceparent", f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01")
+    dropped = ("traceparent", f"00-{'1' * 32}-{CLIENT_SPAN_ID}-00")
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            _fill(stub, sid, 3)
+            for _ in range(3):
+                stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+                stub.BuildContext(pb.BuildContextRequest(session_id=sid), metadata=(dropped,))
+            stub.BuildContext(pb.BuildContextRequest(session_id=sid), metadata=(sampled,))
+
+        def counted(rcv: Receiver) -> bool:
+            points = _points(rcv.metrics, "rpc.server.call.duration")
+            builds = [p for p in points if _attrs(p)["rpc.method"] == "BuildContext"]
+            names = {s.name for s in rcv.spans}
+            return bool(builds) and builds[-1].count == 7 and {METHOD_BUILD, "contextsvc.build_view"} <= names
+
+        assert found.wait_for(counted), sorted({m.name for m in found.metrics})
+        time.sleep(0.5)  # a late export of a dropped trace would show up here
+    finally:
+        proc.terminate()
+    spans = list(found.spans)
+    assert {s.trace_id for s in spans} == {bytes.fromhex(TRACE_ID)}
+    assert sorted(s.name for s in spans) == [METHOD_BUILD, "contextsvc.build_view"]
+    (build,) = [s for s in spans if s.name == "contextsvc.build_view"]
+    assert {"store.get_session", "store.load_context"} <= {e.name for e in build.events}
+
+
+def test_a_watcher_stream_is_one_server_span_ended_when_the_watcher_leaves(receiver: tuple[Receiver, int]) -> None:
+    """StreamEvents: the span stays current across the stream's yields and ends CANCELLED when the
+    client hangs up; the watchers gauge goes up and back down; nothing is logged about contexts."""
+    found, port = receiver
+    proc = ServerProcess("memory", env={**_clean_env(), **_otel_env(port)}).start()
+    try:
+        with proc.channel() as ch:
+            stub = proc.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            stream = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid))
+            events = iter(stream)
+            _fill(stub, sid, 1)
+            assert next(events).WhichOneof("payload")
+            stream.cancel()
+
+        def ended(rcv: Receiver) -> bool:
+            watchers = _points(rcv.metrics, "contextsvc.watchers")
+            streamed = any(s.name.endswith("/StreamEvents") for s in rcv.spans)
+            return streamed and bool(watchers) and watchers[-1].as_int == 0
+
+        # The span ends when the server sees the hang-up; a later export shows the watcher gone.
+        assert found.wait_for(ended), sorted({s.name for s in found.spans})
+    finally:
+        proc.terminate()
+    (span,) = [s for s in found.spans if s.name == "/contextsvc.v1.ContextService/StreamEvents"]
+    assert _attrs(span)["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    assert span.status.code == span.status.STATUS_CODE_UNSET
+    assert "detach" not in proc.stderr_text.lower(), proc.stderr_text[-2000:]
 
 
 def _points(metrics: list[Any], name: str) -> list[Any]:

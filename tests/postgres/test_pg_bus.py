@@ -250,3 +250,97 @@ async def test_a_store_bus_shares_the_pool_and_the_events(store: PostgresStore, 
     await shared.close()
     # Closing the shared bus leaves the store's pool open.
     assert (await store.list_sessions(caller=ADMIN, offset=0, limit=1)).total == 0
+
+
+async def test_one_fetch_per_wake_serves_every_watcher_of_a_replica(
+    make_bus: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #15 item 6: 30 watchers on one replica cost one query per notification, not 30;
+    every watcher still gets exactly its events, in order (session and owner filtered in process)."""
+    a, b = await make_bus(), await make_bus()
+    queries = {"n": 0}
+    real = b._fetch
+
+    async def counted(*args: Any, **kw: Any) -> list[StoredEvent]:
+        queries["n"] += 1
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(b, "_fetch", counted)
+    watchers = [Collector(b, session_id=S1) for _ in range(20)]
+    watchers += [Collector(b, caller=ALICE) for _ in range(5)]
+    watchers += [Collector(b, session_id=S2) for _ in range(5)]
+    for w in watchers:
+        await w.started()
+    await until(lambda: b._feed_ok)
+    before = queries["n"]
+    sent_s1 = await publish(a, 20)
+    sent_s2 = await publish(a, 10, session_id=S2, user_id="bob")
+    for w in watchers[:20]:
+        assert [e.event_id for e in await w.wait_for(20)] == [e.event_id for e in sent_s1]
+    for w in watchers[20:25]:  # alice's events only
+        assert [e.event_id for e in await w.wait_for(20)] == [e.event_id for e in sent_s1]
+    for w in watchers[25:]:
+        assert [e.event_id for e in await w.wait_for(10)] == [e.event_id for e in sent_s2]
+    await asyncio.sleep(0.3)
+    assert all(len(w.events) == (10 if w in watchers[25:] else 20) for w in watchers)
+    # About one query per published event on this replica (notifications coalesce; the 0.3 s poll
+    # adds a few), never one per watcher: that was 30 watchers x 30 events here.
+    assert queries["n"] - before <= 2 * 30
+    for w in watchers:
+        await w.stop()
+
+
+async def test_a_watcher_resuming_before_the_window_reads_the_table_then_joins_it(
+    postgres_db: str, make_bus: Callable[..., Any]
+) -> None:
+    bus = await make_postgres_event_bus(postgres_db, pg_settings(event_retention_count=1000, event_fanout_events=4))
+    try:
+        live = Collector(bus)
+        await live.started()
+        sent = await publish(bus, 30)
+        await live.wait_for(30)
+        assert bus._floor is not None and bus._floor > sent[0].event_id  # the window holds only the newest
+        late = Collector(bus, after_event_id=sent[2].event_id)
+        got = await late.wait_for(27)
+        assert [e.event_id for e in got] == [e.event_id for e in sent[3:]]
+        more = await publish(bus, 5)
+        got = await late.wait_for(32)
+        assert [e.event_id for e in got] == [e.event_id for e in sent[3:] + more]
+        await late.stop()
+        await live.stop()
+    finally:
+        await bus.close()
+
+
+async def test_a_publish_draws_its_id_only_once_it_holds_the_publish_lock(
+    postgres_db: str, make_bus: Callable[..., Any]
+) -> None:
+    """The one-statement publish takes the advisory lock before the id: while another transaction
+    holds the lock, the publish waits and the id sequence does not move."""
+    from contextsvc.stores.postgres.bus import PUBLISH_LOCK
+
+    bus = await make_bus()
+    await publish(bus, 1)  # the sequence has a value to compare with
+    holder = await asyncpg.connect(postgres_db)
+    try:
+        seq = "pg_get_serial_sequence('events', 'event_id')"
+        before = await holder.fetchval(f"SELECT last_value FROM {await holder.fetchval(f'SELECT {seq}')}")
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+        waiting = asyncio.create_task(publish(bus, 1))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        async with asyncio.timeout(WAIT):
+            probe = await asyncpg.connect(postgres_db)
+            try:
+                name = await probe.fetchval(f"SELECT {seq}")
+                assert await probe.fetchval(f"SELECT last_value FROM {name}") == before
+            finally:
+                await probe.close()
+        await tx.commit()
+        async with asyncio.timeout(WAIT):
+            (event,) = await waiting
+        assert event.event_id == before + 1
+    finally:
+        await holder.close()

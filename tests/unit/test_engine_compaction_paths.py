@@ -232,7 +232,9 @@ async def test_a_summary_larger_than_what_it_replaces_is_discarded_even_when_the
 
 async def test_concurrent_builds_and_appends_commit_exactly_one_compaction() -> None:
     slow = ScriptedSummarizer(delay=0.02)
-    rig = await Rig.start(slow)
+    # Builds here must wait for the one compaction (what is asserted), not fall back to truncation
+    # after ``build_wait_seconds`` when a loaded machine stretches a 20 ms summary past it.
+    rig = await Rig.start(slow, hot_path={"build_wait_seconds": 60})
     profile = overrides(summarizer="scripted", strategies=["summarize"])
     try:
         sid = await rig.session()

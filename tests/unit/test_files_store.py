@@ -325,6 +325,41 @@ async def test_a_torn_calibration_line_is_skipped(root: Path, caplog: pytest.Log
     await store.close()
 
 
+async def test_concurrent_calibration_observations_share_writes_and_keep_their_order(root: Path) -> None:
+    """Group commit (issue #15 item 5): observations recorded together are written together, one
+    fsync per batch instead of one per observation behind a global lock; order and durability kept."""
+    store = await opened(root)
+    before = store.stats.log_fsyncs
+    observations = [Observation(100 + i, 40 + i) for i in range(min(20, store.observations_kept))]
+    await asyncio.gather(*(store.add_calibration_observation("m", o) for o in observations))
+    fsyncs = store.stats.log_fsyncs - before
+    assert 1 <= fsyncs < 10
+    assert await store.list_calibration_observations("m", limit=100) == observations
+    await store.close()
+    store = await opened(root)
+    assert await store.list_calibration_observations("m", limit=100) == observations
+    await store.close()
+
+
+async def test_a_failed_calibration_write_fails_only_its_batch(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await opened(root)
+    real = files_module._append_at
+    calls = {"n": 0}
+
+    def failing_once(*args: Any, **kw: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(files_module, "_append_at", failing_once)
+    with pytest.raises(Unavailable):
+        await store.add_calibration_observation("m", Observation(1, 1))
+    await store.add_calibration_observation("m", Observation(2, 2))
+    assert await store.list_calibration_observations("m", limit=10) == [Observation(2, 2)]
+    await store.close()
+
+
 # -- rewriting a log ----------------------------------------------------------------------------
 
 

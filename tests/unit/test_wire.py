@@ -146,3 +146,23 @@ def test_serialize_passes_bytes_through_and_encodes_messages() -> None:
     assert serialize(EncodedResponse(b"abc")) == b"abc"
     msg = pb.BuildContextResponse(view_id="v")
     assert serialize(msg) == msg.SerializeToString()
+
+
+def test_the_tail_kept_with_a_reused_view_follows_the_view_id_and_notices() -> None:
+    """Without a given tail the response's other fields are encoded once per reused view (the
+    estimate object and notices) and only the view id is written per build."""
+    cache = WireCache(1 << 20)
+    messages = [ViewMessage(stored(1), (), truncated=False, stored=True), ViewMessage(stored(2), (), False, True)]
+    first = view(messages)
+
+    def plain(built: BuiltView) -> pb.BuildContextResponse:
+        return pb.BuildContextResponse.FromString(encode_build_response(built, "s1", cache).data)
+
+    assert plain(first) == build_response(first)
+    reused = dataclasses.replace(first, view_id="v2")  # same messages list, same estimate object
+    assert plain(reused) == build_response(reused)
+    noticed = dataclasses.replace(first, view_id="v3", notices=["another"])
+    assert plain(noticed) == build_response(noticed)
+    other_estimate = dataclasses.replace(first, view_id="", estimate=dataclasses.replace(estimate(), total=7))
+    assert plain(other_estimate) == build_response(other_estimate)
+    assert plain(reused) == build_response(reused)

@@ -11,6 +11,14 @@ COMMIT, so two concurrent publishers could commit ids 11 then 10 and a reader th
 past 11 would never see 10. Publishers therefore take a transaction-scoped advisory lock before
 inserting: ids are handed out and committed in the same order, and what a reader sees is always
 a prefix of the ids (minus rolled-back ones).
+
+Fan-out (issue #15 item 6): watchers do not query per notification. Each bus runs one *feed*:
+woken by a notification, a local publish, a reconnect or the poll, it fetches every event after
+the newest it holds (one query per wake per replica, whatever the number of watchers) into a
+bounded in-memory window (``postgres.event_fanout_events``) and wakes the watchers, which filter
+that window in process (session, owner) as the SQL did. The window is a contiguous range of ids
+(``_floor``, ``_head``]; a watcher positioned before it (a resume from an older id, or one that
+fell behind while the feed could not read) reads the table itself until it reaches the window.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping
 from datetime import timedelta
@@ -79,6 +88,17 @@ class PostgresEventBus:
         self._listening = asyncio.Event()
         self._inflight: set[asyncio.Future[Any]] = set()
         self._closed = False
+        # The feed: every event with an id in (_floor, _head], oldest first (see the docstring).
+        self._feed: asyncio.Task[None] | None = None
+        self._feed_wake = asyncio.Event()
+        self._window: list[StoredEvent] = []
+        self._window_ids: list[int] = []
+        self._floor: int | None = None
+        self._head: int | None = None
+        #: the feed's last read succeeded (watchers read through it only then).
+        self._feed_ok = False
+        #: queries the feed ran (tests and measurements).
+        self.feed_fetches = 0
 
     async def open(self) -> None:
         """Migrate and open a pool (only for a bus built without one)."""
@@ -92,14 +112,14 @@ class PostgresEventBus:
         self._closed = True
         for subscription in list(self._subscriptions):
             subscription.wake()
-        for task in (self._listener, self._pruner):
+        for task in (self._listener, self._pruner, self._feed):
             if task is not None:
                 task.cancel()
-        for task in (self._listener, self._pruner):
+        for task in (self._listener, self._pruner, self._feed):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._listener = self._pruner = None
+        self._listener = self._pruner = self._feed = None
         while self._inflight:
             await asyncio.wait(list(self._inflight))
         pool, self._pool = self._pool, None
@@ -117,13 +137,16 @@ class PostgresEventBus:
 
         async def run() -> int:
             with pg_errors("publish"):
-                async with self._acquire() as conn, conn.transaction():
-                    # Ids committed in the order they are handed out (see the module docstring).
-                    await conn.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+                async with self._acquire() as conn:
+                    # One statement, its own transaction: the lock (a CTE with a volatile function is
+                    # evaluated first, never inlined) is taken before the id is drawn and released
+                    # after the commit made the row visible, so ids are committed in the order they
+                    # are handed out (see the module docstring). One round trip instead of four.
                     event_id: int = await conn.fetchval(
-                        """WITH added AS (
+                        """WITH locked AS (SELECT pg_advisory_xact_lock($7)),
+                                added AS (
                                INSERT INTO events (session_id, user_id, kind, payload, time)
-                               VALUES ($1, $2, $3, $4, $5) RETURNING event_id)
+                               SELECT $1, $2, $3, $4, $5 FROM locked RETURNING event_id)
                            SELECT event_id FROM added, pg_notify($6, event_id::text)""",
                         session_id,
                         user_id,
@@ -131,6 +154,7 @@ class PostgresEventBus:
                         body,
                         time,
                         self._pg.event_channel,
+                        PUBLISH_LOCK,
                     )
                     return event_id
 
@@ -186,13 +210,70 @@ class PostgresEventBus:
         self._subscriptions.add(subscription)
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(self._listen(), name="pg-event-listener")
+        if self._feed is None or self._feed.done():
+            self._feed = asyncio.get_running_loop().create_task(self._run_feed(), name="pg-event-feed")
 
     def _unregister(self, subscription: _Subscription) -> None:
         self._subscriptions.discard(subscription)
 
     def _wake_all(self) -> None:
+        """Something may have been committed: the feed reads it once for every watcher."""
+        if self._feed is not None and not self._feed.done():
+            self._feed_wake.set()
+        else:
+            self._wake_watchers()
+
+    def _wake_watchers(self) -> None:
         for subscription in list(self._subscriptions):
             subscription.wake()
+
+    async def _run_feed(self) -> None:
+        """Fetch what was committed after ``_head`` whenever woken; keep the newest
+        ``event_fanout_events`` in the window; wake the watchers. On an error the watchers are
+        woken too: they then read the table themselves (and get the error), as before the feed."""
+        cap = self._pg.event_fanout_events
+        self._feed_wake.set()
+        while not self._closed:
+            await self._feed_wake.wait()
+            self._feed_wake.clear()
+            try:
+                if self._head is None:
+                    self._head = self._floor = await self._current_id()
+                while True:
+                    rows = await self._fetch(self._head, _FEED, "")
+                    self.feed_fetches += 1
+                    if rows:
+                        self._window.extend(rows)
+                        self._window_ids.extend(e.event_id for e in rows)
+                        self._head = rows[-1].event_id
+                        if len(self._window) > 2 * cap:
+                            drop = len(self._window) - cap
+                            self._floor = self._window_ids[drop - 1]
+                            del self._window[:drop], self._window_ids[:drop]
+                    self._feed_ok = True
+                    if len(rows) < self._pg.event_batch:
+                        break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._feed_ok = False
+                log.debug("event feed read failed; watchers read the table", extra={"error": str(exc)[:160]})
+            self._wake_watchers()
+
+    def _from_window(self, after: int, caller: Principal, session_id: str) -> tuple[list[StoredEvent], int] | None:
+        """The window's events after ``after`` that the watcher may see, and the id it is then
+        positioned at; None when ``after`` is before the window (or the feed cannot read)."""
+        floor, head = self._floor, self._head
+        if not self._feed_ok or floor is None or head is None or after < floor:
+            return None
+        start = bisect_right(self._window_ids, after)
+        admin, user = caller.is_admin, caller.user_id
+        picked = [
+            e
+            for e in self._window[start:]
+            if (not session_id or e.session_id == session_id) and (admin or e.user_id == user)
+        ]
+        return picked, max(after, head)
 
     async def _read(self, operation: str, sql: str, *args: Any) -> list[Any]:
         with pg_errors(operation):
@@ -358,12 +439,24 @@ class _Subscription:
                     raise StopAsyncIteration
                 if self._last is None:
                     self._last = await bus._current_id()
+                served = bus._from_window(self._last, self._caller, self._session_id)
+                if served is not None:
+                    rows, self._last = served
+                    self._buffer.extend(rows)
+                    continue
+                # Before the feed's window: read the table. Every id up to the newest committed
+                # before the read is then seen, so a full page's absence moves past them too.
+                newest = await bus._current_id()
                 rows = await bus._fetch(self._last, self._caller, self._session_id)
                 if rows:
                     self._last = rows[-1].event_id
                     self._buffer.extend(rows)
                 if len(rows) >= bus._pg.event_batch:
                     self._woken.set()  # more are waiting
+                else:
+                    self._last = max(self._last, newest)
+                    if bus._feed_ok:
+                        self._woken.set()  # into the window now
         except BaseException:
             # Unavailable, cancellation or the end: stop being woken. A caller that keeps
             # iterating after Unavailable re-registers and resumes after the last delivered id.
@@ -379,6 +472,10 @@ class _Subscription:
         if self._registered:
             self._bus._unregister(self)
             self._registered = False
+
+
+#: The feed reads every event (an admin's view, no session filter); watchers filter in process.
+_FEED = Principal(user_id="contextsvc", is_admin=True)
 
 
 def _setter(event: asyncio.Event) -> Any:

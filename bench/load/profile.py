@@ -1,0 +1,143 @@
+"""Where a call's server CPU goes: one ``contextsvc serve`` under ghz, sampled by py-spy.
+
+    python bench/load/profile.py                              # BuildContext, 200 messages, memory
+    python bench/load/profile.py --call AppendMessages --store files --seconds 15
+    python bench/load/profile.py --call Health                # the floor, for comparison
+    python bench/load/profile.py --client opaque              # ghz keeps the view's messages as bytes
+    python bench/load/profile.py --call turns --sessions 50 --messages 40   # the agent turn loop
+
+Starts the server like ``run.py`` does, seeds one session (or ``--sessions``), warms it, then runs
+ghz (``--cpus 1 --connections 1``, 50 concurrent) for ``--seconds`` while ``py-spy record`` samples
+the server. Prints server CPU per call, then the functions with the most samples: "self" (the
+function's own frames) and "total" (anywhere on the stack), as percentages of all samples.
+``--raw FILE`` keeps py-spy's collapsed stacks for a flame graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _checkout  # noqa: F401 - this checkout's contextsvc
+from run import HEALTH, SERVICE, Run, Server, call_data, cpu_seconds, ghz_binary, opaque_protoset, protoset
+from workload import Seeder
+
+
+def _frame(f: str) -> str:
+    """``function (file:line)`` -> ``function (file)``: one entry per function."""
+    name, sep, where = f.partition(" (")
+    return f"{name} ({where.split(':')[0]})" if sep else f
+
+
+def summarize(collapsed: Path, top: int) -> None:
+    self_n: collections.Counter[str] = collections.Counter()
+    total_n: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        samples += n
+        frames = [_frame(f) for f in stack.split(";")]
+        self_n[frames[-1]] += n
+        for f in set(frames):
+            total_n[f] += n
+    print(f"\n{samples} samples")
+    for title, counter in (("self", self_n), ("total", total_n)):
+        print(f"\n-- {title} --")
+        for name, n in counter.most_common(top):
+            print(f"{100 * n / samples:6.1f}%  {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--call", default="BuildContext", help="BuildContext | AppendMessages | Health")
+    parser.add_argument("--store", default="memory")
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--sessions", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--client", default="decode", help="decode | opaque (see run.py's Run.client)")
+    parser.add_argument("--native", action="store_true", help="py-spy --native (C frames of grpc too)")
+    parser.add_argument("--no-spy", action="store_true", help="only CPU per call, no sampling")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="ctxprof-"))
+    ghz, ps = ghz_binary(), (opaque_protoset() if args.client == "opaque" else protoset())
+    server = Server(args.store, workdir)
+    try:
+        seeder = Seeder(server.address, "bench")
+        sessions = [seeder.session(args.messages, profile="bench") for _ in range(args.sessions)]
+        seeder.warm(sessions)
+        seeder.close()
+        call = "BuildContext" if args.call == "turns" else args.call
+        run = Run(label="profile", call=call, messages=args.messages, concurrency=args.concurrency)
+        method = HEALTH if args.call == "Health" else f"{SERVICE}.{args.call}"
+        data = {} if args.call == "Health" else call_data(run, sessions)
+        data_file = workdir / "data.json"
+        data_file.write_text(json.dumps(data))
+        out = workdir / "ghz.json"
+        cmd = [
+            ghz, "--insecure", "--protoset", str(ps), "--call", method, "--data-file", str(data_file),
+            "-c", str(args.concurrency), "--connections", "1", "--cpus", "1", "-n", "10000000",
+            "-z", f"{args.seconds}s", "--max-recv-message-size", "64MB", "--format", "json", "-o", str(out),
+            server.address,
+        ]  # fmt: skip
+        if args.call == "turns":  # the agent turn loop of drivers.py (one client process)
+            cmd = [
+                sys.executable, str(Path(__file__).parent / "drivers.py"), "turns", "--address", server.address,
+                "--sessions", ",".join(sessions), "--seconds", str(args.seconds), "--max-count", "1000000",
+            ]  # fmt: skip
+        collapsed = args.raw or workdir / "collapsed.txt"
+        before = cpu_seconds(server.pid)
+        load = subprocess.Popen(cmd, stdout=subprocess.PIPE if args.call == "turns" else None)
+        spy = None
+        if not args.no_spy:
+            time.sleep(1.0)
+            spy_cmd = [
+                "py-spy", "record", "--pid", str(server.pid), "-r", str(args.rate), "-d", str(int(args.seconds - 2)),
+                "--format", "raw", "-o", str(collapsed), *(["--native"] if args.native else ["--nonblocking"]),
+            ]  # fmt: skip
+            spy = subprocess.Popen(spy_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, _, usage = os.wait4(load.pid, 0)
+        load.returncode = 0
+        cpu = cpu_seconds(server.pid) - before
+        if spy is not None:
+            spy.wait(timeout=60)
+        if args.call == "turns":
+            assert load.stdout is not None
+            report = json.loads(load.stdout.read())
+            report["statusCodeDistribution"] = report.pop("errors")
+            print(json.dumps(report["latency"]))
+        else:
+            report = json.loads(out.read_text())
+        calls = report["count"]
+        client_cpu = usage.ru_utime + usage.ru_stime
+        print(
+            f"{args.call} on {args.store}: {calls} calls, {report['rps']:.0f} calls/s, "
+            f"server CPU {1000 * cpu / max(1, calls):.3f} ms/call, "
+            f"client CPU {1000 * client_cpu / max(1, calls):.3f} ms/call, "
+            f"statuses {report.get('statusCodeDistribution')}"
+        )
+        if spy is not None and collapsed.exists():
+            summarize(collapsed, args.top)
+    finally:
+        server.stop()
+        if os.environ.get("KEEP_WORKDIR") is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Per-call work of the hot path (issue #15): a reused view reuses its view record, and
+RecordBaseline never waits behind a compaction (its anchor applies after it, or is dropped)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from contextsvc.config import HotPathSettings, ProfileConfig, Settings
+from contextsvc.core.messages import Message, Role
+from contextsvc.core.profile import ProfileOverrides
+from contextsvc.core.session import ANONYMOUS
+from contextsvc.core.tokens import EstimateMethod
+from contextsvc.engine.engine import Engine
+from contextsvc.engine.state import EngineState
+from contextsvc.engine.validation import IncomingMessage
+from contextsvc.events.memory_bus import MemoryEventBus
+from contextsvc.stores.memory import MemoryStore
+from contextsvc.summarizers.registry import build_summarizers
+from tests.support.stores import TickingClock
+
+
+class CountingStore(MemoryStore):
+    """A memory store that counts the view records written."""
+
+    saved = 0
+
+    async def save_view(self, session_id: str, view: Any, *, keep: int) -> None:
+        self.saved += 1
+        await super().save_view(session_id, view, keep=keep)
+
+
+def _settings(**hot: Any) -> Settings:
+    return Settings(
+        profiles={"default": ProfileConfig(model="hp", context_window=200_000)},
+        store="memory",
+        hot_path=HotPathSettings(**hot),
+    )
+
+
+async def _engine(settings: Settings) -> tuple[Engine, CountingStore]:
+    store = CountingStore(settings)
+    await store.open()
+    engine = Engine(
+        store=store,
+        bus=MemoryEventBus(retention=100),
+        settings=settings,
+        clock=TickingClock(),
+        summarizers=build_summarizers(settings),
+    )
+    return engine, store
+
+
+async def _session(engine: Engine, n: int = 6) -> str:
+    s = await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})
+    rows = [IncomingMessage(Message(role=Role.USER, content=f"message {i} " * 20)) for i in range(n)]
+    await engine.append(ANONYMOUS, s.id, rows, request_id="", turn_complete=False)
+    return s.id
+
+
+async def _build(engine: Engine, sid: str, incoming: IncomingMessage | None = None) -> Any:
+    return await engine.build_context(
+        ANONYMOUS, sid, profile=ProfileOverrides(), incoming=incoming, mid_turn=False, auto_compress=True
+    )
+
+
+async def test_a_reused_view_keeps_its_view_id_and_writes_no_new_record() -> None:
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    first = await _build(engine, sid)
+    assert store.saved == 1
+    for _ in range(5):
+        again = await _build(engine, sid)
+        assert again.view_id == first.view_id and again.messages is first.messages
+    assert store.saved == 1
+    # What changes the view gives a new id and a new record.
+    await engine.append(ANONYMOUS, sid, [IncomingMessage(Message(role=Role.USER, content="more"))], request_id="",
+                        turn_complete=False)  # fmt: skip
+    changed = await _build(engine, sid)
+    assert changed.view_id != first.view_id and store.saved == 2
+    # A build with an incoming message is another view every time.
+    incoming = IncomingMessage(Message(role=Role.USER, content="next"))
+    a, b = await _build(engine, sid, incoming), await _build(engine, sid, incoming)
+    assert len({a.view_id, b.view_id, changed.view_id}) == 3 and store.saved == 4
+    # The reused id stays valid for RecordBaseline.
+    recorded = await engine.record_baseline(ANONYMOUS, sid, view_id=changed.view_id, prompt_tokens=500)
+    assert recorded.recorded
+
+
+async def test_a_reused_view_id_is_saved_again_before_the_store_could_let_it_go() -> None:
+    settings = _settings()
+    keep = settings.tokens.views_kept_per_session
+    engine, store = await _engine(settings)
+    sid = await _session(engine)
+    reused = await _build(engine, sid)
+    incoming = IncomingMessage(Message(role=Role.USER, content="next"))
+    for _ in range(3 * keep):  # other views of the session push the reused one out of the store's window
+        await _build(engine, sid, incoming)
+        again = await _build(engine, sid)
+        assert again.view_id == reused.view_id
+        assert await store.get_view(sid, reused.view_id) is not None
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=reused.view_id, prompt_tokens=400)
+    assert result.recorded
+
+
+async def test_record_baseline_does_not_wait_behind_a_running_compaction() -> None:
+    engine, _ = await _engine(_settings(baseline_wait_seconds=0.05))
+    sid = await _session(engine)
+    view = await _build(engine, sid)
+    release = asyncio.Event()
+    held = asyncio.Event()
+
+    async def compaction() -> None:  # holds the session's compaction lock like a summarizer call
+        async with engine.compactor.lock(sid):
+            held.set()
+            await release.wait()
+
+    running = asyncio.create_task(compaction())
+    await held.wait()
+    started = time.monotonic()
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 7)
+    assert time.monotonic() - started < 1.0
+    assert result.recorded and result.calibration.observations == 1  # the observation is in at once
+    info = await engine.store.get_session(sid, caller=ANONYMOUS)
+    assert EngineState.of(info).baseline is None  # the anchor waits for the compaction
+    release.set()
+    await running
+    assert await engine.anchors_applied(5)
+    baseline = EngineState.of(await engine.store.get_session(sid, caller=ANONYMOUS)).baseline
+    assert baseline is not None and baseline.view_id == view.view_id
+    assert (await _build(engine, sid)).estimate.method is EstimateMethod.BASELINE_DELTA
+    await engine.close()
+
+
+async def test_an_anchor_recorded_during_a_compaction_that_commits_is_dropped() -> None:
+    engine, store = await _engine(_settings(baseline_wait_seconds=0.0))
+    sid = await _session(engine)
+    view = await _build(engine, sid)
+    release = asyncio.Event()
+    held = asyncio.Event()
+
+    async def compaction() -> None:
+        async with engine.compactor.lock(sid):
+            held.set()
+            await release.wait()
+            # The commit: a new compaction cycle (what commit_compaction writes with its rows).
+            fresh = await store.get_session(sid, caller=ANONYMOUS)
+            await store.update_state(sid, caller=ANONYMOUS, state=EngineState.of(fresh).after_compaction().to_dict())
+
+    running = asyncio.create_task(compaction())
+    await held.wait()
+    first = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    second = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    assert first.recorded and second.recorded
+    release.set()
+    await running
+    assert await engine.anchors_applied(5)
+    state = EngineState.of(await store.get_session(sid, caller=ANONYMOUS))
+    assert state.epoch == 1 and state.baseline is None  # a view of the old cycle anchors nothing
+    await engine.close()
+
+
+async def test_deferred_anchors_apply_in_the_order_they_were_recorded() -> None:
+    engine, _ = await _engine(_settings(baseline_wait_seconds=0.0))
+    sid = await _session(engine)
+    old = await _build(engine, sid)
+    await engine.append(ANONYMOUS, sid, [IncomingMessage(Message(role=Role.USER, content="more " * 30))],
+                        request_id="", turn_complete=False)  # fmt: skip
+    new = await _build(engine, sid)
+    release = asyncio.Event()
+    held = asyncio.Event()
+
+    async def compaction() -> None:
+        async with engine.compactor.lock(sid):
+            held.set()
+            await release.wait()
+
+    running = asyncio.create_task(compaction())
+    await held.wait()
+    await engine.record_baseline(ANONYMOUS, sid, view_id=old.view_id, prompt_tokens=old.estimate.total)
+    await engine.record_baseline(ANONYMOUS, sid, view_id=new.view_id, prompt_tokens=new.estimate.total)
+    release.set()
+    await running
+    assert await engine.anchors_applied(5)
+    baseline = EngineState.of(await engine.store.get_session(sid, caller=ANONYMOUS)).baseline
+    assert baseline is not None and baseline.view_id == new.view_id
+    await engine.close()

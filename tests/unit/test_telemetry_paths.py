@@ -1,0 +1,180 @@
+"""The per-call telemetry paths: server interceptor, child spans, store events, and what a trace the
+sampler dropped records (nothing below the server span)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
+from opentelemetry.trace import StatusCode
+
+from contextsvc import telemetry
+
+METHOD = "/contextsvc.v1.ContextService/BuildContext"
+
+
+class Rig:
+    def __init__(self, sampler: Sampler) -> None:
+        self.spans = InMemorySpanExporter()
+        provider = TracerProvider(sampler=sampler)
+        provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        meters = MeterProvider(metric_readers=[self.reader])
+        self.tel = telemetry.Telemetry(
+            tracing=True,
+            metering=True,
+            tracer=provider.get_tracer("test"),
+            instruments=telemetry._Instruments.from_meter(meters.get_meter("test")),
+        )
+
+    def durations(self) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == "rpc.server.call.duration"
+            for point in metric.data.data_points
+        ]
+
+
+class Store:
+    async def get_session(self, session_id: str, *, caller: Any = None) -> str:
+        return session_id
+
+    async def broken(self, session_id: str) -> None:
+        raise LookupError("gone")
+
+
+class Context:
+    def __init__(self, metadata: tuple[tuple[str, str], ...] = (), code: grpc.StatusCode | None = None) -> None:
+        self._metadata = metadata
+        self._code = code
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+
+@pytest.fixture
+def sampled() -> Iterator[Rig]:
+    rig = Rig(ALWAYS_ON)
+    previous = telemetry.set_current(rig.tel)
+    yield rig
+    telemetry.set_current(previous)
+
+
+@pytest.fixture
+def dropped() -> Iterator[Rig]:
+    rig = Rig(ALWAYS_OFF)
+    previous = telemetry.set_current(rig.tel)
+    yield rig
+    telemetry.set_current(previous)
+
+
+async def _serve(rig: Rig, behavior: Any, context: Context) -> Any:
+    (interceptor,) = rig.tel.server_interceptors()
+
+    async def continuation(details: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(behavior)
+
+    class Details:
+        method = METHOD
+
+    handler = await interceptor.intercept_service(continuation, Details())
+    assert handler is not None
+    # The wrapped handler is built once per method.
+    again = await interceptor.intercept_service(continuation, Details())
+    assert again is not None
+    return await handler.unary_unary(object(), context)
+
+
+async def test_a_sampled_call_has_a_server_span_a_child_and_store_events(sampled: Rig) -> None:
+    store: Any = sampled.tel.wrap_store(Store())  # type: ignore[arg-type]
+
+    async def build(request: Any, context: Any) -> str:
+        with telemetry.view_span("sid-1") as span:
+            assert span.is_recording()
+            await store.get_session("sid-1", caller=None)
+            with pytest.raises(LookupError):
+                await store.broken("sid-1")
+            telemetry.view_built("m", 3, 120, 0.25)
+        return "ok"
+
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert await _serve(sampled, build, Context((("traceparent", parent),))) == "ok"
+    spans = {s.name: s for s in sampled.spans.get_finished_spans()}
+    assert set(spans) == {METHOD, "contextsvc.build_view"}
+    server, view = spans[METHOD], spans["contextsvc.build_view"]
+    assert server.context.trace_id == int("4bf92f3577b34da6a3ce929d0e0e4736", 16)
+    assert server.parent is not None and server.parent.span_id == int("00f067aa0ba902b7", 16)
+    assert view.parent is not None and view.parent.span_id == server.context.span_id
+    assert dict(server.attributes or {}) == {
+        "rpc.system": "grpc",
+        "rpc.service": "contextsvc.v1.ContextService",
+        "rpc.method": "BuildContext",
+        "rpc.grpc.status_code": 0,
+    }
+    assert dict(view.attributes or {}) == {
+        "contextsvc.session_id": "sid-1",
+        "gen_ai.request.model": "m",
+        "contextsvc.view.messages": 3,
+        "contextsvc.view.tokens": 120,
+    }
+    ok, failed = view.events
+    assert ok.name == "store.get_session" and ok.attributes is not None
+    assert ok.attributes["contextsvc.store.duration_ms"] >= 0
+    assert failed.name == "store.broken" and failed.attributes is not None
+    assert failed.attributes["error.type"] == "LookupError"
+    (point,) = sampled.durations()
+    assert point.count == 1 and dict(point.attributes)["rpc.grpc.status_code"] == 0
+
+
+async def test_a_dropped_trace_records_nothing_below_the_server_span(dropped: Rig) -> None:
+    store: Any = dropped.tel.wrap_store(Store())  # type: ignore[arg-type]
+
+    async def build(request: Any, context: Any) -> str:
+        with telemetry.view_span("sid-2") as span:
+            assert not span.is_recording()
+            await store.get_session("sid-2")
+            telemetry.view_built("m", 3, 120, 0.25)
+        return "ok"
+
+    assert await _serve(dropped, build, Context()) == "ok"
+    assert dropped.spans.get_finished_spans() == ()
+    (point,) = dropped.durations()  # metrics do not depend on sampling
+    assert point.count == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [(grpc.StatusCode.NOT_FOUND, False), (grpc.StatusCode.INVALID_ARGUMENT, False), (grpc.StatusCode.INTERNAL, True)],
+)
+async def test_only_server_side_codes_mark_the_server_span_as_an_error(
+    sampled: Rig, code: grpc.StatusCode, error: bool
+) -> None:
+    class Aborted(Exception):
+        pass
+
+    async def fail(request: Any, context: Any) -> None:
+        raise Aborted("aborted")
+
+    with pytest.raises(Aborted):
+        await _serve(sampled, fail, Context(code=code))
+    (span,) = sampled.spans.get_finished_spans()
+    assert span.attributes is not None and span.attributes["rpc.grpc.status_code"] == code.value[0]
+    assert (span.status.status_code is StatusCode.ERROR) is error
+    (point,) = sampled.durations()
+    assert dict(point.attributes)["rpc.grpc.status_code"] == code.value[0]
