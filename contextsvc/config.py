@@ -360,6 +360,25 @@ class AuthSettings(BaseModel):
     default_expiry_days: int = Field(0, ge=0, le=36_500)
 
 
+class FilesSettings(BaseModel):
+    """The files store's memory bound, start-up index and log compaction (issue #9 item 3).
+    Env: ``CONTEXTSVC_FILES__<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: memory (MB, estimated) of the sessions whose rows are held; past it the least recently used
+    #: session's rows are dropped (its summary stays) and read from its log again when next used.
+    #: 0 keeps only the sessions in use.
+    cache_mb: float = Field(64.0, ge=0)
+    #: how often (seconds) a changed start-up index (``index.jsonl``) is written while serving;
+    #: it is also written at a clean stop. A log written after it is read again at the next start.
+    index_interval_seconds: float = Field(30.0, gt=0)
+    #: a log is rewritten compactly (in the background) once it holds more flag/header/state/view
+    #: records than max(compact_min_records, compact_records_per_row x its rows).
+    compact_min_records: int = Field(256, ge=1)
+    compact_records_per_row: float = Field(2.0, ge=0)
+
+
 class HotPathSettings(BaseModel):
     """Caches and bounds of the BuildContext hot path (issue #15). Env: ``CONTEXTSVC_HOT_PATH__<FIELD>``."""
 
@@ -518,6 +537,7 @@ class Settings(BaseSettings):
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    files: FilesSettings = Field(default_factory=FilesSettings)
     hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 

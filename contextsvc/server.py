@@ -35,7 +35,7 @@ from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
 from contextsvc.startup import DeferredBus, StartupError, open_store_until_ready
 from contextsvc.store_health import StoreHealthWatcher
-from contextsvc.stores import open_store
+from contextsvc.stores import FilesStore, open_store
 from contextsvc.stores.token_access import server_token_store
 from contextsvc.summarizers.registry import build_summarizers
 from contextsvc.transport import CertificateReloader, Transport, check_transport
@@ -124,6 +124,9 @@ async def start(settings: Settings) -> RunningServer:
         clock=SystemClock(),
         summarizers=tel.wrap_summarizers(build_summarizers(settings)),
     )
+    if isinstance(store, FilesStore):
+        # Rows the files store drops must not stay alive in the engine's reused views.
+        store.on_evict = engine.views.forget
     limits = settings.limits
 
     async def owned_sessions(caller: Principal) -> int:

@@ -43,7 +43,9 @@ def run_fsck(settings: Settings, *, repair: bool) -> int:
 
 
 def run_maintain(settings: Settings, *, dry_run: bool, enforce: bool) -> int:
-    """One maintenance run over the files store (the server must be stopped: it takes the lock)."""
+    """One maintenance run over the files store. Removing takes the directory lock (the server
+    must be stopped); ``--dry-run`` only reads, without the lock, so it works beside a running
+    server (sessions with a stream open there cannot be seen from outside)."""
     from contextsvc.clock import SystemClock
     from contextsvc.engine.maintenance import run_maintenance
 
@@ -55,6 +57,8 @@ def run_maintain(settings: Settings, *, dry_run: bool, enforce: bool) -> int:
     if not isinstance(store, FilesStore):
         print("contextsvc maintain: runs over the files store (store is not files:PATH)", file=sys.stderr)
         return 2
+    if dry_run:
+        store = FilesStore(store.root, settings, read_only=True)
     config = settings.maintenance.model_copy(update={"mode": "enforce"}) if enforce else settings.maintenance
 
     async def run() -> int:
@@ -75,6 +79,8 @@ def run_maintain(settings: Settings, *, dry_run: bool, enforce: bool) -> int:
             print(f"{'removed' if removing else 'would remove'}  {r.session_id}  {_mb(r.size_bytes):>9}  {r.reason}")
         for note in result.notes:
             print(f"note: {note}")
+        if dry_run:
+            print("note: read without the directory lock; a running server also spares sessions with a stream open")
         freed = sum(r.size_bytes for r in result.removals)
         left = "left" if removing else "would be left"
         print(f"{len(result.removals)} session(s), {_mb(freed)} {verb}; {_mb(result.bytes_after)} {left}")

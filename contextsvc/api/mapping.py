@@ -194,7 +194,9 @@ def event_to_pb(e: StoredEvent) -> events_pb2.Event:
             )
         )
     elif e.kind == "session_deleted":
-        pb.session_deleted.CopyFrom(events_pb2.SessionDeleted())
+        pb.session_deleted.CopyFrom(
+            events_pb2.SessionDeleted(reason=str(payload.get("reason", "")), detail=str(payload.get("detail", "")))
+        )
     else:
         _extended_event(pb, e.kind, payload)
     return pb

@@ -44,6 +44,8 @@ class Removal:
     reason: str
     size_bytes: int
     user_id: str = ""
+    #: the rule that removes it: ``prune_after``, ``max_sessions`` or ``disk_budget``.
+    rule: str = ""
 
 
 @dataclass(slots=True)
@@ -66,24 +68,25 @@ def plan(candidates: Sequence[Candidate], policy: Policy, now: datetime, *, othe
     removable = [c for c in order if not c.pinned and not c.busy]
     gone: set[str] = set()
 
-    def remove(c: Candidate, reason: str) -> None:
+    def remove(c: Candidate, reason: str, rule: str) -> None:
         nonlocal total
         gone.add(c.session_id)
         total -= c.size_bytes
-        out.removals.append(Removal(c.session_id, reason, c.size_bytes, c.user_id))
+        out.removals.append(Removal(c.session_id, reason, c.size_bytes, c.user_id, rule))
 
     if policy.prune_after is not None:
         for c in removable:
             idle = now - c.update_time
             if idle > policy.prune_after:
-                remove(c, f"idle {_days(idle)} (prune_after {_days(policy.prune_after)})")
+                remove(c, f"idle {_days(idle)} (prune_after {_days(policy.prune_after)})", "prune_after")
     if policy.max_sessions > 0:
         left = len(candidates) - len(gone)
         for c in removable:
             if left <= policy.max_sessions:
                 break
             if c.session_id not in gone:
-                remove(c, f"{left} sessions > max_sessions {policy.max_sessions}; idle {_days(now - c.update_time)}")
+                idle_for = _days(now - c.update_time)
+                remove(c, f"{left} sessions > max_sessions {policy.max_sessions}; idle {idle_for}", "max_sessions")
                 left -= 1
         if left > policy.max_sessions:
             out.notes.append(f"max_sessions {policy.max_sessions} not met: {left} left are pinned or streaming")
@@ -97,6 +100,7 @@ def plan(candidates: Sequence[Candidate], policy: Policy, now: datetime, *, othe
                     c,
                     f"{_mb(total)} > high-water {_mb(target)} of disk_budget {_mb(policy.disk_budget_bytes)}; "
                     f"idle {_days(now - c.update_time)}",
+                    "disk_budget",
                 )
         if total > target:
             out.notes.append(f"disk budget not met: {_mb(total)} left, high-water {_mb(target)}")

@@ -1,6 +1,7 @@
 """Store maintenance runs (DESIGN §5.7): plan with ``core/maintenance.py``, then warn or remove.
 
-Every removal is a ``session_deleted`` event (payload ``reason``) and an audit line (logger
+Every removal is a ``session_deleted`` event (payload ``reason``: the rule, ``prune_after``,
+``max_sessions`` or ``disk_budget``; ``detail``: why, in words) and an audit line (logger
 ``contextsvc.audit``); in ``warn`` mode (or a dry run) each would-be removal is a warning line
 instead. Only stores that can list their sessions' sizes take part (``maintenance_candidates``:
 the files store, memory and PostgreSQL); for others a run does nothing. PostgreSQL also moves old
@@ -72,7 +73,7 @@ async def run_maintenance(
                 session_id=removal.session_id,
                 user_id=removal.user_id,
                 kind="session_deleted",
-                payload={"reason": f"maintenance: {removal.reason}"},
+                payload={"reason": removal.rule, "detail": f"maintenance: {removal.reason}"},
             )
     result.removals = done
     archive: Callable[..., Awaitable[dict[str, int]]] | None = getattr(store, "archive_by_rule", None)

@@ -195,6 +195,11 @@ class ViewService:
             self._memo.put(session_id, key, context, built)
         return built
 
+    def forget(self, session_id: str) -> None:
+        """Drop the session's reused view (and the rows it holds): the files store calls this
+        when it drops the session's rows to stay within ``files.cache_mb``."""
+        self._memo.forget(session_id)
+
     def _assemble(
         self,
         profile: EffectiveProfile,

@@ -161,6 +161,13 @@ class RowStore:
     async def _persist_history(self, st: SessionState, chunks: Sequence[HistoryChunk]) -> None:
         """Make new history chunks durable before they are indexed in memory."""
 
+    async def _ensure_rows(self, st: SessionState) -> None:
+        """Make ``st`` hold its rows (under the session lock). The memory store always does; the
+        files store loads a session known by its summary only (``SessionState.resident``)."""
+
+    def _touch(self, st: SessionState) -> None:
+        """A resident session was used (the files store keeps its least recently used order)."""
+
     @property
     def observations_kept(self) -> int:
         """Observations kept per model: a few fitting windows, so history beyond the fit stays bounded."""
@@ -190,11 +197,13 @@ class RowStore:
         task.add_done_callback(self._inflight.discard)
         return await asyncio.shield(task)
 
-    async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]]) -> T:
+    async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True) -> T:
         async def locked() -> T:
             async with st.lock:
                 if st.deleted:
                     raise session_not_found(st.id)
+                if rows:
+                    await self._ensure_rows(st)
                 return await work()
 
         return await self._shielded(locked)
@@ -206,6 +215,18 @@ class RowStore:
         await self._persist(st, record)
         st.apply(record)
         await self._after_apply(st)
+
+    async def _read(self, st: SessionState, read: Callable[[SessionState], T]) -> T:
+        """``read(st)`` over the session's rows: at once when they are in memory, else under the
+        session lock once ``_ensure_rows`` loaded them (so they cannot be evicted meanwhile)."""
+        if st.resident:
+            self._touch(st)
+            return read(st)
+
+        async def work() -> T:
+            return read(st)
+
+        return await self._serialized(st, work)
 
     async def _drain(self) -> None:
         """Wait for mutations still running for callers that went away."""
@@ -306,7 +327,7 @@ class RowStore:
             self._sessions.pop(st.id, None)
             self._history.pop(st.id, None)
 
-        await self._serialized(st, work)
+        await self._serialized(st, work, rows=False)
 
     async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
         """Every session with the characters of its rows as its size (the files store counts its
@@ -371,14 +392,15 @@ class RowStore:
         if limit < 0:
             raise InvalidArgument.field("limit", "must not be negative")
         if BufferKind(buffer) is BufferKind.CONTEXT:
-            return st.context_page(context_bound(before_sequence, before_position), limit)
-        return st.display_page(before_sequence, limit)
+            bound = context_bound(before_sequence, before_position)
+            return await self._read(st, lambda s: s.context_page(bound, limit))
+        return await self._read(st, lambda s: s.display_page(before_sequence, limit))
 
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
-        return self._owned(session_id, caller).context()
+        return await self._read(self._owned(session_id, caller), SessionState.context)
 
     async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
-        return self._owned(session_id, caller).span(first, last)
+        return await self._read(self._owned(session_id, caller), lambda s: s.span(first, last))
 
     async def set_context_flags(
         self, session_id: str, sequence_numbers: Sequence[int], *, caller: Principal, is_context: bool
@@ -489,7 +511,10 @@ class RowStore:
         st = self._sessions.get(session_id) if isinstance(session_id, str) else None
         if st is None or st.deleted:
             return None
-        return st.views.get(view_id)
+        try:
+            return await self._read(st, lambda s: s.views.get(view_id))
+        except NotFound:  # deleted while we waited for the lock
+            return None
 
     # -- raw history index (HistoryStore) ------------------------------------------------------
 
@@ -508,7 +533,7 @@ class RowStore:
             return len(new)
 
         # Under the session lock: a delete cannot slip between the write and the index update.
-        return await self._serialized(st, work)
+        return await self._serialized(st, work, rows=False)
 
     async def search_history(self, session_id: str, query: str, *, limit: int) -> list[ScoredChunk]:
         st = self._sessions.get(session_id) if isinstance(session_id, str) else None
@@ -517,7 +542,7 @@ class RowStore:
         index = self._history.get(st.id)
         if index is None:
             try:
-                index = await self._serialized(st, lambda: self._history_of(st))
+                index = await self._serialized(st, lambda: self._history_of(st), rows=False)
             except NotFound:  # deleted while we waited for the lock
                 return []
         return index.search(query, limit)

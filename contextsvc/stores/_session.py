@@ -124,6 +124,8 @@ class SessionState:
         "_ctx",
         "_ctx_keys",
         "_info",
+        "_stub_ctx",
+        "_stub_last",
         "context_tokens",
         "context_truncated",
         "create_time",
@@ -139,6 +141,7 @@ class SessionState:
         "profile_id",
         "request_fingerprints",
         "requests",
+        "resident",
         "rows",
         "state",
         "update_time",
@@ -176,12 +179,21 @@ class SessionState:
         self.deleted = False
         #: why the history cannot be trusted ("" = it can): the session is then read-only.
         self.damage = ""
+        #: False: a summary only (the files store evicted its rows or has not loaded them yet):
+        #: header fields, counters and preview are kept; rows, context, requests and views are not.
+        self.resident = True
+        self._stub_ctx = 0
+        self._stub_last = 0
 
     # -- reading -------------------------------------------------------------------------
 
     @property
     def last_sequence(self) -> int:
-        return len(self.rows)
+        return len(self.rows) if self.resident else self._stub_last
+
+    @property
+    def context_count(self) -> int:
+        return len(self._ctx) if self.resident else self._stub_ctx
 
     def info(self, preview_chars: int) -> SessionInfo:
         """A snapshot the caller may keep: its dicts are copies, made once per change of the session
@@ -202,8 +214,8 @@ class SessionState:
             context_tokens=self.context_tokens,
             context_truncated=self.context_truncated,
             display_message_count=self.display_count,
-            context_message_count=len(self._ctx),
-            last_sequence=len(self.rows),
+            context_message_count=self.context_count,
+            last_sequence=self.last_sequence,
             preview=self.preview_source[:preview_chars],
             state=copy.deepcopy(self.state),
         )
@@ -240,6 +252,43 @@ class SessionState:
         if needle in self.name.lower():
             return True
         return any(row.flags.is_display and needle in row.content.lower() for row in self.rows)
+
+    # -- summaries (the files store's lazy loading) ----------------------------------------
+
+    @classmethod
+    def summary(cls, info: SessionInfo, *, damage: str = "") -> SessionState:
+        """A session known by its summary only (``resident`` False): what ``info()`` returns
+        and what a listing needs, without its rows."""
+        st = cls(info)
+        st.resident = False
+        st.display_count = info.display_message_count
+        st._stub_ctx = info.context_message_count
+        st._stub_last = info.last_sequence
+        st.preview_source = info.preview
+        st.damage = damage
+        return st
+
+    def evict(self, preview_chars: int) -> None:
+        """Drop the rows, context, request ids and views; keep the header, counters and preview."""
+        if not self.resident:
+            return
+        self._stub_ctx = len(self._ctx)
+        self._stub_last = len(self.rows)
+        self.preview_source = self.preview_source[:preview_chars]
+        self.rows = []
+        self._ctx = []
+        self._ctx_keys = []
+        self.requests = {}
+        self.request_fingerprints = {}
+        self.views = {}
+        self.resident = False
+
+    def adopt(self, loaded: SessionState) -> None:
+        """Take every field of ``loaded`` (the same session read from its log) but the lock and
+        the deleted flag, so callers holding this object see the rows."""
+        for name in SessionState.__slots__:
+            if name not in ("lock", "deleted"):
+                setattr(self, name, getattr(loaded, name))
 
     # -- building records ----------------------------------------------------------------
 

@@ -4,6 +4,8 @@ Layout under the data directory::
 
     sessions/<session-id>.jsonl                 the session's log
     sessions/<session-id>.jsonl.torn-<time>     a log set aside on load (also ``.corrupt-<time>``)
+    sessions/<session-id>.jsonl.mark            the highest sequence number ever acknowledged
+    index.jsonl                                 the start-up index: a summary of every session
     blobs/<ab>/<sha256>                         image bytes, stored once under their SHA-256
     history/<session-id>.jsonl                  the session's raw history index (chunks), if any
     calibration.jsonl                           calibration observations, one per line, every model
@@ -13,10 +15,16 @@ A log's first line is the session header (``{"t": "session", ...}``, fields as i
 token delta), ``flags`` (explicit ``is_context`` changes by sequence number, context-only rows
 included), ``header`` (name / pinned / metadata), ``state`` (counters, engine state) or
 ``compaction`` (demotions + appended rows + counters in one line) or ``view`` (a built view kept
-for RecordBaseline: soft state, written but never fsynced on its own). Every session is loaded at
-``open()`` and kept in memory; reads are served from memory, writes go to the log first and then
-to memory. Logs are rewritten compactly when flag/header/state records pile up
-(``rewrite_log``).
+for RecordBaseline: soft state, written but never fsynced on its own). Writes go to the log first
+and then to memory.
+
+Bounded memory and fast start (issue #9 item 3): ``open()`` reads the start-up index
+(``index.jsonl``, ``_index``) instead of the logs, and only the logs it has no matching entry for;
+every session starts as a summary (``SessionState.resident`` False: header, counters, preview). A
+session's rows are read from its log on first use, under its lock (``_ensure_rows``), and the least
+recently used sessions' rows are dropped past ``files.cache_mb`` (never a session whose lock is
+held). Logs are rewritten compactly in the background when flag/header/state/view records pile up
+(``_compact_loop``; ``rewrite_log`` on demand).
 
 The raw history index of a session (DESIGN §5.6) is a separate append-only file, one chunk per
 line (``{"t": "chunk", "hash", "text", "first", "last", "start", "end", "crumbs"}``), created by
@@ -67,28 +75,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
 import shutil
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
 from contextsvc.core.maintenance import Candidate
+from contextsvc.core.messages import Message
 from contextsvc.core.recall import RecallIndex
-from contextsvc.core.session import SessionInfo
-from contextsvc.errors import Conflict, Unavailable
+from contextsvc.core.session import Principal, SessionInfo, SessionPage
+from contextsvc.errors import Conflict, NotFound, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ViewRecord
-from contextsvc.stores._base import RowStore, check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._base import RowStore, _list_key, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
 from contextsvc.stores._frames import BadFrame, frame, mark_path, read_mark, unframe, write_mark, write_mark_number
+from contextsvc.stores._index import INDEX_NAME, IndexEntry, encode_entry, file_key, index_bytes, read_index
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -103,11 +115,20 @@ from contextsvc.stores._session import (
 from contextsvc.stores.api_tokens import FilesTokenStore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FORMAT = 1
 _LOG_SUFFIX = ".jsonl"
 _CALIBRATION = "calibration.jsonl"
 _TMP_SUFFIX = ".tmp"
+_MARK_SUFFIX = ".mark"
+_MB = 1024 * 1024
+#: estimated memory of a held row beyond its text: the row itself (~520 B measured) and what the
+#: engine keeps for it once it was built into a view (per-message pricing memo, the reused view;
+#: ~900 B more measured on synthetic chat rows, bench/store/startup.py).
+_ROW_BYTES = 1400
+#: estimated memory of a held session beyond its rows (state, lock, indexes).
+_SESSION_BYTES = 4096
 
 
 @dataclass(slots=True)
@@ -126,6 +147,18 @@ class FilesStoreStats:
     recovered_logs: int = 0
     #: history files that needed recovery when loaded (torn or corrupt lines dropped).
     recovered_histories: int = 0
+    #: sessions whose rows were read from their log on first use (lazy loading).
+    loads: int = 0
+    #: sessions whose rows were dropped to stay within ``files.cache_mb``.
+    evictions: int = 0
+    #: logs read whole at ``open()`` because the start-up index had no usable entry for them.
+    logs_read_at_open: int = 0
+    #: logs whose start-up index entry was used at ``open()``.
+    index_hits: int = 0
+    #: background compactions of logs whose flag/header/state/view records piled up.
+    compactions: int = 0
+    #: times the start-up index was written.
+    index_writes: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -148,12 +181,8 @@ class _Log:
 class FilesStore(RowStore):
     """A ``SessionStore`` over JSONL logs in a data directory (see the module docstring)."""
 
-    #: A log is rewritten once it holds more flag/header/state/view records than
-    #: max(REWRITE_MIN_OVERHEAD, REWRITE_OVERHEAD_PER_ROW x its row count).
-    REWRITE_MIN_OVERHEAD = 256
     #: bytes the health probe writes and fsyncs (about one record).
     PROBE_BYTES = 4096
-    REWRITE_OVERHEAD_PER_ROW = 2
 
     def __init__(
         self,
@@ -162,6 +191,7 @@ class FilesStore(RowStore):
         *,
         clock: Clock | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        read_only: bool = False,
     ) -> None:
         super().__init__(settings, clock, {}, {})
         self.root = Path(path)
@@ -179,6 +209,28 @@ class FilesStore(RowStore):
         self._flusher: asyncio.Task[None] | None = None
         self.stats = FilesStoreStats()
         self._dir_lock = DataDirLock(self.root)
+        #: read-only (``maintain --dry-run`` beside a running server): no lock, nothing written.
+        self.read_only = read_only
+        #: sessions holding rows or a history index, least recently used first -> estimated bytes.
+        self._lru: OrderedDict[str, int] = OrderedDict()
+        self._held = 0
+        #: rows counted in ``_lru`` per session.
+        self._held_rows: dict[str, int] = {}
+        #: start-up index: encoded lines of sessions unchanged since, and sessions changed since.
+        self._index_lines: dict[str, bytes] = {}
+        self._index_dirty: set[str] = set()
+        self._index_stale = False
+        self._index_lock = asyncio.Lock()
+        #: sessions whose log is due for a background compaction.
+        self._compact_wanted: set[str] = set()
+        self._compact_event = asyncio.Event()
+        self._compact_idle = asyncio.Event()
+        self._compact_idle.set()
+        self._compacting = False
+        self._tasks: list[asyncio.Task[None]] = []
+        #: called with a session id when its rows are dropped (the server drops the engine's
+        #: reused view of it, which would otherwise keep the rows alive).
+        self.on_evict: Callable[[str], None] | None = None
 
     @property
     def pending_fsync(self) -> int:
@@ -192,32 +244,349 @@ class FilesStore(RowStore):
         return FilesTokenStore(self.root)
 
     async def open(self) -> None:
-        # One writer per directory, and the lock before anything is read (see ``_dirlock``).
-        await asyncio.to_thread(self._lock_dir)
-        try:
+        if self.read_only:
+            # No lock and no write of any kind: the server may own the directory meanwhile.
             loaded, observations, calibration = await asyncio.to_thread(self._load_all)
-        except BaseException:
-            self._dir_lock.release()
-            raise
+        else:
+            # One writer per directory, and the lock before anything is read (see ``_dirlock``).
+            await asyncio.to_thread(self._lock_dir)
+            try:
+                loaded, observations, calibration = await asyncio.to_thread(self._load_all)
+            except BaseException:
+                self._dir_lock.release()
+                raise
         self._observations.update(observations)
         self._calibration = calibration
-        for st, log in loaded:
+        for st, log, line in loaded:
             self._sessions[st.id] = st
             self._logs[st.id] = log
+            if line is not None:
+                self._index_lines[st.id] = line
+            if self._compaction_due(log, st.last_sequence):
+                self._want_compaction(st.id)
+        if self.read_only:
+            return
         if self._settings.durability is Durability.BATCH and self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop(), name="contextsvc-files-fsync")
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._compact_loop(), name="contextsvc-files-compact"),
+                asyncio.create_task(self._index_loop(), name="contextsvc-files-index"),
+            ]
 
     async def close(self) -> None:
-        await self._drain()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._drain()  # a compaction under way finishes (it runs shielded)
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
+        if self.read_only:
+            return
         try:
             await self.flush()
+            if self._dir_lock.held:
+                try:
+                    await self.write_index()
+                except OSError as exc:
+                    logger.warning("files store: cannot write the start-up index: %s", exc)
         finally:
             self._dir_lock.release()
+
+    # -- lazy loading, the memory bound, the start-up index ------------------------------------
+
+    async def _ensure_rows(self, st: SessionState) -> None:
+        """Load a session known by its summary only (under its lock), then keep within the budget."""
+        if st.resident:
+            self._touch(st)
+            return
+        path = self._log_path(st.id)
+        known = st.last_sequence
+        old = self._logs.get(st.id)
+        try:
+            result = await asyncio.to_thread(self._load_one, path)
+        except OSError as exc:
+            raise _unavailable("read", st.id, exc) from exc
+        if result is None:
+            # Its log and mark are gone (removed by hand) or nothing in them is readable.
+            logger.error("files store: session %s has no readable log any more; it is gone", st.id)
+            st.deleted = True
+            self._sessions.pop(st.id, None)
+            self._logs.pop(st.id, None)
+            self._index_lines.pop(st.id, None)
+            self._index_stale = True
+            raise session_not_found(st.id)
+        loaded, log = result
+        if loaded.last_sequence < known:
+            # The log lost rows since its summary was taken (the mark was lost too): the numbers
+            # the summary counted stay taken.
+            lost = loaded.fill_lost(known, "the end of its log was lost", None)
+            loaded.damage = loaded.damage or f"{len(lost)} acknowledged message(s) unreadable: {_ranges(lost)}"
+        changed = old is None or old.size != log.size or loaded.last_sequence != known or bool(loaded.damage)
+        st.adopt(loaded)
+        self._logs[st.id] = log
+        self.stats.loads += 1
+        if changed:
+            self._index_dirty.add(st.id)
+        self._count(st)
+        self._evict()
+
+    def _load_one(self, path: Path) -> tuple[SessionState, _Log] | None:
+        mark_file = mark_path(path)
+        if self.read_only:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                data = b""
+            scan = scan_log(data, path.name[: -len(_LOG_SUFFIX)], read_mark(mark_file), self._settings.default_profile)
+            return None if scan.st is None else (scan.st, _Log(path, len(data), scan.overhead))
+        if path.exists():
+            return self._load_log(path)
+        if mark_file.exists():
+            return self._load_orphan_mark(mark_file)
+        return None
+
+    def _touch(self, st: SessionState) -> None:
+        if st.id in self._lru:
+            self._lru.move_to_end(st.id)
+
+    def _hold(self, session_id: str, nbytes: int) -> None:
+        """Count ``nbytes`` more held for the session and make it the most recently used."""
+        if session_id not in self._lru:
+            self._lru[session_id] = _SESSION_BYTES
+            self._held += _SESSION_BYTES
+        self._lru[session_id] += nbytes
+        self._held += nbytes
+        self._lru.move_to_end(session_id)
+
+    def _count(self, st: SessionState) -> None:
+        done = self._held_rows.get(st.id, 0)
+        rows = st.rows
+        added = sum(_row_bytes(m) for m in rows[done:]) if len(rows) > done else 0
+        self._held_rows[st.id] = len(rows)
+        self._hold(st.id, added)
+
+    @property
+    def held_bytes(self) -> int:
+        """Estimated memory of the rows and history indexes held now (bounded by ``files.cache_mb``)."""
+        return self._held
+
+    @property
+    def resident_sessions(self) -> int:
+        return sum(1 for st in list(self._sessions.values()) if st.resident and st.last_sequence)
+
+    def _evict(self) -> None:
+        """Drop the least recently used sessions' rows (and history indexes) while over budget;
+        never a session whose lock is held (a mutation or a load is using it): those are tried
+        again after the next call that held a session lock (``_serialized``)."""
+        budget = int(self._settings.files.cache_mb * _MB)
+        if self._held <= budget:
+            return
+        for sid in list(self._lru):
+            if self._held <= budget:
+                break
+            st = self._sessions.get(sid)
+            if st is not None and (st.lock.locked() or st.damage):
+                continue
+            self._forget(sid)
+            if st is not None:
+                st.evict(self._settings.preview_chars)
+            self.stats.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(sid)
+
+    async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True) -> T:
+        try:
+            return await super()._serialized(st, work, rows=rows)
+        finally:
+            self._evict()  # the session is unlocked now: it may go if it is over the budget
+
+    def _forget(self, session_id: str) -> None:
+        self._held -= self._lru.pop(session_id, 0)
+        self._held_rows.pop(session_id, None)
+        self._history.pop(session_id, None)
+        self._history_logs.pop(session_id, None)
+
+    async def write_index(self) -> None:
+        """Write the start-up index if anything changed since it was last written (atomically)."""
+        if self.read_only:
+            return
+        async with self._index_lock:
+            if not self._index_dirty and not self._index_stale:
+                return
+            pending: list[tuple[str, SessionInfo, int, int, Path]] = []
+            for sid in self._index_dirty:
+                st = self._sessions.get(sid)
+                log = self._logs.get(sid)
+                self._index_lines.pop(sid, None)
+                if st is None or st.deleted or log is None or st.damage:
+                    continue  # gone, or damaged: read whole at every start
+                pending.append((sid, st.info(self._settings.preview_chars), log.size, log.overhead, log.path))
+            self._index_dirty.clear()
+            self._index_stale = False
+            clean = {sid: line for sid, line in self._index_lines.items() if sid in self._sessions}
+            path = self.root / INDEX_NAME
+            preview_chars = self._settings.preview_chars
+
+            def write() -> dict[str, bytes]:
+                fresh: dict[str, bytes] = {}
+                for sid, info, size, overhead, log_path in pending:
+                    try:
+                        stat = os.stat(log_path)
+                    except OSError:
+                        continue
+                    if stat.st_size == size:  # else a write is in flight: leave it out, not stale
+                        fresh[sid] = encode_entry(IndexEntry(info, file_key(stat), overhead))
+                _write_atomic(path, index_bytes([*clean.values(), *fresh.values()], preview_chars))
+                return fresh
+
+            try:
+                fresh = await asyncio.to_thread(write)
+            except BaseException:
+                self._index_dirty.update(sid for sid, *_ in pending)
+                raise
+            self.stats.index_writes += 1
+            self._index_lines.update(fresh)
+            # Left out (a write in flight): try again next time.
+            self._index_dirty.update(sid for sid, *_ in pending if sid not in fresh)
+
+    async def _index_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.files.index_interval_seconds)
+            try:
+                await self.write_index()
+            except OSError as exc:
+                logger.warning("files store: cannot write the start-up index: %s", exc)
+
+    # -- background compaction of logs -------------------------------------------------------------
+
+    def _compaction_due(self, log: _Log, rows: int) -> bool:
+        f = self._settings.files
+        return log.overhead > max(f.compact_min_records, f.compact_records_per_row * rows)
+
+    async def compactions_done(self) -> None:
+        """Until no background compaction is due or running (callers bound the wait)."""
+        await self._compact_idle.wait()
+
+    def _want_compaction(self, session_id: str) -> None:
+        self._compact_wanted.add(session_id)
+        self._compact_idle.clear()
+        self._compact_event.set()
+
+    async def _compact_loop(self) -> None:
+        while True:
+            await self._compact_event.wait()
+            self._compact_event.clear()
+            while self._compact_wanted:
+                sid = self._compact_wanted.pop()
+                st = self._sessions.get(sid)
+                if st is None or st.deleted:
+                    continue
+                self._compacting = True
+                try:
+                    await self._serialized(st, functools.partial(self._compact, st), rows=False)
+                except (NotFound, Unavailable):
+                    pass  # deleted meanwhile; or the disk refused (logged), retried when due again
+                except Exception:
+                    logger.exception("files store: background compaction of session %s failed", sid)
+                finally:
+                    self._compacting = False
+            self._compact_idle.set()
+
+    async def _compact(self, st: SessionState) -> None:
+        """Rewrite the session's log compactly, from memory when its rows are held, else from the
+        log itself (a log that does not read back clean is left for a load or ``fsck``)."""
+        log = self._logs.get(st.id)
+        if log is None or not self._compaction_due(log, st.last_sequence):
+            return
+        if st.resident:
+            await self._rewrite(st)
+            self.stats.compactions += 1
+            return
+        default_profile = self._settings.default_profile
+
+        def from_disk() -> int | None:
+            data = log.path.read_bytes()
+            if len(data) != log.size:
+                return None
+            scan = scan_log(data, st.id, read_mark(mark_path(log.path)), default_profile)
+            if scan.st is None or scan.outcome != "ok":
+                return None
+            return _rewrite_log(scan.st, log.path)
+
+        try:
+            size = await asyncio.to_thread(from_disk)
+        except OSError as exc:
+            raise _unavailable("rewrite", st.id, exc) from exc
+        if size is None:
+            return
+        log.size = size
+        log.overhead = 0
+        self._dirty.discard(log.path)
+        self._index_dirty.add(st.id)
+        self.stats.rewrites += 1
+        self.stats.compactions += 1
+
+    # -- listing with a query over sessions not held -------------------------------------------------
+
+    async def list_sessions(
+        self,
+        *,
+        caller: Principal,
+        offset: int,
+        limit: int,
+        profile_id: str = "",
+        query: str = "",
+    ) -> SessionPage:
+        """As ``RowStore.list_sessions``; a query over sessions whose rows are not held reads their
+        logs (in a worker thread, one at a time, nothing kept)."""
+        if not query or offset < 0 or limit < 0:
+            return await super().list_sessions(
+                caller=caller, offset=offset, limit=limit, profile_id=profile_id, query=query
+            )
+        needle = query.lower()
+        visible = [
+            st
+            for st in list(self._sessions.values())
+            if not st.deleted and caller.may_read(st.user_id) and (not profile_id or st.profile_id == profile_id)
+        ]
+        hits = {st.id for st in visible if needle in st.name.lower() or (st.resident and st.matches(needle))}
+        on_disk = [st.id for st in visible if not st.resident and st.id not in hits]
+        if on_disk:
+            try:
+                hits.update(await asyncio.to_thread(self._disk_matches, on_disk, needle))
+            except OSError as exc:
+                logger.error("files store: cannot read logs to search them: %s", exc)
+                raise Unavailable("the session store could not read its logs") from exc
+        found = [st for st in visible if st.id in hits and not st.deleted]
+        found.sort(key=_list_key)
+        return SessionPage([self._info(st) for st in found[offset : offset + limit]], total=len(found))
+
+    def _disk_matches(self, session_ids: list[str], needle: str) -> set[str]:
+        # A cheap test on the log's text first: JSON escapes only quotes, backslashes and control
+        # characters (and, for text that is not valid UTF-8, everything beyond ASCII as \uXXXX), so
+        # unless the needle or the log has those, a needle absent from the log's lowered text is in
+        # no row. Otherwise, and for every candidate, the log is replayed and its rows checked.
+        plain = not any(c in needle for c in '"\\') and all(c >= " " for c in needle)
+        hits: set[str] = set()
+        for sid in session_ids:
+            path = self._log_path(sid)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            text = data.decode("utf-8", errors="replace").lower()
+            if plain and needle not in text and "\\u" not in text:
+                continue
+            scan = scan_log(data, sid, read_mark(mark_path(path)), self._settings.default_profile)
+            if scan.st is not None and scan.st.matches(needle):
+                hits.add(sid)
+        return hits
 
     async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
         """Every session with its bytes on disk (log, mark, history, copies set aside), and the
@@ -330,6 +699,7 @@ class FilesStore(RowStore):
         except OSError as exc:
             raise _unavailable("create", st.id, exc) from exc
         self._logs[st.id] = _Log(path, len(data))
+        self._index_dirty.add(st.id)
 
     async def _persist(self, st: SessionState, record: Record) -> None:
         log = self._logs[st.id]
@@ -382,9 +752,12 @@ class FilesStore(RowStore):
             self._dirty.discard(log.path)
 
     async def _after_apply(self, st: SessionState) -> None:
-        log = self._logs[st.id]
-        if log.overhead > max(self.REWRITE_MIN_OVERHEAD, self.REWRITE_OVERHEAD_PER_ROW * st.last_sequence):
-            await self._rewrite(st)
+        self._index_dirty.add(st.id)
+        self._count(st)
+        if self._compaction_due(self._logs[st.id], st.last_sequence) and st.id not in self._compact_wanted:
+            # In the background: the call that crossed the line does not pay for the rewrite.
+            self._want_compaction(st.id)
+        self._evict()
 
     async def _persist_delete(self, st: SessionState) -> None:
         try:
@@ -397,6 +770,11 @@ class FilesStore(RowStore):
         for log in (self._logs.pop(st.id, None), self._history_logs.pop(st.id, None)):
             if log is not None:
                 self._dirty.discard(log.path)
+        self._forget(st.id)
+        self._index_lines.pop(st.id, None)
+        self._index_dirty.discard(st.id)
+        self._compact_wanted.discard(st.id)
+        self._index_stale = True
 
     async def _load_history(self, st: SessionState) -> RecallIndex:
         def read() -> tuple[RecallIndex, _Log | None]:
@@ -410,6 +788,7 @@ class FilesStore(RowStore):
             raise _history_unavailable("read", st.id, exc) from exc
         if log is not None:
             self._history_logs[st.id] = log
+        self._hold(st.id, sum(_chunk_bytes(c) for c in index.chunks))
         return index
 
     async def _persist_history(self, st: SessionState, chunks: Sequence[HistoryChunk]) -> None:
@@ -424,6 +803,7 @@ class FilesStore(RowStore):
                 await self._append(log, data)
         except OSError as exc:
             raise _history_unavailable("write", st.id, exc) from exc
+        self._hold(st.id, sum(_chunk_bytes(c) for c in chunks))
 
     async def _rewrite(self, st: SessionState) -> None:
         log = self._logs[st.id]
@@ -433,6 +813,7 @@ class FilesStore(RowStore):
             raise _unavailable("rewrite", st.id, exc) from exc
         log.overhead = 0
         self._dirty.discard(log.path)  # the rewrite fsynced everything
+        self._index_dirty.add(st.id)
         self.stats.rewrites += 1
 
     # -- blobs -----------------------------------------------------------------------------
@@ -480,34 +861,89 @@ class FilesStore(RowStore):
 
     # -- loading ---------------------------------------------------------------------------
 
-    def _load_all(self) -> tuple[list[tuple[SessionState, _Log]], dict[str, list[Observation]], _Log]:
-        folders = (self._sessions_dir, self._blobs_dir, self._history_dir)
-        if not all(folder.is_dir() for folder in folders):
-            for folder in folders:
-                folder.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(self.root)  # the new folders' entries, before any log relies on them
-        _remove_temp_files(self.root)
-        _remove_temp_files(self._sessions_dir)
-        _remove_temp_files(self._history_dir)
-        for sub in self._blobs_dir.iterdir():
-            if sub.is_dir():
-                _remove_temp_files(sub)
-        loaded = []
-        for path in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}")):
-            if not is_session_id(path.name[: -len(_LOG_SUFFIX)]):
-                logger.warning("files store: ignoring %s: not named <session-uuid>%s", path, _LOG_SUFFIX)
+    def _load_all(
+        self,
+    ) -> tuple[list[tuple[SessionState, _Log, bytes | None]], dict[str, list[Observation]], _Log]:
+        """Every session as a summary (rows not held): from the start-up index where its entry
+        matches the log on disk, else by reading the log whole (recovering it as needed)."""
+        if self.read_only:
+            if not self._sessions_dir.is_dir():
+                return [], {}, _Log(self.root / _CALIBRATION, 0)
+        else:
+            folders = (self._sessions_dir, self._blobs_dir, self._history_dir)
+            if not all(folder.is_dir() for folder in folders):
+                for folder in folders:
+                    folder.mkdir(parents=True, exist_ok=True)
+                _fsync_dir(self.root)  # the new folders' entries, before any log relies on them
+            _remove_temp_files(self.root)
+            _remove_temp_files(self._sessions_dir)
+            _remove_temp_files(self._history_dir)
+            for sub in self._blobs_dir.iterdir():
+                if sub.is_dir():
+                    _remove_temp_files(sub)
+        preview_chars = self._settings.preview_chars
+        index = read_index(self.root / INDEX_NAME, preview_chars)
+        loaded: list[tuple[SessionState, _Log, bytes | None]] = []
+        fresh: dict[str, bytes] = {}
+        for sid, path, stat in self._session_logs():
+            entry = index.get(sid) if index is not None else None
+            if entry is not None and stat is not None and entry.key == file_key(stat):
+                self.stats.index_hits += 1
+                st = SessionState.summary(entry.info)
+                kept = encode_entry(entry)
+                loaded.append((st, _Log(path, stat.st_size, entry.overhead), kept))
+                fresh[sid] = kept
                 continue
-            result = self._load_log(path)
-            if result is not None:
-                loaded.append(result)
-        for mark_file in sorted(self._sessions_dir.glob(f"*{_LOG_SUFFIX}.mark")):
-            log_file = mark_file.with_name(mark_file.name[: -len(".mark")])
-            if is_session_id(log_file.name[: -len(_LOG_SUFFIX)]) and not log_file.exists():
-                result = self._load_orphan_mark(mark_file)
-                if result is not None:
-                    loaded.append(result)
+            self.stats.logs_read_at_open += 1
+            result = self._load_one(path)
+            if result is None:
+                continue
+            st, log = result
+            if not st.damage:  # damaged sessions (rare) stay whole: their recovery is not redone
+                st.evict(preview_chars)  # a summary, like the others: rows are read on first use
+            line: bytes | None = None
+            if not st.damage and not self.read_only:
+                with contextlib.suppress(OSError):
+                    now = os.stat(path)
+                    if now.st_size == log.size:
+                        line = encode_entry(IndexEntry(st.info(preview_chars), file_key(now), log.overhead))
+                        fresh[sid] = line
+            loaded.append((st, log, line))
+        if not self.read_only and (index is None or index.keys() != fresh.keys() or self.stats.logs_read_at_open):
+            try:
+                _write_atomic(self.root / INDEX_NAME, index_bytes(fresh.values(), preview_chars))
+                self.stats.index_writes += 1
+            except OSError as exc:
+                logger.warning("files store: cannot write the start-up index: %s", exc)
+        if self.read_only:
+            observations: dict[str, list[Observation]] = {}
+            return loaded, observations, _Log(self.root / _CALIBRATION, 0)
         observations, calibration = self._load_calibration()
         return loaded, observations, calibration
+
+    def _session_logs(self) -> list[tuple[str, Path, os.stat_result | None]]:
+        """(session id, log path, its stat or None) of every log, and of every mark left without
+        its log, in one pass over the directory."""
+        logs: dict[str, tuple[Path, os.stat_result]] = {}
+        marks: set[str] = set()
+        with os.scandir(self._sessions_dir) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(_LOG_SUFFIX):
+                    sid = name[: -len(_LOG_SUFFIX)]
+                    if not is_session_id(sid):
+                        logger.warning("files store: ignoring %s: not named <session-uuid>%s", entry.path, _LOG_SUFFIX)
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        logs[sid] = (Path(entry.path), entry.stat())
+                elif name.endswith(_LOG_SUFFIX + _MARK_SUFFIX):
+                    sid = name[: -len(_LOG_SUFFIX + _MARK_SUFFIX)]
+                    if is_session_id(sid):
+                        marks.add(sid)
+        out: list[tuple[str, Path, os.stat_result | None]] = [(sid, p, st) for sid, (p, st) in logs.items()]
+        out.extend((sid, self._log_path(sid), None) for sid in marks if sid not in logs)
+        out.sort(key=lambda item: item[0])
+        return out
 
     def _session_files(self) -> list[tuple[str, Path, bool]]:
         """(session id, log path, log exists) of every log and of every mark left without its log."""
@@ -865,6 +1301,16 @@ def _rebuilt_header(
         update_time=when,
     )
     return SessionState(info)
+
+
+def _row_bytes(m: Message) -> int:
+    """Estimated memory of a held row and the engine's caches of it (``_ROW_BYTES``)."""
+    return _ROW_BYTES + len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls)
+
+
+def _chunk_bytes(chunk: HistoryChunk) -> int:
+    """Estimated memory of an indexed history chunk: its text, and its terms about as much again."""
+    return _ROW_BYTES + 2 * len(chunk.text)
 
 
 def _int(value: Any) -> int:

@@ -63,6 +63,9 @@ def test_serve_removes_over_the_cap_never_a_streamed_session_and_says_so(tmp_pat
                 time.sleep(0.1)
             deleted = [e.session_id for e in everything if e.WhichOneof("payload") == "session_deleted"]
             assert deleted == [middle]
+            (event,) = [e for e in everything if e.WhichOneof("payload") == "session_deleted"]
+            assert event.session_deleted.reason == "max_sessions"  # the rule; the words in detail
+            assert "max_sessions 2" in event.session_deleted.detail
             with pytest.raises(grpc.RpcError) as raised:
                 stub.GetSession(pb.GetSessionRequest(session_id=middle))
             assert raised.value.code() == grpc.StatusCode.NOT_FOUND

@@ -83,9 +83,11 @@ class MemoryBacking(_BackingBase):
 class FilesBacking(_BackingBase):
     """Files stores over one data directory: a reopened store reloads every log from disk."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, cache_mb: float | None = None) -> None:
         super().__init__()
         self.root = root
+        #: ``files.cache_mb`` for every store opened (None: the given settings' value).
+        self.cache_mb = cache_mb
 
     async def open(self, *, clock: Clock | None = None, settings: Settings | None = None) -> SessionStore:
         # One process owns a data directory (an flock): a store opened again stands for the next
@@ -93,6 +95,10 @@ class FilesBacking(_BackingBase):
         for old in self.opened:
             if isinstance(old, FilesStore):
                 old._dir_lock.release()
+        if self.cache_mb is not None:
+            base = settings if settings is not None else Settings()
+            files = base.files.model_copy(update={"cache_mb": self.cache_mb})
+            settings = base.model_copy(update={"files": files})
         store = FilesStore(self.root, settings, clock=clock)
         await store.open()
         self.opened.append(store)
@@ -110,6 +116,12 @@ async def make_files(tmp_path: Path) -> Backing:
     return FilesBacking(tmp_path / "data")
 
 
+async def make_files_evicting(tmp_path: Path) -> Backing:
+    """The files store holding no session it is not using: every call after another session's
+    loads its rows from the log again (lazy loading and eviction under the whole suite)."""
+    return FilesBacking(tmp_path / "data", cache_mb=0)
+
+
 @dataclass(frozen=True)
 class StoreKind:
     name: str
@@ -121,6 +133,7 @@ class StoreKind:
 STORE_KINDS: tuple[StoreKind, ...] = (
     StoreKind("memory", (), make_memory),
     StoreKind("files", ("tmp_path",), make_files),
+    StoreKind("files-evicting", ("tmp_path",), make_files_evicting),
     StoreKind("postgres", ("postgres_dsn",), make_postgres),
 )
 

@@ -17,6 +17,7 @@ from contextsvc.core.session import Principal
 from contextsvc.engine.maintenance import run_maintenance
 from contextsvc.errors import NotFound
 from contextsvc.events.memory_bus import MemoryEventBus
+from contextsvc.stores._dirlock import DataDirLock
 from contextsvc.stores.files import FilesStore
 from tests.support.stores import TickingClock
 
@@ -88,7 +89,8 @@ async def test_enforce_removes_with_an_event_and_an_audit_line(
     assert len(audits) == 1 and getattr(audits[0], "session_id", "") == old
     events = [e async for e in _retained(bus)]
     assert [(e.kind, e.session_id) for e in events] == [("session_deleted", old)]
-    assert events[0].payload["reason"].startswith("maintenance: idle")
+    assert events[0].payload["reason"] == "prune_after"
+    assert events[0].payload["detail"].startswith("maintenance: idle")
     await store.close()
 
 
@@ -121,3 +123,30 @@ def test_the_cli_dry_run_prints_what_and_why(tmp_path: Path, capsys: pytest.Capt
     assert f"would remove  {old}" in out and f"would remove  {other}" in out and "prune_after 30 days" in out
     assert "2 session(s)" in out and "to remove" in out
     assert len(list((tmp_path / "data" / "sessions").glob("*.jsonl"))) == 3  # nothing removed
+
+
+def test_the_cli_dry_run_needs_no_lock_and_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def prepare() -> list[str]:
+        store, ids = await _store(tmp_path / "data")
+        await store.close()
+        return ids
+
+    _pinned, old, other = asyncio.run(prepare())
+    files = tmp_path / "data"
+
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in files.rglob("*") if p.is_file()}
+
+    holder = DataDirLock(files)  # what a running server holds
+    holder.acquire()
+    try:
+        before = snapshot()
+        assert main(["maintain", "--store", f"files:{files}", "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert f"would remove  {old}" in out and f"would remove  {other}" in out
+        assert "without the directory lock" in out
+        assert snapshot() == before  # not a byte written, not even an index or a mark
+        assert main(["maintain", "--store", f"files:{files}", "--enforce"]) != 0  # removing needs the lock
+        assert len(list((files / "sessions").glob("*.jsonl"))) == 3
+    finally:
+        holder.release()

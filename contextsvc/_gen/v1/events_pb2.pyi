@@ -461,12 +461,23 @@ class SessionDeleted(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    REASON_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Why store maintenance removed it: "prune_after" (idle too long), "max_sessions" (over the
+    cap) or "disk_budget" (the data directory over its budget); empty for a DeleteSession call.
+    """
+    detail: _builtins.str
+    """Maintenance's words for it, e.g. "idle 91 days (prune_after 30 days)"; empty otherwise."""
     def __init__(
         self,
+        *,
+        reason: _builtins.str = ...,
+        detail: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

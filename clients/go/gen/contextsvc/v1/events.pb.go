@@ -900,7 +900,12 @@ func (x *MessagesAppended) GetTurnComplete() bool {
 
 // A session was deleted.
 type SessionDeleted struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why store maintenance removed it: "prune_after" (idle too long), "max_sessions" (over the
+	// cap) or "disk_budget" (the data directory over its budget); empty for a DeleteSession call.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Maintenance's words for it, e.g. "idle 91 days (prune_after 30 days)"; empty otherwise.
+	Detail        string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -933,6 +938,20 @@ func (x *SessionDeleted) ProtoReflect() protoreflect.Message {
 // Deprecated: Use SessionDeleted.ProtoReflect.Descriptor instead.
 func (*SessionDeleted) Descriptor() ([]byte, []int) {
 	return file_contextsvc_v1_events_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SessionDeleted) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionDeleted) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
 }
 
 // One event about one session.
@@ -1213,8 +1232,10 @@ const file_contextsvc_v1_events_proto_rawDesc = "" +
 	"\x0econtext_tokens\x18\x02 \x01(\x03R\rcontextTokens\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12#\n" +
-	"\rturn_complete\x18\x04 \x01(\bR\fturnComplete\"\x10\n" +
-	"\x0eSessionDeleted\"\x80\x06\n" +
+	"\rturn_complete\x18\x04 \x01(\bR\fturnComplete\"@\n" +
+	"\x0eSessionDeleted\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\"\x80\x06\n" +
 	"\x05Event\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\x03R\aeventId\x12\x1d\n" +
 	"\n" +
