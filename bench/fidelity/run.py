@@ -133,19 +133,19 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
         weights[t] = w
     weights["default"] = np.exp(np.mean([np.log(np.maximum(weights[t], 1e-3)) for t in TOKENIZERS], axis=0))
     weights["default"][VIEW] = FRAME_PER_PROMPT
+    # How far a fit may move each weight (the fit narrows it 5x unless its baselines clearly ask
+    # for more: core/calibration.py, chosen by leave-one-category-out runs on the FIT split).
     known_sigma = (0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3)
     default_sigma = (0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4)
-    # The cold margin: p90 relative error of cold views of the fit split, per family.
+    # The cold margin: the margin_quantile of how far the real count of a new step (the text a
+    # baseline + delta estimate prices) lies above its price, out of sample: each category priced
+    # with a prior fitted without it (leave one category out), so the figure is not in-sample.
+    quantile = TokenSettings().margin_quantile
+    loco = _loco_step_errors(counted, weights, used)
     lines = ["PRIORS: dict[str, Prior] = {"]
     for fam, w in weights.items():
-        errs = []
-        for items in counted.values():
-            for c in items:
-                for end in c.ends:
-                    x = features_of(c.messages[:end], view=True)
-                    for t in TOKENIZERS if fam == "default" else (fam,):
-                        errs.append(err(float(w @ x), real_or(t, c, end)))
-        margin = float(np.percentile(errs, 90))
+        errs = loco[fam]
+        margin = float(np.quantile(np.maximum(errs, 0.0), quantile))
         sigma = default_sigma if fam == "default" else known_sigma
         lines.append(f'    "{fam}": Prior(')
         lines.append(f"        weights=({', '.join(f'{v:.4f}' for v in w)}),")
@@ -161,6 +161,50 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     lines.append("#: room below: a count under this is below what any tokenizer could have produced.")
     lines.append(f"LOWER_BOUND: tuple[float, ...] = ({', '.join(f'{v:.4f}' for v in low)})")
     return "\n".join(lines)
+
+
+def _nnls_weights(rows: list[np.ndarray], y: list[float], used: list[int], fill: np.ndarray) -> np.ndarray:
+    a, yy = np.array(rows), np.array(y, dtype=float)
+    s = 1 / np.sqrt(np.maximum(yy, 1))
+    w = np.zeros(N_FEATURES)
+    cols = [j for j in used if a[:, j].any()]
+    w[cols] = nnls(a[:, cols] * s[:, None], yy * s)
+    for j in range(N_FEATURES):
+        if w[j] == 0:
+            w[j] = fill[j]
+    return w
+
+
+def _loco_step_errors(
+    counted: dict[str, list[Counted]], weights: dict[str, np.ndarray], used: list[int]
+) -> dict[str, list[float]]:
+    """Per tokenizer: (real - price) / price of every step (the messages one turn adds) of each
+    category, priced with weights fitted on the other categories only (mixed left out)."""
+    cats = [c for c in counted if c != "mixed"]
+    out: dict[str, list[float]] = {t: [] for t in (*TOKENIZERS, "default")}
+    for held in cats:
+        rows, ys = [], {t: [] for t in TOKENIZERS}
+        for cat in cats:
+            if cat == held:
+                continue
+            for c in counted[cat]:
+                for i, m in enumerate(c.messages):
+                    rows.append(np.array(message_features(m), dtype=float))
+                    for t in TOKENIZERS:
+                        ys[t].append(c.real[t][i])
+        fold = {t: _nnls_weights(rows, ys[t], [j for j in used if j != VIEW], weights[t]) for t in TOKENIZERS}
+        # the default family: the geometric middle of the fold's weights, against every tokenizer
+        middle = np.exp(np.mean([np.log(np.maximum(fold[t], 1e-3)) for t in TOKENIZERS], axis=0))
+        for c in counted[held]:
+            for k in range(1, len(c.ends)):
+                prev, end = c.ends[k - 1], c.ends[k]
+                x = features_of(c.messages[prev:end], view=False)
+                for t in TOKENIZERS:
+                    real = sum(c.real[t][prev:end])
+                    for fam, w in ((t, fold[t]), ("default", middle)):
+                        price = float(w @ x)
+                        out[fam].append((real - price) / price)
+    return out
 
 
 def real_or(t: str, c: Counted, end: int) -> float:
@@ -206,7 +250,7 @@ def tune_margin(counted: dict[str, list[Counted]]) -> None:
             for items in counted.values():
                 for c in items:
                     for n in range(1, len(c.ends)):
-                        cal = calibrate(t, [observation(c, t, e) for e in c.ends[:n]], st)
+                        cal = calibrate(t, observations(c, t, n, st), st)
                         prev, end = c.ends[n - 1], c.ends[n]
                         delta = cal.price(features_of(c.messages[prev:end], view=False))
                         est = real_or(t, c, prev) + delta
@@ -219,9 +263,35 @@ def tune_margin(counted: dict[str, list[Counted]]) -> None:
         )
 
 
-def observation(c: Counted, t: str, end: int) -> Observation:
+def observation(c: Counted, t: str, end: int, residual: float | None = None) -> Observation:
     x = features_of(c.messages[:end], view=True)
-    return Observation(int(x[:N_CLASSES].sum()), int(real_or(t, c, end)), features=tuple(float(v) for v in x))
+    return Observation(
+        int(x[:N_CLASSES].sum()), int(real_or(t, c, end)), features=tuple(float(v) for v in x), residual=residual
+    )
+
+
+_OBS_CACHE: dict[tuple[int, str, float], list[Observation]] = {}
+
+
+def observations(c: Counted, t: str, n: int, settings: TokenSettings = SETTINGS) -> list[Observation]:
+    """The first ``n`` baselines of session ``c`` as the service records them: each with the
+    residual of the estimate made for its view before its count was known (cold for the first,
+    baseline + delta after), relative to what that estimate priced."""
+    key = (id(c), t, settings.margin_prior_weight)
+    done = _OBS_CACHE.setdefault(key, [])
+    while len(done) < n:
+        k = len(done)
+        end = c.ends[k]
+        cal = calibrate(t, done, settings)
+        if k == 0:
+            priced = cal.price(features_of(c.messages[:end], view=True))
+            est = priced
+        else:
+            prev = c.ends[k - 1]
+            priced = cal.price(features_of(c.messages[prev:end], view=False))
+            est = real_or(t, c, prev) + priced
+        done.append(observation(c, t, end, (real_or(t, c, end) - est) / priced if priced > 0 else None))
+    return done[:n]
 
 
 def chars_of(msgs: Sequence[Message]) -> int:
@@ -250,8 +320,7 @@ def score(counted: dict[str, list[Counted]]) -> tuple[str, str, list[str]]:
                 for n in (0, 2, 8):
                     if n >= len(views):
                         continue
-                    obs = [observation(c, t, e) for e in views[:n]]
-                    cal = calibrate(t, obs)
+                    cal = calibrate(t, observations(c, t, n))
                     end = views[n]
                     real = real_or(t, c, end)
                     if n == 0:
@@ -322,7 +391,7 @@ def cross_table(counted: dict[str, list[Counted]]) -> str:
                 errs = []
                 for i, cb in enumerate(counted[b]):
                     ca = counted[a][i % len(counted[a])]
-                    cal = calibrate(t, [observation(ca, t, e) for e in ca.ends[:2]])
+                    cal = calibrate(t, observations(ca, t, 2))
                     errs.append(
                         err(cal.price(features_of(cb.messages[: cb.ends[-1]], view=True)), real_or(t, cb, cb.ends[-1]))
                     )

@@ -363,6 +363,8 @@ class FilesStore(RowStore):
             line["had_images"] = True
         if observation.features:
             line["features"] = list(observation.features)
+        if observation.residual is not None:
+            line["residual"] = observation.residual
         try:
             await self._append(log, _dumps(line))
         except OSError as exc:
@@ -584,6 +586,7 @@ class FilesStore(RowStore):
                     int(d["tokens"]),
                     bool(d.get("had_images", False)),
                     tuple(float(x) for x in d.get("features", ())),
+                    None if d.get("residual") is None else float(d["residual"]),
                 )
                 observations.setdefault(str(d["model"]), []).append(obs)
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -1125,6 +1128,8 @@ def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]],
             line: dict[str, Any] = {"model": model, "chars": obs.chars, "tokens": obs.tokens}
             if obs.features:
                 line["features"] = list(obs.features)
+            if obs.residual is not None:
+                line["residual"] = obs.residual
             if obs.had_images:
                 line["had_images"] = True
             lines.append(_dumps(line))
