@@ -194,7 +194,9 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
     fitted = tuple(w * (1.0 + d) for w, d in zip(p, delta, strict=True))
     residuals = tuple(left[i] - _dot(rows[i], delta) for i in keep)
     evidence = tuple(min(1.0, sum(rows[i][j] for i in keep)) for j in range(N_FEATURES))
-    recorded = [o.residual for o in usable if o.residual is not None]
+    # Residuals of the baselines the robust fit kept: a trimmed count (another model's, a bug) says
+    # nothing about how far this model's estimates run short.
+    recorded = [r for r in (usable[i].residual for i in keep) if r is not None]
     margin = (
         _margin(recorded, prior.cold_margin, settings)
         if recorded
