@@ -1,6 +1,8 @@
 """Fidelity bench: the calibration's estimates against four real tokenizers, on held-out text.
 
     python bench/fidelity/run.py --fit-prior   # measure the cold prior on the FIT split, write core/priors.py
+    python bench/fidelity/run.py --tune-fit    # FIT split, leave one category out: the fit's spread rule
+    python bench/fidelity/run.py --tune-margin # FIT split: views over estimate + margin by margin_prior_weight
     python bench/fidelity/run.py               # score on the SCORE split, print the tables
     python bench/fidelity/run.py --record      # and write them into bench/RESULTS.md (## Fidelity)
 
@@ -167,10 +169,13 @@ def _nnls_weights(rows: list[np.ndarray], y: list[float], used: list[int], fill:
     a, yy = np.array(rows), np.array(y, dtype=float)
     s = 1 / np.sqrt(np.maximum(yy, 1))
     w = np.zeros(N_FEATURES)
-    cols = [j for j in used if a[:, j].any()]
+    # A class the rows barely contain (under 1% of their units) is not measured by them: it keeps
+    # ``fill`` (the fit split's own weight), as it would be fitted wild from a few stray pieces.
+    share = a[:, :N_CLASSES].sum(0) / max(a[:, :N_CLASSES].sum(), 1)
+    cols = [j for j in used if a[:, j].any() and (j >= N_CLASSES or share[j] >= 0.01)]
     w[cols] = nnls(a[:, cols] * s[:, None], yy * s)
     for j in range(N_FEATURES):
-        if w[j] == 0:
+        if j not in cols or w[j] == 0:
             w[j] = fill[j]
     return w
 
@@ -261,6 +266,62 @@ def tune_margin(counted: dict[str, list[Counted]]) -> None:
             f"margin_prior_weight={w}: over {over}/{total} ({100 * over / total:.1f}%), "
             f"median margin {100 * statistics.median(spent):.2f}% of the view"
         )
+
+
+def tune_fit(counted: dict[str, list[Counted]]) -> None:
+    """On the FIT split, leave one category out: the prior fitted on the other categories, the next
+    view after 2 and 8 baselines of the held-out one (its error in % of the view), for candidate
+    spread choices of core/calibration.py. How the spread rule and its constants were chosen."""
+    from contextsvc.core import calibration as cal_mod
+    from contextsvc.core.priors import Prior, prior_for
+
+    cats = [c for c in CATEGORIES if c != "mixed"]
+    feats_all = {
+        cat: [np.array([message_features(m) for m in c.messages], dtype=float) for c in counted[cat]] for cat in cats
+    }
+    folds = []
+    for held in cats:
+        rows, ys = [], {t: [] for t in TOKENIZERS}
+        for cat in cats:
+            if cat != held:
+                for c, f in zip(counted[cat], feats_all[cat], strict=True):
+                    rows += list(f)
+                    for t in TOKENIZERS:
+                        ys[t] += c.real[t]
+        used = [j for j in range(N_FEATURES) if j != VIEW]
+        folds.append((held, {t: _nnls_weights(rows, ys[t], used, np.array(prior_for(t).weights)) for t in TOKENIZERS}))
+    candidates = {
+        "prior spread as measured (x1)": ((1.0,), 0.05, 10.0),
+        "narrow (x0.2)": ((0.2,), 0.05, 10.0),
+        "by evidence, text noise 3%, factor 3": ((0.2, 1.0, 5.0), 0.03, 3.0),
+        "by evidence, text noise 5%, factor 10 (chosen)": ((0.2, 1.0, 5.0), 0.05, 10.0),
+    }
+    saved = (cal_mod._SCALES, cal_mod._TEXT_SIGMA, cal_mod._BAYES_FACTOR, cal_mod.prior_for)
+    try:
+        for name, (scales, text_sigma, factor) in candidates.items():
+            cal_mod._SCALES, cal_mod._TEXT_SIGMA, cal_mod._BAYES_FACTOR = scales, text_sigma, factor
+            med2, p90_2, med8 = [], [], []
+            for held, pri in folds:
+                for t in TOKENIZERS:
+                    prior = Prior(tuple(float(v) for v in pri[t]), prior_for(t).sigma, prior_for(t).cold_margin)
+                    cal_mod.prior_for = lambda _family, prior=prior: prior  # type: ignore[assignment]
+                    e2, e8 = [], []
+                    for c in counted[held]:
+                        for n, out in ((2, e2), (8, e8)):
+                            obs = [observation(c, t, e) for e in c.ends[:n]]
+                            cal = cal_mod.fit(obs, SETTINGS, family=t)
+                            prev, end = c.ends[n - 1], c.ends[n]
+                            delta = cal.price(features_of(c.messages[prev:end], view=False))
+                            out.append(err(real_or(t, c, prev) + delta, real_or(t, c, end)))
+                    med2.append(pct(e2, 0.5))
+                    p90_2.append(pct(e2, 0.9))
+                    med8.append(pct(e8, 0.5))
+            print(
+                f"{name}: 2 baselines median mean {statistics.mean(med2):.2f}% worst {max(med2):.2f}%, "
+                f"p90 worst {max(p90_2):.2f}%; 8 baselines median mean {statistics.mean(med8):.2f}%"
+            )
+    finally:
+        cal_mod._SCALES, cal_mod._TEXT_SIGMA, cal_mod._BAYES_FACTOR, cal_mod.prior_for = saved
 
 
 def observation(c: Counted, t: str, end: int, residual: float | None = None) -> Observation:
@@ -448,14 +509,18 @@ def main() -> None:
     ap.add_argument("--fit-prior", action="store_true")
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--tune-margin", action="store_true")
+    ap.add_argument("--tune-fit", action="store_true")
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     ensure_node_deps()
-    split = "fit" if args.fit_prior or args.tune_margin else "score"
+    split = "fit" if args.fit_prior or args.tune_margin or args.tune_fit else "score"
     counted = count_sessions(sessions(split, count=args.sessions, steps=args.steps))
     if args.tune_margin:
         tune_margin(counted)
+        return
+    if args.tune_fit:
+        tune_fit(counted)
         return
     if args.fit_prior:
         block = fit_prior(counted)
