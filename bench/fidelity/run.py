@@ -367,15 +367,15 @@ def score(counted: dict[str, list[Counted]]) -> tuple[str, str, list[str]]:
     rng = random.Random(7)
     head = (
         "| model (tokenizer) | category | views: cold | 2 baselines | 8 baselines | lists: cold | 2 | 8 "
-        "| chars/4 views | bytes/4x1.3 views | chars/4 lists | refused | over est+margin |"
+        "| chars/4 views | bytes/4x1.3 views | chars/4 lists | refused | cut caught | over est+margin |"
     )
-    rows = [head, "|---" * 13 + "|"]
+    rows = [head, "|---" * 14 + "|"]
     verdicts: list[str] = []
     cold_by: dict[tuple[str, str], float] = {}
     for t in TOKENIZERS:
         for cat in CATEGORIES:
             col: dict[str, list[float]] = {}
-            refused = over = 0
+            refused = over = caught = cuts = 0
             for c in counted[cat]:
                 views = c.ends
                 for n in (0, 2, 8):
@@ -404,14 +404,29 @@ def score(counted: dict[str, list[Counted]]) -> tuple[str, str, list[str]]:
                     real = real_or(t, c, e)
                     col.setdefault("c4", []).append(err(chars_of(c.messages[:e]) / 4, real))
                     col.setdefault("b4", []).append(err(bytes_of(c.messages[:e]) / 4 * 1.3, real))
-                    cold = calibrate(t, []).price(features_of(c.messages[:e], view=True))
-                    bound = lower_bound(tuple(features_of(c.messages[:e], view=True)))
-                    refused += real < min(SETTINGS.truncation_ratio * cold, bound)
+                    # The service's truncation rule on this honest count, with the calibration of the
+                    # baselines before it: below ratio x the estimate made for the view AND below its
+                    # floor (calibrated price where baselines back it, vocabulary-free bound elsewhere).
+                    k = views.index(e)
+                    cal = calibrate(t, observations(c, t, k))
+                    x = features_of(c.messages[:e], view=True)
+                    if k == 0:
+                        est = cal.price(x)
+                    else:
+                        prev = views[k - 1]
+                        est = real_or(t, c, prev) + cal.price(features_of(c.messages[prev:e], view=False))
+                    ratio = SETTINGS.truncation_ratio
+                    floor = max(lower_bound(tuple(x)), cal.floor(tuple(x), ratio))
+                    refused += real < min(ratio * est, floor)
+                    # A prompt whose head the provider dropped: 40-65% of the honest count.
+                    cut = real * rng.uniform(0.40, 0.65)
+                    caught += cut < min(ratio * est, floor)
+                    cuts += 1
             cold_by[(t, cat)] = pct(col["v0"], 0.5)
             rows.append(
                 f"| {MODELS[t]} ({t}) | {cat} | "
                 + " | ".join(cell(col[k]) for k in ("v0", "v2", "v8", "l0", "l2", "l8", "c4", "b4", "c4l"))
-                + f" | {refused} | {over} |"
+                + f" | {refused} | {caught}/{cuts} | {over} |"
             )
             v2, l2 = col["v2"], col["l2"]
             ok = pct(v2, 0.5) <= 1.5 and pct(v2, 0.9) <= 5 and pct(l2, 0.5) <= 4 and pct(l2, 0.9) <= 10
@@ -469,9 +484,15 @@ def record(table: str, cross: str, verdicts: list[str], command: str) -> None:
         "## Fidelity (`bench/fidelity/`)\n\n"
         f"{dt.date.today().isoformat()}, `{command}`, {platform.machine()} {platform.python_version()}, "
         f"{__import__('os').cpu_count()} cores.\n"
-        "Held-out corpus (bench/fidelity/fidelity_corpus.py): the prior in core/priors.py was measured on the FIT "
-        "split only (`--fit-prior`), the margin weight chosen on it (`--tune-margin`); every figure below is on "
-        "the SCORE split. Median / p90 |error| in %. The real-file sources are whatever the machine has "
+        "Held-out corpus (bench/fidelity/fidelity_corpus.py). Everything tuned was tuned on the FIT split only: "
+        "the prior and its cold margins in core/priors.py (`--fit-prior`; cold margin = 95th percentile of how far "
+        "a new step's real count lies above its price, each category priced by a prior fitted without it), the "
+        "fit's spread rule (`--tune-fit`, leave one category out) and the margin weight (`--tune-margin`). Every "
+        "figure below is on the SCORE split, which none of them saw. Median / p90 |error| in %. Views after n "
+        "baselines are baseline + delta, the delta being one whole agent step (ask, tool call, tool output, "
+        "answer: about a third of the view after 2 baselines). 'over est+margin': views (of the 2- and "
+        "8-baseline ones, 20 per row) whose real count exceeded estimate + margin, the margin coming from the "
+        "residuals recorded with each earlier baseline. The real-file sources are whatever the machine has "
         "installed, so figures move a little between machines (and runs, as packages are installed).\n\n"
         + SOURCES_TABLE
         + "\n\n"
