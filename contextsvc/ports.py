@@ -43,6 +43,9 @@ class ViewRecord:
     #: estimated tokens of the not-yet-stored incoming message the view carried: once appended it
     #: is newer than ``last_sequence``, so a baseline of this view must not count it twice.
     incoming_tokens: int = 0
+    #: tokens of ``estimated_tokens`` the counter priced (``TokenEstimate.priced``): a baseline's
+    #: residual is relative to them. 0 when not known (recorded before this field).
+    priced_tokens: int = 0
 
 
 class TokenStore(Protocol):

@@ -168,6 +168,8 @@ class Stats:
     unfitted: int = 0
     false_truncations: int = 0
     false_truncation_examples: list[str] = field(default_factory=list)
+    missed_truncations: int = 0
+    missed_truncation_examples: list[str] = field(default_factory=list)
     build_ms: list[float] = field(default_factory=list)
     build_ms_compressing: list[float] = field(default_factory=list)
     appended: int = 0
@@ -335,6 +337,13 @@ class Runtime:
             tokens = max(1, round(est * (1 + self.rng.uniform(-NOISE, NOISE))))
         self.stats.max_reported_fill = max(self.stats.max_reported_fill, tokens / WINDOW)
         result = await self.engine.record_baseline(ANONYMOUS, self.sid, view_id=view.view_id, prompt_tokens=tokens)
+        if cut and not result.truncated:
+            self.stats.missed_truncations += 1
+            _note(
+                self.stats.missed_truncation_examples,
+                f"turn {self.turn}: truncated count {tokens} recorded as honest against the view's estimate {est} "
+                f"({view.estimate.method.value}, images {view.estimate.images}, floor {result.lower_bound})",
+            )
         if result.truncated and not cut:
             self.stats.false_truncations += 1
             _note(
@@ -720,6 +729,7 @@ def analyse(sim: SimResult) -> Analysis:
         ("context rows left out by the repair", s.repaired_examples, s.repaired_views),
         ("pinned messages missing", s.pinned_examples, s.pinned_missing),
         ("honest prompt counts refused as truncated", s.false_truncation_examples, s.false_truncations),
+        ("truncated prompt counts recorded as honest", s.missed_truncation_examples, s.missed_truncations),
     ):
         if count:
             findings.append(f"{label}: {what}: {count}; first: " + "; ".join(examples))

@@ -1,4 +1,4 @@
-# ruff: noqa: RUF001  (a Chinese sentence keeps its own punctuation)
+# ruff: noqa: RUF001, E501  (a Chinese sentence keeps its own punctuation; the sources table is one row a line)
 """The fidelity corpus: agent sessions in six categories, built offline, split into *fit* and *score*.
 
 Sources (all generated here or shipped by installed packages; nothing is downloaded):
@@ -8,7 +8,7 @@ Sources (all generated here or shipped by installed packages; nothing is downloa
 | english | METADATA of installed Python packages named a-l | METADATA of packages named m-z |
 | code | Python stdlib modules named a-l | stdlib modules named m-z |
 | json | JSON files of installed Python packages under names a-l | the same under m-z |
-| shell | dpkg's own log | apt's history log, and `ls -l`-style listings of stdlib folders |
+| shell | dpkg's, apt's terminal and the alternatives logs; `ls -l`-style listings of system folders | apt's history log; `ls -l`-style listings of stdlib and site-packages folders |
 | cyrillic_cjk | gettext catalogues (ru, uk, ja, zh_CN, ko) of domains a-l | domains m-z |
 | mixed | turns drawn from the fit texts of every category | from the score texts |
 
@@ -94,7 +94,9 @@ def _listing(folder: str) -> str:
 
 def _shell(split: str) -> list[str]:
     if split == "fit":
-        return [_read("/var/log/dpkg.log", 400_000)]
+        listings = [_listing(d) for d in ("/usr/bin", "/etc", "/usr/lib/x86_64-linux-gnu", "/usr/share/doc")]
+        logs = [_read(f, 200_000) for f in ("/var/log/dpkg.log", "/var/log/apt/term.log", "/var/log/alternatives.log")]
+        return [*logs, *(text for text in listings if text)]
     listings = [_listing(d) for d in (_STDLIB, f"{_STDLIB}/asyncio", f"{_STDLIB}/email", _SITE) if os.path.isdir(d)]
     return [_read("/var/log/apt/history.log", 200_000), *listings]
 

@@ -1,6 +1,8 @@
 """Fidelity bench: the calibration's estimates against four real tokenizers, on held-out text.
 
     python bench/fidelity/run.py --fit-prior   # measure the cold prior on the FIT split, write core/priors.py
+    python bench/fidelity/run.py --tune-fit    # FIT split, leave one category out: the fit's spread rule
+    python bench/fidelity/run.py --tune-margin # FIT split: views over estimate + margin by margin_prior_weight
     python bench/fidelity/run.py               # score on the SCORE split, print the tables
     python bench/fidelity/run.py --record      # and write them into bench/RESULTS.md (## Fidelity)
 
@@ -133,19 +135,19 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
         weights[t] = w
     weights["default"] = np.exp(np.mean([np.log(np.maximum(weights[t], 1e-3)) for t in TOKENIZERS], axis=0))
     weights["default"][VIEW] = FRAME_PER_PROMPT
+    # How far a fit may move each weight (the fit narrows it 5x unless its baselines clearly ask
+    # for more: core/calibration.py, chosen by leave-one-category-out runs on the FIT split).
     known_sigma = (0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3)
     default_sigma = (0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4)
-    # The cold margin: p90 relative error of cold views of the fit split, per family.
+    # The cold margin: the margin_quantile of how far the real count of a new step (the text a
+    # baseline + delta estimate prices) lies above its price, out of sample: each category priced
+    # with a prior fitted without it (leave one category out), so the figure is not in-sample.
+    quantile = TokenSettings().margin_quantile
+    loco = _loco_step_errors(counted, weights, used)
     lines = ["PRIORS: dict[str, Prior] = {"]
     for fam, w in weights.items():
-        errs = []
-        for items in counted.values():
-            for c in items:
-                for end in c.ends:
-                    x = features_of(c.messages[:end], view=True)
-                    for t in TOKENIZERS if fam == "default" else (fam,):
-                        errs.append(err(float(w @ x), real_or(t, c, end)))
-        margin = float(np.percentile(errs, 90))
+        errs = loco[fam]
+        margin = float(np.quantile(np.maximum(errs, 0.0), quantile))
         sigma = default_sigma if fam == "default" else known_sigma
         lines.append(f'    "{fam}": Prior(')
         lines.append(f"        weights=({', '.join(f'{v:.4f}' for v in w)}),")
@@ -161,6 +163,53 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     lines.append("#: room below: a count under this is below what any tokenizer could have produced.")
     lines.append(f"LOWER_BOUND: tuple[float, ...] = ({', '.join(f'{v:.4f}' for v in low)})")
     return "\n".join(lines)
+
+
+def _nnls_weights(rows: list[np.ndarray], y: list[float], used: list[int], fill: np.ndarray) -> np.ndarray:
+    a, yy = np.array(rows), np.array(y, dtype=float)
+    s = 1 / np.sqrt(np.maximum(yy, 1))
+    w = np.zeros(N_FEATURES)
+    # A class the rows barely contain (under 1% of their units) is not measured by them: it keeps
+    # ``fill`` (the fit split's own weight), as it would be fitted wild from a few stray pieces.
+    share = a[:, :N_CLASSES].sum(0) / max(a[:, :N_CLASSES].sum(), 1)
+    cols = [j for j in used if a[:, j].any() and (j >= N_CLASSES or share[j] >= 0.01)]
+    w[cols] = nnls(a[:, cols] * s[:, None], yy * s)
+    for j in range(N_FEATURES):
+        if j not in cols or w[j] == 0:
+            w[j] = fill[j]
+    return w
+
+
+def _loco_step_errors(
+    counted: dict[str, list[Counted]], weights: dict[str, np.ndarray], used: list[int]
+) -> dict[str, list[float]]:
+    """Per tokenizer: (real - price) / price of every step (the messages one turn adds) of each
+    category, priced with weights fitted on the other categories only (mixed left out)."""
+    cats = [c for c in counted if c != "mixed"]
+    out: dict[str, list[float]] = {t: [] for t in (*TOKENIZERS, "default")}
+    for held in cats:
+        rows, ys = [], {t: [] for t in TOKENIZERS}
+        for cat in cats:
+            if cat == held:
+                continue
+            for c in counted[cat]:
+                for i, m in enumerate(c.messages):
+                    rows.append(np.array(message_features(m), dtype=float))
+                    for t in TOKENIZERS:
+                        ys[t].append(c.real[t][i])
+        fold = {t: _nnls_weights(rows, ys[t], [j for j in used if j != VIEW], weights[t]) for t in TOKENIZERS}
+        # the default family: the geometric middle of the fold's weights, against every tokenizer
+        middle = np.exp(np.mean([np.log(np.maximum(fold[t], 1e-3)) for t in TOKENIZERS], axis=0))
+        for c in counted[held]:
+            for k in range(1, len(c.ends)):
+                prev, end = c.ends[k - 1], c.ends[k]
+                x = features_of(c.messages[prev:end], view=False)
+                for t in TOKENIZERS:
+                    real = sum(c.real[t][prev:end])
+                    for fam, w in ((t, fold[t]), ("default", middle)):
+                        price = float(w @ x)
+                        out[fam].append((real - price) / price)
+    return out
 
 
 def real_or(t: str, c: Counted, end: int) -> float:
@@ -206,7 +255,7 @@ def tune_margin(counted: dict[str, list[Counted]]) -> None:
             for items in counted.values():
                 for c in items:
                     for n in range(1, len(c.ends)):
-                        cal = calibrate(t, [observation(c, t, e) for e in c.ends[:n]], st)
+                        cal = calibrate(t, observations(c, t, n, st), st)
                         prev, end = c.ends[n - 1], c.ends[n]
                         delta = cal.price(features_of(c.messages[prev:end], view=False))
                         est = real_or(t, c, prev) + delta
@@ -219,9 +268,91 @@ def tune_margin(counted: dict[str, list[Counted]]) -> None:
         )
 
 
-def observation(c: Counted, t: str, end: int) -> Observation:
+def tune_fit(counted: dict[str, list[Counted]]) -> None:
+    """On the FIT split, leave one category out: the prior fitted on the other categories, the next
+    view after 2 and 8 baselines of the held-out one (its error in % of the view), for candidate
+    spread choices of core/calibration.py. How the spread rule and its constants were chosen."""
+    from contextsvc.core import calibration as cal_mod
+    from contextsvc.core.priors import Prior, prior_for
+
+    cats = [c for c in CATEGORIES if c != "mixed"]
+    feats_all = {
+        cat: [np.array([message_features(m) for m in c.messages], dtype=float) for c in counted[cat]] for cat in cats
+    }
+    folds = []
+    for held in cats:
+        rows, ys = [], {t: [] for t in TOKENIZERS}
+        for cat in cats:
+            if cat != held:
+                for c, f in zip(counted[cat], feats_all[cat], strict=True):
+                    rows += list(f)
+                    for t in TOKENIZERS:
+                        ys[t] += c.real[t]
+        used = [j for j in range(N_FEATURES) if j != VIEW]
+        folds.append((held, {t: _nnls_weights(rows, ys[t], used, np.array(prior_for(t).weights)) for t in TOKENIZERS}))
+    candidates = {
+        "prior spread as measured (x1)": ((1.0,), 0.05, 10.0),
+        "narrow (x0.2)": ((0.2,), 0.05, 10.0),
+        "by evidence, text noise 3%, factor 3": ((0.2, 1.0, 5.0), 0.03, 3.0),
+        "by evidence, text noise 5%, factor 10 (chosen)": ((0.2, 1.0, 5.0), 0.05, 10.0),
+    }
+    saved = (cal_mod._SCALES, cal_mod._TEXT_SIGMA, cal_mod._BAYES_FACTOR, cal_mod.prior_for)
+    try:
+        for name, (scales, text_sigma, factor) in candidates.items():
+            cal_mod._SCALES, cal_mod._TEXT_SIGMA, cal_mod._BAYES_FACTOR = scales, text_sigma, factor
+            med2, p90_2, med8 = [], [], []
+            for held, pri in folds:
+                for t in TOKENIZERS:
+                    prior = Prior(tuple(float(v) for v in pri[t]), prior_for(t).sigma, prior_for(t).cold_margin)
+                    cal_mod.prior_for = lambda _family, prior=prior: prior  # type: ignore[assignment]
+                    e2, e8 = [], []
+                    for c in counted[held]:
+                        for n, out in ((2, e2), (8, e8)):
+                            obs = [observation(c, t, e) for e in c.ends[:n]]
+                            cal = cal_mod.fit(obs, SETTINGS, family=t)
+                            prev, end = c.ends[n - 1], c.ends[n]
+                            delta = cal.price(features_of(c.messages[prev:end], view=False))
+                            out.append(err(real_or(t, c, prev) + delta, real_or(t, c, end)))
+                    med2.append(pct(e2, 0.5))
+                    p90_2.append(pct(e2, 0.9))
+                    med8.append(pct(e8, 0.5))
+            print(
+                f"{name}: 2 baselines median mean {statistics.mean(med2):.2f}% worst {max(med2):.2f}%, "
+                f"p90 worst {max(p90_2):.2f}%; 8 baselines median mean {statistics.mean(med8):.2f}%"
+            )
+    finally:
+        cal_mod._SCALES, cal_mod._TEXT_SIGMA, cal_mod._BAYES_FACTOR, cal_mod.prior_for = saved
+
+
+def observation(c: Counted, t: str, end: int, residual: float | None = None) -> Observation:
     x = features_of(c.messages[:end], view=True)
-    return Observation(int(x[:N_CLASSES].sum()), int(real_or(t, c, end)), features=tuple(float(v) for v in x))
+    return Observation(
+        int(x[:N_CLASSES].sum()), int(real_or(t, c, end)), features=tuple(float(v) for v in x), residual=residual
+    )
+
+
+_OBS_CACHE: dict[tuple[int, str, float], list[Observation]] = {}
+
+
+def observations(c: Counted, t: str, n: int, settings: TokenSettings = SETTINGS) -> list[Observation]:
+    """The first ``n`` baselines of session ``c`` as the service records them: each with the
+    residual of the estimate made for its view before its count was known (cold for the first,
+    baseline + delta after), relative to what that estimate priced."""
+    key = (id(c), t, settings.margin_prior_weight)
+    done = _OBS_CACHE.setdefault(key, [])
+    while len(done) < n:
+        k = len(done)
+        end = c.ends[k]
+        cal = calibrate(t, done, settings)
+        if k == 0:
+            priced = cal.price(features_of(c.messages[:end], view=True))
+            est = priced
+        else:
+            prev = c.ends[k - 1]
+            priced = cal.price(features_of(c.messages[prev:end], view=False))
+            est = real_or(t, c, prev) + priced
+        done.append(observation(c, t, end, (real_or(t, c, end) - est) / priced if priced > 0 else None))
+    return done[:n]
 
 
 def chars_of(msgs: Sequence[Message]) -> int:
@@ -236,22 +367,21 @@ def score(counted: dict[str, list[Counted]]) -> tuple[str, str, list[str]]:
     rng = random.Random(7)
     head = (
         "| model (tokenizer) | category | views: cold | 2 baselines | 8 baselines | lists: cold | 2 | 8 "
-        "| chars/4 views | bytes/4x1.3 views | chars/4 lists | refused | over est+margin |"
+        "| chars/4 views | bytes/4x1.3 views | chars/4 lists | refused | cut caught | over est+margin |"
     )
-    rows = [head, "|---" * 13 + "|"]
+    rows = [head, "|---" * 14 + "|"]
     verdicts: list[str] = []
     cold_by: dict[tuple[str, str], float] = {}
     for t in TOKENIZERS:
         for cat in CATEGORIES:
             col: dict[str, list[float]] = {}
-            refused = over = 0
+            refused = over = caught = cuts = 0
             for c in counted[cat]:
                 views = c.ends
                 for n in (0, 2, 8):
                     if n >= len(views):
                         continue
-                    obs = [observation(c, t, e) for e in views[:n]]
-                    cal = calibrate(t, obs)
+                    cal = calibrate(t, observations(c, t, n))
                     end = views[n]
                     real = real_or(t, c, end)
                     if n == 0:
@@ -274,14 +404,29 @@ def score(counted: dict[str, list[Counted]]) -> tuple[str, str, list[str]]:
                     real = real_or(t, c, e)
                     col.setdefault("c4", []).append(err(chars_of(c.messages[:e]) / 4, real))
                     col.setdefault("b4", []).append(err(bytes_of(c.messages[:e]) / 4 * 1.3, real))
-                    cold = calibrate(t, []).price(features_of(c.messages[:e], view=True))
-                    bound = lower_bound(tuple(features_of(c.messages[:e], view=True)))
-                    refused += real < min(SETTINGS.truncation_ratio * cold, bound)
+                    # The service's truncation rule on this honest count, with the calibration of the
+                    # baselines before it: below ratio x the estimate made for the view AND below its
+                    # floor (calibrated price where baselines back it, vocabulary-free bound elsewhere).
+                    k = views.index(e)
+                    cal = calibrate(t, observations(c, t, k))
+                    x = features_of(c.messages[:e], view=True)
+                    if k == 0:
+                        est = cal.price(x)
+                    else:
+                        prev = views[k - 1]
+                        est = real_or(t, c, prev) + cal.price(features_of(c.messages[prev:e], view=False))
+                    ratio = SETTINGS.truncation_ratio
+                    floor = max(lower_bound(tuple(x)), cal.floor(tuple(x), ratio))
+                    refused += real < min(ratio * est, floor)
+                    # A prompt whose head the provider dropped: 40-65% of the honest count.
+                    cut = real * rng.uniform(0.40, 0.65)
+                    caught += cut < min(ratio * est, floor)
+                    cuts += 1
             cold_by[(t, cat)] = pct(col["v0"], 0.5)
             rows.append(
                 f"| {MODELS[t]} ({t}) | {cat} | "
                 + " | ".join(cell(col[k]) for k in ("v0", "v2", "v8", "l0", "l2", "l8", "c4", "b4", "c4l"))
-                + f" | {refused} | {over} |"
+                + f" | {refused} | {caught}/{cuts} | {over} |"
             )
             v2, l2 = col["v2"], col["l2"]
             ok = pct(v2, 0.5) <= 1.5 and pct(v2, 0.9) <= 5 and pct(l2, 0.5) <= 4 and pct(l2, 0.9) <= 10
@@ -322,7 +467,7 @@ def cross_table(counted: dict[str, list[Counted]]) -> str:
                 errs = []
                 for i, cb in enumerate(counted[b]):
                     ca = counted[a][i % len(counted[a])]
-                    cal = calibrate(t, [observation(ca, t, e) for e in ca.ends[:2]])
+                    cal = calibrate(t, observations(ca, t, 2))
                     errs.append(
                         err(cal.price(features_of(cb.messages[: cb.ends[-1]], view=True)), real_or(t, cb, cb.ends[-1]))
                     )
@@ -339,9 +484,15 @@ def record(table: str, cross: str, verdicts: list[str], command: str) -> None:
         "## Fidelity (`bench/fidelity/`)\n\n"
         f"{dt.date.today().isoformat()}, `{command}`, {platform.machine()} {platform.python_version()}, "
         f"{__import__('os').cpu_count()} cores.\n"
-        "Held-out corpus (bench/fidelity/fidelity_corpus.py): the prior in core/priors.py was measured on the FIT "
-        "split only (`--fit-prior`), the margin weight chosen on it (`--tune-margin`); every figure below is on "
-        "the SCORE split. Median / p90 |error| in %. The real-file sources are whatever the machine has "
+        "Held-out corpus (bench/fidelity/fidelity_corpus.py). Everything tuned was tuned on the FIT split only: "
+        "the prior and its cold margins in core/priors.py (`--fit-prior`; cold margin = 95th percentile of how far "
+        "a new step's real count lies above its price, each category priced by a prior fitted without it), the "
+        "fit's spread rule (`--tune-fit`, leave one category out) and the margin weight (`--tune-margin`). Every "
+        "figure below is on the SCORE split, which none of them saw. Median / p90 |error| in %. Views after n "
+        "baselines are baseline + delta, the delta being one whole agent step (ask, tool call, tool output, "
+        "answer: about a third of the view after 2 baselines). 'over est+margin': views (of the 2- and "
+        "8-baseline ones, 20 per row) whose real count exceeded estimate + margin, the margin coming from the "
+        "residuals recorded with each earlier baseline. The real-file sources are whatever the machine has "
         "installed, so figures move a little between machines (and runs, as packages are installed).\n\n"
         + SOURCES_TABLE
         + "\n\n"
@@ -379,14 +530,18 @@ def main() -> None:
     ap.add_argument("--fit-prior", action="store_true")
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--tune-margin", action="store_true")
+    ap.add_argument("--tune-fit", action="store_true")
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     ensure_node_deps()
-    split = "fit" if args.fit_prior or args.tune_margin else "score"
+    split = "fit" if args.fit_prior or args.tune_margin or args.tune_fit else "score"
     counted = count_sessions(sessions(split, count=args.sessions, steps=args.steps))
     if args.tune_margin:
         tune_margin(counted)
+        return
+    if args.tune_fit:
+        tune_fit(counted)
         return
     if args.fit_prior:
         block = fit_prior(counted)

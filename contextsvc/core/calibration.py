@@ -21,9 +21,22 @@ Outliers are down-weighted (Huber weights, a few reweighting passes) and observa
 off after that are trimmed. Every weight is clamped to a bounded range around its prior, so it
 is never negative and never absurd.
 
-Every calibration carries a relative ``margin``: the p90 of the recent baselines' residuals,
-never less than ``margin_floor``, and, while there are few baselines, a share of the prior's
-cold margin. Guards add it to the estimate (``TokenEstimate.margin``).
+Every calibration carries a relative ``margin`` that guards add to the estimate
+(``TokenEstimate.margin``). It comes from *out-of-sample* residuals: each accepted baseline
+records how far its real count was above the estimate the service had made for that view,
+relative to what that estimate priced (``Observation.residual``; the part anchored on an earlier
+baseline is a real count and is not priced). The margin is the ``margin_quantile`` of the recent
+residuals, blended with the prior's cold margin (itself such a quantile, measured on content the
+prior was not fitted on) while there are few of them, and never below ``margin_floor``. In-sample
+residuals of the fit are no measure of the next view's error (two baselines are fitted almost
+exactly; the next message is new text), which is why they are only the fallback for observations
+written before residuals were recorded.
+
+The calibration also knows which features its baselines have shown (``evidence``): the
+truncation floor (``Calibration.floor``) holds a count against the fitted price of what the
+baselines covered and against the vocabulary-free ``lower_bound`` for the rest, so a calibrated
+model catches a truncated prompt that the bare bound would let through, and an uncalibrated
+class (Cyrillic for a model seen only on English) can never refuse an honest count.
 
 Observations persist ``features`` (one number per ``priors.FEATURES``); ``chars`` keeps the
 total size units for older readers. An observation without features (written before this
@@ -53,6 +66,13 @@ _OBS_SIGMA = 0.01
 _HUBER = 0.03
 _TRIM = 0.25
 _IRLS_PASSES = 4
+#: Multiples of the prior's spread the fit may choose between (by the baselines' evidence).
+_SCALES = (0.2, 1.0, 5.0)
+#: Relative noise of a baseline as the evidence sees it: the view's own text, which no weight
+#: explains, differs from its price by a few percent.
+_TEXT_SIGMA = 0.05
+#: Log-evidence a wider spread must win by (nats) to be chosen over a narrower one.
+_BAYES_FACTOR = 10.0
 #: Bounds of a fitted weight as a multiple of its prior: classes, then the overheads.
 _CLASS_BOUNDS = (0.4, 2.5)
 _OVERHEAD_BOUNDS = (0.0, 4.0)
@@ -70,6 +90,9 @@ class Observation:
     tokens: int
     had_images: bool = False
     features: tuple[float, ...] = ()
+    #: (real - estimate) / priced of the estimate made for this view before its count was known
+    #: (None when not known: written before residuals were recorded, or nothing was priced).
+    residual: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -93,6 +116,9 @@ class Calibration:
     margin: float
     family: str = "default"
     residuals: tuple[float, ...] = field(default=(), compare=False)
+    #: how much of each feature the fitted baselines carried (0 = never seen, 1 = a view's worth
+    #: or more): where the fitted weights are backed by real counts.
+    evidence: tuple[float, ...] = field(default=(), compare=False)
 
     def price(self, features: Sequence[float]) -> float:
         """Tokens of something with these ``features`` (unrounded)."""
@@ -108,6 +134,17 @@ class Calibration:
         """Tokens per size unit of plain words (kept for the contract's single-number field)."""
         return self.weights[0]
 
+    def floor(self, features: Sequence[float], ratio: float) -> int:
+        """Fewest tokens an honest count of something with these ``features`` may plausibly have:
+        ``ratio`` x the fitted price where the baselines showed the feature (``evidence``), the
+        vocabulary-free ``lower_bound`` where they did not, blended by how much they showed."""
+        total = 0.0
+        for j, x in enumerate(features[:N_FEATURES]):
+            low = LOWER_BOUND[j]
+            e = self.evidence[j] if j < len(self.evidence) else 0.0
+            total += x * (low + e * max(0.0, ratio * self.weights[j] - low))
+        return math.floor(total)
+
 
 def lower_bound(features: Sequence[float]) -> int:
     """Fewest tokens any vocabulary measured could count for these ``features`` (with room):
@@ -118,7 +155,14 @@ def lower_bound(features: Sequence[float]) -> int:
 def fallback(settings: TokenSettings, observations: int = 0, *, family: str = "default") -> Calibration:
     """The cold calibration: the family's prior and its cold margin."""
     prior = prior_for(family)
-    return Calibration(prior.weights, observations, fitted=False, margin=prior.cold_margin, family=family)
+    return Calibration(
+        prior.weights,
+        observations,
+        fitted=False,
+        margin=max(settings.margin_floor, prior.cold_margin),
+        family=family,
+        evidence=(0.0,) * N_FEATURES,
+    )
 
 
 def fit(observations: Iterable[Observation], settings: TokenSettings, *, family: str = "default") -> Calibration:
@@ -130,12 +174,52 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
     if not usable:
         return fallback(settings, 0, family=family)
     prior = prior_for(family)
-    p, sigma = prior.weights, prior.sigma
+    p = prior.weights
     # a[i][j]: feature j's share of observation i's count at the prior; r[i]: what is left over.
     rows = [[x * w / o.tokens for x, w in zip(o.features, p, strict=True)] for o in usable]
     left = [1.0 - sum(a) for a in rows]
-    keep = list(range(len(usable)))
-    weights = [1.0] * len(usable)
+    # How far the weights may move: the prior's spread times the scale the baselines make most
+    # likely (empirical Bayes over ``_SCALES``, on the observations the robust fit kept). Counts
+    # that agree with the prior within the text's own noise keep it close (two baselines hardly
+    # tell the next message's text apart from the prior); counts far from it (a model mapped to
+    # the wrong family, a new vocabulary) widen it so a few baselines can move it all the way.
+    delta, keep, weights = _robust(rows, left, prior.sigma)
+    evidence_of = {k: _log_evidence(rows, left, keep, weights, [k * s for s in prior.sigma]) for k in _SCALES}
+    best = _SCALES[0]
+    for k in _SCALES[1:]:  # a wider spread only when the baselines clearly ask for it
+        if evidence_of[k] > evidence_of[best] + _BAYES_FACTOR:
+            best = k
+    if best != 1.0:
+        delta, keep, weights = _robust(rows, left, [best * s for s in prior.sigma])
+    fitted = tuple(w * (1.0 + d) for w, d in zip(p, delta, strict=True))
+    residuals = tuple(left[i] - _dot(rows[i], delta) for i in keep)
+    evidence = tuple(min(1.0, sum(rows[i][j] for i in keep)) for j in range(N_FEATURES))
+    # Residuals of the baselines the robust fit kept: a trimmed count (another model's, a bug) says
+    # nothing about how far this model's estimates run short.
+    recorded = [r for r in (usable[i].residual for i in keep) if r is not None]
+    margin = (
+        _margin(recorded, prior.cold_margin, settings)
+        if recorded
+        else _in_sample_margin(residuals, prior.cold_margin, settings)
+    )
+    return Calibration(
+        fitted,
+        len(usable),
+        fitted=True,
+        margin=margin,
+        family=family,
+        residuals=residuals,
+        evidence=evidence,
+    )
+
+
+def _robust(
+    rows: Sequence[Sequence[float]], left: Sequence[float], sigma: Sequence[float]
+) -> tuple[list[float], list[int], list[float]]:
+    """The robust MAP deltas: Huber reweighting, then a second round without the observations
+    still past ``_TRIM``. Returns the deltas, the kept observations and their weights."""
+    keep = list(range(len(rows)))
+    weights = [1.0] * len(rows)
     delta = [0.0] * N_FEATURES
     for _ in range(2):  # the second round without the trimmed observations
         for _ in range(_IRLS_PASSES):
@@ -154,24 +238,60 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
         if len(trimmed) == len(keep) or not trimmed:
             break
         keep = trimmed
-    fitted = tuple(w * (1.0 + d) for w, d in zip(p, delta, strict=True))
-    residuals = tuple(left[i] - _dot(rows[i], delta) for i in keep)
-    return Calibration(
-        fitted,
-        len(usable),
-        fitted=True,
-        margin=_margin(residuals, prior.cold_margin, settings),
-        family=family,
-        residuals=residuals,
-    )
+    return delta, keep, weights
+
+
+def _log_evidence(
+    rows: Sequence[Sequence[float]],
+    left: Sequence[float],
+    keep: Sequence[int],
+    weights: Sequence[float],
+    sigma: Sequence[float],
+) -> float:
+    """Log marginal likelihood of the kept residuals under deltas ~ N(0, sigma^2): with
+    ``M = A S A' + s^2 W^-1``, ``-(r' M^-1 r + log det M) / 2``."""
+    a = [rows[i] for i in keep]
+    r = [left[i] for i in keep]
+    n = len(a)
+    s2 = [x * x for x in sigma]
+    m = [[sum(a[i][j] * s2[j] * a[k][j] for j in range(N_FEATURES)) for k in range(n)] for i in range(n)]
+    for i in range(n):
+        m[i][i] += _TEXT_SIGMA**2 / max(weights[keep[i]], 1e-6)
+    # Cholesky: M = L L'; r' M^-1 r = |L^-1 r|^2, log det M = 2 sum log L_ii.
+    low = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for k in range(i + 1):
+            acc = m[i][k] - sum(low[i][j] * low[k][j] for j in range(k))
+            if i == k:
+                low[i][i] = math.sqrt(max(acc, 1e-300))
+            else:
+                low[i][k] = acc / low[k][k]
+    z = [0.0] * n
+    for i in range(n):
+        z[i] = (r[i] - sum(low[i][j] * z[j] for j in range(i))) / low[i][i]
+    return -0.5 * (sum(v * v for v in z) + 2 * sum(math.log(low[i][i]) for i in range(n)))
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, so it is one of them)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _margin(residuals: Sequence[float], cold: float, settings: TokenSettings) -> float:
-    """Relative margin: p90 |residual| of the retained baselines, floored, plus a share of the
-    cold margin that fades as baselines accumulate (in-sample residuals of a few points flatter)."""
-    ordered = sorted(abs(r) for r in residuals)
-    p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)] if ordered else cold
-    fading = cold * settings.margin_prior_weight / (settings.margin_prior_weight + len(ordered))
+    """Relative margin from out-of-sample residuals: their ``margin_quantile`` (underestimates
+    only: an estimate that was high never let a view overflow), blended with the cold margin as
+    if it were ``margin_prior_weight`` residuals, never below ``margin_floor``."""
+    q = _quantile([max(0.0, r) for r in residuals], settings.margin_quantile)
+    w = settings.margin_prior_weight
+    return max(settings.margin_floor, (w * cold + len(residuals) * q) / (w + len(residuals)))
+
+
+def _in_sample_margin(residuals: Sequence[float], cold: float, settings: TokenSettings) -> float:
+    """The fallback for observations without recorded residuals: p90 |in-sample residual| plus a
+    share of the cold margin that fades as baselines accumulate."""
+    p90 = _quantile([abs(r) for r in residuals], 0.9) if residuals else cold
+    fading = cold * settings.margin_prior_weight / (settings.margin_prior_weight + len(residuals))
     return max(settings.margin_floor, p90 + fading)
 
 

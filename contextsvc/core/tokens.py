@@ -297,6 +297,10 @@ class TokenEstimate:
     #: tokens the estimate may be short by (from the calibration's recent residuals); guards and
     #: triggers use ``total + margin``.
     margin: int = 0
+    #: tokens of the estimate that were priced by the counter (all of its text, or only the delta
+    #: after a baseline, which is a real count): what the margin scales, and what a baseline's
+    #: residual is relative to.
+    priced: int = 0
 
     @property
     def guarded(self) -> int:
@@ -396,6 +400,7 @@ def estimate(
         fraction=total / window if window > 0 else 0.0,
         segments=segments,
         margin=margin,
+        priced=max(0, priced),
     )
 
 

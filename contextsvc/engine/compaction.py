@@ -316,7 +316,9 @@ class Compactor:
         """
         c = s.profile.compression
         b = self.bounds(s.profile)
-        soft = max(b.trigger - self._settings.summarizer.memory_flush_soft_tokens, b.limit)
+        # The trigger compares estimate + margin: the warning comes that much earlier too, or a wide
+        # margin (a cold model's) would compact before the flush it is meant to follow.
+        soft = max(b.trigger - self._settings.summarizer.memory_flush_soft_tokens - s.margin, b.limit)
         return c.enabled and s.view_tokens > soft and state.extra.get(_FLUSH_EPOCH) != state.epoch
 
     async def maybe_memory_flush(self, s: Situation, *, wait: float | None = None) -> None:
@@ -344,7 +346,11 @@ class Compactor:
                 session_id=s.session.id,
                 user_id=s.session.user_id,
                 kind="memory_flush_due",
-                payload={"context_tokens": s.view_tokens, "threshold_tokens": int(self.bounds(s.profile).trigger)},
+                payload={
+                    "context_tokens": s.view_tokens,
+                    "threshold_tokens": int(self.bounds(s.profile).trigger),
+                    "margin": s.margin,
+                },
             )
 
     def loop_guarded(self, s: Situation) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation, lower_bound
 from contextsvc.core.messages import Message
+from contextsvc.core.priors import N_FEATURES
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import (
@@ -368,6 +369,7 @@ class ViewService:
                 epoch=epoch,
                 features=built.features,
                 incoming_tokens=built.estimate.segments.incoming,
+                priced_tokens=built.estimate.priced,
             ),
             keep=keep,
         )
@@ -438,7 +440,8 @@ class ViewService:
                 reason="VIEW_NOT_FOUND",
                 metadata={"view_id": view_id},
             )
-        reason, bound = self._truncation(prompt_tokens, view)
+        calibration = await self._accounting.ensure_loaded(view.model)
+        reason, bound = self._truncation(prompt_tokens, view, calibration)
         if reason:
             # The provider silently cut the prompt's head: keep the previous honest baseline and
             # make the post-turn check compress regardless of the threshold.
@@ -455,7 +458,6 @@ class ViewService:
                     "reason": reason,
                 },
             )
-            calibration = await self._accounting.ensure_loaded(view.model)
             return BaselineResult(
                 recorded=False,
                 truncated=True,
@@ -466,7 +468,13 @@ class ViewService:
             )
         calibration = await self._accounting.observe(
             view.model,
-            Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images, features=view.features),
+            Observation(
+                chars=view.chars,
+                tokens=prompt_tokens,
+                had_images=view.had_images,
+                features=view.features,
+                residual=_residual(prompt_tokens, view),
+            ),
         )
         # A view that carried images is no anchor: the provider's count holds those images, and a
         # later view may leave some out (image budget), so baseline + delta would count them twice.
@@ -517,17 +525,21 @@ class ViewService:
         )
         return True
 
-    def _truncation(self, prompt_tokens: int, view: ViewRecord) -> tuple[str, int]:
+    def _truncation(self, prompt_tokens: int, view: ViewRecord, calibration: Calibration) -> tuple[str, int]:
         """Why ``prompt_tokens`` looks silently truncated ("" when it does not), and the lower bound.
 
         The count is held against the smaller of ``truncation_ratio`` x the view's estimate and the
-        fewest tokens any vocabulary could have counted for the view (``calibration.lower_bound``):
-        the bound holds before any calibration, so an inflated cold estimate never refuses an
-        honest count. A view recorded without features falls back to the estimate alone.
+        view's floor (``Calibration.floor``): ``truncation_ratio`` x the fitted price of the features
+        the model's baselines have shown, and for the rest the fewest tokens any vocabulary could
+        have counted (``calibration.lower_bound``). Before any calibration the floor is that bound
+        alone, so an inflated cold estimate never refuses an honest count; once baselines back the
+        weights, a prompt cut to well under its calibrated price is caught even where the bare
+        bound is loose (framing, whitespace). A view recorded without features (or with another
+        feature layout) falls back to the estimate alone.
         """
         ratio = self._settings.tokens.truncation_ratio
         by_estimate = ratio * view.estimated_tokens
-        if not view.features:
+        if len(view.features) != N_FEATURES:
             if view.estimated_tokens > 0 and prompt_tokens < by_estimate:
                 return (
                     f"prompt_tokens {prompt_tokens} is below {ratio:.0%} of the view's estimate "
@@ -537,12 +549,22 @@ class ViewService:
             return "", 0
         # Images are not in the features: their smallest price (256 + 2 tokens each) is not known
         # per view here, so a view with images is held against its text bound alone.
-        bound = lower_bound(view.features)
+        bound = max(lower_bound(view.features), calibration.floor(view.features, ratio))
         if bound > 0 and prompt_tokens < min(by_estimate, bound):
             return (
-                f"prompt_tokens {prompt_tokens} is below {bound}, the fewest tokens any known vocabulary "
-                f"counts for this view's text (estimate {view.estimated_tokens}): the provider most likely "
-                "dropped the head of the prompt",
+                f"prompt_tokens {prompt_tokens} is below {bound}, the fewest tokens an honest count of this "
+                f"view's text can have (the model's calibrated price where its baselines back it, the "
+                f"cheapest known vocabulary elsewhere; estimate {view.estimated_tokens}): the provider most "
+                "likely dropped the head of the prompt",
                 bound,
             )
         return "", bound
+
+
+def _residual(prompt_tokens: int, view: ViewRecord) -> float | None:
+    """How far the real count was above the view's estimate, relative to what the estimate priced
+    (the calibration's margin is a quantile of these). None when nothing was priced or the view
+    carried images (their price is not the text calibration's error)."""
+    if view.priced_tokens <= 0 or view.had_images:
+        return None
+    return (prompt_tokens - view.estimated_tokens) / view.priced_tokens

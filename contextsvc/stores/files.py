@@ -736,6 +736,8 @@ class FilesStore(RowStore):
                 line["had_images"] = True
             if observation.features:
                 line["features"] = list(observation.features)
+            if observation.residual is not None:
+                line["residual"] = observation.residual
             lines.append(_dumps(line))
         try:
             await self._append(log, b"".join(lines))
@@ -1025,6 +1027,7 @@ class FilesStore(RowStore):
                     int(d["tokens"]),
                     bool(d.get("had_images", False)),
                     tuple(float(x) for x in d.get("features", ())),
+                    None if d.get("residual") is None else float(d["residual"]),
                 )
                 observations.setdefault(str(d["model"]), []).append(obs)
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -1576,6 +1579,8 @@ def _rewrite_calibration(path: Path, observations: dict[str, list[Observation]],
             line: dict[str, Any] = {"model": model, "chars": obs.chars, "tokens": obs.tokens}
             if obs.features:
                 line["features"] = list(obs.features)
+            if obs.residual is not None:
+                line["residual"] = obs.residual
             if obs.had_images:
                 line["had_images"] = True
             lines.append(_dumps(line))

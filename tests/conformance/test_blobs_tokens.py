@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -78,3 +79,25 @@ async def test_views_keep_the_newest_and_survive_a_clean_restart(store: SessionS
     store = await reopen()
     assert await store.get_view(sid, "v4") == view("v4", last_sequence=4)
     assert await store.get_view(sid, "v1") is None
+
+
+async def test_residuals_and_priced_tokens_are_shared_through_the_store(store: SessionStore, reopen: Reopen) -> None:
+    # The margin is a quantile of the residuals of recent baselines (core/calibration.py): every
+    # replica must read them back, with the features, as they were written.
+    features = tuple(float(k) for k in range(11))
+    written = [
+        Observation(chars=100, tokens=80, features=features, residual=0.125),
+        Observation(chars=200, tokens=150, features=features, residual=-0.03125),
+        Observation(chars=300, tokens=200, features=features),  # no residual known
+    ]
+    for obs in written:
+        await store.add_calibration_observation("gpt-res", obs)
+    assert await store.list_calibration_observations("gpt-res", limit=8) == written
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [user("a")], caller=ALICE)
+    priced = dataclasses.replace(view("vp", last_sequence=1), priced_tokens=321, features=features)
+    await store.save_view(sid, priced, keep=3)
+    assert await store.get_view(sid, "vp") == priced
+    store = await reopen()
+    assert await store.list_calibration_observations("gpt-res", limit=8) == written
+    assert await store.get_view(sid, "vp") == priced

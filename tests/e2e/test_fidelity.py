@@ -7,7 +7,7 @@ from typing import Any
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2 as r
-from tests.support.rpc import assistant, user
+from tests.support.rpc import assistant, tool, user
 
 RUSSIAN = "Сервер базы данных перезапущен, журнал показывает ошибку подключения к реплике. " * 30
 CHINESE = "数据库服务器已经重新启动，日志显示连接副本时出现错误。" * 30
@@ -62,3 +62,70 @@ def test_a_standalone_list_is_not_charged_a_view_overhead(stub: Any) -> None:
     one = stub.EstimateTokens(pb.EstimateTokensRequest(model="gpt-4o", messages=[user("hello there")]))
     assert one.estimate.segments.system == 0
     assert 0 < one.estimate.total < 20
+
+
+def _turn(k: int) -> list[r.Message]:
+    # A chatty tool loop: short messages, a tool call each, indented output — framing and
+    # whitespace, where the vocabulary-free bound is loosest.
+    return [
+        user(f"step {k}: check it"),
+        assistant("", calls=[(f"c{k}", "read_file")]),
+        tool(f"c{k}", f"    ok {k}\n        done\n"),
+        assistant(f"Step {k} is fine."),
+    ]
+
+
+def _bare_bound(messages: list[Any]) -> int:
+    """The vocabulary-free bound of a view of these messages (what the first version held counts to)."""
+    from contextsvc.api.mapping import incoming_from_pb
+    from contextsvc.core.calibration import lower_bound
+    from contextsvc.core.tokens import messages_features
+
+    rows = [incoming_from_pb(m, "m").message for m in messages]
+    return lower_bound(messages_features(rows, views=1))
+
+
+def test_a_calibrated_model_catches_a_cut_prompt_the_bare_bound_lets_through(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    profile = r.Profile(model=f"gpt-4o-e2e-floor-{sid[:8]}", context_window=65536)  # o200k, its own baselines
+    for k in range(4):  # four honest baselines of this kind of view
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=_turn(k)))
+        view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+        honest = round(view.estimate.total * 1.02)
+        ok = stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=view.view_id, prompt_tokens=honest))
+        assert ok.recorded and not ok.truncated
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=_turn(9)))
+    view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+    sent = list(view.messages)
+    cut = int(0.6 * view.estimate.total)  # the provider dropped the head of the prompt
+    # The first version held counts to the bare bound only: this cut count would have been recorded.
+    assert cut > _bare_bound(sent)
+    refused = stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=view.view_id, prompt_tokens=cut))
+    assert refused.truncated and not refused.recorded
+    assert refused.lower_bound > cut and str(refused.lower_bound) in refused.truncation_reason
+    assert "calibrated price" in refused.truncation_reason
+    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_truncated
+    # An honest count of the same view, a little under the estimate, is recorded.
+    again = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+    fine = round(again.estimate.total * 0.93)
+    ok = stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=again.view_id, prompt_tokens=fine))
+    assert ok.recorded and not ok.truncated and ok.truncation_reason == ""
+
+
+def test_estimates_that_ran_short_widen_the_margin(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    profile = r.Profile(model=f"gpt-4o-e2e-margin-{sid[:8]}", context_window=65536)
+    margins = []
+    for k in range(4):
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=_turn(k)))
+        view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+        # Every real count 12% above the estimate: the recorded residuals make the margin grow.
+        short = round(view.estimate.total * 1.12)
+        ok = stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=view.view_id, prompt_tokens=short))
+        assert ok.recorded
+        margins.append(ok.calibration.margin)
+    cold = margins[0]
+    assert margins[-1] > cold
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=_turn(7)))
+    view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+    assert view.estimate.margin > 0

@@ -94,6 +94,7 @@ def view_from_row(row: Any) -> ViewRecord:
         epoch=row["epoch"],
         features=tuple(row["features"] or ()) if "features" in row else (),
         incoming_tokens=row.get("incoming_tokens", 0),
+        priced_tokens=row.get("priced_tokens", 0),
     )
 
 

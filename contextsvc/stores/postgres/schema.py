@@ -209,11 +209,19 @@ ALTER TABLE views ADD COLUMN features double precision[] NOT NULL DEFAULT '{}';
 ALTER TABLE views ADD COLUMN incoming_tokens bigint NOT NULL DEFAULT 0;
 """
 
+# Out-of-sample residuals of baselines (the calibration's margin) and the priced part of a view's
+# estimate they are relative to. NULL / 0 for rows written before this migration.
+_V5_RESIDUALS = """
+ALTER TABLE calibration_observations ADD COLUMN residual double precision;
+ALTER TABLE views ADD COLUMN priced_tokens bigint NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
     Migration(3, "append request fingerprints", _V3_FINGERPRINTS),
     Migration(4, "calibration features", _V4_FEATURES),
+    Migration(5, "calibration residuals", _V5_RESIDUALS),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

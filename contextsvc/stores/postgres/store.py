@@ -823,14 +823,15 @@ class PostgresStore:
 
         async def work(conn: Any) -> None:
             await conn.execute(
-                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features)"
-                " VALUES ($1, $2, $3, $4, $5, $6)",
+                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features,"
+                " residual) VALUES ($1, $2, $3, $4, $5, $6, $7)",
                 model,
                 observation.chars,
                 observation.tokens,
                 observation.had_images,
                 self._now(),
                 list(observation.features),
+                observation.residual,
             )
             await conn.execute(
                 """DELETE FROM calibration_observations
@@ -849,13 +850,13 @@ class PostgresStore:
 
         async def work(conn: Any) -> list[Observation]:
             rows = await conn.fetch(
-                """SELECT chars, tokens, had_images, features FROM calibration_observations
+                """SELECT chars, tokens, had_images, features, residual FROM calibration_observations
                     WHERE model = $1 ORDER BY observation_id DESC LIMIT $2""",
                 model,
                 limit,
             )
             return [
-                Observation(r["chars"], r["tokens"], r["had_images"], tuple(r["features"] or ()))
+                Observation(r["chars"], r["tokens"], r["had_images"], tuple(r["features"] or ()), r["residual"])
                 for r in reversed(rows)
             ]
 
@@ -873,14 +874,15 @@ class PostgresStore:
             await conn.execute("SET LOCAL synchronous_commit = off")
             saved = await conn.fetchval(
                 """INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images,
-                                      last_sequence, create_time, epoch, features, incoming_tokens)
-                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM sessions WHERE session_id = $1
+                                      last_sequence, create_time, epoch, features, incoming_tokens, priced_tokens)
+                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM sessions
+                    WHERE session_id = $1
                    ON CONFLICT (session_id, view_id) DO UPDATE
                       SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
                           estimated_tokens = EXCLUDED.estimated_tokens, had_images = EXCLUDED.had_images,
                           last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
                           epoch = EXCLUDED.epoch, features = EXCLUDED.features,
-                          incoming_tokens = EXCLUDED.incoming_tokens
+                          incoming_tokens = EXCLUDED.incoming_tokens, priced_tokens = EXCLUDED.priced_tokens
                    RETURNING saved""",
                 session_id,
                 view.view_id,
@@ -893,6 +895,7 @@ class PostgresStore:
                 view.epoch,
                 list(view.features),
                 view.incoming_tokens,
+                view.priced_tokens,
             )
             if saved is None:
                 raise session_not_found(session_id)
