@@ -25,6 +25,7 @@ from contextsvc.engine.compaction import (
     Situation,
     summary_originals,
 )
+from contextsvc.engine.recall import RecallService
 from contextsvc.engine.sessions import AppendOutcome, SessionService
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
@@ -60,6 +61,7 @@ class Engine:
             store=store, bus=bus, settings=settings, accounting=self.accounting, summarizers=self.summarizers
         )
         self.post_turn = PostTurnWorker(self._post_turn_check)
+        self.recall = RecallService(store=store, settings=settings, accounting=self.accounting)
 
     async def append(
         self,
@@ -200,7 +202,11 @@ class Engine:
                     session = fresh
                     context = await self.store.load_context(sid, caller=caller)
                     built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
+        # Recall is layered on the final base view (after the size decision), as a copy.
+        built, recalled = await self.recall.add_to_view(session, effective, built, message)
         view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        if recalled:
+            view = dataclasses.replace(view, injected_chunk_ids=recalled)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
         return view
 
@@ -343,10 +349,11 @@ class Engine:
 
 
 def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:
-    from contextsvc.core.profile import CompressionOverrides
+    from contextsvc.core.profile import CompressionOverrides, RecallOverrides
 
     try:
         c = d.get("compression") or {}
+        recall = RecallOverrides(**(d.get("recall") or {}))
         compression = CompressionOverrides(
             **{
                 **c,
@@ -354,6 +361,6 @@ def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:
                 "critical_tool_names": tuple(c.get("critical_tool_names") or ()),
             }
         )
-        return ProfileOverrides(**{**d, "compression": compression})
+        return ProfileOverrides(**{**d, "compression": compression, "recall": recall})
     except TypeError:
         return None

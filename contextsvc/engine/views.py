@@ -54,6 +54,8 @@ class BuiltView:
     estimate: TokenEstimate
     notices: list[str]
     compression: Any = None
+    #: content hashes of the history chunks recalled into this view (``engine/recall.py``).
+    injected_chunk_ids: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -271,7 +273,8 @@ class ViewService:
                 create_time=self._clock.now(),
                 epoch=EngineState.of(session).epoch if anchor else -1,
                 features=tuple(float(x) for x in messages_features(built.rows, views=1)),
-                incoming_tokens=built.estimate.segments.incoming,
+                # Not in the stored context: the incoming message and recalled excerpts.
+                incoming_tokens=built.estimate.segments.incoming + built.estimate.segments.recall,
             ),
             keep=self._settings.tokens.views_kept_per_session,
         )

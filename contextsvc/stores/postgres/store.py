@@ -34,7 +34,7 @@ from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
-from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
+from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
@@ -935,9 +935,10 @@ class PostgresStore:
             added = await conn.fetchval(
                 """WITH added AS (
                        INSERT INTO history_chunks (session_id, content_hash, text, first_sequence, last_sequence,
-                                                   start_time, end_time, breadcrumbs, terms, term_count, create_time)
+                                                   start_time, end_time, breadcrumbs, terms, term_count, create_time,
+                                                   terms_version)
                        SELECT $1, u.h, u.t, u.f, u.l, u.s, u.e, u.b::jsonb,
-                              ARRAY(SELECT jsonb_array_elements_text(u.w::jsonb)), u.n, $11
+                              ARRAY(SELECT jsonb_array_elements_text(u.w::jsonb)), u.n, $11, $12
                          FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::timestamptz[],
                                      $7::timestamptz[], $8::text[], $9::text[], $10::integer[])
                               WITH ORDINALITY AS u(h, t, f, l, s, e, b, w, n, i)
@@ -948,6 +949,7 @@ class PostgresStore:
                 session_id,
                 *columns,
                 self._now(),
+                TERMS_VERSION,
             )
             return int(added)
 
@@ -957,8 +959,9 @@ class PostgresStore:
         """BM25 over the core's search terms, computed in the database: the GIN index on
         ``terms`` finds the candidate chunks, and the per-session statistics (chunk count,
         average length, document frequencies) make scores and order those of the in-process
-        stores (``contextsvc.core.recall``). Ties go to the newest chunk."""
-        wanted = query_terms(query) if isinstance(query, str) else []
+        stores (``contextsvc.core.recall``), identifier terms weighted the same way (a repeated
+        query term is summed once per repetition). Ties go to the newest chunk."""
+        wanted = weighted_query_terms(query) if isinstance(query, str) else []
         if not wanted or limit <= 0 or not isinstance(session_id, str):
             return []
 
