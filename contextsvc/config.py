@@ -77,6 +77,9 @@ class RecallDefaults(BaseModel):
     window_fraction: float = Field(0.10, ge=0, le=0.5)
     #: the least share (0-1) of the message's search terms an excerpt must contain.
     min_score: float = Field(0.5, ge=0, le=1)
+    #: ... and one of those terms must be distinctive: found in at most this share of the
+    #: session's chunks (or in one chunk). Words the whole history shares recall nothing.
+    distinctive_share: float = Field(0.05, gt=0, le=1)
 
 
 class ProfileConfig(BaseModel):

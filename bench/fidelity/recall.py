@@ -226,7 +226,7 @@ def main() -> None:
         "(6 inside tool output), each asked at the end with a natural question.\n\n"
         "Three fact sets, same mix, different facts and filler seeds: **dev** (`recall_dev_facts.py`) is "
         "what search and recall were tuned on; **score** (below) was published before this work, so its "
-        "questions were known, and one rule (issue keys such as `INC-4411` are a \"ticket\") was added "
+        'questions were known, and one rule (issue keys such as `INC-4411` are a "ticket") was added '
         "after its one miss; **holdout** (`recall_holdout_facts.py`) was written after the rules were "
         "final and run once.\n\n"
         f"- holdout: {_summary(holdout)}\n"

@@ -200,6 +200,8 @@ _KIND_WORDS = {
 #: question words that ask for a kind of fact (they are stop words otherwise).
 _ASKS = {"who": "person", "whom": "person", "кто": "person", "кого": "person", "when": "date", "когда": "date"}
 _ASK_WORD = re.compile(r"\w+")
+#: the header of each message in a chunk (``core/chunking.py``): ``#12 user:``, ``#13 tool c3:``.
+_HEADER = re.compile(r"(?m)^#\d+ (?:user|assistant|system|tool [^\s:]*):")
 
 
 @functools.lru_cache(maxsize=64)
@@ -268,11 +270,13 @@ def term_coverage(wanted: Sequence[str], chunk: HistoryChunk) -> float:
 
 
 def document_terms(chunk: HistoryChunk) -> list[str]:
-    """What a chunk is found by: its text, its breadcrumbs and the kinds of anchors in its text."""
-    found = terms(chunk.text)
+    """What a chunk is found by: its text (without the ``#12 tool c3:`` headers of its messages,
+    bookkeeping a question never means), its breadcrumbs and the kinds of anchors in its text."""
+    text = _HEADER.sub(" ", chunk.text)
+    found = terms(text)
     for crumb in chunk.breadcrumbs:
         found.extend(terms(crumb))
-    found.extend(kind_terms(chunk.text))
+    found.extend(kind_terms(text))
     return found
 
 
@@ -281,6 +285,7 @@ class _LuceneIdfBM25(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no typ
 
     def _calc_idf(self, nd: dict[str, int]) -> None:
         n = self.corpus_size
+        self.df = dict(nd)
         self.idf = {word: math.log(1.0 + (n - freq + 0.5) / (freq + 0.5)) for word, freq in nd.items()}
 
 
@@ -345,7 +350,14 @@ class RecallIndex:
             (i for i, score in enumerate(scores) if score > 0),
             key=lambda i: (-scores[i], -chunks[i].last_sequence, -i),
         )
-        return [ScoredChunk(chunks[i], float(scores[i])) for i in best]
+        df: dict[str, int] = model.df
+        n = len(chunks)
+        out = []
+        for i in best:
+            freqs = model.doc_freqs[i]
+            rarest = min((df[t] for t in set(wanted) if t in freqs), default=n)
+            out.append(ScoredChunk(chunks[i], float(scores[i]), rarest_df=rarest, chunk_count=n))
+        return out
 
 
 def rank_chunks(chunks: Sequence[HistoryChunk], query: str, limit: int) -> list[ScoredChunk]:

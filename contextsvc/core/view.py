@@ -40,8 +40,8 @@ class Segment(StrEnum):
     PINNED = "pinned"
     MESSAGES = "messages"
     INCOMING = "incoming"
-    #: excerpts of compacted history, added after assembly just before the incoming message
-    #: (``engine/recall.py``); ``build_view`` never tags a message with it.
+    #: excerpts of compacted history, added after assembly between the records and the
+    #: conversation (``engine/recall.py``); ``build_view`` never tags a message with it.
     RECALL = "recall"
 
 

@@ -2,11 +2,13 @@
 
 On a BuildContext whose incoming message is the user's, the session's compacted history (the raw
 history index) is searched with that message, and up to ``recall.max_excerpts`` excerpts are
-added to the view as ``is_recall`` system records, just before the incoming message:
+added to the view as ``is_recall`` system records, after the system prompt and the stored records
+and before the conversation (a system row inside the conversation is illegal, ``core/legal.py``):
 
 - only chunks no longer in view (no sequence number of theirs is in the view), once each, at most
   one per source message range, each containing at least ``recall.min_score`` of the message's
-  search terms (``core.recall.term_coverage``), best BM25 first;
+  search terms (``core.recall.term_coverage``) and at least one distinctive one (found in at most
+  ``recall.distinctive_share`` of the session's chunks, or in one), best BM25 first;
 - within ``min(recall.max_tokens, recall.window_fraction x window)`` tokens and what the view has
   left under ``window - reserve`` after its estimate and margin: recall never makes a view too
   large and never triggers a compression (it is added after the size decision);
@@ -83,20 +85,23 @@ class RecallService:
                 "recall search failed; view built without recall", extra={"session_id": session.id}, exc_info=True
             )
             return built, ()
-        chosen = self._choose(found, wanted, built, cfg.min_score, cfg.max_excerpts)
+        chosen = self._choose(found, wanted, built, profile)
         if not chosen:
             return built, ()
         return self._with_records(profile, built, chosen, wanted, budget)
 
     @staticmethod
     def _choose(
-        found: Sequence[ScoredChunk], wanted: list[str], built: Assembled, min_score: float, limit: int
+        found: Sequence[ScoredChunk], wanted: list[str], built: Assembled, profile: EffectiveProfile
     ) -> list[ScoredChunk]:
+        cfg = profile.recall
         in_view = sorted({m.sequence_number for m in built.rows if m.sequence_number > 0})
         chosen: list[ScoredChunk] = []
         for hit in found:
             c = hit.chunk
-            if covers_any(c, in_view) or term_coverage(wanted, c) < min_score:
+            if covers_any(c, in_view) or term_coverage(wanted, c) < cfg.min_score:
+                continue
+            if hit.chunk_count and hit.rarest_df > max(1.0, cfg.distinctive_share * hit.chunk_count):
                 continue
             # One excerpt per source range: two windows of one long output would say the same.
             if any(
@@ -104,7 +109,7 @@ class RecallService:
             ):
                 continue
             chosen.append(hit)
-            if len(chosen) >= limit:
+            if len(chosen) >= cfg.max_excerpts:
                 break
         return chosen
 
@@ -140,7 +145,12 @@ class RecallService:
             segments=dataclasses.replace(est.segments, recall=tokens),
             margin=est.margin + math.ceil(rate * tokens),
         )
-        at = built.segments.index(Segment.INCOMING) if Segment.INCOMING in built.segments else len(built.rows)
+        # After the system prompt and the stored records, before the conversation: a system row
+        # inside the conversation is illegal (core/legal.py), and providers take system content first.
+        at = next(
+            (i for i, seg in enumerate(built.segments) if seg not in (Segment.SYSTEM, Segment.RECORDS)),
+            len(built.rows),
+        )
         rows = [*built.rows[:at], *records, *built.rows[at:]]
         ids = tuple(str(r.metadata["chunk_id"]) for r in records)
         spans = ", ".join(
@@ -154,7 +164,7 @@ class RecallService:
         )
         notice = (
             f"recalled {len(records)} excerpt{'s' if len(records) > 1 else ''} of compacted history "
-            f"({tokens} tokens, messages {spans}) as is_recall records before the incoming message"
+            f"({tokens} tokens, messages {spans}) as is_recall records before the conversation"
         )
         plain = None
         if built.plain is not None:

@@ -971,7 +971,7 @@ class PostgresStore:
                        SELECT count(*)::float8 AS n, avg(term_count)::float8 AS avgdl
                          FROM history_chunks WHERE session_id = $1),
                    idf AS (
-                       SELECT q.term, ln(1 + (stats.n - d.df + 0.5) / (d.df + 0.5)) AS idf
+                       SELECT q.term, d.df, ln(1 + (stats.n - d.df + 0.5) / (d.df + 0.5)) AS idf
                          FROM unnest($2::text[]) AS q(term)
                         CROSS JOIN stats
                         CROSS JOIN LATERAL (
@@ -981,7 +981,9 @@ class PostgresStore:
                    scored AS (
                        SELECT c.chunk_id,
                               sum(idf.idf * tf.tf * ($3 + 1)
-                                  / (tf.tf + $3 * (1 - $4 + $4 * c.term_count / stats.avgdl))) AS score
+                                  / (tf.tf + $3 * (1 - $4 + $4 * c.term_count / stats.avgdl))) AS score,
+                              min(idf.df) FILTER (WHERE tf.tf > 0) AS rarest_df,
+                              min(stats.n) AS chunk_count
                          FROM history_chunks c
                         CROSS JOIN stats
                         CROSS JOIN idf
@@ -990,7 +992,7 @@ class PostgresStore:
                                WHERE t.term = idf.term) tf
                         WHERE c.session_id = $1 AND c.terms && $2::text[]
                         GROUP BY c.chunk_id)
-                   SELECT c.*, s.score
+                   SELECT c.*, s.score, s.rarest_df, s.chunk_count
                      FROM scored s JOIN history_chunks c ON c.session_id = $1 AND c.chunk_id = s.chunk_id
                     WHERE s.score > 0
                     ORDER BY s.score DESC, c.last_sequence DESC, c.chunk_id DESC
@@ -1001,7 +1003,15 @@ class PostgresStore:
                 BM25_B,
                 limit,
             )
-            return [ScoredChunk(chunk_from_row(r), float(r["score"])) for r in rows]
+            return [
+                ScoredChunk(
+                    chunk_from_row(r),
+                    float(r["score"]),
+                    rarest_df=int(r["rarest_df"] or 0),
+                    chunk_count=int(r["chunk_count"] or 0),
+                )
+                for r in rows
+            ]
 
         return await self._read("search_history", work)
 
