@@ -33,6 +33,12 @@ def excerpt(text: str, wanted: Collection[str], max_chars: int) -> str:
     kept whole except a single line longer than the room, which is cut."""
     if len(text) <= max_chars:
         return text
+    cut = _excerpt(text, wanted, max_chars)
+    # Whatever the shape (a header longer than the room), never more than asked.
+    return cut if len(cut) <= max_chars else cut[: max(0, max_chars - 1)] + "…"
+
+
+def _excerpt(text: str, wanted: Collection[str], max_chars: int) -> str:
     lines = text.splitlines()
     header = ""
     if lines and lines[0].startswith("#") and lines[0].endswith(":"):
