@@ -228,7 +228,11 @@ def main() -> None:
         "what search and recall were tuned on; **score** (below) was published before this work, so its "
         'questions were known, and one rule (issue keys such as `INC-4411` are a "ticket") was added '
         "after its one miss; **holdout** (`recall_holdout_facts.py`) was written after the rules were "
-        "final and run once.\n\n"
+        "final. Its first run gave 13/20 visible (none through recall) and 20/20 found: every question "
+        "came late in a compaction cycle, where estimate + margin sat at the trigger (`window - reserve`) "
+        "and recall, measured against estimate + margin, had no room. Recall's room is now measured "
+        "against the estimate alone, like the size guard; the figures below are after that one change, "
+        "so the holdout set informed it (no other setting was changed on it).\n\n"
         f"- holdout: {_summary(holdout)}\n"
         f"- score: {_summary(score)}\n"
         f"- dev (tuning set): {_summary(dev)}\n\n"

@@ -9,9 +9,10 @@ and before the conversation (a system row inside the conversation is illegal, ``
   one per source message range, each containing at least ``recall.min_score`` of the message's
   search terms (``core.recall.term_coverage``) and at least one distinctive one (found in at most
   ``recall.distinctive_share`` of the session's chunks, or in one), best BM25 first;
-- within ``min(recall.max_tokens, recall.window_fraction x window)`` tokens and what the view has
-  left under ``window - reserve`` after its estimate and margin: recall never makes a view too
-  large and never triggers a compression (it is added after the size decision);
+- within ``min(recall.max_tokens, recall.window_fraction x window)`` tokens and what the view's
+  estimate leaves under ``window - reserve`` (the margin's share may be used, as the size guard
+  allows): recall never makes a view too large and never triggers a compression (it is added
+  after the size decision);
 - priced as the estimate's own ``recall`` segment, with a notice, and reported as
   ``injected_chunk_ids``.
 
@@ -57,9 +58,15 @@ class RecallService:
         self._accounting = accounting
 
     def budget(self, profile: EffectiveProfile, built: Assembled) -> int:
-        """Tokens the excerpts of this view may take (0: none)."""
+        """Tokens the excerpts of this view may take (0: none).
+
+        The room is what the *estimate* leaves under ``window - reserve``, as for the size guard
+        (a turn fails only when the estimate does not fit; a margin is doubt). Measured against
+        estimate + margin there was no room at all late in a compaction cycle, when the trigger
+        (``window - reserve`` on small windows) lets estimate + margin come right up to it: the
+        held-out fact set recalled nothing. The view's notice says when its margin is over."""
         cfg = profile.recall
-        room = built.estimate.budget - built.estimate.guarded
+        room = built.estimate.budget - built.estimate.total
         return max(0, min(cfg.max_tokens, int(cfg.window_fraction * profile.context_window), room))
 
     async def add_to_view(
