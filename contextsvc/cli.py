@@ -89,6 +89,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     gateway.add_argument("--listen", metavar="HOST:PORT", help="address of the gateway (default 127.0.0.1:8080)")
     gateway.add_argument("--target", metavar="HOST:PORT", help="the service to call (default 127.0.0.1:50051)")
+    gateway.add_argument("--target-tls", action="store_true", default=None, help="call the service over TLS")
+    gateway.add_argument("--target-ca", metavar="FILE", help="PEM CA bundle trusted for the service's certificate")
+    gateway.add_argument(
+        "--target-server-name", metavar="NAME", help="name in the service's certificate (if not the host)"
+    )
+    gateway.add_argument("--target-client-cert", metavar="FILE", help="client certificate for a mutual-TLS service")
+    gateway.add_argument("--target-client-key", metavar="FILE", help="private key of --target-client-cert")
+    gateway.add_argument(
+        "--tls-cert", dest="gateway_tls_cert", metavar="FILE", help="PEM certificate chain: serve https:// and wss://"
+    )
+    gateway.add_argument("--tls-key", dest="gateway_tls_key", metavar="FILE", help="PEM private key of --tls-cert")
     gateway.add_argument("--config", metavar="FILE", help="TOML file with settings (the [gateway] table)")
     gateway.add_argument("--log-level", metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
     gateway.add_argument(
@@ -137,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in {
             "listen": getattr(args, "gateway", None) if args.command == "serve" else getattr(args, "listen", None),
             "target": getattr(args, "target", None),
+            "target_tls": getattr(args, "target_tls", None),
+            "target_ca": getattr(args, "target_ca", None),
+            "target_server_name": getattr(args, "target_server_name", None),
+            "target_client_cert": getattr(args, "target_client_cert", None),
+            "target_client_key": getattr(args, "target_client_key", None),
+            "tls_cert": getattr(args, "gateway_tls_cert", None),
+            "tls_key": getattr(args, "gateway_tls_key", None),
         }.items()
         if v is not None and args.command in ("serve", "gateway")
     }

@@ -13,7 +13,15 @@ short lower-case names (``"user"``, ``"summary"``, ``"forced"``; ``None`` for th
 Errors are raised as the package's own hierarchy (:mod:`contextsvc.errors`), decoded from the
 ``google.rpc.ErrorInfo`` in the status details, so ``except ContextTooLarge`` works the same on both
 sides of the wire. Calls failing with ``UNAVAILABLE`` are retried (honouring ``RetryInfo``), and
-appends carry a generated ``request_id`` so a retried append is applied once.
+appends carry a generated ``request_id`` so a retried append is applied once. Calls that are not
+idempotent (``CreateSession``, ``ForkSession``, ``DeleteSession``, ``RecordBaseline``, a ``Compress``
+that is not a dry run, an ``AppendMessages`` without a ``request_id``) are retried only when the
+server says it did not start them (``SHUTTING_DOWN``, ``STORE_NOT_READY``): an ``UNAVAILABLE`` from
+a dropped connection may come after the server applied the call.
+
+``client.with_token(token)`` is a view of the same channel that sends another token (a gateway
+serving many users on one connection); ``client.call(name, request)`` runs an RPC with protobuf
+messages in and out, under the same deadline, retry and error rules.
 
 It lives in the main distribution rather than a separate one: it is built on the same error
 classes and generated stubs the service uses, needs no dependency the package does not already
@@ -25,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any, TypeVar
@@ -39,7 +47,7 @@ from google.rpc import error_details_pb2, status_pb2
 from contextsvc import errors
 from contextsvc.v1 import context_service_pb2 as pb
 from contextsvc.v1 import context_service_pb2_grpc as pb_grpc
-from contextsvc.v1 import resources_pb2
+from contextsvc.v1 import events_pb2, resources_pb2
 
 __all__ = ["ContextClient", "RetryPolicy", "TLSOptions", "from_plain", "to_plain"]
 
@@ -48,6 +56,26 @@ M = TypeVar("M", bound=ProtoMessage)
 T = TypeVar("T")
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+_SERVICE: Any = pb.DESCRIPTOR.services_by_name["ContextService"]
+
+#: RPCs whose retry could apply them twice (see ``_idempotent`` for the conditional ones).
+_NOT_IDEMPOTENT = frozenset({"CreateSession", "ForkSession", "DeleteSession", "RecordBaseline"})
+
+#: ErrorInfo reasons of an UNAVAILABLE the server sends before it starts a call: safe to retry any call.
+NOT_STARTED_REASONS = frozenset({"SHUTTING_DOWN", "STORE_NOT_READY"})
+
+
+def _idempotent(method: str, request: ProtoMessage) -> bool:
+    """True when running ``request`` twice has the effect of running it once."""
+    if method in _NOT_IDEMPOTENT:
+        return False
+    if isinstance(request, pb.AppendMessagesRequest):
+        return bool(request.request_id)  # the server applies a request id once
+    if isinstance(request, pb.CompressRequest):
+        return request.dry_run
+    return True
+
 
 # --------------------------------------------------------------------------------------------- errors
 
@@ -322,9 +350,21 @@ class ContextClient:
         else:
             self._channel = grpc.aio.insecure_channel(target, options=options)
         self._stub = pb_grpc.ContextServiceStub(self._channel)
+        self._owner = True
+
+    def with_token(self, token: str | None) -> ContextClient:
+        """A view of this client sending ``token`` (None or empty: no token) instead of its own.
+        It shares the channel, deadline and retry policy; closing it does nothing (close the
+        client that made it). Cheap enough to make per call."""
+        view = object.__new__(ContextClient)
+        view.target, view.timeout, view.retry = self.target, self.timeout, self.retry
+        view._channel, view._stub, view._owner = self._channel, self._stub, False
+        view._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        return view
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._owner:
+            await self._channel.close()
 
     async def __aenter__(self) -> ContextClient:
         return self
@@ -334,8 +374,27 @@ class ContextClient:
 
     # ------------------------------------------------------------------------------ plumbing
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: ProtoMessage, timeout: float | None) -> T:
-        """One unary call with the deadline spread over its retries on UNAVAILABLE."""
+    async def call(self, method: str, request: ProtoMessage, *, timeout: float | None = None) -> Any:
+        """The unary RPC ``method`` (e.g. ``"GetSession"``) with a protobuf request; returns the
+        protobuf response. Same deadline, retries and typed errors as the named methods (an
+        ``AppendMessagesRequest`` is sent as given: without a ``request_id`` it is not retried)."""
+        rpc = _SERVICE.methods_by_name.get(method)
+        if rpc is None or rpc.server_streaming or rpc.client_streaming:
+            raise ValueError(f"{method!r} is not a unary RPC of ContextService")
+        if request.DESCRIPTOR is not rpc.input_type:
+            raise TypeError(f"{method} takes {rpc.input_type.name}, got {request.DESCRIPTOR.name}")
+        return await self._call(getattr(self._stub, method), request, timeout, idempotent=_idempotent(method, request))
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[T]],
+        request: ProtoMessage,
+        timeout: float | None,
+        *,
+        idempotent: bool = True,
+    ) -> T:
+        """One unary call with the deadline spread over its retries on UNAVAILABLE (a call that is
+        not idempotent only when the server says it did not start it)."""
         budget = self.timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         deadline = None if budget is None else loop.time() + budget
@@ -349,6 +408,8 @@ class ContextClient:
                 err = error_from_rpc(exc)
                 attempt += 1
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts:
+                    raise err from None
+                if not idempotent and err.reason not in NOT_STARTED_REASONS:
                     raise err from None
                 wait = self.retry.backoff(attempt - 1, err.retry_delay)  # type: ignore[attr-defined]
                 if deadline is not None and loop.time() + wait >= deadline:
@@ -366,7 +427,8 @@ class ContextClient:
         timeout: float | None = None,
     ) -> Plain:
         req = from_plain(pb.CreateSessionRequest, {"profile_id": profile_id, "name": name, "metadata": metadata})
-        return to_plain(await self._call(self._stub.CreateSession, req, timeout))  # type: ignore[no-any-return]
+        reply = await self._call(self._stub.CreateSession, req, timeout, idempotent=False)
+        return to_plain(reply)  # type: ignore[no-any-return]
 
     async def get_session(self, session_id: str, *, timeout: float | None = None) -> Plain:
         req = pb.GetSessionRequest(session_id=session_id)
@@ -401,7 +463,8 @@ class ContextClient:
         return to_plain(await self._call(self._stub.UpdateSession, req, timeout))  # type: ignore[no-any-return]
 
     async def delete_session(self, session_id: str, *, timeout: float | None = None) -> None:
-        await self._call(self._stub.DeleteSession, pb.DeleteSessionRequest(session_id=session_id), timeout)
+        req = pb.DeleteSessionRequest(session_id=session_id)
+        await self._call(self._stub.DeleteSession, req, timeout, idempotent=False)
 
     async def append_messages(
         self,
@@ -429,12 +492,21 @@ class ContextClient:
         buffer: str = "display",
         page_size: int = 0,
         before_sequence: int = 0,
+        page_token: str = "",
         timeout: float | None = None,
     ) -> Plain:
-        """``buffer`` is ``"display"`` or ``"context"``."""
+        """``buffer`` is ``"display"`` or ``"context"``. The newest ``page_size`` rows, oldest first;
+        older ones with ``page_token=<the reply's next_page_token>`` (either buffer) or, for the
+        display buffer, ``before_sequence``."""
         req = from_plain(
             pb.ListMessagesRequest,
-            {"session_id": session_id, "buffer": buffer, "page_size": page_size, "before_sequence": before_sequence},
+            {
+                "session_id": session_id,
+                "buffer": buffer,
+                "page_size": page_size,
+                "before_sequence": before_sequence,
+                "page_token": page_token,
+            },
         )
         return to_plain(await self._call(self._stub.ListMessages, req, timeout))  # type: ignore[no-any-return]
 
@@ -480,7 +552,8 @@ class ContextClient:
         self, session_id: str, view_id: str, prompt_tokens: int, *, timeout: float | None = None
     ) -> Plain:
         req = pb.RecordBaselineRequest(session_id=session_id, view_id=view_id, prompt_tokens=prompt_tokens)
-        return to_plain(await self._call(self._stub.RecordBaseline, req, timeout))  # type: ignore[no-any-return]
+        reply = await self._call(self._stub.RecordBaseline, req, timeout, idempotent=False)
+        return to_plain(reply)  # type: ignore[no-any-return]
 
     async def compress(
         self,
@@ -494,7 +567,8 @@ class ContextClient:
         req = from_plain(
             pb.CompressRequest, {"session_id": session_id, "profile": profile, "reason": reason, "dry_run": dry_run}
         )
-        return to_plain(await self._call(self._stub.Compress, req, timeout))  # type: ignore[no-any-return]
+        reply = await self._call(self._stub.Compress, req, timeout, idempotent=dry_run)
+        return to_plain(reply)  # type: ignore[no-any-return]
 
     async def search_history(
         self, session_id: str, query: str, *, limit: int = 0, timeout: float | None = None
@@ -508,7 +582,8 @@ class ContextClient:
 
     async def fork_session(self, session_id: str, *, at_sequence: int = 0, timeout: float | None = None) -> Plain:
         req = pb.ForkSessionRequest(session_id=session_id, at_sequence=at_sequence)
-        return to_plain(await self._call(self._stub.ForkSession, req, timeout))  # type: ignore[no-any-return]
+        reply = await self._call(self._stub.ForkSession, req, timeout, idempotent=False)
+        return to_plain(reply)  # type: ignore[no-any-return]
 
     async def events(self, session_id: str = "", *, after_event_id: int = 0) -> AsyncIterator[Plain]:
         """Events of one session (or of every session the caller may read), as plain dicts with
@@ -520,6 +595,13 @@ class ContextClient:
         between reconnects back off exponentially up to ``retry.max_backoff``, and after
         ``retry.max_reconnects`` consecutive failures the iterator raises :class:`Unavailable`.
         Other errors are raised at once. The iterator ends after a ``session_deleted`` event."""
+        async for event in self.event_messages(session_id, after_event_id=after_event_id):
+            yield to_plain(event)
+
+    async def event_messages(
+        self, session_id: str = "", *, after_event_id: int = 0
+    ) -> AsyncGenerator[events_pb2.Event]:
+        """:meth:`events` as protobuf ``Event`` messages (same resume and end rules)."""
         last = after_event_id
         failures = 0
         while True:
@@ -531,9 +613,8 @@ class ContextClient:
                 async for event in call:
                     failures = 0
                     last = event.event_id
-                    plain: Plain = to_plain(event)
-                    yield plain
-                    if session_id and plain["payload"] == "session_deleted":
+                    yield event
+                    if session_id and event.WhichOneof("payload") == "session_deleted":
                         return
             except grpc.aio.AioRpcError as exc:
                 err = error_from_rpc(exc)

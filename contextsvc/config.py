@@ -459,6 +459,37 @@ class GatewaySettings(BaseModel):
     #: sessions per ``/api/sessions`` page and chunks per ``search`` frame.
     list_page_size: int = Field(100, ge=1)
     search_limit: int = Field(10, ge=1)
+    #: attempts per unary call to the service that fails with UNAVAILABLE (the Python client's
+    #: retry rule: a call that is not idempotent is retried only when the service did not start it).
+    upstream_max_attempts: int = Field(4, ge=1, le=20)
+
+    # TLS to the service (docs/websocket.md "TLS"). The bundled gateway follows its server: TLS when
+    # the server serves it, trusting target_ca or else the server's own certificate.
+    #: call ``target`` over TLS (the standalone gateway; any target_* file or name below turns it on).
+    target_tls: bool = False
+    #: PEM bundle of the CAs trusted for the service's certificate; empty = the system roots.
+    target_ca: str = ""
+    #: the name expected in the service's certificate when it is not the target's host.
+    target_server_name: str = ""
+    #: certificate chain and key presented to a service that requires mutual TLS (both or neither).
+    target_client_cert: str = ""
+    target_client_key: str = ""
+    #: certificate chain and key of the gateway's own listener: serve https:// and wss:// (both or
+    #: neither). Empty on a bundled gateway whose server serves TLS: the server's pair is used.
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    @model_validator(mode="after")
+    def _gateway_pairs(self) -> GatewaySettings:
+        if bool(self.target_client_cert) != bool(self.target_client_key):
+            raise ValueError("gateway.target_client_cert and target_client_key go together: give both or neither")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("gateway.tls_cert and gateway.tls_key go together: give both or neither")
+        return self
+
+    @property
+    def upstream_tls(self) -> bool:
+        return bool(self.target_tls or self.target_ca or self.target_server_name or self.target_client_cert)
 
     @field_validator("listen", "target")
     @classmethod

@@ -9,6 +9,7 @@ import signal
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -273,6 +274,17 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
     telemetry.current().shutdown()
 
 
+def _reloader(running: RunningServer, gateway: Any) -> Callable[[], None]:
+    """SIGHUP: the server's certificates, and the bundled gateway listener's."""
+
+    def reload() -> None:
+        running.reload_certificates()
+        if gateway is not None:
+            gateway.reload_certificates()
+
+    return reload
+
+
 async def serve(settings: Settings) -> None:
     running = await start(settings)
     host = settings.listen.rpartition(":")[0]
@@ -293,16 +305,18 @@ async def serve(settings: Settings) -> None:
 
         target_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]", "::") else host
         try:
-            gateway = await start_gateway(settings, settings.gateway.listen, f"{target_host}:{running.port}")
+            gateway = await start_gateway(
+                settings, settings.gateway.listen, f"{target_host}:{running.port}", bundled=True
+            )
         except OSError:
             await stop(running, 0)
             raise
-        announce(settings.gateway.listen, gateway.port)
+        announce(settings.gateway.listen, gateway.port, gateway.scheme)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    loop.add_signal_handler(signal.SIGHUP, running.reload_certificates)
+    loop.add_signal_handler(signal.SIGHUP, _reloader(running, gateway))
     failed: BaseException | None = None
     if running.opener is not None:
         # A store that never answers within store_start_timeout_seconds ends the process.

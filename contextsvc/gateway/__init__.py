@@ -17,12 +17,21 @@ async def run(settings: Settings) -> None:
 
     listen = settings.gateway.listen or "127.0.0.1:8080"
     gateway = await start_gateway(settings, listen, settings.gateway.target)
-    announce(listen, gateway.port)
-    log.info("gateway serving", extra={"listen": listen, "target": settings.gateway.target})
+    announce(listen, gateway.port, gateway.scheme)
+    log.info(
+        "gateway serving",
+        extra={
+            "listen": listen,
+            "target": settings.gateway.target,
+            "listener_tls": gateway.tls is not None,
+            "target_tls": gateway.upstream.tls is not None,
+        },
+    )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, gateway.reload_certificates)
     await stopping.wait()
     await gateway.close()
     log.info("gateway stopped")

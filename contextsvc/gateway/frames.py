@@ -34,7 +34,7 @@ EVENT_FRAMES = {
     "session_deleted",
 }
 
-CLIENT_TYPES = ("auth", "message", "compact", "ping", "get_view", "search", "expand")
+CLIENT_TYPES = ("auth", "message", "compact", "ping", "get_view", "get_messages", "search", "expand")
 
 
 def _enum_prefix(enum: EnumDescriptor) -> str:

@@ -38,7 +38,8 @@ from contextsvc.gateway.hub import (
     SessionHub,
     Subscriber,
 )
-from contextsvc.gateway.upstream import Upstream, UpstreamError
+from contextsvc.gateway.tls import ListenerTLS, bundled_upstream_tls, listener_tls, standalone_upstream_tls
+from contextsvc.gateway.upstream import Upstream, UpstreamError, UpstreamTLS
 from contextsvc.transport import is_loopback, listen_host
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ _ws_log.setLevel(logging.WARNING)
 _WS_PATH = re.compile(r"^/ws/sessions/([^/]+)$")
 _PAGE_PATH = re.compile(r"^/(sessions/[^/]+)?$")
 _STATIC_PATH = re.compile(r"^/static/([A-Za-z0-9_\-]+\.(?:js|css|html|svg))$")
+_BUFFERS = {"display": pb.BUFFER_DISPLAY, "context": pb.BUFFER_CONTEXT}
 
 
 class _Closed(Exception):
@@ -66,6 +68,9 @@ def _close_for(exc: UpstreamError) -> _Closed:
     if exc.not_found or exc.code == "INVALID_ARGUMENT":
         # A malformed id names no session either.
         return _Closed(CLOSE_NOT_FOUND, "session not found")
+    # The operator needs the cause (a refused connection, a TLS handshake or name mismatch): the
+    # browser gets the code only. gRPC's message names the address, never a token.
+    log.warning("service unreachable; closing the socket 1013", extra={"code": exc.code, "error": exc.message[:300]})
     return _Closed(CLOSE_UNAVAILABLE, f"service unavailable: {exc.code}")
 
 
@@ -116,13 +121,23 @@ class _Socket:
 class Gateway:
     """The gateway server; ``start()`` then ``close()``."""
 
-    def __init__(self, settings: Settings, target: str):
+    def __init__(
+        self,
+        settings: Settings,
+        target: str,
+        *,
+        upstream_tls: UpstreamTLS | None = None,
+        tls: ListenerTLS | None = None,
+    ):
         self.settings = settings
         self.gs = settings.gateway
+        self.tls = tls
         self.upstream = Upstream(
             target,
             timeout=self.gs.upstream_timeout_seconds,
             max_message_bytes=max(settings.limits.grpc_max_receive_bytes, settings.limits.grpc_max_send_bytes),
+            max_attempts=self.gs.upstream_max_attempts,
+            tls=upstream_tls,
         )
         self.hubs = HubRegistry(self.upstream, self.gs)
         self._server: Server | None = None
@@ -136,6 +151,7 @@ class Gateway:
             host.strip("[]"),
             int(port),
             process_request=self._process_request,
+            ssl=self.tls.context if self.tls is not None else None,
             max_size=self.gs.max_frame_bytes,
             compression="deflate" if self.gs.compression else None,
             ping_interval=self.gs.ping_interval_seconds,
@@ -147,6 +163,15 @@ class Gateway:
         sockets = list(self._server.sockets)
         self.port = sockets[0].getsockname()[1] if sockets else 0
         return self.port
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    def reload_certificates(self) -> None:
+        """SIGHUP: reread the listener's certificate pair (the upstream channel keeps its own)."""
+        if self.tls is not None:
+            self.tls.reload()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -438,6 +463,8 @@ class Gateway:
             return {"type": "auth_ok"}
         if kind == "get_view":
             return await self._view(sock)
+        if kind == "get_messages":
+            return await self._messages_page(sock, frame)
         if kind == "search":
             query = frame.get("query")
             if not isinstance(query, str) or not query.strip():
@@ -475,10 +502,33 @@ class Gateway:
             result = await self.upstream.compress(sock.token, sid, dry_run=False, reason=reason or "websocket compact")
         finally:
             self.hubs.compacting.discard(sid)
-        if not result.compressed:
-            detail = result.plan.detail or "nothing to compress"
-            raise frames.FrameError("NOTHING_TO_COMPRESS", detail)
+        # compressed=false: the service started the compaction and refused to commit it; the
+        # compression_refused event (already fanned out) says why.
         return {"type": "compact_result", **frames.to_json(result)}
+
+    async def _messages_page(self, sock: _Socket, frame: dict[str, Any]) -> dict[str, Any]:
+        """One page of a buffer: the rows before ``page_token`` (from a ``view`` or a previous page)."""
+        buffer = frame.get("buffer")
+        token = frame.get("page_token", "")
+        size = frame.get("page_size", self.gs.view_messages)
+        if buffer not in _BUFFERS:
+            raise frames.FrameError("INVALID_GET_MESSAGES", 'buffer must be "display" or "context"')
+        if not isinstance(token, str):
+            raise frames.FrameError("INVALID_GET_MESSAGES", "page_token must be a string")
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= self.gs.view_messages:
+            raise frames.FrameError(
+                "INVALID_GET_MESSAGES", f"page_size must be an integer from 1 to {self.gs.view_messages}"
+            )
+        page = await self.upstream.list_messages(
+            sock.token, sock.session_id, buffer=_BUFFERS[buffer], page_size=size, page_token=token
+        )
+        return {
+            "type": "messages_page",
+            "buffer": buffer,
+            "page_token": token,
+            "messages": [frames.to_json(m) for m in page.messages],
+            "next_page_token": page.next_page_token,
+        }
 
     async def _view(self, sock: _Socket) -> dict[str, Any]:
         sid, token, n = sock.session_id, sock.token, self.gs.view_messages
@@ -495,9 +545,11 @@ class Gateway:
             "session": frames.to_json(session),
             "display": [frames.to_json(m) for m in display.messages],
             "display_more": bool(display.next_page_token),
+            "display_page_token": display.next_page_token,
             "context": [frames.to_json(m) for m in context.messages],
             # The context buffer pages by token only (its order is not sequence order).
             "context_more": bool(context.next_page_token),
+            "context_page_token": context.next_page_token,
             "view": {
                 "view_id": view.view_id,
                 "messages": [frames.to_json(m) for m in view.messages],
@@ -537,8 +589,14 @@ async def check_exposure(upstream: Upstream, settings: Settings, listen: str) ->
     )
 
 
-async def start_gateway(settings: Settings, listen: str, target: str) -> Gateway:
-    gateway = Gateway(settings, target)
+async def start_gateway(settings: Settings, listen: str, target: str, *, bundled: bool = False) -> Gateway:
+    """Start a gateway calling ``target``. ``bundled``: in the process of the server at ``target``,
+    whose TLS settings it follows (gateway/tls.py)."""
+    if bundled:
+        upstream_tls = bundled_upstream_tls(settings, target.rpartition(":")[0])
+    else:
+        upstream_tls = standalone_upstream_tls(settings)
+    gateway = Gateway(settings, target, upstream_tls=upstream_tls, tls=listener_tls(settings, bundled=bundled))
     try:
         await check_exposure(gateway.upstream, settings, listen)
         await gateway.start(listen)
@@ -548,7 +606,7 @@ async def start_gateway(settings: Settings, listen: str, target: str) -> Gateway
     return gateway
 
 
-def announce(listen: str, port: int) -> None:
+def announce(listen: str, port: int, scheme: str = "http") -> None:
     host = listen.rpartition(":")[0]
     # Tests and scripts read this line to learn the port when listening on port 0.
-    print(f"contextsvc gateway listening on http://{host}:{port}/", flush=True)
+    print(f"contextsvc gateway listening on {scheme}://{host}:{port}/", flush=True)

@@ -102,6 +102,48 @@ def test_session_page_sends_a_message_and_compacts(page: Any, bundled: Process, 
     assert "harbour1" in page.text_content("#search-results")
 
 
+def shown_sequences(page: Any, column: str) -> list[int]:
+    return [
+        int(seq)
+        for seq in page.eval_on_selector_all(f"#{column} > .row", "rows => rows.map(r => r.dataset.seq)")
+        if seq and seq.isdigit()
+    ]
+
+
+def test_load_older_pages_both_buffers_back_to_the_first_message(page: Any, bundled: Process, stub: Any) -> None:
+    """The view frame carries the newest 500 rows of each buffer; "Load older" pages back with the
+    API's page_token until the first message, and a live refresh keeps what was paged in."""
+    total = 1050
+    sid = str(stub.CreateSession(pb.CreateSessionRequest(name="long")).id)
+    rows = [user(f"row {n}") if n % 2 else assistant(f"row {n}") for n in range(1, total + 1)]
+    for start in range(0, total, 500):
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=rows[start : start + 500]))
+    page.goto(f"{bundled.http_url}/sessions/{sid}")
+    page.wait_for_selector("#display .row", timeout=TIMEOUT_MS)
+    for column in ("display", "context"):
+        assert shown_sequences(page, column) == list(range(total - 499, total + 1))
+        assert page.locator(f"#{column}-older").count() == 1
+    assert page.text_content("#display-count") == "(500+)"
+
+    for column in ("display", "context"):
+        for shown in (1000, total):
+            page.click(f"#{column}-older")
+            page.wait_for_function(
+                f"document.querySelectorAll('#{column} > .row[data-seq]').length >= {shown}", timeout=TIMEOUT_MS
+            )
+        assert shown_sequences(page, column) == list(range(1, total + 1))
+        assert page.locator(f"#{column}-older").count() == 0
+        assert "row 1" in page.text_content(f"#{column} > .row[data-seq='1']")
+    assert page.text_content("#display-count") == f"({total})"
+
+    # A live message refreshes the view (the newest 500): the older rows stay, the new one joins.
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("one more")]))
+    page.wait_for_selector(f"#display > .row[data-seq='{total + 1}']", timeout=TIMEOUT_MS)
+    page.wait_for_selector(f"#context > .row[data-seq='{total + 1}']", timeout=TIMEOUT_MS)
+    for column in ("display", "context"):
+        assert shown_sequences(page, column) == list(range(1, total + 2))
+
+
 def test_phone_size_has_no_sideways_scroll(page: Any, bundled: Process, stub: Any) -> None:
     sid = busy_session(stub, "phone", turns=3)
     page.set_viewport_size({"width": 390, "height": 844})
@@ -222,4 +264,45 @@ def test_wrong_token_closes_4003_and_a_good_one_goes_live(browser: Any, tmp_path
                 assert page.text_content("#session-name") == "carol's"
             context.close()
     finally:
+        proc.kill()
+
+
+def test_inspector_over_https_and_wss_with_a_tls_server(browser: Any, tmp_path: Path) -> None:
+    """serve --tls-cert … --gateway: the page over https, its socket over wss, the bundled gateway
+    calling its own TLS server; a message sent from the page comes back as a live event."""
+    from tests.support.certs import self_signed
+
+    cert, key = self_signed("inspector", dns=("localhost",), ips=("127.0.0.1",)).write(tmp_path, "server")
+    proc = Process(
+        [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory",
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--gateway",
+            "127.0.0.1:0",
+        ]
+    ).start()
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True, ignore_https_errors=True)
+    try:
+        assert proc.http_url.startswith("https://")
+        credentials = grpc.ssl_channel_credentials(cert.read_bytes())
+        with grpc.secure_channel(proc.grpc_address, credentials) as channel:
+            sid = ContextServiceStub(channel).CreateSession(pb.CreateSessionRequest(name="over https")).id
+        page = context.new_page()
+        page.goto(f"{proc.http_url}/sessions/{sid}")
+        page.wait_for_selector("#status[data-state=live]", timeout=TIMEOUT_MS)
+        assert page.text_content("#session-name") == "over https"
+        assert page.evaluate("location.protocol") == "https:"
+        page.fill("#message-input", "sent over wss")
+        page.click("#composer button[type=submit]")
+        page.wait_for_selector('#events li[data-type="messages_appended"]', timeout=TIMEOUT_MS)
+        page.wait_for_selector("#display .row:has-text('sent over wss')", timeout=TIMEOUT_MS)
+    finally:
+        context.close()
         proc.kill()

@@ -146,6 +146,9 @@ async def test_message_with_images_and_files(bundled: Process, stub: ContextServ
         ('{"type": "search", "query": ""}', "INVALID_SEARCH"),
         ('{"type": "expand", "sequence_number": -1}', "INVALID_EXPAND"),
         ('{"type": "ping", "id": [1]}', "BAD_FRAME"),
+        ('{"type": "get_messages", "buffer": "drafts"}', "INVALID_GET_MESSAGES"),
+        ('{"type": "get_messages", "buffer": "display", "page_size": 0}', "INVALID_GET_MESSAGES"),
+        ('{"type": "get_messages", "buffer": "context", "page_token": 5}', "INVALID_GET_MESSAGES"),
     ],
 )
 async def test_bad_frames_get_an_error_frame_and_the_socket_stays(
@@ -189,7 +192,7 @@ async def test_service_errors_become_error_frames(bundled: Process, stub: Contex
         error = await recv(ws)
         # The service's own status and ErrorInfo reason are passed through.
         assert error["type"] == "error" and error["id"] == "c"
-        assert error["code"] in ("FAILED_PRECONDITION", "NOTHING_TO_COMPRESS") and error.get("reason"), error
+        assert error["code"] == "FAILED_PRECONDITION" and error["reason"] == "NOTHING_TO_COMPACT", error
 
 
 def fill(stub: ContextServiceStub, sid: str, turns: int = 10, chars: int = 600) -> None:
@@ -270,6 +273,46 @@ async def test_view_search_and_expand(bundled: Process, stub: ContextServiceStub
         found = await recv(ws)
         assert found["type"] == "search_results" and found["chunks"]
         assert "topic1" in found["chunks"][0]["text"]
+
+
+async def test_get_messages_pages_both_buffers_to_exactly_the_buffer(
+    bundled: Process, stub: ContextServiceStub
+) -> None:
+    sid = new_session(stub)
+    fill(stub, sid, turns=12, chars=300)
+    stub.Compress(pb.CompressRequest(session_id=sid))  # a summary row: the context is not in sequence order
+    fill(stub, sid, turns=3, chars=300)
+    async with connect(bundled.ws_url(sid)) as ws:
+        await recv(ws)
+        for buffer, enum in (("display", pb.BUFFER_DISPLAY), ("context", pb.BUFFER_CONTEXT)):
+            whole = [m.sequence_number for m in all_messages(stub, sid, enum)]
+            await ws.send(json.dumps({"type": "get_messages", "buffer": buffer, "page_size": 7, "id": buffer}))
+            pages = []
+            while True:
+                page = await recv_type(ws, "messages_page")
+                assert page["buffer"] == buffer and page["id"] == buffer and len(page["messages"]) <= 7
+                pages.insert(0, [m["sequence_number"] for m in page["messages"]])
+                if not page["next_page_token"]:
+                    break
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "get_messages",
+                            "buffer": buffer,
+                            "page_size": 7,
+                            "page_token": page["next_page_token"],
+                            "id": buffer,
+                        }
+                    )
+                )
+            assert [seq for p in pages for seq in p] == whole and len(pages) >= 3
+        # The view hands out the token of the page before its rows; a foreign token is the service's error.
+        await ws.send(json.dumps({"type": "get_view"}))
+        view = await recv_type(ws, "view")
+        assert view["display_page_token"] == "" and view["display_more"] is False
+        await ws.send(json.dumps({"type": "get_messages", "buffer": "context", "page_token": "bm9wZQ", "id": "t"}))
+        error = await recv_type(ws, "error")
+        assert error["id"] == "t" and error["code"] == "INVALID_ARGUMENT"
 
 
 async def test_unknown_and_malformed_session_close_4004(bundled: Process) -> None:

@@ -247,6 +247,12 @@ def test_tls_mutual_tls_and_tokens(tmp_path: Path) -> None:
         async with ContextClient(address, tls=tls, timeout=10) as anonymous:
             with pytest.raises(errors.Unauthenticated):
                 await anonymous.list_sessions()
+            # A per-call token on the same channel: the server sees alice, then nobody again.
+            alice = anonymous.with_token(token)
+            assert [s["name"] for s in (await alice.list_sessions())["sessions"]] == ["over tls"]
+            assert (await alice.call("ListSessions", context_service_pb2.ListSessionsRequest())).sessions
+            with pytest.raises(errors.Unauthenticated):
+                await anonymous.list_sessions()
         async with ContextClient(address, timeout=5, retry=RetryPolicy(max_attempts=1)) as plaintext:
             with pytest.raises(errors.Unavailable):
                 await plaintext.list_sessions()

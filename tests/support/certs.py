@@ -98,3 +98,33 @@ class Authority:
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
             ),
         )
+
+
+def self_signed(common_name: str, *, dns: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ()) -> Pem:
+    """A certificate signed by its own key, valid for ``dns`` names and ``ips`` (no SAN at all when
+    both are empty: then only the common name names it)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.now(UTC)
+    names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(key, hashes.SHA256())
+    return Pem(
+        cert=cert.public_bytes(serialization.Encoding.PEM),
+        key=key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )

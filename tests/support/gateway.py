@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import IO
 
 _GRPC = re.compile(r"contextsvc listening on (\S+):(\d+)")
-_GATEWAY = re.compile(r"contextsvc gateway listening on http://(\S+):(\d+)/")
+_GATEWAY = re.compile(r"contextsvc gateway listening on (https?)://(\S+):(\d+)/")
 START_TIMEOUT_S = 20.0
 
 
@@ -27,6 +27,8 @@ class Process:
         self.proc: subprocess.Popen[str] | None = None
         self.grpc_address = ""
         self.gateway_address = ""
+        #: "https" when the gateway serves TLS (its announce line says so).
+        self.gateway_scheme = "http"
         self._stderr: IO[str] | None = None
 
     def start(self) -> Process:
@@ -52,7 +54,8 @@ class Process:
                 if m := _GRPC.search(line):
                     self.grpc_address = f"{m.group(1)}:{m.group(2)}"
                 if m := _GATEWAY.search(line):
-                    self.gateway_address = f"{m.group(1)}:{m.group(2)}"
+                    self.gateway_scheme = m.group(1)
+                    self.gateway_address = f"{m.group(2)}:{m.group(3)}"
             elif self.proc.poll() is not None:
                 break
         if (want_grpc and not self.grpc_address) or (want_gateway and not self.gateway_address):
@@ -68,11 +71,12 @@ class Process:
         return self._stderr.read()
 
     def ws_url(self, session_id: str, query: str = "") -> str:
-        return f"ws://{self.gateway_address}/ws/sessions/{session_id}" + (f"?{query}" if query else "")
+        scheme = "wss" if self.gateway_scheme == "https" else "ws"
+        return f"{scheme}://{self.gateway_address}/ws/sessions/{session_id}" + (f"?{query}" if query else "")
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.gateway_address}"
+        return f"{self.gateway_scheme}://{self.gateway_address}"
 
     def terminate(self, timeout: float = 15.0) -> int:
         assert self.proc is not None

@@ -113,6 +113,11 @@ const state = {
   nextId: 1,
   closedFor: 0,
   view: null,
+  // Rows shown per buffer, oldest first, and the token of the page before them ("" = none older).
+  buffers: { display: { rows: [], older: "" }, context: { rows: [], older: "" } },
+  // A compaction rewrote the buffers: the next view replaces what was paged in.
+  stale: false,
+  pagingId: 0,
 };
 
 function send(frame) {
@@ -147,7 +152,9 @@ function describe(frame) {
     case "error":
       return `${frame.code}: ${frame.message}`;
     case "compact_result":
-      return `${fmt(frame.context_tokens_before)} → ${fmt(frame.context_tokens_after)} tokens`;
+      return frame.compressed
+        ? `${fmt(frame.context_tokens_before)} → ${fmt(frame.context_tokens_after)} tokens`
+        : "not compressed (see compression_refused)";
     case "message_ack":
       return `stored as #${frame.sequence_numbers.join(", #")}`;
     default:
@@ -236,26 +243,74 @@ function renderMeter(view, compression) {
   );
 }
 
+// Between compactions both buffers only grow at the end, so a fresh view (the newest rows) joins
+// the rows already shown where its first row is; the token for older rows stays theirs.
+function mergeWindow(name, rows, token) {
+  const buffer = state.buffers[name];
+  const first = rows[0];
+  const at = !state.stale && first ? buffer.rows.findIndex((m) => m.sequence_number === first.sequence_number) : -1;
+  if (at > 0) {
+    buffer.rows = buffer.rows.slice(0, at).concat(rows);
+  } else {
+    buffer.rows = rows;
+    buffer.older = token || "";
+  }
+}
+
+function olderButton(name) {
+  const buffer = state.buffers[name];
+  if (!buffer.older) return null;
+  return el("li", { class: "older" },
+    el("button", {
+      type: "button", class: "secondary", id: `${name}-older`,
+      onclick: (event) => {
+        event.target.disabled = true;
+        event.target.textContent = "Loading…";
+        state.pagingId = state.nextId; // send() numbers frames from it
+        send({ type: "get_messages", buffer: name, page_token: buffer.older });
+      },
+    }, "Load older"));
+}
+
+function renderBuffers() {
+  const frame = state.view;
+  if (!frame) return;
+  const display = state.buffers.display;
+  const context = state.buffers.context;
+  const cut = new Set(frame.view.messages.filter((m) => m.truncated_in_view).map((m) => m.sequence_number));
+  fill($("#display"), olderButton("display"), ...display.rows.map((m) => messageRow(m)));
+  const prompt = frame.view.messages.find((m) => m.role === "system" && !m.sequence_number);
+  const rows = context.rows.map((m) => messageRow(m, { cutInView: cut.has(m.sequence_number), inContextColumn: true }));
+  if (prompt && !context.older) {
+    const row = messageRow(prompt, { inContextColumn: true });
+    row.querySelector(".head").append(tag("prompt", "system prompt, injected at every build"));
+    rows.unshift(row);
+  }
+  fill($("#context"), olderButton("context"), ...rows);
+  $("#display-count").textContent = `(${display.rows.length}${display.older ? "+" : ""})`;
+  $("#context-count").textContent = `(${context.rows.length}${context.older ? "+" : ""} rows, view of ${frame.view.messages.length})`;
+}
+
+function renderPage(frame) {
+  const buffer = state.buffers[frame.buffer];
+  if (!buffer || frame.page_token !== buffer.older) return; // the buffer was replaced meanwhile
+  buffer.rows = frame.messages.concat(buffer.rows);
+  buffer.older = frame.next_page_token || "";
+  renderBuffers();
+}
+
 function renderView(frame) {
   state.view = frame;
+  mergeWindow("display", frame.display, frame.display_page_token);
+  mergeWindow("context", frame.context, frame.context_page_token);
+  state.stale = false;
   const session = frame.session;
   $("#session-name").textContent = session.name || session.id;
   $("#session-meta").textContent =
     `${session.id} · profile ${session.profile_id} · ${fmt(session.display_message_count)} displayed, ` +
     `${fmt(session.context_message_count)} in context${session.context_truncated ? " · last prompt looked truncated" : ""}`;
   renderMeter(frame.view, frame.compression);
-  const cut = new Set(frame.view.messages.filter((m) => m.truncated_in_view).map((m) => m.sequence_number));
-  fill($("#display"), ...frame.display.map((m) => messageRow(m)));
-  const prompt = frame.view.messages.find((m) => m.role === "system" && !m.sequence_number);
-  const rows = frame.context.map((m) => messageRow(m, { cutInView: cut.has(m.sequence_number), inContextColumn: true }));
-  if (prompt) {
-    const row = messageRow(prompt, { inContextColumn: true });
-    row.querySelector(".head").append(tag("prompt", "system prompt, injected at every build"));
-    rows.unshift(row);
-  }
-  fill($("#context"), ...rows);
-  $("#display-count").textContent = `(${frame.display.length}${frame.display_more ? "+" : ""})`;
-  $("#context-count").textContent = `(${frame.context.length}${frame.context_more ? "+" : ""} rows, view of ${frame.view.messages.length})`;
+  renderBuffers();
   fill($("#notices"), ...frame.view.notices.map((n) => el("li", {}, n)));
 }
 
@@ -302,6 +357,7 @@ const EVENT_TYPES = new Set([
 function onFrame(frame) {
   if (frame.event_id) state.lastEventId = Math.max(state.lastEventId, frame.event_id);
   if (EVENT_TYPES.has(frame.type)) {
+    if (frame.type === "context_compressed") state.stale = true;
     logEvent(frame, state.replaying ? "replayed" : "");
     if (!state.replaying) refreshSoon();
     return;
@@ -327,6 +383,9 @@ function onFrame(frame) {
     case "view":
       renderView(frame);
       break;
+    case "messages_page":
+      renderPage(frame);
+      break;
     case "compact_preview":
       renderPreview(frame.plan);
       break;
@@ -348,6 +407,11 @@ function onFrame(frame) {
       break;
     case "error":
       logEvent(frame);
+      if (frame.id !== undefined && frame.id === state.pagingId) {
+        // The page could not be read (e.g. the buffer changed under its token): start again from a fresh view.
+        state.stale = true;
+        refreshSoon();
+      }
       break;
     default:
       break;
