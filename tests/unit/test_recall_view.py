@@ -58,3 +58,27 @@ def test_the_record_says_where_it_comes_from_and_is_never_stored() -> None:
     }
     one = recall_record(HistoryChunk("d", "x", 7, 7, None, None), "x", 1.0)
     assert "(message #7," in one.content
+
+
+def test_recall_settings_merge_per_profile_and_survive_the_remembered_profile() -> None:
+    import dataclasses
+    import json
+
+    import pytest
+
+    from contextsvc.config import Settings
+    from contextsvc.core.profile import ProfileOverrides, RecallOverrides, resolve_profile
+    from contextsvc.engine.engine import _overrides_from_dict
+    from contextsvc.errors import InvalidArgument
+
+    base = resolve_profile(Settings(), "", None).recall
+    assert (base.enabled, base.max_excerpts, base.max_tokens, base.min_score) == (True, 2, 1024, 0.5)
+    wanted = ProfileOverrides(recall=RecallOverrides(enabled=False, max_excerpts=1))
+    merged = resolve_profile(Settings(), "", wanted).recall
+    assert (merged.enabled, merged.max_excerpts, merged.max_tokens) == (False, 1, 1024)
+    with pytest.raises(InvalidArgument) as err:
+        resolve_profile(Settings(), "", ProfileOverrides(recall=RecallOverrides(min_score=1.5)))
+    assert "profile.recall" in str(err.value.metadata) or "profile.recall" in str(err.value)
+    # BuildContext remembers inline overrides as JSON; the recall part comes back typed.
+    stored = json.loads(json.dumps(dataclasses.asdict(wanted)))
+    assert _overrides_from_dict(stored) == wanted
