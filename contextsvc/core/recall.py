@@ -36,8 +36,8 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-import snowballstemmer
 from rank_bm25 import BM25Okapi
 
 # The chunk value types are defined with the HistoryStore port; ports.py never imports this module.
@@ -150,7 +150,15 @@ def _expand(token: str, segment_pattern: re.Pattern[str]) -> list[str]:
 
 _ASCII_WORD = re.compile(r"[a-z]+")
 _CYRILLIC_WORD = re.compile(r"[\u0400-\u04ff]+")
-_STEMMERS = {"english": snowballstemmer.stemmer("english"), "russian": snowballstemmer.stemmer("russian")}
+
+
+@functools.cache
+def _stemmers() -> dict[str, Any]:
+    """The Snowball stemmers, made on first use: the package imports all its 30+ languages
+    (~0.1 s), which server start-up need not pay."""
+    import snowballstemmer
+
+    return {"english": snowballstemmer.stemmer("english"), "russian": snowballstemmer.stemmer("russian")}
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -159,9 +167,9 @@ def stem(word: str) -> str:
     if len(word) <= 3:
         return word
     if _ASCII_WORD.fullmatch(word):
-        return str(_STEMMERS["english"].stemWord(word)) or word
+        return str(_stemmers()["english"].stemWord(word)) or word
     if _CYRILLIC_WORD.fullmatch(word):
-        return str(_STEMMERS["russian"].stemWord(word)) or word
+        return str(_stemmers()["russian"].stemWord(word)) or word
     return word
 
 
