@@ -56,6 +56,32 @@ class CompressionDefaults(BaseModel):
         return self
 
 
+class RecallDefaults(BaseModel):
+    """Recall into the view (docs/search-and-recall.md); each is overridable per profile.
+
+    On a BuildContext with an incoming user message, up to ``max_excerpts`` excerpts of the
+    session's compacted history that match the message are added to the view as ``is_recall``
+    system records, within a token budget of ``min(max_tokens, window_fraction x window)`` and
+    what the view has left under ``window - reserve``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the per-profile switch.
+    enabled: bool = True
+    #: excerpts added per turn at most (0 = none).
+    max_excerpts: int = Field(2, ge=0, le=16)
+    #: tokens all excerpts of one view may take together.
+    max_tokens: int = Field(1024, ge=0)
+    #: ... and at most this share of the context window.
+    window_fraction: float = Field(0.10, ge=0, le=0.5)
+    #: the least share (0-1) of the message's search terms an excerpt must contain.
+    min_score: float = Field(0.5, ge=0, le=1)
+    #: ... and one of those terms must be distinctive: found in at most this share of the
+    #: session's chunks (or in one chunk). Words the whole history shares recall nothing.
+    distinctive_share: float = Field(0.05, gt=0, le=1)
+
+
 class ProfileConfig(BaseModel):
     """A named server profile (from the config file's ``[profiles.NAME]`` tables)."""
 
@@ -68,6 +94,21 @@ class ProfileConfig(BaseModel):
     output_reserve_tokens: int = Field(2048, ge=0)
     message_token_budget: int = Field(0, ge=0)
     compression: CompressionDefaults = Field(default_factory=CompressionDefaults)
+    recall: RecallDefaults = Field(default_factory=RecallDefaults)
+
+
+class SearchSettings(BaseModel):
+    """The raw history index's chunks and recall's candidates (docs/search-and-recall.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: a demoted turn longer than this is cut into chunks of at most this many characters
+    #: (core/chunking.py); 0 = one chunk per turn.
+    chunk_max_chars: int = Field(800, ge=0)
+    #: lines a window of a long message repeats from the previous window.
+    chunk_overlap_lines: int = Field(1, ge=0)
+    #: search hits recall considers per turn before its score and budget filters.
+    recall_candidates: int = Field(8, ge=1, le=100)
 
 
 class Limits(BaseModel):
@@ -543,6 +584,7 @@ class Settings(BaseSettings):
     files: FilesSettings = Field(default_factory=FilesSettings)
     hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    search: SearchSettings = Field(default_factory=SearchSettings)
 
     @field_validator("listen")
     @classmethod

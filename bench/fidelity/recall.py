@@ -5,8 +5,9 @@
 
 20 facts are planted in the first 40 turns (14 said by the user or assistant, 6 inside long tool
 outputs); 360 filler turns follow, so the early turns are compacted many times. At the end each fact
-is asked about with a natural question: is it visible in that turn's view (summary fact lines or
-kept messages), and does ``SearchHistory`` with the question find it in its top 5?
+is asked about with a natural question: is it visible in that turn's view (summary fact lines,
+kept messages or a recalled excerpt), and does ``SearchHistory`` with the question find it in its
+top 5? Also counted: how much recall adds to the views of the 400 working turns (its cost).
 In process (the engine over the memory store), deterministic.
 """
 
@@ -14,14 +15,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import platform
 import random
 import re
 import sys
+from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
 from contextsvc.core.session import ANONYMOUS  # noqa: E402
 from tests.support.compaction_harness import Rig, a, t, u, words  # noqa: E402
@@ -124,16 +130,33 @@ def _log(rng: random.Random, lines: int, fact: str = "") -> str:
     return "\n".join(out)
 
 
-async def run() -> tuple[int, int, list[str]]:
+@dataclass
+class Outcome:
+    visible: int = 0
+    by_recall: int = 0
+    found: int = 0
+    rows: list[str] = field(default_factory=list)
+    #: recall on the working (filler) turns: views with excerpts, excerpts, their tokens
+    working_views: int = 0
+    working_excerpts: int = 0
+    working_tokens: int = 0
+
+
+async def run(facts: list[tuple[str, str, str, str]], seed: int) -> Outcome:
     rig = await Rig.start(window=WINDOW, reserve=1024)
-    rng = random.Random(14)
+    rng = random.Random(seed)
+    out = Outcome()
     try:
         sid = await rig.session()
-        plant = {2 * i + 1: f for i, f in enumerate(FACTS)}
+        plant = {2 * i + 1: f for i, f in enumerate(facts)}
         for k in range(TURNS):
             fact = plant.get(k)
             ask = fact[1] if fact and fact[0] == "user" else f"next step {k}: {words(12, rng)}"
-            await rig.build(sid, incoming=u(ask))
+            built = await rig.build(sid, incoming=u(ask))
+            if built.injected_chunk_ids:
+                out.working_views += 1
+                out.working_excerpts += len(built.injected_chunk_ids)
+                out.working_tokens += built.estimate.segments.recall
             reply = fact[1] if fact and fact[0] == "assistant" else f"done with step {k}. {words(20, rng)}"
             tool_fact = fact[1] if fact and fact[0] == "tool" else ""
             await rig.append(
@@ -143,43 +166,84 @@ async def run() -> tuple[int, int, list[str]]:
                 t(f"c{k}", _log(rng, rng.randint(20, 60), tool_fact)),
                 a(reply),
             )
-        visible = found = 0
-        rows: list[str] = []
-        for _, _, needle, question in FACTS:
+        for _, _, needle, question in facts:
             view = await rig.build(sid, incoming=u(question))
-            text = "\n".join(vm.message.content for vm in view.messages)
-            seen = needle.casefold() in text.casefold()
+            base = "\n".join(vm.message.content for vm in view.messages if not vm.message.flags.is_recall)
+            recalled = "\n".join(vm.message.content for vm in view.messages if vm.message.flags.is_recall)
+            in_base = needle.casefold() in base.casefold()
+            in_recall = needle.casefold() in recalled.casefold()
             hits = await rig.engine.search_history(ANONYMOUS, sid, query=question, limit=5)
             top = any(needle.casefold() in h.chunk.text.casefold() for h in hits)
-            visible += seen
-            found += top
-            rows.append(f"| {question} | `{needle}` | {'yes' if seen else 'no'} | {'yes' if top else 'no'} |")
-        return visible, found, rows
+            out.visible += in_base or in_recall
+            out.by_recall += in_recall and not in_base
+            out.found += top
+            where = "fact lines / kept" if in_base else ("recall" if in_recall else "no")
+            out.rows.append(f"| {question} | `{needle}` | {where} | {'yes' if top else 'no'} |")
+        return out
     finally:
         await rig.close()
 
 
+def _summary(o: Outcome) -> str:
+    return (
+        f"visible in the view when asked: {o.visible}/20 (target 16; {o.by_recall} of them only through recall); "
+        f"SearchHistory top 5: {o.found}/20 (target 20); recall on the {TURNS} working turns: "
+        f"{o.working_excerpts} excerpts in {o.working_views} views, {o.working_tokens} tokens in all"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--record", action="store_true")
+    ap.add_argument("--record", action="store_true", help="run every set and write them into bench/RESULTS.md")
+    ap.add_argument(
+        "--set",
+        choices=("score", "holdout", "dev"),
+        default="score",
+        help="score: FACTS below; holdout: recall_holdout_facts.py; dev: recall_dev_facts.py (tuning only)",
+    )
     args = ap.parse_args()
-    visible, found, rows = asyncio.run(run())
-    table = "\n".join(["| question | fact | in the view | SearchHistory top 5 |", "|---|---|---|---|", *rows])
-    summary = f"visible in the view when asked: {visible}/20 (target 16); SearchHistory top 5: {found}/20 (target 20)"
-    print(table, summary, sep="\n\n")
-    if args.record:
-        path = ROOT / "bench" / "RESULTS.md"
-        text = path.read_text()
-        section = (
-            "### Fact recall (`python bench/fidelity/recall.py --record`)\n\n"
-            f"{TURNS} turns, window {WINDOW}, extractive summarizer, 20 facts planted in turns 1-39 "
-            "(6 inside tool output).\n\n" + table + "\n\n" + summary + "\n"
-        )
-        if "### Fact recall" in text:
-            text = re.sub(r"### Fact recall.*?(?=\n## |\n### |\Z)", section, text, flags=re.S)
-        else:
-            text = text.rstrip() + "\n\n" + section
-        path.write_text(text)
+    from recall_dev_facts import DEV_FACTS
+    from recall_holdout_facts import HOLDOUT_FACTS
+
+    sets = {"score": (FACTS, 14), "holdout": (HOLDOUT_FACTS, 27), "dev": (DEV_FACTS, 41)}
+    header = ["| question | fact | in the view | SearchHistory top 5 |", "|---|---|---|---|"]
+    if not args.record:
+        facts, seed = sets[args.set]
+        o = asyncio.run(run(facts, seed))
+        print("\n".join([*header, *o.rows]), _summary(o), sep="\n\n")
+        return
+    results = {name: asyncio.run(run(facts, seed)) for name, (facts, seed) in sets.items()}
+    for name, o in results.items():
+        print(f"{name}: {_summary(o)}")
+    score, holdout, dev = results["score"], results["holdout"], results["dev"]
+    path = ROOT / "bench" / "RESULTS.md"
+    text = path.read_text()
+    section = (
+        "### Fact recall (`python bench/fidelity/recall.py --record`)\n\n"
+        f"{date.today().isoformat()} · {platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} cores · {TURNS} turns, window {WINDOW}, extractive summarizer, default recall "
+        "(2 excerpts, min score 0.5, 1,024 tokens / 10% of the window), 20 facts planted in turns 1-39 "
+        "(6 inside tool output), each asked at the end with a natural question.\n\n"
+        "Three fact sets, same mix, different facts and filler seeds: **dev** (`recall_dev_facts.py`) is "
+        "what search and recall were tuned on; **score** (below) was published before this work, so its "
+        'questions were known, and one rule (issue keys such as `INC-4411` are a "ticket") was added '
+        "after its one miss; **holdout** (`recall_holdout_facts.py`) was written after the rules were "
+        "final. Its first run gave 13/20 visible (none through recall) and 20/20 found: every question "
+        "came late in a compaction cycle, where estimate + margin sat at the trigger (`window - reserve`) "
+        "and recall, measured against estimate + margin, had no room. Recall's room is now measured "
+        "against the estimate alone, like the size guard; the figures below are after that one change, "
+        "so the holdout set informed it (no other setting was changed on it).\n\n"
+        f"- holdout: {_summary(holdout)}\n"
+        f"- score: {_summary(score)}\n"
+        f"- dev (tuning set): {_summary(dev)}\n\n"
+        "Holdout set:\n\n" + "\n".join([*header, *holdout.rows]) + "\n\n"
+        "Score set:\n\n" + "\n".join([*header, *score.rows]) + "\n"
+    )
+    if "### Fact recall" in text:
+        text = re.sub(r"### Fact recall.*?(?=\n## |\n### |\Z)", lambda _: section, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.write_text(text)
 
 
 if __name__ == "__main__":

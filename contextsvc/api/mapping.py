@@ -10,7 +10,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.core.messages import BufferKind, Flags, Message, Role, ToolCall
-from contextsvc.core.profile import CompressionOverrides, ProfileOverrides
+from contextsvc.core.profile import CompressionOverrides, ProfileOverrides, RecallOverrides
 from contextsvc.core.session import SessionInfo
 from contextsvc.engine.validation import IncomingImage, IncomingMessage
 from contextsvc.errors import FieldViolation, InvalidArgument
@@ -93,6 +93,7 @@ def profile_from_pb(pb: resources_pb2.Profile | None) -> ProfileOverrides:
     if pb is None:
         return ProfileOverrides()
     c = pb.compression
+    r = pb.recall
 
     def opt(msg: Any, name: str) -> Any:
         return getattr(msg, name) if msg.HasField(name) else None
@@ -116,6 +117,12 @@ def profile_from_pb(pb: resources_pb2.Profile | None) -> ProfileOverrides:
             strategies=tuple(c.strategies),
             critical_tool_names=tuple(c.critical_tool_names),
             hard_truncate_fallback=opt(c, "hard_truncate_fallback"),
+        ),
+        recall=RecallOverrides(
+            enabled=opt(r, "enabled"),
+            max_excerpts=opt(r, "max_excerpts"),
+            max_tokens=opt(r, "max_tokens"),
+            min_score=opt(r, "min_score"),
         ),
     )
 

@@ -239,6 +239,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
                     start_time=mapping.timestamp(s.chunk.start_time),
                     end_time=mapping.timestamp(s.chunk.end_time),
                     breadcrumbs=list(s.chunk.breadcrumbs),
+                    chunk_id=s.chunk.content_hash,
                     score=s.score,
                 )
                 for s in found

@@ -36,6 +36,7 @@ def estimate_to_pb(e: TokenEstimate) -> resources_pb2.TokenEstimate:
             messages=s.messages,
             images=s.images,
             incoming=s.incoming,
+            recall=s.recall,
         ),
         margin=e.margin,
     )
@@ -60,6 +61,7 @@ def response_fields(built: BuiltView) -> pb.BuildContextResponse:
         view_id=built.view_id,
         estimate=estimate_to_pb(built.estimate),
         notices=built.notices,
+        injected_chunk_ids=built.injected_chunk_ids,
     )
     if built.compression is not None:
         response.compression.CopyFrom(report_to_pb(built.compression))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from contextsvc.core.messages import Message, Role
 
-__all__ = ["FACTS_HEADER", "carried_facts", "fact_lines", "facts_block", "strip_facts"]
+__all__ = ["FACTS_HEADER", "anchor_kinds", "carried_facts", "fact_lines", "facts_block", "strip_facts"]
 
 FACTS_HEADER = "Facts:"
 
@@ -86,6 +86,25 @@ def _anchors(sentence: str) -> set[str]:
                 continue
             if len(value) >= 3:
                 found.add(value.casefold())
+    return found
+
+
+_IPV4 = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+
+
+def anchor_kinds(text: str) -> set[str]:
+    """Which kinds of anchors ``text`` holds: ``url``, ``path``, ``file_line``, ``host``, ``ip``,
+    ``email``, ``date``, ``quantity``, ``id``, ``name`` (error words are left to the text itself).
+    Search adds a word per kind to a chunk's terms, so "which IP address" finds a line with one."""
+    found: set[str] = set()
+    for kind, pattern in _ANCHORS.items():
+        if kind == "error":
+            continue
+        for match in pattern.finditer(text):
+            value = match.group(0).strip(".,;:")
+            if len(value) < 3 or (kind == "name" and value in _COMMON_NAMES):
+                continue
+            found.add("ip" if kind == "host" and _IPV4.fullmatch(value) else kind)
     return found
 
 

@@ -23,3 +23,7 @@ class HistoryChunk:
 class ScoredChunk:
     chunk: HistoryChunk
     score: float
+    #: in how many of the session's chunks the rarest query term this chunk matched occurs, and how
+    #: many chunks the session has: recall takes only chunks matched on a distinctive term.
+    rarest_df: int = 0
+    chunk_count: int = 0

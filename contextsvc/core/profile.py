@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contextsvc.config import CompressionDefaults, ProfileConfig, Settings
+from contextsvc.config import CompressionDefaults, ProfileConfig, RecallDefaults, Settings
 from contextsvc.errors import InvalidArgument
 
 
@@ -27,6 +27,14 @@ class CompressionOverrides:
 
 
 @dataclass(slots=True, frozen=True)
+class RecallOverrides:
+    enabled: bool | None = None
+    max_excerpts: int | None = None
+    max_tokens: int | None = None
+    min_score: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class ProfileOverrides:
     profile_id: str = ""
     model: str | None = None
@@ -36,6 +44,7 @@ class ProfileOverrides:
     output_reserve_tokens: int | None = None
     message_token_budget: int | None = None
     compression: CompressionOverrides = field(default_factory=CompressionOverrides)
+    recall: RecallOverrides = field(default_factory=RecallOverrides)
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,6 +57,7 @@ class EffectiveProfile:
     output_reserve_tokens: int
     message_token_budget: int
     compression: CompressionDefaults
+    recall: RecallDefaults = field(default_factory=RecallDefaults)
 
     @property
     def output_reserve(self) -> int:
@@ -112,6 +122,21 @@ def _merge(name: str, base: ProfileConfig, o: ProfileOverrides) -> EffectiveProf
         compression = CompressionDefaults.model_validate({**base.compression.model_dump(), **updates})
     except ValueError as exc:
         raise InvalidArgument.field("profile.compression", _first_error(exc)) from None
+    r = o.recall
+    recall_updates = {
+        key: value
+        for key, value in (
+            ("enabled", r.enabled),
+            ("max_excerpts", r.max_excerpts),
+            ("max_tokens", r.max_tokens),
+            ("min_score", r.min_score),
+        )
+        if value is not None
+    }
+    try:
+        recall = RecallDefaults.model_validate({**base.recall.model_dump(), **recall_updates})
+    except ValueError as exc:
+        raise InvalidArgument.field("profile.recall", _first_error(exc)) from None
     window = o.context_window if o.context_window is not None else base.context_window
     if window < 256:
         raise InvalidArgument.field("profile.context_window", "must be at least 256 tokens")
@@ -130,6 +155,7 @@ def _merge(name: str, base: ProfileConfig, o: ProfileOverrides) -> EffectiveProf
         output_reserve_tokens=reserve,
         message_token_budget=budget,
         compression=compression,
+        recall=recall,
     )
 
 

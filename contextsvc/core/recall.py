@@ -3,12 +3,20 @@
 Terms. Text is NFKC-normalized and case-folded. A token is a run of Unicode word characters
 (letters, digits, ``_`` and combining marks, which Python's ``\\w`` alone would split off, e.g. in
 Devanagari) that may be joined by ``. / \\ - : @`` into a compound such as a file path, a dotted
-name, a version or a time. Each occurrence yields the compound whole, its path segments
-(``recall.py``), its words (``rank_chunks``) and their parts (``rank``, ``chunks``; camelCase
+name, a version or a time. Each occurrence yields the compound whole, its segments between
+``/ \\ : @`` (``recall.py`` of a path, ``handler.py`` of ``handler.py:142``, ``example.com`` of an
+e-mail address), its words (``rank_chunks``) and their parts (``rank``, ``chunks``; camelCase
 ``HistoryChunk`` -> ``history``, ``chunk``), so a query finds an identifier by its full spelling
-and by any part of it. Runs of Chinese/Japanese characters, written without spaces, also yield
-their character bigrams. Stop words (a short English and Russian list) are dropped, both from
-documents and queries; a query of stop words only has no terms (the engine rejects it).
+and by any part of it.
+
+Stemming. A term made of letters only is reduced to its Snowball stem (English for ASCII words,
+Russian for Cyrillic ones; ``snowballstemmer``), so "databases" finds "database" and "comes"
+finds "come". Anything else (a compound, a word with digits or ``_``) is kept exactly as written:
+an identifier is never stemmed, and its whole spelling is a term of its own.
+
+Runs of Chinese/Japanese characters, written without spaces, also yield their character bigrams.
+Stop words (a short English and Russian list) are dropped, both from documents and queries; a
+query of stop words only has no terms (the engine rejects it).
 
 Ranking. BM25 from ``rank_bm25`` (term frequency saturation ``k1``, length normalization ``b``)
 with one change: the IDF. ``BM25Okapi``'s ``log((N - n + 0.5) / (n + 0.5))`` is zero or negative
@@ -28,17 +36,31 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rank_bm25 import BM25Okapi
 
 # The chunk value types are defined with the HistoryStore port; ports.py never imports this module.
+from contextsvc.core.facts import anchor_kinds
 from contextsvc.core.history import HistoryChunk, ScoredChunk
 
-__all__ = ["RecallIndex", "document_terms", "query_terms", "rank_chunks", "terms"]
+__all__ = [
+    "RecallIndex",
+    "document_terms",
+    "query_terms",
+    "rank_chunks",
+    "term_coverage",
+    "terms",
+    "weighted_query_terms",
+]
 
 #: BM25 term-frequency saturation and length normalization (the usual values; Lucene: 1.2, 0.75).
 BM25_K1 = 1.5
 BM25_B = 0.75
+#: how many times an identifier term of a query counts (see "Exact identifiers first").
+IDENTIFIER_WEIGHT = 2
+#: version of the terms this module makes; stores that keep terms re-derive older ones.
+TERMS_VERSION = 2
 
 # English: articles, pronouns, auxiliaries, prepositions, conjunctions.
 _STOP_EN = """
@@ -60,7 +82,7 @@ _STOP_RU = """
 """  # noqa: RUF001  (Cyrillic on purpose)
 _STOP_WORDS = frozenset(_STOP_EN.split() + _STOP_RU.split())
 
-_PATH_SEPARATORS = re.compile(r"[/\\]")
+_OUTER_SEPARATORS = re.compile(r"[/\\:@]")
 _SEPARATORS = re.compile(r"[./\\:@\-]+")
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]{2,}")
 
@@ -82,9 +104,9 @@ def _mark_ranges() -> str:
 
 @functools.cache
 def _patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
-    """(compound token, compound without path separators); built on first use."""
+    """(compound token, compound joined by ``.`` and ``-`` only); built on first use."""
     word = rf"[\w{_mark_ranges()}]+"
-    return re.compile(rf"{word}(?:[./\\:@\-]+{word})*"), re.compile(rf"{word}(?:[.:@\-]+{word})*")
+    return re.compile(rf"{word}(?:[./\\:@\-]+{word})*"), re.compile(rf"{word}(?:[.\-]+{word})*")
 
 
 def _camel_parts(word: str) -> list[str]:
@@ -106,7 +128,7 @@ def _expand(token: str, segment_pattern: re.Pattern[str]) -> list[str]:
     """Every term one token occurrence yields, in its original case (duplicates possible)."""
     out = [token]
     words = [w for w in _SEPARATORS.split(token) if w]
-    if len(words) > 1 and _PATH_SEPARATORS.search(token):
+    if len(words) > 1 and _OUTER_SEPARATORS.search(token):
         out.extend(s for s in segment_pattern.findall(token) if s not in words)
     if len(words) > 1:
         out.extend(words)
@@ -126,6 +148,31 @@ def _expand(token: str, segment_pattern: re.Pattern[str]) -> list[str]:
     return out
 
 
+_ASCII_WORD = re.compile(r"[a-z]+")
+_CYRILLIC_WORD = re.compile(r"[\u0400-\u04ff]+")
+
+
+@functools.cache
+def _stemmers() -> dict[str, Any]:
+    """The Snowball stemmers, made on first use: the package imports all its 30+ languages
+    (~0.1 s), which server start-up need not pay."""
+    import snowballstemmer
+
+    return {"english": snowballstemmer.stemmer("english"), "russian": snowballstemmer.stemmer("russian")}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def stem(word: str) -> str:
+    """The Snowball stem of a case-folded word of letters (English or Russian); other words as they are."""
+    if len(word) <= 3:
+        return word
+    if _ASCII_WORD.fullmatch(word):
+        return str(_stemmers()["english"].stemWord(word)) or word
+    if _CYRILLIC_WORD.fullmatch(word):
+        return str(_stemmers()["russian"].stemWord(word)) or word
+    return word
+
+
 def terms(text: str) -> list[str]:
     """The search terms of ``text``, in order, repeated as often as they occur (stop words dropped)."""
     token_pattern, segment_pattern = _patterns()
@@ -134,23 +181,110 @@ def terms(text: str) -> list[str]:
         seen: set[str] = set()
         for term in _expand(token, segment_pattern):
             folded = term.casefold()
+            if folded in _STOP_WORDS:
+                continue
+            if folded.isalpha():
+                folded = stem(folded)
             # One occurrence counts once per term: "a_b" mentions "a" once, not once per level.
-            if folded not in seen and folded not in _STOP_WORDS:
+            if folded not in seen:
                 seen.add(folded)
                 out.append(folded)
     return out
 
 
+#: words a chunk gains per kind of anchor it holds (see "Kinds of facts").
+_KIND_WORDS = {
+    "url": "url link",
+    "path": "path file",
+    "file_line": "file line",
+    "host": "host hostname",
+    "ip": "ip address",
+    "email": "email address",
+    "date": "date",
+    "quantity": "",
+    "id": "id identifier",
+    "name": "person name",
+}
+#: question words that ask for a kind of fact (they are stop words otherwise).
+_ASKS = {"who": "person", "whom": "person", "кто": "person", "кого": "person", "when": "date", "когда": "date"}
+_ASK_WORD = re.compile(r"\w+")
+#: the header of each message in a chunk (``core/chunking.py``): ``#12 user:``, ``#13 tool c3:``.
+_HEADER = re.compile(r"(?m)^#\d+ (?:user|assistant|system|tool [^\s:]*):")
+
+
+@functools.lru_cache(maxsize=64)
+def _words_of(text: str) -> tuple[str, ...]:
+    return tuple(terms(text))
+
+
+#: cloud regions (``eu-west-1``, ``us-east-2``, ``ap-southeast-1``): a kind of their own.
+_REGION = re.compile(
+    r"\b(?:us|eu|ap|sa|ca|me|af|il|mx)-(?:gov-)?(?:north|south|east|west|central|(?:north|south)(?:east|west))-\d\b",
+    re.I,
+)
+
+
+#: an issue-tracker key (``INC-4411``, ``CHG-20931``): a ticket.
+_TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b")
+#: what makes an id an id for search: letters and digits mixed (``acct_9f3k2x``, ``b7e4c1d9a2``)
+#: in a token of 5+ characters. A snake_case or camelCase name alone (``run_command``) is code, not
+#: an id someone asks for: facts.py keeps it as an anchor, search does not call it an "id".
+_ID_TOKEN = re.compile(r"\b(?=[\w-]*[a-z])(?=[\w-]*\d)[\w-]{5,}\b", re.I)
+
+
+def kind_terms(text: str) -> list[str]:
+    """The kind words of the anchors ``text`` holds, once each."""
+    kinds = anchor_kinds(text)
+    if "id" in kinds and not _ID_TOKEN.search(text):
+        kinds.discard("id")
+    out: list[str] = []
+    for kind in sorted(kinds):
+        out.extend(_words_of(_KIND_WORDS[kind]))
+    if _REGION.search(text):
+        out.extend(_words_of("region"))
+    if _TICKET.search(text):
+        out.extend(_words_of("ticket issue"))
+    return list(dict.fromkeys(out))
+
+
 def query_terms(query: str) -> list[str]:
-    """The distinct terms of a query, in order. Empty for a blank or stop-word-only query."""
-    return list(dict.fromkeys(terms(query)))
+    """The distinct terms of a query, in order, plus the kind a "who"/"when" asks for (when the
+    query has other terms). Empty for a blank or stop-word-only query."""
+    found = terms(query)
+    if found:  # "who" alone asks for nothing in particular
+        for word in _ASK_WORD.findall(query.casefold()):
+            if word in _ASKS:
+                found.extend(_words_of(_ASKS[word]))
+    return list(dict.fromkeys(found))
+
+
+def is_identifier(term: str) -> bool:
+    """A term that is not an ordinary word: it holds a digit, ``_`` or a separator (``acct_9f3k2x``,
+    ``10.0.3.7``, ``inc-4411``, ``2026-03-14``); a bare number of one or two digits is not."""
+    return not term.isalpha() and (len(term) >= 3 or not term.isdigit())
+
+
+def weighted_query_terms(query: str) -> list[str]:
+    """``query_terms`` with every identifier repeated ``IDENTIFIER_WEIGHT`` times: what BM25 scores."""
+    return [t for t in query_terms(query) for _ in range(IDENTIFIER_WEIGHT if is_identifier(t) else 1)]
+
+
+def term_coverage(wanted: Sequence[str], chunk: HistoryChunk) -> float:
+    """The share (0-1) of the distinct query terms ``wanted`` that ``chunk`` contains."""
+    distinct = set(wanted)
+    if not distinct:
+        return 0.0
+    return len(distinct & set(document_terms(chunk))) / len(distinct)
 
 
 def document_terms(chunk: HistoryChunk) -> list[str]:
-    """What a chunk is found by: its text and its breadcrumbs."""
-    found = terms(chunk.text)
+    """What a chunk is found by: its text (without the ``#12 tool c3:`` headers of its messages,
+    bookkeeping a question never means), its breadcrumbs and the kinds of anchors in its text."""
+    text = _HEADER.sub(" ", chunk.text)
+    found = terms(text)
     for crumb in chunk.breadcrumbs:
         found.extend(terms(crumb))
+    found.extend(kind_terms(text))
     return found
 
 
@@ -159,6 +293,7 @@ class _LuceneIdfBM25(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no typ
 
     def _calc_idf(self, nd: dict[str, int]) -> None:
         n = self.corpus_size
+        self.df = dict(nd)
         self.idf = {word: math.log(1.0 + (n - freq + 0.5) / (freq + 0.5)) for word, freq in nd.items()}
 
 
@@ -206,7 +341,7 @@ class RecallIndex:
 
     def search(self, query: str, limit: int) -> list[ScoredChunk]:
         """Up to ``limit`` chunks with score > 0, best first, ties to the newest ``last_sequence``."""
-        wanted = query_terms(query)
+        wanted = weighted_query_terms(query)
         if not wanted or limit <= 0 or not self._chunks:
             return []
         if self._model is None:
@@ -223,7 +358,14 @@ class RecallIndex:
             (i for i, score in enumerate(scores) if score > 0),
             key=lambda i: (-scores[i], -chunks[i].last_sequence, -i),
         )
-        return [ScoredChunk(chunks[i], float(scores[i])) for i in best]
+        df: dict[str, int] = model.df
+        n = len(chunks)
+        out = []
+        for i in best:
+            freqs = model.doc_freqs[i]
+            rarest = min((df[t] for t in set(wanted) if t in freqs), default=n)
+            out.append(ScoredChunk(chunks[i], float(scores[i]), rarest_df=rarest, chunk_count=n))
+        return out
 
 
 def rank_chunks(chunks: Sequence[HistoryChunk], query: str, limit: int) -> list[ScoredChunk]:

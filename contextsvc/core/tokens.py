@@ -276,10 +276,21 @@ class TokenSegments:
     messages: int = 0
     images: int = 0
     incoming: int = 0
+    #: excerpts of compacted history recalled into the view (engine/recall.py adds them last).
+    recall: int = 0
 
     @property
     def total(self) -> int:
-        return self.system + self.records + self.summaries + self.pinned + self.messages + self.images + self.incoming
+        return (
+            self.system
+            + self.records
+            + self.summaries
+            + self.pinned
+            + self.messages
+            + self.images
+            + self.incoming
+            + self.recall
+        )
 
 
 @dataclass(slots=True, frozen=True)

@@ -40,6 +40,9 @@ class Segment(StrEnum):
     PINNED = "pinned"
     MESSAGES = "messages"
     INCOMING = "incoming"
+    #: excerpts of compacted history, added after assembly between the records and the
+    #: conversation (``engine/recall.py``); ``build_view`` never tags a message with it.
+    RECALL = "recall"
 
 
 @dataclass(slots=True, frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 from contextsvc import telemetry
 from contextsvc.config import Settings
 from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs
+from contextsvc.core.chunking import pieces
 from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool_results, is_placeholder
 from contextsvc.core.compression.formatting import (
     format_for_summary,
@@ -33,7 +34,7 @@ from contextsvc.core.compression.plan import CompactionPlan, mid_turn_keep_messa
 from contextsvc.core.compression.records import compression_record, demoted_ranges, summary_message
 from contextsvc.core.facts import fact_lines, facts_block
 from contextsvc.core.history import HistoryChunk
-from contextsvc.core.messages import Message, Role
+from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import image_tokens_of
@@ -872,26 +873,30 @@ class Compactor:
         return report
 
     async def _index(self, session_id: str, demoted: Sequence[Message]) -> None:
-        """Write demoted originals to the raw history index, one chunk per turn. Never fails the
-        compaction: the rows are already safe in the display history."""
+        """Write demoted originals to the raw history index: a chunk per turn, long turns cut by
+        message and long messages by lines (``core/chunking.py``). Never fails the compaction:
+        the rows are already safe in the display history."""
         originals = [m for m in demoted if not m.flags.is_summary and not is_placeholder(m)]
         if not originals:
             return
         cfg = self._settings.summarizer
+        search = self._settings.search
         chunks = []
-        for rows in _by_user_message(originals):
-            text = "\n".join(_chunk_line(m) for m in rows)
+        for piece in pieces(originals, max_chars=search.chunk_max_chars, overlap_lines=search.chunk_overlap_lines):
+            rows = list(piece.rows)
+            # A window of one long message: its breadcrumbs come from that window's text only.
+            crumb_rows = rows if len(rows) > 1 else [dataclasses.replace(rows[0], content=piece.text)]
             chunks.append(
                 HistoryChunk(
-                    content_hash=hashlib.sha256(text.encode()).hexdigest(),
-                    text=text,
+                    content_hash=hashlib.sha256(piece.text.encode()).hexdigest(),
+                    text=piece.text,
                     first_sequence=rows[0].sequence_number,
                     last_sequence=rows[-1].sequence_number,
                     start_time=rows[0].create_time,
                     end_time=rows[-1].create_time,
                     breadcrumbs=tuple(
                         extract_breadcrumbs(
-                            rows,
+                            crumb_rows,
                             limit=cfg.breadcrumb_limit,
                             max_chars=cfg.breadcrumb_max_chars,
                             scan_chars=cfg.breadcrumb_scan_chars,
@@ -926,24 +931,6 @@ _REFUSAL_DETAIL = {
 
 # Compaction runs on behalf of the service once the caller's access was checked.
 _SYSTEM = Principal(user_id="contextsvc", is_admin=True)
-
-
-def _by_user_message(rows: Sequence[Message]) -> list[list[Message]]:
-    """Consecutive rows split before every user message: one chunk per turn, nothing left out."""
-    groups: list[list[Message]] = []
-    for m in rows:
-        if not groups or m.role is Role.USER:
-            groups.append([])
-        groups[-1].append(m)
-    return groups
-
-
-def _chunk_line(m: Message) -> str:
-    parts = [m.content]
-    for call in m.tool_calls:
-        parts.append(f"[call {call.name} {call.arguments_json}]")
-    label = m.role.value if m.role is not Role.TOOL else f"tool {m.tool_call_id}"
-    return f"#{m.sequence_number} {label}: " + " ".join(p for p in parts if p)
 
 
 def replaced_originals(dropped: Sequence[Message]) -> set[int]:

@@ -30,6 +30,7 @@ from contextsvc.engine.compaction import (
     Situation,
     summary_originals,
 )
+from contextsvc.engine.recall import RecallService
 from contextsvc.engine.sessions import AppendOutcome, SessionService
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
@@ -69,6 +70,7 @@ class Engine:
         self.post_turn = PostTurnWorker(self._post_turn_check)
         #: session id -> its newest baseline anchor waiting for a running compaction (``_anchor``).
         self._anchors: dict[str, asyncio.Task[None]] = {}
+        self.recall = RecallService(store=store, settings=settings, accounting=self.accounting)
 
     async def append(
         self,
@@ -209,7 +211,11 @@ class Engine:
                     session = fresh
                     context = await self.store.load_context(sid, caller=caller)
                     built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
+        # Recall is layered on the final base view (after the size decision), as a copy.
+        built, recalled = await self.recall.add_to_view(session, effective, built, message)
         view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        if recalled:
+            view = dataclasses.replace(view, injected_chunk_ids=recalled)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
         return view
 
@@ -411,10 +417,11 @@ def _as_stored(overrides: ProfileOverrides) -> dict[str, Any]:
 
 
 def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:
-    from contextsvc.core.profile import CompressionOverrides
+    from contextsvc.core.profile import CompressionOverrides, RecallOverrides
 
     try:
         c = d.get("compression") or {}
+        recall = RecallOverrides(**(d.get("recall") or {}))
         compression = CompressionOverrides(
             **{
                 **c,
@@ -422,6 +429,6 @@ def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:
                 "critical_tool_names": tuple(c.get("critical_tool_names") or ()),
             }
         )
-        return ProfileOverrides(**{**d, "compression": compression})
+        return ProfileOverrides(**{**d, "compression": compression, "recall": recall})
     except TypeError:
         return None

@@ -58,6 +58,8 @@ class BuiltView:
     estimate: TokenEstimate
     notices: list[str]
     compression: Any = None
+    #: content hashes of the history chunks recalled into this view (``engine/recall.py``).
+    injected_chunk_ids: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -368,7 +370,8 @@ class ViewService:
                 create_time=self._clock.now(),
                 epoch=epoch,
                 features=built.features,
-                incoming_tokens=built.estimate.segments.incoming,
+                # Not in the stored context: the incoming message and recalled excerpts.
+                incoming_tokens=built.estimate.segments.incoming + built.estimate.segments.recall,
                 priced_tokens=built.estimate.priced,
             ),
             keep=keep,

@@ -1,5 +1,5 @@
 """The raw history index (DESIGN §5.6): idempotent by content hash, per session, ranked, deleted
-with its session, durable. Word forms in these tests are exact: a store may stem, need not."""
+with its session, durable. Word forms are stemmed alike by every store (core/recall.py)."""
 
 from __future__ import annotations
 
@@ -168,3 +168,22 @@ async def test_chunks_survive_a_restart(store: SessionStore, reopen: Reopen) -> 
     assert await store.add_history_chunks(sid, [chunk("second pass over the tokenizer", 10)]) == 1
     assert len(await store.search_history(sid, "tokenizer", limit=10)) == 3
     assert texts(await store.search_history(other, "tokenizer", limit=10)) == ["the other tokenizer session"]
+
+
+async def test_every_store_ranks_identifiers_and_reports_rarity_alike(store: SessionStore) -> None:
+    sid = await session(store)
+    await store.add_history_chunks(
+        sid,
+        [
+            chunk("account acct_9f3k2x opened for billing", 1),
+            *[chunk(f"acct list 9f3k2x account account billing run {n}", n + 2, key=str(n)) for n in range(3)],
+            chunk("the replicas were restarted", 9),
+        ],
+    )
+    found = await store.search_history(sid, "billing account acct_9f3k2x", limit=5)
+    # The exact identifier counts double: its chunk first, although the others repeat its parts.
+    assert found[0].chunk.first_sequence == 1
+    assert (found[0].rarest_df, found[0].chunk_count) == (1, 5)
+    assert [s.rarest_df for s in found[1:]] == [4, 4, 4]  # their rarest match, "acct", is in four
+    # Stemmed: "restart" finds "restarted", "replica" finds "replicas".
+    assert texts(await store.search_history(sid, "replica restart", limit=5)) == ["the replicas were restarted"]

@@ -19,19 +19,19 @@ def chunk(text: str, last: int = 1, *, crumbs: tuple[str, ...] = (), key: str = 
 
 TERM_CASES = [
     pytest.param("Hello WORLD", ["hello", "world"], id="case-folded"),
-    pytest.param("rank_chunks", ["rank_chunks", "rank", "chunks"], id="snake-case"),
+    pytest.param("rank_chunks", ["rank_chunks", "rank", "chunk"], id="snake-case"),
     pytest.param(
         "see contextsvc/core/recall.py.",
-        ["see", "contextsvc/core/recall.py", "recall.py", "contextsvc", "core", "recall", "py"],
+        ["see", "contextsvc/core/recall.py", "recall.py", "contextsvc", "core", "recal", "py"],
         id="file-path",
     ),
-    pytest.param("HistoryChunk", ["historychunk", "history", "chunk"], id="camel-case"),
+    pytest.param("HistoryChunk", ["historychunk", "histori", "chunk"], id="camel-case"),
     pytest.param("HTTPServer BM25Okapi", ["httpserver", "http", "server", "bm25okapi", "bm25", "okapi"], id="acronyms"),
     pytest.param("v1.2.3 on port 8080", ["v1.2.3", "v1", "2", "3", "port", "8080"], id="digits"),
     pytest.param("pg-test-cluster.sh", ["pg-test-cluster.sh", "pg", "test", "cluster", "sh"], id="hyphens"),
-    pytest.param("Сервер УПАЛ, ёж!", ["сервер", "упал", "ёж"], id="cyrillic"),
+    pytest.param("Сервер УПАЛ, ёж!", ["сервер", "упа", "ёж"], id="cyrillic"),
     pytest.param("हिन्दी naïve", ["हिन्दी", "naïve"], id="combining-marks-stay-in-the-word"),
-    pytest.param("ｆｕｌｌｗｉｄｔｈ Straße", ["fullwidth", "strasse"], id="nfkc-and-casefold"),  # noqa: RUF001
+    pytest.param("ｆｕｌｌｗｉｄｔｈ Straße", ["fullwidth", "strass"], id="nfkc-and-casefold"),  # noqa: RUF001
     pytest.param("数据库设计", ["数据库设计", "数据", "据库", "库设", "设计"], id="cjk-bigrams"),
     pytest.param("the of and и в не", [], id="stop-words-only"),
     pytest.param("  ...  --  ", [], id="no-words"),
@@ -54,7 +54,7 @@ def test_query_terms_are_distinct_and_keep_their_order() -> None:
 
 def test_breadcrumbs_are_document_terms() -> None:
     found = document_terms(chunk("ran tests", crumbs=("project apollo", "step 3")))
-    assert found == ["ran", "tests", "project", "apollo", "step", "3"]
+    assert found == ["ran", "test", "project", "apollo", "step", "3"]
 
 
 # --- terms: invariants -------------------------------------------------------------------------
@@ -74,7 +74,7 @@ def test_terms_are_non_empty_folded_and_never_stop_words(text: str) -> None:
 def test_a_query_found_verbatim_in_a_chunk_finds_it(before: str, query: str, after: str) -> None:
     # Whitespace keeps the query's compounds intact inside the document.
     text = f"{before} {query} {after}"
-    assert set(query_terms(query)) <= set(terms(text))
+    assert set(terms(query)) <= set(terms(text))
     if query_terms(query):
         found = rank_chunks([chunk("unrelated filler", 1), chunk(text, 2)], query, 5)
         assert text in [s.chunk.text for s in found]

@@ -512,6 +512,7 @@ class BuildContextResponse(_message.Message):
     ESTIMATE_FIELD_NUMBER: _builtins.int
     COMPRESSION_FIELD_NUMBER: _builtins.int
     NOTICES_FIELD_NUMBER: _builtins.int
+    INJECTED_CHUNK_IDS_FIELD_NUMBER: _builtins.int
     view_id: _builtins.str
     """Identifies this view for RecordBaseline, on any replica."""
     @_builtins.property
@@ -528,7 +529,11 @@ class BuildContextResponse(_message.Message):
 
     @_builtins.property
     def notices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Notices about the view (images left out, messages cut)."""
+        """Notices about the view (images left out, messages cut, history recalled)."""
+
+    @_builtins.property
+    def injected_chunk_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The history chunks (`HistoryChunk.chunk_id`) recalled into this view as `is_recall` records."""
 
     def __init__(
         self,
@@ -538,10 +543,11 @@ class BuildContextResponse(_message.Message):
         estimate: _resources_pb2.TokenEstimate | None = ...,
         compression: Global___CompressionReport | None = ...,
         notices: _abc.Iterable[_builtins.str] | None = ...,
+        injected_chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "estimate", b"estimate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "estimate", b"estimate", "messages", b"messages", "notices", b"notices", "view_id", b"view_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "estimate", b"estimate", "injected_chunk_ids", b"injected_chunk_ids", "messages", b"messages", "notices", b"notices", "view_id", b"view_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -852,6 +858,7 @@ class HistoryChunk(_message.Message):
     END_TIME_FIELD_NUMBER: _builtins.int
     BREADCRUMBS_FIELD_NUMBER: _builtins.int
     SCORE_FIELD_NUMBER: _builtins.int
+    CHUNK_ID_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Verbatim text."""
     first_sequence: _builtins.int
@@ -860,6 +867,8 @@ class HistoryChunk(_message.Message):
     """Last sequence number covered."""
     score: _builtins.float
     """Relevance score; higher is better."""
+    chunk_id: _builtins.str
+    """Stable id of the chunk within its session (the hash of its text)."""
     @_builtins.property
     def start_time(self) -> _timestamp_pb2.Timestamp:
         """Time of the first message."""
@@ -882,10 +891,11 @@ class HistoryChunk(_message.Message):
         end_time: _timestamp_pb2.Timestamp | None = ...,
         breadcrumbs: _abc.Iterable[_builtins.str] | None = ...,
         score: _builtins.float = ...,
+        chunk_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "end_time", b"end_time", "first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "score", b"score", "start_time", b"start_time", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breadcrumbs", b"breadcrumbs", "chunk_id", b"chunk_id", "end_time", b"end_time", "first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "score", b"score", "start_time", b"start_time", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -502,6 +502,55 @@ class CompressionSettings(_message.Message):
 Global___CompressionSettings: _TypeAlias = CompressionSettings  # noqa: Y015
 
 @_typing.final
+class RecallSettings(_message.Message):
+    """Recall overrides carried by a profile; unset fields fall back."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    MAX_EXCERPTS_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    MIN_SCORE_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """Whether excerpts of compacted history are added to views at all."""
+    max_excerpts: _builtins.int
+    """Excerpts added per view at most."""
+    max_tokens: _builtins.int
+    """Tokens the excerpts of one view may take together."""
+    min_score: _builtins.float
+    """Least share (0-1) of the incoming message's search terms an excerpt must contain."""
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool | None = ...,
+        max_excerpts: _builtins.int | None = ...,
+        max_tokens: _builtins.int | None = ...,
+        min_score: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_max_excerpts", b"_max_excerpts", "_max_tokens", b"_max_tokens", "_min_score", b"_min_score", "enabled", b"enabled", "max_excerpts", b"max_excerpts", "max_tokens", b"max_tokens", "min_score", b"min_score"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_max_excerpts", b"_max_excerpts", "_max_tokens", b"_max_tokens", "_min_score", b"_min_score", "enabled", b"enabled", "max_excerpts", b"max_excerpts", "max_tokens", b"max_tokens", "min_score", b"min_score"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
+    _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
+    _WhichOneofReturnType__max_excerpts: _TypeAlias = _typing.Literal["max_excerpts"]  # noqa: Y015
+    _WhichOneofArgType__max_excerpts: _TypeAlias = _typing.Literal["_max_excerpts", b"_max_excerpts"]  # noqa: Y015
+    _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__min_score: _TypeAlias = _typing.Literal["min_score"]  # noqa: Y015
+    _WhichOneofArgType__min_score: _TypeAlias = _typing.Literal["_min_score", b"_min_score"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__enabled) -> _WhichOneofReturnType__enabled | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_excerpts) -> _WhichOneofReturnType__max_excerpts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_score) -> _WhichOneofReturnType__min_score | None: ...
+
+Global___RecallSettings: _TypeAlias = RecallSettings  # noqa: Y015
+
+@_typing.final
 class Profile(_message.Message):
     """A model profile. Every field is optional: unset fields fall back to the
     named server profile, then to the service defaults.
@@ -517,6 +566,7 @@ class Profile(_message.Message):
     OUTPUT_RESERVE_TOKENS_FIELD_NUMBER: _builtins.int
     COMPRESSION_FIELD_NUMBER: _builtins.int
     MESSAGE_TOKEN_BUDGET_FIELD_NUMBER: _builtins.int
+    RECALL_FIELD_NUMBER: _builtins.int
     profile_id: _builtins.str
     """Named server profile to start from."""
     model: _builtins.str
@@ -535,6 +585,10 @@ class Profile(_message.Message):
     def compression(self) -> Global___CompressionSettings:
         """Compression overrides."""
 
+    @_builtins.property
+    def recall(self) -> Global___RecallSettings:
+        """Recall overrides."""
+
     def __init__(
         self,
         *,
@@ -546,10 +600,11 @@ class Profile(_message.Message):
         output_reserve_tokens: _builtins.int | None = ...,
         compression: Global___CompressionSettings | None = ...,
         message_token_budget: _builtins.int | None = ...,
+        recall: Global___RecallSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_context_window", b"_context_window", "_message_token_budget", b"_message_token_budget", "_model", b"_model", "_output_reserve_tokens", b"_output_reserve_tokens", "_system_prompt", b"_system_prompt", "_vision", b"_vision", "compression", b"compression", "context_window", b"context_window", "message_token_budget", b"message_token_budget", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "system_prompt", b"system_prompt", "vision", b"vision"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_context_window", b"_context_window", "_message_token_budget", b"_message_token_budget", "_model", b"_model", "_output_reserve_tokens", b"_output_reserve_tokens", "_system_prompt", b"_system_prompt", "_vision", b"_vision", "compression", b"compression", "context_window", b"context_window", "message_token_budget", b"message_token_budget", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "recall", b"recall", "system_prompt", b"system_prompt", "vision", b"vision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_context_window", b"_context_window", "_message_token_budget", b"_message_token_budget", "_model", b"_model", "_output_reserve_tokens", b"_output_reserve_tokens", "_system_prompt", b"_system_prompt", "_vision", b"_vision", "compression", b"compression", "context_window", b"context_window", "message_token_budget", b"message_token_budget", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "profile_id", b"profile_id", "system_prompt", b"system_prompt", "vision", b"vision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_context_window", b"_context_window", "_message_token_budget", b"_message_token_budget", "_model", b"_model", "_output_reserve_tokens", b"_output_reserve_tokens", "_system_prompt", b"_system_prompt", "_vision", b"_vision", "compression", b"compression", "context_window", b"context_window", "message_token_budget", b"message_token_budget", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "profile_id", b"profile_id", "recall", b"recall", "system_prompt", b"system_prompt", "vision", b"vision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__context_window: _TypeAlias = _typing.Literal["context_window"]  # noqa: Y015
     _WhichOneofArgType__context_window: _TypeAlias = _typing.Literal["_context_window", b"_context_window"]  # noqa: Y015
@@ -591,6 +646,7 @@ class TokenSegments(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     IMAGES_FIELD_NUMBER: _builtins.int
     INCOMING_FIELD_NUMBER: _builtins.int
+    RECALL_FIELD_NUMBER: _builtins.int
     system: _builtins.int
     """The profile's system prompt."""
     records: _builtins.int
@@ -605,6 +661,8 @@ class TokenSegments(_message.Message):
     """Images in the view."""
     incoming: _builtins.int
     """The incoming message not yet stored."""
+    recall: _builtins.int
+    """Excerpts of compacted history recalled into the view (`is_recall` records)."""
     def __init__(
         self,
         *,
@@ -615,10 +673,11 @@ class TokenSegments(_message.Message):
         messages: _builtins.int = ...,
         images: _builtins.int = ...,
         incoming: _builtins.int = ...,
+        recall: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["images", b"images", "incoming", b"incoming", "messages", b"messages", "pinned", b"pinned", "records", b"records", "summaries", b"summaries", "system", b"system"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["images", b"images", "incoming", b"incoming", "messages", b"messages", "pinned", b"pinned", "recall", b"recall", "records", b"records", "summaries", b"summaries", "system", b"system"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

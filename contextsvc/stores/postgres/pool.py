@@ -14,6 +14,7 @@ import asyncpg
 
 from contextsvc.config import PostgresSettings
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS
+from contextsvc.stores.postgres.reindex import rederive_terms
 from contextsvc.stores.postgres.rows import dumps
 from contextsvc.stores.postgres.schema import MigrationReport, migrate
 
@@ -31,7 +32,9 @@ async def migrate_database(dsn: str, pg: PostgresSettings) -> MigrationReport:
         dsn, timeout=pg.connect_timeout_seconds, server_settings={"application_name": "contextsvc-migrate"}
     )
     try:
-        return await migrate(conn, trigram=pg.trigram, lock_timeout_seconds=pg.migration_lock_timeout_seconds)
+        report = await migrate(conn, trigram=pg.trigram, lock_timeout_seconds=pg.migration_lock_timeout_seconds)
+        await rederive_terms(conn)
+        return report
     finally:
         await conn.close()
 

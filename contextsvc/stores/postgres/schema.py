@@ -216,12 +216,20 @@ ALTER TABLE calibration_observations ADD COLUMN residual double precision;
 ALTER TABLE views ADD COLUMN priced_tokens bigint NOT NULL DEFAULT 0;
 """
 
+# Search terms carry the version of the tokenizer that made them (core/recall.TERMS_VERSION):
+# rows of an older one are re-derived at start (stores/postgres/reindex.py). Existing rows were
+# made by version 1 (no stemming).
+_V6_TERMS_VERSION = """
+ALTER TABLE history_chunks ADD COLUMN terms_version integer NOT NULL DEFAULT 1;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
     Migration(3, "append request fingerprints", _V3_FINGERPRINTS),
     Migration(4, "calibration features", _V4_FEATURES),
     Migration(5, "calibration residuals", _V5_RESIDUALS),
+    Migration(6, "search terms version", _V6_TERMS_VERSION),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

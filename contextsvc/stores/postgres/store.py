@@ -34,7 +34,7 @@ from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
-from contextsvc.core.recall import BM25_B, BM25_K1, query_terms
+from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
@@ -938,9 +938,10 @@ class PostgresStore:
             added = await conn.fetchval(
                 """WITH added AS (
                        INSERT INTO history_chunks (session_id, content_hash, text, first_sequence, last_sequence,
-                                                   start_time, end_time, breadcrumbs, terms, term_count, create_time)
+                                                   start_time, end_time, breadcrumbs, terms, term_count, create_time,
+                                                   terms_version)
                        SELECT $1, u.h, u.t, u.f, u.l, u.s, u.e, u.b::jsonb,
-                              ARRAY(SELECT jsonb_array_elements_text(u.w::jsonb)), u.n, $11
+                              ARRAY(SELECT jsonb_array_elements_text(u.w::jsonb)), u.n, $11, $12
                          FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::timestamptz[],
                                      $7::timestamptz[], $8::text[], $9::text[], $10::integer[])
                               WITH ORDINALITY AS u(h, t, f, l, s, e, b, w, n, i)
@@ -951,6 +952,7 @@ class PostgresStore:
                 session_id,
                 *columns,
                 self._now(),
+                TERMS_VERSION,
             )
             return int(added)
 
@@ -960,8 +962,9 @@ class PostgresStore:
         """BM25 over the core's search terms, computed in the database: the GIN index on
         ``terms`` finds the candidate chunks, and the per-session statistics (chunk count,
         average length, document frequencies) make scores and order those of the in-process
-        stores (``contextsvc.core.recall``). Ties go to the newest chunk."""
-        wanted = query_terms(query) if isinstance(query, str) else []
+        stores (``contextsvc.core.recall``), identifier terms weighted the same way (a repeated
+        query term is summed once per repetition). Ties go to the newest chunk."""
+        wanted = weighted_query_terms(query) if isinstance(query, str) else []
         if not wanted or limit <= 0 or not isinstance(session_id, str):
             return []
 
@@ -971,7 +974,7 @@ class PostgresStore:
                        SELECT count(*)::float8 AS n, avg(term_count)::float8 AS avgdl
                          FROM history_chunks WHERE session_id = $1),
                    idf AS (
-                       SELECT q.term, ln(1 + (stats.n - d.df + 0.5) / (d.df + 0.5)) AS idf
+                       SELECT q.term, d.df, ln(1 + (stats.n - d.df + 0.5) / (d.df + 0.5)) AS idf
                          FROM unnest($2::text[]) AS q(term)
                         CROSS JOIN stats
                         CROSS JOIN LATERAL (
@@ -981,7 +984,9 @@ class PostgresStore:
                    scored AS (
                        SELECT c.chunk_id,
                               sum(idf.idf * tf.tf * ($3 + 1)
-                                  / (tf.tf + $3 * (1 - $4 + $4 * c.term_count / stats.avgdl))) AS score
+                                  / (tf.tf + $3 * (1 - $4 + $4 * c.term_count / stats.avgdl))) AS score,
+                              min(idf.df) FILTER (WHERE tf.tf > 0) AS rarest_df,
+                              min(stats.n) AS chunk_count
                          FROM history_chunks c
                         CROSS JOIN stats
                         CROSS JOIN idf
@@ -990,7 +995,7 @@ class PostgresStore:
                                WHERE t.term = idf.term) tf
                         WHERE c.session_id = $1 AND c.terms && $2::text[]
                         GROUP BY c.chunk_id)
-                   SELECT c.*, s.score
+                   SELECT c.*, s.score, s.rarest_df, s.chunk_count
                      FROM scored s JOIN history_chunks c ON c.session_id = $1 AND c.chunk_id = s.chunk_id
                     WHERE s.score > 0
                     ORDER BY s.score DESC, c.last_sequence DESC, c.chunk_id DESC
@@ -1001,7 +1006,15 @@ class PostgresStore:
                 BM25_B,
                 limit,
             )
-            return [ScoredChunk(chunk_from_row(r), float(r["score"])) for r in rows]
+            return [
+                ScoredChunk(
+                    chunk_from_row(r),
+                    float(r["score"]),
+                    rarest_df=int(r["rarest_df"] or 0),
+                    chunk_count=int(r["chunk_count"] or 0),
+                )
+                for r in rows
+            ]
 
         return await self._read("search_history", work)
 

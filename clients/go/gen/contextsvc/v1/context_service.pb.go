@@ -995,10 +995,12 @@ type BuildContextResponse struct {
 	Estimate *TokenEstimate `protobuf:"bytes,3,opt,name=estimate,proto3" json:"estimate,omitempty"`
 	// Set when the build compressed the context first.
 	Compression *CompressionReport `protobuf:"bytes,4,opt,name=compression,proto3" json:"compression,omitempty"`
-	// Notices about the view (images left out, messages cut).
-	Notices       []string `protobuf:"bytes,5,rep,name=notices,proto3" json:"notices,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Notices about the view (images left out, messages cut, history recalled).
+	Notices []string `protobuf:"bytes,5,rep,name=notices,proto3" json:"notices,omitempty"`
+	// The history chunks (`HistoryChunk.chunk_id`) recalled into this view as `is_recall` records.
+	InjectedChunkIds []string `protobuf:"bytes,6,rep,name=injected_chunk_ids,json=injectedChunkIds,proto3" json:"injected_chunk_ids,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *BuildContextResponse) Reset() {
@@ -1062,6 +1064,13 @@ func (x *BuildContextResponse) GetCompression() *CompressionReport {
 func (x *BuildContextResponse) GetNotices() []string {
 	if x != nil {
 		return x.Notices
+	}
+	return nil
+}
+
+func (x *BuildContextResponse) GetInjectedChunkIds() []string {
+	if x != nil {
+		return x.InjectedChunkIds
 	}
 	return nil
 }
@@ -1668,7 +1677,9 @@ type HistoryChunk struct {
 	// Breadcrumbs extracted from the chunk.
 	Breadcrumbs []string `protobuf:"bytes,6,rep,name=breadcrumbs,proto3" json:"breadcrumbs,omitempty"`
 	// Relevance score; higher is better.
-	Score         float64 `protobuf:"fixed64,7,opt,name=score,proto3" json:"score,omitempty"`
+	Score float64 `protobuf:"fixed64,7,opt,name=score,proto3" json:"score,omitempty"`
+	// Stable id of the chunk within its session (the hash of its text).
+	ChunkId       string `protobuf:"bytes,8,opt,name=chunk_id,json=chunkId,proto3" json:"chunk_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1750,6 +1761,13 @@ func (x *HistoryChunk) GetScore() float64 {
 		return x.Score
 	}
 	return 0
+}
+
+func (x *HistoryChunk) GetChunkId() string {
+	if x != nil {
+		return x.ChunkId
+	}
+	return ""
 }
 
 // Response of SearchHistory.
@@ -2031,13 +2049,14 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\vbreadcrumbs\x18\t \x03(\tR\vbreadcrumbs\x122\n" +
 	"\x04plan\x18\n" +
 	" \x01(\v2\x1e.contextsvc.v1.CompressionPlanR\x04plan\x127\n" +
-	"\x06stages\x18\v \x03(\v2\x1f.contextsvc.v1.CompressionStageR\x06stages\"\xfb\x01\n" +
+	"\x06stages\x18\v \x03(\v2\x1f.contextsvc.v1.CompressionStageR\x06stages\"\xa9\x02\n" +
 	"\x14BuildContextResponse\x122\n" +
 	"\bmessages\x18\x01 \x03(\v2\x16.contextsvc.v1.MessageR\bmessages\x12\x17\n" +
 	"\aview_id\x18\x02 \x01(\tR\x06viewId\x128\n" +
 	"\bestimate\x18\x03 \x01(\v2\x1c.contextsvc.v1.TokenEstimateR\bestimate\x12B\n" +
 	"\vcompression\x18\x04 \x01(\v2 .contextsvc.v1.CompressionReportR\vcompression\x12\x18\n" +
-	"\anotices\x18\x05 \x03(\tR\anotices\"\xb2\x01\n" +
+	"\anotices\x18\x05 \x03(\tR\anotices\x12,\n" +
+	"\x12injected_chunk_ids\x18\x06 \x03(\tR\x10injectedChunkIds\"\xb2\x01\n" +
 	"\x15EstimateTokensRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.contextsvc.v1.MessageR\bmessages\x12\x1d\n" +
@@ -2086,7 +2105,7 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n" +
 	"\x05query\x18\x02 \x01(\tR\x05query\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\x98\x02\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\xb3\x02\n" +
 	"\fHistoryChunk\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12%\n" +
 	"\x0efirst_sequence\x18\x02 \x01(\x03R\rfirstSequence\x12#\n" +
@@ -2095,7 +2114,8 @@ const file_contextsvc_v1_context_service_proto_rawDesc = "" +
 	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12 \n" +
 	"\vbreadcrumbs\x18\x06 \x03(\tR\vbreadcrumbs\x12\x14\n" +
-	"\x05score\x18\a \x01(\x01R\x05score\"L\n" +
+	"\x05score\x18\a \x01(\x01R\x05score\x12\x19\n" +
+	"\bchunk_id\x18\b \x01(\tR\achunkId\"L\n" +
 	"\x15SearchHistoryResponse\x123\n" +
 	"\x06chunks\x18\x01 \x03(\v2\x1b.contextsvc.v1.HistoryChunkR\x06chunks\"^\n" +
 	"\x14ExpandSummaryRequest\x12\x1d\n" +

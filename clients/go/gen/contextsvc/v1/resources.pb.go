@@ -912,6 +912,79 @@ func (x *CompressionSettings) GetHardTruncateFallback() bool {
 	return false
 }
 
+// Recall overrides carried by a profile; unset fields fall back.
+type RecallSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether excerpts of compacted history are added to views at all.
+	Enabled *bool `protobuf:"varint,1,opt,name=enabled,proto3,oneof" json:"enabled,omitempty"`
+	// Excerpts added per view at most.
+	MaxExcerpts *int32 `protobuf:"varint,2,opt,name=max_excerpts,json=maxExcerpts,proto3,oneof" json:"max_excerpts,omitempty"`
+	// Tokens the excerpts of one view may take together.
+	MaxTokens *int32 `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3,oneof" json:"max_tokens,omitempty"`
+	// Least share (0-1) of the incoming message's search terms an excerpt must contain.
+	MinScore      *float64 `protobuf:"fixed64,4,opt,name=min_score,json=minScore,proto3,oneof" json:"min_score,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecallSettings) Reset() {
+	*x = RecallSettings{}
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecallSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecallSettings) ProtoMessage() {}
+
+func (x *RecallSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecallSettings.ProtoReflect.Descriptor instead.
+func (*RecallSettings) Descriptor() ([]byte, []int) {
+	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RecallSettings) GetEnabled() bool {
+	if x != nil && x.Enabled != nil {
+		return *x.Enabled
+	}
+	return false
+}
+
+func (x *RecallSettings) GetMaxExcerpts() int32 {
+	if x != nil && x.MaxExcerpts != nil {
+		return *x.MaxExcerpts
+	}
+	return 0
+}
+
+func (x *RecallSettings) GetMaxTokens() int32 {
+	if x != nil && x.MaxTokens != nil {
+		return *x.MaxTokens
+	}
+	return 0
+}
+
+func (x *RecallSettings) GetMinScore() float64 {
+	if x != nil && x.MinScore != nil {
+		return *x.MinScore
+	}
+	return 0
+}
+
 // A model profile. Every field is optional: unset fields fall back to the
 // named server profile, then to the service defaults.
 type Profile struct {
@@ -932,13 +1005,15 @@ type Profile struct {
 	Compression *CompressionSettings `protobuf:"bytes,7,opt,name=compression,proto3" json:"compression,omitempty"`
 	// Per-message view budget in tokens (0 = window / 6).
 	MessageTokenBudget *int64 `protobuf:"varint,8,opt,name=message_token_budget,json=messageTokenBudget,proto3,oneof" json:"message_token_budget,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Recall overrides.
+	Recall        *RecallSettings `protobuf:"bytes,9,opt,name=recall,proto3" json:"recall,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Profile) Reset() {
 	*x = Profile{}
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[7]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -950,7 +1025,7 @@ func (x *Profile) String() string {
 func (*Profile) ProtoMessage() {}
 
 func (x *Profile) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[7]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -963,7 +1038,7 @@ func (x *Profile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Profile.ProtoReflect.Descriptor instead.
 func (*Profile) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{7}
+	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Profile) GetProfileId() string {
@@ -1022,6 +1097,13 @@ func (x *Profile) GetMessageTokenBudget() int64 {
 	return 0
 }
 
+func (x *Profile) GetRecall() *RecallSettings {
+	if x != nil {
+		return x.Recall
+	}
+	return nil
+}
+
 // Where the tokens of a view go.
 type TokenSegments struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1038,14 +1120,16 @@ type TokenSegments struct {
 	// Images in the view.
 	Images int64 `protobuf:"varint,6,opt,name=images,proto3" json:"images,omitempty"`
 	// The incoming message not yet stored.
-	Incoming      int64 `protobuf:"varint,7,opt,name=incoming,proto3" json:"incoming,omitempty"`
+	Incoming int64 `protobuf:"varint,7,opt,name=incoming,proto3" json:"incoming,omitempty"`
+	// Excerpts of compacted history recalled into the view (`is_recall` records).
+	Recall        int64 `protobuf:"varint,8,opt,name=recall,proto3" json:"recall,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TokenSegments) Reset() {
 	*x = TokenSegments{}
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[8]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1141,7 @@ func (x *TokenSegments) String() string {
 func (*TokenSegments) ProtoMessage() {}
 
 func (x *TokenSegments) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[8]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1154,7 @@ func (x *TokenSegments) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenSegments.ProtoReflect.Descriptor instead.
 func (*TokenSegments) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{8}
+	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TokenSegments) GetSystem() int64 {
@@ -1122,6 +1206,13 @@ func (x *TokenSegments) GetIncoming() int64 {
 	return 0
 }
 
+func (x *TokenSegments) GetRecall() int64 {
+	if x != nil {
+		return x.Recall
+	}
+	return 0
+}
+
 // A token estimate of a view or message list.
 type TokenEstimate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1150,7 +1241,7 @@ type TokenEstimate struct {
 
 func (x *TokenEstimate) Reset() {
 	*x = TokenEstimate{}
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[9]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1253,7 @@ func (x *TokenEstimate) String() string {
 func (*TokenEstimate) ProtoMessage() {}
 
 func (x *TokenEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[9]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1266,7 @@ func (x *TokenEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenEstimate.ProtoReflect.Descriptor instead.
 func (*TokenEstimate) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{9}
+	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TokenEstimate) GetTotal() int64 {
@@ -1270,7 +1361,7 @@ type Calibration struct {
 
 func (x *Calibration) Reset() {
 	*x = Calibration{}
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[10]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1373,7 @@ func (x *Calibration) String() string {
 func (*Calibration) ProtoMessage() {}
 
 func (x *Calibration) ProtoReflect() protoreflect.Message {
-	mi := &file_contextsvc_v1_resources_proto_msgTypes[10]
+	mi := &file_contextsvc_v1_resources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1386,7 @@ func (x *Calibration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Calibration.ProtoReflect.Descriptor instead.
 func (*Calibration) Descriptor() ([]byte, []int) {
-	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{10}
+	return file_contextsvc_v1_resources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Calibration) GetModel() string {
@@ -1466,7 +1557,19 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\x13_summary_max_tokensB\x11\n" +
 	"\x0f_summary_promptB\r\n" +
 	"\v_summarizerB\x19\n" +
-	"\x17_hard_truncate_fallback\"\xd9\x03\n" +
+	"\x17_hard_truncate_fallback\"\xd7\x01\n" +
+	"\x0eRecallSettings\x12\x1d\n" +
+	"\aenabled\x18\x01 \x01(\bH\x00R\aenabled\x88\x01\x01\x12&\n" +
+	"\fmax_excerpts\x18\x02 \x01(\x05H\x01R\vmaxExcerpts\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"max_tokens\x18\x03 \x01(\x05H\x02R\tmaxTokens\x88\x01\x01\x12 \n" +
+	"\tmin_score\x18\x04 \x01(\x01H\x03R\bminScore\x88\x01\x01B\n" +
+	"\n" +
+	"\b_enabledB\x0f\n" +
+	"\r_max_excerptsB\r\n" +
+	"\v_max_tokensB\f\n" +
+	"\n" +
+	"_min_score\"\x90\x04\n" +
 	"\aProfile\x12\x1d\n" +
 	"\n" +
 	"profile_id\x18\x01 \x01(\tR\tprofileId\x12\x19\n" +
@@ -1476,13 +1579,14 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\x06vision\x18\x05 \x01(\bH\x03R\x06vision\x88\x01\x01\x127\n" +
 	"\x15output_reserve_tokens\x18\x06 \x01(\x03H\x04R\x13outputReserveTokens\x88\x01\x01\x12D\n" +
 	"\vcompression\x18\a \x01(\v2\".contextsvc.v1.CompressionSettingsR\vcompression\x125\n" +
-	"\x14message_token_budget\x18\b \x01(\x03H\x05R\x12messageTokenBudget\x88\x01\x01B\b\n" +
+	"\x14message_token_budget\x18\b \x01(\x03H\x05R\x12messageTokenBudget\x88\x01\x01\x125\n" +
+	"\x06recall\x18\t \x01(\v2\x1d.contextsvc.v1.RecallSettingsR\x06recallB\b\n" +
 	"\x06_modelB\x11\n" +
 	"\x0f_context_windowB\x10\n" +
 	"\x0e_system_promptB\t\n" +
 	"\a_visionB\x18\n" +
 	"\x16_output_reserve_tokensB\x17\n" +
-	"\x15_message_token_budget\"\xc7\x01\n" +
+	"\x15_message_token_budget\"\xdf\x01\n" +
 	"\rTokenSegments\x12\x16\n" +
 	"\x06system\x18\x01 \x01(\x03R\x06system\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x03R\arecords\x12\x1c\n" +
@@ -1490,7 +1594,8 @@ const file_contextsvc_v1_resources_proto_rawDesc = "" +
 	"\x06pinned\x18\x04 \x01(\x03R\x06pinned\x12\x1a\n" +
 	"\bmessages\x18\x05 \x01(\x03R\bmessages\x12\x16\n" +
 	"\x06images\x18\x06 \x01(\x03R\x06images\x12\x1a\n" +
-	"\bincoming\x18\a \x01(\x03R\bincoming\"\xa6\x02\n" +
+	"\bincoming\x18\a \x01(\x03R\bincoming\x12\x16\n" +
+	"\x06recall\x18\b \x01(\x03R\x06recall\"\xa6\x02\n" +
 	"\rTokenEstimate\x12\x14\n" +
 	"\x05total\x18\x01 \x01(\x03R\x05total\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\x03R\x04text\x12\x16\n" +
@@ -1543,7 +1648,7 @@ func file_contextsvc_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_contextsvc_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_contextsvc_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_contextsvc_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_contextsvc_v1_resources_proto_goTypes = []any{
 	(Role)(0),                     // 0: contextsvc.v1.Role
 	(EstimateMethod)(0),           // 1: contextsvc.v1.EstimateMethod
@@ -1554,34 +1659,36 @@ var file_contextsvc_v1_resources_proto_goTypes = []any{
 	(*SequenceRange)(nil),         // 6: contextsvc.v1.SequenceRange
 	(*Message)(nil),               // 7: contextsvc.v1.Message
 	(*CompressionSettings)(nil),   // 8: contextsvc.v1.CompressionSettings
-	(*Profile)(nil),               // 9: contextsvc.v1.Profile
-	(*TokenSegments)(nil),         // 10: contextsvc.v1.TokenSegments
-	(*TokenEstimate)(nil),         // 11: contextsvc.v1.TokenEstimate
-	(*Calibration)(nil),           // 12: contextsvc.v1.Calibration
-	nil,                           // 13: contextsvc.v1.Calibration.ClassRatiosEntry
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 15: google.protobuf.Struct
+	(*RecallSettings)(nil),        // 9: contextsvc.v1.RecallSettings
+	(*Profile)(nil),               // 10: contextsvc.v1.Profile
+	(*TokenSegments)(nil),         // 11: contextsvc.v1.TokenSegments
+	(*TokenEstimate)(nil),         // 12: contextsvc.v1.TokenEstimate
+	(*Calibration)(nil),           // 13: contextsvc.v1.Calibration
+	nil,                           // 14: contextsvc.v1.Calibration.ClassRatiosEntry
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 16: google.protobuf.Struct
 }
 var file_contextsvc_v1_resources_proto_depIdxs = []int32{
-	14, // 0: contextsvc.v1.Session.create_time:type_name -> google.protobuf.Timestamp
-	14, // 1: contextsvc.v1.Session.update_time:type_name -> google.protobuf.Timestamp
-	15, // 2: contextsvc.v1.Session.metadata:type_name -> google.protobuf.Struct
+	15, // 0: contextsvc.v1.Session.create_time:type_name -> google.protobuf.Timestamp
+	15, // 1: contextsvc.v1.Session.update_time:type_name -> google.protobuf.Timestamp
+	16, // 2: contextsvc.v1.Session.metadata:type_name -> google.protobuf.Struct
 	0,  // 3: contextsvc.v1.Message.role:type_name -> contextsvc.v1.Role
 	3,  // 4: contextsvc.v1.Message.images:type_name -> contextsvc.v1.Image
 	4,  // 5: contextsvc.v1.Message.tool_calls:type_name -> contextsvc.v1.ToolCall
 	5,  // 6: contextsvc.v1.Message.flags:type_name -> contextsvc.v1.MessageFlags
-	15, // 7: contextsvc.v1.Message.metadata:type_name -> google.protobuf.Struct
-	14, // 8: contextsvc.v1.Message.create_time:type_name -> google.protobuf.Timestamp
+	16, // 7: contextsvc.v1.Message.metadata:type_name -> google.protobuf.Struct
+	15, // 8: contextsvc.v1.Message.create_time:type_name -> google.protobuf.Timestamp
 	6,  // 9: contextsvc.v1.Message.replaces:type_name -> contextsvc.v1.SequenceRange
 	8,  // 10: contextsvc.v1.Profile.compression:type_name -> contextsvc.v1.CompressionSettings
-	1,  // 11: contextsvc.v1.TokenEstimate.method:type_name -> contextsvc.v1.EstimateMethod
-	10, // 12: contextsvc.v1.TokenEstimate.segments:type_name -> contextsvc.v1.TokenSegments
-	13, // 13: contextsvc.v1.Calibration.class_ratios:type_name -> contextsvc.v1.Calibration.ClassRatiosEntry
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	9,  // 11: contextsvc.v1.Profile.recall:type_name -> contextsvc.v1.RecallSettings
+	1,  // 12: contextsvc.v1.TokenEstimate.method:type_name -> contextsvc.v1.EstimateMethod
+	11, // 13: contextsvc.v1.TokenEstimate.segments:type_name -> contextsvc.v1.TokenSegments
+	14, // 14: contextsvc.v1.Calibration.class_ratios:type_name -> contextsvc.v1.Calibration.ClassRatiosEntry
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_contextsvc_v1_resources_proto_init() }
@@ -1592,13 +1699,14 @@ func file_contextsvc_v1_resources_proto_init() {
 	file_contextsvc_v1_resources_proto_msgTypes[3].OneofWrappers = []any{}
 	file_contextsvc_v1_resources_proto_msgTypes[6].OneofWrappers = []any{}
 	file_contextsvc_v1_resources_proto_msgTypes[7].OneofWrappers = []any{}
+	file_contextsvc_v1_resources_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_contextsvc_v1_resources_proto_rawDesc), len(file_contextsvc_v1_resources_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
