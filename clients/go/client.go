@@ -25,7 +25,8 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
-// RetryPolicy paces retries of UNAVAILABLE calls (and only those) and the reconnects of Events.
+// RetryPolicy paces retries of UNAVAILABLE calls (and only those: a call that is not idempotent only
+// when the server says it never started it) and the reconnects of Events.
 type RetryPolicy struct {
 	MaxAttempts    int           // attempts per call, the first included (1 = no retry); default 4
 	InitialBackoff time.Duration // first wait when the server sent no RetryInfo; default 100ms
@@ -126,6 +127,11 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		if err == nil || !errors.As(err, &typed) || typed.Code != codes.Unavailable || attempt >= c.retry.MaxAttempts {
 			return err
 		}
+		if !idempotent(method, req) && !notStartedReasons[typed.Reason] {
+			// The server may have applied it: running it again could create a second session,
+			// fork twice or compress twice.
+			return err
+		}
 		wait := c.retry.backoff(attempt-1, typed.RetryDelay)
 		if deadline, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(deadline) {
 			return err
@@ -136,6 +142,32 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		case <-time.After(wait):
 		}
 	}
+}
+
+// notIdempotent lists the calls whose second run differs from their first.
+var notIdempotent = map[string]bool{
+	pb.ContextService_CreateSession_FullMethodName:  true,
+	pb.ContextService_ForkSession_FullMethodName:    true,
+	pb.ContextService_DeleteSession_FullMethodName:  true,
+	pb.ContextService_RecordBaseline_FullMethodName: true,
+}
+
+// notStartedReasons are ErrorInfo reasons of an UNAVAILABLE the server sends before it starts a
+// call: any call may be retried after them.
+var notStartedReasons = map[string]bool{"SHUTTING_DOWN": true, "STORE_NOT_READY": true}
+
+// idempotent tells whether running req twice has the effect of running it once.
+func idempotent(method string, req any) bool {
+	if notIdempotent[method] {
+		return false
+	}
+	switch r := req.(type) {
+	case *pb.AppendMessagesRequest:
+		return r.GetRequestId() != "" // the server applies a request id once
+	case *pb.CompressRequest:
+		return r.GetDryRun()
+	}
+	return true
 }
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {

@@ -188,6 +188,29 @@ func TestRetriesUnavailableAndRequestIDs(t *testing.T) {
 	}
 }
 
+func TestNotIdempotentCallsAreNotRetriedOnABareUnavailable(t *testing.T) {
+	ctx := context.Background()
+	p := startProxy(t, serverAddr)
+	c := newClient(t, p.addr, contextsvc.Options{Retry: fast, Timeout: 10 * time.Second})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.stopListening()
+	// Back after 1 s: a retried call would get through; CreateSession and ForkSession must not.
+	time.AfterFunc(time.Second, p.listen)
+	if _, err := c.CreateSession(ctx, &pb.CreateSessionRequest{}); !errors.Is(err, contextsvc.ErrUnavailable) {
+		t.Fatalf("CreateSession: want ErrUnavailable at once, got %v", err)
+	}
+	if _, err := c.ForkSession(ctx, &pb.ForkSessionRequest{SessionId: s.Id}); !errors.Is(err, contextsvc.ErrUnavailable) {
+		t.Fatalf("ForkSession: want ErrUnavailable at once, got %v", err)
+	}
+	// An idempotent call in the same outage waits it out.
+	if got, err := c.GetSession(ctx, &pb.GetSessionRequest{SessionId: s.Id}); err != nil || got.Id != s.Id {
+		t.Fatalf("GetSession through the outage: %v %v", got, err)
+	}
+}
+
 func TestEventsResumeAfterADroppedStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -72,6 +72,9 @@ export interface CallOptions {
   signal?: AbortSignal;
 }
 
+/** ErrorInfo reasons of an UNAVAILABLE the server sends before it starts a call: any call may be retried. */
+const NOT_STARTED_REASONS = new Set(["SHUTTING_DOWN", "STORE_NOT_READY"]);
+
 function backoff(policy: RetryPolicy, attempt: number, hintMs?: number): number {
   if (hintMs !== undefined && hintMs > 0) return Math.min(hintMs, policy.maxBackoffMs);
   const ceiling = Math.min(policy.maxBackoffMs, policy.initialBackoffMs * policy.multiplier ** attempt);
@@ -110,8 +113,15 @@ export class ContextClient {
     this.sessions.abort();
   }
 
-  /** One unary call, its deadline spread over retries on UNAVAILABLE. */
-  private async call<T>(fn: (opts: { timeoutMs?: number; signal?: AbortSignal }) => Promise<T>, opts: CallOptions = {}): Promise<T> {
+  /**
+   * One unary call, its deadline spread over retries on UNAVAILABLE. A call that is not idempotent
+   * (`idempotent` false) is retried only when the server says it never started it.
+   */
+  private async call<T>(
+    fn: (opts: { timeoutMs?: number; signal?: AbortSignal }) => Promise<T>,
+    opts: CallOptions = {},
+    idempotent = true,
+  ): Promise<T> {
     const budget = opts.timeoutMs ?? this.timeoutMs;
     const deadline = budget > 0 ? Date.now() + budget : undefined;
     for (let attempt = 1; ; attempt++) {
@@ -124,6 +134,8 @@ export class ContextClient {
         if (!(err instanceof UnavailableError) || err.code !== "UNAVAILABLE" || attempt >= this.retry.maxAttempts) {
           throw err;
         }
+        // The server may have applied it: a second run could create a second session or fork twice.
+        if (!idempotent && !NOT_STARTED_REASONS.has(err.reason)) throw err;
         const wait = backoff(this.retry, attempt - 1, err.retryDelayMs);
         if (deadline !== undefined && Date.now() + wait >= deadline) throw err;
         await sleep(wait, undefined, { signal: opts.signal });
@@ -137,7 +149,7 @@ export class ContextClient {
 
   async createSession(req: { profile_id?: string; name?: string; metadata?: Plain } = {}, opts?: CallOptions): Promise<Plain> {
     const m = fromPlain(CreateSessionRequestSchema, req);
-    const res = await this.call((o) => this.rpc.createSession(m, o), opts);
+    const res = await this.call((o) => this.rpc.createSession(m, o), opts, false);
     return this.plain(ContextService.method.createSession.output, res);
   }
 
@@ -169,7 +181,7 @@ export class ContextClient {
   }
 
   async deleteSession(sessionId: string, opts?: CallOptions): Promise<void> {
-    await this.call((o) => this.rpc.deleteSession({ sessionId }, o), opts);
+    await this.call((o) => this.rpc.deleteSession({ sessionId }, o), opts, false);
   }
 
   /**
@@ -227,6 +239,7 @@ export class ContextClient {
     const res = await this.call(
       (o) => this.rpc.recordBaseline({ sessionId, viewId, promptTokens: BigInt(promptTokens) }, o),
       opts,
+      false,
     );
     return this.plain(ContextService.method.recordBaseline.output, res);
   }
@@ -237,7 +250,7 @@ export class ContextClient {
     opts?: CallOptions,
   ): Promise<Plain> {
     const m = fromPlain(CompressRequestSchema, { session_id: sessionId, ...req });
-    const res = await this.call((o) => this.rpc.compress(m, o), opts);
+    const res = await this.call((o) => this.rpc.compress(m, o), opts, req.dry_run === true);
     return this.plain(ContextService.method.compress.output, res);
   }
 
@@ -258,6 +271,7 @@ export class ContextClient {
     const res = await this.call(
       (o) => this.rpc.forkSession({ sessionId, atSequence: BigInt(req.at_sequence ?? 0) }, o),
       opts,
+      false,
     );
     return this.plain(ContextService.method.forkSession.output, res);
   }

@@ -124,6 +124,20 @@ test("UNAVAILABLE is retried until the server is reachable again", async () => {
   await assert.rejects(once.getSession(sid), UnavailableError);
 });
 
+test("calls that are not idempotent are not retried on a bare UNAVAILABLE", async () => {
+  const proxy = await new TcpProxy(server.address).start();
+  const c = new ContextClient(proxy.address, { timeoutMs: 10_000, retry: FAST });
+  const sid = (await c.createSession()).id as string;
+  await proxy.stopListening();
+  // Back after 1 s: a retried call would get through; CreateSession and ForkSession must not.
+  setTimeout(() => void proxy.start(), 1000);
+  await assert.rejects(c.createSession(), UnavailableError);
+  await assert.rejects(c.forkSession(sid), UnavailableError);
+  // An idempotent call in the same outage waits it out.
+  assert.equal((await c.getSession(sid)).id, sid);
+  await proxy.stopListening();
+});
+
 test("request ids make appends idempotent; one is generated when not given", async () => {
   const sid = (await client.createSession()).id as string;
   const ac = new AbortController();
