@@ -200,8 +200,11 @@ class ViewService:
 
     def forget(self, session_id: str) -> None:
         """Drop the session's reused view (and the rows it holds): the files store calls this
-        when it drops the session's rows to stay within ``files.cache_mb``."""
+        when it drops the session's rows to stay within ``files.cache_mb``. The saved view record
+        holds the assembled rows too: without dropping it, up to ``view_cache_sessions`` evicted
+        sessions' rows stayed alive."""
         self._memo.forget(session_id)
+        self._saved.pop(session_id, None)
 
     def _assemble(
         self,

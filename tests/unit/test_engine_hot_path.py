@@ -186,3 +186,18 @@ async def test_deferred_anchors_apply_in_the_order_they_were_recorded() -> None:
     baseline = EngineState.of(await engine.store.get_session(sid, caller=ANONYMOUS)).baseline
     assert baseline is not None and baseline.view_id == new.view_id
     await engine.close()
+
+
+async def test_forgetting_a_session_drops_its_saved_view_record_too() -> None:
+    # The files store calls ``views.forget`` when it evicts a session's rows: the reused view and
+    # the saved view record both hold those rows, so both must go (the next build starts afresh).
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    first = await _build(engine, sid)
+    assert (await _build(engine, sid)).view_id == first.view_id and store.saved == 1
+    engine.views.forget(sid)
+    # Nothing of the engine's per-session view state may keep the evicted rows alive.
+    assert sid not in engine.views._saved and sid not in engine.views._memo._entries
+    after = await _build(engine, sid)
+    assert after.view_id != first.view_id and store.saved == 2
+    assert [v.message.content for v in after.messages] == [v.message.content for v in first.messages]
