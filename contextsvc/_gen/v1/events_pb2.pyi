@@ -401,19 +401,25 @@ class MemoryFlushDue(_message.Message):
 
     CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
     THRESHOLD_TOKENS_FIELD_NUMBER: _builtins.int
+    MARGIN_FIELD_NUMBER: _builtins.int
     context_tokens: _builtins.int
     """Current context tokens."""
     threshold_tokens: _builtins.int
     """Tokens at which compression will trigger."""
+    margin: _builtins.int
+    """The estimate's error margin (tokens): the warning comes this much earlier than
+    threshold_tokens minus the flush distance, since compression triggers on estimate + margin.
+    """
     def __init__(
         self,
         *,
         context_tokens: _builtins.int = ...,
         threshold_tokens: _builtins.int = ...,
+        margin: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_tokens", b"context_tokens", "threshold_tokens", b"threshold_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_tokens", b"context_tokens", "margin", b"margin", "threshold_tokens", b"threshold_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -457,6 +457,12 @@ class _Subscription:
                     self._last = max(self._last, newest)
                     if bus._feed_ok:
                         self._woken.set()  # into the window now
+        except Unavailable:
+            self._unregister()
+            if self._closed or bus._closed:
+                # Closed while a read was in flight: the end of the stream, not an outage.
+                raise StopAsyncIteration from None
+            raise
         except BaseException:
             # Unavailable, cancellation or the end: stop being woken. A caller that keeps
             # iterating after Unavailable re-registers and resumes after the last delivered id.

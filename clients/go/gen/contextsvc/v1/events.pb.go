@@ -777,8 +777,11 @@ type MemoryFlushDue struct {
 	ContextTokens int64 `protobuf:"varint,1,opt,name=context_tokens,json=contextTokens,proto3" json:"context_tokens,omitempty"`
 	// Tokens at which compression will trigger.
 	ThresholdTokens int64 `protobuf:"varint,2,opt,name=threshold_tokens,json=thresholdTokens,proto3" json:"threshold_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The estimate's error margin (tokens): the warning comes this much earlier than
+	// threshold_tokens minus the flush distance, since compression triggers on estimate + margin.
+	Margin        int64 `protobuf:"varint,3,opt,name=margin,proto3" json:"margin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MemoryFlushDue) Reset() {
@@ -821,6 +824,13 @@ func (x *MemoryFlushDue) GetContextTokens() int64 {
 func (x *MemoryFlushDue) GetThresholdTokens() int64 {
 	if x != nil {
 		return x.ThresholdTokens
+	}
+	return 0
+}
+
+func (x *MemoryFlushDue) GetMargin() int64 {
+	if x != nil {
+		return x.Margin
 	}
 	return 0
 }
@@ -1223,10 +1233,11 @@ const file_contextsvc_v1_events_proto_rawDesc = "" +
 	"\x10ContextTruncated\x12\x17\n" +
 	"\aview_id\x18\x01 \x01(\tR\x06viewId\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\x03R\fpromptTokens\x12)\n" +
-	"\x10estimated_tokens\x18\x03 \x01(\x03R\x0festimatedTokens\"b\n" +
+	"\x10estimated_tokens\x18\x03 \x01(\x03R\x0festimatedTokens\"z\n" +
 	"\x0eMemoryFlushDue\x12%\n" +
 	"\x0econtext_tokens\x18\x01 \x01(\x03R\rcontextTokens\x12)\n" +
-	"\x10threshold_tokens\x18\x02 \x01(\x03R\x0fthresholdTokens\"\xa8\x01\n" +
+	"\x10threshold_tokens\x18\x02 \x01(\x03R\x0fthresholdTokens\x12\x16\n" +
+	"\x06margin\x18\x03 \x01(\x03R\x06margin\"\xa8\x01\n" +
 	"\x10MessagesAppended\x12)\n" +
 	"\x10sequence_numbers\x18\x01 \x03(\x03R\x0fsequenceNumbers\x12%\n" +
 	"\x0econtext_tokens\x18\x02 \x01(\x03R\rcontextTokens\x12\x1d\n" +
