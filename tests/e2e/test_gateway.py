@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
-from tests.support.gateway import Process
+from tests.support.gateway import Process, recv, recv_type
 from tests.support.rawws import RawWebSocket
 from tests.support.rpc import all_messages, assistant, user
 
@@ -49,20 +49,6 @@ def stub(bundled: Process) -> Iterator[ContextServiceStub]:
 
 def new_session(stub: ContextServiceStub, name: str = "gw") -> str:
     return str(stub.CreateSession(pb.CreateSessionRequest(name=name)).id)
-
-
-async def recv(ws: ClientConnection, wait: float = 10.0) -> dict[str, Any]:
-    frame = json.loads(await asyncio.wait_for(ws.recv(), wait))
-    assert isinstance(frame, dict)
-    return frame
-
-
-async def recv_type(ws: ClientConnection, kind: str, wait: float = 10.0) -> dict[str, Any]:
-    """Frames up to the first of ``kind`` (others are dropped)."""
-    while True:
-        frame = await recv(ws, wait)
-        if frame["type"] == kind:
-            return frame
 
 
 async def quiet(ws: ClientConnection, seconds: float = 0.5) -> list[dict[str, Any]]:

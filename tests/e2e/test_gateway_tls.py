@@ -20,31 +20,17 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from contextsvc.client import ContextClient, TLSOptions
 from tests.support.certs import Authority, self_signed
-from tests.support.gateway import Process
+from tests.support.gateway import Process, recv, recv_type
 
 pytestmark = pytest.mark.e2e
 
 NAME = "contextsvc.test"  # the only name in the bundled server's certificate: not the address it dials
-
-
-async def recv(ws: ClientConnection, wait: float = 10.0) -> dict[str, Any]:
-    frame = json.loads(await asyncio.wait_for(ws.recv(), wait))
-    assert isinstance(frame, dict)
-    return frame
-
-
-async def recv_type(ws: ClientConnection, kind: str, wait: float = 10.0) -> dict[str, Any]:
-    while True:
-        frame = await recv(ws, wait)
-        if frame["type"] == kind:
-            return frame
 
 
 async def close_code(ws: ClientConnection, wait: float = 20.0) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import select
@@ -11,7 +13,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Any
+
+from websockets.asyncio.client import ClientConnection
 
 _GRPC = re.compile(r"contextsvc listening on (\S+):(\d+)")
 _GATEWAY = re.compile(r"contextsvc gateway listening on (https?)://(\S+):(\d+)/")
@@ -88,3 +92,18 @@ class Process:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+async def recv(ws: ClientConnection, wait: float = 10.0) -> dict[str, Any]:
+    """The next frame of a browser-protocol socket, decoded."""
+    frame = json.loads(await asyncio.wait_for(ws.recv(), wait))
+    assert isinstance(frame, dict)
+    return frame
+
+
+async def recv_type(ws: ClientConnection, kind: str, wait: float = 10.0) -> dict[str, Any]:
+    """Frames up to the first of ``kind`` (others are dropped)."""
+    while True:
+        frame = await recv(ws, wait)
+        if frame["type"] == kind:
+            return frame
