@@ -98,10 +98,10 @@ async def test_twins_that_both_started_before_either_committed_append_once(
             for n in range(2)
         ]
         # Both statements are running (waiting on the row lock) before the lock goes.
-        for _ in range(200):
+        for _ in range(1000):  # up to ~10 s on a busy machine
             waiting = await holder.fetchval(
                 "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND query LIKE '%append_requests%'"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database() AND pid <> pg_backend_pid()"
             )
             if waiting >= 2:
                 break
