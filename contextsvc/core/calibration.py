@@ -45,6 +45,7 @@ model) is ignored by the fit.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -223,9 +224,10 @@ def _robust(
     keep = list(range(len(rows)))
     weights = [1.0] * len(rows)
     delta = [0.0] * N_FEATURES
+    scaled, gram = _gram(rows, sigma)
     for _ in range(2):  # the second round without the trimmed observations
         for _ in range(_IRLS_PASSES):
-            delta = _map_solve([rows[i] for i in keep], [left[i] for i in keep], [weights[i] for i in keep], sigma)
+            delta = _map_solve(scaled, gram, keep, left, weights)
             delta = _clamp(delta)
             changed = False
             for i in keep:
@@ -252,14 +254,11 @@ def _log_evidence(
 ) -> float:
     """Log marginal likelihood of the kept residuals under deltas ~ N(0, sigma^2): with
     ``M = A S A' + s^2 W^-1``, ``-(r' M^-1 r + log det M) / 2``."""
-    a = [rows[i] for i in keep]
     r = [left[i] for i in keep]
-    n = len(a)
-    s2 = [x * x for x in sigma]
-    # Only the lower triangle (k <= i): all the Cholesky below reads. ``sum(map(mul, ...))`` adds
-    # the same products in the same order as a generator would, at a fraction of the cost.
-    scaled = [list(map(mul, row, s2)) for row in a]  # (a[i][j] * s2[j]), then * a[k][j]
-    m = [[sum(map(mul, scaled[i], a[k])) for k in range(i + 1)] for i in range(n)]
+    n = len(keep)
+    gram = _gram(rows, sigma)[1]
+    # Only the lower triangle (k <= i): all the Cholesky below reads.
+    m = [[gram[keep[i]][keep[k]] for k in range(i + 1)] for i in range(n)]
     for i in range(n):
         m[i][i] += _TEXT_SIGMA**2 / max(weights[keep[i]], 1e-6)
     # Cholesky: M = L L'; r' M^-1 r = |L^-1 r|^2, log det M = 2 sum log L_ii.
@@ -313,19 +312,35 @@ def _clamp(delta: list[float]) -> list[float]:
     return out
 
 
-def _map_solve(
-    rows: Sequence[Sequence[float]], left: Sequence[float], weights: Sequence[float], sigma: Sequence[float]
-) -> list[float]:
-    """``delta = S A' (A S A' + s^2 W^-1)^-1 r``: the maximum a posteriori deltas (dual form: an
-    n x n system for n observations, n <= the calibration window)."""
-    n = len(rows)
+_Matrix = tuple[tuple[float, ...], ...]
+
+
+def _gram(rows: Sequence[Sequence[float]], sigma: Sequence[float]) -> tuple[_Matrix, _Matrix]:
+    """``(A S, A S A')`` of all the observations' rows for the spread ``sigma``: what every IRLS
+    pass and every evidence reads (a subset of rows reads a submatrix). Made once per fit and
+    spread (``_gram_of`` keeps the last few), with the same products in the same order as
+    computing them where they are read: ``(a[i][j] * s2[j]) * a[k][j]``, summed over ``j``."""
+    return _gram_of(tuple(map(tuple, rows)), tuple(sigma))
+
+
+@functools.lru_cache(maxsize=8)
+def _gram_of(rows: _Matrix, sigma: tuple[float, ...]) -> tuple[_Matrix, _Matrix]:
     s2 = [s * s for s in sigma]
-    scaled = [list(map(mul, row, s2)) for row in rows]  # A S
-    m = [[sum(map(mul, scaled[i], rows[k])) for k in range(n)] for i in range(n)]
-    for i in range(n):
-        m[i][i] += _OBS_SIGMA**2 / max(weights[i], 1e-6)
-    z = _solve(m, list(left))
-    return [sum(map(mul, column, z)) for column in zip(*scaled, strict=True)] if n else [0.0] * N_FEATURES
+    scaled = tuple(tuple(map(mul, row, s2)) for row in rows)  # A S
+    return scaled, tuple(tuple(sum(map(mul, si, rk)) for rk in rows) for si in scaled)
+
+
+def _map_solve(
+    scaled: _Matrix, gram: _Matrix, keep: Sequence[int], left: Sequence[float], weights: Sequence[float]
+) -> list[float]:
+    """``delta = S A' (A S A' + s^2 W^-1)^-1 r`` over the ``keep`` rows: the maximum a posteriori
+    deltas (dual form: an n x n system for n observations, n <= the calibration window)."""
+    m = [[gram[i][k] for k in keep] for i in keep]
+    for a, i in enumerate(keep):
+        m[a][a] += _OBS_SIGMA**2 / max(weights[i], 1e-6)
+    z = _solve(m, [left[i] for i in keep])
+    kept = [scaled[i] for i in keep]
+    return [sum(map(mul, column, z)) for column in zip(*kept, strict=True)] if kept else [0.0] * N_FEATURES
 
 
 def _solve(m: list[list[float]], b: list[float]) -> list[float]:
