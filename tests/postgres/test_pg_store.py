@@ -60,36 +60,6 @@ async def test_text_postgresql_cannot_store_is_invalid_argument(store: PostgresS
     assert (await store.get_session(sid, caller=ALICE)).last_sequence == 0
 
 
-async def test_unreferenced_blobs_are_pruned_referenced_ones_kept(store: PostgresStore, postgres_db: str) -> None:
-    used, orphan = b"used image", b"orphan image"
-    used_id, orphan_id = hashlib.sha256(used).hexdigest(), hashlib.sha256(orphan).hexdigest()
-    await store.put_blob(used, blob_id=used_id)
-    await store.put_blob(orphan, blob_id=orphan_id)
-    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
-    await store.append_messages(
-        sid, [Message(Role.USER, "look", images=(ImageRef(blob_id=used_id, mime_type="image/png"),))], caller=ALICE
-    )
-    assert await store.prune_unreferenced_blobs(older_than=timedelta(hours=1)) == 0  # too young to judge
-    assert await store.prune_unreferenced_blobs(older_than=timedelta(0)) == 1
-    assert await store.get_blob(orphan_id) is None
-    assert await store.get_blob(used_id) == used
-    await store.delete_session(sid, caller=ALICE)  # drops the reference, not the bytes
-    assert await store.get_blob(used_id) == used
-    assert await store.prune_unreferenced_blobs(older_than=timedelta(0)) == 1
-    assert await store.get_blob(used_id) is None
-
-
-async def test_calibration_keeps_a_bounded_history_per_model(postgres_db: str) -> None:
-    store = await make_postgres_store(postgres_db, pg_settings(calibration_keep=5))
-    try:
-        for k in range(1, 9):
-            await store.add_calibration_observation("m", Observation(chars=100 * k, tokens=30 * k))
-        kept = await store.list_calibration_observations("m", limit=100)
-        assert kept == [Observation(100 * k, 30 * k) for k in range(4, 9)]
-    finally:
-        await store.close()
-
-
 async def test_pooled_connections_come_back_clean_without_a_reset_round_trip(store: PostgresStore) -> None:
     """The main pool skips asyncpg's reset query on release (one round trip per use): that holds
     only while nothing on it leaves session state behind. After every kind of work, each pooled
@@ -121,3 +91,33 @@ async def test_pooled_connections_come_back_clean_without_a_reset_round_trip(sto
     finally:
         for conn in held:
             await pool.release(conn)
+
+
+async def test_unreferenced_blobs_are_pruned_referenced_ones_kept(store: PostgresStore, postgres_db: str) -> None:
+    used, orphan = b"used image", b"orphan image"
+    used_id, orphan_id = hashlib.sha256(used).hexdigest(), hashlib.sha256(orphan).hexdigest()
+    await store.put_blob(used, blob_id=used_id)
+    await store.put_blob(orphan, blob_id=orphan_id)
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(
+        sid, [Message(Role.USER, "look", images=(ImageRef(blob_id=used_id, mime_type="image/png"),))], caller=ALICE
+    )
+    assert await store.prune_unreferenced_blobs(older_than=timedelta(hours=1)) == 0  # too young to judge
+    assert await store.prune_unreferenced_blobs(older_than=timedelta(0)) == 1
+    assert await store.get_blob(orphan_id) is None
+    assert await store.get_blob(used_id) == used
+    await store.delete_session(sid, caller=ALICE)  # drops the reference, not the bytes
+    assert await store.get_blob(used_id) == used
+    assert await store.prune_unreferenced_blobs(older_than=timedelta(0)) == 1
+    assert await store.get_blob(used_id) is None
+
+
+async def test_calibration_keeps_a_bounded_history_per_model(postgres_db: str) -> None:
+    store = await make_postgres_store(postgres_db, pg_settings(calibration_keep=5))
+    try:
+        for k in range(1, 9):
+            await store.add_calibration_observation("m", Observation(chars=100 * k, tokens=30 * k))
+        kept = await store.list_calibration_observations("m", limit=100)
+        assert kept == [Observation(100 * k, 30 * k) for k in range(4, 9)]
+    finally:
+        await store.close()
