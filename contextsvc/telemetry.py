@@ -41,6 +41,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from contextsvc.ports import EventBus, SessionStore, StoredEvent, Summarizer, Summarizers, SummaryRequest
+from contextsvc.telemetry_spans import LightSpan, SpanFactory
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,8 @@ class Telemetry:
     #: ``telemetry_slow_store_ms``); every call is counted in the span's store attributes
     slow_store_ms: float = 10.0
     tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracer())
+    #: starts the server, view and compaction spans (None: the tracer does; see telemetry_spans)
+    spans: SpanFactory | None = None
     instruments: _Instruments = field(default_factory=lambda: _Instruments.from_meter(metrics.NoOpMeter(_SCOPE)))
     _shutdowns: list[Callable[[], Any]] = field(default_factory=list)
     _flushes: list[Callable[[], Any]] = field(default_factory=list)
@@ -186,7 +189,11 @@ class Telemetry:
         """The interceptors to install: none when telemetry is off, else one for spans and metrics."""
         if not self.enabled:
             return []
-        return [_ServerInterceptor(self.tracer if self.tracing else None, self.instruments if self.metering else None)]
+        return [
+            _ServerInterceptor(
+                self.tracer if self.tracing else None, self.instruments if self.metering else None, self.spans
+            )
+        ]
 
     def wrap_store(self, store: SessionStore) -> SessionStore:
         return cast(SessionStore, _TracedStore(store, self.tracer, self.slow_store_ms)) if self.tracing else store
@@ -262,7 +269,9 @@ def build(traces: str, metrics_exporter: str, *, service_version: str = "", inst
     resource = _resource_type()(created.attributes, created.schema_url)
     telemetry = Telemetry()
     if traces:
-        telemetry.tracer = _tracing(traces, resource, telemetry._shutdowns, install, telemetry._flushes)
+        telemetry.tracer, telemetry.spans = _tracing(
+            traces, resource, telemetry._shutdowns, install, telemetry._flushes
+        )
         telemetry.tracing = True
     if metrics_exporter:
         telemetry.instruments = _metering(metrics_exporter, resource, telemetry._shutdowns, install)
@@ -296,7 +305,7 @@ def _tracing(
     shutdowns: list[Callable[[], Any]],
     install: bool,
     flushes: list[Callable[[], Any]],
-) -> trace.Tracer:
+) -> tuple[trace.Tracer, SpanFactory | None]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
@@ -309,16 +318,19 @@ def _tracing(
 
         exporter = grpc_span_exporter()
     else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+        from contextsvc.telemetry_otlp import http_span_exporter
 
-        exporter = HttpSpanExporter()
+        exporter = http_span_exporter()
     # The SDK's defaults (OTEL_BSP_*): batches of 512 every 5 s, 2048 queued; encoding runs on the
     # processor's thread, and costs in proportion to the spans and attributes a call records.
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    processor = BatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
     shutdowns.append(provider.shutdown)
     flushes.append(provider.force_flush)
+    # Our own spans go straight to that processor (telemetry_spans); other code's via the provider.
+    spans = SpanFactory(provider, processor, _SCOPE) if SpanFactory.usable(provider) else None
     if not install:
-        return provider.get_tracer(_SCOPE)
+        return provider.get_tracer(_SCOPE), spans
     trace.set_tracer_provider(provider)
     # The drivers' own spans: statements (without parameters) and HTTP calls to summarizers.
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
@@ -326,7 +338,7 @@ def _tracing(
 
     AsyncPGInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
     HTTPXClientInstrumentor().instrument(tracer_provider=provider)
-    return provider.get_tracer(_SCOPE)
+    return provider.get_tracer(_SCOPE), spans
 
 
 def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any]], install: bool) -> _Instruments:
@@ -441,13 +453,20 @@ class _ChildSpan:
         if not telemetry.tracing:
             return trace.INVALID_SPAN  # off: a no-op span, nothing looked up
         tally = _tally.get()
-        if tally is None or tally.span is None:
+        above = None if tally is None else tally.span
+        span: Span
+        if above is None:
             # Not under a recording span of ours: under someone else's (a caller's own span), or
             # under none / a dropped trace, where the block gets the non-recording span.
             parent = trace.get_current_span()
             if not parent.is_recording():
                 return parent
-        span = self._span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
+            span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
+        elif telemetry.spans is not None and isinstance(above, LightSpan):
+            span = telemetry.spans.child(self._name, above, self._attributes)
+        else:
+            span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
+        self._span = span
         self._token = otel_context.attach(trace.set_span_in_context(span))
         self._tally_token = _tally.set(_Tally(span))
         return span
@@ -824,9 +843,12 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
     the server-side failure codes as errors.
     """
 
-    def __init__(self, tracer: trace.Tracer | None, instruments: _Instruments | None) -> None:
+    def __init__(
+        self, tracer: trace.Tracer | None, instruments: _Instruments | None, spans: SpanFactory | None = None
+    ) -> None:
         self._tracer = tracer
         self._m = instruments
+        self._spans = spans
         # The metadata keys the configured propagators read (traceparent, tracestate, baggage by
         # default): a call carrying none of them starts a new trace without running the extractors.
         self._fields = frozenset(propagate.get_global_textmap().fields)
@@ -876,7 +898,11 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
         parent = None
         if metadata and any(key in fields for key, _ in metadata):
             parent = propagate.extract(dict(metadata))
-        span = tracer.start_span(method.path, context=parent, kind=SpanKind.SERVER, attributes=method.attributes)
+        span = (
+            self._spans.start(method.path, parent, SpanKind.SERVER, method.attributes)
+            if self._spans is not None
+            else tracer.start_span(method.path, context=parent, kind=SpanKind.SERVER, attributes=method.attributes)
+        )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         return span, token, (_tally.set(_Tally(span)) if span.is_recording() else None)
 

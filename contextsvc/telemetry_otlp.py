@@ -24,7 +24,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-__all__ = ["encode_spans", "grpc_span_exporter"]
+__all__ = ["encode_spans", "grpc_span_exporter", "http_span_exporter"]
 
 log = logging.getLogger(__name__)
 
@@ -321,5 +321,36 @@ def grpc_span_exporter() -> Any:
     class _Exporter(OTLPSpanExporter):
         def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
             return ExportTraceServiceRequest.FromString(encode_spans(data))
+
+    return _Exporter()
+
+
+def http_span_exporter() -> Any:
+    """The SDK's OTLP/HTTP span exporter (the same ``OTEL_*`` variables), posting ``encode_spans``'s
+    bytes through its own HTTP client. Where that client is not there (another SDK release), or the
+    SDK's own exporter metrics are asked for, the SDK's ``export`` runs unchanged."""
+    import os
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    internal_metrics = os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true"
+
+    class _Exporter(OTLPSpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            client = getattr(self, "_client", None)
+            if internal_metrics or getattr(self, "_shutdown", True) or not callable(getattr(client, "export", None)):
+                return super().export(spans)
+            try:
+                data = encode_spans(spans)
+            except Exception:  # as the SDK's exporter does: the batch is reported failed, not raised
+                log.exception("could not encode a batch of %d spans", len(spans))
+                return SpanExportResult.FAILURE
+            limit = getattr(self, "_max_request_size", 0) or 0
+            if limit > 0 and len(data) > limit:
+                log.warning("span batch of %d bytes dropped: over the %d-byte request limit", len(data), limit)
+                return SpanExportResult.FAILURE
+            result = client.export(data)  # type: ignore[union-attr]
+            return SpanExportResult.SUCCESS if getattr(result, "success", False) else SpanExportResult.FAILURE
 
     return _Exporter()

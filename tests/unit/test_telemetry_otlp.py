@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import http.server
+import threading
+from typing import Any, ClassVar
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import (
     Link,
@@ -131,3 +134,53 @@ def test_generated_attributes_encode_as_the_sdk_encodes_them(
     span.add_event(name, event_attributes)
     span.end()
     _same(list(spans.get_finished_spans()))
+
+
+def test_the_grpc_exporter_sends_our_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9")  # never dialled here
+    provider, spans = _recorder()
+    provider.get_tracer("t").start_span("s", attributes={"k": "v"}).end()
+    exporter = telemetry_otlp.grpc_span_exporter()
+    try:
+        batch = list(spans.get_finished_spans())
+        assert exporter._translate_data(batch) == sdk_encode_spans(batch)
+    finally:
+        exporter.shutdown()
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    bodies: ClassVar[list[tuple[str, bytes]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.bodies.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_http_exporter_posts_our_encoding_to_a_real_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Collector.bodies.clear()
+    try:
+        monkeypatch.setenv(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        )
+        provider, spans = _recorder()
+        provider.get_tracer("t").start_span("s", attributes={"k": "v", "n": 2}).end()
+        exporter = telemetry_otlp.http_span_exporter()
+        batch = list(spans.get_finished_spans())
+        assert exporter.export(batch) is SpanExportResult.SUCCESS
+        exporter.shutdown()
+        assert exporter.export(batch) is SpanExportResult.FAILURE  # after shutdown, as the SDK's
+    finally:
+        server.shutdown()
+        server.server_close()
+    ((path, body),) = _Collector.bodies
+    assert path == "/v1/traces"
+    assert ExportTraceServiceRequest.FromString(body) == sdk_encode_spans(batch)

@@ -18,22 +18,28 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 from opentelemetry.trace import StatusCode
 
 from contextsvc import telemetry
+from contextsvc.telemetry_spans import SpanFactory
 
 METHOD = "/contextsvc.v1.ContextService/BuildContext"
 
 
 class Rig:
-    def __init__(self, sampler: Sampler) -> None:
+    """Telemetry recording into memory; ``light``: our spans from ``SpanFactory`` (what ``serve``
+    uses with the samplers OTEL_TRACES_SAMPLER names), else from the SDK's tracer (any other)."""
+
+    def __init__(self, sampler: Sampler, light: bool) -> None:
         telemetry._last_fill.clear()
         self.spans = InMemorySpanExporter()
         provider = TracerProvider(sampler=sampler)
-        provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        processor = SimpleSpanProcessor(self.spans)
+        provider.add_span_processor(processor)
         self.reader = InMemoryMetricReader()
         meters = MeterProvider(metric_readers=[self.reader])
         self.tel = telemetry.Telemetry(
             tracing=True,
             metering=True,
             tracer=provider.get_tracer("test"),
+            spans=SpanFactory(provider, processor, "test") if light else None,
             instruments=telemetry._Instruments.from_meter(meters.get_meter("test")),
         )
 
@@ -73,17 +79,17 @@ class Context:
         return self._code
 
 
-@pytest.fixture
-def sampled() -> Iterator[Rig]:
-    rig = Rig(ALWAYS_ON)
+@pytest.fixture(params=["light", "sdk"])
+def sampled(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    rig = Rig(ALWAYS_ON, request.param == "light")
     previous = telemetry.set_current(rig.tel)
     yield rig
     telemetry.set_current(previous)
 
 
-@pytest.fixture
-def dropped() -> Iterator[Rig]:
-    rig = Rig(ALWAYS_OFF)
+@pytest.fixture(params=["light", "sdk"])
+def dropped(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    rig = Rig(ALWAYS_OFF, request.param == "light")
     previous = telemetry.set_current(rig.tel)
     yield rig
     telemetry.set_current(previous)
@@ -238,5 +244,6 @@ async def test_only_server_side_codes_mark_the_server_span_as_an_error(
     (span,) = sampled.spans.get_finished_spans()
     assert span.attributes is not None and span.attributes["rpc.grpc.status_code"] == code.value[0]
     assert (span.status.status_code is StatusCode.ERROR) is error
+    assert any(event.name == "exception" for event in span.events) is error
     (point,) = sampled.durations()
     assert dict(point.attributes)["rpc.grpc.status_code"] == code.value[0]
