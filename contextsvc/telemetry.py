@@ -622,10 +622,7 @@ class _TracedStore:
     def _wrap(self, name: str) -> Callable[..., Awaitable[Any]]:
         inner, event_name, slow_ns = self._inner, f"store.{name}", self._slow_ns
 
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            tally = _tally.get()
-            if tally is None or tally.span is None:
-                return await getattr(inner, name)(*args, **kwargs)
+        async def timed(tally: _Tally, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             started = time.perf_counter_ns()
             error = ""
             try:
@@ -647,6 +644,14 @@ class _TracedStore:
                     if error:
                         attributes["error.type"] = error
                     span.add_event(event_name, attributes, timestamp=time.time_ns() - took)
+
+        def call(*args: Any, **kwargs: Any) -> Awaitable[Any]:
+            # Not a coroutine function itself: outside a recording span it hands back the store's
+            # own coroutine, adding no frame to the await.
+            tally = _tally.get()
+            if tally is None or tally.span is None:
+                return cast(Awaitable[Any], getattr(inner, name)(*args, **kwargs))
+            return timed(tally, args, kwargs)
 
         return call
 
