@@ -9,17 +9,20 @@ What is recorded (DESIGN §5.11):
 - a server span per RPC (one interceptor of ours, which also continues an incoming ``traceparent``
   through the configured propagators and records the RPC duration metric in the same layer), child
   spans for view assembly, compaction and every summarizer call (a GenAI client span,
-  ``chat {model}``), every store call as an event on the span it runs under (``store.<operation>``
-  with its duration), and asyncpg/httpx spans from their instrumentations;
-- metrics: RPC duration by method and code, compressions by reason and method, context fill fraction,
-  the estimate error of each accepted baseline, summarizer latency/failures/token usage, sessions,
-  events published and delivered, watchers.
+  ``chat {model}``), every store call counted and timed on the span it runs under
+  (``contextsvc.store.<op>.calls`` / ``.duration_ms``; an event ``store.<op>`` for a failed or slow
+  call), and asyncpg/httpx spans from their instrumentations;
+- metrics: RPC duration by method and code, compressions by reason and method, context fill fraction
+  (when a session's fill changes), the estimate error of each accepted baseline, summarizer
+  latency/failures/token usage, sessions, events published and delivered, watchers.
 
 Message content never goes into a span or a metric: spans carry ids, counts and token figures only.
 
 Cost (bench/RESULTS.md, "Telemetry overhead"): everything below the server span is recorded only
-under a recording span, so a trace the sampler dropped costs one non-recording span and two metric
-measurements per call; a sampled BuildContext exports two spans.
+under a recording span, so a trace the sampler dropped costs one non-recording span and one metric
+measurement per call. The server, view and compaction spans come from ``telemetry_spans`` (the
+SDK's sampler, ids, limits and ``ReadableSpan``, fewer steps), and spans are encoded for OTLP by
+``telemetry_otlp``; see docs/telemetry.md, "Why these choices".
 """
 
 from __future__ import annotations

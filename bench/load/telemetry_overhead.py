@@ -114,6 +114,7 @@ def main() -> None:
         help="also run a third server sampling this share of traces (OTEL_TRACES_SAMPLER=parentbased_traceidratio)",
     )
     args = parser.parse_args()
+    args.load_start = os.getloadavg()[0]
     os.chdir(suite.ROOT)
     ghz = suite.ghz_binary()
     protoset = suite.protoset()
@@ -176,7 +177,16 @@ def main() -> None:
             f"| {label} | {statistics.median(rates[bench.name]):.0f} | {c:.3f} | {c / off_cpu:.2f} | {added} "
             f"| {statistics.median(ratios[bench.name]):.3f} |"
         )
+    paired = []
+    for bench in benches[1:]:
+        per_round = [on / off for on, off in zip(cpu[bench.name], cpu["off"], strict=True)]
+        label = labels.get(bench.name, f"OTLP, {args.sampled:.0%} of traces sampled")
+        paired.append(
+            f"{label}: {statistics.median(per_round):.2f} (rounds: {', '.join(f'{r:.2f}' for r in per_round)})"
+        )
     notes = [
+        f"- Load average (1 min) {args.load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
+        "- Server CPU per call against off's in the same round (median of the rounds): " + "; ".join(paired) + ".",
         f"- Spans received by the sink during the run: {sink.spans:,} in {sink.exports:,} exports.",
         "- Compare CPU per call (medians of the rounds): telemetry also traces Health/Check, so the ratio to "
         "the floor hides its cost; on a shared machine the CPU per call of separate processes moves by a few "
