@@ -233,7 +233,10 @@ def test_spans_continue_the_client_trace_and_describe_one_compaction(
     assert calls["get_session"] >= 1 and calls["load_context"] >= 1
     for op in calls:
         assert build_attrs[f"contextsvc.store.{op}.duration_ms"] >= 0
-    assert not [e for e in build.events if e.name.startswith("store.")], "no call was slow or failed"
+    # Only a failed call or one slower than telemetry_slow_store_ms (10 ms) has an event of its own.
+    for event in [e for e in build.events if e.name.startswith("store.")]:
+        event_attrs = _attrs(event)
+        assert "error.type" in event_attrs or event_attrs["contextsvc.store.duration_ms"] >= 10, event_attrs
     assert _attrs(build)["contextsvc.session_id"] == sid
 
     # The server span: rpc.* attributes and the status code; a client's mistake is not an error.
