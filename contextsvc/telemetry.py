@@ -28,7 +28,6 @@ SDK's sampler, ids, limits and ``ReadableSpan``, fewer steps), and spans are enc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import os
@@ -896,11 +895,12 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
             return handler._replace(stream_stream=self._stream(method, handler.stream_stream))
         return handler
 
-    def _start(self, method: _Method, context: Any) -> tuple[Span | None, object, object]:
-        """The server span, current from here on (also when not sampled: children then skip)."""
+    def _start(self, method: _Method, context: Any) -> tuple[Span | None, tuple[object, object, _Tally | None]]:
+        """The server span, current from here on (also when not sampled: children then skip), and
+        what ``_finish`` undoes: the context token, the tally's token and the tally."""
         tracer = self._tracer
         if tracer is None:
-            return None, None, None
+            return None, (None, None, None)
         metadata = context.invocation_metadata()
         fields = self._fields
         parent = None
@@ -912,25 +912,31 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
             else tracer.start_span(method.path, context=parent, kind=SpanKind.SERVER, attributes=method.attributes)
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
-        return span, token, (_tally.set(_Tally(span)) if span.is_recording() else None)
+        if not span.is_recording():
+            return span, (token, None, None)
+        tally = _Tally(span)
+        return span, (token, _tally.set(tally), tally)
 
     def _finish(
         self,
         method: _Method,
         span: Span | None,
-        tokens: tuple[object, object],
+        tokens: tuple[object, object, _Tally | None],
         started: float,
         code: int,
         exc: BaseException | None,
+        closed: bool = False,
     ) -> None:
         if span is not None:
-            otel_context.detach(tokens[0])  # type: ignore[arg-type]
-            if tokens[1] is not None:
-                tally = _tally.get()
-                with contextlib.suppress(ValueError):  # a stream closed from another context
-                    _tally.reset(tokens[1])  # type: ignore[arg-type]
-                if tally is not None:
-                    _end(span, tally, method.status_attributes(code))
+            token, tally_token, tally = tokens
+            if not closed:
+                otel_context.detach(token)  # type: ignore[arg-type]
+                if tally_token is not None:
+                    _tally.reset(tally_token)  # type: ignore[arg-type]
+            # else: a stream closed by its caller (GeneratorExit), possibly from another context
+            # than the one it started in; that context ends with the stream, nothing to restore.
+            if tally is not None:
+                _end(span, tally, method.status_attributes(code))
                 if code in _SERVER_ERROR_CODES:
                     span.set_status(Status(StatusCode.ERROR, _CODE_NAMES.get(code, "UNKNOWN")))
                     if exc is not None and not isinstance(exc, grpc.aio.AbortError):
@@ -948,7 +954,7 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
     def _unary(self, method: _Method, behavior: Any) -> Any:
         async def call(request: Any, context: Any) -> Any:
             started = time.perf_counter()
-            span, token, tally_token = self._start(method, context)
+            span, tokens = self._start(method, context)
             failure: BaseException | None = None
             cancelled = False
             try:
@@ -961,28 +967,31 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
                 raise
             finally:
                 code = _CANCELLED if cancelled else _code_of(context, failure is not None)
-                self._finish(method, span, (token, tally_token), started, code, failure)
+                self._finish(method, span, tokens, started, code, failure)
 
         return call
 
     def _stream(self, method: _Method, behavior: Any) -> Any:
         async def call(request: Any, context: Any) -> AsyncIterator[Any]:
             started = time.perf_counter()
-            span, token, tally_token = self._start(method, context)
+            span, tokens = self._start(method, context)
             failure: BaseException | None = None
-            cancelled = False
+            cancelled = closed = False
             try:
                 async for item in behavior(request, context):
                     yield item
-            except (asyncio.CancelledError, GeneratorExit):
-                cancelled = True  # a watcher that hangs up ends its stream this way
+            except GeneratorExit:
+                cancelled = closed = True  # a watcher that hangs up ends its stream this way
+                raise
+            except asyncio.CancelledError:
+                cancelled = True
                 raise
             except BaseException as exc:
                 failure = exc
                 raise
             finally:
                 code = _CANCELLED if cancelled else _code_of(context, failure is not None)
-                self._finish(method, span, (token, tally_token), started, code, failure)
+                self._finish(method, span, tokens, started, code, failure, closed)
 
         return call
 

@@ -4,6 +4,7 @@ sampler dropped records (nothing below the server span)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Iterator
 from typing import Any
 
@@ -248,3 +249,34 @@ async def test_only_server_side_codes_mark_the_server_span_as_an_error(
     assert any(event.name == "exception" for event in span.events) is error
     (point,) = sampled.durations()
     assert dict(point.attributes)["rpc.grpc.status_code"] == code.value[0]
+
+
+async def test_a_stream_closed_from_another_context_ends_its_span_without_a_detach_error(
+    sampled: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    (interceptor,) = sampled.tel.server_interceptors()
+    store: Any = sampled.tel.wrap_store(Store())  # type: ignore[arg-type]
+
+    async def watch(request: Any, context: Any) -> Any:
+        await store.get_session("sid-4")
+        for n in range(10):
+            yield n
+
+    async def continuation(details: Any) -> Any:
+        return grpc.unary_stream_rpc_method_handler(watch)
+
+    class Details:
+        method = "/contextsvc.v1.ContextService/StreamEvents"
+
+    handler = await interceptor.intercept_service(continuation, Details())
+    assert handler is not None
+    stream = handler.unary_stream(object(), Context())
+    assert await stream.__anext__() == 0
+    # The caller hangs up: the generator is closed by a task of another context (as the event
+    # loop's async-generator finalizer does).
+    await asyncio.get_running_loop().create_task(stream.aclose(), context=contextvars.Context())
+    (span,) = sampled.spans.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    assert span.attributes["contextsvc.store.get_session.calls"] == 1
+    assert not [r for r in caplog.records if "detach" in r.getMessage().lower()]
