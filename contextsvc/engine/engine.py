@@ -186,10 +186,15 @@ class Engine:
             # A build never waits on another compaction's summarizer past ``build_wait_seconds``.
             wait = self.settings.hot_path.build_wait_seconds
             await self.compactor.maybe_memory_flush(situation, wait=wait)
-            fits = too_large(built.estimate.total, effective.context_window, effective.output_reserve_tokens) is None
+            fits = self._fits(effective, built)
             # When a compaction of this session is already running and the current view fits, it is
             # served now rather than after that compaction's summarizer.
-            if self.compactor.over_threshold(situation) and not (fits and self.compactor.busy(sid)):
+            # Two rounds at most: when another compaction committed while this one waited for the
+            # lock, what it left (planned before this turn's messages) is judged again, and
+            # compressed here if it still does not fit, rather than failing the turn.
+            rounds = 2
+            while rounds > 0 and self.compactor.over_threshold(situation) and not (fits and self.compactor.busy(sid)):
+                rounds -= 1
                 try:
                     report = await self._compress_automatically(situation, wait=wait)
                 except CompactionBusy:
@@ -207,10 +212,14 @@ class Engine:
                 # one waited for the lock: the view built before it is stale (and may no longer fit).
                 epoch = EngineState.of(session).epoch
                 fresh = await self.store.get_session(sid, caller=caller)
-                if EngineState.of(fresh).epoch != epoch:
-                    session = fresh
-                    context = await self.store.load_context(sid, caller=caller)
-                    built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
+                if EngineState.of(fresh).epoch == epoch:
+                    break
+                session, context = await self._consistent_context(fresh, caller)
+                built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
+                fits = self._fits(effective, built)
+                if report is not None or fits:
+                    break
+                situation = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
         # Recall is layered on the final base view (after the size decision), as a copy.
         built, recalled = await self.recall.add_to_view(session, effective, built, message)
         view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
@@ -218,6 +227,10 @@ class Engine:
             view = dataclasses.replace(view, injected_chunk_ids=recalled)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
         return view
+
+    @staticmethod
+    def _fits(profile: EffectiveProfile, built: Assembled) -> bool:
+        return too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens) is None
 
     async def _consistent_context(self, session: SessionInfo, caller: Principal) -> tuple[SessionInfo, list[Message]]:
         """The context and a session state that belong together.
