@@ -201,7 +201,10 @@ class Engine:
                     # Still compacting elsewhere after the bound: a hard-truncated view, computed
                     # and not committed (the running compaction commits its own result).
                     kept = self.compactor.fallback_context(situation)
-                    built = self.views.assemble(effective, kept, message, EngineState.of(session))
+                    # Without the baseline: it counts the whole context, and baseline + delta on a
+                    # truncated one would count the dropped turns too (CONTEXT_TOO_LARGE in the soak).
+                    unanchored = dataclasses.replace(EngineState.of(session), baseline=None)
+                    built = self.views.assemble(effective, kept, message, unanchored)
                     notice = (
                         f"a compaction of this session was still running after {wait:g} s: "
                         f"this view is hard-truncated to {len(kept)} of {len(context)} context messages"
@@ -220,6 +223,22 @@ class Engine:
                 if report is not None or fits:
                     break
                 situation = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
+        if not self._fits(effective, built):
+            # The turn is about to fail with CONTEXT_TOO_LARGE: say what was decided, and why.
+            log.warning(
+                "view over the size guard's budget after compression",
+                extra={
+                    "session_id": sid,
+                    "estimate": built.estimate.total,
+                    "margin": built.estimate.margin,
+                    "auto_compress": auto_compress and effective.compression.enabled,
+                    "compressed": report is not None and report.compressed,
+                    "refused": str(report.refused) if report is not None and report.refused else "",
+                    "plan": report.plan.detail if report is not None and report.plan is not None else "",
+                    "plan_tokens_before": report.plan.tokens_before if report and report.plan else -1,
+                    "report": report is not None,
+                },
+            )
         # Recall is layered on the final base view (after the size decision), as a copy.
         built, recalled = await self.recall.add_to_view(session, effective, built, message)
         view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
