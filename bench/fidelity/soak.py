@@ -315,8 +315,8 @@ def row(store: str, t: Tally, seconds: float) -> str:
 
 
 HEADER = [
-    "| store | turns | compressions | CONTEXT_TOO_LARGE | other errors | views over window - reserve (true) "
-    "| largest true view | most tokens over the estimate | baselines refused |",
+    "| store | turns | compactions a build reported | CONTEXT_TOO_LARGE | other errors "
+    "| views over window - reserve (true) | largest true view | most tokens over the estimate | baselines refused |",
     "|---|---|---|---|---|---|---|---|---|",
 ]
 

@@ -63,6 +63,8 @@ class Start:
     seconds: float
     rss_mb: float
     hwm_mb: float
+    #: CPU seconds the server process used until SERVING (less moved by other load than wall time).
+    cpu_s: float = 0.0
 
 
 @dataclass
@@ -94,6 +96,13 @@ def _memory(pid: int) -> tuple[float, float]:
             if key in ("VmRSS", "VmHWM"):
                 values[key] = int(rest.split()[0]) / 1024
     return values["VmRSS"], values["VmHWM"]
+
+
+def _cpu(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(data: Path, env: dict[str, str] | None = None) -> Server:
@@ -135,7 +144,7 @@ def start_server(data: Path, env: dict[str, str] | None = None) -> Server:
             raise RuntimeError("server never reported SERVING")
     seconds = time.perf_counter() - started
     rss, hwm = _memory(proc.pid)
-    return Server(proc, address, Start(seconds, rss, hwm), stderr)
+    return Server(proc, address, Start(seconds, rss, hwm, _cpu(proc.pid)), stderr)
 
 
 def all_pages(stub: Any) -> list[Any]:
@@ -178,9 +187,13 @@ def measure(
         (data / "index.jsonl").unlink(missing_ok=True)
         out["disk_mb"] = sum(p.stat().st_size for p in (data / "sessions").iterdir()) / 1e6
 
-        empty = start_server(tmp / "empty", env)
-        out["empty"] = empty.started
-        empty.stop()
+        out["load_start"] = os.getloadavg()[0]
+        empties = []
+        for k in range(3):
+            empty = start_server(tmp / f"empty{k}", env)
+            empties.append(empty.started)
+            empty.stop()
+        out["empties"] = empties
 
         print("first start (no index: every log read) ...", flush=True)
         full = start_server(data, env)
@@ -232,42 +245,52 @@ def measure(
                 rss, hwm = server.memory()
                 rss_after.append((touched, rss, hwm))
             out["rss_after"] = rss_after
+            out["load_end"] = os.getloadavg()[0]
             assert set(ids) == set(gen_ids)
         server.stop()
     finally:
         if keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
-            shutil.rmtree(tmp / "empty", ignore_errors=True)
+            for k in range(3):
+                shutil.rmtree(tmp / f"empty{k}", ignore_errors=True)
     return out
 
 
 def report(r: dict[str, Any], command: str) -> str:
     plan: Plan = r["plan"]
     idx: list[Start] = r["indexed"]
+    empties: list[Start] = r["empties"]
     best = min(idx, key=lambda s: s.seconds)
     med = statistics.median(s.seconds for s in idx)
+    med_cpu = statistics.median(s.cpu_s for s in idx)
+    empty_s = statistics.median(s.seconds for s in empties)
+    empty_cpu = statistics.median(s.cpu_s for s in empties)
     lines = [
         SECTION,
         "",
         f"- date: {dt.date.today().isoformat()}; machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.machine()}; the machine is shared with other jobs (five other helpers "
-        "running tests and benchmarks), so absolute times are inflated; compare ratios of the same run",
+        f"{platform.system()} {platform.machine()}; load average (1 min) {r['load_start']:.1f} at the start, "
+        f"{r['load_end']:.1f} at the end",
         f"- command: `{command}`",
         f"- data: {plan.sessions:,} sessions, {plan.messages:,} messages, {r['disk_mb']:.0f} MB of logs"
         + (f" (written in {r['write_s']:.0f} s by `bulk.write_files`)" if "write_s" in r else ""),
         f"- default `files.cache_mb` = {r['cache_mb']:g}; settings given: "
         + (", ".join(f"`{k}={v}`" for k, v in r["env"].items()) or "none (defaults)")
-        + "; times are from `Popen` to health SERVING",
+        + "; times are from `Popen` to health SERVING; CPU is the server process's user + system time until then",
         "",
-        "| start | to SERVING (s) | RSS after start (MB) | peak RSS (MB) |",
-        "|---|---|---|---|",
-        f"| empty data directory (floor: interpreter, imports, gRPC) | {r['empty'].seconds:.2f} | "
-        f"{r['empty'].rss_mb:.0f} | {r['empty'].hwm_mb:.0f} |",
-        f"| first start: no index, every log read, index written | {r['full'].seconds:.2f} | "
+        "| start | to SERVING (s) | CPU until SERVING (s) | RSS after start (MB) | peak RSS (MB) |",
+        "|---|---|---|---|---|",
+        f"| empty data directory (floor: interpreter, imports, gRPC; median of {len(empties)}) | {empty_s:.2f} | "
+        f"{empty_cpu:.2f} | {statistics.median(s.rss_mb for s in empties):.0f} | "
+        f"{statistics.median(s.hwm_mb for s in empties):.0f} |",
+        f"| first start: no index, every log read, index written | {r['full'].seconds:.2f} | {r['full'].cpu_s:.2f} | "
         f"{r['full'].rss_mb:.0f} | {r['full'].hwm_mb:.0f} |",
-        f"| with the index (median of {len(idx)}; best {best.seconds:.2f}) | {med:.2f} | "
+        f"| with the index (median of {len(idx)}; best {best.seconds:.2f}) | {med:.2f} | {med_cpu:.2f} | "
         f"{statistics.median(s.rss_mb for s in idx):.0f} | {statistics.median(s.hwm_mb for s in idx):.0f} |",
+        "",
+        f"With the index, the data adds **{med - empty_s:+.2f} s** to an empty start "
+        f"({med_cpu - empty_cpu:+.2f} s of CPU).",
         "",
         "| measure | value |",
         "|---|---|",
