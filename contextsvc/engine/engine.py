@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 # Engine-state key: the inline profile overrides of the newest BuildContext, so the post-turn
 # check (which has no request) prices against the window the runtime actually uses.
 _PROFILE_KEY = "profile"
+_NO_OVERRIDES = ProfileOverrides()
 _INTERNAL = Principal(user_id="contextsvc", is_admin=True)
 
 
@@ -111,7 +112,9 @@ class Engine:
         # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
         # costs no write (and no lock) on every build.
         wanted = _as_stored(overrides)
-        if EngineState.of(session).extra.get(_PROFILE_KEY) == wanted:
+        saved = EngineState.of(session).extra.get(_PROFILE_KEY)
+        if saved == wanted or (saved is None and wanted == _as_stored(_NO_OVERRIDES)):
+            # Nothing to remember: no write and no lock (a session's first build without a profile).
             return session
         # Read-modify-write of the engine state under the compaction lock, on a fresh read: writing
         # back the state this request read earlier would undo a compaction committed meanwhile.
@@ -444,8 +447,19 @@ class Engine:
 @functools.lru_cache(maxsize=256)
 def _as_stored(overrides: ProfileOverrides) -> dict[str, Any]:
     """``overrides`` as the engine state stores them (JSON: tuples come back as lists), computed
-    once per distinct overrides (they are frozen). Shared: compare it, copy it before storing it."""
-    return cast(dict[str, Any], json.loads(json.dumps(dataclasses.asdict(overrides))))
+    once per distinct overrides (they are frozen). Shared: compare it, copy it before storing it.
+
+    Fields left unset (None, empty lists) are left out, as ``_overrides_from_dict`` reads a missing
+    field as unset: the profile a session remembers costs a few bytes instead of ~25 nulls in every
+    session's state, its log and the files store's start-up index (issue #9's resident memory)."""
+    return cast(dict[str, Any], _without_unset(json.loads(json.dumps(dataclasses.asdict(overrides)))))
+
+
+def _without_unset(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    kept = {k: _without_unset(v) for k, v in value.items()}
+    return {k: v for k, v in kept.items() if v is not None and v != [] and v != {}}
 
 
 def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:
