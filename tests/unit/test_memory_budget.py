@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from contextsvc.api.wire import WireCache, encode_build_response
+from contextsvc.api.mapping import message_to_pb
+from contextsvc.api.wire import ENTRY_OVERHEAD_BYTES, WireCache, encode_build_response, frame
 from contextsvc.config import Durability, FilesSettings, Settings
 from contextsvc.core import sizing
 from contextsvc.core.message_memo import IdentityMemo
@@ -25,6 +26,7 @@ from contextsvc.server import share_memory_budget
 from contextsvc.stores.files import FilesStore
 from contextsvc.summarizers.registry import build_summarizers
 from tests.support.stores import TickingClock
+from tests.unit.test_wire import stored
 
 MB = 1024 * 1024
 SESSIONS = 40
@@ -173,3 +175,30 @@ def test_a_memo_entry_is_small() -> None:
     del rows, m
     gc.collect()
     assert len(memo) == 0
+
+
+def test_the_wire_cache_reports_each_session_and_drops_the_least_recently_used_first() -> None:
+    told: list[tuple[str, int]] = []
+    row = "z" * 150
+    one = len(frame(message_to_pb(stored(1, row)).SerializeToString())) + ENTRY_OVERHEAD_BYTES
+    cache = WireCache(10 * one, on_size=lambda sid, n: told.append((sid, n)))
+    for sid in ("a", "b"):
+        for seq in range(1, 5):
+            cache.framed(sid, stored(seq, row))
+        cache.told(sid)
+    assert told == [("a", 4 * one), ("b", 4 * one)]
+    cache.framed("a", stored(1, row))  # a hit: "a" is the most recently used now
+    for seq in range(5, 8):
+        cache.framed("c", stored(seq, row))
+    # "b" went whole (least recently used), not the oldest rows of every session, and was told.
+    assert told[-1] == ("b", 0) and not cache.holds("b")
+    assert cache.session_bytes("a") == 4 * one and cache.session_bytes("c") == 3 * one
+    # One session alone over the bound keeps its newest rows.
+    for seq in range(8, 30):
+        cache.framed("c", stored(seq, row))
+    assert not cache.holds("a") and cache.stats()["bytes"] <= 10 * one
+    cache.framed("c", stored(29, row))
+    assert cache.stats()["hits"] == 2
+    before = len(told)
+    cache.forget_session("c")  # asked for: nobody is told
+    assert len(told) == before and cache.stats()["bytes"] == 0 and cache.stats()["sessions"] == 0
