@@ -74,6 +74,36 @@ def caches(running: Any, servicer: Any) -> dict[str, Any]:
     return out
 
 
+def pymalloc_summary() -> None:
+    """pymalloc's own totals (``sys._debugmallocstats``): arenas mapped vs bytes in live blocks,
+    i.e. how much of the small-object heap is fragmentation."""
+    import io
+    import re as _re
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = io.StringIO(tmp.read()).getvalue()
+    for key in (
+        "# arenas allocated current",
+        "# bytes in allocated blocks",
+        "# bytes in available blocks",
+        "# bytes lost to pool headers",
+        "# bytes lost to quantization",
+        "Total",
+    ):
+        match = _re.search(_re.escape(key) + r"\s*=\s*([\d,]+)", text)
+        if match:
+            print(f"  pymalloc {key.lstrip('# ')}: {match.group(1)}")
+
+
 def by_type(limit: int = 15) -> list[tuple[str, int]]:
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     return counts.most_common(limit)
@@ -127,6 +157,7 @@ async def run(args: argparse.Namespace) -> None:
                 print(f"      {frame}")
         tracemalloc.stop()
     print("objects by type:", by_type())
+    pymalloc_summary()
     gc.collect()
     print(f"RSS after gc.collect(): {rss_mb():.0f} MB")
     if malloc_trim():
