@@ -410,10 +410,13 @@ class FilesSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: memory (MB, estimated) of the sessions whose rows are held; past it the least recently used
-    #: session's rows are dropped (its summary stays) and read from its log again when next used.
-    #: 0 keeps only the sessions in use.
-    cache_mb: float = Field(64.0, ge=0)
+    #: the one memory budget (MB, estimated) of everything held per session touched: the rows, the
+    #: engine's memos and reused views of them, the API adapter's encoded messages
+    #: (``hot_path.wire_cache_mb`` bounds those on its own too). Past it the least recently used
+    #: session is dropped from all of them (its summary stays) and read from its log again when
+    #: next used. 0 keeps only the sessions in use. 40 MB holds ~160 sessions of 100 chat rows
+    #: (bench/store/memory.py); the sessions' summaries are held beside it, whatever it is.
+    cache_mb: float = Field(40.0, ge=0)
     #: how often (seconds) a changed start-up index (``index.jsonl``) is written while serving;
     #: it is also written at a clean stop. A log written after it is read again at the next start.
     index_interval_seconds: float = Field(30.0, gt=0)
@@ -428,7 +431,8 @@ class HotPathSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: memory (MB) of the API adapter's LRU of encoded stored messages; 0 turns the cache off.
+    #: memory (MB) of the API adapter's LRU of encoded stored messages; 0 turns the cache off. With
+    #: the files store its bytes also count under ``files.cache_mb``.
     wire_cache_mb: int = Field(64, ge=0)
     #: sessions whose last assembled view is kept for reuse by the next build (0 = off).
     view_cache_sessions: int = Field(1024, ge=0)

@@ -24,6 +24,7 @@ from contextsvc.api.gate import ServingGate
 from contextsvc.api.health import HealthService
 from contextsvc.api.quotas import Quotas
 from contextsvc.api.servicer import ContextServicer, add_to_server
+from contextsvc.api.wire import WireCache
 from contextsvc.clock import SystemClock
 from contextsvc.config import Settings
 from contextsvc.core.session import Principal
@@ -81,6 +82,20 @@ def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
     return MemoryEventBus(retention=settings.event_retention)
 
 
+def share_memory_budget(store: FilesStore, engine: Engine, wire_cache: WireCache) -> None:
+    """One memory budget (``files.cache_mb``) for everything held per session touched: the
+    store's rows, the encoded messages of the API adapter (counted by the store as the cache
+    reports them) and the engine's caches of the rows. A session the store lets go is dropped
+    from every cache, or they would keep its rows alive outside the budget (issue #9)."""
+
+    def forget(session_id: str) -> None:
+        engine.views.forget(session_id)
+        wire_cache.forget_session(session_id)
+
+    store.on_evict = forget
+    wire_cache.on_size = store.hold_outside
+
+
 async def start(settings: Settings) -> RunningServer:
     transport = check_transport(settings)  # refuses before anything is opened
     certificates = (
@@ -124,9 +139,6 @@ async def start(settings: Settings) -> RunningServer:
         clock=SystemClock(),
         summarizers=tel.wrap_summarizers(build_summarizers(settings)),
     )
-    if isinstance(store, FilesStore):
-        # Rows the files store drops must not stay alive in the engine's reused views.
-        store.on_evict = engine.views.forget
     limits = settings.limits
 
     async def owned_sessions(caller: Principal) -> int:
@@ -154,7 +166,10 @@ async def start(settings: Settings) -> RunningServer:
             ("grpc.so_reuseport", 0),
         ],
     )
-    add_to_server(ContextServicer(engine, stopping=gate.stopping), server)
+    servicer = ContextServicer(engine, stopping=gate.stopping)
+    if isinstance(store, FilesStore):
+        share_memory_budget(store, engine, servicer.wire_cache)
+    add_to_server(servicer, server)
     health = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(

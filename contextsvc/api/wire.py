@@ -10,7 +10,7 @@ What the cache keys on: a stored row is immutable except for its flags (``set_co
 and compactions rewrite those), so ``(session id, sequence number)`` names it and the flags,
 token count and content length are checked on every hit; a mismatch re-encodes. A message the
 view changed (cut to the per-message budget, images left out or carried with their bytes) is
-encoded fresh and never cached. Memory is bounded by ``Settings.wire_cache_mb`` (LRU, counted
+encoded fresh and never cached. Memory is bounded by ``hot_path.wire_cache_mb`` (LRU, counted
 in encoded bytes plus a fixed per-entry allowance); ``stats()`` reports what it holds.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
@@ -91,83 +92,170 @@ class _ViewEntry:
     rest: bytes | None = None
 
 
-#: Key slot of a session's whole-view entry (no stored row has sequence number 0).
-_VIEW = 0
+class _Session:
+    """One session's entries: its stored rows' encodings (least recently used first) and its last
+    view's, and what they cost."""
+
+    __slots__ = ("bytes", "rows", "view")
+
+    def __init__(self) -> None:
+        self.rows: OrderedDict[int, _Entry] = OrderedDict()
+        self.view: _ViewEntry | None = None
+        self.bytes = 0
+
+
+def _cost(entry: _Entry | _ViewEntry) -> int:
+    return len(entry.framed) + ENTRY_OVERHEAD_BYTES
 
 
 class WireCache:
-    """LRU of framed, encoded stored messages, bounded in bytes. Safe to share across tasks and
-    threads (one lock around the dict operations; encoding happens outside it)."""
+    """LRU of framed, encoded stored messages, bounded in bytes, grouped by session: the least
+    recently used session's entries go first (within the one session in use, its oldest rows).
+    Safe to share across tasks and threads (one lock around the dict operations; encoding
+    happens outside it).
 
-    __slots__ = ("_bytes", "_entries", "_lock", "_max_bytes", "hits", "misses")
+    ``on_size(session_id, nbytes)`` (optional) is told what a session's entries cost after each
+    response encoded for it, and 0 when the cache drops them to stay within its own bound: the
+    files store counts it under its one memory budget (``files.cache_mb``) and, when it lets the
+    session go, drops the entries with ``forget_session``.
+    """
 
-    def __init__(self, max_bytes: int) -> None:
+    __slots__ = ("_bytes", "_lock", "_max_bytes", "_sessions", "hits", "misses", "on_size")
+
+    def __init__(self, max_bytes: int, on_size: Callable[[str, int], None] | None = None) -> None:
         self._max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, int], _Entry | _ViewEntry] = OrderedDict()
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.on_size = on_size
 
     def framed(self, session_id: str, m: Message) -> bytes:
         """The framed wire form of stored message ``m`` (encoded on a miss, then kept)."""
-        key = (session_id, m.sequence_number)
+        dropped: list[str] = []
+        try:
+            return self._framed(session_id, m, dropped)
+        finally:
+            self._tell_dropped(dropped)
+
+    def _framed(self, session_id: str, m: Message, dropped: list[str]) -> bytes:
+        seq = m.sequence_number
         with self._lock:
-            entry = self._entries.get(key)
+            held = self._sessions.get(session_id)
+            entry = held.rows.get(seq) if held is not None else None
             if (
-                isinstance(entry, _Entry)
+                held is not None
+                and entry is not None
                 and entry.flags == m.flags
                 and entry.token_count == m.token_count
                 and entry.content_len == len(m.content)
             ):
-                self._entries.move_to_end(key)
+                held.rows.move_to_end(seq)
+                self._sessions.move_to_end(session_id)
                 self.hits += 1
                 return entry.framed
         self.misses += 1
         framed = frame(message_to_pb(m).SerializeToString())
-        self._put(key, _Entry(m.flags, m.token_count, len(m.content), framed))
+        self._put(session_id, seq, _Entry(m.flags, m.token_count, len(m.content), framed), dropped)
         return framed
 
     def view(self, session_id: str, messages: list[ViewMessage]) -> _ViewEntry | None:
         """The entry of ``messages`` when they are the session's last view's, else None."""
-        key = (session_id, _VIEW)
         with self._lock:
-            entry = self._entries.get(key)
-            if isinstance(entry, _ViewEntry) and entry.messages is messages:
-                self._entries.move_to_end(key)
+            held = self._sessions.get(session_id)
+            entry = held.view if held is not None else None
+            if entry is not None and entry.messages is messages:
+                self._sessions.move_to_end(session_id)
                 self.hits += 1
                 return entry
         return None
 
     def put_view(self, session_id: str, messages: list[ViewMessage], framed: bytes) -> _ViewEntry:
         entry = _ViewEntry(messages, framed)
-        self._put((session_id, _VIEW), entry)
+        dropped: list[str] = []
+        self._put(session_id, None, entry, dropped)
+        self._tell_dropped(dropped)
         return entry
 
-    def _put(self, key: tuple[str, int], entry: _Entry | _ViewEntry) -> None:
-        cost = len(entry.framed) + ENTRY_OVERHEAD_BYTES
+    def _put(self, session_id: str, seq: int | None, entry: _Entry | _ViewEntry, dropped: list[str]) -> None:
+        cost = _cost(entry)
         if cost > self._max_bytes:
             return
         with self._lock:
-            old = self._entries.pop(key, None)
+            held = self._sessions.get(session_id)
+            if held is None:
+                held = self._sessions[session_id] = _Session()
+            self._sessions.move_to_end(session_id)
+            old = held.view if seq is None else held.rows.pop(seq, None)
             if old is not None:
-                self._bytes -= len(old.framed) + ENTRY_OVERHEAD_BYTES
-            while self._entries and self._bytes + cost > self._max_bytes:
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= len(dropped.framed) + ENTRY_OVERHEAD_BYTES
-            self._entries[key] = entry
+                held.bytes -= _cost(old)
+                self._bytes -= _cost(old)
+                if seq is None:
+                    held.view = None
+            while self._bytes + cost > self._max_bytes and self._drop_oldest(session_id, dropped):
+                pass
+            if isinstance(entry, _ViewEntry):
+                held.view = entry
+            elif seq is not None:
+                held.rows[seq] = entry
+            held.bytes += cost
             self._bytes += cost
 
-    def forget_session(self, session_id: str) -> None:
-        """Drop a session's entries (after it is deleted): memory back at once, not by aging out."""
+    def _drop_oldest(self, keep: str, dropped: list[str]) -> bool:
+        """Drop the least recently used session other than ``keep``; else ``keep``'s oldest row,
+        then its view. False when nothing is left to drop (under the lock)."""
+        for sid in self._sessions:
+            if sid != keep:
+                self._bytes -= self._sessions.pop(sid).bytes
+                dropped.append(sid)
+                return True
+        held = self._sessions.get(keep)
+        if held is None:
+            return False
+        if held.rows:
+            cost = _cost(held.rows.popitem(last=False)[1])
+        elif held.view is not None:
+            cost, held.view = _cost(held.view), None
+        else:
+            return False
+        held.bytes -= cost
+        self._bytes -= cost
+        return True
+
+    def _tell_dropped(self, dropped: list[str]) -> None:
+        if self.on_size is not None:
+            for sid in dropped:
+                self.on_size(sid, 0)
+
+    def session_bytes(self, session_id: str) -> int:
+        """What the session's entries cost now (their encodings and ``ENTRY_OVERHEAD_BYTES`` each)."""
         with self._lock:
-            for key in [k for k in self._entries if k[0] == session_id]:
-                self._bytes -= len(self._entries.pop(key).framed) + ENTRY_OVERHEAD_BYTES
+            held = self._sessions.get(session_id)
+            return held.bytes if held is not None else 0
+
+    def told(self, session_id: str) -> None:
+        """Tell ``on_size`` what the session's entries cost now (after a response was encoded)."""
+        if self.on_size is not None:
+            self.on_size(session_id, self.session_bytes(session_id))
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop a session's entries (deleted, or let go by the store): memory back at once, not by
+        aging out. ``on_size`` is not told (whoever asked knows)."""
+        with self._lock:
+            held = self._sessions.pop(session_id, None)
+            if held is not None:
+                self._bytes -= held.bytes
+
+    def holds(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._sessions
 
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {
-                "entries": len(self._entries),
+                "entries": sum(len(s.rows) + (s.view is not None) for s in self._sessions.values()),
+                "sessions": len(self._sessions),
                 "bytes": self._bytes,
                 "max_bytes": self._max_bytes,
                 "hits": self.hits,
@@ -222,5 +310,6 @@ def encode_build_response(
             parts.append(cache.framed(session_id, m))
     framed = b"".join(parts)
     entry = None if carries_images else cache.put_view(session_id, built.messages, framed)
+    cache.told(session_id)
     tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, entry)
     return EncodedResponse(framed + tail_bytes)

@@ -22,29 +22,42 @@ __all__ = ["IdentityMemo"]
 T = TypeVar("T")
 
 
+class _Entry(weakref.ref):  # type: ignore[type-arg]  # a weak reference to the message, carrying its value
+    """A memo entry: the weak reference itself holds the key and the value, so an entry is one
+    object (no tuple, no closure per message: about 100 bytes instead of 430, issue #9)."""
+
+    __slots__ = ("key", "value")
+    key: int
+    value: object
+
+
 class IdentityMemo(Generic[T]):
     """``get(m, compute)`` is ``compute(m)``, computed once per live ``Message`` object."""
 
-    __slots__ = ("__weakref__", "_entries")
+    __slots__ = ("__weakref__", "_drop", "_entries")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[Message], T]] = {}
+        entries: dict[int, _Entry] = {}
+        self._entries = entries
+
+        def drop(ref: _Entry) -> None:
+            # The id may already name a newer object with its own entry: drop only ours.
+            if entries.get(ref.key) is ref:
+                del entries[ref.key]
+
+        # One callback for every entry (a closure per entry cost ~250 bytes a message).
+        self._drop = drop
 
     def get(self, m: Message, compute: Callable[[Message], T]) -> T:
         key = id(m)
         entry = self._entries.get(key)
-        if entry is not None and entry[0]() is m:
-            return entry[1]
+        if entry is not None and entry() is m:
+            return entry.value  # type: ignore[return-value]
         value = compute(m)
-        entries = self._entries
-
-        def forget(ref: weakref.ref[Message], key: int = key) -> None:
-            # The id may already name a newer object with its own entry: drop only ours.
-            current = entries.get(key)
-            if current is not None and current[0] is ref:
-                del entries[key]
-
-        entries[key] = (weakref.ref(m, forget), value)
+        entry = _Entry(m, self._drop)
+        entry.key = key
+        entry.value = value
+        self._entries[key] = entry
         return value
 
     def __len__(self) -> int:

@@ -70,5 +70,8 @@ class ViewMemo(Generic[T]):
         with self._lock:
             self._entries.pop(session_id, None)
 
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._entries
+
     def __len__(self) -> int:
         return len(self._entries)

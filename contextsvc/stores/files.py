@@ -123,10 +123,12 @@ _CALIBRATION = "calibration.jsonl"
 _TMP_SUFFIX = ".tmp"
 _MARK_SUFFIX = ".mark"
 _MB = 1024 * 1024
-#: estimated memory of a held row beyond its text: the row itself (~520 B measured) and what the
-#: engine keeps for it once it was built into a view (per-message pricing memo, the reused view;
-#: ~900 B more measured on synthetic chat rows, bench/store/startup.py).
-_ROW_BYTES = 1400
+#: estimated memory of a held row beyond its text: the row itself (~600 B measured with its
+#: decoded fields) and what the engine keeps for it once it was built into a view (per-message
+#: size and feature memos, their values, the reused view's entry: ~1,000 B more), measured with
+#: tracemalloc (tests/unit/test_memory_budget.py, bench/store/memory.py). The API adapter's
+#: encodings of the rows are counted as it reports them (``hold_outside``).
+_ROW_BYTES = 1700
 #: estimated memory of a held session beyond its rows (state, lock, indexes).
 _SESSION_BYTES = 4096
 
@@ -232,6 +234,8 @@ class FilesStore(RowStore):
         self._held = 0
         #: rows counted in ``_lru`` per session.
         self._held_rows: dict[str, int] = {}
+        #: bytes counted in ``_lru`` that caches outside the store hold per session (``hold_outside``).
+        self._outside: dict[str, int] = {}
         #: start-up index: encoded lines of sessions unchanged since, and sessions changed since.
         self._index_lines: dict[str, bytes] = {}
         self._index_dirty: set[str] = set()
@@ -244,8 +248,9 @@ class FilesStore(RowStore):
         self._compact_idle.set()
         self._compacting = False
         self._tasks: list[asyncio.Task[None]] = []
-        #: called with a session id when its rows are dropped (the server drops the engine's
-        #: reused view of it, which would otherwise keep the rows alive).
+        #: called with a session id when its rows are dropped or it is deleted: the server drops
+        #: every engine and API cache of it (``ViewService.forget``, ``WireCache``), which would
+        #: otherwise keep the rows alive outside the budget.
         self.on_evict: Callable[[str], None] | None = None
 
     @property
@@ -396,10 +401,11 @@ class FilesStore(RowStore):
     def resident_sessions(self) -> int:
         return sum(1 for st in list(self._sessions.values()) if st.resident and st.last_sequence)
 
-    def _evict(self) -> None:
-        """Drop the least recently used sessions' rows (and history indexes) while over budget;
-        never a session whose lock is held (a mutation or a load is using it): those are tried
-        again after the next call that held a session lock (``_serialized``)."""
+    def _evict(self, keep: str = "") -> None:
+        """Drop the least recently used sessions' rows (and history indexes, and through
+        ``on_evict`` every engine and API cache of them) while over budget; never ``keep`` nor a
+        session whose lock is held (a mutation or a load is using it): those are tried again
+        after the next call that held a session lock (``_serialized``)."""
         budget = int(self._settings.files.cache_mb * _MB)
         if self._held <= budget:
             return
@@ -407,7 +413,7 @@ class FilesStore(RowStore):
             if self._held <= budget:
                 break
             st = self._sessions.get(sid)
-            if st is not None and (st.lock.locked() or st.damage):
+            if sid == keep or (st is not None and (st.lock.locked() or st.damage)):
                 continue
             self._forget(sid)
             if st is not None:
@@ -422,8 +428,30 @@ class FilesStore(RowStore):
         finally:
             self._evict()  # the session is unlocked now: it may go if it is over the budget
 
+    def hold_outside(self, session_id: str, nbytes: int) -> None:
+        """A cache outside the store (the API adapter's encoded messages, ``api.wire``) holds
+        ``nbytes`` for the session now: counted under the same budget (``files.cache_mb``) as
+        its rows, so one bound covers everything held per session touched. When the session is
+        let go, ``on_evict`` tells the cache to drop it. Never evicts the session itself now (it
+        was just used); may evict others."""
+        old = self._outside.pop(session_id, 0)
+        if nbytes > 0 and session_id in self._sessions:
+            self._outside[session_id] = nbytes
+        else:
+            nbytes = 0
+        delta = nbytes - old
+        if session_id in self._lru:
+            self._lru[session_id] += delta
+            self._held += delta
+            self._lru.move_to_end(session_id)
+        elif nbytes:
+            self._lru[session_id] = nbytes
+            self._held += nbytes
+        self._evict(keep=session_id)
+
     def _forget(self, session_id: str) -> None:
         self._held -= self._lru.pop(session_id, 0)
+        self._outside.pop(session_id, None)
         self._held_rows.pop(session_id, None)
         self._history.pop(session_id, None)
         self._history_logs.pop(session_id, None)
@@ -789,6 +817,8 @@ class FilesStore(RowStore):
             if log is not None:
                 self._dirty.discard(log.path)
         self._forget(st.id)
+        if self.on_evict is not None:
+            self.on_evict(st.id)  # nothing of a deleted session stays in the engine's caches
         self._index_lines.pop(st.id, None)
         self._index_dirty.discard(st.id)
         self._compact_wanted.discard(st.id)
