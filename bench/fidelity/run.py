@@ -137,8 +137,8 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     weights["default"][VIEW] = FRAME_PER_PROMPT
     # How far a fit may move each weight (the fit narrows it 5x unless its baselines clearly ask
     # for more: core/calibration.py, chosen by leave-one-category-out runs on the FIT split).
-    known_sigma = (0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3)
-    default_sigma = (0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4)
+    known_sigma = tuple(KNOWN_SIGMA[f] for f in FEATURES)
+    default_sigma = tuple(DEFAULT_SIGMA[f] for f in FEATURES)
     # The cold margin: the margin_quantile of how far the real count of a new step (the text a
     # baseline + delta estimate prices) lies above its price, out of sample: each category priced
     # with a prior fitted without it (leave one category out), so the figure is not in-sample.
@@ -163,6 +163,17 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     lines.append("#: room below: a count under this is below what any tokenizer could have produced.")
     lines.append(f"LOWER_BOUND: tuple[float, ...] = ({', '.join(f'{v:.4f}' for v in low)})")
     return "\n".join(lines)
+
+
+#: How far a fit may move each weight of a measured family's prior, and of the ``default`` one.
+KNOWN_SIGMA = {
+    "word": 0.04, "ident": 0.08, "number": 0.08, "punct": 0.08, "space": 0.1, "cyrillic": 0.1,
+    "han": 0.1, "kana": 0.1, "hangul": 0.1, "other": 0.15, "message": 0.3, "tool_call": 0.3, "view": 0.3,
+}  # fmt: skip
+DEFAULT_SIGMA = {
+    "word": 0.12, "ident": 0.2, "number": 0.2, "punct": 0.2, "space": 0.25, "cyrillic": 0.4,
+    "han": 0.4, "kana": 0.4, "hangul": 0.4, "other": 0.4, "message": 0.4, "tool_call": 0.4, "view": 0.4,
+}  # fmt: skip
 
 
 def _nnls_weights(rows: list[np.ndarray], y: list[float], used: list[int], fill: np.ndarray) -> np.ndarray:

@@ -59,6 +59,7 @@ from contextsvc.core.priors import (
     family_for,
     prior_for,
 )
+from contextsvc.core.sizing import CLASSES
 
 #: Relative noise of one baseline (its count is exact; the template's details are not).
 _OBS_SIGMA = 0.01
@@ -128,6 +129,14 @@ class Calibration:
     def overhead(self) -> float:
         """Tokens a whole prompt adds once (the reply primer): the per-view weight."""
         return self.weights[VIEW]
+
+    @property
+    def class_ratios(self) -> dict[str, float]:
+        """Tokens per size unit of each content class by name, and ``cjk`` (the first version's
+        single East Asian class, kept for clients that read it) as the Han ratio."""
+        ratios = dict(zip(CLASSES, self.weights, strict=False))
+        ratios["cjk"] = ratios["han"]
+        return ratios
 
     @property
     def tokens_per_char(self) -> float:
