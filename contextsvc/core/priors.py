@@ -56,11 +56,16 @@ def current_features(stored: Sequence[float]) -> tuple[float, ...]:
 @dataclass(slots=True, frozen=True)
 class Prior:
     """Tokens per unit of each feature (``FEATURES`` order), the relative uncertainty of each
-    (the spread a fit may move it by), and the cold estimate's relative margin."""
+    (the spread a fit may move it by), and the cold estimate's relative margin: overall
+    (``cold_margin``, what ``Calibration.margin`` reports) and per feature (``feature_margins``:
+    the share of a feature's price a new step may run over; Cyrillic text varies far more around
+    its price than code does, so one number for both was too wide for one and too narrow for the
+    other). Empty ``feature_margins`` means ``cold_margin`` for every feature."""
 
     weights: tuple[float, ...]
     sigma: tuple[float, ...]
     cold_margin: float
+    feature_margins: tuple[float, ...] = ()
 
 
 # --- measured by bench/fidelity/fit_prior.py (fit split only) -- BEGIN GENERATED ------------
@@ -81,8 +86,9 @@ PRIORS: dict[str, Prior] = {
             21.8828,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.122,
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.221,
+        feature_margins=(0.162, 0.167, 0.165, 0.167, 0.277, 0.378, 0.207, 0.163, 0.091, 0.221, 0.225, 0.225, 0.221),
     ),
     "cl100k": Prior(
         weights=(
@@ -100,8 +106,9 @@ PRIORS: dict[str, Prior] = {
             21.6910,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.135,
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.256,
+        feature_margins=(0.164, 0.170, 0.166, 0.170, 0.322, 0.322, 0.418, 0.111, 0.117, 0.256, 0.211, 0.211, 0.256),
     ),
     "llama3": Prior(
         weights=(
@@ -119,8 +126,9 @@ PRIORS: dict[str, Prior] = {
             21.6772,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.121,
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.179,
+        feature_margins=(0.153, 0.162, 0.162, 0.170, 0.239, 0.339, 0.178, 0.179, 0.081, 0.179, 0.170, 0.170, 0.179),
     ),
     "claude": Prior(
         weights=(
@@ -138,8 +146,9 @@ PRIORS: dict[str, Prior] = {
             27.1586,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.193,
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.275,
+        feature_margins=(0.233, 0.238, 0.241, 0.238, 0.276, 0.290, 0.583, 0.276, 0.105, 0.275, 0.241, 0.241, 0.275),
     ),
     "default": Prior(
         weights=(
@@ -157,8 +166,9 @@ PRIORS: dict[str, Prior] = {
             22.9918,
             3.0000,
         ),
-        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4),
-        cold_margin=0.227,
+        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.12, 0.12, 0.12),
+        cold_margin=0.466,
+        feature_margins=(0.280, 0.293, 0.293, 0.357, 0.469, 0.603, 0.690, 0.437, 0.451, 0.466, 0.435, 0.435, 0.466),
     ),
 }
 #: The smallest plausible tokens per unit of each feature over every vocabulary measured, with

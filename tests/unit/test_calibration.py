@@ -75,7 +75,7 @@ RUSSIAN = [feats(cyrillic=2500 * k, word=200 * k, punct=250 * k, messages=6 * k,
 
 def test_settings_pins() -> None:
     assert S.calibration_window == 8 and S.truncation_ratio == 0.70
-    assert S.margin_floor == 0.01 and S.margin_prior_weight == 8.0
+    assert S.margin_floor == 0.01 and S.margin_prior_weight == 16.0
     assert S.model_families == DEFAULT_MODEL_FAMILIES
 
 
