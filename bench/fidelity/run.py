@@ -599,7 +599,12 @@ def record(table: str, cross: str, verdicts: list[str], command: str) -> None:
         + "\n"
     )
     if "## Fidelity" in text:
-        text = re.sub(r"## Fidelity.*?(?=\n## |\Z)", section, text, flags=re.S)
+        # The fact-recall subsection (bench/fidelity/recall.py --record) sits under Fidelity: kept.
+        old = re.search(r"## Fidelity.*?(?=\n## |\Z)", text, flags=re.S)
+        recall = re.search(r"### Fact recall.*", old.group(0), flags=re.S) if old else None
+        if recall:
+            section += "\n" + recall.group(0).rstrip("\n") + "\n"
+        text = re.sub(r"## Fidelity.*?(?=\n## |\Z)", lambda _: section, text, flags=re.S)
     else:
         text = text.rstrip() + "\n\n" + section
     path.write_text(text)
