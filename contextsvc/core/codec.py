@@ -15,7 +15,7 @@ def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _parse_time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
 
@@ -74,7 +74,7 @@ def message_from_dict(d: dict[str, Any]) -> Message:
         flags=Flags(**d.get("flags", {})),
         metadata=d.get("metadata", {}),
         sequence_number=int(d.get("seq", 0)),
-        create_time=_parse_time(d.get("time")),
+        create_time=parse_time(d.get("time")),
         token_count=int(d.get("tokens", 0)),
         replaces=(int(replaces[0]), int(replaces[1])) if replaces else None,
         context_anchor=int(d.get("anchor", 0)),
@@ -106,8 +106,8 @@ def session_from_dict(d: dict[str, Any]) -> SessionInfo:
         name=d.get("name", ""),
         pinned=bool(d.get("pinned", False)),
         metadata=d.get("metadata") or {},
-        create_time=_parse_time(d.get("create_time")),
-        update_time=_parse_time(d.get("update_time")),
+        create_time=parse_time(d.get("create_time")),
+        update_time=parse_time(d.get("update_time")),
         context_tokens=int(d.get("context_tokens", 0)),
         context_truncated=bool(d.get("context_truncated", False)),
         state=d.get("state") or {},

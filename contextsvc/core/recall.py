@@ -38,8 +38,6 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rank_bm25 import BM25Okapi
-
 # The chunk value types are defined with the HistoryStore port; ports.py never imports this module.
 from contextsvc.core.facts import anchor_kinds
 from contextsvc.core.history import HistoryChunk, ScoredChunk
@@ -288,13 +286,19 @@ def document_terms(chunk: HistoryChunk) -> list[str]:
     return found
 
 
-class _LuceneIdfBM25(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no type hints
-    """``BM25Okapi`` with Lucene's always-positive IDF (see the module docstring)."""
+@functools.cache
+def _bm25_model() -> Any:
+    """``BM25Okapi`` with Lucene's always-positive IDF (see the module docstring). Built on the
+    first search: rank_bm25 loads numpy, which would otherwise add ~0.3 s to every start-up."""
+    from rank_bm25 import BM25Okapi  # deferred on purpose, see above
 
-    def _calc_idf(self, nd: dict[str, int]) -> None:
-        n = self.corpus_size
-        self.df = dict(nd)
-        self.idf = {word: math.log(1.0 + (n - freq + 0.5) / (freq + 0.5)) for word, freq in nd.items()}
+    class LuceneIdfBM25(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no type hints
+        def _calc_idf(self, nd: dict[str, int]) -> None:
+            n = self.corpus_size
+            self.df = dict(nd)
+            self.idf = {word: math.log(1.0 + (n - freq + 0.5) / (freq + 0.5)) for word, freq in nd.items()}
+
+    return LuceneIdfBM25
 
 
 class RecallIndex:
@@ -307,7 +311,7 @@ class RecallIndex:
         self._chunks: list[HistoryChunk] = []
         self._hashes: set[str] = set()
         self._terms: list[list[str]] = []
-        self._model: _LuceneIdfBM25 | None = None
+        self._model: Any = None  # a _bm25_model() instance
         self.add(chunks)
 
     def __len__(self) -> int:
@@ -345,7 +349,7 @@ class RecallIndex:
         if not wanted or limit <= 0 or not self._chunks:
             return []
         if self._model is None:
-            self._model = _LuceneIdfBM25(self._terms, k1=BM25_K1, b=BM25_B)
+            self._model = _bm25_model()(self._terms, k1=BM25_K1, b=BM25_B)
         model = self._model
         # No query term in any chunk: nothing scores (and an index of stop words only has
         # average length 0, which BM25 would divide by).

@@ -568,15 +568,23 @@ class GatewayRefused(OSError):
     """The gateway would expose an open service beyond loopback."""
 
 
-async def check_exposure(upstream: Upstream, settings: Settings, listen: str) -> None:
-    """The loopback rule for the gateway: beyond loopback it forwards whatever the service grants an
-    anonymous caller, so it starts there only when the service wants tokens (or with --insecure)."""
+async def check_exposure(upstream: Upstream, settings: Settings, listen: str, *, tls: bool) -> None:
+    """The loopback rule for the gateway, as for the service (``transport.check_transport``): beyond
+    loopback it forwards whatever the service grants an anonymous caller, so it starts there only
+    when the service wants tokens, and then only over TLS, since browsers send those tokens to it
+    (or with --insecure, e.g. behind a TLS proxy)."""
     if settings.insecure or is_loopback(listen_host(listen)):
         return
     try:
         await upstream.list_sessions("", query="", page_size=1, page_token="")
     except UpstreamError as exc:
         if exc.code == "UNAUTHENTICATED":
+            if not tls:
+                raise GatewayRefused(
+                    f"refusing to serve the gateway on {listen} without TLS: API tokens would cross the network "
+                    "in clear; give it --tls-cert and --tls-key, or pass --insecure to allow it (e.g. behind a "
+                    "TLS proxy)"
+                ) from None
             return
         raise GatewayRefused(
             f"refusing to serve the gateway on {listen}: cannot check that the service at {upstream.target} "
@@ -598,7 +606,7 @@ async def start_gateway(settings: Settings, listen: str, target: str, *, bundled
         upstream_tls = standalone_upstream_tls(settings)
     gateway = Gateway(settings, target, upstream_tls=upstream_tls, tls=listener_tls(settings, bundled=bundled))
     try:
-        await check_exposure(gateway.upstream, settings, listen)
+        await check_exposure(gateway.upstream, settings, listen, tls=gateway.tls is not None)
         await gateway.start(listen)
     except BaseException:
         await gateway.close()

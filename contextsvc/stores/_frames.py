@@ -44,6 +44,26 @@ def frame(body: bytes) -> bytes:
     return b"%s%08x%s%s}\n" % (_HEAD, google_crc32c.value(body), _MID, body)
 
 
+def checked_body(raw: bytes) -> bytes:
+    """The record bytes of a checked line (without its newline), its checksum verified.
+
+    Raises ``BadFrame`` for a line without the wrapper or one failing its check; the bytes are
+    not parsed, so a reader of many lines can parse them in one go.
+    """
+    if not raw.startswith(_HEAD) or len(raw) < _PREFIX + 3 or raw[_PREFIX - len(_MID) : _PREFIX] != _MID:
+        raise BadFrame("no checksum wrapper")
+    if not raw.endswith(b"}"):
+        raise BadFrame("broken checksum wrapper")
+    body = raw[_PREFIX:-1]
+    try:
+        expected = int(raw[len(_HEAD) : len(_HEAD) + 8], 16)
+    except ValueError:
+        raise BadFrame("unreadable checksum") from None
+    if google_crc32c.value(body) != expected:
+        raise BadFrame("checksum mismatch")
+    return body
+
+
 def unframe(raw: bytes) -> tuple[Any, bool]:
     """The record of one line (without its newline) and whether it was checked.
 

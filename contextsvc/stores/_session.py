@@ -113,6 +113,10 @@ def utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _copied(d: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(d) if d else {}
+
+
 class SessionState:
     """Header, rows and incrementally maintained counters of one session.
 
@@ -149,18 +153,20 @@ class SessionState:
         "views",
     )
 
-    def __init__(self, header: SessionInfo) -> None:
+    def __init__(self, header: SessionInfo, *, share: bool = False) -> None:
         self.id = header.id
         self.user_id = header.user_id
         self.profile_id = header.profile_id
         self.name = header.name
         self.pinned = header.pinned
-        self.metadata: dict[str, Any] = copy.deepcopy(header.metadata)
+        # Copied, so the caller's dicts never change under it; ``share``: they are the caller's
+        # to give away (freshly decoded), which saves two deep copies per session at start-up.
+        self.metadata: dict[str, Any] = header.metadata if share else _copied(header.metadata)
         self.create_time = header.create_time
         self.update_time = header.update_time
         self.context_tokens = header.context_tokens
         self.context_truncated = header.context_truncated
-        self.state: dict[str, Any] = copy.deepcopy(header.state)
+        self.state: dict[str, Any] = header.state if share else _copied(header.state)
         self.rows: list[Message] = []
         self._ctx: list[Message] = []
         self._ctx_keys: list[tuple[int, int]] = []
@@ -256,10 +262,10 @@ class SessionState:
     # -- summaries (the files store's lazy loading) ----------------------------------------
 
     @classmethod
-    def summary(cls, info: SessionInfo, *, damage: str = "") -> SessionState:
+    def summary(cls, info: SessionInfo, *, damage: str = "", share: bool = False) -> SessionState:
         """A session known by its summary only (``resident`` False): what ``info()`` returns
-        and what a listing needs, without its rows."""
-        st = cls(info)
+        and what a listing needs, without its rows. ``share`` as in ``__init__``."""
+        st = cls(info, share=share)
         st.resident = False
         st.display_count = info.display_message_count
         st._stub_ctx = info.context_message_count

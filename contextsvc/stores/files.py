@@ -171,12 +171,28 @@ class StoreHealth:
     damaged_sessions: int = 0
 
 
-@dataclass(slots=True)
 class _Log:
-    path: Path
-    size: int
-    #: flag/header/state/view records since the log was last written whole.
-    overhead: int = 0
+    """A log file the store appends to: its path, its size as written, and ``overhead``, the
+    flag/header/state/view records since it was last written whole."""
+
+    __slots__ = ("_path", "overhead", "size")
+
+    def __init__(self, path: Path | str, size: int, overhead: int = 0) -> None:
+        # A str until first used: start-up makes one per session, most never touched, and a
+        # Path costs more to build than the rest of an indexed session's start-up.
+        self._path = path
+        self.size = size
+        self.overhead = overhead
+
+    @property
+    def path(self) -> Path:
+        path = self._path
+        if isinstance(path, str):
+            path = self._path = Path(path)
+        return path
+
+    def __repr__(self) -> str:
+        return f"_Log({str(self._path)!r}, size={self.size}, overhead={self.overhead})"
 
 
 class FilesStore(RowStore):
@@ -892,13 +908,13 @@ class FilesStore(RowStore):
             entry = index.get(sid) if index is not None else None
             if entry is not None and stat is not None and entry.key == file_key(stat):
                 self.stats.index_hits += 1
-                st = SessionState.summary(entry.info)
+                st = SessionState.summary(entry.info, share=True)  # the entry's dicts are fresh
                 kept = encode_entry(entry)
                 loaded.append((st, _Log(path, stat.st_size, entry.overhead), kept))
                 fresh[sid] = kept
                 continue
             self.stats.logs_read_at_open += 1
-            result = self._load_one(path)
+            result = self._load_one(Path(path))
             if result is None:
                 continue
             st, log = result
@@ -924,10 +940,10 @@ class FilesStore(RowStore):
         observations, calibration = self._load_calibration()
         return loaded, observations, calibration
 
-    def _session_logs(self) -> list[tuple[str, Path, os.stat_result | None]]:
+    def _session_logs(self) -> list[tuple[str, Path | str, os.stat_result | None]]:
         """(session id, log path, its stat or None) of every log, and of every mark left without
         its log, in one pass over the directory."""
-        logs: dict[str, tuple[Path, os.stat_result]] = {}
+        logs: dict[str, tuple[str, os.stat_result]] = {}
         marks: set[str] = set()
         with os.scandir(self._sessions_dir) as entries:
             for entry in entries:
@@ -938,12 +954,12 @@ class FilesStore(RowStore):
                         logger.warning("files store: ignoring %s: not named <session-uuid>%s", entry.path, _LOG_SUFFIX)
                         continue
                     with contextlib.suppress(FileNotFoundError):
-                        logs[sid] = (Path(entry.path), entry.stat())
+                        logs[sid] = (entry.path, entry.stat())
                 elif name.endswith(_LOG_SUFFIX + _MARK_SUFFIX):
                     sid = name[: -len(_LOG_SUFFIX + _MARK_SUFFIX)]
                     if is_session_id(sid):
                         marks.add(sid)
-        out: list[tuple[str, Path, os.stat_result | None]] = [(sid, p, st) for sid, (p, st) in logs.items()]
+        out: list[tuple[str, Path | str, os.stat_result | None]] = [(sid, p, st) for sid, (p, st) in logs.items()]
         out.extend((sid, self._log_path(sid), None) for sid in marks if sid not in logs)
         out.sort(key=lambda item: item[0])
         return out

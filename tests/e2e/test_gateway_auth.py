@@ -178,3 +178,12 @@ def test_gateway_beyond_loopback_refuses_an_open_service(tmp_path: Path) -> None
         service.kill()
     unreachable = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", "127.0.0.1:1")
     assert unreachable.returncode == 1 and "cannot check that the service" in unreachable.stderr
+
+
+def test_gateway_beyond_loopback_in_front_of_tokens_needs_tls(world: dict[str, Any]) -> None:
+    # The service wants tokens, so the gateway may face the network, but only over TLS: browsers
+    # send it their tokens. Refused before anything binds (no socket beyond loopback in tests).
+    alone = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", world["proc"].grpc_address)
+    assert alone.returncode == 1, alone.stderr
+    assert "refusing to serve the gateway on 0.0.0.0:0 without TLS" in alone.stderr
+    assert "--insecure" in alone.stderr
