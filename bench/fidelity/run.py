@@ -621,7 +621,8 @@ def record(table: str, cross: str, verdicts: list[str], command: str) -> None:
     section = (
         "## Fidelity (`bench/fidelity/`)\n\n"
         f"{dt.date.today().isoformat()}, `{command}`, {platform.machine()} {platform.python_version()}, "
-        f"{__import__('os').cpu_count()} cores.\n"
+        f"{__import__('os').cpu_count()} cores, load average {__import__('os').getloadavg()[0]:.1f} (no figure "
+        "here is a timing: the load does not change them).\n"
         "Held-out corpus (bench/fidelity/fidelity_corpus.py). Everything tuned was tuned on the FIT split only: "
         "the prior and its cold margins in core/priors.py (`--fit-prior`; cold margin = the `margin_quantile` "
         "(0.995) of how far a new step's real count lies above its price, each category priced by a prior fitted "
