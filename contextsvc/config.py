@@ -555,6 +555,9 @@ class Settings(BaseSettings):
     store_start_timeout_seconds: float = Field(0.0, ge=0)
     #: how often the server probes its store (a write + fsync) for the health service.
     store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
+    #: with tracing on, a store call at least this slow (ms) gets a ``store.<op>`` event of its own
+    #: on its span; every call is counted in the span's ``contextsvc.store.<op>.*`` attributes.
+    telemetry_slow_store_ms: float = Field(10.0, ge=0)
 
     default_profile: str = "default"
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})

@@ -87,7 +87,7 @@ async def start(settings: Settings) -> RunningServer:
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )
     # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
-    tel = telemetry.configure(service_version=__version__)
+    tel = telemetry.configure(service_version=__version__, slow_store_ms=settings.telemetry_slow_store_ms)
     try:
         store = open_store(settings.store, settings)
     except ValueError as exc:

@@ -9,17 +9,20 @@ What is recorded (DESIGN §5.11):
 - a server span per RPC (one interceptor of ours, which also continues an incoming ``traceparent``
   through the configured propagators and records the RPC duration metric in the same layer), child
   spans for view assembly, compaction and every summarizer call (a GenAI client span,
-  ``chat {model}``), every store call as an event on the span it runs under (``store.<operation>``
-  with its duration), and asyncpg/httpx spans from their instrumentations;
-- metrics: RPC duration by method and code, compressions by reason and method, context fill fraction,
-  the estimate error of each accepted baseline, summarizer latency/failures/token usage, sessions,
-  events published and delivered, watchers.
+  ``chat {model}``), every store call counted and timed on the span it runs under
+  (``contextsvc.store.<op>.calls`` / ``.duration_ms``; an event ``store.<op>`` for a failed or slow
+  call), and asyncpg/httpx spans from their instrumentations;
+- metrics: RPC duration by method and code, compressions by reason and method, context fill fraction
+  (when a session's fill changes), the estimate error of each accepted baseline, summarizer
+  latency/failures/token usage, sessions, events published and delivered, watchers.
 
 Message content never goes into a span or a metric: spans carry ids, counts and token figures only.
 
 Cost (bench/RESULTS.md, "Telemetry overhead"): everything below the server span is recorded only
-under a recording span, so a trace the sampler dropped costs one non-recording span and two metric
-measurements per call; a sampled BuildContext exports two spans.
+under a recording span, so a trace the sampler dropped costs one non-recording span and one metric
+measurement per call. The server, view and compaction spans come from ``telemetry_spans`` (the
+SDK's sampler, ids, limits and ``ReadableSpan``, fewer steps), and spans are encoded for OTLP by
+``telemetry_otlp``; see docs/telemetry.md, "Why these choices".
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from contextsvc.ports import EventBus, SessionStore, StoredEvent, Summarizer, Summarizers, SummaryRequest
+from contextsvc.telemetry_spans import LightSpan, SpanFactory
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +173,12 @@ class Telemetry:
 
     tracing: bool = False
     metering: bool = False
+    #: a store call at least this slow (ms) gets an event of its own on its span (settings:
+    #: ``telemetry_slow_store_ms``); every call is counted in the span's store attributes
+    slow_store_ms: float = 10.0
     tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracer())
+    #: starts the server, view and compaction spans (None: the tracer does; see telemetry_spans)
+    spans: SpanFactory | None = None
     instruments: _Instruments = field(default_factory=lambda: _Instruments.from_meter(metrics.NoOpMeter(_SCOPE)))
     _shutdowns: list[Callable[[], Any]] = field(default_factory=list)
     _flushes: list[Callable[[], Any]] = field(default_factory=list)
@@ -182,10 +191,14 @@ class Telemetry:
         """The interceptors to install: none when telemetry is off, else one for spans and metrics."""
         if not self.enabled:
             return []
-        return [_ServerInterceptor(self.tracer if self.tracing else None, self.instruments if self.metering else None)]
+        return [
+            _ServerInterceptor(
+                self.tracer if self.tracing else None, self.instruments if self.metering else None, self.spans
+            )
+        ]
 
     def wrap_store(self, store: SessionStore) -> SessionStore:
-        return cast(SessionStore, _TracedStore(store, self.tracer)) if self.tracing else store
+        return cast(SessionStore, _TracedStore(store, self.tracer, self.slow_store_ms)) if self.tracing else store
 
     def wrap_bus(self, bus: EventBus) -> EventBus:
         return cast(EventBus, _MeteredBus(bus, self.instruments)) if self.metering else bus
@@ -229,7 +242,7 @@ def set_current(telemetry: Telemetry) -> Telemetry:
     return previous
 
 
-def configure(*, service_version: str = "") -> Telemetry:
+def configure(*, service_version: str = "", slow_store_ms: float = 10.0) -> Telemetry:
     """Install tracer and meter providers when the environment names an exporter; once per process."""
     global _current
     if _current.enabled:
@@ -238,6 +251,7 @@ def configure(*, service_version: str = "") -> Telemetry:
     if not traces and not metrics_exporter:
         return _current
     _current = build(traces, metrics_exporter, service_version=service_version, install=True)
+    _current.slow_store_ms = slow_store_ms
     log.info("telemetry on", extra={"traces": traces or "off", "metrics": metrics_exporter or "off"})
     return _current
 
@@ -257,7 +271,9 @@ def build(traces: str, metrics_exporter: str, *, service_version: str = "", inst
     resource = _resource_type()(created.attributes, created.schema_url)
     telemetry = Telemetry()
     if traces:
-        telemetry.tracer = _tracing(traces, resource, telemetry._shutdowns, install, telemetry._flushes)
+        telemetry.tracer, telemetry.spans = _tracing(
+            traces, resource, telemetry._shutdowns, install, telemetry._flushes
+        )
         telemetry.tracing = True
     if metrics_exporter:
         telemetry.instruments = _metering(metrics_exporter, resource, telemetry._shutdowns, install)
@@ -291,7 +307,7 @@ def _tracing(
     shutdowns: list[Callable[[], Any]],
     install: bool,
     flushes: list[Callable[[], Any]],
-) -> trace.Tracer:
+) -> tuple[trace.Tracer, SpanFactory | None]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
@@ -300,20 +316,23 @@ def _tracing(
     if exporter_name == "console":
         exporter = ConsoleSpanExporter()
     elif _protocol("traces") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+        from contextsvc.telemetry_otlp import grpc_span_exporter
 
-        exporter = GrpcSpanExporter()
+        exporter = grpc_span_exporter()
     else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+        from contextsvc.telemetry_otlp import http_span_exporter
 
-        exporter = HttpSpanExporter()
+        exporter = http_span_exporter()
     # The SDK's defaults (OTEL_BSP_*): batches of 512 every 5 s, 2048 queued; encoding runs on the
     # processor's thread, and costs in proportion to the spans and attributes a call records.
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    processor = BatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
     shutdowns.append(provider.shutdown)
     flushes.append(provider.force_flush)
+    # Our own spans go straight to that processor (telemetry_spans); other code's via the provider.
+    spans = SpanFactory(provider, processor, _SCOPE) if SpanFactory.usable(provider) else None
     if not install:
-        return provider.get_tracer(_SCOPE)
+        return provider.get_tracer(_SCOPE), spans
     trace.set_tracer_provider(provider)
     # The drivers' own spans: statements (without parameters) and HTTP calls to summarizers.
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
@@ -321,7 +340,7 @@ def _tracing(
 
     AsyncPGInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
     HTTPXClientInstrumentor().instrument(tracer_provider=provider)
-    return provider.get_tracer(_SCOPE)
+    return provider.get_tracer(_SCOPE), spans
 
 
 def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], Any]], install: bool) -> _Instruments:
@@ -361,6 +380,59 @@ def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], An
 # -- spans and measurements the engine records --------------------------------------------------
 
 
+class _Tally:
+    """What the store calls under one recording span add up to, written onto it when it ends.
+
+    Per operation the number of calls and their total duration (``contextsvc.store.<op>.calls``,
+    ``contextsvc.store.<op>.duration_ms``); a call that failed or took at least the slow threshold
+    also gets an event of its own (``store.<op>``). ``extra`` collects attributes the engine's hooks
+    add (the view's model and sizes), so a span is given all its late attributes in one call.
+    """
+
+    __slots__ = ("extra", "ops", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span: Span | None = span
+        #: operation -> [calls, total nanoseconds]
+        self.ops: dict[str, list[int]] = {}
+        self.extra: dict[str, Any] | None = None
+
+    def attributes(self) -> dict[str, Any] | None:
+        """The attributes to set on the span now ending (None: nothing to add); closes the tally."""
+        self.span = None  # later calls (a task the span's block left running) are not counted
+        ops = self.ops
+        if not ops:
+            return self.extra
+        out: dict[str, Any] = dict(self.extra) if self.extra else {}
+        for op, (calls, nanos) in ops.items():
+            calls_key, ms_key = _op_keys(op)
+            out[calls_key] = calls
+            out[ms_key] = nanos / 1e6
+        return out
+
+
+#: the tally of the recording span store calls count towards (None: not recording, or off)
+_tally: contextvars.ContextVar[_Tally | None] = contextvars.ContextVar("contextsvc_store_tally", default=None)
+#: operation -> its two attribute keys, built once per store method (bounded by the port's methods)
+_keys: dict[str, tuple[str, str]] = {}
+
+
+def _op_keys(op: str) -> tuple[str, str]:
+    found = _keys.get(op)
+    if found is None:
+        found = _keys[op] = (f"contextsvc.store.{op}.calls", f"contextsvc.store.{op}.duration_ms")
+    return found
+
+
+def _end(span: Span, tally: _Tally, more: dict[str, Any] | None = None) -> None:
+    """Write the tally (and ``more``) onto ``span`` in one call; the caller ends it."""
+    attributes = tally.attributes()
+    if more:
+        attributes = {**attributes, **more} if attributes else more
+    if attributes:
+        span.set_attributes(attributes)
+
+
 class _ChildSpan:
     """A child span made current for the block, started only under a recording span.
 
@@ -369,39 +441,76 @@ class _ChildSpan:
     dropped trace is created, timed or exported.
     """
 
-    __slots__ = ("_attributes", "_name", "_span", "_token")
+    __slots__ = ("_attributes", "_name", "_span", "_tally_token", "_token")
 
     def __init__(self, name: str, attributes: dict[str, Any]) -> None:
         self._name = name
         self._attributes = attributes
         self._span: Span | None = None
         self._token: object = None
+        self._tally_token: contextvars.Token[_Tally | None] | None = None
 
     def __enter__(self) -> Span:
         telemetry = _current
         if not telemetry.tracing:
             return trace.INVALID_SPAN  # off: a no-op span, nothing looked up
-        parent = trace.get_current_span()
-        if not parent.is_recording():
-            return parent
-        span = self._span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
+        tally = _tally.get()
+        above = None if tally is None else tally.span
+        span: Span
+        if above is None:
+            # Not under a recording span of ours: under someone else's (a caller's own span), or
+            # under none / a dropped trace, where the block gets the non-recording span.
+            parent = trace.get_current_span()
+            if not parent.is_recording():
+                return parent
+            span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
+        elif telemetry.spans is not None and isinstance(above, LightSpan):
+            span = telemetry.spans.child(self._name, above, self._attributes)
+        else:
+            span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
+        self._span = span
         self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._tally_token = _tally.set(_Tally(span))
         return span
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         span = self._span
         if span is None:
             return
+        tally = _tally.get()
+        _tally.reset(self._tally_token)  # type: ignore[arg-type]
         otel_context.detach(self._token)  # type: ignore[arg-type]
+        more = None
         if exc is not None and not isinstance(exc, asyncio.CancelledError):
-            span.set_attribute("error.type", type(exc).__name__)
+            more = {"error.type": type(exc).__name__}
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        if tally is not None:
+            _end(span, tally, more)
+        elif more:
+            span.set_attributes(more)
         span.end()
 
 
+class _ViewSpan(_ChildSpan):
+    """The view span; with metrics on it also tells ``view_built`` whose view it is."""
+
+    __slots__ = ("_session_token",)
+
+    def __enter__(self) -> Span:
+        self._session_token = (
+            _view_session.set(self._attributes["contextsvc.session_id"]) if _current.metering else None
+        )
+        return super().__enter__()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._session_token is not None:
+            _view_session.reset(self._session_token)
+        super().__exit__(kind, exc, tb)
+
+
 def view_span(session_id: str) -> _ChildSpan:
-    """The span around assembling one view (BuildContext); the caller adds model and sizes."""
-    return _ChildSpan("contextsvc.build_view", {"contextsvc.session_id": session_id})
+    """The span around assembling one view (BuildContext); ``view_built`` adds model and sizes."""
+    return _ViewSpan("contextsvc.build_view", {"contextsvc.session_id": session_id})
 
 
 def compaction_span(session_id: str, reason: str) -> _ChildSpan:
@@ -414,18 +523,39 @@ def compaction_span(session_id: str, reason: str) -> _ChildSpan:
 #: model -> the fill metric's attributes, built once per model (bounded: cleared when full).
 _model_attributes: dict[str, dict[str, str]] = {}
 _MODEL_ATTRIBUTES_MAX = 256
+#: session -> (model, fill) last recorded: a view whose fill did not change is not measured again
+#: (bounded: cleared when full, which costs one measurement per session seen again).
+_last_fill: dict[str, tuple[str, float]] = {}
+_LAST_FILL_MAX = 4096
+#: the session whose view is being built (set by ``view_span`` when metrics are on)
+_view_session: contextvars.ContextVar[str] = contextvars.ContextVar("contextsvc_view_session", default="")
 
 
 def view_built(model: str, messages: int, tokens: int, fraction: float) -> None:
-    """What the view span and the fill metric say about a view that was just built."""
+    """What the view span and the fill metric say about a view that was just built.
+
+    The fill metric is recorded when the session's fill (or model) differs from the one last
+    recorded for it, so a session rebuilt unchanged turn after turn counts once per change.
+    """
     telemetry = _current
     if telemetry.tracing:
-        span = trace.get_current_span()
-        if span.is_recording():
-            span.set_attributes(
-                {"gen_ai.request.model": model, "contextsvc.view.messages": messages, "contextsvc.view.tokens": tokens}
-            )
+        tally = _tally.get()
+        if tally is not None and tally.span is not None:
+            # Written onto the view span with the store tally when it ends, in one call.
+            tally.extra = {
+                "gen_ai.request.model": model,
+                "contextsvc.view.messages": messages,
+                "contextsvc.view.tokens": tokens,
+            }
     if telemetry.metering:
+        session = _view_session.get()
+        if session:
+            last = _last_fill.get(session)
+            if last is not None and last[1] == fraction and last[0] == model:
+                return
+            if len(_last_fill) >= _LAST_FILL_MAX:
+                _last_fill.clear()
+            _last_fill[session] = (model, fraction)
         attributes = _model_attributes.get(model)
         if attributes is None:
             if len(_model_attributes) >= _MODEL_ATTRIBUTES_MAX:
@@ -438,8 +568,8 @@ def compaction_done(report: Any) -> None:
     """Method and sizes of a finished compaction on the current (compaction) span."""
     if not _current.tracing:
         return
-    span = trace.get_current_span()
-    if not span.is_recording():
+    tally = _tally.get()
+    if tally is None or tally.span is None:
         return
     method = getattr(report.method, "value", report.method)
     attributes: dict[str, Any] = {
@@ -451,7 +581,8 @@ def compaction_done(report: Any) -> None:
     }
     if method:
         attributes["contextsvc.compaction.method"] = str(method)
-    span.set_attributes(attributes)
+    # Written onto the compaction span with its store tally when it ends.
+    tally.extra = {**tally.extra, **attributes} if tally.extra else attributes
 
 
 def note_genai_usage(input_tokens: int | None, output_tokens: int | None) -> None:
@@ -465,20 +596,21 @@ def note_genai_usage(input_tokens: int | None, output_tokens: int | None) -> Non
 
 
 class _TracedStore:
-    """Every coroutine method of the store records a ``store.<method>`` event on the current span.
+    """Every coroutine method of the store is counted and timed under the span it serves.
 
-    An event, not a span of its own: a span per store call cost more than most memory- and
-    file-store calls themselves (four per BuildContext), and the event keeps what matters (which
-    call, when, how long, whether it failed, in order, under the span it served). It carries only
-    its duration (and ``error.type``): the session is on the span above it, the store kind is the
-    deployment's. PostgreSQL statements still get their own spans from the asyncpg
-    instrumentation. Nothing is recorded, nor timed, when the current span is not recording (a
-    trace the sampler dropped).
+    Not a span per call: that cost more than most memory- and file-store calls themselves (four per
+    BuildContext), and so did an event per call. The span the call runs under (view, compaction or
+    server span) gets, when it ends, the number of calls and their total duration per operation
+    (``contextsvc.store.<op>.calls`` / ``.duration_ms``); a call that failed or took at least
+    ``slow_ms`` also gets an event ``store.<op>`` with its start, duration and ``error.type``.
+    PostgreSQL statements still get their own spans from the asyncpg instrumentation. Nothing is
+    counted, nor timed, when the current span is not recording (a trace the sampler dropped).
     """
 
-    def __init__(self, inner: SessionStore, tracer: trace.Tracer) -> None:
+    def __init__(self, inner: SessionStore, tracer: trace.Tracer, slow_ms: float = 10.0) -> None:
         self._inner = inner
-        del tracer  # events go on the current span, whichever tracer started it
+        self._slow_ns = int(slow_ms * 1e6)
+        del tracer  # the tally goes on the current span, whichever tracer started it
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
@@ -490,13 +622,10 @@ class _TracedStore:
         return wrapped
 
     def _wrap(self, name: str) -> Callable[..., Awaitable[Any]]:
-        inner, event_name = self._inner, f"store.{name}"
+        inner, event_name, slow_ns = self._inner, f"store.{name}", self._slow_ns
 
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            span = trace.get_current_span()
-            if not span.is_recording():
-                return await getattr(inner, name)(*args, **kwargs)
-            started = time.time_ns()
+        async def timed(tally: _Tally, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            started = time.perf_counter_ns()
             error = ""
             try:
                 return await getattr(inner, name)(*args, **kwargs)
@@ -504,10 +633,27 @@ class _TracedStore:
                 error = type(exc).__name__
                 raise
             finally:
-                attributes: dict[str, Any] = {"contextsvc.store.duration_ms": (time.time_ns() - started) / 1e6}
-                if error:
-                    attributes["error.type"] = error
-                span.add_event(event_name, attributes, timestamp=started)
+                took = time.perf_counter_ns() - started
+                op = tally.ops.get(name)
+                if op is None:
+                    tally.ops[name] = [1, took]
+                else:
+                    op[0] += 1
+                    op[1] += took
+                span = tally.span
+                if (error or took >= slow_ns) and span is not None:
+                    attributes: dict[str, Any] = {"contextsvc.store.duration_ms": took / 1e6}
+                    if error:
+                        attributes["error.type"] = error
+                    span.add_event(event_name, attributes, timestamp=time.time_ns() - took)
+
+        def call(*args: Any, **kwargs: Any) -> Awaitable[Any]:
+            # Not a coroutine function itself: outside a recording span it hands back the store's
+            # own coroutine, adding no frame to the await.
+            tally = _tally.get()
+            if tally is None or tally.span is None:
+                return cast(Awaitable[Any], getattr(inner, name)(*args, **kwargs))
+            return timed(tally, args, kwargs)
 
         return call
 
@@ -666,7 +812,7 @@ _CODE_NAMES = {int(code.value[0]): code.name for code in grpc.StatusCode}
 class _Method:
     """What one method's calls record, built once per method: span name, attributes, counters."""
 
-    __slots__ = ("attributes", "by_code", "created", "deleted", "name", "path", "service")
+    __slots__ = ("attributes", "by_code", "by_status", "created", "deleted", "name", "path", "service")
 
     def __init__(self, path: str) -> None:
         service, _, name = path.lstrip("/").partition("/")
@@ -674,8 +820,16 @@ class _Method:
         self.attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
         #: status code -> the duration metric's attributes
         self.by_code: dict[int, dict[str, Any]] = {}
+        #: status code -> the span's status attribute
+        self.by_status: dict[int, dict[str, Any]] = {}
         self.created = name in ("CreateSession", "ForkSession")
         self.deleted = name == "DeleteSession"
+
+    def status_attributes(self, code: int) -> dict[str, Any]:
+        found = self.by_status.get(code)
+        if found is None:
+            found = self.by_status[code] = {"rpc.grpc.status_code": code}
+        return found
 
     def metric_attributes(self, code: int) -> dict[str, Any]:
         found = self.by_code.get(code)
@@ -696,9 +850,12 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
     the server-side failure codes as errors.
     """
 
-    def __init__(self, tracer: trace.Tracer | None, instruments: _Instruments | None) -> None:
+    def __init__(
+        self, tracer: trace.Tracer | None, instruments: _Instruments | None, spans: SpanFactory | None = None
+    ) -> None:
         self._tracer = tracer
         self._m = instruments
+        self._spans = spans
         # The metadata keys the configured propagators read (traceparent, tracestate, baggage by
         # default): a call carrying none of them starts a new trace without running the extractors.
         self._fields = frozenset(propagate.get_global_textmap().fields)
@@ -738,26 +895,48 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
             return handler._replace(stream_stream=self._stream(method, handler.stream_stream))
         return handler
 
-    def _start(self, method: _Method, context: Any) -> tuple[Span | None, object]:
-        """The server span, current from here on (also when not sampled: children then skip)."""
+    def _start(self, method: _Method, context: Any) -> tuple[Span | None, tuple[object, object, _Tally | None]]:
+        """The server span, current from here on (also when not sampled: children then skip), and
+        what ``_finish`` undoes: the context token, the tally's token and the tally."""
         tracer = self._tracer
         if tracer is None:
-            return None, None
+            return None, (None, None, None)
         metadata = context.invocation_metadata()
         fields = self._fields
         parent = None
         if metadata and any(key in fields for key, _ in metadata):
             parent = propagate.extract(dict(metadata))
-        span = tracer.start_span(method.path, context=parent, kind=SpanKind.SERVER, attributes=method.attributes)
-        return span, otel_context.attach(trace.set_span_in_context(span, parent))
+        span = (
+            self._spans.start(method.path, parent, SpanKind.SERVER, method.attributes)
+            if self._spans is not None
+            else tracer.start_span(method.path, context=parent, kind=SpanKind.SERVER, attributes=method.attributes)
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        if not span.is_recording():
+            return span, (token, None, None)
+        tally = _Tally(span)
+        return span, (token, _tally.set(tally), tally)
 
     def _finish(
-        self, method: _Method, span: Span | None, token: object, started: float, code: int, exc: BaseException | None
+        self,
+        method: _Method,
+        span: Span | None,
+        tokens: tuple[object, object, _Tally | None],
+        started: float,
+        code: int,
+        exc: BaseException | None,
+        closed: bool = False,
     ) -> None:
         if span is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
-            if span.is_recording():
-                span.set_attribute("rpc.grpc.status_code", code)
+            token, tally_token, tally = tokens
+            if not closed:
+                otel_context.detach(token)  # type: ignore[arg-type]
+                if tally_token is not None:
+                    _tally.reset(tally_token)  # type: ignore[arg-type]
+            # else: a stream closed by its caller (GeneratorExit), possibly from another context
+            # than the one it started in; that context ends with the stream, nothing to restore.
+            if tally is not None:
+                _end(span, tally, method.status_attributes(code))
                 if code in _SERVER_ERROR_CODES:
                     span.set_status(Status(StatusCode.ERROR, _CODE_NAMES.get(code, "UNKNOWN")))
                     if exc is not None and not isinstance(exc, grpc.aio.AbortError):
@@ -775,7 +954,7 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
     def _unary(self, method: _Method, behavior: Any) -> Any:
         async def call(request: Any, context: Any) -> Any:
             started = time.perf_counter()
-            span, token = self._start(method, context)
+            span, tokens = self._start(method, context)
             failure: BaseException | None = None
             cancelled = False
             try:
@@ -788,28 +967,31 @@ class _ServerInterceptor(grpc.aio.ServerInterceptor):
                 raise
             finally:
                 code = _CANCELLED if cancelled else _code_of(context, failure is not None)
-                self._finish(method, span, token, started, code, failure)
+                self._finish(method, span, tokens, started, code, failure)
 
         return call
 
     def _stream(self, method: _Method, behavior: Any) -> Any:
         async def call(request: Any, context: Any) -> AsyncIterator[Any]:
             started = time.perf_counter()
-            span, token = self._start(method, context)
+            span, tokens = self._start(method, context)
             failure: BaseException | None = None
-            cancelled = False
+            cancelled = closed = False
             try:
                 async for item in behavior(request, context):
                     yield item
-            except (asyncio.CancelledError, GeneratorExit):
-                cancelled = True  # a watcher that hangs up ends its stream this way
+            except GeneratorExit:
+                cancelled = closed = True  # a watcher that hangs up ends its stream this way
+                raise
+            except asyncio.CancelledError:
+                cancelled = True
                 raise
             except BaseException as exc:
                 failure = exc
                 raise
             finally:
                 code = _CANCELLED if cancelled else _code_of(context, failure is not None)
-                self._finish(method, span, token, started, code, failure)
+                self._finish(method, span, tokens, started, code, failure, closed)
 
         return call
 

@@ -229,6 +229,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.load_start = os.getloadavg()[0]
     if args.sink:
         sink_main()
         return
@@ -264,7 +265,8 @@ def record(lines: list[str], notes: list[str], args: argparse.Namespace) -> None
             "",
             f"{dt.date.today().isoformat()} · `{command.strip()}` · {machine()} · {args.repeats} repeats of "
             f"{args.calls} calls per variant, rotating order; a BuildContext's telemetry with a stub store "
-            "(see the script's docstring).",
+            f"(see the script's docstring); load average (1 min) {args.load_start:.1f} at the start, "
+            f"{os.getloadavg()[0]:.1f} at the end.",
             "",
             *lines,
             "",

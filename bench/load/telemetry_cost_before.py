@@ -3,8 +3,11 @@
     python bench/load/telemetry_cost_before.py                 # every trace sampled
     python bench/load/telemetry_cost_before.py --sampled 0.1   # parentbased_traceidratio 10 %
 
+    python bench/load/telemetry_cost_before.py --rev cb66003   # against round 2 (bench/RESULTS.md)
+
 The earlier module (``git show REV:contextsvc/telemetry.py``, default a4b5bc4: the
-``opentelemetry-instrumentation-grpc`` interceptor, a span per store call) is loaded beside the
+``opentelemetry-instrumentation-grpc`` interceptor, a span per store call; cb66003: store events,
+the SDK's spans and OTLP encoder) is loaded beside the
 current one; each keeps its own "current" telemetry, so both run in one process, in rotating order,
 with the same stub handler, sink and flushing. That API only installs one global tracer provider
 per process, hence one sampling setting per run.

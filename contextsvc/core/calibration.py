@@ -45,10 +45,12 @@ model) is ignored by the fit.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import mul
 
 from contextsvc.config import TokenSettings
 from contextsvc.core.priors import (
@@ -125,7 +127,8 @@ class Calibration:
 
     def price(self, features: Sequence[float]) -> float:
         """Tokens of something with these ``features`` (unrounded)."""
-        return sum(w * x for w, x in zip(self.weights, features, strict=False))
+        total: float = sum(map(mul, self.weights, features))
+        return total
 
     def margin_of(self, features: Sequence[float]) -> float:
         """Tokens the price of ``features`` may be short by: each feature's price times its own
@@ -244,9 +247,10 @@ def _robust(
     keep = list(range(len(rows)))
     weights = [1.0] * len(rows)
     delta = [0.0] * N_FEATURES
+    scaled, gram = _gram(rows, sigma)
     for _ in range(2):  # the second round without the trimmed observations
         for _ in range(_IRLS_PASSES):
-            delta = _map_solve([rows[i] for i in keep], [left[i] for i in keep], [weights[i] for i in keep], sigma)
+            delta = _map_solve(scaled, gram, keep, left, weights)
             delta = _clamp(delta)
             changed = False
             for i in keep:
@@ -273,25 +277,25 @@ def _log_evidence(
 ) -> float:
     """Log marginal likelihood of the kept residuals under deltas ~ N(0, sigma^2): with
     ``M = A S A' + s^2 W^-1``, ``-(r' M^-1 r + log det M) / 2``."""
-    a = [rows[i] for i in keep]
     r = [left[i] for i in keep]
-    n = len(a)
-    s2 = [x * x for x in sigma]
-    m = [[sum(a[i][j] * s2[j] * a[k][j] for j in range(N_FEATURES)) for k in range(n)] for i in range(n)]
+    n = len(keep)
+    gram = _gram(rows, sigma)[1]
+    # Only the lower triangle (k <= i): all the Cholesky below reads.
+    m = [[gram[keep[i]][keep[k]] for k in range(i + 1)] for i in range(n)]
     for i in range(n):
         m[i][i] += _TEXT_SIGMA**2 / max(weights[keep[i]], 1e-6)
     # Cholesky: M = L L'; r' M^-1 r = |L^-1 r|^2, log det M = 2 sum log L_ii.
     low = [[0.0] * n for _ in range(n)]
     for i in range(n):
         for k in range(i + 1):
-            acc = m[i][k] - sum(low[i][j] * low[k][j] for j in range(k))
+            acc = m[i][k] - sum(map(mul, low[i][:k], low[k][:k]))
             if i == k:
                 low[i][i] = math.sqrt(max(acc, 1e-300))
             else:
                 low[i][k] = acc / low[k][k]
     z = [0.0] * n
     for i in range(n):
-        z[i] = (r[i] - sum(low[i][j] * z[j] for j in range(i))) / low[i][i]
+        z[i] = (r[i] - sum(map(mul, low[i][:i], z[:i]))) / low[i][i]
     return -0.5 * (sum(v * v for v in z) + 2 * sum(math.log(low[i][i]) for i in range(n)))
 
 
@@ -319,7 +323,8 @@ def _in_sample_margin(residuals: Sequence[float], cold: float, settings: TokenSe
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True))
+    total: float = sum(map(mul, a, b))
+    return total
 
 
 def _clamp(delta: list[float]) -> list[float]:
@@ -330,19 +335,35 @@ def _clamp(delta: list[float]) -> list[float]:
     return out
 
 
-def _map_solve(
-    rows: Sequence[Sequence[float]], left: Sequence[float], weights: Sequence[float], sigma: Sequence[float]
-) -> list[float]:
-    """``delta = S A' (A S A' + s^2 W^-1)^-1 r``: the maximum a posteriori deltas (dual form: an
-    n x n system for n observations, n <= the calibration window)."""
-    n = len(rows)
+_Matrix = tuple[tuple[float, ...], ...]
+
+
+def _gram(rows: Sequence[Sequence[float]], sigma: Sequence[float]) -> tuple[_Matrix, _Matrix]:
+    """``(A S, A S A')`` of all the observations' rows for the spread ``sigma``: what every IRLS
+    pass and every evidence reads (a subset of rows reads a submatrix). Made once per fit and
+    spread (``_gram_of`` keeps the last few), with the same products in the same order as
+    computing them where they are read: ``(a[i][j] * s2[j]) * a[k][j]``, summed over ``j``."""
+    return _gram_of(tuple(map(tuple, rows)), tuple(sigma))
+
+
+@functools.lru_cache(maxsize=8)
+def _gram_of(rows: _Matrix, sigma: tuple[float, ...]) -> tuple[_Matrix, _Matrix]:
     s2 = [s * s for s in sigma]
-    scaled = [[a * v for a, v in zip(row, s2, strict=True)] for row in rows]  # A S
-    m = [[_dot(scaled[i], rows[k]) for k in range(n)] for i in range(n)]
-    for i in range(n):
-        m[i][i] += _OBS_SIGMA**2 / max(weights[i], 1e-6)
-    z = _solve(m, list(left))
-    return [sum(scaled[i][j] * z[i] for i in range(n)) for j in range(N_FEATURES)]
+    scaled = tuple(tuple(map(mul, row, s2)) for row in rows)  # A S
+    return scaled, tuple(tuple(sum(map(mul, si, rk)) for rk in rows) for si in scaled)
+
+
+def _map_solve(
+    scaled: _Matrix, gram: _Matrix, keep: Sequence[int], left: Sequence[float], weights: Sequence[float]
+) -> list[float]:
+    """``delta = S A' (A S A' + s^2 W^-1)^-1 r`` over the ``keep`` rows: the maximum a posteriori
+    deltas (dual form: an n x n system for n observations, n <= the calibration window)."""
+    m = [[gram[i][k] for k in keep] for i in keep]
+    for a, i in enumerate(keep):
+        m[a][a] += _OBS_SIGMA**2 / max(weights[i], 1e-6)
+    z = _solve(m, [left[i] for i in keep])
+    kept = [scaled[i] for i in keep]
+    return [sum(map(mul, column, z)) for column in zip(*kept, strict=True)] if kept else [0.0] * N_FEATURES
 
 
 def _solve(m: list[list[float]], b: list[float]) -> list[float]:
@@ -352,15 +373,15 @@ def _solve(m: list[list[float]], b: list[float]) -> list[float]:
         pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
         m[col], m[pivot] = m[pivot], m[col]
         b[col], b[pivot] = b[pivot], b[col]
+        top = m[col][col:]
         for r in range(col + 1, n):
             f = m[r][col] / m[col][col]
             if f:
-                for k in range(col, n):
-                    m[r][k] -= f * m[col][k]
+                m[r][col:] = [x - f * y for x, y in zip(m[r][col:], top, strict=True)]
                 b[r] -= f * b[col]
     x = [0.0] * n
     for r in range(n - 1, -1, -1):
-        x[r] = (b[r] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+        x[r] = (b[r] - sum(map(mul, m[r][r + 1 :], x[r + 1 :]))) / m[r][r]
     return x
 
 
@@ -384,11 +405,13 @@ class CalibrationRegistry:
         return family_for(model, self._families)
 
     def load(self, model: str, observations: Iterable[Observation]) -> Calibration:
-        """Replace ``model``'s observations (oldest first), e.g. with the store's; returns its calibration."""
-        self._observations[model] = deque(
-            (o for o in observations if o.usable), maxlen=self._settings.calibration_window
-        )
-        self._fits.pop(model, None)
+        """Replace ``model``'s observations (oldest first), e.g. with the store's; returns its calibration.
+
+        The same observations as held (a periodic re-read that found nothing new) keep the fit."""
+        loaded = deque((o for o in observations if o.usable), maxlen=self._settings.calibration_window)
+        if self._observations.get(model) != loaded:
+            self._observations[model] = loaded
+            self._fits.pop(model, None)
         return self.calibration(model)
 
     def observe(self, model: str, observation: Observation) -> Calibration:

@@ -368,6 +368,10 @@ class Compactor:
         last_after = s.state.extra.get(_LAST_AFTER)
         if last_after is None or s.reason is Reason.FORCED:
             return False
+        if s.view_tokens > s.profile.context_window - s.profile.output_reserve:
+            # Refusing would fail the turn with CONTEXT_TOO_LARGE: another compaction, down to its
+            # hard-truncation fallback, is always better than that (issue #14's soak).
+            return False
         b = self.bounds(s.profile)
         band = b.band if self.over_threshold(s) else b.trigger - b.goal
         return s.view_tokens - int(last_after) < band

@@ -186,17 +186,25 @@ class Engine:
             # A build never waits on another compaction's summarizer past ``build_wait_seconds``.
             wait = self.settings.hot_path.build_wait_seconds
             await self.compactor.maybe_memory_flush(situation, wait=wait)
-            fits = too_large(built.estimate.total, effective.context_window, effective.output_reserve_tokens) is None
+            fits = self._fits(effective, built)
             # When a compaction of this session is already running and the current view fits, it is
             # served now rather than after that compaction's summarizer.
-            if self.compactor.over_threshold(situation) and not (fits and self.compactor.busy(sid)):
+            # Two rounds at most: when another compaction committed while this one waited for the
+            # lock, what it left (planned before this turn's messages) is judged again, and
+            # compressed here if it still does not fit, rather than failing the turn.
+            rounds = 2
+            while rounds > 0 and self.compactor.over_threshold(situation) and not (fits and self.compactor.busy(sid)):
+                rounds -= 1
                 try:
                     report = await self._compress_automatically(situation, wait=wait)
                 except CompactionBusy:
                     # Still compacting elsewhere after the bound: a hard-truncated view, computed
                     # and not committed (the running compaction commits its own result).
                     kept = self.compactor.fallback_context(situation)
-                    built = self.views.assemble(effective, kept, message, EngineState.of(session))
+                    # Without the baseline: it counts the whole context, and baseline + delta on a
+                    # truncated one would count the dropped turns too (CONTEXT_TOO_LARGE in the soak).
+                    unanchored = dataclasses.replace(EngineState.of(session), baseline=None)
+                    built = self.views.assemble(effective, kept, message, unanchored)
                     notice = (
                         f"a compaction of this session was still running after {wait:g} s: "
                         f"this view is hard-truncated to {len(kept)} of {len(context)} context messages"
@@ -207,10 +215,30 @@ class Engine:
                 # one waited for the lock: the view built before it is stale (and may no longer fit).
                 epoch = EngineState.of(session).epoch
                 fresh = await self.store.get_session(sid, caller=caller)
-                if EngineState.of(fresh).epoch != epoch:
-                    session = fresh
-                    context = await self.store.load_context(sid, caller=caller)
-                    built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
+                if EngineState.of(fresh).epoch == epoch:
+                    break
+                session, context = await self._consistent_context(fresh, caller)
+                built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
+                fits = self._fits(effective, built)
+                if report is not None or fits:
+                    break
+                situation = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
+        if not self._fits(effective, built):
+            # The turn is about to fail with CONTEXT_TOO_LARGE: say what was decided, and why.
+            log.warning(
+                "view over the size guard's budget after compression",
+                extra={
+                    "session_id": sid,
+                    "estimate": built.estimate.total,
+                    "margin": built.estimate.margin,
+                    "auto_compress": auto_compress and effective.compression.enabled,
+                    "compressed": report is not None and report.compressed,
+                    "refused": str(report.refused) if report is not None and report.refused else "",
+                    "plan": report.plan.detail if report is not None and report.plan is not None else "",
+                    "plan_tokens_before": report.plan.tokens_before if report and report.plan else -1,
+                    "report": report is not None,
+                },
+            )
         # Recall is layered on the final base view (after the size decision), as a copy.
         built, recalled = await self.recall.add_to_view(session, effective, built, message)
         view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
@@ -218,6 +246,10 @@ class Engine:
             view = dataclasses.replace(view, injected_chunk_ids=recalled)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
         return view
+
+    @staticmethod
+    def _fits(profile: EffectiveProfile, built: Assembled) -> bool:
+        return too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens) is None
 
     async def _consistent_context(self, session: SessionInfo, caller: Principal) -> tuple[SessionInfo, list[Message]]:
         """The context and a session state that belong together.

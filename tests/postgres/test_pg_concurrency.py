@@ -77,6 +77,50 @@ async def test_a_request_id_retried_on_every_replica_appends_once(replicas: list
     assert info.last_sequence == 2
 
 
+async def test_twins_that_both_started_before_either_committed_append_once(
+    replicas: list[PostgresStore], postgres_db: str
+) -> None:
+    """The append is one statement whose request-id check reads the statement's snapshot: twins
+    that both start while the session row is locked cannot see each other's request. The second
+    must still answer as a replay (its request row collides, the statement rolls back and runs
+    again), with the first call's numbers and no rows of its own."""
+    import asyncpg
+
+    sid = (await replicas[0].create_session(caller=ALICE, profile_id="p")).id
+    rows = [Message(Role.USER, "twin"), Message(Role.ASSISTANT, "twin answer")]
+    holder = await asyncpg.connect(postgres_db)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE", sid)
+        twins = [
+            asyncio.ensure_future(replicas[n].append_messages(sid, rows, caller=ALICE, request_id="twin-1"))
+            for n in range(2)
+        ]
+        # Both statements are running (waiting on the row lock) before the lock goes.
+        for _ in range(1000):  # up to ~10 s on a busy machine
+            waiting = await holder.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if waiting >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert waiting >= 2
+        await tx.commit()
+        results = await asyncio.gather(*twins)
+    finally:
+        await holder.close()
+    assert sorted(r.replayed for r in results) == [False, True]
+    assert [r.sequence_numbers for r in results] == [[1, 2], [1, 2]]
+    info = await replicas[1].get_session(sid, caller=ALICE)
+    assert (info.last_sequence, info.display_message_count) == (2, 2)
+    assert [m.content for m in await replicas[2].get_messages(sid, caller=ALICE, first=1, last=10)] == [
+        "twin",
+        "twin answer",
+    ]
+
+
 async def test_one_session_id_created_twice_at_once_conflicts(replicas: list[PostgresStore]) -> None:
     sid = "6f1c2a4e-8b7d-4c3a-9e21-0a5b6c7d8e9f"
     outcomes = await asyncio.gather(

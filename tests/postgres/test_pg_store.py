@@ -63,6 +63,39 @@ async def test_text_postgresql_cannot_store_is_invalid_argument(store: PostgresS
     assert (await store.get_session(sid, caller=ALICE)).last_sequence == 0
 
 
+async def test_pooled_connections_come_back_clean_without_a_reset_round_trip(store: PostgresStore) -> None:
+    """The main pool skips asyncpg's reset query on release (one round trip per use): that holds
+    only while nothing on it leaves session state behind. After every kind of work, each pooled
+    connection holds no advisory lock, no open transaction and default settings."""
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [Message(Role.USER, f"m{i}") for i in range(4)], caller=ALICE, request_id="r")
+    await store.append_messages(sid, [Message(Role.USER, "m0")], caller=ALICE, request_id="r")  # a replay
+    async with store.compaction_lock(sid):
+        await store.commit_compaction(
+            sid, caller=ALICE, demote=[1, 2], append=[Message(Role.SYSTEM, "s", context_anchor=1)], context_tokens=1
+        )
+    await store.add_calibration_observation("m", Observation(100, 40, features=(1.0,)))
+    bus = store.make_event_bus()
+    await bus.publish(session_id=sid, user_id="alice", kind="k", payload={})
+    await bus.close()
+    with pytest.raises(InvalidArgument):  # a failed transaction
+        await store.append_messages(sid, [Message(Role.USER, "nul \x00 byte")], caller=ALICE)
+    pool = store._pool
+    size = pool.get_size()
+    held = [await pool.acquire() for _ in range(size)]  # every connection the pool has
+    try:
+        for conn in held:
+            row = await conn.fetchrow(
+                """SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+                          current_setting('lock_timeout'), (SELECT count(*) FROM pg_cursors WHERE name <> '')"""
+            )
+            assert tuple(row) == (0, "0", 0)
+            assert not conn.is_in_transaction()
+    finally:
+        for conn in held:
+            await pool.release(conn)
+
+
 async def test_unreferenced_blobs_are_pruned_referenced_ones_kept(store: PostgresStore, postgres_db: str) -> None:
     used, orphan = b"used image", b"orphan image"
     used_id, orphan_id = hashlib.sha256(used).hexdigest(), hashlib.sha256(orphan).hexdigest()

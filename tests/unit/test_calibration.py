@@ -206,6 +206,16 @@ def test_registry_keeps_models_apart_and_uses_their_families() -> None:
     assert not reg.is_loaded("gpt-4o") and not reg.calibration("gpt-4o").fitted
 
 
+def test_reloading_the_same_observations_keeps_the_fit_and_new_ones_refit() -> None:
+    reg = CalibrationRegistry(S)
+    first = reg.load("gpt-4o", [obs(CODE[0]), obs(PROSE[1])])
+    # A periodic re-read from the store that found nothing new: the very same fit, not a refit.
+    assert reg.load("gpt-4o", [obs(CODE[0]), obs(PROSE[1])]) is first
+    refit = reg.load("gpt-4o", [obs(CODE[0]), obs(PROSE[1]), obs(RUSSIAN[0])])
+    assert refit is not first and refit.observations == 3
+    assert refit == fit([obs(CODE[0]), obs(PROSE[1]), obs(RUSSIAN[0])], S, family="o200k")
+
+
 def test_tool_calls_are_priced_by_their_own_framing() -> None:
     call = Message(Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "read_file", '{"path": "a.py"}'),))
     x = messages_features([call])

@@ -243,6 +243,39 @@ async def test_loop_guard_refuses_an_automatic_rerun_inside_the_band_and_never_l
         await rig.close()
 
 
+async def test_the_loop_guard_never_fails_a_turn_another_compaction_would_fit() -> None:
+    """On a window whose trigger is the size guard's budget, a compaction that could not reach its
+    aim (pinned content) leaves the next crossing of the budget inside the band. Refusing it would
+    fail the turn with CONTEXT_TOO_LARGE, so it compacts again (issue #14's soak)."""
+    rig = await Rig.start(reserve=2048)
+    profile = overrides(threshold=0.9, target=0.2)
+    budget = rig.window - 2048  # below 0.9 x window: the trigger is the budget
+    band = budget - 0.2 * rig.window
+    try:
+        sid = await rig.session()
+        await rig.append(sid, u(rig.sized(1900, prefix="zq0pinx rules", role=Role.USER), pinned=True))
+        k = 0
+        while not _payloads(rig, sid, "context_compressed"):
+            assert k < 200, "never compressed"
+            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+            k += 1
+            await rig.build(sid, profile=profile)
+        after = _payloads(rig, sid, "context_compressed")[0]["context_tokens_after"]
+        assert after > 0.2 * rig.window  # the pinned rules: the aim was out of reach
+        while len(_payloads(rig, sid, "context_compressed")) < 2:
+            assert k < 400, "never compressed again"
+            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+            k += 1
+            view = await rig.build(sid, profile=profile)  # every turn served: no ContextTooLarge
+            assert view.estimate.total <= budget
+        second = _payloads(rig, sid, "context_compressed")[1]
+        assert second["context_tokens_before"] > budget
+        assert second["context_tokens_before"] - after < band  # inside the band: once refused
+        assert "loop_guard" not in [p["reason"] for p in _payloads(rig, sid, "compression_refused")]
+    finally:
+        await rig.close()
+
+
 async def test_loop_guard_after_one_enormous_turn() -> None:
     """One turn whose newest tool group alone is over the target, its results critical (never
     cleared, never cut short by a summary): the compaction cannot reach the target."""

@@ -484,3 +484,43 @@ async def test_compaction_clears_the_baseline_and_resets_context_tokens() -> Non
         assert (await rig.build(sid, auto=False)).estimate.method is not EstimateMethod.BASELINE_DELTA
     finally:
         await rig.close()
+
+
+async def test_a_fallback_view_is_not_priced_with_the_whole_contexts_baseline() -> None:
+    """While another compaction holds the lock past ``build_wait_seconds``, a build serves a
+    hard-truncated view. The session's baseline counts the whole context: baseline + delta on the
+    truncated one would count the dropped turns too and fail the turn with CONTEXT_TOO_LARGE
+    (the PostgreSQL soak, bench/fidelity/soak.py)."""
+    rig = await Rig.start(hot_path={"build_wait_seconds": 0.05})
+    budget = rig.window - 512
+    trigger = 0.9 * rig.window
+    try:
+        sid = await rig.session()
+        k = 0
+        while await rig.estimate(sid) < trigger - 700:
+            assert k < 300
+            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+            k += 1
+        view = await rig.build(sid, auto=False)  # the whole context, and a baseline for it
+        await rig.engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+        assert await rig.engine.anchors_applied(5)
+        while await rig.estimate(sid) <= budget:
+            assert k < 400
+            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+            k += 1
+        release, held = asyncio.Event(), asyncio.Event()
+
+        async def compaction() -> None:  # another request's compaction, inside its summarizer call
+            async with rig.engine.compactor.lock(sid):
+                held.set()
+                await release.wait()
+
+        running = asyncio.create_task(compaction())
+        await held.wait()
+        fallback = await rig.build(sid)  # served, not CONTEXT_TOO_LARGE
+        assert any("still running" in n for n in fallback.notices)
+        assert fallback.estimate.total <= budget
+        release.set()
+        await running
+    finally:
+        await rig.close()

@@ -53,6 +53,29 @@ def message_columns(messages: Sequence[Message]) -> list[list[Any]]:
     return columns
 
 
+def append_columns(messages: Sequence[Message], now: datetime) -> list[list[Any]]:
+    """Column-wise arrays of rows to append, without their sequence numbers (the append statement
+    numbers them): role, is_context, is_display, context anchor (0: none), content, create time
+    (``now`` where missing), body."""
+    columns: list[list[Any]] = [[] for _ in range(7)]
+    for m in stamped(messages, 0, now):
+        body = message_to_dict(m)
+        body.pop("content", None)
+        body.pop("seq", None)
+        values = (
+            m.role.value,
+            m.flags.is_context,
+            m.flags.is_display,
+            m.context_anchor or 0,
+            m.content,
+            m.create_time,
+            dumps(body),
+        )
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+    return columns
+
+
 def message_from_row(row: Any) -> Message:
     body = dict(row["body"])
     body["seq"] = row["seq"]

@@ -1,9 +1,11 @@
 """The PostgreSQL store: sessions shared by any number of replicas (DESIGN §5.7, §5.8).
 
 An asyncpg pool; migrations at ``open()`` (see ``schema``). Every mutation of a session is one
-transaction that starts by locking the session's row (``SELECT … FOR UPDATE``): mutations of one
-session are serialized across processes, so sequence numbers never collide and the request-id
-check of an append cannot race its twin. Readers use single statements and see whole commits.
+transaction that starts by locking the session's row (``SELECT … FOR UPDATE``; the append, the
+hot path, is one statement whose ``UPDATE`` of that row is its lock): mutations of one session are
+serialized across processes, so sequence numbers never collide, and a request id appends once
+(an append's twin that raced past the request-id check collides on it and is answered as a
+replay). Readers use single statements and see whole commits.
 
 Compactions of one session are serialized across processes by ``compaction_lock``: a
 session-level advisory lock held on a connection of a small pool of its own (see its docstring).
@@ -52,6 +54,7 @@ from contextsvc.stores.postgres.bus import PostgresEventBus
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
 from contextsvc.stores.postgres.pool import migrate_database, open_lock_pool, open_pool, pooled
 from contextsvc.stores.postgres.rows import (
+    append_columns,
     chunk_columns,
     chunk_from_row,
     like_pattern,
@@ -264,14 +267,18 @@ class PostgresStore:
                 async with self._connection() as conn:
                     return await work(conn)
 
-    async def _write(self, operation: str, work: Callable[[Any], Awaitable[T]]) -> T:
+    async def _write(self, operation: str, work: Callable[[Any], Awaitable[T]], *, transaction: bool = True) -> T:
         """One transaction, shielded: a caller cancelled half-way does not abort a commit in
-        flight (its outcome would be unknown), and ``close()`` waits for it."""
+        flight (its outcome would be unknown), and ``close()`` waits for it. ``transaction=False``:
+        ``work`` runs single statements, each its own transaction (no BEGIN/COMMIT round trips)."""
 
         async def run() -> T:
             with pg_errors(operation):
-                async with self._connection() as conn, conn.transaction():
-                    return await work(conn)
+                async with self._connection() as conn:
+                    if not transaction:
+                        return await work(conn)
+                    async with conn.transaction():
+                        return await work(conn)
 
         task = asyncio.ensure_future(run())
         self._inflight.add(task)
@@ -501,52 +508,52 @@ class PostgresStore:
         context_tokens_delta: int = 0,
         request_fingerprint: str = "",
     ) -> AppendResult:
-        async def work(conn: Any) -> AppendResult:
-            row = await self._owned(conn, session_id, caller, lock=True)
-            if request_id:
-                first = await conn.fetchrow(
-                    "SELECT sequence_numbers, fingerprint FROM append_requests"
-                    " WHERE session_id = $1 AND request_id = $2",
-                    session_id,
-                    request_id,
-                )
-                if first is not None:
-                    stored = first["fingerprint"] or ""
-                    if stored and request_fingerprint and stored != request_fingerprint:
-                        raise RequestIdReused(request_id)
-                    return AppendResult(list(first["sequence_numbers"]), self._info(row), replayed=True)
-            now = self._now()
-            rows = stamped(messages, row["last_sequence"] + 1, now)
-            await _insert_rows(conn, session_id, rows)
-            numbers = [m.sequence_number for m in rows]
-            if request_id:
-                await conn.execute(
-                    "INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time, fingerprint)"
-                    " VALUES ($1, $2, $3, $4, $5)",
-                    session_id,
-                    request_id,
-                    numbers,
-                    now,
-                    request_fingerprint or None,
-                )
-            updated = await conn.fetchrow(
-                """UPDATE sessions
-                      SET last_sequence = last_sequence + $2, display_count = display_count + $3,
-                          context_count = context_count + $4, context_tokens = context_tokens + $5,
-                          preview = COALESCE($6, preview), update_time = $7
-                    WHERE session_id = $1
-                RETURNING *""",
-                session_id,
-                len(rows),
-                sum(m.flags.is_display for m in rows),
-                sum(m.flags.is_context for m in rows),
-                context_tokens_delta,
-                newest_preview(rows),
-                now,
-            )
-            return AppendResult(numbers, self._info(updated))
+        """One statement in its own transaction (``_APPEND_SQL``): one round trip per append.
 
-        return await self._write("append_messages", work)
+        The session's row lock is the ``UPDATE`` (taken before any row is written; a twin append
+        waits on it and, under READ COMMITTED, numbers its rows after this one's). The request-id
+        check reads the statement's snapshot, taken before that wait: a twin with the same request
+        id that committed meanwhile is not seen, so this one's ``append_requests`` row collides
+        with the twin's, the whole statement rolls back, and it runs once more, when the twin's
+        request is visible and is answered as a replay (what the lock-then-read used to give)."""
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+        now = self._now()
+        args = (
+            session_id,
+            request_id,
+            len(messages),
+            sum(m.flags.is_display for m in messages),
+            sum(m.flags.is_context for m in messages),
+            context_tokens_delta,
+            newest_preview(messages),
+            now,
+            caller.user_id,
+            caller.is_admin,
+            (request_fingerprint or None) if request_id else None,
+            sorted({image.blob_id for m in messages for image in m.images if image.blob_id}),
+            *append_columns(messages, now),
+        )
+
+        async def work(conn: Any) -> AppendResult:
+            try:
+                row = await conn.fetchrow(_APPEND_SQL, *args)
+            except asyncpg.UniqueViolationError as exc:
+                if not request_id or exc.constraint_name != "append_requests_pkey":
+                    raise
+                row = await conn.fetchrow(_APPEND_SQL, *args)  # the twin committed: a replay now
+            if row is None or not caller.may_read(row["user_id"]):
+                raise session_not_found(session_id)
+            prior = row["prior_numbers"]
+            if prior is not None:
+                stored = row["prior_fingerprint"] or ""
+                if stored and request_fingerprint and stored != request_fingerprint:
+                    raise RequestIdReused(request_id)
+                return AppendResult(list(prior), self._info(row), replayed=True)
+            last = row["last_sequence"]
+            return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row))
+
+        return await self._write("append_messages", work, transaction=False)
 
     async def list_messages(
         self,
@@ -1047,6 +1054,50 @@ def _listing_filter(caller: Principal, profile_id: str, query: str, args: list[A
                              WHERE a.session_id = s.session_id AND a.is_display AND a.content ILIKE {p}))"""
         )
     return " AND ".join(conditions) or "true"
+
+
+#: AppendMessages in one statement (``append_messages``). $1 session, $2 request id ('' for none),
+#: $3 rows, $4 display rows, $5 context rows, $6 context tokens, $7 preview (NULL: unchanged),
+#: $8 now, $9/$10 the caller (user, admin), $11 fingerprint, $12 blob ids, $13.. the rows'
+#: columns (``append_columns``). Sequence numbers follow the locked row's ``last_sequence``; a
+#: row's context key is its anchor, or its own number. The result: the session row after the
+#: append with NULL ``prior_numbers``, or (a replay) the session row with the first call's numbers
+#: and fingerprint, or no row (no such session, or not the caller's: nothing was written).
+_APPEND_SQL = """
+WITH prior AS (
+    SELECT sequence_numbers, fingerprint FROM append_requests
+     WHERE $2 <> '' AND session_id = $1 AND request_id = $2
+),
+upd AS (
+    UPDATE sessions
+       SET last_sequence = last_sequence + $3, display_count = display_count + $4,
+           context_count = context_count + $5, context_tokens = context_tokens + $6,
+           preview = COALESCE($7, preview), update_time = $8
+     WHERE session_id = $1 AND (user_id = $9 OR $10) AND NOT EXISTS (SELECT 1 FROM prior)
+    RETURNING *
+),
+added AS (
+    INSERT INTO messages (session_id, seq, role, is_context, is_display, context_key, content, create_time, body)
+    SELECT $1, upd.last_sequence - $3 + u.n, u.role, u.is_context, u.is_display,
+           CASE WHEN u.anchor > 0 THEN u.anchor ELSE upd.last_sequence - $3 + u.n END,
+           u.content, u.create_time, u.body::jsonb
+      FROM upd, unnest($13::text[], $14::boolean[], $15::boolean[], $16::bigint[], $17::text[],
+                       $18::timestamptz[], $19::text[])
+                WITH ORDINALITY AS u(role, is_context, is_display, anchor, content, create_time, body, n)
+),
+request AS (
+    INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time, fingerprint)
+    SELECT $1, $2, ARRAY(SELECT generate_series(upd.last_sequence - $3 + 1, upd.last_sequence)), $8, $11
+      FROM upd WHERE $2 <> ''
+),
+linked AS (
+    INSERT INTO session_blobs (session_id, blob_id)
+    SELECT $1, b FROM upd, unnest($12::text[]) AS b ON CONFLICT DO NOTHING
+)
+SELECT upd.*, NULL::bigint[] AS prior_numbers, NULL::text AS prior_fingerprint FROM upd
+UNION ALL
+SELECT s.*, p.sequence_numbers, p.fingerprint FROM sessions s, prior p WHERE s.session_id = $1
+"""
 
 
 async def _insert_rows(conn: Any, session_id: str, rows: Sequence[Message]) -> None:
