@@ -163,10 +163,11 @@ class TokenSettings(BaseModel):
     #: an estimate's margin is never below this share of what it prices (DESIGN §5.3).
     margin_floor: float = Field(0.01, ge=0, le=1)
     #: how many baselines the cold margin counts for: with n baselines it adds cold x w / (w + n).
-    margin_prior_weight: float = Field(8.0, ge=0)
+    #: (16 and the 0.995 quantile below: chosen on the fit split, bench/fidelity/run.py --tune-margin)
+    margin_prior_weight: float = Field(16.0, ge=0)
     #: the quantile of recent out-of-sample residuals (how far each accepted baseline was above the
     #: estimate made for its view, relative to what that estimate priced) the margin covers.
-    margin_quantile: float = Field(0.95, gt=0, le=1)
+    margin_quantile: float = Field(0.995, gt=0, le=1)
 
 
 class OpenAISummarizerConfig(BaseModel):

@@ -30,7 +30,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -168,6 +168,9 @@ class SizeLineCounter:
     def count_messages(self, messages: Iterable[Message]) -> int:
         return self.calibration.estimate_delta(messages_size(messages))
 
+    def count_and_margin(self, messages: Sequence[Message]) -> tuple[int, float]:
+        return self.count_messages(messages), 0.0
+
 
 @dataclass(slots=True, frozen=True)
 class RawCharCounter:
@@ -193,6 +196,9 @@ class RawCharCounter:
 
     def count_messages(self, messages: Iterable[Message]) -> int:
         return self.calibration.estimate_delta(sum(text_chars(m) for m in messages))
+
+    def count_and_margin(self, messages: Sequence[Message]) -> tuple[int, float]:
+        return self.count_messages(messages), 0.0
 
 
 def counter(measure: str, calibration: Calibration) -> TextCounter:

@@ -22,7 +22,6 @@ from contextsvc.api.streams import until_stopped
 from contextsvc.api.views import estimate_to_pb, report_to_compress_response
 from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, serialize
 from contextsvc.core.priors import MESSAGE, TOOL_CALL
-from contextsvc.core.sizing import CLASSES
 from contextsvc.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -195,7 +194,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
                 per_tool_call=cal.weights[TOOL_CALL],
                 margin=cal.margin,
                 family=cal.family,
-                class_ratios=dict(zip(CLASSES, cal.weights, strict=False)),
+                class_ratios=cal.class_ratios,
             ),
             truncation_reason=result.truncation_reason,
             lower_bound=result.lower_bound,

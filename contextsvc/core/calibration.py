@@ -61,6 +61,7 @@ from contextsvc.core.priors import (
     family_for,
     prior_for,
 )
+from contextsvc.core.sizing import CLASSES
 
 #: Relative noise of one baseline (its count is exact; the template's details are not).
 _OBS_SIGMA = 0.01
@@ -121,16 +122,33 @@ class Calibration:
     #: how much of each feature the fitted baselines carried (0 = never seen, 1 = a view's worth
     #: or more): where the fitted weights are backed by real counts.
     evidence: tuple[float, ...] = field(default=(), compare=False)
+    #: relative margin of each feature's price (``FEATURES`` order; empty: ``margin`` for all).
+    margins: tuple[float, ...] = field(default=(), compare=False)
 
     def price(self, features: Sequence[float]) -> float:
         """Tokens of something with these ``features`` (unrounded)."""
         total: float = sum(map(mul, self.weights, features))
         return total
 
+    def margin_of(self, features: Sequence[float]) -> float:
+        """Tokens the price of ``features`` may be short by: each feature's price times its own
+        relative margin (``margins``), or the overall ``margin`` times the price."""
+        if len(self.margins) != len(self.weights):
+            return self.margin * max(0.0, self.price(features))
+        return sum(m * w * x for m, w, x in zip(self.margins, self.weights, features, strict=False))
+
     @property
     def overhead(self) -> float:
         """Tokens a whole prompt adds once (the reply primer): the per-view weight."""
         return self.weights[VIEW]
+
+    @property
+    def class_ratios(self) -> dict[str, float]:
+        """Tokens per size unit of each content class by name, and ``cjk`` (the first version's
+        single East Asian class, kept for clients that read it) as the Han ratio."""
+        ratios = dict(zip(CLASSES, self.weights, strict=False))
+        ratios["cjk"] = ratios["han"]
+        return ratios
 
     @property
     def tokens_per_char(self) -> float:
@@ -165,7 +183,12 @@ def fallback(settings: TokenSettings, observations: int = 0, *, family: str = "d
         margin=max(settings.margin_floor, prior.cold_margin),
         family=family,
         evidence=(0.0,) * N_FEATURES,
+        margins=tuple(max(settings.margin_floor, m) for m in _cold_margins(prior.feature_margins, prior.cold_margin)),
     )
+
+
+def _cold_margins(feature_margins: Sequence[float], cold: float) -> tuple[float, ...]:
+    return tuple(feature_margins) if len(feature_margins) == N_FEATURES else (cold,) * N_FEATURES
 
 
 def fit(observations: Iterable[Observation], settings: TokenSettings, *, family: str = "default") -> Calibration:
@@ -200,19 +223,19 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
     # Residuals of the baselines the robust fit kept: a trimmed count (another model's, a bug) says
     # nothing about how far this model's estimates run short.
     recorded = [r for r in (usable[i].residual for i in keep) if r is not None]
-    margin = (
-        _margin(recorded, prior.cold_margin, settings)
-        if recorded
-        else _in_sample_margin(residuals, prior.cold_margin, settings)
-    )
+
+    def blended(cold: float) -> float:
+        return _margin(recorded, cold, settings) if recorded else _in_sample_margin(residuals, cold, settings)
+
     return Calibration(
         fitted,
         len(usable),
         fitted=True,
-        margin=margin,
+        margin=blended(prior.cold_margin),
         family=family,
         residuals=residuals,
         evidence=evidence,
+        margins=tuple(blended(m) for m in _cold_margins(prior.feature_margins, prior.cold_margin)),
     )
 
 

@@ -17,10 +17,10 @@ them with that script; never edit them by hand.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from contextsvc.core.sizing import CLASSES
+from contextsvc.core.sizing import CJK_CLASSES, CLASSES, LEGACY_CLASSES
 
 #: Feature order of a calibration: the content classes, then per-message, per-tool-call and
 #: per-view overheads (counts, priced in tokens each).
@@ -28,57 +28,162 @@ FEATURES: tuple[str, ...] = (*CLASSES, "message", "tool_call", "view")
 N_CLASSES = len(CLASSES)
 MESSAGE, TOOL_CALL, VIEW = N_CLASSES, N_CLASSES + 1, N_CLASSES + 2
 N_FEATURES = len(FEATURES)
+#: The first feature set (one ``cjk`` class): what observations and views stored before the split
+#: carry. ``current_features`` maps them.
+LEGACY_FEATURES: tuple[str, ...] = (*LEGACY_CLASSES, "message", "tool_call", "view")
+_LEGACY_CJK = LEGACY_CLASSES.index("cjk")
+
+
+def current_features(stored: Sequence[float]) -> tuple[float, ...]:
+    """Stored features in the current ``FEATURES`` order, or ``()`` when they cannot be.
+
+    The feature set is known by its length. Current features are returned as they are. Features
+    of the first set (``LEGACY_FEATURES``, one ``cjk`` class) map exactly when they hold no CJK
+    units (the new Han, kana and hangul classes are then 0 too); with CJK units they cannot be
+    split after the fact and are dropped (``()``: the observation is not fitted and the view is
+    held against nothing but its estimate, as one written before features existed). The fit reads
+    the newest ``calibration_window`` observations, so new baselines replace dropped ones.
+    """
+    if len(stored) == N_FEATURES:
+        return tuple(float(x) for x in stored)
+    if len(stored) == len(LEGACY_FEATURES) and not stored[_LEGACY_CJK]:
+        values = [float(x) for x in stored]
+        head, tail = values[:_LEGACY_CJK], values[_LEGACY_CJK + 1 :]
+        return (*head, *([0.0] * len(CJK_CLASSES)), *tail)
+    return ()
 
 
 @dataclass(slots=True, frozen=True)
 class Prior:
     """Tokens per unit of each feature (``FEATURES`` order), the relative uncertainty of each
-    (the spread a fit may move it by), and the cold estimate's relative margin."""
+    (the spread a fit may move it by), and the cold estimate's relative margin: overall
+    (``cold_margin``, what ``Calibration.margin`` reports) and per feature (``feature_margins``:
+    the share of a feature's price a new step may run over; Cyrillic text varies far more around
+    its price than code does, so one number for both was too wide for one and too narrow for the
+    other). Empty ``feature_margins`` means ``cold_margin`` for every feature."""
 
     weights: tuple[float, ...]
     sigma: tuple[float, ...]
     cold_margin: float
+    feature_margins: tuple[float, ...] = ()
 
 
 # --- measured by bench/fidelity/fit_prior.py (fit split only) -- BEGIN GENERATED ------------
 PRIORS: dict[str, Prior] = {
     "o200k": Prior(
-        weights=(0.4969, 0.5878, 0.5878, 0.3556, 0.6794, 0.3992, 0.3580, 1.1577, 5.0761, 21.7788, 3.0000),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.122,
+        weights=(
+            0.4987,
+            0.5905,
+            0.5888,
+            0.3514,
+            0.6793,
+            0.3996,
+            0.3912,
+            0.3302,
+            0.3716,
+            1.1400,
+            5.0207,
+            21.8828,
+            3.0000,
+        ),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.221,
+        feature_margins=(0.162, 0.167, 0.165, 0.167, 0.277, 0.378, 0.207, 0.163, 0.091, 0.221, 0.225, 0.225, 0.221),
     ),
     "cl100k": Prior(
-        weights=(0.4905, 0.5803, 0.5958, 0.3554, 0.6816, 0.6539, 0.5195, 0.9347, 5.2610, 21.6322, 3.0000),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.136,
+        weights=(
+            0.4915,
+            0.5832,
+            0.5961,
+            0.3522,
+            0.6819,
+            0.6542,
+            0.5323,
+            0.4879,
+            0.5800,
+            0.9128,
+            5.2391,
+            21.6910,
+            3.0000,
+        ),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.256,
+        feature_margins=(0.164, 0.170, 0.166, 0.170, 0.322, 0.322, 0.418, 0.111, 0.117, 0.256, 0.211, 0.211, 0.256),
     ),
     "llama3": Prior(
-        weights=(0.4914, 0.5716, 0.5951, 0.3647, 0.6730, 0.4431, 0.3560, 0.8940, 5.2409, 21.5226, 3.0000),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.118,
+        weights=(
+            0.4939,
+            0.5764,
+            0.5965,
+            0.3580,
+            0.6727,
+            0.4438,
+            0.4041,
+            0.3102,
+            0.3954,
+            0.8622,
+            5.1635,
+            21.6772,
+            3.0000,
+        ),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.179,
+        feature_margins=(0.153, 0.162, 0.162, 0.170, 0.239, 0.339, 0.178, 0.179, 0.081, 0.179, 0.170, 0.170, 0.179),
     ),
     "claude": Prior(
-        weights=(0.5488, 0.8099, 0.5130, 0.3994, 0.3574, 0.7836, 0.5311, 1.3292, 4.1455, 27.1928, 3.0000),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.15, 0.3, 0.3, 0.3),
-        cold_margin=0.202,
+        weights=(
+            0.5490,
+            0.8134,
+            0.5121,
+            0.3997,
+            0.3534,
+            0.7838,
+            0.4923,
+            0.5076,
+            0.6954,
+            1.2957,
+            4.1647,
+            27.1586,
+            3.0000,
+        ),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
+        cold_margin=0.275,
+        feature_margins=(0.233, 0.238, 0.241, 0.238, 0.276, 0.290, 0.583, 0.276, 0.105, 0.275, 0.241, 0.241, 0.275),
     ),
     "default": Prior(
-        weights=(0.5064, 0.6304, 0.5718, 0.3684, 0.5777, 0.5487, 0.4330, 1.0649, 4.9079, 22.9150, 3.0000),
-        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4),
-        cold_margin=0.230,
+        weights=(
+            0.5077,
+            0.6339,
+            0.5722,
+            0.3648,
+            0.5761,
+            0.5492,
+            0.4511,
+            0.3991,
+            0.4934,
+            1.0384,
+            4.8768,
+            22.9918,
+            3.0000,
+        ),
+        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.12, 0.12, 0.12),
+        cold_margin=0.466,
+        feature_margins=(0.280, 0.293, 0.293, 0.357, 0.469, 0.603, 0.690, 0.437, 0.451, 0.466, 0.435, 0.435, 0.466),
     ),
 }
 #: The smallest plausible tokens per unit of each feature over every vocabulary measured, with
 #: room below: a count under this is below what any tokenizer could have produced.
 LOWER_BOUND: tuple[float, ...] = (
-    0.3679,
-    0.4287,
-    0.3848,
-    0.2665,
-    0.2681,
-    0.2994,
-    0.2670,
-    0.6705,
+    0.3686,
+    0.4323,
+    0.3841,
+    0.2635,
+    0.2651,
+    0.2997,
+    0.2934,
+    0.2326,
+    0.2787,
+    0.6466,
     1.0000,
     2.0000,
     0.0000,

@@ -26,7 +26,9 @@ import threading
 from dataclasses import dataclass
 
 __all__ = [
+    "CJK_CLASSES",
     "CLASSES",
+    "LEGACY_CLASSES",
     "MESSAGE_FRAME_UNITS",
     "TOOL_CALL_FRAME_UNITS",
     "WEIGHTS",
@@ -265,20 +267,59 @@ def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
         _CLASS_MEMO.clear()
     if pieces:
         piece_units.cache_clear()
+        piece_class.cache_clear()
+        _piece_split.cache_clear()
 
 
 # --- content classes: the features the calibration prices (DESIGN §5.3) ----------------------
 
 #: Content classes a piece falls in. Tokens per size unit differ by class and by vocabulary
-#: (Cyrillic and CJK most), so the calibration prices each class with its own ratio.
-CLASSES: tuple[str, ...] = ("word", "ident", "number", "punct", "space", "cyrillic", "cjk", "other")
-WORD, IDENT, NUMBER, PUNCT, SPACE, CYRILLIC, CJK, OTHER = range(len(CLASSES))
+#: (Cyrillic and the East Asian scripts most), so the calibration prices each class with its own
+#: ratio. Han ideographs, kana and hangul are three classes, not one: a vocabulary can be cheap on
+#: one and dear on another (cl100k spends about two tokens on a hangul syllable and one on a
+#: common kana), and one ``cjk`` class (the first version, ``LEGACY_CLASSES``) priced Japanese,
+#: Chinese and Korean text with one ratio, off by more than any fit could recover.
+CLASSES: tuple[str, ...] = (
+    "word",
+    "ident",
+    "number",
+    "punct",
+    "space",
+    "cyrillic",
+    "han",
+    "kana",
+    "hangul",
+    "other",
+)
+WORD, IDENT, NUMBER, PUNCT, SPACE, CYRILLIC, HAN, KANA, HANGUL, OTHER = range(len(CLASSES))
+#: The East Asian classes (what the first version counted as one ``cjk`` class).
+CJK_CLASSES: tuple[int, ...] = (HAN, KANA, HANGUL)
+#: The classes of the first feature set (observations stored before the split; ``core.priors``
+#: maps them).
+LEGACY_CLASSES: tuple[str, ...] = ("word", "ident", "number", "punct", "space", "cyrillic", "cjk", "other")
 _SINGLE_HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]{1,4}")
+
+
+def _cjk_script(ch: str) -> int:
+    """The East Asian class of one character ``_CJK`` matches: kana, hangul, else Han (ideographs,
+    radicals, bopomofo and the other CJK marks are priced with the ideographs)."""
+    if "\u3040" <= ch <= "\u30ff" or "\u31f0" <= ch <= "\u31ff":
+        return KANA
+    if "\uac00" <= ch <= "\ud7af" or "\u3130" <= ch <= "\u318f":
+        return HANGUL
+    return HAN
 
 
 @functools.lru_cache(maxsize=1 << 15)
 def piece_class(piece: str) -> int:
-    """The content class (an index into ``CLASSES``) of one piece as ``pieces`` emits it."""
+    """The content class (an index into ``CLASSES``) of one piece as ``pieces`` emits it. A piece
+    mixing East Asian scripts (Japanese kanji with kana) gets the class most of its characters
+    are in; ``class_units`` shares its units between them."""
+    return _piece_split(piece)[0][0]
+
+
+def _classify(piece: str) -> int | tuple[int, int, int]:
+    """The class of ``piece``, or for an East Asian piece its character counts (Han, kana, hangul)."""
     last = piece[-1]
     if last.isdecimal():
         return NUMBER
@@ -291,12 +332,37 @@ def piece_class(piece: str) -> int:
     if not letters.isascii():
         if any("\u0400" <= ch <= "\u052f" for ch in letters):
             return CYRILLIC
-        if _CJK.search(letters):
-            return CJK
+        chars = _CJK.findall(letters)
+        if chars:
+            counts = [0, 0, 0]
+            for ch in chars:
+                counts[_cjk_script(ch) - HAN] += 1
+            return (counts[0], counts[1], counts[2])
         return OTHER
     if (head.isalnum() or head == " ") and _SINGLE_HUMP.fullmatch(letters):
         return WORD
     return IDENT  # camelCase humps, a ``_``/``.``/punctuation prefix, a tab: identifiers
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _piece_split(piece: str) -> tuple[tuple[int, int], ...]:
+    """``(class, units)`` of one piece: one pair, or for a piece mixing East Asian scripts its
+    units shared by character count (largest remainder, so they still sum to ``piece_units``),
+    the class with most characters first."""
+    units = piece_units(piece)
+    kind = _classify(piece)
+    if isinstance(kind, int):
+        return ((kind, units),)
+    shares = [(n, c) for n, c in zip(kind, CJK_CLASSES, strict=True) if n]
+    if len(shares) == 1:
+        return ((shares[0][1], units),)
+    shares.sort(key=lambda nc: -nc[0])
+    total = sum(n for n, _ in shares)
+    exact = [units * n / total for n, _ in shares]
+    floors = [int(x) for x in exact]
+    for i in sorted(range(len(shares)), key=lambda i: exact[i] - floors[i], reverse=True)[: units - sum(floors)]:
+        floors[i] += 1
+    return tuple((c, u) for (_, c), u in zip(shares, floors, strict=True) if u)
 
 
 def class_units(text: str) -> tuple[int, ...]:
@@ -310,7 +376,12 @@ def class_units(text: str) -> tuple[int, ...]:
             return hit
     units = [0] * len(CLASSES)
     for piece in _PIECE.findall(text):
-        units[piece_class(piece)] += piece_units(piece)
+        split = _piece_split(piece)
+        if len(split) == 1:
+            units[split[0][0]] += split[0][1]
+        else:
+            for c, u in split:
+                units[c] += u
     out = tuple(units)
     if len(text) >= _MEMO_MIN_CHARS:
         _CLASS_MEMO.put(text, out)

@@ -155,6 +155,10 @@ class TextCounter(Protocol):
         """Text tokens of the messages, without the overhead; images excluded."""
         ...
 
+    def count_and_margin(self, messages: Sequence[Message]) -> tuple[int, float]:
+        """``count_messages`` of the messages and the tokens that count may be short by."""
+        ...
+
 
 @dataclass(slots=True, frozen=True)
 class CalibratedCounter:
@@ -182,6 +186,14 @@ class CalibratedCounter:
         # Per-message and per-tool-call framing only: a list is never charged a view's overhead.
         return max(0, round(self.calibration.price(messages_features(messages))))
 
+    def count_and_margin(self, messages: Sequence[Message]) -> tuple[int, float]:
+        # One pass over the features: each feature's price times its own margin (Cyrillic text
+        # gets a wider one than code).
+        if not messages:
+            return 0, 0.0
+        x = messages_features(messages)
+        return max(0, round(self.calibration.price(x))), max(0.0, self.calibration.margin_of(x))
+
 
 @dataclass(slots=True, frozen=True)
 class ExactCounter:
@@ -204,6 +216,10 @@ class ExactCounter:
 
     def count_messages(self, messages: Iterable[Message]) -> int:
         return sum(self.count(p) for m in messages for p in message_parts(m))
+
+    def count_and_margin(self, messages: Sequence[Message]) -> tuple[int, float]:
+        count = self.count_messages(messages)
+        return count, self.margin_rate * count
 
 
 @functools.lru_cache(maxsize=16)
@@ -366,31 +382,37 @@ def estimate(
     BASELINE_DELTA); the per-segment estimate is then scaled to that total so the breakdown
     keeps its proportions and still sums to it.
 
-    ``view=False`` prices a standalone message list: no per-view overhead. The margin is the
-    counter's ``margin_rate`` of the text it priced (with a baseline: of the delta only, the
-    baseline being a real count).
+    ``view=False`` prices a standalone message list: no per-view overhead. The margin is what the
+    counter says the text it priced may be short by (each content class with its own relative
+    margin; with a baseline: of the delta only, the baseline being a real count).
     """
     summaries = [m for m in context if m.flags.is_summary]
     pinned = [m for m in context if m.flags.is_pinned and not m.flags.is_summary]
     others = [m for m in context if not m.flags.is_pinned and not m.flags.is_summary]
+    # Each segment priced once, with the tokens its price may be short by (the margin).
+    priced_segments = [
+        counter.count_and_margin(part)
+        for part in ([Message(Role.SYSTEM, system)] if system else [], records, summaries, pinned, others, incoming)
+    ]
+    system_tokens, records_tokens, summary_tokens, pinned_tokens, others_tokens, incoming_tokens = (
+        count for count, _ in priced_segments
+    )
+    overhead = counter.overhead if view else 0
     raw = TokenSegments(
         # The system prompt is counted as the message it is sent as (with its framing), like the
         # system row of the view whose size the engine records for the calibration. A negative
         # fitted intercept cannot make the segment negative.
-        system=max(
-            0,
-            (counter.overhead if view else 0)
-            + (counter.count_messages([Message(Role.SYSTEM, system)]) if system else 0),
-        ),
-        records=counter.count_messages(records),
-        summaries=counter.count_messages(summaries),
-        pinned=counter.count_messages(pinned),
-        messages=counter.count_messages(others),
+        system=max(0, overhead + system_tokens),
+        records=records_tokens,
+        summaries=summary_tokens,
+        pinned=pinned_tokens,
+        messages=others_tokens,
         images=image_tokens_of([*records, *context, *incoming], fallback_tokens=image_fallback),
-        incoming=counter.count_messages(incoming),
+        incoming=incoming_tokens,
     )
     segments, method = raw, counter.method
     priced = raw.total - raw.images
+    margin_tokens = sum(m for _, m in priced_segments) + counter.margin_rate * max(0, overhead)
     if baseline is not None:
         # Rows newer than the baseline's view; an unnumbered row cannot be in it either.
         since = [
@@ -398,9 +420,9 @@ def estimate(
         ]
         total = baseline_delta(baseline.tokens, [*since, *incoming], counter, image_fallback=image_fallback)
         segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
-        priced = counter.count_messages([*since, *incoming])
+        priced, margin_tokens = counter.count_and_margin([*since, *incoming])
     total = segments.total
-    margin = math.ceil(counter.margin_rate * max(0, priced))
+    margin = math.ceil(max(0.0, margin_tokens) - 1e-9)  # (a float sum a hair over an integer)
     return TokenEstimate(
         total=total,
         text=total - segments.images,

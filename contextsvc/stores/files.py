@@ -93,6 +93,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
 from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import Message
+from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, NotFound, Unavailable
@@ -1072,7 +1073,7 @@ class FilesStore(RowStore):
                     int(d["chars"]),
                     int(d["tokens"]),
                     bool(d.get("had_images", False)),
-                    tuple(float(x) for x in d.get("features", ())),
+                    current_features(d.get("features", ())),  # an older feature set: mapped or dropped
                     None if d.get("residual") is None else float(d["residual"]),
                 )
                 observations.setdefault(str(d["model"]), []).append(obs)
@@ -1438,7 +1439,7 @@ def _view_to_dict(view: ViewRecord) -> dict[str, Any]:
 
 
 def _view_from_dict(d: dict[str, Any]) -> ViewRecord:
-    features = tuple(float(x) for x in d.get("features", ()))
+    features = current_features(d.get("features", ()))  # an older feature set: mapped or dropped
     return ViewRecord(**{**d, "create_time": datetime.fromisoformat(d["create_time"]), "features": features})
 
 

@@ -8,6 +8,7 @@ import hashlib
 import pytest
 
 from contextsvc.core.calibration import Observation
+from contextsvc.core.priors import N_FEATURES
 from contextsvc.errors import InvalidArgument, NotFound
 from contextsvc.ports import SessionStore
 from tests.conformance.helpers import ALICE, Reopen, user, view
@@ -84,7 +85,7 @@ async def test_views_keep_the_newest_and_survive_a_clean_restart(store: SessionS
 async def test_residuals_and_priced_tokens_are_shared_through_the_store(store: SessionStore, reopen: Reopen) -> None:
     # The margin is a quantile of the residuals of recent baselines (core/calibration.py): every
     # replica must read them back, with the features, as they were written.
-    features = tuple(float(k) for k in range(11))
+    features = tuple(float(k) for k in range(N_FEATURES))
     written = [
         Observation(chars=100, tokens=80, features=features, residual=0.125),
         Observation(chars=200, tokens=150, features=features, residual=-0.03125),

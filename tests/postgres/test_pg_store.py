@@ -5,6 +5,7 @@ The generic behaviour of every store is the conformance suite's (tests/conforman
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from datetime import timedelta
 
@@ -13,9 +14,11 @@ import pytest
 
 from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, ImageRef, Message, Role
+from contextsvc.core.priors import LEGACY_FEATURES
 from contextsvc.core.session import Principal
 from contextsvc.errors import InvalidArgument
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
+from tests.conformance.helpers import view
 from tests.postgres.conftest import pg_settings
 
 ALICE = Principal("alice")
@@ -121,3 +124,24 @@ async def test_calibration_keeps_a_bounded_history_per_model(postgres_db: str) -
         assert kept == [Observation(100 * k, 30 * k) for k in range(4, 9)]
     finally:
         await store.close()
+
+
+async def test_features_of_the_first_feature_set_are_mapped_or_dropped(store: PostgresStore) -> None:
+    """Rows written before the CJK class was split (11 features, one ``cjk`` class) read back in the
+    current order when they hold no CJK units, and without features (not fitted) when they do."""
+    assert len(LEGACY_FEATURES) == 11
+    latin = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0)
+    cjk = (10.0, 0.0, 0.0, 4.0, 5.0, 0.0, 70.0, 0.0, 2.0, 0.0, 1.0)
+    await store.add_calibration_observation("m", Observation(45, 30, features=latin, residual=0.02))
+    await store.add_calibration_observation("m", Observation(89, 60, features=cjk))
+    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0)
+    assert await store.list_calibration_observations("m", limit=8) == [
+        Observation(45, 30, features=mapped, residual=0.02),
+        Observation(89, 60, features=()),
+    ]
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [Message(Role.USER, "a")], caller=ALICE)
+    await store.save_view(sid, dataclasses.replace(view("old", last_sequence=1), features=cjk), keep=3)
+    await store.save_view(sid, dataclasses.replace(view("latin", last_sequence=1), features=latin), keep=3)
+    assert (await store.get_view(sid, "latin")).features == mapped  # type: ignore[union-attr]
+    assert (await store.get_view(sid, "old")).features == ()  # type: ignore[union-attr]

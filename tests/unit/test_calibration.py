@@ -14,6 +14,8 @@ from contextsvc.core.calibration import CalibrationRegistry, Observation, fallba
 from contextsvc.core.messages import Message, Role, ToolCall
 from contextsvc.core.priors import (
     DEFAULT_MODEL_FAMILIES,
+    FEATURES,
+    LEGACY_FEATURES,
     LOWER_BOUND,
     MESSAGE,
     N_CLASSES,
@@ -21,9 +23,10 @@ from contextsvc.core.priors import (
     PRIORS,
     TOOL_CALL,
     VIEW,
+    current_features,
     family_for,
 )
-from contextsvc.core.sizing import CJK, CYRILLIC, IDENT, PUNCT, WORD, class_units
+from contextsvc.core.sizing import CYRILLIC, HAN, HANGUL, IDENT, KANA, PUNCT, SPACE, WORD, class_units
 from contextsvc.core.tokens import messages_features
 
 S = TokenSettings()
@@ -37,7 +40,16 @@ TRUE[MESSAGE], TRUE[TOOL_CALL], TRUE[VIEW] = 6.0, 9.0, 3.0
 
 
 def feats(**units: float) -> tuple[float, ...]:
-    names = {"word": WORD, "ident": IDENT, "punct": PUNCT, "cyrillic": CYRILLIC, "cjk": CJK}
+    names = {
+        "space": SPACE,
+        "word": WORD,
+        "ident": IDENT,
+        "punct": PUNCT,
+        "cyrillic": CYRILLIC,
+        "han": HAN,
+        "kana": KANA,
+        "hangul": HANGUL,
+    }
     x = [0.0] * N_FEATURES
     for k, v in units.items():
         x[names[k] if k in names else {"messages": MESSAGE, "calls": TOOL_CALL, "views": VIEW}[k]] = v
@@ -63,7 +75,7 @@ RUSSIAN = [feats(cyrillic=2500 * k, word=200 * k, punct=250 * k, messages=6 * k,
 
 def test_settings_pins() -> None:
     assert S.calibration_window == 8 and S.truncation_ratio == 0.70
-    assert S.margin_floor == 0.01 and S.margin_prior_weight == 8.0
+    assert S.margin_floor == 0.01 and S.margin_prior_weight == 16.0
     assert S.model_families == DEFAULT_MODEL_FAMILIES
 
 
@@ -208,3 +220,36 @@ def test_tool_calls_are_priced_by_their_own_framing() -> None:
     call = Message(Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "read_file", '{"path": "a.py"}'),))
     x = messages_features([call])
     assert x[MESSAGE] == 1 and x[TOOL_CALL] == 1
+
+
+def test_features_of_the_first_feature_set_map_only_without_cjk_units() -> None:
+    old = [float(k + 1) for k in range(len(LEGACY_FEATURES))]
+    old[LEGACY_FEATURES.index("cjk")] = 0.0
+    mapped = current_features(old)
+    assert len(mapped) == N_FEATURES
+    for name, value in zip(LEGACY_FEATURES, old, strict=True):
+        if name != "cjk":
+            assert mapped[FEATURES.index(name)] == value, name
+    assert mapped[HAN] == mapped[KANA] == mapped[HANGUL] == 0.0
+    # CJK units cannot be split into Han, kana and hangul after the fact: dropped, so not fitted.
+    old[LEGACY_FEATURES.index("cjk")] = 120.0
+    assert current_features(old) == ()
+    assert not Observation(100, 60, features=current_features(old)).usable
+    assert current_features(feats(word=10, han=5, messages=1)) == feats(word=10, han=5, messages=1)
+    assert current_features([1.0, 2.0, 3.0]) == ()  # any other length is no known feature set
+
+
+def test_each_east_asian_script_is_fitted_apart() -> None:
+    # A model whose hangul is 50% dearer than its prior: baselines of Korean move hangul, not Han
+    # or kana (a Japanese or Chinese view keeps the prior).
+    true = list(PRIORS["cl100k"].weights)
+    true[HANGUL] *= 1.5
+    korean = [feats(hangul=3000 * k, punct=300 * k, space=200 * k, messages=6 * k, views=1) for k in (1, 2, 3)]
+    observed = [Observation(0, round(sum(w * v for w, v in zip(true, x, strict=True))), features=x) for x in korean]
+    cal = fit(observed, S, family="cl100k")
+    prior = PRIORS["cl100k"].weights
+    assert cal.weights[HANGUL] > 1.3 * prior[HANGUL]
+    assert cal.weights[HAN] == pytest.approx(prior[HAN], rel=0.02)
+    assert cal.weights[KANA] == pytest.approx(prior[KANA], rel=0.02)
+    assert cal.class_ratios["hangul"] == cal.weights[HANGUL]
+    assert cal.class_ratios["cjk"] == cal.weights[HAN]  # the first version's name, kept for clients

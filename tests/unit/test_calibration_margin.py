@@ -3,12 +3,15 @@ with adversarial baselines (DESIGN §5.3)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Observation, fallback, fit, lower_bound
+from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import LOWER_BOUND, MESSAGE, N_CLASSES, N_FEATURES, PRIORS, TOOL_CALL, VIEW
 from contextsvc.core.sizing import CYRILLIC, PUNCT, SPACE, WORD
+from contextsvc.core.tokens import Baseline, CalibratedCounter, estimate, messages_features
 
 S = TokenSettings()
 O200K = PRIORS["o200k"].weights
@@ -32,7 +35,7 @@ def honest(x: tuple[float, ...], factor: float = 1.0, residual: float | None = N
 
 
 def test_settings_pin_the_margin_quantile() -> None:
-    assert S.margin_quantile == 0.95 and S.margin_prior_weight == 8.0 and S.margin_floor == 0.01
+    assert S.margin_quantile == 0.995 and S.margin_prior_weight == 16.0 and S.margin_floor == 0.01
 
 
 def test_recorded_residuals_set_the_margin_not_the_in_sample_fit() -> None:
@@ -136,3 +139,41 @@ def test_an_honest_count_of_any_vocabulary_clears_the_floor_of_a_cold_model() ->
             cheapest_honest = 0.85 * price(PRIORS[fam].weights, t)  # 15% below its own family's prior
             assert fallback(S, family=fam).floor(t, S.truncation_ratio) <= cheapest_honest
     assert all(b >= 0 for b in LOWER_BOUND)
+
+
+def test_each_feature_has_its_own_margin_cyrillic_wider_than_words() -> None:
+    # The prior measured how far a new step's real count lies over its price per feature: Russian
+    # text scatters more than English words, so a Cyrillic delta carries a wider relative margin.
+    prior = PRIORS["o200k"]
+    assert len(prior.feature_margins) == N_FEATURES
+    assert prior.feature_margins[CYRILLIC] > prior.feature_margins[WORD]
+    cold = fallback(S, family="o200k")
+    english, russian = feats(word=1000, messages=2), feats(cyrillic=1000, messages=2)
+    assert cold.margin_of(russian) / price(O200K, russian) > cold.margin_of(english) / price(O200K, english)
+    # each feature's price times its own margin
+    expected = sum(m * w * x for m, w, x in zip(cold.margins, O200K, english, strict=True))
+    assert abs(cold.margin_of(english) - expected) < 1e-9
+    # baselines move every feature's margin toward what this model missed by (here: 1% short)
+    obs = [honest(x, 1.0, residual=0.01) for x in PROSE]
+    cal = fit(obs, S, family="o200k")
+    w = S.margin_prior_weight
+    for j in (WORD, CYRILLIC):
+        assert abs(cal.margins[j] - (w * prior.feature_margins[j] + 8 * 0.01) / (w + 8)) < 1e-9
+    assert cal.margin_of(russian) < cold.margin_of(russian)
+
+
+def test_the_estimate_carries_the_per_feature_margin_of_what_it_priced() -> None:
+    counter = CalibratedCounter(fallback(S, family="o200k"))
+    context = [
+        Message(Role.USER, "Проверь, пожалуйста, журнал сборки и скажи, что сломалось.", sequence_number=1),
+        Message(Role.ASSISTANT, "The build failed in the linker step; see the log above.", sequence_number=2),
+    ]
+    est = estimate(counter=counter, window=100_000, reserve=0, system="Be brief.", context=context)
+    rows = [Message(Role.SYSTEM, "Be brief."), *context]
+    expected = counter.calibration.margin_of(messages_features(rows)) + counter.margin_rate * counter.overhead
+    assert abs(est.margin - expected) <= 1.0 and est.margin >= expected
+    # with a baseline only the rows after it are priced, and only they carry a margin
+    anchored = estimate(
+        counter=counter, window=100_000, reserve=0, system="Be brief.", context=context, baseline=Baseline(500, 1)
+    )
+    assert anchored.margin == math.ceil(counter.calibration.margin_of(messages_features(context[1:])))

@@ -214,3 +214,46 @@ def test_the_memo_keeps_a_bounded_number_of_characters() -> None:
 def test_a_megabyte_of_one_character_costs_in_proportion() -> None:
     one = text_size("x" * 32_000)
     assert text_size("x" * 1_000_000) == pytest.approx(one * 1_000_000 / 32_000, rel=0.01)
+
+
+# --- content classes: Han, kana and hangul are priced apart ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "cls"),
+    [
+        ("数据库连接超时", sizing.HAN),
+        ("データベース", sizing.KANA),
+        ("ひらがな", sizing.KANA),
+        ("데이터베이스", sizing.HANGUL),
+        ("Сервер", sizing.CYRILLIC),
+        ("Müller", sizing.OTHER),
+    ],
+)
+def test_each_east_asian_script_has_its_own_class(text: str, cls: int) -> None:
+    units = sizing.class_units(text)
+    assert units[cls] == text_size(text) > 0, units
+    assert sizing.piece_class(text) == cls
+
+
+def test_a_piece_mixing_kanji_and_kana_shares_its_units_by_character() -> None:
+    # One letter run (a BPE piece) of kanji and kana: its units go to both classes, by count.
+    piece = "設定ファイル"  # 2 kanji + 4 kana
+    assert pieces(piece) == [piece]
+    units = sizing.class_units(piece)
+    assert units[sizing.HAN] + units[sizing.KANA] == piece_units(piece)
+    assert units[sizing.KANA] == 2 * units[sizing.HAN]
+    assert sizing.piece_class(piece) == sizing.KANA  # the class most of its characters are in
+    assert sum(units) == text_size(piece)
+
+
+@given(st.text(alphabet=st.sampled_from("数据库データ데이터 ab,1\n"), max_size=60))
+def test_class_units_always_sum_to_the_size(text: str) -> None:
+    assert sum(sizing.class_units(text)) == text_size(text)
+
+
+def test_the_split_keeps_the_first_versions_classes_otherwise() -> None:
+    # Every class of the first feature set but ``cjk`` keeps its name and order.
+    legacy = [c for c in sizing.LEGACY_CLASSES if c != "cjk"]
+    assert [c for c in sizing.CLASSES if c not in ("han", "kana", "hangul")] == legacy
+    assert tuple(sizing.CLASSES[c] for c in sizing.CJK_CLASSES) == ("han", "kana", "hangul")

@@ -14,6 +14,7 @@ from typing import Any
 
 from contextsvc.core.codec import message_from_dict, message_to_dict
 from contextsvc.core.messages import Message
+from contextsvc.core.priors import current_features
 from contextsvc.core.recall import document_terms
 from contextsvc.core.session import SessionInfo
 from contextsvc.ports import HistoryChunk, ViewRecord
@@ -115,7 +116,7 @@ def view_from_row(row: Any) -> ViewRecord:
         last_sequence=row["last_sequence"],
         create_time=row["create_time"],
         epoch=row["epoch"],
-        features=tuple(row["features"] or ()) if "features" in row else (),
+        features=current_features(row["features"] or ()) if "features" in row else (),
         incoming_tokens=row.get("incoming_tokens", 0),
         priced_tokens=row.get("priced_tokens", 0),
     )

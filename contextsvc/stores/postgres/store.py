@@ -36,6 +36,7 @@ from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
+from contextsvc.core.priors import current_features
 from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
@@ -863,7 +864,9 @@ class PostgresStore:
                 limit,
             )
             return [
-                Observation(r["chars"], r["tokens"], r["had_images"], tuple(r["features"] or ()), r["residual"])
+                Observation(
+                    r["chars"], r["tokens"], r["had_images"], current_features(r["features"] or ()), r["residual"]
+                )
                 for r in reversed(rows)
             ]
 
