@@ -54,6 +54,7 @@ from contextsvc._gen.v1 import resources_pb2 as rpb  # noqa: E402
 from contextsvc.client import error_from_rpc  # noqa: E402
 from contextsvc.core.messages import Message, Role, ToolCall  # noqa: E402
 from contextsvc.errors import ContextTooLarge  # noqa: E402
+from tests.support.server import StoreServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## Fidelity: concurrent soak"
@@ -249,41 +250,11 @@ async def baseline(stub: Any, tally: Tally, sid: str, view_id: str, count: int) 
 # --- one store -------------------------------------------------------------------------------------
 
 
-class Served:
-    """One ``contextsvc serve`` on one store (PostgreSQL: a private throwaway cluster)."""
-
-    def __init__(self, store: str, workdir: Path) -> None:
-        from tests.support.server import ServerProcess
-
-        self.cluster: Any = None
-        url = store
-        if store == "files":
-            url = f"files:{workdir / 'files'}"
-        elif store == "postgres":
-            from tests.support.postgres import PgCluster
-
-            self.cluster = PgCluster.create()
-            url = self.cluster.start()
-        config = workdir / "soak.toml"
-        config.write_text(server_config())
-        level = "INFO" if DIAGNOSE else "WARNING"
-        self.proc = ServerProcess(url, extra_args=["--config", str(config), "--log-level", level]).start()
-        self.address = self.proc.address
-
-    def stop(self) -> None:
-        try:
-            self.proc.terminate()
-        except Exception:  # a stuck server is killed instead
-            self.proc.kill()
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster.remove()
-
-
 async def soak(store: str, *, agents: int, seconds: float, convos: list[Session]) -> Tally:
     tally = Tally()
     with tempfile.TemporaryDirectory(prefix="contextsvc-soak-") as tmp:
-        served = Served(store, Path(tmp))
+        level = "INFO" if DIAGNOSE else "WARNING"
+        served = StoreServer(store, Path(tmp), server_config(), ["--log-level", level])
         counter = Counter()
         await counter.start()
         try:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import _checkout  # noqa: F401 - this checkout's contextsvc
-from run import HEALTH, SERVICE, Run, Server, call_data, cpu_seconds, ghz_binary, opaque_protoset, protoset
+from run import HEALTH, SERVICE, Run, call_data, cpu_seconds, ghz_binary, opaque_protoset, protoset, start_server
 from workload import Seeder
 
 
@@ -75,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="ctxprof-"))
     ghz, ps = ghz_binary(), (opaque_protoset() if args.client == "opaque" else protoset())
-    server = Server(args.store, workdir)
+    server = start_server(args.store, workdir)
     try:
         seeder = Seeder(server.address, "bench")
         sessions = [seeder.session(args.messages, profile="bench") for _ in range(args.sessions)]

@@ -36,6 +36,8 @@ from typing import Any
 import _checkout  # noqa: F401 - this checkout's contextsvc
 from workload import Seeder
 
+from tests.support.server import StoreServer
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SCENARIOS = HERE / "scenarios"
@@ -181,39 +183,11 @@ def rss_mb(pid: int) -> float:
 # --- the server --------------------------------------------------------------------------------
 
 
-class Server:
-    """One ``contextsvc serve`` for one store, stopped by its own pid."""
-
-    def __init__(self, store: str, workdir: Path) -> None:
-        from tests.support.server import ServerProcess
-
-        self.cluster: Any = None
-        url = store
-        if store == "files":
-            url = f"files:{workdir / 'files'}"
-        elif store == "postgres":
-            from tests.support.postgres import PgCluster
-
-            self.cluster = PgCluster.create()
-            url = self.cluster.start()
-        config = workdir / "bench.toml"
-        config.write_text(SERVER_CONFIG)
-        extra = ["--config", str(config), "--log-level", "WARNING"]
-        if store == "files":
-            extra += ["--durability", "batch"]
-        self.proc = ServerProcess(url, extra_args=extra).start()
-        self.address = self.proc.address
-        assert self.proc.proc is not None
-        self.pid = self.proc.proc.pid
-
-    def stop(self) -> None:
-        try:
-            self.proc.terminate()
-        except Exception:  # a stuck server is killed instead
-            self.proc.kill()
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster.remove()
+def start_server(store: str, workdir: Path) -> StoreServer:
+    """One ``contextsvc serve`` for one store, stopped by its own pid (the files store batches its
+    fsyncs, as a loaded service would be configured)."""
+    extra = ["--log-level", "WARNING", *(["--durability", "batch"] if store == "files" else [])]
+    return StoreServer(store, workdir, SERVER_CONFIG, extra)
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -232,7 +206,7 @@ class Loader:
             return min(run.max_calls, 500), min(run.max_seconds, 2.0)
         return run.max_calls, run.max_seconds
 
-    def ghz_run(self, server: Server, method: str, data: Any, run: Run) -> dict[str, Any]:
+    def ghz_run(self, server: StoreServer, method: str, data: Any, run: Run) -> dict[str, Any]:
         calls, seconds = self.bounds(run)
         data_file = self.workdir / "data.json"
         data_file.write_text(json.dumps(data))
@@ -263,7 +237,7 @@ class Loader:
             "errors": errors,
         }
 
-    def health(self, server: Server, run: Run) -> float:
+    def health(self, server: StoreServer, run: Run) -> float:
         # The floor needs no longer than a usual run (a soak's length would only add minutes).
         floor = Run(
             label="health",
@@ -273,7 +247,7 @@ class Loader:
         )
         return float(self.ghz_run(server, HEALTH, {}, floor)["rps"])
 
-    def driver(self, server: Server, kind: str, sessions: list[str], run: Run) -> dict[str, Any]:
+    def driver(self, server: StoreServer, kind: str, sessions: list[str], run: Run) -> dict[str, Any]:
         calls, seconds = self.bounds(run)
         cmd = [
             sys.executable, str(HERE / "drivers.py"), kind, "--address", server.address,
@@ -308,7 +282,7 @@ def call_data(run: Run, sessions: list[str]) -> list[dict[str, Any]]:
     raise SystemExit(f"unknown call {run.call}")
 
 
-def run_scenario(loader: Loader, server: Server, store: str, sc: Scenario) -> list[Result]:
+def run_scenario(loader: Loader, server: StoreServer, store: str, sc: Scenario) -> list[Result]:
     results = []
     seeder = Seeder(server.address, "bench")
     previous: list[str] = []
@@ -481,7 +455,7 @@ def main() -> None:
     print(HEADER, flush=True)
     for store in stores:
         workdir = Path(tempfile.mkdtemp(prefix=f"ctxload-{store}-"))
-        server = Server(store, workdir)
+        server = start_server(store, workdir)
         try:
             loader = Loader(ghz, ps, workdir, args.quick)
             for sc in scenarios:

@@ -98,8 +98,11 @@ def session_to_dict(s: SessionInfo) -> dict[str, Any]:
     }
 
 
-def session_from_dict(d: dict[str, Any]) -> SessionInfo:
+def session_from_dict(d: dict[str, Any], **counters: Any) -> SessionInfo:
+    """The header fields of ``d``; ``counters`` (display/context counts, last sequence, preview)
+    are given by a reader that keeps them beside the header, as the start-up index does."""
     return SessionInfo(
+        **counters,
         id=d["id"],
         user_id=d["user_id"],
         profile_id=d.get("profile_id", ""),

@@ -50,9 +50,9 @@ def checked_body(raw: bytes) -> bytes:
     Raises ``BadFrame`` for a line without the wrapper or one failing its check; the bytes are
     not parsed, so a reader of many lines can parse them in one go.
     """
-    if not raw.startswith(_HEAD) or len(raw) < _PREFIX + 3 or raw[_PREFIX - len(_MID) : _PREFIX] != _MID:
+    if not raw.startswith(_HEAD):
         raise BadFrame("no checksum wrapper")
-    if not raw.endswith(b"}"):
+    if len(raw) < _PREFIX + 3 or raw[_PREFIX - len(_MID) : _PREFIX] != _MID or not raw.endswith(b"}"):
         raise BadFrame("broken checksum wrapper")
     body = raw[_PREFIX:-1]
     try:
@@ -71,16 +71,7 @@ def unframe(raw: bytes) -> tuple[Any, bool]:
     for a line that is not JSON at all.
     """
     if raw.startswith(_HEAD):
-        if len(raw) < _PREFIX + 3 or raw[_PREFIX - len(_MID) : _PREFIX] != _MID or not raw.endswith(b"}"):
-            raise BadFrame("broken checksum wrapper")
-        body = raw[_PREFIX:-1]
-        try:
-            expected = int(raw[len(_HEAD) : len(_HEAD) + 8], 16)
-        except ValueError:
-            raise BadFrame("unreadable checksum") from None
-        if google_crc32c.value(body) != expected:
-            raise BadFrame("checksum mismatch")
-        return json.loads(body), True
+        return json.loads(checked_body(raw)), True
     return json.loads(raw), False
 
 

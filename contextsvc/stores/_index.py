@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contextsvc.core.codec import parse_time, session_to_dict
+from contextsvc.core.codec import session_from_dict, session_to_dict
 from contextsvc.core.session import SessionInfo
 from contextsvc.stores._frames import BadFrame, checked_body, frame, unframe
 
@@ -93,28 +93,16 @@ def _line(record: dict[str, Any]) -> bytes:
 def _decode_entry(record: Any, line: bytes) -> IndexEntry:
     if not isinstance(record, dict):
         raise ValueError("not an object")
-    # One SessionInfo straight from the record (not session_from_dict and a copy with the
-    # counters): start-up decodes one entry per session, so its cost is per session.
-    s = record["s"]
     key = record["k"]
     if len(key) != 4:
         raise ValueError("bad file key")
-    info = SessionInfo(
-        id=s["id"],
-        user_id=s["user_id"],
-        profile_id=s.get("profile_id", ""),
-        name=s.get("name", ""),
-        pinned=bool(s.get("pinned", False)),
-        metadata=s.get("metadata") or {},
-        create_time=parse_time(s.get("create_time")),
-        update_time=parse_time(s.get("update_time")),
-        context_tokens=int(s.get("context_tokens", 0)),
-        context_truncated=bool(s.get("context_truncated", False)),
+    # One SessionInfo straight from the record, counters included (start-up decodes one per session).
+    info = session_from_dict(
+        record["s"],
         display_message_count=int(record["d"]),
         context_message_count=int(record["x"]),
         last_sequence=int(record["q"]),
         preview=str(record["p"]),
-        state=s.get("state") or {},
     )
     return IndexEntry(info, (int(key[0]), int(key[1]), int(key[2]), int(key[3])), int(record.get("o", 0)), line)
 

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO
 
 import grpc
@@ -84,3 +85,35 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class StoreServer:
+    """One ``contextsvc serve`` on a named store kind, for benchmarks: ``memory``, ``files`` (a
+    folder under ``workdir``) or ``postgres`` (a private throwaway cluster, removed by ``stop``),
+    with ``config`` written as its TOML settings file."""
+
+    def __init__(self, store: str, workdir: Path, config: str, extra_args: Sequence[str] = ()) -> None:
+        from tests.support.postgres import PgCluster
+
+        self.cluster: PgCluster | None = None
+        url = store
+        if store == "files":
+            url = f"files:{workdir / 'files'}"
+        elif store == "postgres":
+            self.cluster = PgCluster.create()
+            url = self.cluster.start()
+        path = workdir / "settings.toml"
+        path.write_text(config)
+        self.proc = ServerProcess(url, extra_args=["--config", str(path), *extra_args]).start()
+        self.address = self.proc.address
+        assert self.proc.proc is not None
+        self.pid = self.proc.proc.pid
+
+    def stop(self) -> None:
+        try:
+            self.proc.terminate()
+        except Exception:  # a stuck server is killed instead
+            self.proc.kill()
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster.remove()
