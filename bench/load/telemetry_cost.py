@@ -20,7 +20,8 @@ The store is a stub answering at once, so what is timed is telemetry plus a cons
 repeats (CPU time of the process, all threads), the one least disturbed by other processes.
 
 Variants: ``off`` (no exporter), ``otlp`` (traces and metrics, every trace sampled), ``otlp-0.1``
-(``parentbased_traceidratio`` at 10 %).
+(``parentbased_traceidratio`` at 10 %); with ``--split`` also ``traces`` / ``traces-0.1`` /
+``traces-0`` (metrics off; every trace, 10 %, none sampled) and ``metrics`` (traces off).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _chain(interceptor: Any, continuation: Any) -> Any:
     return next_
 
 
-async def run(calls: int, repeats: int, sink_port: int) -> list[Variant]:
+async def run(calls: int, repeats: int, sink_port: int, split: bool = False) -> list[Variant]:
     otlp = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
@@ -163,6 +164,13 @@ async def run(calls: int, repeats: int, sink_port: int) -> list[Variant]:
         Variant("otlp", built(otlp)),
         Variant("otlp-0.1", built(sampled)),
     ]
+    if split:  # each signal alone, and a trace the sampler always drops
+        variants += [
+            Variant("traces", built({**otlp, "OTEL_METRICS_EXPORTER": "none"})),
+            Variant("traces-0.1", built({**sampled, "OTEL_METRICS_EXPORTER": "none"})),
+            Variant("traces-0", built({**sampled, "OTEL_TRACES_SAMPLER_ARG": "0", "OTEL_METRICS_EXPORTER": "none"})),
+            Variant("metrics", built({**otlp, "OTEL_TRACES_EXPORTER": "none"})),
+        ]
     try:
         for v in variants:  # warm up: caches, the exporter's channel
             await v.measure(calls)
@@ -227,6 +235,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500, help="calls per variant per repeat")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also traces alone (every trace, 10 %%, none sampled) and metrics alone",
+    )
     parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.load_start = os.getloadavg()[0]
@@ -239,7 +252,7 @@ def main() -> None:
     try:
         assert sink.stdout is not None
         port = int(sink.stdout.readline())
-        variants = asyncio.run(run(args.calls, args.repeats, port))
+        variants = asyncio.run(run(args.calls, args.repeats, port, args.split))
     finally:
         if sink.stdin is not None:
             sink.stdin.close()
