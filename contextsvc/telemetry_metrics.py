@@ -39,10 +39,6 @@ __all__ = ["OwnHistogram", "with_histograms"]
 
 _R = TypeVar("_R", bound=MetricReader)
 
-#: attribute dicts remembered by identity (the interceptor hands the same dict for a method and
-#: code every time); bounded: cleared when full, which only costs a look-up by content
-_BY_ID_MAX = 1024
-
 
 class _Cell:
     """One attribute set's measurements since the last collection."""
@@ -90,7 +86,7 @@ class OwnHistogram:
         self._lock = threading.Lock()
         #: attribute content -> cell
         self._cells: dict[frozenset[tuple[str, Any]], _Cell] = {}
-        #: id(attribute dict) -> (that dict, its cell); the dict is kept so its id is not reused
+        #: id(first attribute dict of a cell) -> (that dict, the cell); the dict is kept so its id is not reused
         self._by_id: dict[int, tuple[Mapping[str, Any], _Cell]] = {}
         #: attribute content -> cumulative figures, and when the first measurement came
         self._totals: dict[frozenset[tuple[str, Any]], _Total] = {}
@@ -103,9 +99,10 @@ class OwnHistogram:
             cell = self._cells.get(key)
             if cell is None:
                 cell = self._cells[key] = _Cell(attributes, self._buckets)
-            if len(self._by_id) >= _BY_ID_MAX:
-                self._by_id.clear()
-            self._by_id[id(attributes)] = (attributes, cell)
+                # The first dict given for an attribute set is found by identity from then on (the
+                # interceptor hands the same dict for a method and code every time); one per cell,
+                # so bounded as the cells are (methods x status codes).
+                self._by_id[id(attributes)] = (attributes, cell)
         return cell
 
     def record(self, amount: float, attributes: Mapping[str, Any] | None = None, context: Any = None) -> None:

@@ -20,6 +20,16 @@ spans is counted. The figure is server CPU per call from ``/proc`` (utime + stim
 split into the event-loop (main) thread and the others (gRPC's poller, the batch span processor, the
 metric reader), compared with ``off`` in the same round; the table gives the median of the per-round
 ratios. ``--spy`` runs py-spy on each selected server during its run instead (no table then).
+
+On a machine others share, servers measured one after the other see different machines: the same
+server's CPU per call moved by ±15 % from run to run. ``--together --rps N`` loads every server in
+the same window at the same fixed rate instead, so what other processes do falls on all of them
+alike, and each runs the same calls at the same pace (a saturated server's CPU per call also
+depends on how many calls one event-loop turn batches, which varies with its speed). ``--before
+REV`` adds, for variants named ``NAME@before``, servers running the tree of git revision ``REV``.
+``--fresh`` starts new server processes for every round: one process can be steadily faster or
+slower than another of the same code (by ~10 %), which fresh processes turn into round-to-round noise
+that the median of the per-round ratios absorbs.
 """
 
 from __future__ import annotations
@@ -108,19 +118,27 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, others
 
 
-def build_context(ghz: str, protoset: Path, workdir: Path, bench: Bench, seconds: float, rps: int) -> dict[str, Any]:
-    """One ghz run of BuildContext on ``bench``'s session (the suite's settings: 50 concurrent, one
-    connection, one client CPU), at most ``rps`` calls/s when given (0: as fast as the server goes)."""
-    data_file = workdir / "data.json"
+def start_build_context(
+    ghz: str, protoset: Path, workdir: Path, bench: Bench, seconds: float, rps: int
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start one ghz run of BuildContext on ``bench``'s session (the suite's settings: 50 concurrent,
+    one connection, one client CPU), at most ``rps`` calls/s when given (0: as fast as it goes)."""
+    data_file = workdir / f"data-{bench.pid}.json"
     data_file.write_text(json.dumps([{"session_id": bench.session}]))
-    out = workdir / "ghz.json"
+    out = workdir / f"ghz-{bench.pid}.json"
     cmd = [
         ghz, "--insecure", "--protoset", str(protoset), "--call", f"{suite.SERVICE}.BuildContext",
         "--data-file", str(data_file), "-c", "50", "--connections", "1", "--cpus", "1",
         "-n", "1000000", "-x", f"{seconds}s", "--duration-stop", "ignore", *(["-r", str(rps)] if rps else []),
         "--max-recv-message-size", "64MB", "--format", "json", "-o", str(out), bench.address,
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, timeout=seconds + 60, capture_output=True)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
+
+
+def finish_build_context(run: tuple[subprocess.Popen[bytes], Path], seconds: float) -> dict[str, Any]:
+    proc, out = run
+    if proc.wait(timeout=seconds + 60) != 0:
+        raise RuntimeError(f"ghz exited {proc.returncode}")
     report = json.loads(out.read_text())
     statuses = dict(report.get("statusCodeDistribution") or {})
     ok = statuses.get("OK", 0)
@@ -130,6 +148,10 @@ def build_context(ghz: str, protoset: Path, workdir: Path, bench: Bench, seconds
         "rps": ok / total_s if total_s else 0.0,
         "errors": {k: v for k, v in statuses.items() if k != "OK"},
     }
+
+
+def build_context(ghz: str, protoset: Path, workdir: Path, bench: Bench, seconds: float, rps: int) -> dict[str, Any]:
+    return finish_build_context(start_build_context(ghz, protoset, workdir, bench, seconds, rps), seconds)
 
 
 def main() -> None:
@@ -143,6 +165,12 @@ def main() -> None:
         help="ghz rate limit (calls/s); 0: saturate. A rate every server keeps up "
         "with makes each one run the same calls the same way (no batching that differs with its speed)",
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run every server's ghz in the same window (with --rps, so the servers share the machine evenly)",
+    )
+    parser.add_argument("--fresh", action="store_true", help="new server processes every round")
     parser.add_argument("--settle", type=float, default=6.0, help="seconds counted after each run (export)")
     parser.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variants")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for every telemetry server")
@@ -169,52 +197,70 @@ def main() -> None:
         before_tree.mkdir()
         archive = subprocess.run(["git", "archive", args.before], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(before_tree)], input=archive, check=True)
-    benches = []
-    for name in names:
-        base = name.removesuffix("@before")
-        # A variant@before runs the tree in --before (its cwd: ``python -m contextsvc`` imports from there).
-        os.chdir(before_tree if base != name else suite.ROOT)
-        try:
-            benches.append(Bench(name.replace("@", "-"), environment(base, sink_port, extra), workdir))
-            benches[-1].name = name
-        finally:
-            os.chdir(suite.ROOT)
+
+    def start_servers(started: list[Bench]) -> None:
+        """Start every variant's server into ``started`` (the caller's list: stopped however this ends)."""
+        for name in names:
+            base = name.removesuffix("@before")
+            # A variant@before runs the tree of --before (its cwd: ``python -m contextsvc`` imports from there).
+            os.chdir(before_tree if base != name else suite.ROOT)
+            try:
+                started.append(Bench(name.replace("@", "-"), environment(base, sink_port, extra), workdir))
+                started[-1].name = name
+            finally:
+                os.chdir(suite.ROOT)
+        for bench in started:  # warm every server (first calls build caches) outside the windows
+            build_context(ghz, protoset, workdir, bench, 2.0, 0)
+        time.sleep(args.settle)
+
     cpu: dict[str, list[float]] = {n: [] for n in names}
     main_cpu: dict[str, list[float]] = {n: [] for n in names}
     other_cpu: dict[str, list[float]] = {n: [] for n in names}
     rates: dict[str, list[float]] = {n: [] for n in names}
+    benches: list[Bench] = []
     try:
-        for bench in benches:  # warm every server (first calls build caches) outside the windows
-            build_context(ghz, protoset, workdir, bench, 2.0, 0)
-        time.sleep(args.settle)
         for round_no in range(1 if args.spy else args.rounds):
+            if not benches or args.fresh:
+                # Fresh processes each round: a process's own speed (its memory layout, say) then
+                # varies from round to round instead of weighing on every round alike.
+                for bench in benches:
+                    bench.stop()
+                benches.clear()
+                start_servers(benches)
             turn = round_no % len(benches)
-            for bench in benches[turn:] + benches[:turn]:
-                spy = None
+            order = benches[turn:] + benches[:turn]
+            # Together: every server's run in the same window (what other processes do to the
+            # machine then falls on all alike); else one after the other.
+            for group in [order] if args.together else [[b] for b in order]:
+                spies = []
                 if args.spy:
-                    out = workdir / f"{bench.name}.txt"
-                    spy = subprocess.Popen(
-                        ["py-spy", *args.spy.split(), "--pid", str(bench.pid), "-r", "200",
-                         "-d", str(int(args.seconds)), "--format", "raw", "-o", str(out), "--nonblocking"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    )  # fmt: skip
+                    for bench in group:
+                        out = workdir / f"{bench.name}.txt"
+                        spy_cmd = [
+                            "py-spy", *args.spy.split(), "--pid", str(bench.pid), "-r", "200",
+                            "-d", str(int(args.seconds)), "--format", "raw", "-o", str(out), "--nonblocking",
+                        ]  # fmt: skip
+                        spies.append(subprocess.Popen(spy_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                     time.sleep(0.5)
-                before, (main_before, other_before) = suite.cpu_seconds(bench.pid), thread_cpu(bench.pid)
-                m = build_context(ghz, protoset, workdir, bench, args.seconds, args.rps)
+                before = {b.name: (suite.cpu_seconds(b.pid), thread_cpu(b.pid)) for b in group}
+                runs = [start_build_context(ghz, protoset, workdir, b, args.seconds, args.rps) for b in group]
+                results = [finish_build_context(r, args.seconds) for r in runs]
                 time.sleep(args.settle)
-                main_after, other_after = thread_cpu(bench.pid)
-                calls = max(1, m["count"])
-                cpu[bench.name].append(1000 * (suite.cpu_seconds(bench.pid) - before) / calls)
-                main_cpu[bench.name].append(1000 * (main_after - main_before) / calls)
-                other_cpu[bench.name].append(1000 * (other_after - other_before) / calls)
-                rates[bench.name].append(m["rps"])
-                print(
-                    f"round {round_no + 1} {bench.name:10s} {m['rps']:6.0f}/s cpu {cpu[bench.name][-1]:.3f} ms/call "
-                    f"(main {main_cpu[bench.name][-1]:.3f}, others {other_cpu[bench.name][-1]:.3f}) "
-                    f"load {os.getloadavg()[0]:.2f} errors {m['errors']}",
-                    flush=True,
-                )
-                if spy is not None:
+                for bench, m in zip(group, results, strict=True):
+                    total_before, (main_before, other_before) = before[bench.name]
+                    main_after, other_after = thread_cpu(bench.pid)
+                    calls = max(1, m["count"])
+                    cpu[bench.name].append(1000 * (suite.cpu_seconds(bench.pid) - total_before) / calls)
+                    main_cpu[bench.name].append(1000 * (main_after - main_before) / calls)
+                    other_cpu[bench.name].append(1000 * (other_after - other_before) / calls)
+                    rates[bench.name].append(m["rps"])
+                    print(
+                        f"round {round_no + 1} {bench.name:17s} {m['rps']:6.0f}/s "
+                        f"cpu {cpu[bench.name][-1]:.3f} ms/call (main {main_cpu[bench.name][-1]:.3f}, "
+                        f"others {other_cpu[bench.name][-1]:.3f}) load {os.getloadavg()[0]:.2f} errors {m['errors']}",
+                        flush=True,
+                    )
+                for spy, bench in zip(spies, group, strict=False):
                     spy.wait(timeout=120)
                     print(f"\n==== py-spy {args.spy} on {bench.name}")
                     summarize(workdir / f"{bench.name}.txt", 45)
@@ -260,7 +306,9 @@ def record(lines: list[str], notes: list[str], args: argparse.Namespace) -> None
             f"{dt.date.today().isoformat()} · `{command.strip()}` · {suite.machine()} · commit "
             f"{suite.git_head()} · {args.rounds} rounds of {args.seconds:g} s, servers in rotating order, memory "
             f"store, 200-message session, ghz 50 concurrent on one connection"
-            f"{f' at {args.rps} calls/s' if args.rps else ''}; server CPU (utime + stime from "
+            f"{f' at {args.rps} calls/s' if args.rps else ''}"
+            f"{', every server loaded in the same window' if args.together else ''}"
+            f"{', new server processes every round' if args.fresh else ''}; server CPU (utime + stime from "
             f"/proc) from the run's start to {args.settle:g} s after its end.",
             "",
             *lines,

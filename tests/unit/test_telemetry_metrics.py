@@ -160,6 +160,7 @@ def test_equal_attributes_in_new_dicts_share_one_point() -> None:
     own.record(0.001, ATTRS[0])
     (point,) = _points(reader)["own"].values()
     assert point.count == 6
+    assert len(own._by_id) == 1  # fresh dicts are looked up by content, not remembered one by one
 
 
 def test_configured_metering_uses_its_own_rpc_duration() -> None:
