@@ -10,6 +10,7 @@ environment, the OTLP/gRPC ones exporting to ``telemetry_overhead.py``'s loopbac
 - ``off``: no ``OTEL_*`` variable;
 - ``traces``: OTLP traces, every trace sampled, ``OTEL_METRICS_EXPORTER=none``;
 - ``traces-0.1``: the same, 10 % of traces sampled (``parentbased_traceidratio``);
+- ``traces-0``: the same, no trace sampled (what tracing costs a call it does not record);
 - ``metrics``: OTLP metrics, ``OTEL_TRACES_EXPORTER=none``;
 - ``otlp-0.1``: both, 10 % sampled;
 - ``otlp``: both, every trace sampled.
@@ -53,11 +54,12 @@ from telemetry_overhead import Bench, start_sink
 
 RESULTS = suite.ROOT / "bench" / "RESULTS.md"
 SECTION = "## Telemetry split"
-VARIANTS = ("off", "traces", "traces-0.1", "metrics", "otlp-0.1", "otlp")
+VARIANTS = ("off", "traces", "traces-0.1", "traces-0", "metrics", "otlp-0.1", "otlp")
 LABELS = {
     "off": "off (no OTEL_* variable)",
     "traces": "OTLP traces only, every trace",
     "traces-0.1": "OTLP traces only, 10 % sampled",
+    "traces-0": "OTLP traces only, none sampled",
     "metrics": "OTLP metrics only",
     "otlp-0.1": "OTLP traces + metrics, 10 % sampled",
     "otlp": "OTLP traces + metrics, every trace",
@@ -86,9 +88,9 @@ def environment(name: str, sink_port: int, extra: dict[str, str]) -> dict[str, s
         env["OTEL_METRICS_EXPORTER"] = "none"
     if name == "metrics":
         env["OTEL_TRACES_EXPORTER"] = "none"
-    if name.endswith("-0.1"):
+    if name.endswith(("-0.1", "-0")):
         env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
-        env["OTEL_TRACES_SAMPLER_ARG"] = "0.1"
+        env["OTEL_TRACES_SAMPLER_ARG"] = name.rpartition("-")[2]
     return env
 
 
