@@ -16,7 +16,7 @@ import httpx
 from contextsvc import telemetry
 from contextsvc.config import OllamaSummarizerConfig
 from contextsvc.ports import SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, require_text, snippet
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, require_text, snippet
 
 __all__ = ["OllamaSummarizer"]
 
@@ -26,7 +26,7 @@ class OllamaSummarizer:
 
     name = "ollama"
 
-    def __init__(self, config: OllamaSummarizerConfig, *, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: OllamaSummarizerConfig, *, client: httpx.AsyncClient | SharedClient) -> None:
         self.config = config
         self.vision = config.vision
         url = config.base_url.rstrip("/") + "/api/chat"

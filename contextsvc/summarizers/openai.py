@@ -14,7 +14,7 @@ import httpx
 from contextsvc import telemetry
 from contextsvc.config import OpenAISummarizerConfig
 from contextsvc.ports import SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, data_url, require_text, snippet
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, data_url, require_text, snippet
 
 __all__ = ["OpenAISummarizer"]
 
@@ -24,7 +24,7 @@ class OpenAISummarizer:
 
     name = "openai"
 
-    def __init__(self, config: OpenAISummarizerConfig, *, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: OpenAISummarizerConfig, *, client: httpx.AsyncClient | SharedClient) -> None:
         self.config = config
         self.vision = config.vision
         headers = {"Accept": "application/json"}
