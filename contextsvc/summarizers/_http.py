@@ -10,11 +10,14 @@ import asyncio
 import base64
 import re
 from collections.abc import Callable
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from contextsvc.ports import SummarizerError
+
+if TYPE_CHECKING:
+    # Imported when first used (``_with_retries``), not with this module: importing httpx is
+    # ~0.15 s of every start, and most services never summarize over HTTP.
+    import httpx
 
 __all__ = ["HttpEndpoint", "SharedClient", "data_url", "mime_type_of", "require_text", "snippet", "strip_thinking"]
 
@@ -84,7 +87,7 @@ class HttpEndpoint:
         self.url = url
         self._client = SharedClient.of(client)
         self._headers = headers
-        self._timeout = httpx.Timeout(timeout_seconds, connect=connect_timeout_seconds)
+        self._connect_timeout_seconds = connect_timeout_seconds
         self._timeout_seconds = timeout_seconds
         self._total_timeout_seconds = total_timeout_seconds
         self._attempts = max_retries + 1
@@ -102,13 +105,16 @@ class HttpEndpoint:
             ) from None
 
     async def _with_retries(self, body: dict[str, Any]) -> Any:
+        import httpx
+
+        timeout = httpx.Timeout(self._timeout_seconds, connect=self._connect_timeout_seconds)
         last_problem = ""
         for attempt in range(self._attempts):
             if attempt:
                 await asyncio.sleep(self._backoff_seconds * 2 ** (attempt - 1))
             try:
                 client = self._client.get()
-                response = await client.post(self.url, json=body, headers=self._headers, timeout=self._timeout)
+                response = await client.post(self.url, json=body, headers=self._headers, timeout=timeout)
             except httpx.TimeoutException as exc:
                 last_problem = f"timed out ({type(exc).__name__}, {self._timeout_seconds:g}s per attempt)"
                 continue

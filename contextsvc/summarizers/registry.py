@@ -8,8 +8,7 @@ name to a factory, and ``build_summarizers`` builds them all once per process ov
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-
-import httpx
+from typing import TYPE_CHECKING
 
 from contextsvc.config import Settings
 from contextsvc.errors import InvalidArgument
@@ -18,6 +17,9 @@ from contextsvc.summarizers._http import SharedClient
 from contextsvc.summarizers.extractive import ExtractiveSummarizer
 from contextsvc.summarizers.ollama import OllamaSummarizer
 from contextsvc.summarizers.openai import OpenAISummarizer
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["SUMMARIZERS", "SummarizerFactory", "SummarizerSet", "build_summarizers"]
 
@@ -87,6 +89,12 @@ def build_summarizers(settings: Settings, *, client: httpx.AsyncClient | None = 
         shared = SharedClient.of(client)
     else:
         trust_env = settings.summarizer.http_trust_env
-        # Per-request timeouts come from each summarizer's config; none here so none is implied.
-        shared = SharedClient(lambda: httpx.AsyncClient(timeout=None, follow_redirects=False, trust_env=trust_env))
+        shared = SharedClient(lambda: _new_client(trust_env))
     return SummarizerSet({name: factory(settings, shared) for name, factory in SUMMARIZERS.items()}, client=shared)
+
+
+def _new_client(trust_env: bool) -> httpx.AsyncClient:
+    import httpx  # here, not at module level: a start that never summarizes over HTTP skips it
+
+    # Per-request timeouts come from each summarizer's config; none here so none is implied.
+    return httpx.AsyncClient(timeout=None, follow_redirects=False, trust_env=trust_env)
