@@ -20,7 +20,8 @@ Message content never goes into a span or a metric: spans carry ids, counts and 
 
 Cost (bench/RESULTS.md, "Telemetry overhead"): everything below the server span is recorded only
 under a recording span, so a trace the sampler dropped costs one non-recording span and one metric
-measurement per call. The server, view and compaction spans come from ``telemetry_spans`` (the
+measurement per call, that measurement added to a bucket count by ``telemetry_metrics`` (the SDK's
+readers collect it). The server, view and compaction spans come from ``telemetry_spans`` (the
 SDK's sampler, ids, limits and ``ReadableSpan``, fewer steps), and spans are encoded for OTLP by
 ``telemetry_otlp``; see docs/telemetry.md, "Why these choices".
 """

@@ -306,10 +306,10 @@ def record(lines: list[str], notes: list[str], args: argparse.Namespace) -> None
             SECTION,
             "",
             f"{dt.date.today().isoformat()} · `{command.strip()}` · {suite.machine()} · commit "
-            f"{suite.git_head()} · {args.rounds} rounds of {args.seconds:g} s, servers in rotating order, memory "
-            f"store, 200-message session, ghz 50 concurrent on one connection"
+            f"{suite.git_head()} · {args.rounds} rounds of {args.seconds:g} s, "
+            f"{'every server loaded in the same window' if args.together else 'servers in rotating order'}, "
+            "memory store, 200-message session, ghz 50 concurrent on one connection"
             f"{f' at {args.rps} calls/s' if args.rps else ''}"
-            f"{', every server loaded in the same window' if args.together else ''}"
             f"{', new server processes every round' if args.fresh else ''}; server CPU (utime + stime from "
             f"/proc) from the run's start to {args.settle:g} s after its end.",
             "",
