@@ -22,6 +22,7 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from contextsvc import telemetry
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2 as r
 from tests.support.fake_llm import FakeLLM
@@ -391,6 +392,14 @@ def test_metrics_count_rpcs_compressions_and_baselines(
     codes = {(_attrs(p)["rpc.method"], _attrs(p)["rpc.grpc.status_code"]) for p in durations}
     assert ("BuildContext", 0) in codes
     assert ("GetSession", grpc.StatusCode.NOT_FOUND.value[0]) in codes
+    # Aggregated by the interceptor (telemetry_metrics), exported as the SDK's histogram would be.
+    (duration_metric,) = {m.name: m for m in metrics if m.name == "rpc.server.call.duration"}.values()
+    assert duration_metric.unit == "s"
+    for point in durations:
+        assert sum(point.bucket_counts) == point.count >= 1
+        assert list(point.explicit_bounds) == [float(b) for b in telemetry._DURATION_BUCKETS]
+        mean = point.sum / point.count
+        assert 0 < point.min <= point.max and point.min * (1 - 1e-9) <= mean <= point.max * (1 + 1e-9)
 
     ratios = _points(metrics, "contextsvc.estimate.ratio")
     assert ratios and _attrs(ratios[-1])["gen_ai.request.model"] == "m-telemetry"
