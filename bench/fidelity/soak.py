@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import os
 import platform
 import random
 import shutil
@@ -65,6 +66,8 @@ MODELS = {"o200k": "gpt-4o", "cl100k": "gpt-4", "llama3": "llama-3-8b", "claude"
 LATE_EVERY = 3
 #: --diagnose: the server logs at INFO, and its lines about a failed session are printed.
 DIAGNOSE = False
+#: the load average (1 min) at the start of each store's run, for the record.
+LOADS = ""
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
@@ -176,6 +179,8 @@ class Tally:
     #: the first few failures' messages, printed after the table.
     examples: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    #: views over window - reserve in true tokens: what the service said about each.
+    over: list[str] = field(default_factory=list)
     server_log: str = ""
 
     def error(self, code: str, detail: str = "") -> None:
@@ -229,6 +234,14 @@ async def agent(
         tally.worst_under = max(tally.worst_under, true - built.estimate.total)
         if true > WINDOW - RESERVE:
             tally.over_window += 1
+            est = built.estimate
+            tally.over.append(
+                f"view over on {sid}: true {true:,}, estimate {est.total:,} + margin {est.margin:,} "
+                f"({rpb.EstimateMethod.Name(est.method)}), "
+                f"compressed {built.compression.compressed if built.HasField('compression') else False}, "
+                f"notices {list(built.notices)}"
+            )
+            tally.failed.append(sid)
         if rng.randrange(LATE_EVERY) == 0:
             pending = (built.view_id, true)
         else:
@@ -298,7 +311,8 @@ def record(lines: list[str], command: str) -> None:
         [
             SECTION,
             "",
-            f"{dt.date.today().isoformat()} · `{command}` · {platform.machine()}, {platform.python_version()}",
+            f"{dt.date.today().isoformat()} · `{command}` · {platform.machine()}, {platform.python_version()}, "
+            f"{os.cpu_count()} cores · load average (1 min) at the start of each store's run: {LOADS}",
             "",
             *lines,
             "",
@@ -319,7 +333,11 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--record", action="store_true")
-    parser.add_argument("--diagnose", action="store_true", help="server at INFO; print its lines about failures")
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="server at INFO; print its lines about failed sessions and views over the budget",
+    )
     args = parser.parse_args()
     global DIAGNOSE
     DIAGNOSE = args.diagnose
@@ -333,20 +351,27 @@ def main() -> None:
         *HEADER,
     ]
     ok = True
+    loads = []
     for store in args.stores.split(","):
+        loads.append(f"{store} {os.getloadavg()[0]:.1f}")
         tally = asyncio.run(soak(store, agents=args.agents, seconds=args.seconds, convos=convos))
         lines.append(row(store, tally, args.seconds))
         print(lines[-1], flush=True)
         for text in tally.examples:
             print(f"  {store}: {text}", flush=True)
+        for text in tally.over[:5]:
+            print(f"  {store}: {text}", flush=True)
         for sid in tally.failed[:3]:
-            for line in tally.server_log.splitlines():
-                if sid in line:
-                    print(f"  {store} log: {line[:400]}", flush=True)
+            # The newest lines about the session (a long session logs a line per compaction).
+            for line in [line for line in tally.server_log.splitlines() if sid in line][-12:]:
+                print(f"  {store} log: {line[:400]}", flush=True)
         ok = ok and tally.too_large == 0 and tally.over_window == 0 and tally.refused == 0 and not tally.errors
     verdict = "met" if ok else "NOT met"
     lines += ["", f"Targets (0 CONTEXT_TOO_LARGE, 0 views over, 0 honest baselines refused): {verdict}."]
     print("\n".join(lines))
+    global LOADS
+    LOADS = ", ".join(loads)
+    print(f"load average (1 min) at the start of each store's run: {LOADS}")
     if args.record:
         record(lines, "python bench/fidelity/soak.py " + " ".join(sys.argv[1:]))
 

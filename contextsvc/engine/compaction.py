@@ -165,6 +165,8 @@ class Situation:
     #: the estimate's margin (TokenEstimate.margin): the trigger compares view_tokens + margin.
     margin: int = 0
     state: EngineState = field(init=False)
+    #: margin per token of the context priced whole (``Compactor.margin_rate``), computed once.
+    rate: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.state = EngineState.of(self.session)
@@ -254,7 +256,8 @@ class Compactor:
     # -- decisions ----------------------------------------------------------------------------
 
     def bounds(self, p: EffectiveProfile) -> Bounds:
-        """Where automatic compaction fires, where it aims, and the most it may leave.
+        """Where automatic compaction fires, where it aims, and the most it may leave, on the
+        view's estimate + margin (what triggers and guards compare, DESIGN §5.3).
 
         Normally ``threshold x window``, ``target x window`` and ``target x window``. On a small
         window the reply reserve (up to window / 4) puts the size guard (``window - reserve``)
@@ -279,6 +282,32 @@ class Compactor:
             limit = goal
         return Bounds(trigger=trigger, goal=goal, limit=limit)
 
+    def aim(self, s: Situation) -> Bounds:
+        """``bounds`` with the goal and the limit on the estimate alone, as the planner and the
+        proof of progress need them: lower by the margin the compacted view will carry.
+
+        A compaction clears the baseline, so the view after it is priced whole and its margin is
+        ``margin_rate`` of it (a calibrated model's 2-3%, a cold one's 15-30%). Aiming the estimate
+        at the goal left estimate + margin above it, and the band of growth before the next
+        trigger was partly spent by the margin alone; where the trigger is the size guard's
+        budget, a crossing of it that only the margin made came inside the band, was not honoured,
+        and the real count could pass the budget (issue #14's soak). Never below the
+        hard-truncate level (a summary aimed under it would lose to plain truncation)."""
+        b = self.bounds(s.profile)
+        rate = 1 + self.margin_rate(s)
+        floor = min(b.goal, self._settings.summarizer.hard_truncate_fraction * s.profile.context_window)
+        return Bounds(trigger=b.trigger, goal=max(b.goal / rate, floor), limit=max(b.limit / rate, floor))
+
+    def margin_rate(self, s: Situation) -> float:
+        """Margin per token of the session's context priced whole, as the view after a compaction
+        is priced (no baseline): each content class with its own relative margin, so a Russian
+        session aims lower than a code session. Computed once per situation."""
+        if s.rate is None:
+            counter = self._accounting.counter(s.profile.model)
+            tokens, margin = counter.count_and_margin(s.context)
+            s.rate = max(0.0, margin / tokens if tokens > 0 else counter.margin_rate)
+        return s.rate
+
     def busy(self, session_id: str) -> bool:
         """A compaction (or a state write) of the session is running in this process."""
         entry = self._locks.get(session_id)
@@ -298,14 +327,24 @@ class Compactor:
     def over_threshold(self, s: Situation) -> bool:
         """Estimate + margin at or over the trigger. A crossing that only the margin makes is
         honoured once the context grew a hysteresis band since the last compaction: the margin is
-        doubt about the estimate, and it must not make compactions re-fire inside the band."""
+        doubt about the estimate, and it must not make compactions re-fire inside the band.
+        A crossing of the size guard's budget is always honoured: served, the view's real count
+        could pass ``window - reserve`` (issue #14's soak: by up to the margin, inside the band).
+        ``aim`` keeps such crossings out of the band wherever the hard-truncate level allows."""
         b = self.bounds(s.profile)
         if s.view_tokens >= b.trigger:
             return True
         if s.view_tokens + s.margin < b.trigger:
             return False
+        if self._at_budget(s):
+            return True
         last_after = s.state.extra.get(_LAST_AFTER)
         return last_after is None or s.view_tokens - int(last_after) >= b.band
+
+    @staticmethod
+    def _at_budget(s: Situation) -> bool:
+        """Estimate + margin at or over the size guard's budget (``window - reserve``)."""
+        return s.view_tokens + s.margin >= s.profile.context_window - s.profile.output_reserve
 
     def _flush_due(self, s: Situation, state: EngineState) -> bool:
         """The memory flush is due once per cycle, when the view grows past the soft threshold.
@@ -368,9 +407,10 @@ class Compactor:
         last_after = s.state.extra.get(_LAST_AFTER)
         if last_after is None or s.reason is Reason.FORCED:
             return False
-        if s.view_tokens > s.profile.context_window - s.profile.output_reserve:
-            # Refusing would fail the turn with CONTEXT_TOO_LARGE: another compaction, down to its
-            # hard-truncation fallback, is always better than that (issue #14's soak).
+        if self._at_budget(s):
+            # Refusing would fail the turn with CONTEXT_TOO_LARGE, or serve a view whose real count
+            # may pass the budget: another compaction, down to its hard-truncation fallback, is
+            # always better than that (issue #14's soak).
             return False
         b = self.bounds(s.profile)
         band = b.band if self.over_threshold(s) else b.trigger - b.goal
@@ -405,7 +445,7 @@ class Compactor:
     def _kept_target(self, s: Situation) -> float:
         """The share of the window the kept rows may use, so that kept + summary + prompt <= goal."""
         p = s.profile
-        room = self.bounds(p).goal - s.fixed_tokens - self._summary_reserve(p)
+        room = self.aim(s).goal - s.fixed_tokens - self._summary_reserve(p)
         return max(self._settings.summarizer.min_kept_fraction, room / p.context_window)
 
     # -- running ------------------------------------------------------------------------------
@@ -483,7 +523,7 @@ class Compactor:
     def _clearing(self, s: Situation, plan: CompactionPlan) -> ClearedToolResults:
         c = s.profile.compression
         count = self.counter(s.profile)
-        goal = int(self.bounds(s.profile).goal) - s.fixed_tokens
+        goal = int(self.aim(s).goal) - s.fixed_tokens
         return clear_old_tool_results(
             s.context,
             plan.keep_from,
@@ -498,7 +538,7 @@ class Compactor:
     ) -> tuple[CompressionReport | None, ClearedToolResults]:
         """Commit the clearing when it reaches the target; else hand back what it would clear."""
         cleared = self._clearing(s, plan)
-        goal = int(self.bounds(s.profile).goal) - s.fixed_tokens
+        goal = int(self.aim(s).goal) - s.fixed_tokens
         if not cleared.cleared or cleared.tokens_after > goal:
             return None, cleared  # clearing alone does not reach the target: summarize instead
         return await self._commit_clearing(s, plan, cleared), cleared
@@ -755,7 +795,7 @@ class Compactor:
         if s.reason is Reason.FORCED:
             before = s.view_tokens
             return after <= before * (1 - self._settings.summarizer.forced_min_shrink)
-        return after <= self.bounds(s.profile).limit
+        return after <= self.aim(s).limit
 
     def _breadcrumbs(self, keys: Sequence[str], dropped: Sequence[Message]) -> list[str]:
         cfg = self._settings.summarizer

@@ -189,9 +189,10 @@ class Engine:
             # A build never waits on another compaction's summarizer past ``build_wait_seconds``.
             wait = self.settings.hot_path.build_wait_seconds
             await self.compactor.maybe_memory_flush(situation, wait=wait)
-            fits = self._fits(effective, built)
-            # When a compaction of this session is already running and the current view fits, it is
-            # served now rather than after that compaction's summarizer.
+            fits = self._fits_with_margin(built)
+            # When a compaction of this session is already running and the current view fits (with
+            # its margin: else its real count may not), it is served now rather than after that
+            # compaction's summarizer.
             # Two rounds at most: when another compaction committed while this one waited for the
             # lock, what it left (planned before this turn's messages) is judged again, and
             # compressed here if it still does not fit, rather than failing the turn.
@@ -222,10 +223,26 @@ class Engine:
                     break
                 session, context = await self._consistent_context(fresh, caller)
                 built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
-                fits = self._fits(effective, built)
+                fits = self._fits_with_margin(built)
                 if report is not None or fits:
                     break
                 situation = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
+        if built.estimate.over_budget and auto_compress and effective.compression.enabled:
+            # Served with a notice: its real count may pass the budget. Say why it was not compressed.
+            judged = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
+            log.info(
+                "view over the budget by its margin",
+                extra={
+                    "session_id": sid,
+                    "estimate": built.estimate.total,
+                    "margin": built.estimate.margin,
+                    "over_threshold": self.compactor.over_threshold(judged),
+                    "loop_guarded": self.compactor.loop_guarded(judged),
+                    "busy": self.compactor.busy(sid),
+                    "compressed": report is not None and report.compressed,
+                    "refused": str(report.refused) if report is not None and report.refused else "",
+                },
+            )
         if not self._fits(effective, built):
             # The turn is about to fail with CONTEXT_TOO_LARGE: say what was decided, and why.
             log.warning(
@@ -253,6 +270,11 @@ class Engine:
     @staticmethod
     def _fits(profile: EffectiveProfile, built: Assembled) -> bool:
         return too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens) is None
+
+    @staticmethod
+    def _fits_with_margin(built: Assembled) -> bool:
+        """Estimate + margin within the size guard's budget: the real count fits too."""
+        return not built.estimate.over_budget
 
     async def _consistent_context(self, session: SessionInfo, caller: Principal) -> tuple[SessionInfo, list[Message]]:
         """The context and a session state that belong together.

@@ -213,6 +213,12 @@ class Rig:
     def window(self) -> int:
         return self.settings.profiles["default"].context_window
 
+    @property
+    def reserve(self) -> int:
+        """The reply reserve the size guard takes off the window (capped at window / 4)."""
+        profile = self.settings.profiles["default"]
+        return min(profile.output_reserve_tokens or 0, profile.context_window // 4)
+
     def sized(self, tokens: int, *, prefix: str = "", role: Role = Role.TOOL) -> str:
         """Text that, as one ``role`` message, costs about ``tokens`` (fallback pricing, model ``m``)."""
 
@@ -397,6 +403,8 @@ class AgentLoop:
     compressed_views: list[tuple[int, BuiltView]] = field(default_factory=list)
     #: estimates of the context measured right after each compaction, in event order.
     after_estimates: list[int] = field(default_factory=list)
+    #: their margins (triggers and the hysteresis band are on estimate + margin).
+    after_margins: list[int] = field(default_factory=list)
     on_view: Callable[[BuiltView], None] | None = None
     _n: int = 0
     _results: int = 0
@@ -416,7 +424,11 @@ class AgentLoop:
         """Wait for the post-turn check; measure the context if it compressed."""
         assert await self.rig.engine.post_turn.drain(30)
         if self._compactions() > seen:
-            self.after_estimates.append(await self.rig.estimate(self.sid, self.profile))
+            est = await self.rig.engine.estimate_tokens(
+                ANONYMOUS, model="", messages=(), session_id=self.sid, profile=self.profile
+            )
+            self.after_estimates.append(est.total)
+            self.after_margins.append(est.margin)
 
     async def _build(self, turn: int, incoming: IncomingMessage | None, *, mid_turn: bool) -> BuiltView:
         seen = self._compactions()
@@ -429,6 +441,7 @@ class AgentLoop:
             assert view.compression is not None and view.compression.compressed
             self.compressed_views.append((turn, view))
             self.after_estimates.append(view.estimate.total)
+            self.after_margins.append(view.estimate.margin)
         if self.baselines:
             seen = self._compactions()
             await self.rig.baseline(self.sid, view)  # schedules a post-turn check too

@@ -42,7 +42,9 @@ def check_hysteresis(
     rig: Rig, sid: str, loop: AgentLoop, *, threshold: float, target: float, trigger: float | None = None
 ) -> int:
     """Every automatic compaction fired over the trigger (``threshold x window`` unless given),
-    reached the target, and the next one came only after a band of growth."""
+    reached the target, and the next one came only after a band of growth. One the margin alone
+    started at the size guard's budget (its real count could pass it) is honoured inside the
+    band, but only the margin may have made up the difference: growth >= band - margin."""
     window = rig.window
     trigger = threshold * window if trigger is None else trigger
     done = _payloads(rig, sid, "context_compressed")
@@ -58,7 +60,9 @@ def check_hysteresis(
         assert loop.after_estimates[k] <= target * window, (k, loop.after_estimates[k])
         if k:
             growth = p["context_tokens_before"] - loop.after_estimates[k - 1]
-            assert growth >= band, f"compaction {k} after only {growth} tokens of growth (band {band})"
+            at_budget = p["context_tokens_before"] + p["margin"] >= rig.window - rig.reserve
+            least = band - p["margin"] if at_budget else band
+            assert growth >= least, f"compaction {k} after only {growth} tokens of growth (band {band})"
     return len(done)
 
 
@@ -75,9 +79,11 @@ async def _loop(rig: Rig, *, turns: int, seed: int, **kw: Any) -> tuple[str, Age
 @pytest.mark.parametrize(
     ("seed", "background", "triggers"),
     [
-        (1, True, {"postturn"}),  # baselines and turn_complete: the post-turn worker does most of it
-        # With estimate + margin a build (pre- or mid-turn) can cross the trigger before the background
-        # post-turn check runs: which one gets there first on this seed depends on scheduling.
+        # Baselines and turn_complete: the post-turn worker checks after every baseline. With
+        # estimate + margin a build (pre- or mid-turn, which sees the new tool output first) can
+        # cross the trigger before it: which one gets there first depends on the seed and on
+        # scheduling (since compactions aim estimate + margin at the goal, mostly the build).
+        (1, True, set()),
         (2, True, set()),
         (3, False, {"preturn", "midturn"}),  # no post-turn checks: BuildContext compresses
     ],
@@ -269,7 +275,8 @@ async def test_the_loop_guard_never_fails_a_turn_another_compaction_would_fit() 
             view = await rig.build(sid, profile=profile)  # every turn served: no ContextTooLarge
             assert view.estimate.total <= budget
         second = _payloads(rig, sid, "context_compressed")[1]
-        assert second["context_tokens_before"] > budget
+        # the budget was crossed (by estimate + margin: the real count could pass it)
+        assert second["context_tokens_before"] + second["margin"] >= budget
         assert second["context_tokens_before"] - after < band  # inside the band: once refused
         assert "loop_guard" not in [p["reason"] for p in _payloads(rig, sid, "compression_refused")]
     finally:
@@ -278,8 +285,10 @@ async def test_the_loop_guard_never_fails_a_turn_another_compaction_would_fit() 
 
 async def test_loop_guard_after_one_enormous_turn() -> None:
     """One turn whose newest tool group alone is over the target, its results critical (never
-    cleared, never cut short by a summary): the compaction cannot reach the target."""
-    rig = await Rig.start()
+    cleared, never cut short by a summary): the compaction cannot reach the target. No reply
+    reserve: this cold session's estimate + margin stays under the size guard's budget (a crossing
+    of the budget is always honoured), so the loop guard alone decides."""
+    rig = await Rig.start(reserve=0)
     profile = overrides(threshold=0.7, target=0.3)
     try:
         sid = await rig.session()
