@@ -51,6 +51,15 @@ class ViewMemo(Generic[T]):
         self.hits += 1
         return entry[3]
 
+    def same_rows(self, session_id: str, context: Sequence[Message]) -> tuple[Hashable, T] | None:
+        """The session's kept ``(key, view)`` when it was built from exactly these rows (whatever
+        its key): a view whose other inputs changed may be re-priced instead of rebuilt."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+        if entry is None or entry[1] != self._ids(context):
+            return None
+        return entry[0], entry[3]
+
     def put(self, session_id: str, key: Hashable, context: Sequence[Message], value: T) -> None:
         if self._max_sessions <= 0:
             return

@@ -125,6 +125,9 @@ class Assembled:
     #: the same list object for every build that reuses this view, so the API adapter can reuse
     #: its encoding too.
     plain: list[ViewMessage] | None = None
+    #: what the estimate priced (system prompt, records, conversation, incoming), kept when the
+    #: view may be re-priced with another calibration or baseline without being assembled again.
+    parts: tuple[str, list[Message], list[Message], list[Message]] | None = None
 
 
 class ViewService:
@@ -194,9 +197,53 @@ class ViewService:
             return self._assemble(profile, context, incoming, state, counter)
         built = self._memo.get(session_id, key, context)
         if built is None:
-            built = self._assemble(profile, context, incoming, state, counter)
+            kept = self._memo.same_rows(session_id, context)
+            # Only the calibration or the baseline changed (the last two fields of the key).
+            if kept is not None and isinstance(kept[0], tuple) and kept[0][:-2] == key[:-2]:
+                built = self._repriced(profile, kept[1], state, counter)
+            if built is None:
+                built = self._assemble(profile, context, incoming, state, counter)
             self._memo.put(session_id, key, context, built)
         return built
+
+    def _repriced(
+        self, profile: EffectiveProfile, kept: Assembled, state: EngineState, counter: TextCounter
+    ) -> Assembled | None:
+        """``kept`` (assembled from the same rows and profile) priced with another counter or
+        baseline, or None when the new price could change which rows the view holds.
+
+        When nothing was cut and no message carries an image, the rows depend on the counter only
+        through one check: the whole view fits one message's budget (then no message is cut). If it
+        still does, the rows, segments, notices, sizes and the messages to send are ``kept``'s, and
+        only the estimate is priced again: a baseline refits the calibration, and the post-turn
+        check (or the next build) need not assemble the view again (issue #15)."""
+        parts = kept.parts
+        if parts is None or not _additive(counter):
+            return None
+        if counter.count_messages(kept.rows) > profile.per_message_budget:
+            return None
+        return dataclasses.replace(kept, estimate=self._estimate(profile, parts, state, counter))
+
+    def _estimate(
+        self,
+        profile: EffectiveProfile,
+        parts: tuple[str, list[Message], list[Message], list[Message]],
+        state: EngineState,
+        counter: TextCounter,
+    ) -> TokenEstimate:
+        system, records, context, incoming = parts
+        baseline = state.baseline
+        return estimate(
+            counter=counter,
+            window=profile.context_window,
+            reserve=profile.output_reserve_tokens,
+            system=system,
+            records=records,
+            context=context,
+            incoming=incoming,
+            baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
+            image_fallback=self._settings.tokens.image_tokens_fallback,
+        )
 
     def forget(self, session_id: str) -> None:
         """Drop the session's reused view (and the rows it holds): the files store calls this
@@ -249,22 +296,17 @@ class ViewService:
         by_segment: dict[Segment, list[Message]] = {s: [] for s in Segment}
         for m, seg in zip(rows, segments, strict=True):
             by_segment[seg].append(m)
-        baseline = state.baseline
-        est = estimate(
-            counter=counter,
-            window=profile.context_window,
-            reserve=profile.output_reserve_tokens,
-            system=by_segment[Segment.SYSTEM][0].content if by_segment[Segment.SYSTEM] else "",
-            records=by_segment[Segment.RECORDS],
-            context=[
+        parts = (
+            by_segment[Segment.SYSTEM][0].content if by_segment[Segment.SYSTEM] else "",
+            by_segment[Segment.RECORDS],
+            [
                 m
                 for m, seg in zip(rows, segments, strict=True)
                 if seg not in (Segment.SYSTEM, Segment.RECORDS, Segment.INCOMING)
             ],
-            incoming=by_segment[Segment.INCOMING],
-            baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
-            image_fallback=tokens.image_tokens_fallback,
+            by_segment[Segment.INCOMING],
         )
+        est = self._estimate(profile, parts, state, counter)
         had_images = any(m.images for m in rows)
         plain = None
         if not had_images:
@@ -284,6 +326,9 @@ class ViewService:
             last_sequence=max((m.sequence_number for m in context), default=0),
             had_images=had_images,
             plain=plain,
+            # Re-priceable (``_repriced``): the whole view fitted the per-message budget, so nothing
+            # was cut, and no message carries an image (the image budget changed nothing).
+            parts=parts if whole_fits and not any(m.images for m in view.messages) else None,
         )
 
     async def finish(

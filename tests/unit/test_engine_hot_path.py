@@ -201,3 +201,74 @@ async def test_forgetting_a_session_drops_its_saved_view_record_too() -> None:
     after = await _build(engine, sid)
     assert after.view_id != first.view_id and store.saved == 2
     assert [v.message.content for v in after.messages] == [v.message.content for v in first.messages]
+
+
+def _counter(engine: Engine, scale: float) -> Any:
+    """The model's counter with every weight scaled: a refitted calibration, as far as a view can tell."""
+    import dataclasses
+
+    from contextsvc.core.tokens import CalibratedCounter
+
+    cal = engine.accounting._registry.calibration("hp")
+    return CalibratedCounter(dataclasses.replace(cal, weights=tuple(w * scale for w in cal.weights)))
+
+
+def test_a_new_calibration_reprices_the_kept_view_exactly_as_a_fresh_assembly() -> None:
+    async def run() -> None:
+        engine, store = await _engine(_settings())
+        sid = await _session(engine, 12)
+        first = await _build(engine, sid)
+        session = await store.get_session(sid, caller=ANONYMOUS)
+        profile = await engine._profile_for(session, None)
+        context = await store.load_context(sid, caller=ANONYMOUS)
+        views = engine.views
+        kept = views.assemble(profile, context, None, EngineState.of(session), session_id=sid)
+        assert kept.parts is not None
+        for scale in (0.5, 0.97, 1.03, 2.0):
+            counter = _counter(engine, scale)
+            again = views._repriced(profile, kept, EngineState.of(session), counter)
+            fresh = views._assemble(profile, context, None, EngineState.of(session), counter)
+            assert again is not None
+            assert again.estimate == fresh.estimate
+            assert again.estimate != kept.estimate
+            assert (again.rows, again.segments, again.truncated, again.notices) == (
+                fresh.rows,
+                fresh.segments,
+                fresh.truncated,
+                fresh.notices,
+            )
+            assert (again.chars, again.features, again.last_sequence) == (
+                fresh.chars,
+                fresh.features,
+                fresh.last_sequence,
+            )
+            assert again.plain is kept.plain  # the same messages to send: their encoding is reused
+        # A price at which the whole view no longer fits one message's budget may cut messages:
+        # the view is assembled again, never re-priced.
+        assert views._repriced(profile, kept, EngineState.of(session), _counter(engine, 500.0)) is None
+        assert first.messages is kept.plain
+
+    asyncio.run(run())
+
+
+def test_a_baseline_reprices_the_view_for_the_post_turn_check_and_the_next_build() -> None:
+    async def run() -> None:
+        engine, store = await _engine(_settings())
+        sid = await _session(engine, 12)
+        first = await _build(engine, sid)
+        await engine.record_baseline(ANONYMOUS, sid, view_id=first.view_id, prompt_tokens=first.estimate.total + 7)
+        assert await engine.post_turn.drain(5.0)
+        second = await _build(engine, sid)
+        assert second.messages is first.messages  # re-priced, not assembled again
+        assert second.estimate.method is EstimateMethod.BASELINE_DELTA
+        assert second.estimate.total == first.estimate.total + 7
+        session = await store.get_session(sid, caller=ANONYMOUS)
+        profile = await engine._profile_for(session, None)
+        context = await store.load_context(sid, caller=ANONYMOUS)
+        counter = engine.accounting.counter(profile.model)
+        assert (
+            second.estimate == engine.views._assemble(profile, context, None, EngineState.of(session), counter).estimate
+        )
+        await engine.close()
+
+    asyncio.run(run())
