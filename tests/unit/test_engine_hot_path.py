@@ -272,3 +272,36 @@ def test_a_baseline_reprices_the_view_for_the_post_turn_check_and_the_next_build
         await engine.close()
 
     asyncio.run(run())
+
+
+def test_concurrent_baselines_of_a_model_share_one_refit_and_each_sees_its_own() -> None:
+    from contextsvc.core.calibration import Observation
+    from contextsvc.core.priors import N_FEATURES
+    from contextsvc.engine.accounting import TokenAccounting
+
+    class ReadCounting(MemoryStore):
+        reads = 0
+
+        async def list_calibration_observations(self, model: str, *, limit: int) -> Any:
+            self.reads += 1
+            return await super().list_calibration_observations(model, limit=limit)
+
+    def obs(k: int) -> Observation:
+        features = tuple(float(100 + k) if j < 3 else 1.0 for j in range(N_FEATURES))
+        return Observation(chars=300 + 3 * k, tokens=200 + k, features=features, residual=0.01)
+
+    async def run() -> None:
+        settings = _settings()
+        store = ReadCounting(settings)
+        await store.open()
+        accounting = TokenAccounting(store, settings)
+        await accounting.ensure_loaded("hp")
+        store.reads = 0
+        fits = await asyncio.gather(*(accounting.observe("hp", obs(k)) for k in range(5)))
+        assert store.reads == 1  # one read and one fit for the five
+        assert [c.observations for c in fits] == [5] * 5  # each holds its own observation
+        one_by_one = [(await accounting.observe("hp", obs(k))).observations for k in range(5, 8)]
+        assert one_by_one == [6, 7, 8]
+        assert store.reads == 4
+
+    asyncio.run(run())
