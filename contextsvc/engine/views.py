@@ -11,7 +11,7 @@ from typing import Any
 
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation, lower_bound
-from contextsvc.core.messages import Message
+from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import N_FEATURES
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
@@ -197,10 +197,15 @@ class ViewService:
             return self._assemble(profile, context, incoming, state, counter)
         built = self._memo.get(session_id, key, context)
         if built is None:
-            kept = self._memo.same_rows(session_id, context)
-            # Only the calibration or the baseline changed (the last two fields of the key).
+            kept = self._memo.prefix_of(session_id, context)
+            # Same profile fields: only the calibration or the baseline (the last two fields of the
+            # key) may have changed, and rows may have been appended.
             if kept is not None and isinstance(kept[0], tuple) and kept[0][:-2] == key[:-2]:
-                built = self._repriced(profile, kept[1], state, counter)
+                _, n, view = kept
+                if n == len(context):
+                    built = self._repriced(profile, view, state, counter)
+                else:
+                    built = self._extended(profile, view, context[:n], context[n:], state, counter)
             if built is None:
                 built = self._assemble(profile, context, incoming, state, counter)
             self._memo.put(session_id, key, context, built)
@@ -223,6 +228,58 @@ class ViewService:
         if counter.count_messages(kept.rows) > profile.per_message_budget:
             return None
         return dataclasses.replace(kept, estimate=self._estimate(profile, parts, state, counter))
+
+    def _extended(
+        self,
+        profile: EffectiveProfile,
+        kept: Assembled,
+        before: Sequence[Message],
+        added: Sequence[Message],
+        state: EngineState,
+        counter: TextCounter,
+    ) -> Assembled | None:
+        """``kept`` (the view of ``before``) with the rows ``added`` to its context since, or None
+        when they could change what the view holds of the rows before them.
+
+        A user message ends every tool-call run, so when the added rows start with one, are not
+        records, carry no image and are legal on their own (``build_view`` keeps them unchanged),
+        and the kept context's last conversation row is no assistant with calls (the pending call
+        that a newer row would leave unanswered), the legal view of the whole is the kept view
+        followed by the added rows (``core.legal``). Nothing is cut when the whole still fits one
+        message's budget. Then only the added rows are measured, and the view is priced again."""
+        parts = kept.parts
+        if parts is None or not added or not _additive(counter) or added[0].role is not Role.USER:
+            return None
+        system, records, conversation, incoming = parts
+        last = next((m for m in reversed(before) if m.role is not Role.SYSTEM), None)
+        if last is not None and last.tool_calls:
+            return None
+        if any(m.role is Role.SYSTEM or m.images for m in added):
+            return None
+        tail = build_view("", (), added)
+        if len(tail.messages) != len(added) or any(a is not b for a, b in zip(tail.messages, added, strict=True)):
+            return None
+        rows = [*kept.rows, *added]
+        if counter.count_messages(rows) > profile.per_message_budget:
+            return None
+        new_parts = (system, records, [*conversation, *added], incoming)
+        features = messages_features(added)
+        plain = kept.plain
+        return Assembled(
+            rows=rows,
+            segments=[*kept.segments, *tail.segments],
+            truncated=[*kept.truncated, *([False] * len(added))],
+            estimate=self._estimate(profile, new_parts, state, counter),
+            notices=list(kept.notices),
+            chars=kept.chars + messages_chars(added),
+            features=tuple(a + float(b) for a, b in zip(kept.features, features, strict=True)),
+            last_sequence=max(kept.last_sequence, *(m.sequence_number for m in added)),
+            had_images=False,
+            plain=None
+            if plain is None
+            else [*plain, *(ViewMessage(message=m, image_data=(), truncated=False, stored=True) for m in added)],
+            parts=new_parts,
+        )
 
     def _estimate(
         self,

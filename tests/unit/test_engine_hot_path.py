@@ -305,3 +305,110 @@ def test_concurrent_baselines_of_a_model_share_one_refit_and_each_sees_its_own()
         assert store.reads == 4
 
     asyncio.run(run())
+
+
+_ROW_KINDS = ["user", "answer", "call", "result", "orphan", "record", "note", "pinned", "call_text"]
+
+
+def _row(kind: str, k: int, words: int) -> Message:
+    from contextsvc.core.messages import Flags, ToolCall
+
+    text = " ".join(f"w{(k * 5 + i) % 41}" for i in range(words))
+    if kind == "user":
+        return Message(role=Role.USER, content=f"ask {k} {text}")
+    if kind == "answer":
+        return Message(role=Role.ASSISTANT, content=f"answer {k} {text}")
+    if kind == "call":
+        return Message(
+            role=Role.ASSISTANT, content="", tool_calls=(ToolCall(id=f"c{k}", name="read", arguments_json="{}"),)
+        )
+    if kind == "result":
+        return Message(role=Role.TOOL, tool_call_id=f"c{k - 1}", content=f"result {text}")
+    if kind == "orphan":
+        return Message(role=Role.TOOL, tool_call_id="nobody", content=f"orphan {text}")
+    if kind == "record":
+        return Message(role=Role.SYSTEM, content=f"note {text}", metadata={"source": "task_note"})
+    if kind == "note":
+        return Message(role=Role.SYSTEM, content=f"hidden {text}", metadata={"source": "other"})
+    if kind == "pinned":
+        return Message(role=Role.USER, content=f"pinned {text}", flags=Flags(is_pinned=True))
+    return Message(
+        role=Role.ASSISTANT,
+        content=f"calling {text}",
+        tool_calls=(ToolCall(id=f"c{k}", name="x", arguments_json="{}"),),
+    )
+
+
+def _row_batches() -> Any:
+    from hypothesis import strategies as st
+
+    row = st.tuples(st.sampled_from(_ROW_KINDS), st.integers(0, 120))
+    turn = st.tuples(st.sampled_from(["user", "pinned"]), st.integers(0, 120))
+    # Anything, or a turn: a user row first (what can extend the kept view), then anything.
+    batch = st.one_of(
+        st.lists(row, min_size=1, max_size=5),
+        st.builds(lambda first, rest: [first, *rest], turn, st.lists(row, max_size=4)),
+        st.builds(
+            lambda n, kinds: [(kind, n) for kind in kinds],
+            st.integers(0, 120),
+            st.sampled_from([["user", "answer"], ["user", "call", "result", "answer"], ["pinned", "call", "result"]]),
+        ),
+    )
+    return st.lists(st.tuples(batch, st.sampled_from([0.0, 1.0, 1.04, 3.0])), min_size=1, max_size=10)
+
+
+def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> None:
+    """Random appends (tool calls left pending, orphans, records, pinned rows, calls with text) and
+    refits: the view built through the kept one (extended, re-priced or
+    assembled again) equals the view assembled from scratch, field by field."""
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+    from hypothesis import strategies as st
+
+    from contextsvc.core.tokens import CalibratedCounter
+
+    @hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_row_batches(), st.sampled_from([0, 900]))
+    def check(batches: list[tuple[list[tuple[str, int]], float]], budget: int) -> None:
+        async def run() -> None:
+            # A small per-message budget, so that some views are cut (and never extended).
+            settings = Settings(
+                profiles={"default": ProfileConfig(model="hp", context_window=200_000, message_token_budget=budget)},
+                store="memory",
+            )
+            engine, store = await _engine(settings)
+            sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
+            views = engine.views
+            k = 0
+            for rows, scale in batches:
+                batch = []
+                for kind, words in rows:
+                    k += 1
+                    batch.append(IncomingMessage(_row(kind, k, words)))
+                await engine.append(ANONYMOUS, sid, batch, request_id="", turn_complete=False)
+                session = await store.get_session(sid, caller=ANONYMOUS)
+                profile = await engine._profile_for(session, None)
+                context = await store.load_context(sid, caller=ANONYMOUS)
+                counter = engine.accounting.counter("hp")
+                if scale:
+                    assert isinstance(counter, CalibratedCounter)
+                    counter = _counter(engine, scale)
+                    engine.accounting.counter = lambda model, c=counter: c  # type: ignore[method-assign]
+                state = EngineState.of(session)
+                got = views.assemble(profile, context, None, state, session_id=sid)
+                fresh = views._assemble(profile, context, None, state, counter)
+                for field in ("rows", "segments", "truncated", "estimate", "notices", "chars", "features"):
+                    assert getattr(got, field) == getattr(fresh, field), field
+                assert [(v.message, v.truncated, v.stored) for v in got.plain or []] == [
+                    (v.message, v.truncated, v.stored) for v in fresh.plain or []
+                ]
+                assert (got.last_sequence, got.had_images, got.parts) == (
+                    fresh.last_sequence,
+                    fresh.had_images,
+                    fresh.parts,
+                )
+            await engine.close()
+
+        asyncio.run(run())
+
+    check()
