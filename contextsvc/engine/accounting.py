@@ -53,10 +53,11 @@ class TokenAccounting:
 
         Concurrent baselines of one model share a refit: after writing, the call yields once to
         let baselines already waiting write theirs, and reads (and fits) again only if no read
-        began after its own write did; the calibration it returns always holds its observation."""
+        began after its own write did; the calibration it returns always holds its observation.
+        Other requests meanwhile price with the calibration as it was before this baseline (as if
+        they had come first) rather than each refitting it."""
         await self._store.add_calibration_observation(model, observation)
         written = self._written[model] = self._written.get(model, 0) + 1
-        self._loaded_at.pop(model, None)
         await asyncio.sleep(0)
         if self._read_upto.get(model, 0) < written:
             self._loaded_at.pop(model, None)
