@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from contextsvc.config import HotPathSettings, ProfileConfig, Settings
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import ProfileOverrides
@@ -15,6 +17,7 @@ from contextsvc.core.tokens import EstimateMethod
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage
+from contextsvc.errors import NotFound
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
 from contextsvc.summarizers.registry import build_summarizers
@@ -412,3 +415,51 @@ def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> Non
         asyncio.run(run())
 
     check()
+
+
+def test_an_append_to_a_known_session_reads_no_session_and_a_recreated_one_is_priced_again() -> None:
+    class ReadCounting(MemoryStore):
+        reads = 0
+
+        async def get_session(self, session_id: str, *, caller: Any) -> Any:
+            self.reads += 1
+            return await super().get_session(session_id, caller=caller)
+
+    async def run() -> None:
+        settings = Settings(
+            profiles={
+                "default": ProfileConfig(model="hp", context_window=200_000),
+                "big": ProfileConfig(model="other", context_window=400_000),
+            },
+            store="memory",
+        )
+        store = ReadCounting(settings)
+        await store.open()
+        engine = Engine(
+            store=store,
+            bus=MemoryEventBus(retention=100),
+            settings=settings,
+            clock=TickingClock(),
+            summarizers=build_summarizers(settings),
+        )
+        sid = (await engine.sessions.create(ANONYMOUS, profile_id="default", name="", metadata={})).id
+        row = [IncomingMessage(Message(role=Role.USER, content="hello there"))]
+        first = await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        reads = store.reads
+        second = await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        assert store.reads == reads  # no session read
+        assert second.window_fraction == first.window_fraction * 2
+        # Deleted and created again under the same id with another profile (as another replica would).
+        await store.delete_session(sid, caller=ANONYMOUS)
+        await store.create_session(caller=ANONYMOUS, profile_id="big", session_id=sid)
+        third = await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        assert third.sequence_numbers == [1]
+        assert third.window_fraction == third.context_tokens / 400_000  # priced for the new profile
+        (stored,) = await store.get_messages(sid, caller=ANONYMOUS, first=1, last=1)
+        assert stored.token_count == engine.accounting.message_tokens("other", stored)
+        await store.delete_session(sid, caller=ANONYMOUS)
+        with pytest.raises(NotFound):
+            await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        await engine.close()
+
+    asyncio.run(run())
