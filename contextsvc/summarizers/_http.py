@@ -9,17 +9,56 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
-from typing import Any
-
-import httpx
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from contextsvc.ports import SummarizerError
 
-__all__ = ["HttpEndpoint", "data_url", "mime_type_of", "require_text", "snippet", "strip_thinking"]
+if TYPE_CHECKING:
+    # Imported when first used (``_with_retries``), not with this module: importing httpx is
+    # ~0.15 s of every start, and most services never summarize over HTTP.
+    import httpx
+
+__all__ = ["HttpEndpoint", "SharedClient", "data_url", "mime_type_of", "require_text", "snippet", "strip_thinking"]
 
 _SNIPPET_CHARS = 300
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.S | re.I)
 _SPACES = re.compile(r"\s+")
+
+
+class SharedClient:
+    """The one ``httpx.AsyncClient`` the HTTP summarizers share, made when first needed: making one
+    imports httpcore and loads the CA bundle (about half a second of a server's start), which a
+    service whose profiles never call an HTTP summarizer should not pay."""
+
+    def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
+        self._make = make
+        self._client: httpx.AsyncClient | None = None
+        self._closed = False
+
+    @classmethod
+    def of(cls, client: httpx.AsyncClient | SharedClient) -> SharedClient:
+        """``client`` as a shared client (one given ready-made is used as is)."""
+        if isinstance(client, SharedClient):
+            return client
+        shared = cls(lambda: client)
+        shared._client = client
+        return shared
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed or (self._client is not None and self._client.is_closed)
+
+    def get(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = self._make()
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the client if it was made; none is made after this."""
+        self._closed = True
+        if self._client is not None:
+            await self._client.aclose()
 
 
 class HttpEndpoint:
@@ -35,7 +74,7 @@ class HttpEndpoint:
         self,
         *,
         who: str,
-        client: httpx.AsyncClient,
+        client: httpx.AsyncClient | SharedClient,
         url: str,
         headers: dict[str, str],
         timeout_seconds: float,
@@ -46,9 +85,9 @@ class HttpEndpoint:
     ) -> None:
         self.who = who
         self.url = url
-        self._client = client
+        self._client = SharedClient.of(client)
         self._headers = headers
-        self._timeout = httpx.Timeout(timeout_seconds, connect=connect_timeout_seconds)
+        self._connect_timeout_seconds = connect_timeout_seconds
         self._timeout_seconds = timeout_seconds
         self._total_timeout_seconds = total_timeout_seconds
         self._attempts = max_retries + 1
@@ -66,12 +105,16 @@ class HttpEndpoint:
             ) from None
 
     async def _with_retries(self, body: dict[str, Any]) -> Any:
+        import httpx
+
+        timeout = httpx.Timeout(self._timeout_seconds, connect=self._connect_timeout_seconds)
         last_problem = ""
         for attempt in range(self._attempts):
             if attempt:
                 await asyncio.sleep(self._backoff_seconds * 2 ** (attempt - 1))
             try:
-                response = await self._client.post(self.url, json=body, headers=self._headers, timeout=self._timeout)
+                client = self._client.get()
+                response = await client.post(self.url, json=body, headers=self._headers, timeout=timeout)
             except httpx.TimeoutException as exc:
                 last_problem = f"timed out ({type(exc).__name__}, {self._timeout_seconds:g}s per attempt)"
                 continue

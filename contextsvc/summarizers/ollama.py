@@ -9,14 +9,15 @@ base64 strings in the user message's ``images`` field when the endpoint is visio
 from __future__ import annotations
 
 import base64
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from contextsvc import telemetry
 from contextsvc.config import OllamaSummarizerConfig
 from contextsvc.ports import SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, require_text, snippet
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, require_text, snippet
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["OllamaSummarizer"]
 
@@ -26,7 +27,7 @@ class OllamaSummarizer:
 
     name = "ollama"
 
-    def __init__(self, config: OllamaSummarizerConfig, *, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: OllamaSummarizerConfig, *, client: httpx.AsyncClient | SharedClient) -> None:
         self.config = config
         self.vision = config.vision
         url = config.base_url.rstrip("/") + "/api/chat"

@@ -7,14 +7,15 @@ the images as data URLs when the endpoint is configured as vision-capable).
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from contextsvc import telemetry
 from contextsvc.config import OpenAISummarizerConfig
 from contextsvc.ports import SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, data_url, require_text, snippet
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, data_url, require_text, snippet
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["OpenAISummarizer"]
 
@@ -24,7 +25,7 @@ class OpenAISummarizer:
 
     name = "openai"
 
-    def __init__(self, config: OpenAISummarizerConfig, *, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: OpenAISummarizerConfig, *, client: httpx.AsyncClient | SharedClient) -> None:
         self.config = config
         self.vision = config.vision
         headers = {"Accept": "application/json"}

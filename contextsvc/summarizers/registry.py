@@ -2,26 +2,29 @@
 
 A profile names its summarizer (``compression.summarizer``); ``SUMMARIZERS`` maps every accepted
 name to a factory, and ``build_summarizers`` builds them all once per process over one shared
-``httpx.AsyncClient``, which ``SummarizerSet.close`` closes.
+``httpx.AsyncClient`` (made on first use), which ``SummarizerSet.close`` closes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-
-import httpx
+from typing import TYPE_CHECKING
 
 from contextsvc.config import Settings
 from contextsvc.errors import InvalidArgument
 from contextsvc.ports import Summarizer
+from contextsvc.summarizers._http import SharedClient
 from contextsvc.summarizers.extractive import ExtractiveSummarizer
 from contextsvc.summarizers.ollama import OllamaSummarizer
 from contextsvc.summarizers.openai import OpenAISummarizer
 
+if TYPE_CHECKING:
+    import httpx
+
 __all__ = ["SUMMARIZERS", "SummarizerFactory", "SummarizerSet", "build_summarizers"]
 
 #: builds one summarizer from the settings and the shared HTTP client.
-SummarizerFactory = Callable[[Settings, httpx.AsyncClient], Summarizer]
+SummarizerFactory = Callable[[Settings, SharedClient], Summarizer]
 
 SUMMARIZERS: dict[str, SummarizerFactory] = {
     "extractive": lambda settings, _client: ExtractiveSummarizer.from_settings(settings),
@@ -33,7 +36,7 @@ SUMMARIZERS: dict[str, SummarizerFactory] = {
 class SummarizerSet:
     """The built summarizers by name, and the HTTP client they share."""
 
-    def __init__(self, summarizers: Mapping[str, Summarizer], *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, summarizers: Mapping[str, Summarizer], *, client: SharedClient | None = None) -> None:
         self._summarizers = dict(summarizers)
         self._client = client
         self._closed = False
@@ -69,8 +72,8 @@ class SummarizerSet:
 
 
 def build_summarizers(settings: Settings, *, client: httpx.AsyncClient | None = None) -> SummarizerSet:
-    """Every registered summarizer, built over one shared client (made here unless given; the
-    set closes it either way). Fails with ``ValueError`` when a configured profile names a
+    """Every registered summarizer, built over one shared client (made on the first HTTP summary
+    unless given; the set closes it either way). Fails with ``ValueError`` when a configured profile names a
     summarizer that is not registered, so a typo stops the server at start, not at the first
     compression."""
     unknown = {
@@ -82,7 +85,16 @@ def build_summarizers(settings: Settings, *, client: httpx.AsyncClient | None = 
         raise ValueError(
             f"profiles name unknown summarizers ({', '.join(sorted(unknown))}); known: {', '.join(sorted(SUMMARIZERS))}"
         )
-    if client is None:
-        # Per-request timeouts come from each summarizer's config; none here so none is implied.
-        client = httpx.AsyncClient(timeout=None, follow_redirects=False, trust_env=settings.summarizer.http_trust_env)
-    return SummarizerSet({name: factory(settings, client) for name, factory in SUMMARIZERS.items()}, client=client)
+    if client is not None:
+        shared = SharedClient.of(client)
+    else:
+        trust_env = settings.summarizer.http_trust_env
+        shared = SharedClient(lambda: _new_client(trust_env))
+    return SummarizerSet({name: factory(settings, shared) for name, factory in SUMMARIZERS.items()}, client=shared)
+
+
+def _new_client(trust_env: bool) -> httpx.AsyncClient:
+    import httpx  # here, not at module level: a start that never summarizes over HTTP skips it
+
+    # Per-request timeouts come from each summarizer's config; none here so none is implied.
+    return httpx.AsyncClient(timeout=None, follow_redirects=False, trust_env=trust_env)

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from contextsvc.config import OllamaSummarizerConfig, OpenAISummarizerConfig, Settings, SummarizerSettings
@@ -282,3 +283,33 @@ async def test_one_client_shared_and_closed_once(fake: FakeLLM) -> None:
     await summarizers.close()  # idempotent
     with pytest.raises(SummarizerError, match="closed"):
         await summarizers.get("openai").summarize(_request())
+
+
+async def test_the_http_client_is_made_on_the_first_http_summary(fake: FakeLLM) -> None:
+    made: list[httpx.AsyncClient] = []
+    real = httpx.AsyncClient
+
+    class Counted(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(httpx, "AsyncClient", Counted)
+        summarizers = build_summarizers(_settings(fake.base_url))
+        await summarizers.get("extractive").summarize(_request())
+        assert made == []  # starting, or summarizing without HTTP, makes no client
+        await summarizers.get("openai").summarize(_request())
+        await summarizers.get("ollama").summarize(_request())
+        assert len(made) == 1  # one, shared
+        await summarizers.close()
+        assert made[0].is_closed
+
+
+async def test_closed_before_any_http_summary_makes_no_client(fake: FakeLLM) -> None:
+    summarizers = build_summarizers(_settings(fake.base_url))
+    await summarizers.close()
+    with pytest.raises(SummarizerError, match="closed"):
+        await summarizers.get("openai").summarize(_request())
+    assert summarizers._client is not None and summarizers._client._client is None
+    assert fake.requests() == []

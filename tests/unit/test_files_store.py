@@ -677,8 +677,14 @@ async def test_stale_temp_files_are_removed_on_open(root: Path) -> None:
     sid = await session_with(store, 1)
     await store.close()
     (root / "sessions" / f".{sid}.jsonl.deadbeef.tmp").write_bytes(b"half a rewrite")
+    # A read-only opener (maintain --dry-run beside a server) removes nothing: the owner may be mid-write.
+    reader = FilesStore(root, Settings(), read_only=True)
+    await reader.open()
+    assert (root / "sessions" / f".{sid}.jsonl.deadbeef.tmp").exists()
+    await reader.close()
     store = await opened(root)
     assert sorted(p.name for p in (root / "sessions").iterdir()) == [f"{sid}.jsonl", f"{sid}.jsonl.mark"]
+    assert (await store.get_session(sid, caller=ALICE)).last_sequence == 1
     await store.close()
 
 
