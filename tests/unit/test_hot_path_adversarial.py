@@ -296,3 +296,36 @@ def test_builds_through_the_kept_view_equal_builds_of_a_replica_without_it() -> 
         asyncio.run(run())
 
     check()
+
+
+async def test_a_build_after_another_replica_recreated_an_empty_session_names_a_view_it_can_baseline() -> None:
+    """Replica A built session s while it held no message (the view: the system prompt alone) and
+    keeps that view and its view record's id. Replica B deleted s and created it again under the
+    same id (same profile, same owner). A's next build of the still empty session hits its kept
+    view (no rows: the same row identities) and answers the kept view id without saving a record,
+    but the record was deleted with the old session: RecordBaseline of that id is VIEW_NOT_FOUND.
+    (Pre-existing: ``ViewMemo.get`` + ``ViewService._remember``, not new in wip/turn5.)"""
+    from contextsvc.core.profile import ProfileOverrides
+
+    settings = Settings(
+        profiles={"default": ProfileConfig(model="hp", context_window=200_000, system_prompt="You help.")},
+        store="memory",
+    )
+    store = MemoryStore(settings)
+    await store.open()
+    a, b = _engine(store, settings), _engine(store, settings)
+    sid = (await a.sessions.create(ALICE, profile_id="", name="", metadata={})).id
+
+    async def build() -> Any:
+        return await a.build_context(
+            ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+        )
+
+    await build()
+    await b.sessions.delete(ALICE, sid)
+    await store.create_session(caller=ALICE, profile_id="", session_id=sid)
+    view = await build()
+    result = await a.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 3)
+    assert result.recorded
+    await a.close()
+    await b.close()
