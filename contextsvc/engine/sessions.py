@@ -141,10 +141,11 @@ class SessionService:
         if len(request_id) > 128:
             raise InvalidArgument.field("request_id", "exceeds 128 characters")
         check_messages(incoming, self._limits)
-        # Without images (whose blobs are stored before the append) a session this process has
-        # appended to needs no read: the store's append checks what the read did (the session
-        # exists and is the caller's), and that its profile is still the one priced for.
-        known = None if any(item.images for item in incoming) else self._profiles.get(sid)
+        # A session this process has appended to needs no read: the store's append checks what the
+        # read did (the session exists and is the caller's) and that its profile is still the one
+        # priced for. Not with images (their blobs are stored before the append) nor pinned rows
+        # (capped by the session's window as it is now; the cap check reads the context anyway).
+        known = None if any(m.images or m.message.flags.is_pinned for m in incoming) else self._profiles.get(sid)
         try:
             return await self._append(
                 caller, sid, incoming, request_id=request_id, turn_complete=turn_complete, profile_id=known

@@ -7,6 +7,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from contextsvc.config import Settings
@@ -91,6 +92,9 @@ class _SavedView:
     built: Assembled
     epoch: int
     view_id: str
+    #: the session's create time: a session deleted and created again under the same id (by
+    #: another replica) lost the record with the old one, even when its rows look the same.
+    created: datetime | None
     others: int = 0
 
 
@@ -459,6 +463,8 @@ class ViewService:
         epoch = EngineState.of(session).epoch if anchor else -1
         keep = self._settings.tokens.views_kept_per_session
         saved = self._saved.get(session.id)
+        if saved is not None and saved.created != session.create_time:
+            saved = None
         if saved is not None and saved.built is built and saved.epoch == epoch and saved.others < keep - 1:
             self._saved.move_to_end(session.id)
             return saved.view_id
@@ -482,7 +488,7 @@ class ViewService:
             keep=keep,
         )
         if anchor and self._memo.holds(session.id, built):
-            self._saved[session.id] = _SavedView(built, epoch, view_id)
+            self._saved[session.id] = _SavedView(built, epoch, view_id, session.create_time)
             self._saved.move_to_end(session.id)
             while len(self._saved) > max(1, self._settings.hot_path.view_cache_sessions):
                 self._saved.popitem(last=False)

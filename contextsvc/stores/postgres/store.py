@@ -1107,11 +1107,11 @@ linked AS (
 )
 SELECT upd.*, NULL::bigint[] AS prior_numbers, NULL::text AS prior_fingerprint, false AS profile_changed FROM upd
 UNION ALL
-SELECT s.*, p.sequence_numbers, p.fingerprint, false FROM sessions s, prior p WHERE s.session_id = $1
+SELECT s.*, p.sequence_numbers, p.fingerprint, false FROM sessions s, prior p
+ WHERE s.session_id = $1 AND ($20::text IS NULL OR s.profile_id = $20)
 UNION ALL
 SELECT s.*, NULL, NULL, true FROM sessions s
  WHERE $20::text IS NOT NULL AND s.session_id = $1 AND (s.user_id = $9 OR $10) AND s.profile_id <> $20
-   AND NOT EXISTS (SELECT 1 FROM prior)
 """
 
 
