@@ -24,6 +24,11 @@ class Clock(Protocol):
     def now(self) -> datetime: ...
 
 
+class SessionProfileChanged(Exception):
+    """``append_messages`` with ``expected_profile_id``: the session has another profile (nothing
+    was appended). Not a client error: the engine reads the session and prices again."""
+
+
 @dataclass(slots=True, frozen=True)
 class ViewRecord:
     """What RecordBaseline needs to know about a view BuildContext returned, on any replica."""
@@ -152,8 +157,14 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         request_id: str = "",
         context_tokens_delta: int = 0,
         request_fingerprint: str = "",
+        expected_profile_id: str | None = None,
     ) -> AppendResult:
         """Assign the next gap-free sequence numbers and store ``messages`` atomically.
+
+        With ``expected_profile_id``, nothing is appended and ``SessionProfileChanged`` is raised
+        when the session's profile is another one (a session deleted and created again under the
+        same id, by another replica): the caller priced the messages for that profile without
+        reading the session first.
 
         A repeated non-empty ``request_id`` for the same session appends nothing and returns the
         first call's sequence numbers with ``replayed=True``. The ``request_fingerprint`` (a hash

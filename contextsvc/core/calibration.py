@@ -284,18 +284,20 @@ def _log_evidence(
     m = [[gram[keep[i]][keep[k]] for k in range(i + 1)] for i in range(n)]
     for i in range(n):
         m[i][i] += _TEXT_SIGMA**2 / max(weights[keep[i]], 1e-6)
-    # Cholesky: M = L L'; r' M^-1 r = |L^-1 r|^2, log det M = 2 sum log L_ii.
-    low = [[0.0] * n for _ in range(n)]
+    # Cholesky: M = L L'; r' M^-1 r = |L^-1 r|^2, log det M = 2 sum log L_ii. Row i of L grows
+    # one entry at a time, so ``map`` over it reads exactly its first k entries (no slices).
+    low: list[list[float]] = []
     for i in range(n):
-        for k in range(i + 1):
-            acc = m[i][k] - sum(map(mul, low[i][:k], low[k][:k]))
-            if i == k:
-                low[i][i] = math.sqrt(max(acc, 1e-300))
-            else:
-                low[i][k] = acc / low[k][k]
-    z = [0.0] * n
+        row: list[float] = []
+        mi = m[i]
+        for k in range(i):
+            lk = low[k]
+            row.append((mi[k] - sum(map(mul, row, lk))) / lk[k])
+        row.append(math.sqrt(max(mi[i] - sum(map(mul, row, row)), 1e-300)))
+        low.append(row)
+    z: list[float] = []
     for i in range(n):
-        z[i] = (r[i] - sum(map(mul, low[i][:i], z[:i]))) / low[i][i]
+        z.append((r[i] - sum(map(mul, low[i], z))) / low[i][i])
     return -0.5 * (sum(v * v for v in z) + 2 * sum(math.log(low[i][i]) for i in range(n)))
 
 
@@ -349,8 +351,8 @@ def _gram(rows: Sequence[Sequence[float]], sigma: Sequence[float]) -> tuple[_Mat
 @functools.lru_cache(maxsize=8)
 def _gram_of(rows: _Matrix, sigma: tuple[float, ...]) -> tuple[_Matrix, _Matrix]:
     s2 = [s * s for s in sigma]
-    scaled = tuple(tuple(map(mul, row, s2)) for row in rows)  # A S
-    return scaled, tuple(tuple(sum(map(mul, si, rk)) for rk in rows) for si in scaled)
+    scaled = tuple([tuple(map(mul, row, s2)) for row in rows])  # A S
+    return scaled, tuple([tuple([sum(map(mul, si, rk)) for rk in rows]) for si in scaled])
 
 
 def _map_solve(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -24,25 +25,68 @@ class TokenAccounting:
         # Least recently used first: models past max_cached_models are forgotten (and re-read
         # from the store when they come back), so arbitrary model names cannot grow memory.
         self._loaded_at: OrderedDict[str, float] = OrderedDict()
+        #: observations this process has written (all models; never reset, so eviction cannot
+        #: make an older read look newer), and per model the count as it was when the read whose
+        #: observations the cache holds began: that read holds every observation counted by then.
+        self._written = 0
+        self._applied: dict[str, int] = {}
+        #: one store read per model at a time: a request that needs one while another runs waits
+        #: for it and reads again only if that read began too early for it.
+        self._reads: dict[str, asyncio.Lock] = {}
 
     async def ensure_loaded(self, model: str) -> Calibration:
         """The model's calibration, re-read from the store when the cached copy is stale."""
-        loaded = self._loaded_at.get(model)
-        if loaded is None or time.monotonic() - loaded > self._tokens.calibration_refresh_seconds:
-            observations = await self._store.list_calibration_observations(model, limit=self._tokens.calibration_window)
-            self._registry.load(model, observations)
-            self._loaded_at[model] = time.monotonic()
-            while len(self._loaded_at) > self._tokens.max_cached_models:
-                evicted, _ = self._loaded_at.popitem(last=False)
-                self._registry.forget(evicted)
-        self._loaded_at.move_to_end(model)
+        if self._stale(model):
+            await self._refresh(model, self._written)
+        if model in self._loaded_at:
+            self._loaded_at.move_to_end(model)
         return self._registry.calibration(model)
 
     async def observe(self, model: str, observation: Observation) -> Calibration:
-        """Persist a baseline observation and refit from the store's newest observations."""
+        """Persist a baseline observation and refit from the store's newest observations.
+
+        Concurrent baselines of one model share a refit: after writing, the call yields once to
+        let baselines already waiting write theirs, then waits for any read of the model running,
+        and reads (and fits) again only if the cache does not hold a read that began after its own
+        write; the calibration it returns always holds its observation. Other requests meanwhile
+        price with the calibration as it was before this baseline (as if they had come first)
+        rather than each refitting it."""
         await self._store.add_calibration_observation(model, observation)
-        self._loaded_at.pop(model, None)
+        self._written += 1
+        mine = self._written
+        await asyncio.sleep(0)
+        if self._applied.get(model, -1) < mine:
+            await self._refresh(model, mine, force=True)
         return await self.ensure_loaded(model)
+
+    def _stale(self, model: str) -> bool:
+        loaded = self._loaded_at.get(model)
+        return loaded is None or time.monotonic() - loaded > self._tokens.calibration_refresh_seconds
+
+    async def _refresh(self, model: str, need: int, *, force: bool = False) -> None:
+        """Read the model's observations and fit, unless a read that began once ``need``
+        observations were written landed while this one waited (and the cache is fresh, or
+        ``force``: any such read holds what the caller wrote)."""
+        lock = self._reads.setdefault(model, asyncio.Lock())
+        async with lock:
+            if self._applied.get(model, -1) >= need and (force or not self._stale(model)):
+                return
+            began = self._written
+            observations = await self._store.list_calibration_observations(model, limit=self._tokens.calibration_window)
+            # Reads of a model are one at a time, but an eviction meanwhile drops the lock: a read
+            # that began before the one the cache holds stays out, so the cache never goes back.
+            if began >= self._applied.get(model, -1):
+                self._registry.load(model, observations)
+                self._applied[model] = began
+                self._loaded_at[model] = time.monotonic()
+                self._loaded_at.move_to_end(model)
+            while len(self._loaded_at) > self._tokens.max_cached_models:
+                evicted, _ = self._loaded_at.popitem(last=False)
+                self._registry.forget(evicted)
+                self._applied.pop(evicted, None)
+                evicted_lock = self._reads.get(evicted)
+                if evicted_lock is not None and not evicted_lock.locked():
+                    del self._reads[evicted]
 
     def counter(self, model: str) -> TextCounter:
         """Exact when the operator configured a tokenizer for ``model``, else the calibrated line.

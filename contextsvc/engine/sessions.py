@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,8 @@ from contextsvc.engine.validation import (
     check_page_size,
     require_session_id,
 )
-from contextsvc.errors import FailedPrecondition, InvalidArgument
-from contextsvc.ports import Clock, EventBus, SessionStore, StoredEvent
+from contextsvc.errors import FailedPrecondition, InvalidArgument, NotFound
+from contextsvc.ports import Clock, EventBus, SessionProfileChanged, SessionStore, StoredEvent
 
 # Metadata key of a compression record listing the sequence ranges it demoted (used by fork).
 DEMOTED_RANGES_KEY = "demoted_ranges"
@@ -72,6 +73,10 @@ class SessionService:
         self._clock = clock
         self._accounting = accounting
         self._limits = settings.limits
+        #: session id -> its profile id (never changes for a session), for the sessions appended to
+        #: most recently (``hot_path.view_cache_sessions`` of them): an append to one of them needs
+        #: no session read; the store checks the profile in the append itself (``append``).
+        self._profiles: OrderedDict[str, str] = OrderedDict()
 
     async def create(
         self, caller: Principal, *, profile_id: str, name: str, metadata: Mapping[str, Any]
@@ -120,6 +125,7 @@ class SessionService:
         sid = require_session_id(session_id)
         session = await self._store.get_session(sid, caller=caller)
         await self._store.delete_session(sid, caller=caller)
+        self._profiles.pop(sid, None)
         await self._bus.publish(session_id=sid, user_id=session.user_id, kind="session_deleted", payload={})
 
     async def append(
@@ -135,8 +141,38 @@ class SessionService:
         if len(request_id) > 128:
             raise InvalidArgument.field("request_id", "exceeds 128 characters")
         check_messages(incoming, self._limits)
-        session = await self._store.get_session(sid, caller=caller)
-        profile = resolve_profile(self._settings, session.profile_id, None)
+        # A session this process has appended to needs no read: the store's append checks what the
+        # read did (the session exists and is the caller's) and that its profile is still the one
+        # priced for. Not with images (their blobs are stored before the append) nor pinned rows
+        # (capped by the session's window as it is now; the cap check reads the context anyway).
+        known = None if any(m.images or m.message.flags.is_pinned for m in incoming) else self._profiles.get(sid)
+        try:
+            return await self._append(
+                caller, sid, incoming, request_id=request_id, turn_complete=turn_complete, profile_id=known
+            )
+        except SessionProfileChanged:  # deleted and created again, elsewhere: read it, price again
+            self._profiles.pop(sid, None)
+            return await self._append(
+                caller, sid, incoming, request_id=request_id, turn_complete=turn_complete, profile_id=None
+            )
+        except NotFound:
+            self._profiles.pop(sid, None)
+            raise
+
+    async def _append(
+        self,
+        caller: Principal,
+        sid: str,
+        incoming: Sequence[IncomingMessage],
+        *,
+        request_id: str,
+        turn_complete: bool,
+        profile_id: str | None,
+    ) -> AppendOutcome:
+        expected = profile_id
+        if profile_id is None:
+            profile_id = (await self._store.get_session(sid, caller=caller)).profile_id
+        profile = resolve_profile(self._settings, profile_id, None)
         now = self._clock.now()
         await self._accounting.ensure_loaded(profile.model)
         rows: list[Message] = []
@@ -157,7 +193,9 @@ class SessionService:
             request_id=request_id,
             context_tokens_delta=delta,
             request_fingerprint=append_fingerprint(incoming) if request_id else "",
+            expected_profile_id=expected,
         )
+        self._remember_profile(sid, profile_id)
         tokens = result.session.context_tokens
         if not result.replayed:
             await self._bus.publish(
@@ -177,6 +215,12 @@ class SessionService:
             window_fraction=tokens / profile.context_window,
             replayed=result.replayed,
         )
+
+    def _remember_profile(self, sid: str, profile_id: str) -> None:
+        self._profiles[sid] = profile_id
+        self._profiles.move_to_end(sid)
+        while len(self._profiles) > self._settings.hot_path.view_cache_sessions:
+            self._profiles.popitem(last=False)
 
     async def _check_pinned_cap(self, caller: Principal, sid: str, rows: Sequence[Message], window: int) -> None:
         """Pinned messages are never compressed, so their total must leave room for the rest."""

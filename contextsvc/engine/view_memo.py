@@ -51,6 +51,27 @@ class ViewMemo(Generic[T]):
         self.hits += 1
         return entry[3]
 
+    def same_rows(self, session_id: str, context: Sequence[Message]) -> tuple[Hashable, T] | None:
+        """The session's kept ``(key, view)`` when it was built from exactly these rows (whatever
+        its key): a view whose other inputs changed may be re-priced instead of rebuilt."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+        if entry is None or entry[1] != self._ids(context):
+            return None
+        return entry[0], entry[3]
+
+    def prefix_of(self, session_id: str, context: Sequence[Message]) -> tuple[Hashable, int, T] | None:
+        """The session's kept ``(key, rows, view)`` when its rows are the first ``rows`` of
+        ``context`` (the same objects): new rows were appended since it was built."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+        if entry is None:
+            return None
+        n = len(entry[1])
+        if n > len(context) or entry[1] != self._ids(context[:n]):
+            return None
+        return entry[0], n, entry[3]
+
     def put(self, session_id: str, key: Hashable, context: Sequence[Message], value: T) -> None:
         if self._max_sessions <= 0:
             return

@@ -7,11 +7,12 @@ import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation, lower_bound
-from contextsvc.core.messages import Message
+from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import N_FEATURES
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
@@ -91,6 +92,9 @@ class _SavedView:
     built: Assembled
     epoch: int
     view_id: str
+    #: the session's create time: a session deleted and created again under the same id (by
+    #: another replica) lost the record with the old one, even when its rows look the same.
+    created: datetime | None
     others: int = 0
 
 
@@ -125,6 +129,9 @@ class Assembled:
     #: the same list object for every build that reuses this view, so the API adapter can reuse
     #: its encoding too.
     plain: list[ViewMessage] | None = None
+    #: what the estimate priced (system prompt, records, conversation, incoming), kept when the
+    #: view may be re-priced with another calibration or baseline without being assembled again.
+    parts: tuple[str, list[Message], list[Message], list[Message]] | None = None
 
 
 class ViewService:
@@ -194,9 +201,110 @@ class ViewService:
             return self._assemble(profile, context, incoming, state, counter)
         built = self._memo.get(session_id, key, context)
         if built is None:
-            built = self._assemble(profile, context, incoming, state, counter)
+            kept = self._memo.prefix_of(session_id, context)
+            # Same profile fields: only the calibration or the baseline (the last two fields of the
+            # key) may have changed, and rows may have been appended.
+            if kept is not None and isinstance(kept[0], tuple) and kept[0][:-2] == key[:-2]:
+                _, n, view = kept
+                if n == len(context):
+                    built = self._repriced(profile, view, state, counter)
+                else:
+                    built = self._extended(profile, view, context[:n], context[n:], state, counter)
+            if built is None:
+                built = self._assemble(profile, context, incoming, state, counter)
             self._memo.put(session_id, key, context, built)
         return built
+
+    def _repriced(
+        self, profile: EffectiveProfile, kept: Assembled, state: EngineState, counter: TextCounter
+    ) -> Assembled | None:
+        """``kept`` (assembled from the same rows and profile) priced with another counter or
+        baseline, or None when the new price could change which rows the view holds.
+
+        When nothing was cut and no message carries an image, the rows depend on the counter only
+        through one check: the whole view fits one message's budget (then no message is cut). If it
+        still does, the rows, segments, notices, sizes and the messages to send are ``kept``'s, and
+        only the estimate is priced again: a baseline refits the calibration, and the post-turn
+        check (or the next build) need not assemble the view again (issue #15)."""
+        parts = kept.parts
+        if parts is None or not _additive(counter):
+            return None
+        if counter.count_messages(kept.rows) > profile.per_message_budget:
+            return None
+        return dataclasses.replace(kept, estimate=self._estimate(profile, parts, state, counter))
+
+    def _extended(
+        self,
+        profile: EffectiveProfile,
+        kept: Assembled,
+        before: Sequence[Message],
+        added: Sequence[Message],
+        state: EngineState,
+        counter: TextCounter,
+    ) -> Assembled | None:
+        """``kept`` (the view of ``before``) with the rows ``added`` to its context since, or None
+        when they could change what the view holds of the rows before them.
+
+        A user message ends every tool-call run, so when the added rows start with one, are not
+        records, carry no image and are legal on their own (``build_view`` keeps them unchanged),
+        and the kept context's last conversation row is no assistant with calls (the pending call
+        that a newer row would leave unanswered), the legal view of the whole is the kept view
+        followed by the added rows (``core.legal``). Nothing is cut when the whole still fits one
+        message's budget. Then only the added rows are measured, and the view is priced again."""
+        parts = kept.parts
+        if parts is None or not added or not _additive(counter) or added[0].role is not Role.USER:
+            return None
+        system, records, conversation, incoming = parts
+        last = next((m for m in reversed(before) if m.role is not Role.SYSTEM), None)
+        if last is not None and last.tool_calls:
+            return None
+        if any(m.role is Role.SYSTEM or m.images for m in added):
+            return None
+        tail = build_view("", (), added)
+        if len(tail.messages) != len(added) or any(a is not b for a, b in zip(tail.messages, added, strict=True)):
+            return None
+        rows = [*kept.rows, *added]
+        if counter.count_messages(rows) > profile.per_message_budget:
+            return None
+        new_parts = (system, records, [*conversation, *added], incoming)
+        features = messages_features(added)
+        plain = kept.plain
+        return Assembled(
+            rows=rows,
+            segments=[*kept.segments, *tail.segments],
+            truncated=[*kept.truncated, *([False] * len(added))],
+            estimate=self._estimate(profile, new_parts, state, counter),
+            notices=list(kept.notices),
+            chars=kept.chars + messages_chars(added),
+            features=tuple(a + float(b) for a, b in zip(kept.features, features, strict=True)),
+            last_sequence=max(kept.last_sequence, *(m.sequence_number for m in added)),
+            had_images=False,
+            plain=None
+            if plain is None
+            else [*plain, *(ViewMessage(message=m, image_data=(), truncated=False, stored=True) for m in added)],
+            parts=new_parts,
+        )
+
+    def _estimate(
+        self,
+        profile: EffectiveProfile,
+        parts: tuple[str, list[Message], list[Message], list[Message]],
+        state: EngineState,
+        counter: TextCounter,
+    ) -> TokenEstimate:
+        system, records, context, incoming = parts
+        baseline = state.baseline
+        return estimate(
+            counter=counter,
+            window=profile.context_window,
+            reserve=profile.output_reserve_tokens,
+            system=system,
+            records=records,
+            context=context,
+            incoming=incoming,
+            baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
+            image_fallback=self._settings.tokens.image_tokens_fallback,
+        )
 
     def forget(self, session_id: str) -> None:
         """Drop the session's reused view (and the rows it holds): the files store calls this
@@ -249,22 +357,17 @@ class ViewService:
         by_segment: dict[Segment, list[Message]] = {s: [] for s in Segment}
         for m, seg in zip(rows, segments, strict=True):
             by_segment[seg].append(m)
-        baseline = state.baseline
-        est = estimate(
-            counter=counter,
-            window=profile.context_window,
-            reserve=profile.output_reserve_tokens,
-            system=by_segment[Segment.SYSTEM][0].content if by_segment[Segment.SYSTEM] else "",
-            records=by_segment[Segment.RECORDS],
-            context=[
+        parts = (
+            by_segment[Segment.SYSTEM][0].content if by_segment[Segment.SYSTEM] else "",
+            by_segment[Segment.RECORDS],
+            [
                 m
                 for m, seg in zip(rows, segments, strict=True)
                 if seg not in (Segment.SYSTEM, Segment.RECORDS, Segment.INCOMING)
             ],
-            incoming=by_segment[Segment.INCOMING],
-            baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
-            image_fallback=tokens.image_tokens_fallback,
+            by_segment[Segment.INCOMING],
         )
+        est = self._estimate(profile, parts, state, counter)
         had_images = any(m.images for m in rows)
         plain = None
         if not had_images:
@@ -284,6 +387,9 @@ class ViewService:
             last_sequence=max((m.sequence_number for m in context), default=0),
             had_images=had_images,
             plain=plain,
+            # Re-priceable (``_repriced``): the whole view fitted the per-message budget, so nothing
+            # was cut, and no message carries an image (the image budget changed nothing).
+            parts=parts if whole_fits and not any(m.images for m in view.messages) else None,
         )
 
     async def finish(
@@ -357,6 +463,8 @@ class ViewService:
         epoch = EngineState.of(session).epoch if anchor else -1
         keep = self._settings.tokens.views_kept_per_session
         saved = self._saved.get(session.id)
+        if saved is not None and saved.created != session.create_time:
+            saved = None
         if saved is not None and saved.built is built and saved.epoch == epoch and saved.others < keep - 1:
             self._saved.move_to_end(session.id)
             return saved.view_id
@@ -380,7 +488,7 @@ class ViewService:
             keep=keep,
         )
         if anchor and self._memo.holds(session.id, built):
-            self._saved[session.id] = _SavedView(built, epoch, view_id)
+            self._saved[session.id] = _SavedView(built, epoch, view_id, session.create_time)
             self._saved.move_to_end(session.id)
             while len(self._saved) > max(1, self._settings.hot_path.view_cache_sessions):
                 self._saved.popitem(last=False)

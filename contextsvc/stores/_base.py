@@ -29,7 +29,7 @@ from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, SessionDamaged
-from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
+from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -357,8 +357,11 @@ class RowStore:
         request_id: str = "",
         context_tokens_delta: int = 0,
         request_fingerprint: str = "",
+        expected_profile_id: str | None = None,
     ) -> AppendResult:
         st = self._owned(session_id, caller)
+        if expected_profile_id is not None and st.profile_id != expected_profile_id:
+            raise SessionProfileChanged(session_id)
 
         async def work() -> AppendResult:
             if request_id:

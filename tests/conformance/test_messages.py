@@ -14,6 +14,7 @@ from contextsvc.ports import SessionStore
 from tests.conformance.helpers import (
     ADMIN,
     ALICE,
+    BOB,
     Reopen,
     assistant,
     compression_record,
@@ -238,3 +239,30 @@ async def test_load_context_follows_anchors_and_flags(store: SessionStore) -> No
     context = await store.load_context(sid, caller=ADMIN)
     assert [m.content for m in context] == ["S1", "c", "d", "e"]
     assert all(m.flags.is_context for m in context)
+
+
+async def test_an_append_priced_for_another_profile_appends_nothing(store: SessionStore) -> None:
+    """``expected_profile_id``: the engine appends without reading the session first; a session
+    deleted and created again under the same id with another profile is refused, nothing written."""
+    from contextsvc.errors import NotFound
+    from contextsvc.ports import SessionProfileChanged
+
+    sid = await _session(store)
+    ok = await store.append_messages(sid, [user("a")], caller=ALICE, expected_profile_id="p")
+    assert ok.sequence_numbers == [1]
+    await store.delete_session(sid, caller=ALICE)
+    with pytest.raises(NotFound):
+        await store.append_messages(sid, [user("b")], caller=ALICE, expected_profile_id="p")
+    await store.create_session(caller=ALICE, profile_id="q", session_id=sid)
+    with pytest.raises(SessionProfileChanged):
+        await store.append_messages(sid, [user("c")], caller=ALICE, expected_profile_id="p")
+    with pytest.raises(NotFound):  # another user's session: not found, whatever its profile
+        await store.append_messages(sid, [user("c")], caller=BOB, expected_profile_id="p")
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.last_sequence, info.display_message_count) == (0, 0)
+    again = await store.append_messages(sid, [user("d")], caller=ALICE, expected_profile_id="q")
+    assert again.sequence_numbers == [1]
+    replay = await store.append_messages(sid, [user("d")], caller=ALICE, request_id="r1", expected_profile_id="q")
+    assert await store.append_messages(
+        sid, [user("d")], caller=ALICE, request_id="r1", expected_profile_id="q"
+    ) == dataclasses.replace(replay, replayed=True)

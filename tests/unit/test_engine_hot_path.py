@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from contextsvc.config import HotPathSettings, ProfileConfig, Settings
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import ProfileOverrides
@@ -15,6 +17,7 @@ from contextsvc.core.tokens import EstimateMethod
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage
+from contextsvc.errors import NotFound
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
 from contextsvc.summarizers.registry import build_summarizers
@@ -201,3 +204,262 @@ async def test_forgetting_a_session_drops_its_saved_view_record_too() -> None:
     after = await _build(engine, sid)
     assert after.view_id != first.view_id and store.saved == 2
     assert [v.message.content for v in after.messages] == [v.message.content for v in first.messages]
+
+
+def _counter(engine: Engine, scale: float) -> Any:
+    """The model's counter with every weight scaled: a refitted calibration, as far as a view can tell."""
+    import dataclasses
+
+    from contextsvc.core.tokens import CalibratedCounter
+
+    cal = engine.accounting._registry.calibration("hp")
+    return CalibratedCounter(dataclasses.replace(cal, weights=tuple(w * scale for w in cal.weights)))
+
+
+def test_a_new_calibration_reprices_the_kept_view_exactly_as_a_fresh_assembly() -> None:
+    async def run() -> None:
+        engine, store = await _engine(_settings())
+        sid = await _session(engine, 12)
+        first = await _build(engine, sid)
+        session = await store.get_session(sid, caller=ANONYMOUS)
+        profile = await engine._profile_for(session, None)
+        context = await store.load_context(sid, caller=ANONYMOUS)
+        views = engine.views
+        kept = views.assemble(profile, context, None, EngineState.of(session), session_id=sid)
+        assert kept.parts is not None
+        for scale in (0.5, 0.97, 1.03, 2.0):
+            counter = _counter(engine, scale)
+            again = views._repriced(profile, kept, EngineState.of(session), counter)
+            fresh = views._assemble(profile, context, None, EngineState.of(session), counter)
+            assert again is not None
+            assert again.estimate == fresh.estimate
+            assert again.estimate != kept.estimate
+            assert (again.rows, again.segments, again.truncated, again.notices) == (
+                fresh.rows,
+                fresh.segments,
+                fresh.truncated,
+                fresh.notices,
+            )
+            assert (again.chars, again.features, again.last_sequence) == (
+                fresh.chars,
+                fresh.features,
+                fresh.last_sequence,
+            )
+            assert again.plain is kept.plain  # the same messages to send: their encoding is reused
+        # A price at which the whole view no longer fits one message's budget may cut messages:
+        # the view is assembled again, never re-priced.
+        assert views._repriced(profile, kept, EngineState.of(session), _counter(engine, 500.0)) is None
+        assert first.messages is kept.plain
+
+    asyncio.run(run())
+
+
+def test_a_baseline_reprices_the_view_for_the_post_turn_check_and_the_next_build() -> None:
+    async def run() -> None:
+        engine, store = await _engine(_settings())
+        sid = await _session(engine, 12)
+        first = await _build(engine, sid)
+        await engine.record_baseline(ANONYMOUS, sid, view_id=first.view_id, prompt_tokens=first.estimate.total + 7)
+        assert await engine.post_turn.drain(5.0)
+        second = await _build(engine, sid)
+        assert second.messages is first.messages  # re-priced, not assembled again
+        assert second.estimate.method is EstimateMethod.BASELINE_DELTA
+        assert second.estimate.total == first.estimate.total + 7
+        session = await store.get_session(sid, caller=ANONYMOUS)
+        profile = await engine._profile_for(session, None)
+        context = await store.load_context(sid, caller=ANONYMOUS)
+        counter = engine.accounting.counter(profile.model)
+        assert (
+            second.estimate == engine.views._assemble(profile, context, None, EngineState.of(session), counter).estimate
+        )
+        await engine.close()
+
+    asyncio.run(run())
+
+
+def test_concurrent_baselines_of_a_model_share_one_refit_and_each_sees_its_own() -> None:
+    from contextsvc.core.calibration import Observation
+    from contextsvc.core.priors import N_FEATURES
+    from contextsvc.engine.accounting import TokenAccounting
+
+    class ReadCounting(MemoryStore):
+        reads = 0
+
+        async def list_calibration_observations(self, model: str, *, limit: int) -> Any:
+            self.reads += 1
+            return await super().list_calibration_observations(model, limit=limit)
+
+    def obs(k: int) -> Observation:
+        features = tuple(float(100 + k) if j < 3 else 1.0 for j in range(N_FEATURES))
+        return Observation(chars=300 + 3 * k, tokens=200 + k, features=features, residual=0.01)
+
+    async def run() -> None:
+        settings = _settings()
+        store = ReadCounting(settings)
+        await store.open()
+        accounting = TokenAccounting(store, settings)
+        await accounting.ensure_loaded("hp")
+        store.reads = 0
+        fits = await asyncio.gather(*(accounting.observe("hp", obs(k)) for k in range(5)))
+        assert store.reads == 1  # one read and one fit for the five
+        assert [c.observations for c in fits] == [5] * 5  # each holds its own observation
+        one_by_one = [(await accounting.observe("hp", obs(k))).observations for k in range(5, 8)]
+        assert one_by_one == [6, 7, 8]
+        assert store.reads == 4
+
+    asyncio.run(run())
+
+
+_ROW_KINDS = ["user", "answer", "call", "result", "orphan", "record", "note", "pinned", "call_text"]
+
+
+def _row(kind: str, k: int, words: int) -> Message:
+    from contextsvc.core.messages import Flags, ToolCall
+
+    text = " ".join(f"w{(k * 5 + i) % 41}" for i in range(words))
+    if kind == "user":
+        return Message(role=Role.USER, content=f"ask {k} {text}")
+    if kind == "answer":
+        return Message(role=Role.ASSISTANT, content=f"answer {k} {text}")
+    if kind == "call":
+        return Message(
+            role=Role.ASSISTANT, content="", tool_calls=(ToolCall(id=f"c{k}", name="read", arguments_json="{}"),)
+        )
+    if kind == "result":
+        return Message(role=Role.TOOL, tool_call_id=f"c{k - 1}", content=f"result {text}")
+    if kind == "orphan":
+        return Message(role=Role.TOOL, tool_call_id="nobody", content=f"orphan {text}")
+    if kind == "record":
+        return Message(role=Role.SYSTEM, content=f"note {text}", metadata={"source": "task_note"})
+    if kind == "note":
+        return Message(role=Role.SYSTEM, content=f"hidden {text}", metadata={"source": "other"})
+    if kind == "pinned":
+        return Message(role=Role.USER, content=f"pinned {text}", flags=Flags(is_pinned=True))
+    return Message(
+        role=Role.ASSISTANT,
+        content=f"calling {text}",
+        tool_calls=(ToolCall(id=f"c{k}", name="x", arguments_json="{}"),),
+    )
+
+
+def _row_batches() -> Any:
+    from hypothesis import strategies as st
+
+    row = st.tuples(st.sampled_from(_ROW_KINDS), st.integers(0, 120))
+    turn = st.tuples(st.sampled_from(["user", "pinned"]), st.integers(0, 120))
+    # Anything, or a turn: a user row first (what can extend the kept view), then anything.
+    batch = st.one_of(
+        st.lists(row, min_size=1, max_size=5),
+        st.builds(lambda first, rest: [first, *rest], turn, st.lists(row, max_size=4)),
+        st.builds(
+            lambda n, kinds: [(kind, n) for kind in kinds],
+            st.integers(0, 120),
+            st.sampled_from([["user", "answer"], ["user", "call", "result", "answer"], ["pinned", "call", "result"]]),
+        ),
+    )
+    return st.lists(st.tuples(batch, st.sampled_from([0.0, 1.0, 1.04, 3.0])), min_size=1, max_size=10)
+
+
+def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> None:
+    """Random appends (tool calls left pending, orphans, records, pinned rows, calls with text) and
+    refits: the view built through the kept one (extended, re-priced or
+    assembled again) equals the view assembled from scratch, field by field."""
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+    from hypothesis import strategies as st
+
+    from contextsvc.core.tokens import CalibratedCounter
+
+    @hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_row_batches(), st.sampled_from([0, 900]))
+    def check(batches: list[tuple[list[tuple[str, int]], float]], budget: int) -> None:
+        async def run() -> None:
+            # A small per-message budget, so that some views are cut (and never extended).
+            settings = Settings(
+                profiles={"default": ProfileConfig(model="hp", context_window=200_000, message_token_budget=budget)},
+                store="memory",
+            )
+            engine, store = await _engine(settings)
+            sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
+            views = engine.views
+            k = 0
+            for rows, scale in batches:
+                batch = []
+                for kind, words in rows:
+                    k += 1
+                    batch.append(IncomingMessage(_row(kind, k, words)))
+                await engine.append(ANONYMOUS, sid, batch, request_id="", turn_complete=False)
+                session = await store.get_session(sid, caller=ANONYMOUS)
+                profile = await engine._profile_for(session, None)
+                context = await store.load_context(sid, caller=ANONYMOUS)
+                counter = engine.accounting.counter("hp")
+                if scale:
+                    assert isinstance(counter, CalibratedCounter)
+                    counter = _counter(engine, scale)
+                    engine.accounting.counter = lambda model, c=counter: c  # type: ignore[method-assign]
+                state = EngineState.of(session)
+                got = views.assemble(profile, context, None, state, session_id=sid)
+                fresh = views._assemble(profile, context, None, state, counter)
+                for field in ("rows", "segments", "truncated", "estimate", "notices", "chars", "features"):
+                    assert getattr(got, field) == getattr(fresh, field), field
+                assert [(v.message, v.truncated, v.stored) for v in got.plain or []] == [
+                    (v.message, v.truncated, v.stored) for v in fresh.plain or []
+                ]
+                assert (got.last_sequence, got.had_images, got.parts) == (
+                    fresh.last_sequence,
+                    fresh.had_images,
+                    fresh.parts,
+                )
+            await engine.close()
+
+        asyncio.run(run())
+
+    check()
+
+
+def test_an_append_to_a_known_session_reads_no_session_and_a_recreated_one_is_priced_again() -> None:
+    class ReadCounting(MemoryStore):
+        reads = 0
+
+        async def get_session(self, session_id: str, *, caller: Any) -> Any:
+            self.reads += 1
+            return await super().get_session(session_id, caller=caller)
+
+    async def run() -> None:
+        settings = Settings(
+            profiles={
+                "default": ProfileConfig(model="hp", context_window=200_000),
+                "big": ProfileConfig(model="other", context_window=400_000),
+            },
+            store="memory",
+        )
+        store = ReadCounting(settings)
+        await store.open()
+        engine = Engine(
+            store=store,
+            bus=MemoryEventBus(retention=100),
+            settings=settings,
+            clock=TickingClock(),
+            summarizers=build_summarizers(settings),
+        )
+        sid = (await engine.sessions.create(ANONYMOUS, profile_id="default", name="", metadata={})).id
+        row = [IncomingMessage(Message(role=Role.USER, content="hello there"))]
+        first = await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        reads = store.reads
+        second = await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        assert store.reads == reads  # no session read
+        assert second.window_fraction == first.window_fraction * 2
+        # Deleted and created again under the same id with another profile (as another replica would).
+        await store.delete_session(sid, caller=ANONYMOUS)
+        await store.create_session(caller=ANONYMOUS, profile_id="big", session_id=sid)
+        third = await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        assert third.sequence_numbers == [1]
+        assert third.window_fraction == third.context_tokens / 400_000  # priced for the new profile
+        (stored,) = await store.get_messages(sid, caller=ANONYMOUS, first=1, last=1)
+        assert stored.token_count == engine.accounting.message_tokens("other", stored)
+        await store.delete_session(sid, caller=ANONYMOUS)
+        with pytest.raises(NotFound):
+            await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        await engine.close()
+
+    asyncio.run(run())

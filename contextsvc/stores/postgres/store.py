@@ -40,7 +40,7 @@ from contextsvc.core.priors import current_features
 from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
-from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, ViewRecord
+from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
 from contextsvc.stores._base import (
     check_blob,
     compaction_conflict,
@@ -507,8 +507,13 @@ class PostgresStore:
         request_id: str = "",
         context_tokens_delta: int = 0,
         request_fingerprint: str = "",
+        expected_profile_id: str | None = None,
     ) -> AppendResult:
         """One statement in its own transaction (``_APPEND_SQL``): one round trip per append.
+
+        With ``expected_profile_id`` the statement appends only to a session of that profile;
+        for one of another profile (deleted and created again under the same id) it appends
+        nothing and returns the session's row, and ``SessionProfileChanged`` is raised.
 
         The session's row lock is the ``UPDATE`` (taken before any row is written; a twin append
         waits on it and, under READ COMMITTED, numbers its rows after this one's). The request-id
@@ -533,6 +538,7 @@ class PostgresStore:
             (request_fingerprint or None) if request_id else None,
             sorted({image.blob_id for m in messages for image in m.images if image.blob_id}),
             *append_columns(messages, now),
+            expected_profile_id,
         )
 
         async def work(conn: Any) -> AppendResult:
@@ -544,6 +550,8 @@ class PostgresStore:
                 row = await conn.fetchrow(_APPEND_SQL, *args)  # the twin committed: a replay now
             if row is None or not caller.may_read(row["user_id"]):
                 raise session_not_found(session_id)
+            if row["profile_changed"]:
+                raise SessionProfileChanged(session_id)
             prior = row["prior_numbers"]
             if prior is not None:
                 stored = row["prior_fingerprint"] or ""
@@ -1058,11 +1066,13 @@ def _listing_filter(caller: Principal, profile_id: str, query: str, args: list[A
 
 #: AppendMessages in one statement (``append_messages``). $1 session, $2 request id ('' for none),
 #: $3 rows, $4 display rows, $5 context rows, $6 context tokens, $7 preview (NULL: unchanged),
-#: $8 now, $9/$10 the caller (user, admin), $11 fingerprint, $12 blob ids, $13.. the rows'
-#: columns (``append_columns``). Sequence numbers follow the locked row's ``last_sequence``; a
-#: row's context key is its anchor, or its own number. The result: the session row after the
-#: append with NULL ``prior_numbers``, or (a replay) the session row with the first call's numbers
-#: and fingerprint, or no row (no such session, or not the caller's: nothing was written).
+#: $8 now, $9/$10 the caller (user, admin), $11 fingerprint, $12 blob ids, $13-$19 the rows'
+#: columns (``append_columns``), $20 the profile the caller priced for (NULL: any). Sequence
+#: numbers follow the locked row's ``last_sequence``; a row's context key is its anchor, or its own
+#: number. The result: the session row after the append with NULL ``prior_numbers``, or (a replay)
+#: the session row with the first call's numbers and fingerprint, or the session row with
+#: ``profile_changed`` (another profile than $20: nothing was written), or no row (no such
+#: session, or not the caller's: nothing was written).
 _APPEND_SQL = """
 WITH prior AS (
     SELECT sequence_numbers, fingerprint FROM append_requests
@@ -1074,6 +1084,7 @@ upd AS (
            context_count = context_count + $5, context_tokens = context_tokens + $6,
            preview = COALESCE($7, preview), update_time = $8
      WHERE session_id = $1 AND (user_id = $9 OR $10) AND NOT EXISTS (SELECT 1 FROM prior)
+       AND ($20::text IS NULL OR profile_id = $20)
     RETURNING *
 ),
 added AS (
@@ -1094,9 +1105,13 @@ linked AS (
     INSERT INTO session_blobs (session_id, blob_id)
     SELECT $1, b FROM upd, unnest($12::text[]) AS b ON CONFLICT DO NOTHING
 )
-SELECT upd.*, NULL::bigint[] AS prior_numbers, NULL::text AS prior_fingerprint FROM upd
+SELECT upd.*, NULL::bigint[] AS prior_numbers, NULL::text AS prior_fingerprint, false AS profile_changed FROM upd
 UNION ALL
-SELECT s.*, p.sequence_numbers, p.fingerprint FROM sessions s, prior p WHERE s.session_id = $1
+SELECT s.*, p.sequence_numbers, p.fingerprint, false FROM sessions s, prior p
+ WHERE s.session_id = $1 AND ($20::text IS NULL OR s.profile_id = $20)
+UNION ALL
+SELECT s.*, NULL, NULL, true FROM sessions s
+ WHERE $20::text IS NOT NULL AND s.session_id = $1 AND (s.user_id = $9 OR $10) AND s.profile_id <> $20
 """
 
 

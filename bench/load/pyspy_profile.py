@@ -1,10 +1,10 @@
 """Where a call's server CPU goes: one ``contextsvc serve`` under ghz, sampled by py-spy.
 
-    python bench/load/profile.py                              # BuildContext, 200 messages, memory
-    python bench/load/profile.py --call AppendMessages --store files --seconds 15
-    python bench/load/profile.py --call Health                # the floor, for comparison
-    python bench/load/profile.py --client opaque              # ghz keeps the view's messages as bytes
-    python bench/load/profile.py --call turns --sessions 50 --messages 40   # the agent turn loop
+    python bench/load/pyspy_profile.py                              # BuildContext, 200 messages, memory
+    python bench/load/pyspy_profile.py --call AppendMessages --store files --seconds 15
+    python bench/load/pyspy_profile.py --call Health                # the floor, for comparison
+    python bench/load/pyspy_profile.py --client opaque              # ghz keeps the view's messages as bytes
+    python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40   # the agent turn loop
 
 Starts the server like ``run.py`` does, seeds one session (or ``--sessions``), warms it, then runs
 ghz (``--cpus 1 --connections 1``, 50 concurrent) for ``--seconds`` while ``py-spy record`` samples
