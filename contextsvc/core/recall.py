@@ -18,8 +18,9 @@ Runs of Chinese/Japanese characters, written without spaces, also yield their ch
 Stop words (a short English and Russian list) are dropped, both from documents and queries; a
 query of stop words only has no terms (the engine rejects it).
 
-Ranking. BM25 from ``rank_bm25`` (term frequency saturation ``k1``, length normalization ``b``)
-with one change: the IDF. ``BM25Okapi``'s ``log((N - n + 0.5) / (n + 0.5))`` is zero or negative
+Ranking. BM25 as ``rank_bm25``'s ``BM25Okapi`` scores it (term frequency saturation ``k1``, length
+normalization ``b``), kept incrementally by ``RecallIndex`` (the same arithmetic, see there), with
+one change: the IDF. ``BM25Okapi``'s ``log((N - n + 0.5) / (n + 0.5))`` is zero or negative
 for a term in half or more of the chunks, and its floor is a fraction of the *average* IDF, which
 is itself negative in a small corpus: in a session with one chunk every score is negative, with
 two chunks a term found in only one of them scores 0, so a small session could never be searched.
@@ -286,32 +287,36 @@ def document_terms(chunk: HistoryChunk) -> list[str]:
     return found
 
 
-@functools.cache
-def _bm25_model() -> Any:
-    """``BM25Okapi`` with Lucene's always-positive IDF (see the module docstring). Built on the
-    first search: rank_bm25 loads numpy, which would otherwise add ~0.3 s to every start-up."""
-    from rank_bm25 import BM25Okapi  # deferred on purpose, see above
-
-    class LuceneIdfBM25(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no type hints
-        def _calc_idf(self, nd: dict[str, int]) -> None:
-            n = self.corpus_size
-            self.df = dict(nd)
-            self.idf = {word: math.log(1.0 + (n - freq + 0.5) / (freq + 0.5)) for word, freq in nd.items()}
-
-    return LuceneIdfBM25
+def bm25_idf(n: int, df: int) -> float:
+    """Lucene's always-positive IDF of a term found in ``df`` of ``n`` chunks (module docstring)."""
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
 class RecallIndex:
-    """The chunks of one session, unique by ``content_hash``, with their terms; the BM25 model
-    is built on the first search after a change and reused until the next one."""
+    """The chunks of one session, unique by ``content_hash``, with BM25's statistics kept up to
+    date as chunks are added: each chunk's term frequencies and length, the total length, and per
+    term its document frequency and the chunks that hold it (postings).
 
-    __slots__ = ("_chunks", "_hashes", "_model", "_terms")
+    A search therefore costs the postings of its terms, not the whole history: rebuilding a
+    ``rank_bm25`` model over every chunk after each compaction's ``add`` made every build with
+    recall O(history), and a 1,000-turn session quadratic. Scores are those of ``rank_bm25``'s
+    ``BM25Okapi`` with the Lucene IDF, bit for bit (the same operations in the same order: per
+    query term, in the query's order, ``idf x tf (k1 + 1) / (tf + k1 (1 - b + b dl / avgdl))``
+    added to the chunk's sum); ``tests/unit/test_recall_incremental.py`` compares them with a
+    model built fresh."""
+
+    __slots__ = ("_chunks", "_df", "_freqs", "_hashes", "_lengths", "_postings", "_total")
 
     def __init__(self, chunks: Iterable[HistoryChunk] = ()) -> None:
         self._chunks: list[HistoryChunk] = []
         self._hashes: set[str] = set()
-        self._terms: list[list[str]] = []
-        self._model: Any = None  # a _bm25_model() instance
+        #: per chunk: term -> occurrences; and its number of terms.
+        self._freqs: list[dict[str, int]] = []
+        self._lengths: list[int] = []
+        self._total = 0
+        #: term -> number of chunks holding it; term -> those chunks' positions, in order added.
+        self._df: dict[str, int] = {}
+        self._postings: dict[str, list[int]] = {}
         self.add(chunks)
 
     def __len__(self) -> int:
@@ -333,41 +338,62 @@ class RecallIndex:
         return out
 
     def add(self, chunks: Iterable[HistoryChunk]) -> int:
-        """Index the fresh chunks; returns how many there were."""
+        """Index the fresh chunks (their terms and the statistics they change); returns how many
+        there were."""
         new = self.fresh(chunks)
         for chunk in new:
+            position = len(self._chunks)
+            found = document_terms(chunk)
+            freqs: dict[str, int] = {}
+            for term in found:
+                freqs[term] = freqs.get(term, 0) + 1
             self._chunks.append(chunk)
             self._hashes.add(chunk.content_hash)
-            self._terms.append(document_terms(chunk))
-        if new:
-            self._model = None
+            self._freqs.append(freqs)
+            self._lengths.append(len(found))
+            self._total += len(found)
+            for term in freqs:
+                self._df[term] = self._df.get(term, 0) + 1
+                self._postings.setdefault(term, []).append(position)
         return len(new)
+
+    def scores(self, wanted: Sequence[str]) -> dict[int, float]:
+        """BM25 score of every chunk holding a term of ``wanted`` (repeated terms count once per
+        repetition), by position; chunks holding none score 0 and are left out."""
+        n = len(self._chunks)
+        if not n or not self._total:
+            return {}
+        avgdl = self._total / n
+        k1, b = BM25_K1, BM25_B
+        out: dict[int, float] = {}
+        for term in wanted:
+            df = self._df.get(term)
+            if df is None:
+                continue
+            idf = bm25_idf(n, df)
+            for i in self._postings[term]:
+                tf = self._freqs[i][term]
+                out[i] = out.get(i, 0.0) + idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * self._lengths[i] / avgdl)))
+        return out
 
     def search(self, query: str, limit: int) -> list[ScoredChunk]:
         """Up to ``limit`` chunks with score > 0, best first, ties to the newest ``last_sequence``."""
         wanted = weighted_query_terms(query)
         if not wanted or limit <= 0 or not self._chunks:
             return []
-        if self._model is None:
-            self._model = _bm25_model()(self._terms, k1=BM25_K1, b=BM25_B)
-        model = self._model
-        # No query term in any chunk: nothing scores (and an index of stop words only has
-        # average length 0, which BM25 would divide by).
-        if not any(term in model.idf for term in wanted):
-            return []
-        scores: list[float] = model.get_scores(wanted).tolist()
+        scores = self.scores(wanted)
         chunks = self._chunks
         best = heapq.nsmallest(
             limit,
-            (i for i, score in enumerate(scores) if score > 0),
+            (i for i, score in scores.items() if score > 0),
             key=lambda i: (-scores[i], -chunks[i].last_sequence, -i),
         )
-        df: dict[str, int] = model.df
         n = len(chunks)
+        distinct = set(wanted)
         out = []
         for i in best:
-            freqs = model.doc_freqs[i]
-            rarest = min((df[t] for t in set(wanted) if t in freqs), default=n)
+            freqs = self._freqs[i]
+            rarest = min((self._df[t] for t in distinct if t in freqs), default=n)
             out.append(ScoredChunk(chunks[i], float(scores[i]), rarest_df=rarest, chunk_count=n))
         return out
 

@@ -131,5 +131,5 @@ def test_the_index_is_unique_by_hash_and_rebuilds_after_an_add() -> None:
     assert [s.chunk for s in index.search("alpha", 5)] == [a]
     b = chunk("alpha beta", 2)
     assert index.add([b]) == 1
-    assert [s.chunk for s in index.search("beta", 5)] == [b]  # the cached model was dropped
+    assert [s.chunk for s in index.search("beta", 5)] == [b]  # the statistics followed the add
     assert index.chunks == [a, b]
