@@ -7,7 +7,7 @@ the rules are restated here from DESIGN §2/§5.2 and applied to every view and 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contextsvc.core.messages import Message, Role
 
@@ -91,7 +91,9 @@ def dropped_rows(view: Sequence[Message], context: Sequence[Message]) -> list[in
 class Compaction:
     """One ``context_compressed`` event, in stream order. ``after_truncation``: a post-turn compaction,
     the first after a ``context_truncated`` event (DESIGN §5.3: the post-turn check then compresses
-    regardless of the threshold)."""
+    regardless of the threshold). ``margin``: the margin the trigger added to ``before``; ``aim``
+    and ``rate``: where the engine aimed the estimate and the margin rate it assumed for the view
+    it left (0 / 0.0 when the event does not say)."""
 
     reason: str
     method: str
@@ -99,24 +101,57 @@ class Compaction:
     after: int
     after_truncation: bool = False
     turn: int = -1  # the turn the runtime was playing when the event arrived
+    margin: int = 0
+    aim: int = 0
+    rate: float = 0.0
 
 
 @dataclass(frozen=True)
 class BandCheck:
     pairs: int
-    #: pairs inside the band whose later compaction the threshold triggered.
+    #: pairs inside the band whose later compaction no rule exempts.
     violations: list[str]
     #: pairs inside the band whose later compaction was the post-turn answer to a truncated prompt.
     after_truncation: list[str]
     min_growth: int | None
+    #: pairs inside the band whose later compaction answered estimate + margin at the budget, in
+    #: one of the two cases the design exempts (docs/calibration.md), with the case.
+    budget_exempt: list[str] = field(default_factory=list)
 
 
-def hysteresis(compactions: Sequence[Compaction], band: int) -> BandCheck:
+#: why a crossing of the budget inside the band is exempt (docs/calibration.md, "The hysteresis band").
+ABOVE_AIM = "the compaction before ended above its aim"
+WIDER_MARGIN = "the view's margin is a larger share of it than the rate the compaction before aimed for"
+
+
+def budget_exemption(prev: Compaction, cur: Compaction, budget: int) -> str | None:
+    """The design's reason ``cur`` may come inside the band, or None.
+
+    The design: a crossing of the size guard's budget by estimate + margin is always compacted,
+    and a compaction on a budget-triggered window aims the estimate at ``budget / (1 + rate) -
+    band``. If the compaction before ended at or under its aim and ``cur``'s margin is at most
+    ``rate`` of its estimate, ``before x (1 + rate) >= budget`` gives ``before - after >= band``:
+    a crossing inside the band is then impossible. So it is exempt exactly when estimate + margin
+    reached the budget and one of those two premises failed — checked here on the event's own
+    numbers, never on the engine's say-so."""
+    if cur.before + cur.margin < budget:
+        return None
+    if prev.after > prev.aim:
+        return f"{ABOVE_AIM} ({prev.after} > {prev.aim})"
+    if cur.margin > prev.rate * cur.before:
+        return f"{WIDER_MARGIN} ({cur.margin / max(cur.before, 1):.3f} > {prev.rate:.3f})"
+    return None
+
+
+def hysteresis(compactions: Sequence[Compaction], band: int, budget: int | None = None) -> BandCheck:
     """DESIGN §5.4: never two compactions without ``band`` tokens of growth in between, unless the
     later one is forced. Growth = the view estimate that triggered compaction k+1 minus the
-    context left by compaction k (both as the engine reported them)."""
+    context left by compaction k (both as the engine reported them). With ``budget`` (a window
+    whose trigger is the size guard's budget), a crossing of it the design exempts
+    (``budget_exemption``) is counted apart, with its reason."""
     violations: list[str] = []
     truncated: list[str] = []
+    exempt: list[str] = []
     growths: list[int] = []
     pairs = 0
     for k in range(1, len(compactions)):
@@ -131,5 +166,11 @@ def hysteresis(compactions: Sequence[Compaction], band: int) -> BandCheck:
                 f"turn {cur.turn}: compaction {k + 1} ({cur.reason}/{cur.method}) after {prev.reason}/{prev.method}: "
                 f"grew {growth} < {band} tokens ({prev.after} -> {cur.before})"
             )
-            (truncated if cur.after_truncation else violations).append(text)
-    return BandCheck(pairs, violations, truncated, min(growths) if growths else None)
+            why = budget_exemption(prev, cur, budget) if budget is not None else None
+            if cur.after_truncation:
+                truncated.append(text)
+            elif why is not None:
+                exempt.append(f"{text}, estimate + margin {cur.before} + {cur.margin} >= {budget}: {why}")
+            else:
+                violations.append(text)
+    return BandCheck(pairs, violations, truncated, min(growths) if growths else None, exempt)

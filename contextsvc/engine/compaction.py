@@ -287,16 +287,46 @@ class Compactor:
         proof of progress need them: lower by the margin the compacted view will carry.
 
         A compaction clears the baseline, so the view after it is priced whole and its margin is
-        ``margin_rate`` of it (a calibrated model's 2-3%, a cold one's 15-30%). Aiming the estimate
-        at the goal left estimate + margin above it, and the band of growth before the next
-        trigger was partly spent by the margin alone; where the trigger is the size guard's
-        budget, a crossing of it that only the margin made came inside the band, was not honoured,
-        and the real count could pass the budget (issue #14's soak). Never below the
-        hard-truncate level (a summary aimed under it would lose to plain truncation)."""
+        ``margin_rate`` of it (a calibrated model's 2-3%, a cold one's 15-30%, more for content of
+        a class it has never seen). Where the trigger is the threshold, the aim is ``goal / (1 +
+        rate)``, never below the hard-truncate level (a summary aimed under it would lose to plain
+        truncation): estimate + margin starts at the goal, and a crossing of the threshold that
+        only the margin makes waits for a band of growth (``over_threshold``).
+
+        Where the trigger is the size guard's budget, a crossing of it by estimate + margin is
+        always honoured (``over_threshold``: served, the real count could pass ``window -
+        reserve``). So that it still comes only after a hysteresis band of growth of the
+        *estimate*, the aim is a whole band below the estimate at which estimate + margin reaches
+        the budget: ``budget / (1 + rate) - band``. It may be under the hard-truncate level (on
+        8,192 with the default 2,048 reserve, ``budget - band`` *is* that level, so any margin
+        puts it under); the hard truncation then goes as low (``_truncation_level``), or its
+        fallback would leave a view that re-fires at once. Never under ``min_kept_fraction x
+        window``. A crossing of the budget inside the band then comes only when the compaction
+        before it ended above its aim, or when the view's margin is a larger share of it than the
+        rate that compaction aimed for (new content of a class priced with a wide margin): the
+        only two exemptions from the band besides forced runs (docs/calibration.md), which the
+        compression bench counts apart."""
         b = self.bounds(s.profile)
         rate = 1 + self.margin_rate(s)
-        floor = min(b.goal, self._settings.summarizer.hard_truncate_fraction * s.profile.context_window)
+        window = s.profile.context_window
+        floor = min(b.goal, self._settings.summarizer.hard_truncate_fraction * window)
+        if self.budget_triggered(s.profile):
+            lowest = self._settings.summarizer.min_kept_fraction * window
+            goal = min(max(b.trigger / rate - b.band, lowest), max(b.goal / rate, floor))
+            return Bounds(trigger=b.trigger, goal=goal, limit=goal)
         return Bounds(trigger=b.trigger, goal=max(b.goal / rate, floor), limit=max(b.limit / rate, floor))
+
+    @staticmethod
+    def budget_triggered(p: EffectiveProfile) -> bool:
+        """The trigger is the size guard's budget: the reply reserve puts ``window - reserve``
+        under ``threshold x window`` (``bounds``)."""
+        return p.context_window - p.output_reserve < p.compression.threshold * p.context_window
+
+    def _truncation_level(self, s: Situation) -> float:
+        """The view tokens a hard truncation cuts to: the hard-truncate level, or the aim where
+        that is lower (``aim`` on a budget-triggered window)."""
+        level = self._settings.summarizer.hard_truncate_fraction * s.profile.context_window
+        return min(level, self.aim(s).limit)
 
     def margin_rate(self, s: Situation) -> float:
         """Margin per token of the session's context priced whole, as the view after a compaction
@@ -316,7 +346,7 @@ class Compactor:
     def fallback_context(self, s: Situation) -> list[Message]:
         """The context a hard truncation would keep, computed without committing anything: what a
         build serves when it may not wait for a running compaction (its summarizer call)."""
-        level = self._settings.summarizer.hard_truncate_fraction * s.profile.context_window - s.fixed_tokens
+        level = self._truncation_level(s) - s.fixed_tokens
         cut = self._truncation(s, level)
         if cut.tokens_kept > level:
             inner = self._inner_truncation(s, level)
@@ -691,8 +721,9 @@ class Compactor:
             s = dataclasses.replace(s, context=list(cleared.context), view_tokens=after_clearing)
             s.state = original.state
         # The whole view (system prompt and incoming message included) must come down to the
-        # hard-truncate level, not only the context buffer.
-        level = self._settings.summarizer.hard_truncate_fraction * p.context_window - s.fixed_tokens
+        # hard-truncate level (or the aim, where lower), not only the context buffer. Decided on
+        # the original situation: its margin rate is the context's before any clearing.
+        level = self._truncation_level(original) - s.fixed_tokens
         cut = self._truncation(s, level)
         if cut.tokens_kept > level:
             # Whole turns are not enough: the context is one long turn (an autonomous tool loop).
@@ -898,6 +929,10 @@ class Compactor:
                 "context_tokens_after": report.context_tokens_after,
                 # The trigger compared context_tokens_before + margin (the estimate's doubt).
                 "margin": s.margin,
+                # Where the automatic runs aimed the estimate (``aim``) and the margin rate it assumed
+                # for the compacted view: what the hysteresis band's exemptions are judged on.
+                "aim_tokens": int(self.aim(s).goal),
+                "margin_rate": self.margin_rate(s),
                 "max_context_tokens": s.profile.context_window,
                 "breadcrumbs": list(breadcrumbs),
                 "summary_sequence": summary_seq,
