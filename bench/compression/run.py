@@ -66,7 +66,7 @@ from checks import (  # noqa: E402
 from scenario import FACTS, SYSTEM_PROMPT, Fact, Turn, generate  # noqa: E402
 
 from contextsvc.clock import SystemClock  # noqa: E402
-from contextsvc.config import CompressionDefaults, ProfileConfig, Settings  # noqa: E402
+from contextsvc.config import CompressionDefaults, FilesSettings, ProfileConfig, Settings  # noqa: E402
 from contextsvc.core.compression.records import BREADCRUMBS_KEY  # noqa: E402
 from contextsvc.core.messages import Flags, Message, Role, ToolCall  # noqa: E402
 from contextsvc.core.profile import ProfileOverrides, resolve_profile  # noqa: E402
@@ -94,11 +94,17 @@ GROWTH_FLAT = 0.20  # DESIGN §7: within 20%
 
 
 DEFAULT_RESERVE = ProfileConfig.model_fields["output_reserve_tokens"].default
+#: the files store's memory budget (``files.cache_mb``, default 40): above the one session's size.
+#: Past ~300 turns this session (20-200 KB tool outputs, screenshots) holds more than the default
+#: 40 MB, and the store then lets it go after every call (it is the least recently used one once
+#: unlocked) and reads its rows and re-indexes its whole history on the next: O(history) per call,
+#: so the 1,000-turn run took hours. That is the store's memory bound at work, not compression.
+CACHE_MB = 1024.0
 
 
 def settings_for(root: Path, reserve: int = DEFAULT_RESERVE, strategies: list[str] | None = None) -> Settings:
     """The 8,192-token profile, every other number at its default except (optionally) the reserve
-    and the compaction strategies."""
+    and the compaction strategies, and the files store's cache (``CACHE_MB``)."""
     compression = CompressionDefaults(strategies=strategies) if strategies else CompressionDefaults()
     profile = ProfileConfig(
         model="bench-8k",
@@ -108,7 +114,12 @@ def settings_for(root: Path, reserve: int = DEFAULT_RESERVE, strategies: list[st
         output_reserve_tokens=reserve,
         compression=compression,
     )
-    return Settings(store=f"files:{root}", profiles={PROFILE_ID: profile}, default_profile=PROFILE_ID)
+    return Settings(
+        store=f"files:{root}",
+        profiles={PROFILE_ID: profile},
+        default_profile=PROFILE_ID,
+        files=FilesSettings(cache_mb=CACHE_MB),
+    )
 
 
 class WarningCounter(logging.Handler):
@@ -1002,7 +1013,9 @@ def record(text: str, args: argparse.Namespace) -> None:
             f"- engine measured: {engine_revision()}",
             f"- engine in process: files store (temp dir), in-memory event bus, extractive summarizer; profile: "
             f"{WINDOW:,}-token window, vision, every other number at its default (threshold 0.90, target 0.65, "
-            f"keep_recent 4, strategies clear_tool_results then summarize, output reserve {args.reserve:,}).",
+            f"keep_recent 4, strategies clear_tool_results then summarize, output reserve {args.reserve:,}); the "
+            f"files store's cache at {CACHE_MB:,.0f} MB (default 40: past ~300 turns the session alone is larger, "
+            "and the store re-reads and re-indexes it on every call).",
             f"- session: seed {args.seed}; per turn a user ask (5% with 1-2 PNGs of 64x64 to 3000x2000), 0-20 tool "
             "steps of 1-3 calls (results 72% 0.2-2 KB, 20% 2-20 KB, 8% 20-200 KB; 2% screenshots), an answer; two "
             "pinned instructions (turns 0 and 3); 12 facts planted in turns 1-27; 25% of asks passed as "

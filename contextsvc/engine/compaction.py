@@ -323,10 +323,10 @@ class Compactor:
         return p.context_window - p.output_reserve < p.compression.threshold * p.context_window
 
     def _truncation_level(self, s: Situation) -> float:
-        """The view tokens a hard truncation cuts to: the hard-truncate level, or the aim where
-        that is lower (``aim`` on a budget-triggered window)."""
+        """The view tokens a hard truncation cuts to: the hard-truncate level, or on a
+        budget-triggered window the aim where that is lower (``aim``)."""
         level = self._settings.summarizer.hard_truncate_fraction * s.profile.context_window
-        return min(level, self.aim(s).limit)
+        return min(level, self.aim(s).limit) if self.budget_triggered(s.profile) else level
 
     def margin_rate(self, s: Situation) -> float:
         """Margin per token of the session's context priced whole, as the view after a compaction
@@ -360,7 +360,9 @@ class Compactor:
         doubt about the estimate, and it must not make compactions re-fire inside the band.
         A crossing of the size guard's budget is always honoured: served, the view's real count
         could pass ``window - reserve`` (issue #14's soak: by up to the margin, inside the band).
-        ``aim`` keeps such crossings out of the band wherever the hard-truncate level allows."""
+        ``aim`` puts such a crossing a band of estimate growth after the last compaction, except
+        when that compaction ended above its aim or the view's margin is a larger share of it than
+        the rate it aimed for (the band's two exemptions, docs/calibration.md)."""
         b = self.bounds(s.profile)
         if s.view_tokens >= b.trigger:
             return True
@@ -440,7 +442,8 @@ class Compactor:
         if self._at_budget(s):
             # Refusing would fail the turn with CONTEXT_TOO_LARGE, or serve a view whose real count
             # may pass the budget: another compaction, down to its hard-truncation fallback, is
-            # always better than that (issue #14's soak).
+            # always better than that (issue #14's soak). Inside the band this happens only in the
+            # two cases ``aim`` leaves open (``over_threshold``).
             return False
         b = self.bounds(s.profile)
         band = b.band if self.over_threshold(s) else b.trigger - b.goal
