@@ -86,3 +86,28 @@ def test_hysteresis_counts_small_growth_except_forced_and_separates_truncation()
     assert len(check.violations) == 1 and check.violations[0].startswith("turn 3: compaction 3")
     assert len(check.after_truncation) == 1 and check.after_truncation[0].startswith("turn 5:")
     assert check.min_growth == 500
+
+
+def test_a_budget_crossing_inside_the_band_is_exempt_only_in_the_two_cases_of_the_design() -> None:
+    # budget 6144, band 2048. A compaction aimed at 3000 with a 10% margin rate, ended under it.
+    first = Compaction("midturn", "summary", before=6100, after=2900, turn=1, margin=100, aim=3000, rate=0.10)
+    # A crossing of the budget inside the band with a margin wider than the rate aimed for: exempt.
+    wide = Compaction("midturn", "summary", before=4500, after=2800, turn=2, margin=1700, aim=3000, rate=0.10)
+    check = hysteresis([first, wide], band=2048, budget=6144)
+    assert not check.violations and len(check.budget_exempt) == 1
+    assert "larger share" in check.budget_exempt[0]
+    # Under the budget (estimate + margin < 6144) inside the band: a violation whatever the margin.
+    under = Compaction("midturn", "summary", before=4000, after=2800, turn=2, margin=1000, aim=3000, rate=0.10)
+    assert len(hysteresis([first, under], band=2048, budget=6144).violations) == 1
+    # The compaction before ended above its aim: exempt, with that reason.
+    above = Compaction("midturn", "clear_tool_results", before=6100, after=3500, turn=1, margin=90, aim=3000, rate=0.1)
+    check = hysteresis([above, wide], band=2048, budget=6144)
+    assert not check.violations and "above its aim" in check.budget_exempt[0]
+    # An aim that was not a band below the crossing (6144 / 1.1 - 2048 = 3537, not 4500), reached,
+    # and a margin within the rate: the crossing at 5600 + 550 comes 1,200 tokens after, a violation.
+    high = Compaction("midturn", "summary", before=6100, after=4400, turn=1, margin=100, aim=4500, rate=0.10)
+    cur = Compaction("midturn", "summary", before=5600, after=3000, turn=2, margin=550, aim=3500, rate=0.10)
+    check = hysteresis([high, cur], band=2048, budget=6144)
+    assert len(check.violations) == 1 and not check.budget_exempt
+    # Without a budget (a threshold-triggered window) nothing is exempt.
+    assert len(hysteresis([first, wide], band=2048).violations) == 1
