@@ -171,8 +171,10 @@ def test_cheap_stage_clears_old_tool_results_without_a_summary(llm_server: Serve
     with llm_server.channel() as ch:
         stub = llm_server.stub(ch)
         sid = stub.CreateSession(pb.CreateSessionRequest()).id
-        # Sized so that clearing the old tool results alone reaches the target under the cold prior.
-        _fill(stub, sid, 26)
+        # Sized so that clearing the old tool results alone reaches the aim under the cold prior: on
+        # this window (8,192, 2,048 reserved: the trigger is the budget) the estimate is aimed a
+        # band below the point where estimate + margin reaches the budget (docs/calibration.md).
+        _fill(stub, sid, 10)
         profile = _profile(strategies=["clear_tool_results", "summarize"])
         done = stub.Compress(pb.CompressRequest(session_id=sid, profile=profile))
         assert done.compressed and done.method == events_pb2.COMPRESSION_METHOD_CLEAR_TOOL_RESULTS
