@@ -87,12 +87,11 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
-from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import Message
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
@@ -114,6 +113,9 @@ from contextsvc.stores._session import (
     SessionState,
     StateRecord,
 )
+
+if TYPE_CHECKING:
+    from contextsvc.core.maintenance import Candidate
 from contextsvc.stores.api_tokens import FilesTokenStore
 
 logger = logging.getLogger(__name__)
@@ -656,6 +658,8 @@ class FilesStore(RowStore):
             return owned, other + self._calibration.size
 
         owned, other = await asyncio.to_thread(sizes)
+        from contextsvc.core.maintenance import Candidate  # maintenance's model: not needed to start
+
         epoch = datetime.min.replace(tzinfo=UTC)
         candidates = [
             Candidate(
