@@ -46,6 +46,8 @@ LAZY = (
     "contextsvc.gateway",
     "cryptography",
     "numpy",
+    "opentelemetry.sdk.trace",  # the trace SDK (and our span factory): only with a traces exporter named
+    "contextsvc.telemetry_spans",
     "opentelemetry.sdk.metrics",  # the SDK's exporters and readers: only with an exporter named
     "opentelemetry.exporter",
     "opentelemetry.instrumentation",
