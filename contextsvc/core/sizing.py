@@ -68,11 +68,21 @@ class SizeWeights:
     #: A piece whose prefix char is punctuation other than space, ``_`` or ``.`` (``:aws``,
     #: ``"id``, ``/src``) usually costs an extra token or part of one.
     odd_prefix: float = 0.5
+    #: Prefix chars that nearly always stay a token of their own before letters (``:amd64``,
+    #: ``+dfsg``, ``~deb12u1``, ``=value``: about 1.0 extra token on every vocabulary measured,
+    #: against 0.1-0.5 for ``-``, ``/``, ``(``; fit split of bench/fidelity).
+    separate_prefixes: str = ":+~="
+    separate_prefix: float = 1.0
     #: Cyrillic run of n letters: ``max(1, cyrillic_base + cyrillic_per_letter * n)``. The
     #: vocabularies disagree 2x here (o200k ~0.25 tokens/letter, cl100k/Claude ~0.5): this is the
     #: middle, so Cyrillic costs 0.7x-1.45x the tokens per unit of Latin-script text by vocabulary.
     cyrillic_base: float = 0.45
     cyrillic_per_letter: float = 0.33
+    #: A Cyrillic word with letters outside the Russian alphabet (Ukrainian ``ї є ґ`` and the
+    #: dotted i, Belarusian ``ў``, Serbian/Macedonian ``љ њ ђ ћ џ`` and je, dze) costs this many times more: the
+    #: vocabularies are Russian-heavy, and such words ran 1.2x-1.6x the tokens per unit of Russian
+    #: ones (bench/fidelity, fit split: o200k 1.47x, cl100k 1.59x, Llama 3 1.22x, Claude 1.35x).
+    cyrillic_rare_factor: float = 1.45
     #: Other scripts (accented Latin, Greek, Arabic, ...), per letter, same form.
     other_base: float = 0.8
     other_per_letter: float = 0.28
@@ -119,6 +129,11 @@ _PIECE = re.compile(
 _HUMP = re.compile(r"[A-Z]*[a-z]+|[A-Z]+")
 _RUN = re.compile(r"[A-Za-z]+|[\u0400-\u052f]+|[^A-Za-z\u0400-\u052f]+")
 _CJK = re.compile(r"[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+#: Cyrillic letters the Russian alphabet does not have (see ``SizeWeights.cyrillic_rare_factor``).
+_RARE_CYRILLIC = re.compile(
+    "[\u0404\u0406\u0407\u0408\u0409\u040a\u040b\u040e\u040f\u0405\u0402\u0490"
+    "\u0454\u0456\u0457\u0458\u0459\u045a\u045b\u045e\u045f\u0455\u0452\u0491]"
+)
 _LINE_BREAKS = re.compile(r"[\r\n]+")
 _CHEAP_PREFIXES = frozenset("_.")
 
@@ -138,7 +153,8 @@ def _letters_tokens(letters: str, w: SizeWeights) -> float:
                 tokens += 1.0 + w.per_long_letter * max(0, min(n, w.word_letters) - w.free_letters)
                 tokens += w.per_odd_letter * max(0, n - w.word_letters)
         elif "\u0400" <= run[0] <= "\u052f":
-            tokens += max(1.0, w.cyrillic_base + w.cyrillic_per_letter * len(run))
+            cost = max(1.0, w.cyrillic_base + w.cyrillic_per_letter * len(run))
+            tokens += cost * w.cyrillic_rare_factor if _RARE_CYRILLIC.search(run) else cost
         else:
             cjk = len(_CJK.findall(run))
             other = len(run) - cjk
@@ -181,7 +197,8 @@ def piece_tokens(piece: str, w: SizeWeights = WEIGHTS) -> float:
         if head in _CHEAP_PREFIXES or head.isspace():
             return _letters_tokens(piece[1:], w)
         # Never less than the prefix alone would cost, so more text never costs less.
-        return _letters_tokens(piece[1:], w) + w.odd_prefix + _symbol_extra(head, w)
+        prefix = w.separate_prefix if head in w.separate_prefixes else w.odd_prefix
+        return _letters_tokens(piece[1:], w) + prefix + _symbol_extra(head, w)
     run = piece.lstrip(" ").rstrip("\r\n")
     return _punct_tokens(run, w) if run else 1.0
 
