@@ -61,8 +61,10 @@ class SizeWeights:
     #: An ASCII letter run costs 1 token per case "hump" (``Describe``+``Instances``); a hump
     #: longer than ``free_letters`` costs ``per_long_letter`` more per extra letter (rarer
     #: words), and past ``word_letters`` ``per_odd_letter`` (hashes, ids, base64: not words).
+    #: ``per_long_letter`` was 0.2: on the fit split of bench/fidelity words of 8-13 letters in
+    #: prose, code and JSON ran 0.6-0.85x that price (common long words are one token).
     free_letters: int = 6
-    per_long_letter: float = 0.2
+    per_long_letter: float = 0.15
     word_letters: int = 12
     per_odd_letter: float = 0.4
     #: A piece whose prefix char is punctuation other than space, ``_`` or ``.`` (``:aws``,
