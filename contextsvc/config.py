@@ -3,14 +3,16 @@
 Values come from, lowest to highest precedence: the defaults below, a TOML config file
 (``CONTEXTSVC_CONFIG`` or ``--config``), ``CONTEXTSVC_*`` environment variables, CLI flags.
 Fields marked "per profile" may be overridden by a named profile or a request's inline profile.
-"""
 
-from __future__ import annotations
+Start-up cost (issue #9): building these classes is most of what importing this module costs, so
+annotations here are real objects, not strings (no ``from __future__ import annotations``):
+pydantic would otherwise evaluate each of the ~200 field annotations from its text.
+"""
 
 import tomllib
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -50,7 +52,7 @@ class CompressionDefaults(BaseModel):
     hard_truncate_fallback: bool = True
 
     @model_validator(mode="after")
-    def _target_below_threshold(self) -> CompressionDefaults:
+    def _target_below_threshold(self) -> Self:
         if self.target >= self.threshold:
             raise ValueError(f"compression target {self.target} must be below threshold {self.threshold}")
         return self
@@ -345,7 +347,7 @@ class PostgresSettings(BaseModel):
     compaction_lock_timeout_seconds: float = Field(180.0, gt=0)
 
     @model_validator(mode="after")
-    def _pool_bounds(self) -> PostgresSettings:
+    def _pool_bounds(self) -> Self:
         if self.pool_min_size > self.pool_max_size:
             raise ValueError(f"pool_min_size {self.pool_min_size} exceeds pool_max_size {self.pool_max_size}")
         return self
@@ -514,7 +516,7 @@ class GatewaySettings(BaseModel):
     tls_key: str = ""
 
     @model_validator(mode="after")
-    def _gateway_pairs(self) -> GatewaySettings:
+    def _gateway_pairs(self) -> Self:
         if bool(self.target_client_cert) != bool(self.target_client_key):
             raise ValueError("gateway.target_client_cert and target_client_key go together: give both or neither")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -603,7 +605,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _tls_pairs(self) -> Settings:
+    def _tls_pairs(self) -> Self:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
@@ -611,7 +613,7 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _default_profile_exists(self) -> Settings:
+    def _default_profile_exists(self) -> Self:
         if self.default_profile not in self.profiles:
             self.profiles[self.default_profile] = ProfileConfig()
         return self

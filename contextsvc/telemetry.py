@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from opentelemetry import context as otel_context
@@ -44,7 +44,9 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from contextsvc.ports import EventBus, SessionStore, StoredEvent, Summarizer, Summarizers, SummaryRequest
-from contextsvc.telemetry_spans import LightSpan, SpanFactory
+
+if TYPE_CHECKING:  # imported when tracing is configured: the trace SDK is not needed otherwise
+    from contextsvc.telemetry_spans import SpanFactory
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +336,8 @@ def _tracing(
     provider.add_span_processor(processor)
     shutdowns.append(provider.shutdown)
     flushes.append(provider.force_flush)
+    from contextsvc.telemetry_spans import SpanFactory
+
     # Our own spans go straight to that processor (telemetry_spans); other code's via the provider.
     spans = SpanFactory(provider, processor, _SCOPE) if SpanFactory.usable(provider) else None
     if not install:
@@ -483,7 +487,7 @@ class _ChildSpan:
             if not parent.is_recording():
                 return parent
             span = telemetry.tracer.start_span(self._name, attributes=self._attributes)
-        elif telemetry.spans is not None and isinstance(above, LightSpan):
+        elif telemetry.spans is not None and isinstance(above, telemetry.spans.span_type):
             span = telemetry.spans.child(self._name, above, self._attributes)
         else:
             span = telemetry.tracer.start_span(self._name, attributes=self._attributes)

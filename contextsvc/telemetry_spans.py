@@ -53,6 +53,9 @@ _CHILDREN_FOLLOW = (ParentBased, ParentBasedTraceIdRatio, StaticSampler, TraceId
 class SpanFactory:
     """Starts ``LightSpan``\\ s for one provider and ends them into ``processor``."""
 
+    #: the class of the spans it starts (callers check a parent against it without importing it)
+    span_type: type[LightSpan]
+
     def __init__(self, provider: TracerProvider, processor: SpanProcessor, scope_name: str) -> None:
         self.sampler: Sampler = provider.sampler
         self._ids = provider.id_generator
@@ -227,3 +230,6 @@ class LightSpan(trace.Span):
                 instrumentation_scope=factory.scope,
             )
         )
+
+
+SpanFactory.span_type = LightSpan

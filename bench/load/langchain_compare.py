@@ -10,7 +10,10 @@ are timed in the same run, one after the other, best of several rounds of many c
 Our side is ``ViewService.assemble`` (legal view, per-message cuts, image budget, calibrated
 estimate with its segments) in three states: *cold* (every message a new object: nothing sized
 yet), *warm* (the stored messages, sized once each, the view assembled again: a build after a
-change), *reused* (the session's view memo: a build with nothing new). LangChain's side is
+change), *extended* (the session's view memo holds the view of the first 196 messages and the newest agent step,
+a user message, a tool call, its output and the answer, was appended since: the usual build of a
+turn, ``ViewService._extended``), *reused* (the session's view memo: a build with nothing new).
+LangChain's side is
 ``trim_messages(strategy="last", token_counter=count_tokens_approximately)`` with a budget that
 keeps every message, which counts every message on every call, as our cold and warm builds do.
 """
@@ -36,6 +39,7 @@ from workload import messages
 
 from contextsvc.api import mapping
 from contextsvc.config import ProfileConfig, Settings
+from contextsvc.core.messages import Role
 from contextsvc.core.profile import ProfileOverrides, resolve_profile
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.engine.engine import Engine
@@ -47,6 +51,8 @@ from contextsvc.summarizers.registry import build_summarizers
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".build" / "langchain-venv"
 N = 200
+#: messages of one agent step (ask, tool call, tool output, answer): what a turn appends
+STEP = 4
 WINDOW = 4_000_000
 
 LANGCHAIN_SIDE = r"""
@@ -117,8 +123,24 @@ async def ours(rounds: int, calls: int) -> dict[str, Any]:
     def reused() -> None:
         views.assemble(profile, context, None, state, session_id=session.id)
 
+    # The view of all but the newest agent step, as the memo keeps it after the previous turn's build.
+    step = N - STEP
+    assert context[step].role is Role.USER, "the newest step must start at a user message"
+    views.assemble(profile, context[:step], None, state, session_id=session.id)
+    kept = views._memo.same_rows(session.id, context[:step])  # the bench sets the memo up
+    assert kept is not None
+    kept_key, kept_view = kept
+
+    def extended() -> None:
+        views._memo.put(session.id, kept_key, context[:step], kept_view)
+        views.assemble(profile, context, None, state, session_id=session.id)
+
+    extended()
+    grown = views.assemble(profile, context, None, state, session_id=session.id)
+    if grown.rows != views.assemble(profile, context, None, state).rows:
+        raise AssertionError("the extended view differs from a fresh assembly")
     out: dict[str, Any] = {"rows": len(views.assemble(profile, context, None, state).rows)}
-    for name, fn in (("cold", cold), ("warm", warm), ("reused", reused)):
+    for name, fn in (("cold", cold), ("warm", warm), ("extended", extended), ("reused", reused)):
         best = float("inf")
         for _ in range(rounds):
             t = time.perf_counter()
@@ -159,7 +181,7 @@ def main() -> None:
         f"| LangChain {lc['version']} `trim_messages` + `count_tokens_approximately` ({lc['kept']} kept) "
         f"| {lc['seconds'] * 1e6:,.0f} | 1.00 |",
     ]
-    for name in ("cold", "warm", "reused"):
+    for name in ("cold", "warm", "extended", "reused"):
         lines.append(
             f"| contextsvc `assemble`, {name} ({ours_out['rows']} rows) | {ours_out[name] * 1e6:,.0f} "
             f"| {ours_out[name] / lc['seconds']:.2f} |"

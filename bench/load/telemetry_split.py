@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import os
 import shutil
@@ -95,13 +94,10 @@ def environment(name: str, sink_port: int, extra: dict[str, str]) -> dict[str, s
 
 
 def summarize(collapsed: Path, top: int) -> None:
-    """bench/load/profile.py's summary of py-spy's collapsed stacks (loaded by path: the module's
-    name is also the standard library's)."""
-    spec = importlib.util.spec_from_file_location("load_profile", Path(__file__).with_name("profile.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.summarize(collapsed, top)
+    """bench/load/pyspy_profile.py's summary of py-spy's collapsed stacks."""
+    import pyspy_profile
+
+    pyspy_profile.summarize(collapsed, top)
 
 
 def thread_cpu(pid: int) -> tuple[float, float]:

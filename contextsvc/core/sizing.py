@@ -21,6 +21,7 @@ new baselines replace them, ``calibration_window`` at a time).
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import threading
 from dataclasses import dataclass
@@ -61,18 +62,36 @@ class SizeWeights:
     #: An ASCII letter run costs 1 token per case "hump" (``Describe``+``Instances``); a hump
     #: longer than ``free_letters`` costs ``per_long_letter`` more per extra letter (rarer
     #: words), and past ``word_letters`` ``per_odd_letter`` (hashes, ids, base64: not words).
+    #: ``per_long_letter`` was 0.2: on the fit split of bench/fidelity words of 8-13 letters in
+    #: prose, code and JSON ran 0.6-0.85x that price (common long words are one token).
     free_letters: int = 6
-    per_long_letter: float = 0.2
+    per_long_letter: float = 0.15
     word_letters: int = 12
     per_odd_letter: float = 0.4
     #: A piece whose prefix char is punctuation other than space, ``_`` or ``.`` (``:aws``,
     #: ``"id``, ``/src``) usually costs an extra token or part of one.
     odd_prefix: float = 0.5
+    #: Prefix chars that nearly always stay a token of their own before letters (``:amd64``,
+    #: ``+dfsg``, ``~deb12u1``, ``=value``: about 1.0 extra token on every vocabulary measured,
+    #: against 0.1-0.5 for ``-``, ``/``, ``(``; fit split of bench/fidelity).
+    separate_prefixes: str = ":+~="
+    separate_prefix: float = 1.0
     #: Cyrillic run of n letters: ``max(1, cyrillic_base + cyrillic_per_letter * n)``. The
     #: vocabularies disagree 2x here (o200k ~0.25 tokens/letter, cl100k/Claude ~0.5): this is the
     #: middle, so Cyrillic costs 0.7x-1.45x the tokens per unit of Latin-script text by vocabulary.
     cyrillic_base: float = 0.45
     cyrillic_per_letter: float = 0.33
+    #: A Cyrillic word with letters outside the Russian alphabet (Ukrainian ``ї є ґ`` and the
+    #: dotted i, Belarusian ``ў``, Serbian/Macedonian ``љ њ ђ ћ џ`` and je, dze) costs this many times more: the
+    #: vocabularies are Russian-heavy, and such words ran 1.2x-1.6x the tokens per unit of Russian
+    #: ones (bench/fidelity, fit split: o200k 1.47x, cl100k 1.59x, Llama 3 1.22x, Claude 1.35x).
+    cyrillic_rare_factor: float = 1.45
+    #: A Cyrillic word not right after a space (after a line break or punctuation) or with a
+    #: capital letter costs this many times more: the vocabularies hold Cyrillic words mostly in
+    #: lower case after a space (fit split of bench/fidelity: other Cyrillic words ran ~1.45x the
+    #: tokens per unit). A word at the very start of a text is priced as if after a space, so
+    #: text added in front never makes anything cheaper.
+    cyrillic_unspaced_factor: float = 1.45
     #: Other scripts (accented Latin, Greek, Arabic, ...), per letter, same form.
     other_base: float = 0.8
     other_per_letter: float = 0.28
@@ -119,6 +138,11 @@ _PIECE = re.compile(
 _HUMP = re.compile(r"[A-Z]*[a-z]+|[A-Z]+")
 _RUN = re.compile(r"[A-Za-z]+|[\u0400-\u052f]+|[^A-Za-z\u0400-\u052f]+")
 _CJK = re.compile(r"[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+#: Cyrillic letters the Russian alphabet does not have (see ``SizeWeights.cyrillic_rare_factor``).
+_RARE_CYRILLIC = re.compile(
+    "[\u0404\u0406\u0407\u0408\u0409\u040a\u040b\u040e\u040f\u0405\u0402\u0490"
+    "\u0454\u0456\u0457\u0458\u0459\u045a\u045b\u045e\u045f\u0455\u0452\u0491]"
+)
 _LINE_BREAKS = re.compile(r"[\r\n]+")
 _CHEAP_PREFIXES = frozenset("_.")
 
@@ -128,8 +152,9 @@ def pieces(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
-def _letters_tokens(letters: str, w: SizeWeights) -> float:
-    """Tokens of a run of letters (no prefix), any script; runs of one script priced separately."""
+def _letters_tokens(letters: str, w: SizeWeights, *, unspaced: bool = False) -> float:
+    """Tokens of a run of letters (no prefix), any script; runs of one script priced separately.
+    ``unspaced``: the letters do not follow a space (``SizeWeights.cyrillic_unspaced_factor``)."""
     tokens = 0.0
     for run in _RUN.findall(letters) if not letters.isascii() else (letters,):
         if run.isascii():
@@ -138,7 +163,11 @@ def _letters_tokens(letters: str, w: SizeWeights) -> float:
                 tokens += 1.0 + w.per_long_letter * max(0, min(n, w.word_letters) - w.free_letters)
                 tokens += w.per_odd_letter * max(0, n - w.word_letters)
         elif "\u0400" <= run[0] <= "\u052f":
-            tokens += max(1.0, w.cyrillic_base + w.cyrillic_per_letter * len(run))
+            cost = max(1.0, w.cyrillic_base + w.cyrillic_per_letter * len(run))
+            if _RARE_CYRILLIC.search(run):
+                cost *= w.cyrillic_rare_factor
+            # a capital anywhere (not only first): text added in front never makes it cheaper
+            tokens += cost * w.cyrillic_unspaced_factor if unspaced or not run.islower() else cost
         else:
             cjk = len(_CJK.findall(run))
             other = len(run) - cjk
@@ -165,8 +194,11 @@ def _symbol_extra(run: str, w: SizeWeights) -> float:
     return sum(w.per_astral if ord(ch) > 0xFFFF else w.per_symbol for ch in run if ord(ch) > 0x7F)
 
 
-def piece_tokens(piece: str, w: SizeWeights = WEIGHTS) -> float:
-    """Estimated tokens of one piece (as ``pieces`` emits it); at least 1 for any piece."""
+def piece_tokens(piece: str, w: SizeWeights = WEIGHTS, *, inner: bool = False) -> float:
+    """Estimated tokens of one piece (as ``pieces`` emits it); at least 1 for any piece.
+
+    ``inner``: the piece is not the first of its text, so a piece of letters follows something
+    other than a space (a line break, a digit, punctuation): Cyrillic letters cost more there."""
     last = piece[-1]
     if last.isdecimal():
         return 1.0  # a group of up to 3 digits
@@ -177,19 +209,38 @@ def piece_tokens(piece: str, w: SizeWeights = WEIGHTS) -> float:
     if last.isalnum():  # a letter piece (a word char, not a digit), maybe with a prefix char
         head = piece[0]
         if head.isalnum():
-            return _letters_tokens(piece, w)
-        if head in _CHEAP_PREFIXES or head.isspace():
+            return _letters_tokens(piece, w, unspaced=inner)
+        if head == " ":
             return _letters_tokens(piece[1:], w)
+        if head in _CHEAP_PREFIXES or head.isspace():
+            return _letters_tokens(piece[1:], w, unspaced=True)
         # Never less than the prefix alone would cost, so more text never costs less.
-        return _letters_tokens(piece[1:], w) + w.odd_prefix + _symbol_extra(head, w)
+        prefix = w.separate_prefix if head in w.separate_prefixes else w.odd_prefix
+        return _letters_tokens(piece[1:], w, unspaced=True) + prefix + _symbol_extra(head, w)
     run = piece.lstrip(" ").rstrip("\r\n")
     return _punct_tokens(run, w) if run else 1.0
 
 
 @functools.lru_cache(maxsize=1 << 15)
 def piece_units(piece: str) -> int:
-    """Size units of one piece with the default weights (memoized: pieces repeat a lot)."""
+    """Size units of one piece with the default weights (memoized: pieces repeat a lot), as the
+    first piece of a text."""
     return max(1, round(WEIGHTS.units_per_token * piece_tokens(piece)))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _inner_units(piece: str) -> int:
+    """``piece_units`` of a piece that is not the first of its text (``piece_tokens(inner=True)``)."""
+    if not piece[0].isalpha() or piece.isascii():
+        return piece_units(piece)  # only a piece starting with a letter depends on what precedes it
+    return max(1, round(WEIGHTS.units_per_token * piece_tokens(piece, inner=True)))
+
+
+def _units(found: list[str]) -> int:
+    """Size units of the pieces of one text, in order."""
+    if not found:
+        return 0
+    return piece_units(found[0]) + sum(map(_inner_units, itertools.islice(found, 1, None)))
 
 
 def text_size(text: str) -> int:
@@ -200,10 +251,10 @@ def text_size(text: str) -> int:
     would cost 40-90 ms a megabyte (bench/RESULTS.md).
     """
     if len(text) < _MEMO_MIN_CHARS:
-        return sum(map(piece_units, _PIECE.findall(text)))
+        return _units(_PIECE.findall(text))
     size = _MEMO.get(text)
     if size is None:
-        size = sum(map(piece_units, _PIECE.findall(text)))
+        size = _units(_PIECE.findall(text))
         _MEMO.put(text, size)
     return size
 
@@ -267,6 +318,8 @@ def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
         _CLASS_MEMO.clear()
     if pieces:
         piece_units.cache_clear()
+        _inner_units.cache_clear()
+        _inner_split.cache_clear()
         piece_class.cache_clear()
         _piece_split.cache_clear()
 
@@ -365,6 +418,17 @@ def _piece_split(piece: str) -> tuple[tuple[int, int], ...]:
     return tuple((c, u) for (_, c), u in zip(shares, floors, strict=True) if u)
 
 
+@functools.lru_cache(maxsize=1 << 15)
+def _inner_split(piece: str) -> tuple[tuple[int, int], ...]:
+    """``_piece_split`` of a piece that is not the first of its text (``_inner_units``)."""
+    split = _piece_split(piece)
+    inner = _inner_units(piece)
+    if inner == piece_units(piece):
+        return split
+    # Only a piece of letters gets dearer inside a text; its extra units go to its main class.
+    return ((split[0][0], split[0][1] + inner - piece_units(piece)), *split[1:])
+
+
 def class_units(text: str) -> tuple[int, ...]:
     """Size units of ``text`` per content class (``CLASSES`` order); they sum to ``text_size``.
 
@@ -375,8 +439,8 @@ def class_units(text: str) -> tuple[int, ...]:
         if hit is not None:
             return hit
     units = [0] * len(CLASSES)
-    for piece in _PIECE.findall(text):
-        split = _piece_split(piece)
+    for k, piece in enumerate(_PIECE.findall(text)):
+        split = _piece_split(piece) if k == 0 else _inner_split(piece)
         if len(split) == 1:
             units[split[0][0]] += split[0][1]
         else:

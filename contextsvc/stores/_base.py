@@ -19,12 +19,11 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
-from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
@@ -41,6 +40,9 @@ from contextsvc.stores._session import (
     StateRecord,
     utc,
 )
+
+if TYPE_CHECKING:
+    from contextsvc.core.maintenance import Candidate
 
 T = TypeVar("T")
 
@@ -332,6 +334,8 @@ class RowStore:
     async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
         """Every session with the characters of its rows as its size (the files store counts its
         bytes on disk instead), for store maintenance (``core/maintenance.py``)."""
+        from contextsvc.core.maintenance import Candidate  # maintenance's model: not needed to start
+
         epoch = datetime.min.replace(tzinfo=UTC)
         return [
             Candidate(

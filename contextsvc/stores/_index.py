@@ -4,14 +4,19 @@ instead of every log (issue #9 item 3).
 ``<data>/index.jsonl`` is a header line, then one line per session, each a checked record
 (``_frames``: CRC32C + the record)::
 
-    {"t": "index", "format": 1, "preview_chars": 160}
-    {"s": {...header fields...}, "d": 12, "x": 9, "q": 14, "p": "preview", "o": 3,
-     "k": [inode, size, mtime_ns, ctime_ns]}
+    {"t": "index", "format": 2, "preview_chars": 160}
+    ["<id>", "<user>", "<profile>", "<name>", false, {metadata}, "<create_time>", "<update_time>",
+     0, false, {state}, 12, 9, 14, "preview", 3, inode, size, mtime_ns, ctime_ns]
 
-``s`` are the header fields (``core/codec.session_to_dict``), ``d`` / ``x`` / ``q`` the display
-and context counts and the last sequence number, ``p`` the listing preview (cut to
-``preview_chars``), ``o`` the flag/header/state/view records since the log was last written whole
-(what decides a background compaction), ``k`` the key of the log file the summary was taken from.
+A session's record is an array in the order of ``FIELDS``: the header fields (as
+``core/codec.session_to_dict`` writes them), the display and context counts and the last sequence
+number, the listing preview (cut to ``preview_chars``), the flag/header/state/view records since the
+log was last written whole (what decides a background compaction), and the key of the log file the
+summary was taken from. An array rather than an object (format 1, still read: an index written
+before this format is used, and written in this one next time): at 10,000 sessions, parsing the
+keys of every object was most of the index's parse time, and start-up parses every line.
+Nothing is built per session at start beyond what the store keeps (``summary_state``): the
+``SessionInfo`` of an entry is made only if asked for.
 
 Staleness is per log: an entry is used only when its key equals the log's ``stat`` now. The store
 only ever appends to a log (its size grows) or replaces it whole (a new inode), so a log changed
@@ -33,55 +38,140 @@ import json
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contextsvc.core.codec import session_from_dict, session_to_dict
+from contextsvc.core.codec import parse_time, session_from_dict, session_to_dict
 from contextsvc.core.session import SessionInfo
 from contextsvc.stores._frames import BadFrame, checked_body, frame, unframe
+from contextsvc.stores._session import SessionState
 
 logger = logging.getLogger(__name__)
 
 INDEX_NAME = "index.jsonl"
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
+#: formats read: 1 (objects) is the one written before arrays.
+_READ_FORMATS = (1, 2)
 
 #: (inode, size, mtime_ns, ctime_ns) of a log file.
 FileKey = tuple[int, int, int, int]
+
+#: the order of a format-2 record's values.
+FIELDS = (
+    "id",
+    "user_id",
+    "profile_id",
+    "name",
+    "pinned",
+    "metadata",
+    "create_time",
+    "update_time",
+    "context_tokens",
+    "context_truncated",
+    "state",
+    "display_message_count",
+    "context_message_count",
+    "last_sequence",
+    "preview",
+    "overhead",
+    "inode",
+    "size",
+    "mtime_ns",
+    "ctime_ns",
+)
+_WIDTH = len(FIELDS)
 
 
 def file_key(stat: os.stat_result) -> FileKey:
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-@dataclass(slots=True, frozen=True)
 class IndexEntry:
-    """One session's summary (counters and preview in ``info``) and the log it was taken from."""
+    """One session's summary (counters and preview) and the log it was taken from.
 
-    info: SessionInfo
-    key: FileKey
-    overhead: int = 0
-    #: the entry's line as read from the index (written again as is while the log is unchanged).
-    line: bytes = b""
+    Made by the store from a ``SessionInfo`` (to be written), or read from the index: then it holds
+    the record's values, and ``info`` is built only when asked for (start-up builds the store's
+    summary straight from the values, ``summary_state``)."""
+
+    __slots__ = ("_info", "key", "line", "overhead", "values")
+
+    def __init__(
+        self,
+        info: SessionInfo | None,
+        key: FileKey,
+        overhead: int = 0,
+        line: bytes = b"",
+        values: list[Any] | None = None,
+    ) -> None:
+        if info is None and values is None:
+            raise ValueError("an index entry needs its info or its record's values")
+        self._info = info
+        self.key = key
+        self.overhead = overhead
+        #: the entry's line as read from the index (written again as is while the log is unchanged).
+        self.line = line
+        #: the format-2 record's values (``FIELDS``), when read from an index.
+        self.values = values
+
+    @property
+    def info(self) -> SessionInfo:
+        info = self._info
+        if info is None:
+            assert self.values is not None
+            v = self.values
+            info = self._info = SessionInfo(
+                id=v[0],
+                user_id=v[1],
+                profile_id=v[2],
+                name=v[3],
+                pinned=v[4],
+                metadata=v[5],
+                create_time=parse_time(v[6]),
+                update_time=parse_time(v[7]),
+                context_tokens=v[8],
+                context_truncated=v[9],
+                state=v[10],
+                display_message_count=v[11],
+                context_message_count=v[12],
+                last_sequence=v[13],
+                preview=v[14],
+            )
+        return info
+
+    def summary_state(self) -> SessionState:
+        """The store's summary of the session (``SessionState.summary``), made from the record's
+        values without a ``SessionInfo`` between; it takes the entry's dicts (freshly decoded)."""
+        v = self.values
+        if v is None:
+            return SessionState.summary(self.info, share=True)
+        return SessionState.summary_of(
+            v[0], v[1], v[2], v[3], v[4], v[5], parse_time(v[6]), parse_time(v[7]), v[8], v[9], v[10],
+            v[11], v[12], v[13], v[14],
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        sid = self.values[0] if self.values is not None else self.info.id
+        return f"IndexEntry({sid!r}, key={self.key}, overhead={self.overhead})"
 
 
 def encode_entry(entry: IndexEntry) -> bytes:
     if entry.line:
         return entry.line
     info = entry.info
-    record = {
-        "s": session_to_dict(info),
-        "d": info.display_message_count,
-        "x": info.context_message_count,
-        "q": info.last_sequence,
-        "p": info.preview,
-        "o": entry.overhead,
-        "k": list(entry.key),
-    }
+    header = session_to_dict(info)
+    record = [
+        *(header[name] for name in FIELDS[:11]),
+        info.display_message_count,
+        info.context_message_count,
+        info.last_sequence,
+        info.preview,
+        entry.overhead,
+        *entry.key,
+    ]
     return _line(record)
 
 
-def _line(record: dict[str, Any]) -> bytes:
+def _line(record: Any) -> bytes:
     text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
     try:
         body = text.encode()
@@ -91,12 +181,25 @@ def _line(record: dict[str, Any]) -> bytes:
 
 
 def _decode_entry(record: Any, line: bytes) -> IndexEntry:
+    """A format-2 record (an array of ``FIELDS``); the line is kept to be written again as is.
+
+    Only the shape is checked here: the line passed its checksum, so it is what the store wrote.
+    A key that is not four numbers never equals a log's ``stat``, so that entry goes unused."""
+    if type(record) is not list or len(record) != _WIDTH or type(record[0]) is not str:
+        raise ValueError("not a record of this format")
+    overhead = record[15]
+    return IndexEntry(
+        None, (record[16], record[17], record[18], record[19]), overhead if type(overhead) is int else 0, line, record
+    )
+
+
+def _decode_entry_v1(record: Any) -> IndexEntry:
+    """A format-1 record (an object); its line is not kept, so it is written in format 2 next time."""
     if not isinstance(record, dict):
         raise ValueError("not an object")
     key = record["k"]
     if len(key) != 4:
         raise ValueError("bad file key")
-    # One SessionInfo straight from the record, counters included (start-up decodes one per session).
     info = session_from_dict(
         record["s"],
         display_message_count=int(record["d"]),
@@ -104,18 +207,18 @@ def _decode_entry(record: Any, line: bytes) -> IndexEntry:
         last_sequence=int(record["q"]),
         preview=str(record["p"]),
     )
-    return IndexEntry(info, (int(key[0]), int(key[1]), int(key[2]), int(key[3])), int(record.get("o", 0)), line)
+    return IndexEntry(info, (int(key[0]), int(key[1]), int(key[2]), int(key[3])), int(record.get("o", 0)))
 
 
-def _parse_bodies(bodies: list[bytes]) -> list[Any]:
+def _parse_bodies(bodies: list[bytes], kind: type) -> list[Any]:
     """The JSON value of each body: one ``json.loads`` over all of them (a call per line costs
     more than the parsing itself at 10,000 sessions); per body, with None for one that does not
-    parse, if the whole does not split back into exactly one object per body."""
+    parse, if the whole does not split back into exactly one value of ``kind`` per body."""
     try:
         values = json.loads(b"[" + b",".join(bodies) + b"]")
     except ValueError:
         values = None
-    if isinstance(values, list) and len(values) == len(bodies) and all(isinstance(v, dict) for v in values):
+    if isinstance(values, list) and len(values) == len(bodies) and all(type(v) is kind for v in values):
         return values
     out: list[Any] = []
     for body in bodies:
@@ -130,7 +233,14 @@ def header_line(preview_chars: int) -> bytes:
     return _line({"t": "index", "format": INDEX_FORMAT, "preview_chars": preview_chars})
 
 
-def read_index(path: Path, preview_chars: int) -> dict[str, IndexEntry] | None:
+class Entries(dict[str, IndexEntry]):
+    """The entries of an index read, by session id; ``current``: the index is of the format
+    written now (one of an older format is worth writing again)."""
+
+    current = True
+
+
+def read_index(path: Path, preview_chars: int) -> Entries | None:
     """The entries by session id; None when there is no usable index (missing, unreadable, of
     another format or preview length). Lines failing their check are left out (logged)."""
     try:
@@ -149,12 +259,14 @@ def read_index(path: Path, preview_chars: int) -> dict[str, IndexEntry] | None:
     if (
         not isinstance(head, dict)
         or head.get("t") != "index"
-        or head.get("format") != INDEX_FORMAT
+        or head.get("format") not in _READ_FORMATS
         or head.get("preview_chars") != preview_chars
     ):
         logger.warning("files store: the start-up index %s is unreadable or of another kind; reading every log", path)
         return None
-    entries: dict[str, IndexEntry] = {}
+    current = head["format"] == INDEX_FORMAT
+    entries = Entries()
+    entries.current = current
     bad = 1 if tail else 0
     raws: list[bytes] = []
     bodies: list[bytes] = []
@@ -165,13 +277,13 @@ def read_index(path: Path, preview_chars: int) -> dict[str, IndexEntry] | None:
             bad += 1
             continue
         raws.append(raw)
-    for record, raw in zip(_parse_bodies(bodies), raws, strict=True):
+    for record, raw in zip(_parse_bodies(bodies, list if current else dict), raws, strict=True):
         try:
-            entry = _decode_entry(record, raw + b"\n")
+            entry = _decode_entry(record, raw + b"\n") if current else _decode_entry_v1(record)
         except (ValueError, KeyError, TypeError, AttributeError):
             bad += 1
             continue
-        entries[entry.info.id] = entry
+        entries[entry.values[0] if entry.values is not None else entry.info.id] = entry
     if bad:
         logger.warning("files store: %d unreadable line(s) in the start-up index; those logs are read whole", bad)
     return entries

@@ -274,6 +274,57 @@ class SessionState:
         st.damage = damage
         return st
 
+    @classmethod
+    def summary_of(
+        cls,
+        session_id: str,
+        user_id: str,
+        profile_id: str,
+        name: str,
+        pinned: bool,
+        metadata: dict[str, Any],
+        create_time: datetime | None,
+        update_time: datetime | None,
+        context_tokens: int,
+        context_truncated: bool,
+        state: dict[str, Any],
+        display_count: int,
+        context_count: int,
+        last_sequence: int,
+        preview: str,
+    ) -> SessionState:
+        """``summary(SessionInfo(...), share=True)`` from the values themselves: the files store's
+        start-up makes one per session from its index, and neither the ``SessionInfo`` nor the
+        keyword calls are needed for that (the dicts are taken, not copied)."""
+        st = cls.__new__(cls)
+        st.id = session_id
+        st.user_id = user_id
+        st.profile_id = profile_id
+        st.name = name
+        st.pinned = pinned
+        st.metadata = metadata
+        st.create_time = create_time
+        st.update_time = update_time
+        st.context_tokens = context_tokens
+        st.context_truncated = context_truncated
+        st.state = state
+        st.rows = []
+        st._ctx = []
+        st._ctx_keys = []
+        st.display_count = display_count
+        st.preview_source = preview
+        st.requests = {}
+        st.request_fingerprints = {}
+        st.views = {}
+        st.lock = asyncio.Lock()
+        st._info = None
+        st.deleted = False
+        st.damage = ""
+        st.resident = False
+        st._stub_ctx = context_count
+        st._stub_last = last_sequence
+        return st
+
     def evict(self, preview_chars: int) -> None:
         """Drop the rows, context, request ids and views; keep the header, counters and preview."""
         if not self.resident:

@@ -87,12 +87,11 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
-from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import Message
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
@@ -114,6 +113,9 @@ from contextsvc.stores._session import (
     SessionState,
     StateRecord,
 )
+
+if TYPE_CHECKING:
+    from contextsvc.core.maintenance import Candidate
 from contextsvc.stores.api_tokens import FilesTokenStore
 
 logger = logging.getLogger(__name__)
@@ -280,13 +282,16 @@ class FilesStore(RowStore):
                 raise
         self._observations.update(observations)
         self._calibration = calibration
+        least = self._settings.files.compact_min_records  # no log with fewer records is ever due
+        sessions, logs, lines = self._sessions, self._logs, self._index_lines
         for st, log, line in loaded:
-            self._sessions[st.id] = st
-            self._logs[st.id] = log
+            sid = st.id
+            sessions[sid] = st
+            logs[sid] = log
             if line is not None:
-                self._index_lines[st.id] = line
-            if self._compaction_due(log, st.last_sequence):
-                self._want_compaction(st.id)
+                lines[sid] = line
+            if log.overhead > least and self._compaction_due(log, st.last_sequence):
+                self._want_compaction(sid)
         if self.read_only:
             return
         if self._settings.durability is Durability.BATCH and self._flusher is None:
@@ -656,6 +661,8 @@ class FilesStore(RowStore):
             return owned, other + self._calibration.size
 
         owned, other = await asyncio.to_thread(sizes)
+        from contextsvc.core.maintenance import Candidate  # maintenance's model: not needed to start
+
         epoch = datetime.min.replace(tzinfo=UTC)
         candidates = [
             Candidate(
@@ -952,7 +959,7 @@ class FilesStore(RowStore):
             entry = index.get(sid) if index is not None else None
             if entry is not None and stat is not None and entry.key == file_key(stat):
                 self.stats.index_hits += 1
-                st = SessionState.summary(entry.info, share=True)  # the entry's dicts are fresh
+                st = entry.summary_state()  # straight from the record: no SessionInfo made
                 kept = encode_entry(entry)
                 loaded.append((st, _Log(path, stat.st_size, entry.overhead), kept))
                 fresh[sid] = kept
@@ -972,7 +979,9 @@ class FilesStore(RowStore):
                         line = encode_entry(IndexEntry(st.info(preview_chars), file_key(now), log.overhead))
                         fresh[sid] = line
             loaded.append((st, log, line))
-        if not self.read_only and (index is None or index.keys() != fresh.keys() or self.stats.logs_read_at_open):
+        if not self.read_only and (
+            index is None or not index.current or index.keys() != fresh.keys() or self.stats.logs_read_at_open
+        ):
             try:
                 _write_atomic(self.root / INDEX_NAME, index_bytes(fresh.values(), preview_chars))
                 self.stats.index_writes += 1

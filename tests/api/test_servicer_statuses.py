@@ -26,11 +26,9 @@ from contextsvc.api.servicer import ContextServicer
 from contextsvc.config import QuotaSettings, Settings
 from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
-from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
-from contextsvc.summarizers.registry import build_summarizers
+from tests.support.engines import make_engine
 from tests.support.servicer_harness import EventLoopThread, Outcome, ServicerHarness
-from tests.support.stores import TickingClock
 
 MISSING = "00000000-0000-4000-8000-000000000000"
 
@@ -45,13 +43,7 @@ class World:
         async def build() -> tuple[Engine, asyncio.Event]:
             store = MemoryStore(settings)
             await store.open()
-            engine = Engine(
-                store=store,
-                bus=MemoryEventBus(retention=100),
-                settings=settings,
-                clock=TickingClock(),
-                summarizers=build_summarizers(settings),
-            )
+            engine = make_engine(store, settings)
             return engine, asyncio.Event()
 
         self.engine, self.stopping = loop.run(build())

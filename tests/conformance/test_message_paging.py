@@ -16,21 +16,13 @@ from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, Flags, Message, Role
 from contextsvc.engine.engine import Engine
 from contextsvc.errors import InvalidArgument
-from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import SessionStore
-from contextsvc.summarizers.registry import build_summarizers
 from tests.conformance.helpers import ALICE, assistant, compression_record, seqs, summary, tool, user
-from tests.support.stores import TickingClock
+from tests.support.engines import make_engine
 
 
 async def _engine(store: SessionStore, settings: Settings) -> Engine:
-    return Engine(
-        store=store,
-        bus=MemoryEventBus(retention=10),
-        settings=settings,
-        clock=TickingClock(),
-        summarizers=build_summarizers(settings),
-    )
+    return make_engine(store, settings, retention=10)
 
 
 async def _paged(engine: Engine, sid: str, buffer: BufferKind, size: int) -> list[int]:

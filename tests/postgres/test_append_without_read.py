@@ -15,12 +15,10 @@ from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.validation import IncomingMessage
 from contextsvc.errors import NotFound
-from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import SessionProfileChanged
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
-from contextsvc.summarizers.registry import build_summarizers
 from tests.postgres.conftest import pg_settings
-from tests.support.stores import TickingClock
+from tests.support.engines import make_engine
 
 ALICE = Principal(user_id="alice")
 BOB = Principal(user_id="bob")
@@ -41,16 +39,7 @@ def settings() -> Settings:
 @pytest.fixture
 async def replicas(postgres_db: str, settings: Settings) -> AsyncIterator[tuple[Engine, Engine, PostgresStore]]:
     stores = [await make_postgres_store(postgres_db, settings) for _ in range(2)]
-    engines = [
-        Engine(
-            store=s,
-            bus=MemoryEventBus(retention=100),
-            settings=settings,
-            clock=TickingClock(),
-            summarizers=build_summarizers(settings),
-        )
-        for s in stores
-    ]
+    engines = [make_engine(s, settings) for s in stores]
     try:
         yield engines[0], engines[1], stores[1]
     finally:

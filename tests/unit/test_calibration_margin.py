@@ -141,15 +141,19 @@ def test_an_honest_count_of_any_vocabulary_clears_the_floor_of_a_cold_model() ->
     assert all(b >= 0 for b in LOWER_BOUND)
 
 
-def test_each_feature_has_its_own_margin_cyrillic_wider_than_words() -> None:
-    # The prior measured how far a new step's real count lies over its price per feature: Russian
-    # text scatters more than English words, so a Cyrillic delta carries a wider relative margin.
+def test_each_feature_has_its_own_margin() -> None:
+    # The prior measured how far a new step's real count lies over its price per feature: text of
+    # one class scatters more around its price than another's, so their deltas carry different
+    # relative margins (which is wider is measured: before the Cyrillic size rules of round 6 it
+    # was Cyrillic, now English words).
     prior = PRIORS["o200k"]
     assert len(prior.feature_margins) == N_FEATURES
-    assert prior.feature_margins[CYRILLIC] > prior.feature_margins[WORD]
+    assert prior.feature_margins[CYRILLIC] != prior.feature_margins[WORD]
     cold = fallback(S, family="o200k")
     english, russian = feats(word=1000, messages=2), feats(cyrillic=1000, messages=2)
-    assert cold.margin_of(russian) / price(O200K, russian) > cold.margin_of(english) / price(O200K, english)
+    wider = prior.feature_margins[CYRILLIC] > prior.feature_margins[WORD]
+    relative = cold.margin_of(russian) / price(O200K, russian), cold.margin_of(english) / price(O200K, english)
+    assert (relative[0] > relative[1]) == wider
     # each feature's price times its own margin
     expected = sum(m * w * x for m, w, x in zip(cold.margins, O200K, english, strict=True))
     assert abs(cold.margin_of(english) - expected) < 1e-9

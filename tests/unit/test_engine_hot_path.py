@@ -18,10 +18,8 @@ from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage
 from contextsvc.errors import NotFound
-from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
-from contextsvc.summarizers.registry import build_summarizers
-from tests.support.stores import TickingClock
+from tests.support.engines import make_engine
 
 
 class CountingStore(MemoryStore):
@@ -45,13 +43,7 @@ def _settings(**hot: Any) -> Settings:
 async def _engine(settings: Settings) -> tuple[Engine, CountingStore]:
     store = CountingStore(settings)
     await store.open()
-    engine = Engine(
-        store=store,
-        bus=MemoryEventBus(retention=100),
-        settings=settings,
-        clock=TickingClock(),
-        summarizers=build_summarizers(settings),
-    )
+    engine = make_engine(store, settings)
     return engine, store
 
 
@@ -435,13 +427,7 @@ def test_an_append_to_a_known_session_reads_no_session_and_a_recreated_one_is_pr
         )
         store = ReadCounting(settings)
         await store.open()
-        engine = Engine(
-            store=store,
-            bus=MemoryEventBus(retention=100),
-            settings=settings,
-            clock=TickingClock(),
-            summarizers=build_summarizers(settings),
-        )
+        engine = make_engine(store, settings)
         sid = (await engine.sessions.create(ANONYMOUS, profile_id="default", name="", metadata={})).id
         row = [IncomingMessage(Message(role=Role.USER, content="hello there"))]
         first = await engine.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)

@@ -8,26 +8,18 @@ import pytest
 
 from contextsvc.config import Settings
 from contextsvc.core.session import ANONYMOUS
-from contextsvc.engine.engine import Engine
 from contextsvc.errors import Unavailable
 from contextsvc.events import memory_bus
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
-from contextsvc.summarizers.registry import build_summarizers
-from tests.support.stores import TickingClock
+from tests.support.engines import make_engine
 
 
 async def test_compaction_locks_are_dropped_once_nobody_holds_or_waits() -> None:
     settings = Settings(store="memory")
     store = MemoryStore(settings)
     await store.open()
-    engine = Engine(
-        store=store,
-        bus=MemoryEventBus(retention=10),
-        settings=settings,
-        clock=TickingClock(),
-        summarizers=build_summarizers(settings),
-    )
+    engine = make_engine(store, settings, retention=10)
     order: list[str] = []
 
     async def hold(tag: str, delay: float) -> None:

@@ -21,8 +21,7 @@ from contextsvc.errors import ContextTooLarge, InvalidArgument, NotFound
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.files import FilesStore
 from contextsvc.stores.memory import MemoryData, MemoryStore
-from contextsvc.summarizers.registry import build_summarizers
-from tests.support.stores import TickingClock
+from tests.support.engines import make_engine
 
 
 def _settings(**profile: Any) -> Settings:
@@ -33,9 +32,7 @@ async def _engine(settings: Settings, data: MemoryData | None = None) -> tuple[E
     store = MemoryStore(settings, data=data)
     await store.open()
     bus = MemoryEventBus(retention=100)
-    return Engine(
-        store=store, bus=bus, settings=settings, clock=TickingClock(), summarizers=build_summarizers(settings)
-    ), bus
+    return make_engine(store, settings, bus=bus), bus
 
 
 def _msg(role: Role, content: str = "", **kw: Any) -> IncomingMessage:
@@ -181,13 +178,7 @@ async def test_estimate_after_restart_is_the_same(tmp_path: Path) -> None:
     settings = Settings(profiles={"default": ProfileConfig(model="m")}, store=f"files:{tmp_path}")
     store = FilesStore(tmp_path, settings=settings)
     await store.open()
-    engine = Engine(
-        store=store,
-        bus=MemoryEventBus(retention=10),
-        settings=settings,
-        clock=TickingClock(),
-        summarizers=build_summarizers(settings),
-    )
+    engine = make_engine(store, settings, retention=10)
     sid = await _session_with(engine, _msg(Role.USER, "z" * 4000))
     for extra in (0, 3000, 9000):
         if extra:
@@ -208,13 +199,7 @@ async def test_estimate_after_restart_is_the_same(tmp_path: Path) -> None:
 
     store2 = FilesStore(tmp_path, settings=settings)
     await store2.open()
-    engine2 = Engine(
-        store=store2,
-        bus=MemoryEventBus(retention=10),
-        settings=settings,
-        clock=TickingClock(),
-        summarizers=build_summarizers(settings),
-    )
+    engine2 = make_engine(store2, settings, retention=10)
     after = await engine2.estimate_tokens(ANONYMOUS, model="", messages=[], session_id=sid, profile=ProfileOverrides())
     fresh2 = await engine2.estimate_tokens(
         ANONYMOUS, model="m", messages=[_msg(Role.USER, "q" * 5000)], session_id="", profile=ProfileOverrides()

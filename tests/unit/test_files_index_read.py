@@ -3,11 +3,14 @@ and a line that would break the batch costs only its own session (``stores/_inde
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from contextsvc.core.codec import session_to_dict
 from contextsvc.core.session import SessionInfo
 from contextsvc.stores._frames import frame
-from contextsvc.stores._index import IndexEntry, encode_entry, index_bytes, read_index
+from contextsvc.stores._index import INDEX_FORMAT, IndexEntry, encode_entry, index_bytes, read_index
+from contextsvc.stores._session import SessionState
 
 
 def entry(n: int) -> IndexEntry:
@@ -58,8 +61,59 @@ def test_a_checked_line_that_is_not_one_object_costs_only_itself(tmp_path: Path)
 def test_a_line_failing_its_checksum_or_unwrapped_is_left_out(tmp_path: Path) -> None:
     path = tmp_path / "index.jsonl"
     lines = [encode_entry(entry(n)) for n in range(1, 5)]
-    lines[1] = lines[1].replace(b'"q":2', b'"q":9')  # checksum no longer matches
+    assert b'"session 2"' in lines[1]
+    lines[1] = lines[1].replace(b'"session 2"', b'"session 9"')  # checksum no longer matches
     lines[2] = lines[2][lines[2].index(b'"r":') + 4 : -2] + b"\n"  # the bare record, no wrapper
     write(path, lines)
     read = read_index(path, 160)
     assert read is not None and sorted(read) == sorted([entry(1).info.id, entry(4).info.id])
+
+
+def test_an_entry_read_makes_the_same_summary_as_its_info(tmp_path: Path) -> None:
+    # Start-up builds the store's summary from the record's values (no SessionInfo between):
+    # it must be the one SessionState.summary makes from the entry's SessionInfo, slot for slot.
+    path = tmp_path / "index.jsonl"
+    entries = [entry(n) for n in range(1, 4)]
+    write(path, [encode_entry(e) for e in entries])
+    read = read_index(path, 160)
+    assert read is not None
+    for e in entries:
+        fast = read[e.info.id].summary_state()
+        slow = SessionState.summary(e.info)
+        for name in SessionState.__slots__:
+            if name != "lock":
+                assert getattr(fast, name) == getattr(slow, name), name
+        assert fast.info(160) == e.info
+
+
+def test_an_index_of_the_previous_format_is_read_and_written_anew(tmp_path: Path) -> None:
+    # Format 1 (one object per session), as written before format 2: still used, so a first start
+    # after an upgrade does not read every log; its lines are encoded in the current format again.
+    assert INDEX_FORMAT == 2
+    path = tmp_path / "index.jsonl"
+    entries = [entry(n) for n in range(1, 5)]
+    old = [
+        frame(
+            json.dumps(
+                {
+                    "s": session_to_dict(e.info),
+                    "d": e.info.display_message_count,
+                    "x": e.info.context_message_count,
+                    "q": e.info.last_sequence,
+                    "p": e.info.preview,
+                    "o": e.overhead,
+                    "k": list(e.key),
+                },
+                separators=(",", ":"),
+            ).encode()
+        )
+        for e in entries
+    ]
+    header = frame(json.dumps({"t": "index", "format": 1, "preview_chars": 160}, separators=(",", ":")).encode())
+    path.write_bytes(header + b"".join(old))
+    read = read_index(path, 160)
+    assert read is not None and len(read) == 4 and not read.current
+    for e in entries:
+        got = read[e.info.id]
+        assert got.info == e.info and got.key == e.key and got.overhead == e.overhead
+        assert encode_entry(got) == encode_entry(e) and encode_entry(got) not in old

@@ -15,7 +15,8 @@ from contextsvc.config import Durability, FilesSettings, Settings
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.errors import SessionDamaged
-from contextsvc.stores._index import INDEX_NAME
+from contextsvc.stores._frames import frame
+from contextsvc.stores._index import FIELDS, INDEX_FORMAT, INDEX_NAME
 from contextsvc.stores._session import LOST_KEY
 from contextsvc.stores.files import FilesStore
 from tests.support.stores import TickingClock
@@ -84,6 +85,35 @@ async def test_open_reads_the_index_and_no_log(root: Path, monkeypatch: pytest.M
     await store.close()
 
 
+async def test_an_index_of_the_previous_format_serves_the_start_and_is_written_anew(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An index written before format 2 (one object per session): a start after the upgrade uses it
+    # (no log read) and writes it again in the current format.
+    store = await opened(root)
+    await make_sessions(store, 4, 3)
+    before = await listing(store)
+    await store.close()
+    lines = index_of(root).read_bytes().splitlines()
+    old = [frame(json.dumps({"t": "index", "format": 1, "preview_chars": 160}).encode())]
+    for line in lines[1:]:
+        v = json.loads(line)["r"]
+        header = dict(zip(FIELDS[:11], v[:11], strict=True))
+        record = {"s": header, "d": v[11], "x": v[12], "q": v[13], "p": v[14], "o": v[15], "k": v[16:]}
+        old.append(frame(json.dumps(record).encode()))
+    index_of(root).write_bytes(b"".join(old))
+
+    def no_log_reads(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("a log was read at open")
+
+    monkeypatch.setattr(files_module, "scan_log", no_log_reads)
+    store = await opened(root)
+    assert store.stats.index_hits == 4 and store.stats.logs_read_at_open == 0
+    assert await listing(store) == before
+    await store.close()
+    assert json.loads(index_of(root).read_bytes().splitlines()[0])["r"]["format"] == INDEX_FORMAT == 2
+
+
 async def test_an_entry_older_than_its_log_is_not_used(root: Path) -> None:
     store = await opened(root)
     sids = await make_sessions(store, 5, 2)
@@ -136,7 +166,9 @@ async def test_a_missing_or_corrupt_index_is_rebuilt_from_the_logs(root: Path, d
         path.write_bytes(b"\x00garbage\n" + path.read_bytes()[7:])
     elif damage == "flipped entry":
         lines = path.read_bytes().split(b"\n")
-        lines[3] = lines[3].replace(b'"q":2', b'"q":9')  # fails its checksum
+        flipped = bytearray(lines[3])
+        flipped[len(flipped) // 2] ^= 0x01  # a bit of the record: fails its checksum
+        lines[3] = bytes(flipped)
         path.write_bytes(b"\n".join(lines))
     settings = Settings(durability=Durability.FSYNC, preview_chars=20 if damage == "other preview length" else 160)
     store = FilesStore(root, settings, clock=TickingClock())

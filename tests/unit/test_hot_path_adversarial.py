@@ -26,10 +26,8 @@ from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.validation import IncomingMessage
 from contextsvc.errors import ContextError, NotFound
-from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
-from contextsvc.summarizers.registry import build_summarizers
-from tests.support.stores import TickingClock
+from tests.support.engines import make_engine
 
 ALICE = Principal(user_id="alice")
 BOB = Principal(user_id="bob")
@@ -46,13 +44,7 @@ def _two_profile_settings() -> Settings:
 
 
 def _engine(store: MemoryStore, settings: Settings) -> Engine:
-    return Engine(
-        store=store,
-        bus=MemoryEventBus(retention=100),
-        settings=settings,
-        clock=TickingClock(),
-        summarizers=build_summarizers(settings),
-    )
+    return make_engine(store, settings)
 
 
 async def _replicas() -> tuple[Engine, Engine, MemoryStore, Settings]:

@@ -21,10 +21,9 @@ from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.engine.engine import Engine
-from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.server import share_memory_budget
 from contextsvc.stores.files import FilesStore
-from contextsvc.summarizers.registry import build_summarizers
+from tests.support.engines import make_engine
 from tests.support.stores import TickingClock
 from tests.unit.test_wire import stored
 
@@ -52,13 +51,7 @@ async def open_world(root: Path, cache_mb: float, sids: list[str]) -> World:
     settings = Settings(durability=Durability.BATCH, files=FilesSettings(cache_mb=cache_mb))
     store = FilesStore(root, settings, clock=TickingClock())
     await store.open()
-    engine = Engine(
-        store=store,
-        bus=MemoryEventBus(retention=100),
-        settings=settings,
-        clock=TickingClock(),
-        summarizers=build_summarizers(settings),
-    )
+    engine = make_engine(store, settings)
     wire = WireCache(64 * MB)  # far above the budget: only the shared budget can bound it
     share_memory_budget(store, engine, wire)
     return World(store, engine, wire, sids, int(cache_mb * MB))

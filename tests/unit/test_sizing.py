@@ -115,9 +115,11 @@ def test_pieces_cover_every_character_once(text: str) -> None:
         ('":', 1.0),
         (" getValue", 2.0),  # one token per case hump
         ("_init", 1.0),  # ``_``, ``.`` and a space are cheap prefixes
-        (":aws", 1.5),  # other punctuation before a word costs more
-        ("architecture", 2.2),  # a long word: 1 + 0.2 per letter past 6
-        ("configuration", 2.6),  # ... and 0.4 per letter past 12
+        ("/src", 1.5),  # other punctuation before a word costs more
+        (":aws", 2.0),  # ... a token of its own for ``:``, ``+``, ``~``, ``=`` (``:amd64``, ``+dfsg``)
+        ("+dfsg", 2.0),
+        ("architecture", 1.9),  # a long word: 1 + 0.15 per letter past 6
+        ("configuration", 2.3),  # ... and 0.4 per letter past 12
         ("=" * 9, 2.0),  # a ruler: one repeated char is cheap
         ("{[(<", 1.45),  # mixed punctuation: 1 token for 3 chars, 0.45 per char after
     ],
@@ -129,16 +131,46 @@ def test_piece_prices(piece: str, tokens: float) -> None:
 
 def test_long_letter_runs_cost_more_per_letter() -> None:
     assert text_size("deadbeefcafebabe0123") > text_size("configuration") > text_size("the")
-    assert piece_tokens("x" * 32) == pytest.approx(1 + 0.2 * 6 + 0.4 * 20)  # not a word: ~0.32 tokens/char
+    assert piece_tokens("x" * 32) == pytest.approx(1 + 0.15 * 6 + 0.4 * 20)  # not a word: ~0.32 tokens/char
     assert piece_tokens("x" * 6) == piece_tokens("x") == 1.0
 
 
 def test_scripts_are_priced_by_their_own_rules() -> None:
-    assert piece_tokens("привет") == pytest.approx(0.45 + 0.33 * 6)
+    assert piece_tokens(" привет") == pytest.approx(0.45 + 0.33 * 6)
     assert piece_tokens("日本語") == pytest.approx(3.0)
     assert piece_tokens("café") == pytest.approx(1.0 + 0.8 + 0.28)  # ASCII run + other-script run
     assert piece_tokens("→") > piece_tokens("-")  # non-ASCII symbols cost extra
     assert piece_tokens("🙂") > piece_tokens("→")
+
+
+def test_cyrillic_outside_the_russian_alphabet_costs_more() -> None:
+    # Ukrainian, Belarusian and Serbian letters mark words the Russian-heavy vocabularies split
+    # finer (1.2x-1.6x the tokens per unit on the fit split of bench/fidelity).
+    assert piece_tokens(" їжак") == pytest.approx((0.45 + 0.33 * 4) * 1.45)
+    assert piece_tokens(" ежак") == pytest.approx(0.45 + 0.33 * 4)
+    assert piece_tokens(" Їжак") == pytest.approx((0.45 + 0.33 * 4) * 1.45 * 1.45)  # and a capital
+    for word in ("Київ", "єдиний", "ґанок", "ўсё", "љубав", "њива", "џеп", "ђак", "ћерка", "јато", "ѕвезда"):
+        plain = word.translate(str.maketrans("їієґўљњџђћјѕ", "ииеоулнцдтйз"))
+        assert piece_tokens(word) == pytest.approx(piece_tokens(plain) * 1.45), word
+    assert piece_tokens(" привет") == pytest.approx(0.45 + 0.33 * 6)  # Russian: unchanged
+
+
+def test_a_cyrillic_word_not_after_a_space_costs_more() -> None:
+    # The vocabularies hold Cyrillic words mostly in lower case after a space: after a line break,
+    # a digit or punctuation, or with a capital, they ran ~1.45x the tokens per unit.
+    spaced = piece_tokens(" привет")
+    assert piece_tokens(" Привет") == pytest.approx(spaced * 1.45)
+    assert piece_tokens(" ПРИВЕТ") == pytest.approx(spaced * 1.45)
+    assert piece_tokens("привет", inner=True) == pytest.approx(spaced * 1.45)
+    assert piece_tokens("(привет") == pytest.approx(spaced * 1.45 + 0.5)
+    assert piece_tokens("\tпривет") == pytest.approx(spaced * 1.45)
+    # the first word of a text is priced as after a space: text added in front never costs less
+    assert piece_tokens("привет") == pytest.approx(spaced)
+    assert text_size("привет") == text_size(" привет") == 5
+    assert text_size("\nпривет") == 2 + round(2 * spaced * 1.45)
+    assert text_size("мир\nпривет") > text_size("мир привет")
+    assert sum(sizing.class_units("мир\nпривет")) == text_size("мир\nпривет")
+    assert piece_tokens(" Hello") == piece_tokens(" hello")  # Latin script: unchanged
 
 
 def test_weights_change_the_price() -> None:
@@ -150,8 +182,10 @@ def test_weights_change_the_price() -> None:
 def test_weights_are_pinned() -> None:
     w = SizeWeights()
     assert w.units_per_token == 2  # one unit ~ half a token: tokens/unit ~0.5, mid-range in [0.25, 1.0]
-    assert (w.free_letters, w.per_long_letter, w.word_letters, w.per_odd_letter) == (6, 0.2, 12, 0.4)
+    assert (w.free_letters, w.per_long_letter, w.word_letters, w.per_odd_letter) == (6, 0.15, 12, 0.4)
     assert (w.cyrillic_base, w.cyrillic_per_letter, w.cjk_per_char) == (0.45, 0.33, 1.0)
+    assert (w.cyrillic_rare_factor, w.cyrillic_unspaced_factor) == (1.45, 1.45)
+    assert (w.separate_prefixes, w.separate_prefix, w.odd_prefix) == (":+~=", 1.0, 0.5)
     assert (w.message_frame, w.tool_call_frame) == (4.0, 8.0)
 
 
