@@ -417,8 +417,10 @@ class FilesSettings(BaseModel):
     #: engine's memos and reused views of them, the API adapter's encoded messages
     #: (``hot_path.wire_cache_mb`` bounds those on its own too). Past it the least recently used
     #: session is dropped from all of them (its summary stays) and read from its log again when
-    #: next used. 0 keeps only the sessions in use. 40 MB holds ~160 sessions of 100 chat rows
-    #: (bench/store/memory.py); the sessions' summaries are held beside it, whatever it is.
+    #: next used; the most recently used session stays even when it alone is larger (a long
+    #: session is not read again at every call). 0 keeps only the sessions in use. 40 MB holds
+    #: ~160 sessions of 100 chat rows (bench/store/memory.py); the sessions' summaries are held
+    #: beside it, whatever it is.
     cache_mb: float = Field(40.0, ge=0)
     #: how often (seconds) a changed start-up index (``index.jsonl``) is written while serving;
     #: it is also written at a clean stop. A log written after it is read again at the next start.

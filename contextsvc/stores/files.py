@@ -410,17 +410,22 @@ class FilesStore(RowStore):
 
     def _evict(self, keep: str = "") -> None:
         """Drop the least recently used sessions' rows (and history indexes, and through
-        ``on_evict`` every engine and API cache of them) while over budget; never ``keep`` nor a
-        session whose lock is held (a mutation or a load is using it): those are tried again
-        after the next call that held a session lock (``_serialized``)."""
+        ``on_evict`` every engine and API cache of them) while over budget; never ``keep``, the
+        most recently used session (unless the budget is 0), nor a session whose lock is held (a
+        mutation or a load is using it): those are tried again after the next call that held a
+        session lock (``_serialized``)."""
         budget = int(self._settings.files.cache_mb * _MB)
         if self._held <= budget:
             return
+        # With a budget at all, the most recently used session stays even when it alone is over
+        # it: dropping it after every call made each call on a long session read and index its
+        # whole log again (O(history) per call). 0 keeps only the sessions in use, as documented.
+        newest = next(reversed(self._lru), "") if budget > 0 else ""
         for sid in list(self._lru):
             if self._held <= budget:
                 break
             st = self._sessions.get(sid)
-            if sid == keep or (st is not None and (st.lock.locked() or st.damage)):
+            if sid in (keep, newest) or (st is not None and (st.lock.locked() or st.damage)):
                 continue
             self._forget(sid)
             if st is not None:

@@ -221,6 +221,30 @@ async def test_rows_load_on_first_use_and_the_least_recently_used_go(root: Path)
     await store.close()
 
 
+async def test_a_session_larger_than_the_budget_stays_while_it_is_the_one_in_use(root: Path) -> None:
+    """One long session alone over ``files.cache_mb`` is not read again at every call (that made
+    each call O(history)); another session's call lets it go, and a budget of 0 keeps nothing."""
+    store = await opened(root)
+    big, small = await make_sessions(store, 2, 60, size=2000)  # ~0.2 MB each, over the budget below
+    await store.close()
+
+    store = await opened(root, cache_mb=0.05)
+    for _ in range(3):
+        assert len(await store.get_messages(big, caller=ALICE, first=1, last=60)) == 60
+    assert store.stats.loads == 1 and store._sessions[big].resident
+    assert store.held_bytes > int(0.05 * 1024 * 1024)  # over the budget by that one session only
+    await store.get_messages(small, caller=ALICE, first=1, last=60)  # now the most recently used
+    assert not store._sessions[big].resident and store._sessions[small].resident
+    assert store.stats.loads == 2
+    await store.close()
+
+    store = await opened(root, cache_mb=0)
+    for _ in range(2):
+        await store.get_messages(big, caller=ALICE, first=1, last=60)
+    assert store.stats.loads == 2 and not store._sessions[big].resident
+    await store.close()
+
+
 async def test_an_evicted_session_keeps_its_numbers_and_request_ids(root: Path) -> None:
     store = await opened(root, cache_mb=0)  # nothing held beyond the call using it
     a, b = await make_sessions(store, 2, 3)
