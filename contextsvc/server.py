@@ -7,10 +7,9 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import grpc
@@ -28,10 +27,11 @@ from contextsvc.api.quotas import Quotas
 from contextsvc.api.servicer import ContextServicer, add_to_server
 from contextsvc.api.wire import WireCache
 from contextsvc.clock import SystemClock
-from contextsvc.config import MaintenanceSettings, Settings
+from contextsvc.config import Settings
 from contextsvc.core.session import Principal
 from contextsvc.engine.authn import Authenticator
 from contextsvc.engine.engine import Engine
+from contextsvc.engine.maintenance import maintenance_loop
 from contextsvc.errors import Unavailable
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.ports import EventBus, SessionStore
@@ -255,7 +255,7 @@ async def _start_background(running: RunningServer, settings: Settings, bus: Eve
     running.store_health = store_health
     watched = getattr(bus, "watched_sessions", None)
     running.maintenance = asyncio.create_task(
-        _maintenance_loop(
+        maintenance_loop(
             running.store,
             bus,
             settings.maintenance,
@@ -265,31 +265,6 @@ async def _start_background(running: RunningServer, settings: Settings, bus: Eve
         ),
         name="contextsvc-maintenance",
     )
-
-
-async def _maintenance_loop(
-    store: SessionStore,
-    bus: EventBus,
-    settings: MaintenanceSettings,
-    *,
-    now: Callable[[], datetime],
-    busy: Callable[[], Collection[str]],
-    sleep: Callable[[float], Awaitable[None]],
-) -> None:
-    """``engine.maintenance.maintenance_loop``, its modules imported only once its first pause (one
-    interval) is over: they are not needed to reach SERVING (issue #9, start-up)."""
-    await sleep(settings.interval_seconds)
-    from contextsvc.engine.maintenance import maintenance_loop
-
-    paused = False
-
-    async def pause(seconds: float) -> None:  # the loop's first pause is the one just taken
-        nonlocal paused
-        if paused:
-            await sleep(seconds)
-        paused = True
-
-    await maintenance_loop(store, bus, settings, now=now, busy=busy, sleep=pause)
 
 
 async def _set_health(health: health_aio.HealthServicer, status: int) -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contextsvc.config import MaintenanceSettings
-from contextsvc.core.maintenance import Candidate, Plan, Policy, plan
 from contextsvc.core.session import Principal
 from contextsvc.errors import NotFound
 from contextsvc.ports import EventBus
+
+if TYPE_CHECKING:  # imported by the first run, one interval after the start (issue #9, start-up)
+    from contextsvc.core.maintenance import Candidate, Plan, Policy
 
 log = logging.getLogger(__name__)
 audit = logging.getLogger("contextsvc.audit")
@@ -29,6 +31,8 @@ MAINTENANCE = Principal(user_id="contextsvc-maintenance", is_admin=True)
 
 
 def policy_of(settings: MaintenanceSettings) -> Policy:
+    from contextsvc.core.maintenance import Policy
+
     return Policy(
         prune_after=timedelta(days=settings.prune_after_days) if settings.prune_after_days > 0 else None,
         max_sessions=settings.max_sessions,
@@ -53,6 +57,8 @@ async def run_maintenance(
     if candidates_of is None:
         return None
     candidates, other_bytes = await candidates_of(busy)
+    from contextsvc.core.maintenance import plan
+
     result = plan(candidates, policy_of(settings), now, other_bytes=other_bytes)
     enforce = settings.mode == "enforce" and not dry_run
     done = []

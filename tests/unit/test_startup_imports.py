@@ -53,8 +53,7 @@ LAZY = (
     "opentelemetry.instrumentation",
     "contextsvc.telemetry_metrics",
     "contextsvc.telemetry_otlp",
-    "contextsvc.engine.maintenance",  # its first run is one interval after the start
-    "contextsvc.core.maintenance",
+    "contextsvc.core.maintenance",  # the planner: imported by the first run, one interval after the start
     "contextsvc.store_tools",  # fsck / maintain
     "contextsvc.client",
 )
