@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import sys
 
 from pydantic import ValidationError
@@ -138,6 +140,8 @@ def _add_transport_flags(serve: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not _serves(argv):
+        gc.enable()  # paused by the entry point (``_launch``) only for a server's start
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -223,11 +227,27 @@ def _check_transport(settings: Settings) -> None:
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
 
+def _serves(argv: list[str] | None) -> bool:
+    """Whether this command line runs the server (the first word that is not an option)."""
+    words = sys.argv[1:] if argv is None else argv
+    return next((w for w in words if not w.startswith("-")), None) == "serve"
+
+
 async def _serve(settings: Settings) -> None:
-    # Imported here so that `contextsvc --help` does not load grpc.
+    # The files store starts reading its directory in a thread now, while the server's modules are
+    # imported (``FilesStore.begin_open``); they are imported here so that `contextsvc --help` does
+    # not load grpc.
+    from contextsvc.stores import FilesStore, open_store
+
+    store = None
+    if settings.store.strip().startswith("files:"):  # other stores open in ``start``, after telemetry
+        with contextlib.suppress(ValueError):  # a bad URL: ``start`` refuses it with its own message
+            store = open_store(settings.store, settings)
+    if isinstance(store, FilesStore):
+        store.begin_open()
     from contextsvc.server import serve
 
-    await serve(settings)
+    await serve(settings, store=store)
 
 
 async def _gateway(settings: Settings) -> None:

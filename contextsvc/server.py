@@ -97,19 +97,21 @@ def share_memory_budget(store: FilesStore, engine: Engine, wire_cache: WireCache
     wire_cache.on_size = store.hold_outside
 
 
-async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
+async def start(settings: Settings, *, freeze: bool = False, store: SessionStore | None = None) -> RunningServer:
     """Open the store and start listening. ``freeze`` (the ``serve`` process, which lives with
-    what it made here): see ``_freeze_startup_objects``."""
+    what it made here): see ``_freeze_startup_objects``. ``store``: the one ``settings.store``
+    names, made (and perhaps being read, ``FilesStore.begin_open``) by the caller."""
     transport = check_transport(settings)  # refuses before anything is opened
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )
     # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
     tel = telemetry.configure(service_version=__version__, slow_store_ms=settings.telemetry_slow_store_ms)
-    try:
-        store = open_store(settings.store, settings)
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
+    if store is None:
+        try:
+            store = open_store(settings.store, settings)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
     gate = ServingGate()
     first_error: Unavailable | None = None
     try:
@@ -241,8 +243,10 @@ def _freeze_startup_objects() -> None:
     store's load, cost ~45 ms before SERVING at 10,000 sessions, and each full one later ~80 ms
     (issue #9, start-up). Sessions removed later are freed by their reference counts (no cycles).
     Only for the process of ``serve``: a process starting many servers (tests) would keep the
-    cyclic garbage of whatever was alive at each start."""
+    cyclic garbage of whatever was alive at each start. The collector, paused since the process
+    began (``contextsvc._launch``), runs again from here."""
     gc.freeze()
+    gc.enable()
 
 
 async def _start_background(running: RunningServer, settings: Settings, bus: EventBus) -> None:
@@ -319,8 +323,8 @@ def _reloader(running: RunningServer, gateway: Any) -> Callable[[], None]:
     return reload
 
 
-async def serve(settings: Settings) -> None:
-    running = await start(settings, freeze=True)
+async def serve(settings: Settings, store: SessionStore | None = None) -> None:
+    running = await start(settings, freeze=True, store=store)
     host = settings.listen.rpartition(":")[0]
     # Tests and scripts read this line to learn the port when listening on port 0.
     print(f"contextsvc listening on {host}:{running.port} (store: {settings.store})", flush=True)
