@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import sys
 
@@ -234,20 +233,10 @@ def _serves(argv: list[str] | None) -> bool:
 
 
 async def _serve(settings: Settings) -> None:
-    # The files store starts reading its directory in a thread now, while the server's modules are
-    # imported (``FilesStore.begin_open``); they are imported here so that `contextsvc --help` does
-    # not load grpc.
-    from contextsvc.stores import FilesStore, open_store
-
-    store = None
-    if settings.store.strip().startswith("files:"):  # other stores open in ``start``, after telemetry
-        with contextlib.suppress(ValueError):  # a bad URL: ``start`` refuses it with its own message
-            store = open_store(settings.store, settings)
-    if isinstance(store, FilesStore):
-        store.begin_open()
+    # Imported here so that `contextsvc --help` does not load grpc.
     from contextsvc.server import serve
 
-    await serve(settings, store=store)
+    await serve(settings)
 
 
 async def _gateway(settings: Settings) -> None:

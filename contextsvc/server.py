@@ -97,21 +97,19 @@ def share_memory_budget(store: FilesStore, engine: Engine, wire_cache: WireCache
     wire_cache.on_size = store.hold_outside
 
 
-async def start(settings: Settings, *, freeze: bool = False, store: SessionStore | None = None) -> RunningServer:
+async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     """Open the store and start listening. ``freeze`` (the ``serve`` process, which lives with
-    what it made here): see ``_freeze_startup_objects``. ``store``: the one ``settings.store``
-    names, made (and perhaps being read, ``FilesStore.begin_open``) by the caller."""
+    what it made here): see ``_freeze_startup_objects``."""
     transport = check_transport(settings)  # refuses before anything is opened
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )
     # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
     tel = telemetry.configure(service_version=__version__, slow_store_ms=settings.telemetry_slow_store_ms)
-    if store is None:
-        try:
-            store = open_store(settings.store, settings)
-        except ValueError as exc:
-            raise StartupError(str(exc)) from None
+    try:
+        store = open_store(settings.store, settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     gate = ServingGate()
     first_error: Unavailable | None = None
     try:
@@ -323,8 +321,8 @@ def _reloader(running: RunningServer, gateway: Any) -> Callable[[], None]:
     return reload
 
 
-async def serve(settings: Settings, store: SessionStore | None = None) -> None:
-    running = await start(settings, freeze=True, store=store)
+async def serve(settings: Settings) -> None:
+    running = await start(settings, freeze=True)
     host = settings.listen.rpartition(":")[0]
     # Tests and scripts read this line to learn the port when listening on port 0.
     print(f"contextsvc listening on {host}:{running.port} (store: {settings.store})", flush=True)

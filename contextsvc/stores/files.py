@@ -73,7 +73,6 @@ with that id is ever created again.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -82,7 +81,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -263,8 +261,6 @@ class FilesStore(RowStore):
         #: every engine and API cache of it (``ViewService.forget``, ``WireCache``), which would
         #: otherwise keep the rows alive outside the budget.
         self.on_evict: Callable[[str], None] | None = None
-        #: the load ``begin_open`` started in a thread, for ``open`` to finish.
-        self._early: concurrent.futures.Future[_Loaded] | None = None
 
     @property
     def pending_fsync(self) -> int:
@@ -277,38 +273,8 @@ class FilesStore(RowStore):
         """This store's API tokens (``ports.ApiTokenStore``): ``tokens.json`` in the data directory."""
         return FilesTokenStore(self.root)
 
-    def begin_open(self) -> None:
-        """Take the directory's lock and read it in a thread from now on; ``open`` finishes.
-
-        ``serve`` calls this before it imports the server's modules: the directory scan, a ``stat``
-        per log and the index's read are system calls that run outside the GIL, so at 10,000
-        sessions most of the store's start overlaps the imports instead of following them
-        (issue #9). A read-only store reads at ``open``, as before."""
-        if self.read_only or self._early is not None:
-            return
-        early: concurrent.futures.Future[_Loaded] = concurrent.futures.Future()
-
-        def load() -> None:
-            try:
-                self._lock_dir()
-            except BaseException as exc:
-                early.set_exception(exc)
-                return
-            try:
-                early.set_result(self._load_all_unswept())
-            except BaseException as exc:
-                self._dir_lock.release()
-                early.set_exception(exc)
-
-        self._early = early
-        threading.Thread(target=load, name="contextsvc-files-open", daemon=True).start()
-
     async def open(self) -> None:
-        early, self._early = self._early, None
-        if early is not None:
-            # ``begin_open`` took the lock and read (or failed, the lock released) in its thread.
-            loaded, observations, calibration = await asyncio.wrap_future(early)
-        elif self.read_only:
+        if self.read_only:
             # No lock and no write of any kind: the server may own the directory meanwhile.
             loaded, observations, calibration = await asyncio.to_thread(self._load_all_unswept)
         else:
