@@ -11,6 +11,7 @@ A breadcrumb never holds ``;`` or a line break, so a list of them round-trips th
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -76,50 +77,66 @@ _UNITS = (
     r"|tokens?|chars?|lines?|rows?|files?|items?|requests?|calls?|users?|turns?|messages?|x"
     r"|usd|eur|gbp|rub|jpy|cny|\u0440\u0443\u0431|₽|€|\$"
 )
-_PATTERNS: tuple[tuple[EntityKind, re.Pattern[str]], ...] = (
-    (EntityKind.URL, re.compile(r"\b(?:https?|ftp|wss?|grpcs?|s3|file)://[^\s<>\"'`|\\{}\[\]()]+", re.I)),
-    (EntityKind.EMAIL, re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")),
-    (
-        EntityKind.UUID,
-        re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),
-    ),
-    # Windows paths, absolute / home / dot-relative POSIX paths, relative paths with a file name.
-    (EntityKind.PATH, re.compile(r"\b[A-Za-z]:\\(?:[^\\\s:*?\"<>|;]+\\)*[^\\\s:*?\"<>|;,]+")),
-    (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:~|\.{1,2})?/(?:[\w.@+%=-]+/)*[\w.@+%=-]*[\w@+%=-]")),
-    (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:[\w.@+-]+/)+[\w@+-]*\.[A-Za-z][A-Za-z0-9]{0,7}\b")),
-    (
-        EntityKind.PATH,
-        re.compile(
-            r"(?<![\w/.\-])[\w-]+\.(?:py|pyi|ts|tsx|js|jsx|mjs|json|jsonl|md|rst|txt|toml|ya?ml|ini|cfg|conf|env"
-            r"|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|sh|bash|zsh|ps1|sql|proto|html|css|scss|vue"
-            r"|csv|tsv|xml|lock|log|pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|webp|svg|zip|tar|gz|tgz|whl)\b",
+
+
+@functools.cache
+def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str]], ...]:
+    """The entity patterns, compiled on first use: ~10 ms of compiling that a server start would
+    otherwise pay for the first compaction (issue #9, start-up time)."""
+    return (
+        (EntityKind.URL, re.compile(r"\b(?:https?|ftp|wss?|grpcs?|s3|file)://[^\s<>\"'`|\\{}\[\]()]+", re.I)),
+        (EntityKind.EMAIL, re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")),
+        (
+            EntityKind.UUID,
+            re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),
         ),
-    ),
-    (EntityKind.TICKET, re.compile(r"\b[A-Z][A-Z0-9]{1,9}(?:-\d+)+\b")),
-    (EntityKind.ADDRESS, re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b")),
-    (EntityKind.ADDRESS, re.compile(r"\blocalhost:\d{1,5}\b")),
-    (
-        EntityKind.VERSION,
-        re.compile(r"(?<![\w.])v\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?\b|\b\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]+)?\b"),
-    ),
-    (EntityKind.HASH, re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b")),
-    # Identifiers: CamelCase / lowerCamel, snake_case, UPPER_SNAKE, dotted.names.of.things.
-    (EntityKind.IDENTIFIER, re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+\b")),
-    (EntityKind.IDENTIFIER, re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b")),
-    (EntityKind.IDENTIFIER, re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b")),
-    (EntityKind.AMOUNT, re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b")),
-    (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?%")),
-    (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I)),
-)
-_QUOTED = re.compile(
-    r"`([^`\n;]{2,80})`"
-    # A double-quoted name neither opens onto JSON punctuation (the gap `": 1, "` after a key)
-    # nor is a key itself (followed by `:`).
-    r"|\"(?!\s*[:,}\]])([^\"\n;]{2,60})\"(?!\s*:)"
-    r"|“([^”\n;]{2,60})”"
-    r"|«([^»\n;]{2,60})»"
-    r"|(?<![\w'])'([^'\n;]{2,60})'(?![\w'])"
-)
+        # Windows paths, absolute / home / dot-relative POSIX paths, relative paths with a file name.
+        (EntityKind.PATH, re.compile(r"\b[A-Za-z]:\\(?:[^\\\s:*?\"<>|;]+\\)*[^\\\s:*?\"<>|;,]+")),
+        (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:~|\.{1,2})?/(?:[\w.@+%=-]+/)*[\w.@+%=-]*[\w@+%=-]")),
+        (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:[\w.@+-]+/)+[\w@+-]*\.[A-Za-z][A-Za-z0-9]{0,7}\b")),
+        (
+            EntityKind.PATH,
+            re.compile(
+                r"(?<![\w/.\-])[\w-]+\.(?:py|pyi|ts|tsx|js|jsx|mjs|json|jsonl|md|rst|txt|toml|ya?ml|ini|cfg|conf|env"
+                r"|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|sh|bash|zsh|ps1|sql|proto|html|css|scss|vue"
+                r"|csv|tsv|xml|lock|log|pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|webp|svg|zip|tar|gz|tgz|whl)\b",
+            ),
+        ),
+        (EntityKind.TICKET, re.compile(r"\b[A-Z][A-Z0-9]{1,9}(?:-\d+)+\b")),
+        (EntityKind.ADDRESS, re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b")),
+        (EntityKind.ADDRESS, re.compile(r"\blocalhost:\d{1,5}\b")),
+        (
+            EntityKind.VERSION,
+            re.compile(r"(?<![\w.])v\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?\b|\b\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]+)?\b"),
+        ),
+        (EntityKind.HASH, re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b")),
+        # Identifiers: CamelCase / lowerCamel, snake_case, UPPER_SNAKE, dotted.names.of.things.
+        (
+            EntityKind.IDENTIFIER,
+            re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+\b"),
+        ),
+        (EntityKind.IDENTIFIER, re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b")),
+        (EntityKind.IDENTIFIER, re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b")),
+        (EntityKind.AMOUNT, re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b")),
+        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?%")),
+        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I)),
+    )
+
+
+@functools.cache
+def _quoted() -> re.Pattern[str]:
+    """Quoted names (compiled on first use, as ``_patterns``)."""
+    return re.compile(
+        r"`([^`\n;]{2,80})`"
+        # A double-quoted name neither opens onto JSON punctuation (the gap `": 1, "` after a key)
+        # nor is a key itself (followed by `:`).
+        r"|\"(?!\s*[:,}\]])([^\"\n;]{2,60})\"(?!\s*:)"
+        r"|“([^”\n;]{2,60})”"
+        r"|«([^»\n;]{2,60})»"
+        r"|(?<![\w'])'([^'\n;]{2,60})'(?![\w'])"
+    )
+
+
 _SHELL_PROMPT_ONLY = re.compile(r"^[ \t]*\$[ \t]+(\S.*)$", re.M)
 #: tool-call argument keys whose value is a shell command / a file path.
 _COMMAND_KEYS = frozenset({"command", "cmd", "commands", "script", "shell", "bash", "run"})
@@ -413,14 +430,14 @@ def _from_text(text: str, *, max_chars: int, scan_chars: int) -> Iterator[Entity
     for match in _SHELL_PROMPT_ONLY.finditer(text):
         for command in _split_commands(match.group(1)):
             spans.append((match.start(1), match.end(1), EntityKind.COMMAND, command))
-    for kind, pattern in _PATTERNS:
+    for kind, pattern in _patterns():
         for match in pattern.finditer(text):
             value = match.group(0)
             if kind is EntityKind.URL or kind is EntityKind.PATH:
                 value = value.rstrip(_TRAILING_PUNCT)
             if _accept(kind, value):
                 spans.append((match.start(), match.start() + len(value), kind, value))
-    for match in _QUOTED.finditer(text):
+    for match in _quoted().finditer(text):
         index = next(i for i in range(1, 6) if match.group(i) is not None)
         value = match.group(index).strip()
         if _accept(EntityKind.QUOTED, value):
