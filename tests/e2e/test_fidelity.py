@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
+
+from PIL import Image
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2 as r
@@ -136,3 +139,37 @@ def test_estimates_that_ran_short_widen_the_margin(stub: Any) -> None:
     stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=_turn(7)))
     view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
     assert view.estimate.margin > 0
+
+
+def _png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (30, 90, 160)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_a_small_view_made_of_images_cut_to_half_is_caught(stub: Any) -> None:
+    # Images are priced by the image rule, not a vocabulary: the floor holds 70% of their price, so
+    # a two-screenshot view with one line of text, reported at half its size, is a cut prompt
+    # (before, its floor was its text's alone and the count was recorded as honest).
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    shots = [r.Image(data=_png(1024, 1024)) for _ in range(2)]
+    stub.AppendMessages(
+        pb.AppendMessagesRequest(
+            session_id=sid, messages=[r.Message(role=r.ROLE_USER, content="what changed here?", images=shots)]
+        )
+    )
+    profile = r.Profile(model="gpt-4o", vision=True)
+    view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+    assert view.estimate.images == 2 * 1026 and view.estimate.images > 0.95 * view.estimate.total
+    half = view.estimate.total // 2
+    cut = stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=view.view_id, prompt_tokens=half))
+    assert cut.truncated and not cut.recorded
+    assert cut.lower_bound >= int(0.7 * view.estimate.images) > half
+    assert "image pricing rule" in cut.truncation_reason and str(cut.lower_bound) in cut.truncation_reason
+    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_truncated
+    # An honest count a little under the estimate is recorded (images are not fitted, so it is
+    # only checked, and the view is no anchor: it carried images).
+    again = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
+    honest = round(again.estimate.total * 0.9)
+    ok = stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=again.view_id, prompt_tokens=honest))
+    assert ok.recorded and not ok.truncated and ok.truncation_reason == ""
