@@ -38,13 +38,16 @@ _MAX_ROWS = 512
 class _Spread:
     """Gram entries of one spread: each distinct row's number, ``A S`` row, and its products."""
 
-    __slots__ = ("dots", "ids", "s2", "scaled")
+    __slots__ = ("dots", "ids", "last", "last_index", "s2", "scaled")
 
     def __init__(self, sigma: Sequence[float]) -> None:
         self.s2 = [s * s for s in sigma]
         self.ids: dict[Row, int] = {}
         self.scaled: list[Row] = []
         self.dots: list[dict[int, float]] = []
+        #: the rows (by number) of the last Gram matrix made, and that matrix (never changed after)
+        self.last_index: tuple[int, ...] = ()
+        self.last: list[list[float]] = []
 
 
 _spreads: dict[tuple[float, ...], _Spread] = {}
@@ -70,17 +73,37 @@ def gram(rows: Sequence[Row], sigma: tuple[float, ...]) -> tuple[list[Row], list
                 dots_of.append({})
             index.append(i)
         scaled = [scaled_of[i] for i in index]
-        out = []
-        for i, si in zip(index, scaled, strict=True):
-            dots = dots_of[i]
-            line = []
-            for k, rk in zip(index, rows, strict=True):
-                v = dots.get(k)
+        key = tuple(index)
+        last_index, last = spread.last_index, spread.last
+        if key == last_index:
+            return scaled, last
+        if len(key) > 1 and key[:-1] == last_index[1:]:
+            # The window slid by one baseline: the last matrix without its first row and column,
+            # then the new row's entries (the same numbers the cache holds for these pairs).
+            out = [line[1:] for line in last[1:]]
+            new, new_row = key[-1], rows[-1]
+            for line, i, si in zip(out, key, scaled, strict=False):
+                dots = dots_of[i]
+                v = dots.get(new)
                 if v is None:
-                    v = dots[k] = sum(map(mul, si, rk))
+                    v = dots[new] = sum(map(mul, si, new_row))
                 line.append(v)
-            out.append(line)
+            out.append(_line(dots_of[new], scaled[-1], key, rows))
+        else:
+            out = [_line(dots_of[i], si, key, rows) for i, si in zip(key, scaled, strict=True)]
+        spread.last_index, spread.last = key, out
     return scaled, out
+
+
+def _line(dots: dict[int, float], si: Row, index: Sequence[int], rows: Sequence[Row]) -> list[float]:
+    """Row ``i`` of the Gram matrix (``si`` = row ``i`` of ``A S``), from the cache or computed."""
+    line = []
+    for k, rk in zip(index, rows, strict=True):
+        v = dots.get(k)
+        if v is None:
+            v = dots[k] = sum(map(mul, si, rk))
+        line.append(v)
+    return line
 
 
 def clamp(delta: Sequence[float], bounds: Sequence[tuple[float, float]]) -> list[float]:
@@ -96,6 +119,7 @@ def map_solve(
     weights: Sequence[float],
     obs_var: float,
     width: int,
+    columns: Sequence[Row] = (),
 ) -> list[float]:
     """``delta = S A' (A S A' + obs_var W^-1)^-1 r`` over the ``keep`` rows (the dual form: an
     n x n system for n observations)."""
@@ -104,6 +128,8 @@ def map_solve(
         for a in range(len(m)):
             m[a][a] += obs_var / max(weights[a], 1e-6)
         z = solve(m, list(left))
+        if columns:  # ``zip(*scaled)``, made once by the caller
+            return [sum(map(mul, column, z)) for column in columns]
         kept: Sequence[Row] = scaled
     else:
         m = [[gram_[i][k] for k in keep] for i in keep]
@@ -166,9 +192,10 @@ def robust(
     width = len(bounds)
     delta = [0.0] * width
     residual: dict[int, float] = {}
+    columns = list(zip(*scaled))  # noqa: B905 - rows of one width
     for _ in range(2):  # the second round without the trimmed observations
         for _ in range(passes):
-            delta = clamp(map_solve(scaled, gram_, keep, left, weights, obs_var, width), bounds)
+            delta = clamp(map_solve(scaled, gram_, keep, left, weights, obs_var, width, columns), bounds)
             changed = False
             residual = {}
             for i in keep:
