@@ -1,3 +1,3 @@
-from contextsvc.cli import main
+from contextsvc._launch import main
 
 raise SystemExit(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 
 from pydantic import ValidationError
@@ -138,6 +139,8 @@ def _add_transport_flags(serve: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not _serves(argv):
+        gc.enable()  # paused by the entry point (``_launch``) only for a server's start
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -221,6 +224,12 @@ def _check_transport(settings: Settings) -> None:
 
     if check_transport(settings).tls:
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+
+
+def _serves(argv: list[str] | None) -> bool:
+    """Whether this command line runs the server (the first word that is not an option)."""
+    words = sys.argv[1:] if argv is None else argv
+    return next((w for w in words if not w.startswith("-")), None) == "serve"
 
 
 async def _serve(settings: Settings) -> None:

@@ -149,6 +149,11 @@ class TokenSettings(BaseModel):
     calibration_min_slope: float = Field(0.25, gt=0)
     calibration_max_slope: float = Field(1.0, gt=0)
     truncation_ratio: float = Field(0.70, gt=0, le=1)
+    #: share of the image pricing rule's price (DESIGN §5.3) a view's images add to the truncation
+    #: floor: an honest count holds the view's images, priced by that rule, so a small view made
+    #: mostly of images cut to half is caught though its text alone is no evidence. 0 leaves
+    #: images out of the floor (for a provider whose image rule is far cheaper than ours).
+    truncation_image_ratio: float = Field(0.70, ge=0, le=1)
     image_tokens_fallback: int = Field(1024, ge=1)
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
     #: how long a replica trusts its cached calibration before re-reading the store's observations.

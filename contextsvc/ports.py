@@ -51,6 +51,9 @@ class ViewRecord:
     #: tokens of ``estimated_tokens`` the counter priced (``TokenEstimate.priced``): a baseline's
     #: residual is relative to them. 0 when not known (recorded before this field).
     priced_tokens: int = 0
+    #: tokens of the images the view carried, by the image pricing rule (``core.images``): part of
+    #: the truncation floor. 0 when none (or recorded before this field).
+    image_tokens: int = 0
 
 
 class TokenStore(Protocol):

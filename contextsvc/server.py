@@ -241,8 +241,10 @@ def _freeze_startup_objects() -> None:
     store's load, cost ~45 ms before SERVING at 10,000 sessions, and each full one later ~80 ms
     (issue #9, start-up). Sessions removed later are freed by their reference counts (no cycles).
     Only for the process of ``serve``: a process starting many servers (tests) would keep the
-    cyclic garbage of whatever was alive at each start."""
+    cyclic garbage of whatever was alive at each start. The collector, paused since the process
+    began (``contextsvc._launch``), runs again from here."""
     gc.freeze()
+    gc.enable()
 
 
 async def _start_background(running: RunningServer, settings: Settings, bus: EventBus) -> None:

@@ -733,6 +733,14 @@ def analyse(sim: SimResult) -> Analysis:
             f"max {max(after):.3f}. compression_started {kinds['compression_started']:,}, context_compressed "
             f"{len(compactions):,}, compression_refused {refused:,}."
         )
+        rates = [k.rate for k in compactions if k.reason != "forced"]
+        aims = [k.aim / WINDOW for k in compactions if k.reason != "forced" and k.aim > 0]
+        if rates and aims:
+            table += (
+                f" Margin rate the automatic ones aimed with (margin per token of the context priced whole): "
+                f"median {statistics.median(rates):.3f}, p90 {_pct(rates, 0.9):.3f}; their aim, share of the "
+                f"window: median {statistics.median(aims):.3f}."
+            )
 
     label = MODEL_LABELS[sim.model] + ("" if sim.reserve == DEFAULT_RESERVE else f", reserve {sim.reserve:,}")
     findings: list[str] = []

@@ -144,6 +144,9 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     # with a prior fitted without it (leave one category out), so the figure is not in-sample.
     quantile = TokenSettings().margin_quantile
     loco = _loco_step_errors(counted, weights, used)
+    # A model of no known family, once its baselines showed a feature: the margin starts from how
+    # far its next steps ran over their price after 1-8 baselines (leave one category out too).
+    fitted_default = cold_margins(_loco_unknown_steps(counted, used), quantile)[1]
     lines = ["PRIORS: dict[str, Prior] = {"]
     for fam, w in weights.items():
         margin, per_feature = cold_margins(loco[fam], quantile)
@@ -153,6 +156,8 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
         lines.append(f"        sigma={sigma},")
         lines.append(f"        cold_margin={margin:.3f},")
         lines.append(f"        feature_margins=({', '.join(f'{v:.3f}' for v in per_feature)}),")
+        if fam == "default":
+            lines.append(f"        fitted_margins=({', '.join(f'{v:.3f}' for v in fitted_default)}),")
         lines.append("    ),")
     lines.append("}")
     # 3/4 of the cheapest vocabulary per class; overheads at the barest framing a template may use
@@ -229,6 +234,134 @@ def _loco_step_errors(
                         price = float(parts.sum())
                         out[fam].append(((real - price) / price, parts / price))
     return out
+
+
+#: Baselines before the first step the default family's fitted margins are read off.
+UNKNOWN_FIRST = 1
+#: Model name of no known family (the ``default`` prior): what ``--unknown`` and the default
+#: family's fitted margins price every tokenizer's counts as.
+UNKNOWN_MODEL = "bench-unknown"
+
+
+def unknown_observations(c: Counted, t: str, n: int, settings: TokenSettings = SETTINGS) -> list[Observation]:
+    """``observations`` for a model of no known family (``default`` prior) counted by ``t``."""
+    done: list[Observation] = []
+    for k in range(n):
+        end = c.ends[k]
+        cal = fit(done, settings, family="default")
+        if k == 0:
+            priced = cal.price(features_of(c.messages[:end], view=True))
+            est = priced
+        else:
+            prev = c.ends[k - 1]
+            priced = cal.price(features_of(c.messages[prev:end], view=False))
+            est = real_or(t, c, prev) + priced
+        done.append(observation(c, t, end, (real_or(t, c, end) - est) / priced if priced > 0 else None))
+    return done
+
+
+def _loco_unknown_steps(
+    counted: dict[str, list[Counted]], used: list[int], first: int = UNKNOWN_FIRST
+) -> list[tuple[float, np.ndarray]]:
+    """(real - price) / price of every step after 1-8 baselines of a model of no known family,
+    with each feature's share of the price: each category's sessions calibrated from a ``default``
+    prior fitted without that category (the middle of the other categories' weights), so the
+    figure is out of sample. Mixed draws from every category: left out, as in the cold margins."""
+    from contextsvc.core import calibration as cal_mod
+    from contextsvc.core.priors import PRIORS, Prior
+
+    cats = [c for c in counted if c != "mixed"]
+    out: list[tuple[float, np.ndarray]] = []
+    saved = cal_mod.prior_for
+    base = PRIORS["default"]
+    try:
+        for held in cats:
+            rows, ys = [], {t: [] for t in TOKENIZERS}
+            for cat in cats:
+                if cat == held:
+                    continue
+                for c in counted[cat]:
+                    for i, m in enumerate(c.messages):
+                        rows.append(np.array(message_features(m), dtype=float))
+                        for t in TOKENIZERS:
+                            ys[t].append(c.real[t][i])
+            fill = {t: np.array(PRIORS[t].weights) for t in TOKENIZERS}
+            fold = {t: _nnls_weights(rows, ys[t], [j for j in used if j != VIEW], fill[t]) for t in TOKENIZERS}
+            middle = np.exp(np.mean([np.log(np.maximum(fold[t], 1e-3)) for t in TOKENIZERS], axis=0))
+            middle[VIEW] = FRAME_PER_PROMPT
+            prior = Prior(tuple(float(v) for v in middle), base.sigma, base.cold_margin, base.feature_margins)
+            cal_mod.prior_for = lambda family, prior=prior: prior  # type: ignore[assignment]
+            for c in counted[held]:
+                for t in TOKENIZERS:
+                    obs = unknown_observations(c, t, len(c.ends) - 1)
+                    for k in range(first, len(c.ends)):
+                        cal = fit(obs[:k], SETTINGS, family="default")
+                        prev, end = c.ends[k - 1], c.ends[k]
+                        x = features_of(c.messages[prev:end], view=False)
+                        parts = np.array(cal.weights) * x
+                        price = float(parts.sum())
+                        real = sum(c.real[t][prev:end])
+                        out.append(((real - price) / price, parts / price))
+    finally:
+        cal_mod.prior_for = saved
+    return out
+
+
+def unknown_table(counted: dict[str, list[Counted]]) -> str:
+    """A model of no known family counted by each tokenizer: views (baseline + delta) after 2 and
+    8 baselines, their median |error|, how many ran over estimate + margin, and the margin's
+    median share of the view and of the delta it prices, with the ``default`` prior as it is and
+    without its fitted margins (the cold ones throughout)."""
+    from contextsvc.core import calibration as cal_mod
+    from contextsvc.core.priors import PRIORS
+
+    head = (
+        "| tokenizer | category | views 2 / 8 baselines: median err % | over est+margin (fitted / cold) "
+        "| margin % of view, median (fitted / cold) | margin % of delta, median (fitted / cold) |"
+    )
+    rows = [head, "|---" * 6 + "|"]
+    saved = cal_mod.prior_for
+    cold_only = replace(PRIORS["default"], fitted_margins=())
+    totals = {"fitted": [0, [], []], "cold": [0, [], []]}
+    try:
+        for t in TOKENIZERS:
+            for cat in CATEGORIES:
+                errs: list[float] = []
+                stat = {k: [0, [], []] for k in ("fitted", "cold")}
+                for c in counted[cat]:
+                    for n in (2, 8):
+                        if n >= len(c.ends):
+                            continue
+                        obs = unknown_observations(c, t, n)
+                        prev, end = c.ends[n - 1], c.ends[n]
+                        x = features_of(c.messages[prev:end], view=False)
+                        real = real_or(t, c, end)
+                        for kind in ("fitted", "cold"):
+                            if kind == "cold":
+                                cal_mod.prior_for = lambda family: cold_only  # type: ignore[assignment]
+                            cal = fit(obs, SETTINGS, family="default")
+                            cal_mod.prior_for = saved
+                            est = real_or(t, c, prev) + cal.price(x)
+                            margin = math.ceil(cal.margin_of(x))
+                            if kind == "fitted":
+                                errs.append(err(est, real))
+                            for into in (stat[kind], totals[kind]):
+                                into[0] += est + margin < real
+                                into[1].append(100 * margin / real)
+                                into[2].append(100 * margin / max(cal.price(x), 1))
+                rows.append(
+                    f"| {t} | {cat} | {pct(errs, 0.5):.1f} | {stat['fitted'][0]} / {stat['cold'][0]} "
+                    f"| {statistics.median(stat['fitted'][1]):.1f} / {statistics.median(stat['cold'][1]):.1f} "
+                    f"| {statistics.median(stat['fitted'][2]):.1f} / {statistics.median(stat['cold'][2]):.1f} |"
+                )
+    finally:
+        cal_mod.prior_for = saved
+    f, c0 = totals["fitted"], totals["cold"]
+    rows.append(
+        f"| all | all | | {f[0]} / {c0[0]} of {len(f[1])} | {statistics.median(f[1]):.1f} / "
+        f"{statistics.median(c0[1]):.1f} | {statistics.median(f[2]):.1f} / {statistics.median(c0[2]):.1f} |"
+    )
+    return "\n".join(rows)
 
 
 def cold_margins(steps: list[tuple[float, np.ndarray]], q: float) -> tuple[float, list[float]]:
@@ -724,12 +857,20 @@ def main() -> None:
     ap.add_argument("--tune-margin", action="store_true")
     ap.add_argument("--tune-fit", action="store_true")
     ap.add_argument("--diagnose-lists", action="store_true")
+    ap.add_argument("--unknown", action="store_true", help="a model of no known family (FIT split with --fit)")
+    ap.add_argument("--fit", action="store_true", help="with --unknown: on the FIT split")
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     ensure_node_deps()
     split = "fit" if args.fit_prior or args.tune_margin or args.tune_fit or args.diagnose_lists else "score"
+    if args.unknown and args.fit:
+        split = "fit"
     counted = count_sessions(sessions(split, count=args.sessions, steps=args.steps))
+    if args.unknown:
+        print(f"split: {split}")
+        print(unknown_table(counted))
+        return
     if args.tune_margin:
         tune_margin(counted)
         return

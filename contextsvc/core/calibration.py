@@ -58,6 +58,7 @@ from contextsvc.core.priors import (
     N_CLASSES,
     N_FEATURES,
     VIEW,
+    Prior,
     family_for,
     prior_for,
 )
@@ -232,16 +233,41 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
             _margin_of(q, len(recorded), cold, settings) if recorded else _in_sample_margin(residuals, cold, settings)
         )
 
+    starts = _starting_margins(prior, evidence)
     return Calibration(
         fitted,
         len(usable),
         fitted=True,
-        margin=blended(prior.cold_margin),
+        margin=blended(_starting_margin(prior, evidence)),
         family=family,
         residuals=tuple(residuals),
         evidence=evidence,
-        margins=tuple(blended(m) for m in _cold_margins(prior.feature_margins, prior.cold_margin)),
+        margins=tuple(blended(m) for m in starts),
     )
+
+
+def _starting_margins(prior: Prior, evidence: Sequence[float]) -> tuple[float, ...]:
+    """Per feature, the margin a fitted calibration blends its recorded residuals with: the
+    prior's cold margin, moved towards its ``fitted_margins`` by how much of the feature the
+    baselines carried (``evidence``: 0 = never seen, the cold margin; 1 = a view's worth, the
+    fitted one, never wider than the cold one). Only the ``default`` family has fitted margins."""
+    cold = _cold_margins(prior.feature_margins, prior.cold_margin)
+    if len(prior.fitted_margins) != N_FEATURES:
+        return cold
+    return tuple(c + e * (min(f, c) - c) for c, f, e in zip(cold, prior.fitted_margins, evidence, strict=True))
+
+
+def _starting_margin(prior: Prior, evidence: Sequence[float]) -> float:
+    """The overall counterpart of ``_starting_margins``: the cold margin scaled as the features'
+    margins are, weighted by how much the baselines carried of each (the classes only)."""
+    if len(prior.fitted_margins) != N_FEATURES:
+        return prior.cold_margin
+    cold = _cold_margins(prior.feature_margins, prior.cold_margin)
+    starts = _starting_margins(prior, evidence)
+    seen = [(e, s / c) for e, s, c in zip(evidence[:N_CLASSES], starts, cold, strict=False) if e > 0 and c > 0]
+    if not seen:
+        return prior.cold_margin
+    return prior.cold_margin * sum(e * r for e, r in seen) / sum(e for e, _ in seen)
 
 
 _BOUNDS = tuple(_CLASS_BOUNDS if j < N_CLASSES else _OVERHEAD_BOUNDS for j in range(N_FEATURES))

@@ -60,12 +60,21 @@ class Prior:
     (``cold_margin``, what ``Calibration.margin`` reports) and per feature (``feature_margins``:
     the share of a feature's price a new step may run over; Cyrillic text varies far more around
     its price than code does, so one number for both was too wide for one and too narrow for the
-    other). Empty ``feature_margins`` means ``cold_margin`` for every feature."""
+    other). Empty ``feature_margins`` means ``cold_margin`` for every feature.
+
+    ``fitted_margins`` (per feature; empty: the cold ones) is what the margin starts from once a
+    model's baselines have shown a feature (``Calibration.evidence``). For a measured family it is
+    empty: its cold margins already are those of its own vocabulary. For ``default`` (a model of
+    no known family) the cold margins hold the spread *between* vocabularies (the geometric middle
+    against four of them: 0.27-0.67 per feature), which a model's own baselines resolve for the
+    features they carried: there the margin starts from how far a new step ran over its price
+    after 1-8 baselines of a model of no known family, measured on the fit split."""
 
     weights: tuple[float, ...]
     sigma: tuple[float, ...]
     cold_margin: float
     feature_margins: tuple[float, ...] = ()
+    fitted_margins: tuple[float, ...] = ()
 
 
 # --- measured by bench/fidelity/fit_prior.py (fit split only) -- BEGIN GENERATED ------------
@@ -169,6 +178,7 @@ PRIORS: dict[str, Prior] = {
         sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.12, 0.12, 0.12),
         cold_margin=0.380,
         feature_margins=(0.281, 0.293, 0.269, 0.321, 0.392, 0.433, 0.669, 0.416, 0.437, 0.380, 0.347, 0.347, 0.380),
+        fitted_margins=(0.201, 0.216, 0.219, 0.216, 0.300, 0.303, 0.668, 0.417, 0.436, 0.285, 0.262, 0.262, 0.285),
     ),
 }
 #: The smallest plausible tokens per unit of each feature over every vocabulary measured, with

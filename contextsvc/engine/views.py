@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,6 +25,7 @@ from contextsvc.core.tokens import (
     TokenEstimate,
     estimate,
     estimate_segments,
+    image_tokens_of,
     messages_chars,
     messages_features,
 )
@@ -131,6 +133,8 @@ class Assembled:
     #: newest sequence number of the context the view was built from
     last_sequence: int = 0
     had_images: bool = False
+    #: tokens of the images in ``rows`` by the image pricing rule (unscaled; 0 without images)
+    image_tokens: int = 0
     #: the view's messages ready to send, when none carries an image (no bytes to load per build);
     #: the same list object for every build that reuses this view, so the API adapter can reuse
     #: its encoding too.
@@ -444,6 +448,7 @@ class ViewService:
             else tuple(float(x) for x in messages_features(rows, views=1)),
             last_sequence=max((m.sequence_number for m in context), default=0),
             had_images=had_images,
+            image_tokens=image_tokens_of(rows, fallback_tokens=tokens.image_tokens_fallback) if had_images else 0,
             plain=plain,
             parts=parts if repriceable else None,
             sums=sums,
@@ -541,6 +546,7 @@ class ViewService:
                 # Not in the stored context: the incoming message and recalled excerpts.
                 incoming_tokens=built.estimate.segments.incoming + built.estimate.segments.recall,
                 priced_tokens=built.estimate.priced,
+                image_tokens=built.image_tokens,
             ),
             keep=keep,
         )
@@ -700,15 +706,19 @@ class ViewService:
         """Why ``prompt_tokens`` looks silently truncated ("" when it does not), and the lower bound.
 
         The count is held against the smaller of ``truncation_ratio`` x the view's estimate and the
-        view's floor (``Calibration.floor``): ``truncation_ratio`` x the fitted price of the features
-        the model's baselines have shown, and for the rest the fewest tokens any vocabulary could
-        have counted (``calibration.lower_bound``). Before any calibration the floor is that bound
-        alone, so an inflated cold estimate never refuses an honest count; once baselines back the
-        weights, a prompt cut to well under its calibrated price is caught even where the bare
-        bound is loose (framing, whitespace). A view recorded without features (or with another
+        view's floor. The floor's text part (``Calibration.floor``) is ``truncation_ratio`` x the
+        fitted price of the features the model's baselines have shown, and for the rest the fewest
+        tokens any vocabulary could have counted (``calibration.lower_bound``): before any
+        calibration it is that bound alone, so an inflated cold estimate never refuses an honest
+        count; once baselines back the weights, a prompt cut to well under its calibrated price is
+        caught even where the bare bound is loose (framing, whitespace). Its image part is
+        ``truncation_image_ratio`` x the view's images by the image pricing rule: an image's count
+        is the rule's, not a vocabulary's guess, so a small view made mostly of images is not
+        judged by its few text tokens alone. A view recorded without features (or with another
         feature layout) falls back to the estimate alone.
         """
-        ratio = self._settings.tokens.truncation_ratio
+        tokens = self._settings.tokens
+        ratio = tokens.truncation_ratio
         by_estimate = ratio * view.estimated_tokens
         if len(view.features) != N_FEATURES:
             if view.estimated_tokens > 0 and prompt_tokens < by_estimate:
@@ -718,15 +728,18 @@ class ViewService:
                     0,
                 )
             return "", 0
-        # Images are not in the features: their smallest price (256 + 2 tokens each) is not known
-        # per view here, so a view with images is held against its text bound alone.
-        bound = max(lower_bound(view.features), calibration.floor(view.features, ratio))
+        text = max(lower_bound(view.features), calibration.floor(view.features, ratio))
+        images = math.floor(tokens.truncation_image_ratio * max(0, view.image_tokens))
+        bound = text + images
         if bound > 0 and prompt_tokens < min(by_estimate, bound):
+            of_images = (
+                f" and {images} for its images ({view.image_tokens} by the image pricing rule)" if images else ""
+            )
             return (
                 f"prompt_tokens {prompt_tokens} is below {bound}, the fewest tokens an honest count of this "
-                f"view's text can have (the model's calibrated price where its baselines back it, the "
-                f"cheapest known vocabulary elsewhere; estimate {view.estimated_tokens}): the provider most "
-                "likely dropped the head of the prompt",
+                f"view can have: {text} for its text (the model's calibrated price where its baselines back "
+                f"it, the cheapest known vocabulary elsewhere){of_images}; estimate {view.estimated_tokens}: "
+                "the provider most likely dropped the head of the prompt",
                 bound,
             )
         return "", bound

@@ -64,6 +64,12 @@ def checked_body(raw: bytes) -> bytes:
     return body
 
 
+def frame_body(raw: bytes) -> bytes:
+    """The record bytes of a checked line known to be intact (``checked_body`` without the check),
+    for a reader that verified a checksum over many lines at once."""
+    return raw[_PREFIX:-1]
+
+
 def unframe(raw: bytes) -> tuple[Any, bool]:
     """The record of one line (without its newline) and whether it was checked.
 

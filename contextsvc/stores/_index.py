@@ -30,6 +30,12 @@ Damaged sessions are never indexed: they are read whole at every start.
 
 Writing it is atomic (temp file, fsync, rename, directory fsync): a crash leaves the old index or the
 new one, and either is safe, since a stale entry is detected by its key.
+
+The header also carries the CRC32C of everything after it (``"crc"``): when it matches, the lines
+are taken without checking each one's own checksum (one C call over 4 MB instead of 10,000 Python
+calls); when it does not (or an index written before has none), every line is checked and only the
+failing ones are left out, as before. The values are parsed by orjson (the same values as the
+standard library's parser, about three times faster at this size), with ``json`` as the fallback.
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
+import orjson
+
 from contextsvc.core.codec import parse_time, session_from_dict, session_to_dict
 from contextsvc.core.session import SessionInfo
-from contextsvc.stores._frames import BadFrame, checked_body, frame, unframe
+from contextsvc.stores._frames import BadFrame, checked_body, frame, frame_body, unframe
 from contextsvc.stores._session import SessionState
 
 logger = logging.getLogger(__name__)
@@ -215,9 +224,12 @@ def _parse_bodies(bodies: list[bytes], kind: type) -> list[Any]:
     more than the parsing itself at 10,000 sessions); per body, with None for one that does not
     parse, if the whole does not split back into exactly one value of ``kind`` per body."""
     try:
-        values = json.loads(b"[" + b",".join(bodies) + b"]")
-    except ValueError:
-        values = None
+        values = orjson.loads(b"[" + b",".join(bodies) + b"]")
+    except ValueError:  # orjson refuses a few things json reads (a lone surrogate escape, say)
+        try:
+            values = json.loads(b"[" + b",".join(bodies) + b"]")
+        except ValueError:
+            values = None
     if isinstance(values, list) and len(values) == len(bodies) and all(type(v) is kind for v in values):
         return values
     out: list[Any] = []
@@ -229,8 +241,10 @@ def _parse_bodies(bodies: list[bytes], kind: type) -> list[Any]:
     return out
 
 
-def header_line(preview_chars: int) -> bytes:
-    return _line({"t": "index", "format": INDEX_FORMAT, "preview_chars": preview_chars})
+def header_line(preview_chars: int, body: bytes) -> bytes:
+    """The header of an index whose lines after it are ``body``."""
+    crc = f"{google_crc32c.value(body):08x}"
+    return _line({"t": "index", "format": INDEX_FORMAT, "preview_chars": preview_chars, "crc": crc})
 
 
 class Entries(dict[str, IndexEntry]):
@@ -266,17 +280,24 @@ def read_index(path: Path, preview_chars: int) -> Entries | None:
         return None
     current = head["format"] == INDEX_FORMAT
     entries = Entries()
-    entries.current = current
+    # An index without the whole checksum (written before it existed) is written again at open.
+    entries.current = current and "crc" in head
     bad = 1 if tail else 0
-    raws: list[bytes] = []
-    bodies: list[bytes] = []
-    for raw in lines[1:]:
-        try:
-            bodies.append(checked_body(raw))
-        except BadFrame:
-            bad += 1
-            continue
-        raws.append(raw)
+    raws: list[bytes] = lines[1:]
+    bodies: list[bytes]
+    whole = data[len(lines[0]) + 1 :]
+    if not tail and head.get("crc") == f"{google_crc32c.value(whole):08x}":
+        # Every line is as written: the lines' own checksums need no second look.
+        bodies = [frame_body(raw) for raw in raws]
+    else:
+        raws, bodies = [], []
+        for raw in lines[1:]:
+            try:
+                bodies.append(checked_body(raw))
+            except BadFrame:
+                bad += 1
+                continue
+            raws.append(raw)
     for record, raw in zip(_parse_bodies(bodies, list if current else dict), raws, strict=True):
         try:
             entry = _decode_entry(record, raw + b"\n") if current else _decode_entry_v1(record)
@@ -290,4 +311,5 @@ def read_index(path: Path, preview_chars: int) -> Entries | None:
 
 
 def index_bytes(lines: Iterable[bytes], preview_chars: int) -> bytes:
-    return header_line(preview_chars) + b"".join(lines)
+    body = b"".join(lines)
+    return header_line(preview_chars, body) + body

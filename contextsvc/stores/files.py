@@ -200,6 +200,11 @@ class _Log:
         return f"_Log({str(self._path)!r}, size={self.size}, overhead={self.overhead})"
 
 
+#: what a load at open gives: every session's summary with its log and index line, the stored
+#: calibration observations by model, and the calibration log.
+_Loaded = tuple[list[tuple[SessionState, _Log, "bytes | None"]], dict[str, list[Observation]], _Log]
+
+
 class FilesStore(RowStore):
     """A ``SessionStore`` over JSONL logs in a data directory (see the module docstring)."""
 
@@ -923,9 +928,7 @@ class FilesStore(RowStore):
 
     # -- loading ---------------------------------------------------------------------------
 
-    def _load_all_unswept(
-        self,
-    ) -> tuple[list[tuple[SessionState, _Log, bytes | None]], dict[str, list[Observation]], _Log]:
+    def _load_all_unswept(self) -> _Loaded:
         """``_load_all`` with the cyclic garbage collector paused: it makes about ten long-lived
         objects per session and frees almost none, so the collections their allocation would
         trigger (each one scanning all made so far) were a quarter of its CPU at 10,000 sessions."""
@@ -937,9 +940,7 @@ class FilesStore(RowStore):
             if was_enabled:
                 gc.enable()
 
-    def _load_all(
-        self,
-    ) -> tuple[list[tuple[SessionState, _Log, bytes | None]], dict[str, list[Observation]], _Log]:
+    def _load_all(self) -> _Loaded:
         """Every session as a summary (rows not held): from the start-up index where its entry
         matches the log on disk, else by reading the log whole (recovering it as needed)."""
         if self.read_only:
@@ -960,12 +961,14 @@ class FilesStore(RowStore):
         index = read_index(self.root / INDEX_NAME, preview_chars)
         loaded: list[tuple[SessionState, _Log, bytes | None]] = []
         fresh: dict[str, bytes] = {}
-        for sid, path, stat in self._session_logs(remove_temp=not self.read_only):
-            entry = index.get(sid) if index is not None else None
+        entries = index if index is not None else {}
+        hits = 0
+        for sid, path, stat in self._session_logs(remove_temp=not self.read_only, known=entries):
+            entry = entries.get(sid)
             if entry is not None and stat is not None and entry.key == file_key(stat):
-                self.stats.index_hits += 1
+                hits += 1
                 st = entry.summary_state()  # straight from the record: no SessionInfo made
-                kept = encode_entry(entry)
+                kept = entry.line or encode_entry(entry)
                 loaded.append((st, _Log(path, stat.st_size, entry.overhead), kept))
                 fresh[sid] = kept
                 continue
@@ -984,6 +987,7 @@ class FilesStore(RowStore):
                         line = encode_entry(IndexEntry(st.info(preview_chars), file_key(now), log.overhead))
                         fresh[sid] = line
             loaded.append((st, log, line))
+        self.stats.index_hits += hits
         if not self.read_only and (
             index is None or not index.current or index.keys() != fresh.keys() or self.stats.logs_read_at_open
         ):
@@ -998,31 +1002,40 @@ class FilesStore(RowStore):
         observations, calibration = self._load_calibration()
         return loaded, observations, calibration
 
-    def _session_logs(self, *, remove_temp: bool = False) -> list[tuple[str, Path | str, os.stat_result | None]]:
+    def _session_logs(
+        self, *, remove_temp: bool = False, known: Collection[str] = ()
+    ) -> list[tuple[str, Path | str, os.stat_result | None]]:
         """(session id, log path, its stat or None) of every log, and of every mark left without
-        its log, in one pass over the directory; ``remove_temp`` (at open, under the lock):
-        temp files left by a crash are removed in the same pass."""
+        its log, in one pass over the directory, by session id; ``remove_temp`` (at open, under
+        the lock): temp files left by a crash are removed in the same pass. ``known``: ids already
+        checked (the start-up index's), whose names need no second look. The three kinds of name
+        end differently (``.jsonl``, ``.jsonl.mark``, ``.tmp``), so the order of the tests is
+        only the order of their frequency: this loop runs twice per session at every start."""
         logs: dict[str, tuple[str, os.stat_result]] = {}
-        marks: set[str] = set()
+        marks: list[str] = []
+        cut = len(_LOG_SUFFIX)
+        mark_suffix = _LOG_SUFFIX + _MARK_SUFFIX
+        mark_cut = len(mark_suffix)
         with os.scandir(self._sessions_dir) as entries:
             for entry in entries:
                 name = entry.name
-                if remove_temp and name.startswith(".") and name.endswith(_TMP_SUFFIX):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
-                    continue
                 if name.endswith(_LOG_SUFFIX):
-                    sid = name[: -len(_LOG_SUFFIX)]
-                    if not is_session_id(sid):
+                    sid = name[:-cut]
+                    if sid not in known and not is_session_id(sid):
                         logger.warning("files store: ignoring %s: not named <session-uuid>%s", entry.path, _LOG_SUFFIX)
                         continue
                     with contextlib.suppress(FileNotFoundError):
                         logs[sid] = (entry.path, entry.stat())
-                elif name.endswith(_LOG_SUFFIX + _MARK_SUFFIX):
-                    marks.add(name[: -len(_LOG_SUFFIX + _MARK_SUFFIX)])  # checked below, if it has no log
-        out: list[tuple[str, Path | str, os.stat_result | None]] = [(sid, p, st) for sid, (p, st) in logs.items()]
-        out.extend((sid, self._log_path(sid), None) for sid in marks if sid not in logs and is_session_id(sid))
-        out.sort(key=lambda item: item[0])
+                elif name.endswith(mark_suffix):
+                    marks.append(name[:-mark_cut])  # checked below, if it has no log
+                elif remove_temp and name.startswith(".") and name.endswith(_TMP_SUFFIX):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+        out: list[tuple[str, Path | str, os.stat_result | None]] = [(sid, *logs[sid]) for sid in sorted(logs)]
+        orphans = sorted(sid for sid in marks if sid not in logs and is_session_id(sid))
+        if orphans:
+            out.extend((sid, self._log_path(sid), None) for sid in orphans)
+            out.sort(key=lambda item: item[0])
         return out
 
     def _session_files(self) -> list[tuple[str, Path, bool]]:

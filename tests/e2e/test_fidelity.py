@@ -23,6 +23,13 @@ def _session(stub: Any) -> str:
     return sid
 
 
+def _marked_or_compressed(stub: Any, sid: str) -> bool:
+    """A refused count marks the session truncated, and the post-turn check then compresses it in
+    the background, clearing the mark: a read right after the refusal may see either."""
+    got = stub.GetSession(pb.GetSessionRequest(session_id=sid))
+    return bool(got.context_truncated or got.context_message_count < got.display_message_count)
+
+
 def test_an_honest_count_below_70_percent_of_a_cold_estimate_is_recorded(stub: Any) -> None:
     sid = _session(stub)
     profile = r.Profile(model="my-local-model", context_window=32768)  # unknown: the default family
@@ -34,7 +41,7 @@ def test_an_honest_count_below_70_percent_of_a_cold_estimate_is_recorded(stub: A
     assert cut.truncated and not cut.recorded
     assert "below" in cut.truncation_reason and str(cut.lower_bound) in cut.truncation_reason
     assert 5 < cut.lower_bound < first.estimate.total
-    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_truncated
+    assert _marked_or_compressed(stub, sid)
 
     # The cheapest honest count (a vocabulary that spends few tokens on these scripts) sits under
     # 70% of the cold estimate: the first version refused it; now it is held against the bound.
@@ -104,7 +111,7 @@ def test_a_calibrated_model_catches_a_cut_prompt_the_bare_bound_lets_through(stu
     assert refused.truncated and not refused.recorded
     assert refused.lower_bound > cut and str(refused.lower_bound) in refused.truncation_reason
     assert "calibrated price" in refused.truncation_reason
-    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_truncated
+    assert _marked_or_compressed(stub, sid)
     # An honest count of the same view, a little under the estimate, is recorded.
     again = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile, auto_compress=False))
     fine = round(again.estimate.total * 0.93)

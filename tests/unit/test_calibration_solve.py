@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from contextsvc.config import TokenSettings
 from contextsvc.core import calibration_solve
-from contextsvc.core.calibration import Calibration, Observation, fit
+from contextsvc.core.calibration import Calibration, Observation, _starting_margin, _starting_margins, fit
 from contextsvc.core.priors import N_CLASSES, N_FEATURES, prior_for
 
 S = TokenSettings()
@@ -158,16 +158,16 @@ def reference_fit(observations: list[Observation], family: str) -> Calibration:
     def blended(cold: float) -> float:
         return _margin(recorded, cold) if recorded else _in_sample_margin(residuals, cold)
 
-    cold = prior.feature_margins if len(prior.feature_margins) == N_FEATURES else (prior.cold_margin,) * N_FEATURES
+    # Where the margins start from (core/calibration.py's, not a kernel of the fit).
     return Calibration(
         fitted,
         len(usable),
         fitted=True,
-        margin=blended(prior.cold_margin),
+        margin=blended(_starting_margin(prior, evidence)),
         family=family,
         residuals=residuals,
         evidence=evidence,
-        margins=tuple(blended(m) for m in cold),
+        margins=tuple(blended(m) for m in _starting_margins(prior, evidence)),
     )
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+import contextsvc.stores._index as index_module
 from contextsvc.core.codec import session_to_dict
 from contextsvc.core.session import SessionInfo
 from contextsvc.stores._frames import frame
@@ -62,11 +65,44 @@ def test_a_line_failing_its_checksum_or_unwrapped_is_left_out(tmp_path: Path) ->
     path = tmp_path / "index.jsonl"
     lines = [encode_entry(entry(n)) for n in range(1, 5)]
     assert b'"session 2"' in lines[1]
-    lines[1] = lines[1].replace(b'"session 2"', b'"session 9"')  # checksum no longer matches
-    lines[2] = lines[2][lines[2].index(b'"r":') + 4 : -2] + b"\n"  # the bare record, no wrapper
     write(path, lines)
+    # Damage after the write (the header's checksum of the whole no longer matches either).
+    data = path.read_bytes()
+    data = data.replace(b'"session 2"', b'"session 9"')  # that line's checksum no longer matches
+    data = data.replace(lines[2], lines[2][lines[2].index(b'"r":') + 4 : -2] + b"\n")  # no wrapper
+    path.write_bytes(data)
     read = read_index(path, 160)
     assert read is not None and sorted(read) == sorted([entry(1).info.id, entry(4).info.id])
+
+
+def test_an_intact_index_is_read_without_checking_each_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The header's CRC32C of everything after it vouches for every line at once.
+    path = tmp_path / "index.jsonl"
+    entries = [entry(n) for n in range(1, 6)]
+    write(path, [encode_entry(e) for e in entries])
+    checked: list[bytes] = []
+    real = index_module.checked_body
+    monkeypatch.setattr(index_module, "checked_body", lambda raw: checked.append(raw) or real(raw))
+    read = read_index(path, 160)
+    assert read is not None and sorted(read) == sorted(e.info.id for e in entries)
+    assert checked == []
+    # One byte changed anywhere after the header: every line is checked, the bad one left out.
+    data = path.read_bytes().replace(b'"session 3"', b'"session 8"')
+    path.write_bytes(data)
+    read = read_index(path, 160)
+    assert read is not None and sorted(read) == sorted(e.info.id for e in entries if e.info.name != "session 3")
+    assert len(checked) == 5
+
+
+def test_an_index_written_without_the_whole_checksum_is_checked_line_by_line(tmp_path: Path) -> None:
+    # The header written before the whole checksum existed has no "crc": each line's check decides.
+    path = tmp_path / "index.jsonl"
+    lines = [encode_entry(entry(n)) for n in range(1, 4)]
+    head = frame(json.dumps({"t": "index", "format": INDEX_FORMAT, "preview_chars": 160}).encode())
+    path.write_bytes(head + lines[0] + lines[1].replace(b'"session 2"', b'"session 7"') + lines[2])
+    read = read_index(path, 160)
+    assert read is not None and sorted(read) == sorted([entry(1).info.id, entry(3).info.id])
+    assert read.current is False  # the store writes it again, with the whole checksum
 
 
 def test_an_entry_read_makes_the_same_summary_as_its_info(tmp_path: Path) -> None:

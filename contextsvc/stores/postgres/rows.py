@@ -119,6 +119,7 @@ def view_from_row(row: Any) -> ViewRecord:
         features=current_features(row["features"] or ()) if "features" in row else (),
         incoming_tokens=row.get("incoming_tokens", 0),
         priced_tokens=row.get("priced_tokens", 0),
+        image_tokens=row.get("image_tokens", 0),
     )
 
 

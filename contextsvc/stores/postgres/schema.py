@@ -223,6 +223,12 @@ _V6_TERMS_VERSION = """
 ALTER TABLE history_chunks ADD COLUMN terms_version integer NOT NULL DEFAULT 1;
 """
 
+# The image tokens a view carried (by the image pricing rule): part of its truncation floor.
+# 0 for rows written before this migration (their floor is their text's, as before).
+_V7_VIEW_IMAGES = """
+ALTER TABLE views ADD COLUMN image_tokens bigint NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
@@ -230,6 +236,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "calibration features", _V4_FEATURES),
     Migration(5, "calibration residuals", _V5_RESIDUALS),
     Migration(6, "search terms version", _V6_TERMS_VERSION),
+    Migration(7, "view image tokens", _V7_VIEW_IMAGES),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

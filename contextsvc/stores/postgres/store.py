@@ -916,15 +916,17 @@ class PostgresStore:
             await conn.execute("SET LOCAL synchronous_commit = off")
             saved = await conn.fetchval(
                 """INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images,
-                                      last_sequence, create_time, epoch, features, incoming_tokens, priced_tokens)
-                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 FROM sessions
+                                      last_sequence, create_time, epoch, features, incoming_tokens, priced_tokens,
+                                      image_tokens)
+                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 FROM sessions
                     WHERE session_id = $1
                    ON CONFLICT (session_id, view_id) DO UPDATE
                       SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
                           estimated_tokens = EXCLUDED.estimated_tokens, had_images = EXCLUDED.had_images,
                           last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
                           epoch = EXCLUDED.epoch, features = EXCLUDED.features,
-                          incoming_tokens = EXCLUDED.incoming_tokens, priced_tokens = EXCLUDED.priced_tokens
+                          incoming_tokens = EXCLUDED.incoming_tokens, priced_tokens = EXCLUDED.priced_tokens,
+                          image_tokens = EXCLUDED.image_tokens
                    RETURNING saved""",
                 session_id,
                 view.view_id,
@@ -938,6 +940,7 @@ class PostgresStore:
                 list(view.features),
                 view.incoming_tokens,
                 view.priced_tokens,
+                view.image_tokens,
             )
             if saved is None:
                 raise session_not_found(session_id)
