@@ -27,7 +27,8 @@ import threading
 from collections.abc import Sequence
 from operator import mul
 
-#: Relative noise of one baseline, Huber threshold, trim level, passes: ``core.calibration`` sets them.
+#: One observation's row: each feature's share of its count at the prior (``core.calibration``
+#: sets the constants the kernels take: noise, Huber threshold, trim level, passes, bounds).
 Row = tuple[float, ...]
 Matrix = Sequence[Sequence[float]]
 
