@@ -32,8 +32,10 @@ from operator import mul
 Row = tuple[float, ...]
 Matrix = Sequence[Sequence[float]]
 
-#: Rows a spread keeps Gram entries for before it starts afresh (a few windows of every model in use).
-_MAX_ROWS = 512
+#: Rows a spread keeps Gram entries for before it starts afresh: the windows of 16 models of a family
+#: at the default ``calibration_window`` (about 2 KB a row with its entries: ~256 KB a spread, three
+#: spreads a vocabulary family).
+_MAX_ROWS = 128
 
 
 class _Spread:
@@ -61,7 +63,7 @@ def gram(rows: Sequence[Row], sigma: tuple[float, ...]) -> tuple[list[Row], list
     with _lock:
         spread = _spreads.get(sigma)
         if spread is None or len(spread.ids) > _MAX_ROWS:
-            if len(_spreads) > 64:
+            if len(_spreads) > 48:
                 _spreads.clear()
             spread = _spreads[sigma] = _Spread(sigma)
         ids, scaled_of, dots_of, s2 = spread.ids, spread.scaled, spread.dots, spread.s2
