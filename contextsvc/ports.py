@@ -315,6 +315,41 @@ class Summarizers(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(slots=True, frozen=True)
+class AppendEvent:
+    """The event an append publishes in its own statement (``EventPublishingStore``): its kind
+    and payload, to which the store adds ``sequence_numbers`` and ``context_tokens`` (known only
+    once the rows are numbered), as the engine's ``messages_appended`` event carries them."""
+
+    kind: str
+    payload: Mapping[str, Any]
+
+
+class EventPublishingStore(Protocol):
+    """A store whose appends can publish their event in the append's own statement, on an event
+    bus of the same database (PostgreSQL: one round trip and one commit instead of two; the event
+    is committed exactly when the rows are). The engine uses it only for a bus the store says it
+    publishes to (``publishes_appends_to``); with any other bus it publishes itself."""
+
+    def publishes_appends_to(self, bus: EventBus) -> bool: ...
+
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        caller: Principal,
+        request_id: str = "",
+        context_tokens_delta: int = 0,
+        request_fingerprint: str = "",
+        expected_profile_id: str | None = None,
+        event: AppendEvent | None = None,
+    ) -> AppendResult:
+        """``SessionStore.append_messages``; with ``event``, a new append (not a replay) also
+        publishes it, and ``AppendResult.event_id`` is its id."""
+        ...
+
+
 class EventBus(Protocol):
     """Publishes events and lets watchers replay retained ones and then follow live ones."""
 

@@ -7,7 +7,8 @@ Loads ``contextsvc/core/calibration.py`` as it is at ``--ref`` (``git show``) be
 checkout's, checks that both give the same fit to the last bit on ``--fits`` random observation
 sets (1-12 baselines, mixed content classes, honest and off counts), then times a fit of a full
 window of baselines (``tokens.calibration_window``, realistic counts) in interleaved rounds and
-prints the fastest round of each (CPU time of this process).
+prints the fastest round of each (CPU time of this process). As in the agent turn loop, each
+timed fit's window is the previous one plus one new baseline.
 """
 
 from __future__ import annotations
@@ -83,19 +84,25 @@ def main() -> None:
         points = observations(rng, rng.randint(1, 12), spread=True)
         family = rng.choice(["default", "o200k", "cl100k"])
         a, b = fit_with(here, points, family), fit_with(ref, points, family)
-        fields = ("weights", "margin", "residuals", "evidence", "observations")
+        fields = ("weights", "margin", "margins", "residuals", "evidence", "observations")
         differ += any(getattr(a, k) != getattr(b, k) for k in fields)
     window = TOKENS.calibration_window
-    points = observations(random.Random(3), window, spread=False)
+    # As in the agent turn loop: every fit's window is the last one plus one new baseline.
+    history = observations(random.Random(3), window + 40 * args.rounds * 2, spread=False)
     best = {"ref": float("inf"), "here": float("inf")}
+    at = window
     for _ in range(args.rounds):
         for name, module in (("ref", ref), ("here", here)):
             start = time.process_time()
             for _ in range(40):
-                fit_with(module, points, "o200k")
+                at += 1
+                fit_with(module, history[at - window : at], "o200k")
             best[name] = min(best[name], (time.process_time() - start) / 40 * 1e3)
     print(f"fits compared: {args.fits}, differing: {differ}")
-    print(f"one fit of {window} baselines, ms CPU: {args.ref} {best['ref']:.2f}, this checkout {best['here']:.2f}")
+    print(
+        f"one fit of {window} baselines (a window sliding by one), ms CPU: "
+        f"{args.ref} {best['ref']:.2f}, this checkout {best['here']:.2f}"
+    )
     print(f"ratio: {best['ref'] / best['here']:.2f}x")
 
 

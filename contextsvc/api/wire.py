@@ -17,6 +17,7 @@ in encoded bytes plus a fixed per-entry allowance); ``stats()`` reports what it 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -171,6 +172,19 @@ class WireCache:
                 return entry
         return None
 
+    def view_prefix(self, session_id: str, messages: list[ViewMessage]) -> _ViewEntry | None:
+        """The session's last view's entry when its messages are the first ones of ``messages``
+        (the very same objects: a view extended by the rows appended since), else None."""
+        with self._lock:
+            held = self._sessions.get(session_id)
+            entry = held.view if held is not None else None
+        if entry is None or len(entry.messages) > len(messages) or not entry.messages:
+            return None
+        if not all(map(operator.is_, entry.messages, messages)):
+            return None
+        self.hits += 1
+        return entry
+
     def put_view(self, session_id: str, messages: list[ViewMessage], framed: bytes) -> _ViewEntry:
         entry = _ViewEntry(messages, framed)
         dropped: list[str] = []
@@ -301,7 +315,12 @@ def encode_build_response(
         return EncodedResponse(whole.framed + tail_bytes)
     parts: list[bytes] = []
     carries_images = False
-    for vm in built.messages:
+    # A view extended by rows appended since the last one (``engine.views``' ``_extended``): the
+    # last view's framed messages, then the new ones.
+    start = cache.view_prefix(session_id, built.messages)
+    if start is not None:
+        parts.append(start.framed)
+    for vm in built.messages[len(start.messages) :] if start is not None else built.messages:
         m = vm.message
         if vm.truncated or m.images or not m.sequence_number or not vm.stored:
             carries_images = carries_images or bool(vm.image_data)

@@ -45,7 +45,6 @@ model) is ignored by the fit.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -53,6 +52,7 @@ from dataclasses import dataclass, field
 from operator import mul
 
 from contextsvc.config import TokenSettings
+from contextsvc.core import calibration_solve as solver
 from contextsvc.core.priors import (
     LOWER_BOUND,
     N_CLASSES,
@@ -195,7 +195,8 @@ def _cold_margins(feature_margins: Sequence[float], cold: float) -> tuple[float,
 def fit(observations: Iterable[Observation], settings: TokenSettings, *, family: str = "default") -> Calibration:
     """The regularized robust fit over the newest ``calibration_window`` usable observations.
 
-    Fitted with at least one usable observation; otherwise the prior (``fallback``).
+    Fitted with at least one usable observation; otherwise the prior (``fallback``). The numeric
+    kernels are ``core.calibration_solve``'s (the same operations, kept cheap across fits).
     """
     usable = [o for o in observations if o.usable][-settings.calibration_window :]
     if not usable:
@@ -203,30 +204,34 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
     prior = prior_for(family)
     p = prior.weights
     # a[i][j]: feature j's share of observation i's count at the prior; r[i]: what is left over.
-    rows = [[x * w / o.tokens for x, w in zip(o.features, p, strict=True)] for o in usable]
+    rows = [tuple([x * w / o.tokens for x, w in zip(o.features, p, strict=True)]) for o in usable]
     left = [1.0 - sum(a) for a in rows]
     # How far the weights may move: the prior's spread times the scale the baselines make most
     # likely (empirical Bayes over ``_SCALES``, on the observations the robust fit kept). Counts
     # that agree with the prior within the text's own noise keep it close (two baselines hardly
     # tell the next message's text apart from the prior); counts far from it (a model mapped to
     # the wrong family, a new vocabulary) widen it so a few baselines can move it all the way.
-    delta, keep, weights = _robust(rows, left, prior.sigma)
-    evidence_of = {k: _log_evidence(rows, left, keep, weights, [k * s for s in prior.sigma]) for k in _SCALES}
+    grams = {k: solver.gram(rows, tuple([k * s for s in prior.sigma])) for k in _SCALES}
+    delta, keep, weights, residuals = _robust(rows, left, grams[1.0])
+    evidence_of = {k: solver.log_evidence(left, keep, weights, grams[k][1], _TEXT_SIGMA**2) for k in _SCALES}
     best = _SCALES[0]
     for k in _SCALES[1:]:  # a wider spread only when the baselines clearly ask for it
         if evidence_of[k] > evidence_of[best] + _BAYES_FACTOR:
             best = k
     if best != 1.0:
-        delta, keep, weights = _robust(rows, left, [best * s for s in prior.sigma])
+        delta, keep, weights, residuals = _robust(rows, left, grams[best])
     fitted = tuple(w * (1.0 + d) for w, d in zip(p, delta, strict=True))
-    residuals = tuple(left[i] - _dot(rows[i], delta) for i in keep)
     evidence = tuple(min(1.0, sum(rows[i][j] for i in keep)) for j in range(N_FEATURES))
     # Residuals of the baselines the robust fit kept: a trimmed count (another model's, a bug) says
     # nothing about how far this model's estimates run short.
     recorded = [r for r in (usable[i].residual for i in keep) if r is not None]
+    # The margin's quantile of the recorded residuals is the same for every cold margin it blends.
+    q = _quantile([max(0.0, r) for r in recorded], settings.margin_quantile) if recorded else 0.0
 
     def blended(cold: float) -> float:
-        return _margin(recorded, cold, settings) if recorded else _in_sample_margin(residuals, cold, settings)
+        return (
+            _margin_of(q, len(recorded), cold, settings) if recorded else _in_sample_margin(residuals, cold, settings)
+        )
 
     starts = _starting_margins(prior, evidence)
     return Calibration(
@@ -235,7 +240,7 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
         fitted=True,
         margin=blended(_starting_margin(prior, evidence)),
         family=family,
-        residuals=residuals,
+        residuals=tuple(residuals),
         evidence=evidence,
         margins=tuple(blended(m) for m in starts),
     )
@@ -265,66 +270,25 @@ def _starting_margin(prior: Prior, evidence: Sequence[float]) -> float:
     return prior.cold_margin * sum(e * r for e, r in seen) / sum(e for e, _ in seen)
 
 
+_BOUNDS = tuple(_CLASS_BOUNDS if j < N_CLASSES else _OVERHEAD_BOUNDS for j in range(N_FEATURES))
+
+
 def _robust(
-    rows: Sequence[Sequence[float]], left: Sequence[float], sigma: Sequence[float]
-) -> tuple[list[float], list[int], list[float]]:
-    """The robust MAP deltas: Huber reweighting, then a second round without the observations
-    still past ``_TRIM``. Returns the deltas, the kept observations and their weights."""
-    keep = list(range(len(rows)))
-    weights = [1.0] * len(rows)
-    delta = [0.0] * N_FEATURES
-    scaled, gram = _gram(rows, sigma)
-    for _ in range(2):  # the second round without the trimmed observations
-        for _ in range(_IRLS_PASSES):
-            delta = _map_solve(scaled, gram, keep, left, weights)
-            delta = _clamp(delta)
-            changed = False
-            for i in keep:
-                e = abs(left[i] - _dot(rows[i], delta))
-                w = 1.0 if e <= _HUBER else _HUBER / e
-                changed |= abs(w - weights[i]) > 1e-3
-                weights[i] = w
-            if not changed:
-                break
-        residual = {i: left[i] - _dot(rows[i], delta) for i in keep}
-        trimmed = [i for i in keep if abs(residual[i]) <= _TRIM]
-        if len(trimmed) == len(keep) or not trimmed:
-            break
-        keep = trimmed
-    return delta, keep, weights
-
-
-def _log_evidence(
-    rows: Sequence[Sequence[float]],
-    left: Sequence[float],
-    keep: Sequence[int],
-    weights: Sequence[float],
-    sigma: Sequence[float],
-) -> float:
-    """Log marginal likelihood of the kept residuals under deltas ~ N(0, sigma^2): with
-    ``M = A S A' + s^2 W^-1``, ``-(r' M^-1 r + log det M) / 2``."""
-    r = [left[i] for i in keep]
-    n = len(keep)
-    gram = _gram(rows, sigma)[1]
-    # Only the lower triangle (k <= i): all the Cholesky below reads.
-    m = [[gram[keep[i]][keep[k]] for k in range(i + 1)] for i in range(n)]
-    for i in range(n):
-        m[i][i] += _TEXT_SIGMA**2 / max(weights[keep[i]], 1e-6)
-    # Cholesky: M = L L'; r' M^-1 r = |L^-1 r|^2, log det M = 2 sum log L_ii. Row i of L grows
-    # one entry at a time, so ``map`` over it reads exactly its first k entries (no slices).
-    low: list[list[float]] = []
-    for i in range(n):
-        row: list[float] = []
-        mi = m[i]
-        for k in range(i):
-            lk = low[k]
-            row.append((mi[k] - sum(map(mul, row, lk))) / lk[k])
-        row.append(math.sqrt(max(mi[i] - sum(map(mul, row, row)), 1e-300)))
-        low.append(row)
-    z: list[float] = []
-    for i in range(n):
-        z.append((r[i] - sum(map(mul, low[i], z))) / low[i][i])
-    return -0.5 * (sum(v * v for v in z) + 2 * sum(math.log(low[i][i]) for i in range(n)))
+    rows: Sequence[tuple[float, ...]], left: Sequence[float], gram: tuple[list[tuple[float, ...]], list[list[float]]]
+) -> tuple[list[float], list[int], list[float], list[float]]:
+    """The robust MAP deltas (``solver.robust``: Huber reweighting, then a second round without
+    the observations still past ``_TRIM``): the deltas, the kept observations, their weights and
+    residuals."""
+    return solver.robust(
+        rows,
+        left,
+        *gram,
+        bounds=_BOUNDS,
+        obs_var=_OBS_SIGMA**2,
+        huber=_HUBER,
+        trim=_TRIM,
+        passes=_IRLS_PASSES,
+    )
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -333,13 +297,12 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _margin(residuals: Sequence[float], cold: float, settings: TokenSettings) -> float:
-    """Relative margin from out-of-sample residuals: their ``margin_quantile`` (underestimates
-    only: an estimate that was high never let a view overflow), blended with the cold margin as
-    if it were ``margin_prior_weight`` residuals, never below ``margin_floor``."""
-    q = _quantile([max(0.0, r) for r in residuals], settings.margin_quantile)
+def _margin_of(q: float, n: int, cold: float, settings: TokenSettings) -> float:
+    """Relative margin from ``n`` out-of-sample residuals whose ``margin_quantile`` of the
+    underestimates (an estimate that was high never let a view overflow) is ``q``: blended with
+    the cold margin as if it were ``margin_prior_weight`` residuals, never below ``margin_floor``."""
     w = settings.margin_prior_weight
-    return max(settings.margin_floor, (w * cold + len(residuals) * q) / (w + len(residuals)))
+    return max(settings.margin_floor, (w * cold + n * q) / (w + n))
 
 
 def _in_sample_margin(residuals: Sequence[float], cold: float, settings: TokenSettings) -> float:
@@ -348,69 +311,6 @@ def _in_sample_margin(residuals: Sequence[float], cold: float, settings: TokenSe
     p90 = _quantile([abs(r) for r in residuals], 0.9) if residuals else cold
     fading = cold * settings.margin_prior_weight / (settings.margin_prior_weight + len(residuals))
     return max(settings.margin_floor, p90 + fading)
-
-
-def _dot(a: Sequence[float], b: Sequence[float]) -> float:
-    total: float = sum(map(mul, a, b))
-    return total
-
-
-def _clamp(delta: list[float]) -> list[float]:
-    out = []
-    for j, d in enumerate(delta):
-        lo, hi = _CLASS_BOUNDS if j < N_CLASSES else _OVERHEAD_BOUNDS
-        out.append(min(max(1.0 + d, lo), hi) - 1.0)
-    return out
-
-
-_Matrix = tuple[tuple[float, ...], ...]
-
-
-def _gram(rows: Sequence[Sequence[float]], sigma: Sequence[float]) -> tuple[_Matrix, _Matrix]:
-    """``(A S, A S A')`` of all the observations' rows for the spread ``sigma``: what every IRLS
-    pass and every evidence reads (a subset of rows reads a submatrix). Made once per fit and
-    spread (``_gram_of`` keeps the last few), with the same products in the same order as
-    computing them where they are read: ``(a[i][j] * s2[j]) * a[k][j]``, summed over ``j``."""
-    return _gram_of(tuple(map(tuple, rows)), tuple(sigma))
-
-
-@functools.lru_cache(maxsize=8)
-def _gram_of(rows: _Matrix, sigma: tuple[float, ...]) -> tuple[_Matrix, _Matrix]:
-    s2 = [s * s for s in sigma]
-    scaled = tuple([tuple(map(mul, row, s2)) for row in rows])  # A S
-    return scaled, tuple([tuple([sum(map(mul, si, rk)) for rk in rows]) for si in scaled])
-
-
-def _map_solve(
-    scaled: _Matrix, gram: _Matrix, keep: Sequence[int], left: Sequence[float], weights: Sequence[float]
-) -> list[float]:
-    """``delta = S A' (A S A' + s^2 W^-1)^-1 r`` over the ``keep`` rows: the maximum a posteriori
-    deltas (dual form: an n x n system for n observations, n <= the calibration window)."""
-    m = [[gram[i][k] for k in keep] for i in keep]
-    for a, i in enumerate(keep):
-        m[a][a] += _OBS_SIGMA**2 / max(weights[i], 1e-6)
-    z = _solve(m, [left[i] for i in keep])
-    kept = [scaled[i] for i in keep]
-    return [sum(map(mul, column, z)) for column in zip(*kept, strict=True)] if kept else [0.0] * N_FEATURES
-
-
-def _solve(m: list[list[float]], b: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting (``m`` is symmetric positive definite)."""
-    n = len(b)
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        m[col], m[pivot] = m[pivot], m[col]
-        b[col], b[pivot] = b[pivot], b[col]
-        top = m[col][col:]
-        for r in range(col + 1, n):
-            f = m[r][col] / m[col][col]
-            if f:
-                m[r][col:] = [x - f * y for x, y in zip(m[r][col:], top, strict=True)]
-                b[r] -= f * b[col]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (b[r] - sum(map(mul, m[r][r + 1 :], x[r + 1 :]))) / m[r][r]
-    return x
 
 
 class CalibrationRegistry:

@@ -65,3 +65,5 @@ class AppendResult:
     sequence_numbers: list[int]
     session: SessionInfo
     replayed: bool = False
+    #: the id of the event the store published with the append (``ports.AppendEvent``), else 0
+    event_id: int = 0

@@ -191,8 +191,17 @@ class CalibratedCounter:
         # gets a wider one than code).
         if not messages:
             return 0, 0.0
-        x = messages_features(messages)
+        return self.count_and_margin_of(messages_features(messages))
+
+    def count_and_margin_of(self, x: Sequence[float] | None) -> tuple[int, float]:
+        """``count_and_margin`` of messages whose ``messages_features`` are ``x`` (None: no messages)."""
+        if x is None:
+            return 0, 0.0
         return max(0, round(self.calibration.price(x))), max(0.0, self.calibration.margin_of(x))
+
+    def count_features(self, x: Sequence[float]) -> int:
+        """``count_messages`` of messages whose ``messages_features`` are ``x``."""
+        return max(0, round(self.calibration.price(x)))
 
 
 @dataclass(slots=True, frozen=True)
@@ -371,6 +380,7 @@ def estimate(
     baseline: Baseline | None = None,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     view: bool = True,
+    segment_features: Sequence[Sequence[float] | None] | None = None,
 ) -> TokenEstimate:
     """Estimate the view made of ``system`` prompt, ``records``, ``context`` and ``incoming``.
 
@@ -385,15 +395,18 @@ def estimate(
     ``view=False`` prices a standalone message list: no per-view overhead. The margin is what the
     counter says the text it priced may be short by (each content class with its own relative
     margin; with a baseline: of the delta only, the baseline being a real count).
+
+    ``segment_features`` (a calibrated counter only): the ``messages_features`` of each of
+    ``estimate_segments`` (None for an empty one), kept by a caller that re-prices the same view;
+    the segments are then priced from them, without reading the messages again (the same sums).
     """
-    summaries = [m for m in context if m.flags.is_summary]
-    pinned = [m for m in context if m.flags.is_pinned and not m.flags.is_summary]
-    others = [m for m in context if not m.flags.is_pinned and not m.flags.is_summary]
     # Each segment priced once, with the tokens its price may be short by (the margin).
-    priced_segments = [
-        counter.count_and_margin(part)
-        for part in ([Message(Role.SYSTEM, system)] if system else [], records, summaries, pinned, others, incoming)
-    ]
+    if segment_features is not None and isinstance(counter, CalibratedCounter):
+        priced_segments = [counter.count_and_margin_of(x) for x in segment_features]
+    else:
+        priced_segments = [
+            counter.count_and_margin(part) for part in estimate_segments(system, records, context, incoming)
+        ]
     system_tokens, records_tokens, summary_tokens, pinned_tokens, others_tokens, incoming_tokens = (
         count for count, _ in priced_segments
     )
@@ -435,6 +448,17 @@ def estimate(
         margin=margin,
         priced=max(0, priced),
     )
+
+
+def estimate_segments(
+    system: str, records: Sequence[Message], context: Sequence[Message], incoming: Sequence[Message]
+) -> tuple[Sequence[Message], ...]:
+    """The messages of each segment ``estimate`` prices, in its order: the system prompt (as the
+    message it is sent as), records, summaries, pinned rows, the other context rows, incoming."""
+    summaries = [m for m in context if m.flags.is_summary]
+    pinned = [m for m in context if m.flags.is_pinned and not m.flags.is_summary]
+    others = [m for m in context if not m.flags.is_pinned and not m.flags.is_summary]
+    return ([Message(Role.SYSTEM, system)] if system else [], records, summaries, pinned, others, incoming)
 
 
 def _scaled(raw: TokenSegments, total: int) -> TokenSegments:

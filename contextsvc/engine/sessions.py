@@ -6,7 +6,7 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, Message
@@ -25,7 +25,15 @@ from contextsvc.engine.validation import (
     require_session_id,
 )
 from contextsvc.errors import FailedPrecondition, InvalidArgument, NotFound
-from contextsvc.ports import Clock, EventBus, SessionProfileChanged, SessionStore, StoredEvent
+from contextsvc.ports import (
+    AppendEvent,
+    Clock,
+    EventBus,
+    EventPublishingStore,
+    SessionProfileChanged,
+    SessionStore,
+    StoredEvent,
+)
 
 # Metadata key of a compression record listing the sequence ranges it demoted (used by fork).
 DEMOTED_RANGES_KEY = "demoted_ranges"
@@ -77,6 +85,12 @@ class SessionService:
         #: most recently (``hot_path.view_cache_sessions`` of them): an append to one of them needs
         #: no session read; the store checks the profile in the append itself (``append``).
         self._profiles: OrderedDict[str, str] = OrderedDict()
+        #: the store, when its appends publish their event for this bus in the same statement
+        #: (``ports.EventPublishingStore``: PostgreSQL with its own bus); else the engine publishes.
+        self._publisher: EventPublishingStore | None = None
+        publishes = getattr(store, "publishes_appends_to", None)
+        if callable(publishes) and publishes(bus):
+            self._publisher = cast(EventPublishingStore, store)
 
     async def create(
         self, caller: Principal, *, profile_id: str, name: str, metadata: Mapping[str, Any]
@@ -186,18 +200,34 @@ class SessionService:
         if any(m.flags.is_pinned for m in rows):
             await self._check_pinned_cap(caller, sid, rows, profile.context_window)
         delta = sum(m.token_count for m in rows if m.flags.is_context)
-        result = await self._store.append_messages(
-            sid,
-            rows,
-            caller=caller,
-            request_id=request_id,
-            context_tokens_delta=delta,
-            request_fingerprint=append_fingerprint(incoming) if request_id else "",
-            expected_profile_id=expected,
-        )
+        fingerprint = append_fingerprint(incoming) if request_id else ""
+        if self._publisher is not None:
+            # The event is published by the append's own statement (the store adds the sequence
+            # numbers and the context tokens, as below).
+            event = AppendEvent("messages_appended", {"request_id": request_id, "turn_complete": turn_complete})
+            result = await self._publisher.append_messages(
+                sid,
+                rows,
+                caller=caller,
+                request_id=request_id,
+                context_tokens_delta=delta,
+                request_fingerprint=fingerprint,
+                expected_profile_id=expected,
+                event=event,
+            )
+        else:
+            result = await self._store.append_messages(
+                sid,
+                rows,
+                caller=caller,
+                request_id=request_id,
+                context_tokens_delta=delta,
+                request_fingerprint=fingerprint,
+                expected_profile_id=expected,
+            )
         self._remember_profile(sid, profile_id)
         tokens = result.session.context_tokens
-        if not result.replayed:
+        if not result.replayed and not result.event_id:
             await self._bus.publish(
                 session_id=sid,
                 user_id=result.session.user_id,

@@ -14,7 +14,7 @@ from typing import Any
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation, lower_bound
 from contextsvc.core.messages import Message, Role
-from contextsvc.core.priors import N_FEATURES
+from contextsvc.core.priors import N_FEATURES, VIEW
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import (
@@ -24,6 +24,7 @@ from contextsvc.core.tokens import (
     TextCounter,
     TokenEstimate,
     estimate,
+    estimate_segments,
     image_tokens_of,
     messages_chars,
     messages_features,
@@ -108,6 +109,11 @@ def _additive(counter: TextCounter) -> bool:
     return isinstance(counter, CalibratedCounter) and min(counter.calibration.weights, default=0.0) >= 0
 
 
+def _as_view(rows: Sequence[int]) -> tuple[float, ...]:
+    """``messages_features(rows, views=1)`` as floats, from the rows' ``messages_features``."""
+    return tuple(float(x) for x in (*rows[:VIEW], 1, *rows[VIEW + 1 :]))
+
+
 def _new_id() -> str:
     """A fresh view id: 128 random bits as 32 hex digits (the form ``uuid4().hex`` had)."""
     return os.urandom(16).hex()
@@ -136,6 +142,37 @@ class Assembled:
     #: what the estimate priced (system prompt, records, conversation, incoming), kept when the
     #: view may be re-priced with another calibration or baseline without being assembled again.
     parts: tuple[str, list[Message], list[Message], list[Message]] | None = None
+    #: with ``parts`` and a calibrated counter: the feature sums the view is priced from, so a
+    #: re-pricing or an extension reads only the rows it adds
+    sums: _Sums | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class _Sums:
+    """Integer ``messages_features`` of a view's rows, and of each of ``estimate_segments`` of
+    its ``parts`` (None: empty). Sums of integers, so kept by adding what is appended they are
+    exactly what a pass over the rows gives, and the prices are the same to the bit."""
+
+    rows: tuple[int, ...]
+    segments: tuple[tuple[int, ...] | None, ...]
+
+    @staticmethod
+    def of(rows: Sequence[Message], parts: tuple[str, list[Message], list[Message], list[Message]]) -> _Sums:
+        return _Sums(
+            rows=messages_features(rows),
+            segments=tuple(messages_features(part) if part else None for part in estimate_segments(*parts)),
+        )
+
+    def extended(self, added: Sequence[Message], features: tuple[int, ...]) -> _Sums:
+        """The sums once ``added`` (whose ``messages_features`` are ``features``) join the
+        conversation: each into the segment ``estimate_segments`` puts it in."""
+        segments = list(self.segments)
+        for k, part in enumerate(estimate_segments("", (), added, ()), start=0):
+            if part and k in (2, 3, 4):  # summaries, pinned, others
+                x = features if len(part) == len(added) else messages_features(part)
+                held = segments[k]
+                segments[k] = x if held is None else tuple([a + b for a, b in zip(held, x, strict=True)])
+        return _Sums(rows=tuple([a + b for a, b in zip(self.rows, features, strict=True)]), segments=tuple(segments))
 
 
 class ViewService:
@@ -233,9 +270,15 @@ class ViewService:
         parts = kept.parts
         if parts is None or not _additive(counter):
             return None
-        if counter.count_messages(kept.rows) > profile.per_message_budget:
+        sums = None
+        if isinstance(counter, CalibratedCounter) and kept.sums is not None:
+            sums = kept.sums
+            whole = counter.count_features(sums.rows)
+        else:
+            whole = counter.count_messages(kept.rows)
+        if whole > profile.per_message_budget:
             return None
-        return dataclasses.replace(kept, estimate=self._estimate(profile, parts, state, counter))
+        return dataclasses.replace(kept, estimate=self._estimate(profile, parts, state, counter, sums))
 
     def _extended(
         self,
@@ -268,16 +311,22 @@ class ViewService:
         if len(tail.messages) != len(added) or any(a is not b for a, b in zip(tail.messages, added, strict=True)):
             return None
         rows = [*kept.rows, *added]
-        if counter.count_messages(rows) > profile.per_message_budget:
+        features = messages_features(added)
+        sums = None
+        if isinstance(counter, CalibratedCounter) and kept.sums is not None:
+            sums = kept.sums.extended(added, features)
+            whole = counter.count_features(sums.rows)
+        else:
+            whole = counter.count_messages(rows)
+        if whole > profile.per_message_budget:
             return None
         new_parts = (system, records, [*conversation, *added], incoming)
-        features = messages_features(added)
         plain = kept.plain
         return Assembled(
             rows=rows,
             segments=[*kept.segments, *tail.segments],
             truncated=[*kept.truncated, *([False] * len(added))],
-            estimate=self._estimate(profile, new_parts, state, counter),
+            estimate=self._estimate(profile, new_parts, state, counter, sums),
             notices=list(kept.notices),
             chars=kept.chars + messages_chars(added),
             features=tuple(a + float(b) for a, b in zip(kept.features, features, strict=True)),
@@ -287,6 +336,7 @@ class ViewService:
             if plain is None
             else [*plain, *(ViewMessage(message=m, image_data=(), truncated=False, stored=True) for m in added)],
             parts=new_parts,
+            sums=sums,
         )
 
     def _estimate(
@@ -295,6 +345,7 @@ class ViewService:
         parts: tuple[str, list[Message], list[Message], list[Message]],
         state: EngineState,
         counter: TextCounter,
+        sums: _Sums | None = None,
     ) -> TokenEstimate:
         system, records, context, incoming = parts
         baseline = state.baseline
@@ -308,6 +359,7 @@ class ViewService:
             incoming=incoming,
             baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
             image_fallback=self._settings.tokens.image_tokens_fallback,
+            segment_features=sums.segments if sums is not None else None,
         )
 
     def forget(self, session_id: str) -> None:
@@ -371,7 +423,11 @@ class ViewService:
             ],
             by_segment[Segment.INCOMING],
         )
-        est = self._estimate(profile, parts, state, counter)
+        # Re-priceable (``_repriced``): the whole view fitted the per-message budget, so nothing
+        # was cut, and no message carries an image (the image budget changed nothing).
+        repriceable = whole_fits and not any(m.images for m in view.messages)
+        sums = _Sums.of(rows, parts) if repriceable and isinstance(counter, CalibratedCounter) else None
+        est = self._estimate(profile, parts, state, counter, sums)
         had_images = any(m.images for m in rows)
         plain = None
         if not had_images:
@@ -387,14 +443,15 @@ class ViewService:
             estimate=est,
             notices=notices,
             chars=messages_chars(rows),
-            features=tuple(float(x) for x in messages_features(rows, views=1)),
+            features=_as_view(sums.rows)
+            if sums is not None
+            else tuple(float(x) for x in messages_features(rows, views=1)),
             last_sequence=max((m.sequence_number for m in context), default=0),
             had_images=had_images,
             image_tokens=image_tokens_of(rows, fallback_tokens=tokens.image_tokens_fallback) if had_images else 0,
             plain=plain,
-            # Re-priceable (``_repriced``): the whole view fitted the per-message budget, so nothing
-            # was cut, and no message carries an image (the image budget changed nothing).
-            parts=parts if whole_fits and not any(m.images for m in view.messages) else None,
+            parts=parts if repriceable else None,
+            sums=sums,
         )
 
     async def finish(

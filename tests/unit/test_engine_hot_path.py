@@ -392,7 +392,7 @@ def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> Non
                 state = EngineState.of(session)
                 got = views.assemble(profile, context, None, state, session_id=sid)
                 fresh = views._assemble(profile, context, None, state, counter)
-                for field in ("rows", "segments", "truncated", "estimate", "notices", "chars", "features"):
+                for field in ("rows", "segments", "truncated", "estimate", "notices", "chars", "features", "sums"):
                     assert getattr(got, field) == getattr(fresh, field), field
                 assert [(v.message, v.truncated, v.stored) for v in got.plain or []] == [
                     (v.message, v.truncated, v.stored) for v in fresh.plain or []

@@ -166,3 +166,24 @@ def test_the_tail_kept_with_a_reused_view_follows_the_view_id_and_notices() -> N
     other_estimate = dataclasses.replace(first, view_id="", estimate=dataclasses.replace(estimate(), total=7))
     assert plain(other_estimate) == build_response(other_estimate)
     assert plain(reused) == build_response(reused)
+
+
+def test_a_view_extended_by_new_rows_reuses_the_last_views_framed_messages() -> None:
+    cache = WireCache(1 << 20)
+    first = [ViewMessage(stored(seq, f"row {seq}"), (), truncated=False, stored=True) for seq in range(1, 6)]
+    assert encoded(view(first), cache) == build_response(view(first))
+    misses = cache.stats()["misses"]
+    # The same ViewMessage objects, then two new rows (and a fresh incoming message): only those
+    # are encoded, and the response equals one built as a message.
+    added = [ViewMessage(stored(seq, f"row {seq}"), (), truncated=False, stored=True) for seq in (6, 7)]
+    extended = [*first, *added, ViewMessage(Message(role=Role.USER, content="ask"), (), truncated=False)]
+    assert encoded(view(extended), cache) == build_response(view(extended))
+    assert cache.stats()["misses"] == misses + 2
+    # Not a prefix: another object for row 3 (same row, now pinned), longer than the last view.
+    pinned = ViewMessage(first[2].message.with_flags(is_pinned=True), (), truncated=False, stored=True)
+    changed = [*first[:2], pinned, *first[3:], *added, extended[-1], added[0]]
+    got = encoded(view(changed), cache)
+    assert got == build_response(view(changed))
+    assert got.messages[2].flags.is_pinned
+    # A shorter view than the last one is no extension of it either.
+    assert encoded(view(first[:3]), cache) == build_response(view(first[:3]))

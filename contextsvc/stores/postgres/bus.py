@@ -164,11 +164,22 @@ class PostgresEventBus:
         task.add_done_callback(self._inflight.discard)
         task.add_done_callback(_settle)
         event_id = await asyncio.shield(task)
-        self._wake_all()  # local subscribers need not wait for the notification's round trip
-        self._start_pruner()
+        self.committed()
         return StoredEvent(
             event_id=event_id, session_id=session_id, user_id=user_id, time=time, kind=kind, payload=body
         )
+
+    def committed(self) -> None:
+        """An event of this bus was committed (by ``publish``, or by the store's append statement,
+        ``PostgresStore.append_messages``): local subscribers need not wait for the
+        notification's round trip; retention runs from now on."""
+        self._wake_all()
+        self._start_pruner()
+
+    @property
+    def pool(self) -> Any:
+        """The pool the bus publishes and reads through (the store's, for a bus it made)."""
+        return self._pool
 
     async def prune(self) -> int:
         """Apply retention now; returns how many events were deleted."""

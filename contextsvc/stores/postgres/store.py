@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -40,7 +41,7 @@ from contextsvc.core.priors import current_features
 from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
-from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
+from contextsvc.ports import AppendEvent, Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
 from contextsvc.stores._base import (
     check_blob,
     compaction_conflict,
@@ -50,7 +51,7 @@ from contextsvc.stores._base import (
     session_not_found,
 )
 from contextsvc.stores._session import utc
-from contextsvc.stores.postgres.bus import PostgresEventBus
+from contextsvc.stores.postgres.bus import PUBLISH_LOCK, PostgresEventBus
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
 from contextsvc.stores.postgres.pool import migrate_database, open_lock_pool, open_pool, pooled
 from contextsvc.stores.postgres.rows import (
@@ -98,6 +99,8 @@ class PostgresStore:
         self._lock_pool: Any = None
         self._trigram = False
         self._inflight: set[asyncio.Future[Any]] = set()
+        #: the event buses made on this store's pool (``make_event_bus``): appends may publish for them.
+        self._buses: weakref.WeakSet[PostgresEventBus] = weakref.WeakSet()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -143,7 +146,14 @@ class PostgresStore:
         """The event bus of this database, publishing and fetching through this store's pool."""
         if self._pool is None:
             raise Unavailable("PostgreSQL store is not open")
-        return PostgresEventBus(self._dsn, self._settings, clock=self._clock, pool=self._pool)
+        bus = PostgresEventBus(self._dsn, self._settings, clock=self._clock, pool=self._pool)
+        self._buses.add(bus)
+        return bus
+
+    def publishes_appends_to(self, bus: object) -> bool:
+        """Whether an append can publish its event for ``bus`` in its own statement
+        (``ports.EventPublishingStore``): a bus this store made, on this store's pool."""
+        return isinstance(bus, PostgresEventBus) and bus in self._buses and bus.pool is self._pool
 
     # -- cross-process compaction lock --------------------------------------------------------
 
@@ -508,8 +518,13 @@ class PostgresStore:
         context_tokens_delta: int = 0,
         request_fingerprint: str = "",
         expected_profile_id: str | None = None,
+        event: AppendEvent | None = None,
     ) -> AppendResult:
         """One statement in its own transaction (``_APPEND_SQL``): one round trip per append.
+
+        With ``event`` (the engine passes one only for a bus this store made: ``publishes_appends_to``)
+        the statement also publishes it (``_APPEND_PUBLISH_SQL``), in the bus's order, and the
+        result carries its id: no second round trip, and the event commits with the rows.
 
         With ``expected_profile_id`` the statement appends only to a session of that profile;
         for one of another profile (deleted and created again under the same id) it appends
@@ -524,7 +539,7 @@ class PostgresStore:
         if not isinstance(session_id, str):
             raise session_not_found(session_id)
         now = self._now()
-        args = (
+        args: tuple[Any, ...] = (
             session_id,
             request_id,
             len(messages),
@@ -540,14 +555,18 @@ class PostgresStore:
             *append_columns(messages, now),
             expected_profile_id,
         )
+        sql = _APPEND_SQL
+        if event is not None:
+            sql = _APPEND_PUBLISH_SQL
+            args = (*args, PUBLISH_LOCK, event.kind, dict(event.payload), self._pg.event_channel)
 
         async def work(conn: Any) -> AppendResult:
             try:
-                row = await conn.fetchrow(_APPEND_SQL, *args)
+                row = await conn.fetchrow(sql, *args)
             except asyncpg.UniqueViolationError as exc:
                 if not request_id or exc.constraint_name != "append_requests_pkey":
                     raise
-                row = await conn.fetchrow(_APPEND_SQL, *args)  # the twin committed: a replay now
+                row = await conn.fetchrow(sql, *args)  # the twin committed: a replay now
             if row is None or not caller.may_read(row["user_id"]):
                 raise session_not_found(session_id)
             if row["profile_changed"]:
@@ -559,9 +578,14 @@ class PostgresStore:
                     raise RequestIdReused(request_id)
                 return AppendResult(list(prior), self._info(row), replayed=True)
             last = row["last_sequence"]
-            return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row))
+            event_id = row["event_id"] or 0
+            return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row), event_id=event_id)
 
-        return await self._write("append_messages", work, transaction=False)
+        result = await self._write("append_messages", work, transaction=False)
+        if result.event_id:
+            for bus in list(self._buses):
+                bus.committed()
+        return result
 
     async def list_messages(
         self,
@@ -1076,7 +1100,7 @@ def _listing_filter(caller: Principal, profile_id: str, query: str, args: list[A
 #: the session row with the first call's numbers and fingerprint, or the session row with
 #: ``profile_changed`` (another profile than $20: nothing was written), or no row (no such
 #: session, or not the caller's: nothing was written).
-_APPEND_SQL = """
+_APPEND_CTES = """
 WITH prior AS (
     SELECT sequence_numbers, fingerprint FROM append_requests
      WHERE $2 <> '' AND session_id = $1 AND request_id = $2
@@ -1108,14 +1132,42 @@ linked AS (
     INSERT INTO session_blobs (session_id, blob_id)
     SELECT $1, b FROM upd, unnest($12::text[]) AS b ON CONFLICT DO NOTHING
 )
-SELECT upd.*, NULL::bigint[] AS prior_numbers, NULL::text AS prior_fingerprint, false AS profile_changed FROM upd
+"""
+_APPEND_RESULT = """
+SELECT upd.*, NULL::bigint[] AS prior_numbers, NULL::text AS prior_fingerprint, false AS profile_changed,
+       {event} AS event_id FROM upd
 UNION ALL
-SELECT s.*, p.sequence_numbers, p.fingerprint, false FROM sessions s, prior p
+SELECT s.*, p.sequence_numbers, p.fingerprint, false, NULL FROM sessions s, prior p
  WHERE s.session_id = $1 AND ($20::text IS NULL OR s.profile_id = $20)
 UNION ALL
-SELECT s.*, NULL, NULL, true FROM sessions s
+SELECT s.*, NULL, NULL, true, NULL FROM sessions s
  WHERE $20::text IS NOT NULL AND s.session_id = $1 AND (s.user_id = $9 OR $10) AND s.profile_id <> $20
 """
+_APPEND_SQL = _APPEND_CTES + _APPEND_RESULT.format(event="NULL::bigint")
+# The same append publishing its ``messages_appended`` event (``ports.AppendEvent``): the bus's
+# publish (``bus.py``) folded into the statement, so an append is one round trip and one commit.
+# The event's order is the bus's: its lock (taken once the session's row is locked by ``upd``, so
+# appends to a locked session never hold it while they wait) comes before the event's id is drawn
+# and is released by the commit that makes the event visible with the rows. No row in ``upd``
+# (a replay, another profile, an unknown session): no lock, no event.
+_APPEND_PUBLISH_SQL = (
+    _APPEND_CTES
+    + """,
+locked AS (SELECT pg_advisory_xact_lock($21) FROM upd),
+published AS (
+    INSERT INTO events (session_id, user_id, kind, payload, time)
+    SELECT $1, upd.user_id, $22,
+           $23::jsonb || jsonb_build_object(
+               'sequence_numbers',
+               to_jsonb(ARRAY(SELECT generate_series(upd.last_sequence - $3 + 1, upd.last_sequence))),
+               'context_tokens', upd.context_tokens),
+           $8
+      FROM upd, locked
+    RETURNING event_id
+)
+"""
+    + _APPEND_RESULT.format(event="(SELECT e.event_id FROM published e, pg_notify($24, e.event_id::text))")
+)
 
 
 async def _insert_rows(conn: Any, session_id: str, rows: Sequence[Message]) -> None:

@@ -1,0 +1,105 @@
+"""What bounds AppendMessages on PostgreSQL: the event order's lock, held through each commit.
+
+    python bench/load/pg_append_bound.py --seconds 8 --writers 50
+
+Starts a throwaway cluster (tests/support/postgres.py; default settings: ``fsync`` and
+``synchronous_commit`` on), opens the store and its own event bus, creates ``--sessions``
+sessions, then runs ``--writers`` concurrent appenders (2 messages each, the store's append
+statement publishing its event, as the served engine does) for ``--seconds`` in each variant,
+interleaved ``--rounds`` times, and prints appends/s and this process's CPU per append:
+
+- ``served``: the statement as served (``_APPEND_PUBLISH_SQL``);
+- ``no-lock``: the same without the bus's advisory lock (event ids may then become visible out of
+  order: a measurement of what the lock costs, never a configuration);
+- ``async-commit``: as served, with ``synchronous_commit = off`` for the bench's connections (a
+  commit does not wait for its WAL flush: what the lock costs is the flush it is held through).
+
+No gRPC and no engine: the figures are the store's and PostgreSQL's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from contextsvc.config import Settings  # noqa: E402
+from contextsvc.core.messages import Message, Role  # noqa: E402
+from contextsvc.core.session import Principal  # noqa: E402
+from contextsvc.ports import AppendEvent  # noqa: E402
+from contextsvc.stores.postgres import make_postgres_store  # noqa: E402
+from contextsvc.stores.postgres import store as pg_store  # noqa: E402
+from tests.support.postgres import PgCluster, create_database  # noqa: E402
+
+OWNER = Principal(user_id="bench")
+SERVED = pg_store._APPEND_PUBLISH_SQL
+NO_LOCK = SERVED.replace("FROM upd, locked", "FROM upd")
+
+
+async def one(dsn: str, variant: str, seconds: float, writers: int, sessions: int) -> tuple[float, float]:
+    pg_store._APPEND_PUBLISH_SQL = NO_LOCK if variant == "no-lock" else SERVED
+    url = dsn + ("?synchronous_commit=off" if variant == "async-commit" else "")
+    store = await make_postgres_store(url, Settings())
+    bus = store.make_event_bus()
+    try:
+        sids = [(await store.create_session(caller=OWNER, profile_id="default")).id for _ in range(sessions)]
+        done = 0
+        deadline = time.monotonic() + seconds
+
+        async def writer(k: int) -> None:
+            nonlocal done
+            i = 0
+            while time.monotonic() < deadline:
+                i += 1
+                rows = [Message(role=Role.USER, content=f"ask {k} {i}"), Message(role=Role.ASSISTANT, content="ok")]
+                event = AppendEvent("messages_appended", {"request_id": "", "turn_complete": False})
+                await store.append_messages(sids[(k + i) % sessions], rows, caller=OWNER, event=event)
+                done += 1
+
+        cpu, start = time.process_time(), time.monotonic()
+        await asyncio.gather(*(writer(k) for k in range(writers)))
+        elapsed, cpu = time.monotonic() - start, time.process_time() - cpu
+        return done / elapsed, cpu / max(done, 1) * 1e3
+    finally:
+        await bus.close()
+        await store.close()
+        pg_store._APPEND_PUBLISH_SQL = SERVED
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--writers", type=int, default=50)
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    cluster = PgCluster.create()
+    try:
+        admin = cluster.start()
+        variants = ("served", "no-lock", "async-commit")
+        rates: dict[str, list[float]] = {v: [] for v in variants}
+        cpus: dict[str, list[float]] = {v: [] for v in variants}
+        for r in range(args.rounds):
+            for variant in variants:
+                dsn = await create_database(admin)
+                rate, cpu = await one(dsn, variant, args.seconds, args.writers, args.sessions)
+                rates[variant].append(rate)
+                cpus[variant].append(cpu)
+                print(f"round {r + 1} {variant:13s} {rate:7.0f} appends/s  {cpu:.2f} ms CPU/append", flush=True)
+        for v in variants:
+            rate, cpu = statistics.median(rates[v]), statistics.median(cpus[v])
+            print(f"{v:13s} median {rate:7.0f} appends/s, {cpu:.2f} ms CPU")
+        print(f"load average: {os.getloadavg()[0]:.1f}")
+    finally:
+        cluster.remove()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
