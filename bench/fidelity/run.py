@@ -202,6 +202,24 @@ def _nnls_weights(rows: list[np.ndarray], y: list[float], used: list[int], fill:
     return w
 
 
+def _fold_rows(
+    counted: dict[str, list[Counted]], cats: list[str], held: str
+) -> tuple[list[np.ndarray], dict[str, list[int]]]:
+    """The messages' features and their real counts per tokenizer, over every category but ``held``
+    (one fold of a leave-one-category-out fit)."""
+    rows: list[np.ndarray] = []
+    ys: dict[str, list[int]] = {t: [] for t in TOKENIZERS}
+    for cat in cats:
+        if cat == held:
+            continue
+        for c in counted[cat]:
+            for i, m in enumerate(c.messages):
+                rows.append(np.array(message_features(m), dtype=float))
+                for t in TOKENIZERS:
+                    ys[t].append(c.real[t][i])
+    return rows, ys
+
+
 def _loco_step_errors(
     counted: dict[str, list[Counted]], weights: dict[str, np.ndarray], used: list[int]
 ) -> dict[str, list[tuple[float, np.ndarray]]]:
@@ -211,15 +229,7 @@ def _loco_step_errors(
     cats = [c for c in counted if c != "mixed"]
     out: dict[str, list[tuple[float, np.ndarray]]] = {t: [] for t in (*TOKENIZERS, "default")}
     for held in cats:
-        rows, ys = [], {t: [] for t in TOKENIZERS}
-        for cat in cats:
-            if cat == held:
-                continue
-            for c in counted[cat]:
-                for i, m in enumerate(c.messages):
-                    rows.append(np.array(message_features(m), dtype=float))
-                    for t in TOKENIZERS:
-                        ys[t].append(c.real[t][i])
+        rows, ys = _fold_rows(counted, cats, held)
         fold = {t: _nnls_weights(rows, ys[t], [j for j in used if j != VIEW], weights[t]) for t in TOKENIZERS}
         # the default family: the geometric middle of the fold's weights, against every tokenizer
         middle = np.exp(np.mean([np.log(np.maximum(fold[t], 1e-3)) for t in TOKENIZERS], axis=0))
@@ -276,15 +286,7 @@ def _loco_unknown_steps(
     base = PRIORS["default"]
     try:
         for held in cats:
-            rows, ys = [], {t: [] for t in TOKENIZERS}
-            for cat in cats:
-                if cat == held:
-                    continue
-                for c in counted[cat]:
-                    for i, m in enumerate(c.messages):
-                        rows.append(np.array(message_features(m), dtype=float))
-                        for t in TOKENIZERS:
-                            ys[t].append(c.real[t][i])
+            rows, ys = _fold_rows(counted, cats, held)
             fill = {t: np.array(PRIORS[t].weights) for t in TOKENIZERS}
             fold = {t: _nnls_weights(rows, ys[t], [j for j in used if j != VIEW], fill[t]) for t in TOKENIZERS}
             middle = np.exp(np.mean([np.log(np.maximum(fold[t], 1e-3)) for t in TOKENIZERS], axis=0))
