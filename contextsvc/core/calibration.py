@@ -238,7 +238,7 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
         fitted,
         len(usable),
         fitted=True,
-        margin=blended(_starting_margin(prior, evidence)),
+        margin=blended(_starting_margin(prior, evidence, starts)),
         family=family,
         residuals=tuple(residuals),
         evidence=evidence,
@@ -257,13 +257,13 @@ def _starting_margins(prior: Prior, evidence: Sequence[float]) -> tuple[float, .
     return tuple(c + e * (min(f, c) - c) for c, f, e in zip(cold, prior.fitted_margins, evidence, strict=True))
 
 
-def _starting_margin(prior: Prior, evidence: Sequence[float]) -> float:
-    """The overall counterpart of ``_starting_margins``: the cold margin scaled as the features'
-    margins are, weighted by how much the baselines carried of each (the classes only)."""
+def _starting_margin(prior: Prior, evidence: Sequence[float], starts: Sequence[float]) -> float:
+    """The overall counterpart of ``_starting_margins`` (``starts``, what it gave): the cold margin
+    scaled as the features' margins are, weighted by how much the baselines carried of each (the
+    classes only)."""
     if len(prior.fitted_margins) != N_FEATURES:
         return prior.cold_margin
     cold = _cold_margins(prior.feature_margins, prior.cold_margin)
-    starts = _starting_margins(prior, evidence)
     seen = [(e, s / c) for e, s, c in zip(evidence[:N_CLASSES], starts, cold, strict=False) if e > 0 and c > 0]
     if not seen:
         return prior.cold_margin

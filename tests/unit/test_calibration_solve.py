@@ -159,15 +159,16 @@ def reference_fit(observations: list[Observation], family: str) -> Calibration:
         return _margin(recorded, cold) if recorded else _in_sample_margin(residuals, cold)
 
     # Where the margins start from (core/calibration.py's, not a kernel of the fit).
+    starts = _starting_margins(prior, evidence)
     return Calibration(
         fitted,
         len(usable),
         fitted=True,
-        margin=blended(_starting_margin(prior, evidence)),
+        margin=blended(_starting_margin(prior, evidence, starts)),
         family=family,
         residuals=residuals,
         evidence=evidence,
-        margins=tuple(blended(m) for m in _starting_margins(prior, evidence)),
+        margins=tuple(blended(m) for m in starts),
     )
 
 
