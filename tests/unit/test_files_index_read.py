@@ -3,6 +3,7 @@ and a line that would break the batch costs only its own session (``stores/_inde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -153,3 +154,16 @@ def test_an_index_of_the_previous_format_is_read_and_written_anew(tmp_path: Path
         got = read[e.info.id]
         assert got.info == e.info and got.key == e.key and got.overhead == e.overhead
         assert encode_entry(got) == encode_entry(e) and encode_entry(got) not in old
+
+
+def test_a_name_orjson_refuses_is_read_by_the_standard_parser(tmp_path: Path) -> None:
+    # A lone surrogate is written as an ASCII escape, which orjson refuses: the standard library's
+    # parser reads the whole index instead, and every entry comes back as written.
+    path = tmp_path / "index.jsonl"
+    odd = entry(7)
+    odd = IndexEntry(dataclasses.replace(odd.info, name="half \ud800 pair"), odd.key, odd.overhead)
+    entries = [entry(1), odd, entry(3)]
+    write(path, [encode_entry(e) for e in entries])
+    read = read_index(path, 160)
+    assert read is not None and sorted(read) == sorted(e.info.id for e in entries)
+    assert read[odd.info.id].info.name == "half \ud800 pair"
