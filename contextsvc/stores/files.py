@@ -1010,7 +1010,7 @@ class FilesStore(RowStore):
         the lock): temp files left by a crash are removed in the same pass. ``known``: ids already
         checked (the start-up index's), whose names need no second look. The three kinds of name
         end differently (``.jsonl``, ``.jsonl.mark``, ``.tmp``), so the order of the tests is
-        only the order of their frequency: this loop runs twice per session at every start."""
+        only the order of their frequency (two names per session: its log and its mark)."""
         logs: dict[str, tuple[str, os.stat_result]] = {}
         marks: list[str] = []
         cut = len(_LOG_SUFFIX)
