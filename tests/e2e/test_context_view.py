@@ -67,7 +67,9 @@ def test_build_record_baseline_and_estimate_round_trip(stub: Any) -> None:
         pb.RecordBaselineRequest(session_id=sid, view_id=again.view_id, prompt_tokens=again.estimate.total // 2)
     )
     assert truncated.truncated and not truncated.recorded
-    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_truncated
+    # Marked truncated, unless the post-turn check has already compressed it (which clears the mark).
+    got = stub.GetSession(pb.GetSessionRequest(session_id=sid))
+    assert got.context_truncated or got.context_message_count < got.display_message_count
 
     free = stub.EstimateTokens(pb.EstimateTokensRequest(model="other", messages=[user("hello " * 100)]))
     assert free.estimate.total > 0 and free.estimate.method == r.ESTIMATE_METHOD_FALLBACK
