@@ -257,17 +257,22 @@ def unknown_observations(c: Counted, t: str, n: int, settings: TokenSettings = S
     """``observations`` for a model of no known family (``default`` prior) counted by ``t``."""
     done: list[Observation] = []
     for k in range(n):
-        end = c.ends[k]
-        cal = fit(done, settings, family="default")
-        if k == 0:
-            priced = cal.price(features_of(c.messages[:end], view=True))
-            est = priced
-        else:
-            prev = c.ends[k - 1]
-            priced = cal.price(features_of(c.messages[prev:end], view=False))
-            est = real_or(t, c, prev) + priced
-        done.append(observation(c, t, end, (real_or(t, c, end) - est) / priced if priced > 0 else None))
+        done.append(_step_observation(c, t, k, fit(done, settings, family="default")))
     return done
+
+
+def _step_observation(c: Counted, t: str, k: int, cal: Calibration) -> Observation:
+    """Step ``k``'s baseline of ``c`` counted by ``t``, its residual against what ``cal`` priced:
+    the whole first view, then each step's messages on top of the previous real count."""
+    end = c.ends[k]
+    if k == 0:
+        priced = cal.price(features_of(c.messages[:end], view=True))
+        est = priced
+    else:
+        prev = c.ends[k - 1]
+        priced = cal.price(features_of(c.messages[prev:end], view=False))
+        est = real_or(t, c, prev) + priced
+    return observation(c, t, end, (real_or(t, c, end) - est) / priced if priced > 0 else None)
 
 
 def _loco_unknown_steps(
@@ -613,17 +618,7 @@ def observations(c: Counted, t: str, n: int, settings: TokenSettings = SETTINGS)
     key = (id(c), t, settings.margin_prior_weight)
     done = _OBS_CACHE.setdefault(key, [])
     while len(done) < n:
-        k = len(done)
-        end = c.ends[k]
-        cal = calibrate(t, done, settings)
-        if k == 0:
-            priced = cal.price(features_of(c.messages[:end], view=True))
-            est = priced
-        else:
-            prev = c.ends[k - 1]
-            priced = cal.price(features_of(c.messages[prev:end], view=False))
-            est = real_or(t, c, prev) + priced
-        done.append(observation(c, t, end, (real_or(t, c, end) - est) / priced if priced > 0 else None))
+        done.append(_step_observation(c, t, len(done), calibrate(t, done, settings)))
     return done[:n]
 
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from contextsvc.config import PostgresSettings, Settings
+from contextsvc.config import PostgresSettings, ProfileConfig, Settings
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
 from tests.support.postgres import postgres_db, postgres_dsn
 
@@ -22,6 +22,19 @@ def pg_settings(**postgres: object) -> Settings:
         "reconnect_max_seconds": 0.5,
     }
     return Settings(preview_chars=40, postgres=PostgresSettings.model_validate({**base, **postgres}))
+
+
+def two_profile_settings() -> Settings:
+    """``pg_settings`` with two profiles of different models ("small" and "big"): appends priced
+    for one profile meet a session re-created with the other."""
+    return pg_settings().model_copy(
+        update={
+            "profiles": {
+                "small": ProfileConfig(model="hp", context_window=16_000),
+                "big": ProfileConfig(model="other", context_window=400_000),
+            }
+        }
+    )
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from contextsvc.config import ProfileConfig, Settings
+from contextsvc.config import Settings
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
@@ -17,7 +17,7 @@ from contextsvc.engine.validation import IncomingMessage
 from contextsvc.errors import NotFound
 from contextsvc.ports import SessionProfileChanged
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
-from tests.postgres.conftest import pg_settings
+from tests.postgres.conftest import two_profile_settings
 from tests.support.engines import make_engine
 
 ALICE = Principal(user_id="alice")
@@ -26,14 +26,7 @@ BOB = Principal(user_id="bob")
 
 @pytest.fixture
 def settings() -> Settings:
-    return pg_settings().model_copy(
-        update={
-            "profiles": {
-                "small": ProfileConfig(model="hp", context_window=16_000),
-                "big": ProfileConfig(model="other", context_window=400_000),
-            }
-        }
-    )
+    return two_profile_settings()
 
 
 @pytest.fixture

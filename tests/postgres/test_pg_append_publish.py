@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from contextsvc.config import ProfileConfig, Settings
+from contextsvc.config import Settings
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
@@ -25,7 +25,7 @@ from contextsvc.engine.validation import IncomingMessage
 from contextsvc.ports import StoredEvent
 from contextsvc.stores.postgres import PostgresEventBus, PostgresStore, make_postgres_event_bus, make_postgres_store
 from contextsvc.stores.postgres.bus import PUBLISH_LOCK
-from tests.postgres.conftest import pg_settings
+from tests.postgres.conftest import two_profile_settings
 from tests.postgres.test_pg_bus import ADMIN, WAIT, Collector
 from tests.support.engines import make_engine
 
@@ -35,14 +35,7 @@ BOB = Principal(user_id="bob")
 
 @pytest.fixture
 def settings() -> Settings:
-    return pg_settings().model_copy(
-        update={
-            "profiles": {
-                "small": ProfileConfig(model="hp", context_window=16_000),
-                "big": ProfileConfig(model="other", context_window=400_000),
-            }
-        }
-    )
+    return two_profile_settings()
 
 
 class Replica:
