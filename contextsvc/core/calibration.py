@@ -125,6 +125,11 @@ class Calibration:
     evidence: tuple[float, ...] = field(default=(), compare=False)
     #: relative margin of each feature's price (``FEATURES`` order; empty: ``margin`` for all).
     margins: tuple[float, ...] = field(default=(), compare=False)
+    #: the ``margin_quantile`` of the recorded residuals (each relative to its view's
+    #: ``margin_base``), and the weight it has in ``margins`` (n / (margin_prior_weight + n));
+    #: 0 without recorded residuals. ``margin_beyond`` prices the base past what was priced.
+    residual_rate: float = field(default=0.0, compare=False)
+    residual_weight: float = field(default=0.0, compare=False)
 
     def price(self, features: Sequence[float]) -> float:
         """Tokens of something with these ``features`` (unrounded)."""
@@ -137,6 +142,12 @@ class Calibration:
         if len(self.margins) != len(self.weights):
             return self.margin * max(0.0, self.price(features))
         return sum(m * w * x for m, w, x in zip(self.margins, self.weights, features, strict=False))
+
+    def margin_beyond(self, tokens: float) -> float:
+        """Tokens of margin for ``tokens`` of a ``margin_base`` that the estimate did not price
+        (a share of a baseline-anchored view past its delta): the residuals' part of the margin
+        only, as the recorded residuals are relative to that base too. 0 when none are recorded."""
+        return self.residual_weight * self.residual_rate * max(0.0, tokens)
 
     @property
     def overhead(self) -> float:
@@ -166,6 +177,19 @@ class Calibration:
             e = self.evidence[j] if j < len(self.evidence) else 0.0
             total += x * (low + e * max(0.0, ratio * self.weights[j] - low))
         return math.floor(total)
+
+
+def margin_base(priced: float, text: float, share: float) -> float:
+    """What a margin protects, and what a baseline's residual is relative to: the tokens the
+    estimate priced, but at least ``share`` (``margin_view_share``) of the view's text.
+
+    A baseline-anchored view prices only its delta (the rest is a real count), yet a model's
+    count can miss by a share of the whole view (its hidden framing, tokens it adds per prompt):
+    relative to a small delta such a miss is a huge rate, and applied to a whole context priced
+    fresh (after a compaction) that rate aimed the compaction far too low. Relative to this base
+    a residual means the same for a delta and for a whole context, and the margin of an anchored
+    view covers at least that share of it (``Calibration.margin_beyond``)."""
+    return max(priced, share * text)
 
 
 def lower_bound(features: Sequence[float]) -> int:
@@ -234,6 +258,7 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
         )
 
     starts = _starting_margins(prior, evidence)
+    n = len(recorded)
     return Calibration(
         fitted,
         len(usable),
@@ -243,6 +268,8 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
         residuals=tuple(residuals),
         evidence=evidence,
         margins=tuple(blended(m) for m in starts),
+        residual_rate=q,
+        residual_weight=n / (settings.margin_prior_weight + n) if n else 0.0,
     )
 
 
