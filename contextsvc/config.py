@@ -173,7 +173,7 @@ class TokenSettings(BaseModel):
     #: (16 and the 0.995 quantile below: chosen on the fit split, bench/fidelity/run.py --tune-margin)
     margin_prior_weight: float = Field(16.0, ge=0)
     #: the quantile of recent out-of-sample residuals (how far each accepted baseline was above the
-    #: estimate made for its view, relative to what that estimate priced) the margin covers.
+    #: estimate made for its view, relative to its ``margin_base``) the margin covers.
     margin_quantile: float = Field(0.995, gt=0, le=1)
     #: what a margin protects is at least this share of the view's text (``margin_base``): a
     #: baseline's residual is relative to max(tokens priced, share x view text), and a

@@ -4,6 +4,7 @@
     python bench/fidelity/run.py --tune-fit    # FIT split, leave one category out: the fit's spread rule
     python bench/fidelity/run.py --tune-margin # FIT split: views over estimate + margin by margin_prior_weight
     python bench/fidelity/run.py               # score on the SCORE split, print the tables
+    python bench/fidelity/run.py --fit         # the same tables on the FIT split (for choosing rules)
     python bench/fidelity/run.py --record      # and write them into bench/RESULTS.md (## Fidelity)
 
 Reuses bench/tokens (its npm tokenizers, its ChatML-like rendering and frame counts). A "model"
@@ -38,7 +39,7 @@ from fidelity_corpus import CATEGORIES, Session, sessions  # noqa: E402
 from run import FRAME_PER_MESSAGE, FRAME_PER_PROMPT, count_real, ensure_node_deps, render  # noqa: E402
 
 from contextsvc.config import TokenSettings  # noqa: E402
-from contextsvc.core.calibration import Calibration, Observation, fit, lower_bound  # noqa: E402
+from contextsvc.core.calibration import Calibration, Observation, fit, lower_bound, margin_base  # noqa: E402
 from contextsvc.core.messages import Message, Role  # noqa: E402
 from contextsvc.core.priors import FEATURES, N_CLASSES, N_FEATURES, VIEW  # noqa: E402
 from contextsvc.core.tokens import message_features, message_parts  # noqa: E402
@@ -261,6 +262,14 @@ def unknown_observations(c: Counted, t: str, n: int, settings: TokenSettings = S
     return done
 
 
+def anchored_margin(cal: Calibration, x: np.ndarray, est: float, settings: TokenSettings = SETTINGS) -> float:
+    """The margin the service gives a baseline + delta view whose delta has features ``x`` and
+    whose estimate is ``est``: the delta's per-feature margin, plus the residuals' rate on the part
+    of ``margin_base`` past the delta (core/tokens.py ``estimate``)."""
+    priced = cal.price(x)
+    return cal.margin_of(x) + cal.margin_beyond(margin_base(priced, est, settings.margin_view_share) - priced)
+
+
 def _step_observation(c: Counted, t: str, k: int, cal: Calibration) -> Observation:
     """Step ``k``'s baseline of ``c`` counted by ``t``, its residual against what ``cal`` priced:
     the whole first view, then each step's messages on top of the previous real count."""
@@ -272,7 +281,8 @@ def _step_observation(c: Counted, t: str, k: int, cal: Calibration) -> Observati
         prev = c.ends[k - 1]
         priced = cal.price(features_of(c.messages[prev:end], view=False))
         est = real_or(t, c, prev) + priced
-    return observation(c, t, end, (real_or(t, c, end) - est) / priced if priced > 0 else None)
+    base = margin_base(priced, est, SETTINGS.margin_view_share)  # what the service's residual is relative to
+    return observation(c, t, end, (real_or(t, c, end) - est) / base if priced > 0 else None)
 
 
 def _loco_unknown_steps(
@@ -349,7 +359,7 @@ def unknown_table(counted: dict[str, list[Counted]]) -> str:
                             cal = fit(obs, SETTINGS, family="default")
                             cal_mod.prior_for = saved
                             est = real_or(t, c, prev) + cal.price(x)
-                            margin = math.ceil(cal.margin_of(x))
+                            margin = math.ceil(anchored_margin(cal, x, est))
                             if kind == "fitted":
                                 errs.append(err(est, real))
                             for into in (stat[kind], totals[kind]):
@@ -503,10 +513,11 @@ def tune_margin(counted: dict[str, list[Counted]]) -> None:
                                     prev, end = c.ends[n - 1], c.ends[n]
                                     x = features_of(c.messages[prev:end], view=False)
                                     est = real_or(t, c, prev) + cal.price(x)
-                                    out = est + math.ceil(cal.margin_of(x)) < real_or(t, c, end)
+                                    margin = anchored_margin(cal, x, est, st)
+                                    out = est + math.ceil(margin) < real_or(t, c, end)
                                     over[cat] = over.get(cat, 0) + out
                                     total += 1
-                                    spent.append(cal.margin_of(x) / real_or(t, c, end))
+                                    spent.append(margin / real_or(t, c, end))
                     n_over = sum(over.values())
                     print(
                         f"quantile {q}, {'per feature' if per_feature else 'one cold margin'}, "
@@ -657,7 +668,7 @@ def score(counted: dict[str, list[Counted]]) -> tuple[str, str, list[str]]:
                         prev = views[n - 1]
                         x = features_of(c.messages[prev:end], view=False)
                         est = real_or(t, c, prev) + cal.price(x)
-                        over += est + math.ceil(cal.margin_of(x)) < real
+                        over += est + math.ceil(anchored_margin(cal, x, est)) < real
                     col.setdefault(f"v{n}", []).append(err(est, real))
                     # standalone lists: random slices of the session's messages after those baselines
                     for _ in range(LIST_SLICES):
@@ -880,17 +891,19 @@ def main() -> None:
     ap.add_argument("--tune-fit", action="store_true")
     ap.add_argument("--diagnose-lists", action="store_true")
     ap.add_argument("--unknown", action="store_true", help="a model of no known family (FIT split with --fit)")
-    ap.add_argument("--fit", action="store_true", help="with --unknown: on the FIT split")
+    ap.add_argument("--fit", action="store_true", help="score (or --unknown) on the FIT split: for choosing rules")
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     ensure_node_deps()
     split = "fit" if args.fit_prior or args.tune_margin or args.tune_fit or args.diagnose_lists else "score"
-    if args.unknown and args.fit:
+    if args.fit:
+        if args.record:
+            ap.error("--record writes the SCORE split's tables; --fit is for choosing rules")
         split = "fit"
+    print(f"split: {split}")
     counted = count_sessions(sessions(split, count=args.sessions, steps=args.steps))
     if args.unknown:
-        print(f"split: {split}")
         print(unknown_table(counted))
         return
     if args.tune_margin:

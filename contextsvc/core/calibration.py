@@ -24,13 +24,14 @@ is never negative and never absurd.
 Every calibration carries a relative ``margin`` that guards add to the estimate
 (``TokenEstimate.margin``). It comes from *out-of-sample* residuals: each accepted baseline
 records how far its real count was above the estimate the service had made for that view,
-relative to what that estimate priced (``Observation.residual``; the part anchored on an earlier
-baseline is a real count and is not priced). The margin is the ``margin_quantile`` of the recent
-residuals, blended with the prior's cold margin (itself such a quantile, measured on content the
-prior was not fitted on) while there are few of them, and never below ``margin_floor``. In-sample
-residuals of the fit are no measure of the next view's error (two baselines are fitted almost
-exactly; the next message is new text), which is why they are only the fallback for observations
-written before residuals were recorded.
+relative to what that estimate's margin protects (``margin_base``: what it priced, at least
+``margin_view_share`` of the view's text; the part anchored on an earlier baseline is a real
+count and is not priced, but a model may miss by a share of the whole view). The margin is the
+``margin_quantile`` of the recent residuals, blended with the prior's cold margin (itself such
+a quantile, measured on content the prior was not fitted on) while there are few of them, and
+never below ``margin_floor``. In-sample residuals of the fit are no measure of the next view's
+error (two baselines are fitted almost exactly; the next message is new text), which is why they
+are only the fallback for observations written before residuals were recorded.
 
 The calibration also knows which features its baselines have shown (``evidence``): the
 truncation floor (``Calibration.floor``) holds a count against the fitted price of what the
@@ -94,7 +95,7 @@ class Observation:
     tokens: int
     had_images: bool = False
     features: tuple[float, ...] = ()
-    #: (real - estimate) / priced of the estimate made for this view before its count was known
+    #: (real - estimate) / margin_base of the estimate made for this view before its count was known
     #: (None when not known: written before residuals were recorded, or nothing was priced).
     residual: float | None = None
 

@@ -334,8 +334,8 @@ class TokenEstimate:
     #: triggers use ``total + margin``.
     margin: int = 0
     #: tokens of the estimate that were priced by the counter (all of its text, or only the delta
-    #: after a baseline, which is a real count): what the margin scales, and what a baseline's
-    #: residual is relative to.
+    #: after a baseline, which is a real count): with ``margin_view_share`` of the view's text,
+    #: the ``margin_base`` the margin scales and a baseline's residual is relative to.
     priced: int = 0
 
     @property
