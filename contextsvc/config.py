@@ -430,6 +430,9 @@ class FilesSettings(BaseModel):
     #: how often (seconds) a changed start-up index (``index.jsonl``) is written while serving;
     #: it is also written at a clean stop. A log written after it is read again at the next start.
     index_interval_seconds: float = Field(30.0, gt=0)
+    #: after a clean stop the index is taken without a look at each log (``stores/_seal.py``);
+    #: once serving, the logs' keys are checked in the background this many per worker-thread call.
+    verify_batch: int = Field(512, ge=1)
     #: a log is rewritten compactly (in the background) once it holds more flag/header/state/view
     #: records than max(compact_min_records, compact_records_per_row x its rows).
     compact_min_records: int = Field(256, ge=1)
