@@ -438,6 +438,8 @@ class FilesSettings(BaseModel):
     #: after a clean stop the index is taken without a look at each log (``stores/_seal.py``);
     #: once serving, the logs' keys are checked in the background this many per worker-thread call.
     verify_batch: int = Field(512, ge=1)
+    #: ... starting once the server serves, or this many seconds after the open, whichever is first.
+    verify_delay_seconds: float = Field(5.0, ge=0)
     #: a log is rewritten compactly (in the background) once it holds more flag/header/state/view
     #: records than max(compact_min_records, compact_records_per_row x its rows).
     compact_min_records: int = Field(256, ge=1)

@@ -270,6 +270,8 @@ class FilesStore(RowStore):
         #: set once every log's key was checked after a sealed open (at once otherwise).
         self._verified = asyncio.Event()
         self._verified.set()
+        #: set when the server serves (``begin_checks``): the check must not slow the start down.
+        self._checks_go = asyncio.Event()
         #: sessions whose log is due for a background compaction.
         self._compact_wanted: set[str] = set()
         self._compact_event = asyncio.Event()
@@ -1077,6 +1079,8 @@ class FilesStore(RowStore):
         keys = self._sealed_keys
         batch = self._settings.files.verify_batch
         try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._checks_go.wait(), self._settings.files.verify_delay_seconds)
             while keys:
                 part = list(itertools.islice(keys, batch))
                 now = await asyncio.to_thread(_log_keys, self._sessions_dir, part)
@@ -1111,8 +1115,14 @@ class FilesStore(RowStore):
         with contextlib.suppress(NotFound, Unavailable):
             await self._serialized(st, read, rows=False)
 
+    def begin_checks(self) -> None:
+        """The server serves: a sealed open's background check of the logs may start now (it starts
+        ``files.verify_delay_seconds`` after the open anyway)."""
+        self._checks_go.set()
+
     async def startup_verified(self) -> None:
         """Until the background check of a sealed open is done (at once otherwise; callers bound the wait)."""
+        self._checks_go.set()
         await self._verified.wait()
 
     def _session_logs(

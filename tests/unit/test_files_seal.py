@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import contextsvc.stores.files as files_module
+from contextsvc.config import FilesSettings
 from contextsvc.stores._seal import read_seal
 from contextsvc.stores.files import FilesStore
 from tests.unit.test_files_store import ALICE, log_of, mark_of, opened, session_with, user
@@ -159,3 +160,15 @@ async def test_a_damaged_session_prevents_the_seal(root: Path) -> None:
     assert (await store.health_check()).damaged_sessions == 1
     await store.close()
     assert read_seal((root / "lock").read_bytes()) is None  # damaged sessions are read at every start
+
+
+async def test_the_background_check_waits_for_the_server_to_serve(root: Path) -> None:
+    await _three_sessions(root)
+    store = await opened(root, files=FilesSettings(verify_delay_seconds=60))
+    assert store.stats.sealed_open
+    await asyncio.sleep(0.2)  # the start goes on: nothing is checked before the server serves
+    assert store.stats.logs_verified == 0
+    store.begin_checks()  # what the server calls once it reports SERVING
+    await asyncio.wait_for(store._verified.wait(), 10)
+    assert store.stats.logs_verified == 3
+    await store.close()
