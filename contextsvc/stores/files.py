@@ -361,8 +361,8 @@ class FilesStore(RowStore):
     def _seal(self) -> bytes:
         """The clean-shutdown seal (``_seal``) when the index just written lists every session as
         its log is now (nothing left out, nothing damaged, every log checked), else nothing."""
-        if self._index_dirty or self._index_stale or not self._verified.is_set():
-            return b""
+        if self._index_dirty or self._index_stale or self._sealed_keys:
+            return b""  # (the last: logs a sealed start has not checked yet)
         live = [sid for sid, st in self._sessions.items() if not st.deleted]
         if any(sid not in self._index_lines for sid in live):
             return b""
@@ -1090,7 +1090,8 @@ class FilesStore(RowStore):
                     if key is not None and seen != key:
                         await self._reread_sealed(sid)
         finally:
-            keys.clear()
+            # Stopped before the end (the store closing), the logs left unchecked stay in
+            # ``_sealed_keys``: that stop leaves no seal (``_seal``).
             self._verified.set()
 
     async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo:

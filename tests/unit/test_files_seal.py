@@ -97,6 +97,7 @@ async def test_a_log_rolled_back_while_stopped_is_found_in_the_background(root: 
     target = sids[2]
     before = log_of(root, target).read_bytes()
     store = await opened(root)
+    await store.startup_verified()  # as a serving server does, so that its stop seals again
     await store.append_messages(target, [user("acknowledged, then its log was restored")], caller=ALICE)
     await store.close()
     # The log rolled back to its earlier content (same name: the folder's times do not move), the
@@ -119,6 +120,7 @@ async def test_get_session_checks_its_log_before_the_background_does(root: Path)
     target = sids[0]
     older = log_of(root, target).read_bytes(), mark_of(root, target).read_bytes()
     store = await opened(root)
+    await store.startup_verified()
     await store.append_messages(target, [user("third")], caller=ALICE)
     await store.close()
     # An older, consistent copy of the session restored by hand (log and mark): 2 messages.
@@ -172,3 +174,15 @@ async def test_the_background_check_waits_for_the_server_to_serve(root: Path) ->
     await asyncio.wait_for(store._verified.wait(), 10)
     assert store.stats.logs_verified == 3
     await store.close()
+
+
+async def test_a_stop_before_the_logs_were_checked_leaves_no_seal(root: Path) -> None:
+    await _three_sessions(root)
+    store = await opened(root, files=FilesSettings(verify_delay_seconds=60))
+    assert store.stats.sealed_open and store.stats.logs_verified == 0
+    await store.close()  # the background check never ran: the index was not checked this time
+    assert read_seal((root / "lock").read_bytes()) is None
+    again = await opened(root)
+    assert not again.stats.sealed_open and again.stats.logs_read_at_open == 0  # every key matched
+    await again.close()
+    assert read_seal((root / "lock").read_bytes()) is not None
