@@ -3,7 +3,10 @@
 A server start imports every module that holds a pattern, while most patterns serve calls that
 come later or never (fact lines, recall, breadcrumbs, secret redaction). Compiling ~40 of them at
 import was ~25 ms of a start (issue #9); ``lazy`` makes that cost the first call's instead. The
-methods are the ``re.Pattern`` methods this code base uses; each costs one extra call.
+methods are the ``re.Pattern`` methods this code base uses; each costs one extra call, except for a
+pattern bound to a module-level name (``lazy(..., bind=(globals(), "NAME"))``): its first use puts
+the compiled pattern in that name, so the module's own code pays nothing after it (the hot path's
+sizing patterns).
 """
 
 from __future__ import annotations
@@ -11,15 +14,18 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 
 class LazyPattern:
-    __slots__ = ("_compiled", "_flags", "_source")
+    __slots__ = ("_bind", "_compiled", "_flags", "_source")
 
-    def __init__(self, source: str, flags: int | re.RegexFlag = 0) -> None:
+    def __init__(
+        self, source: str, flags: int | re.RegexFlag = 0, bind: tuple[dict[str, Any], str] | None = None
+    ) -> None:
         self._source = source
         self._flags = flags
+        self._bind = bind
         self._compiled: re.Pattern[str] | None = None
 
     @property
@@ -27,6 +33,9 @@ class LazyPattern:
         compiled = self._compiled
         if compiled is None:
             compiled = self._compiled = re.compile(self._source, self._flags)
+            if self._bind is not None:
+                namespace, name = self._bind
+                namespace[name] = compiled  # the module's later look-ups find the pattern itself
         return compiled
 
     @property
@@ -61,3 +70,10 @@ class LazyPattern:
 def lazy(source: str, flags: int | re.RegexFlag = 0) -> LazyPattern:
     """``re.compile(source, flags)``, done at the first search, match, sub, split or findall."""
     return LazyPattern(source, flags)
+
+
+def lazy_global(namespace: dict[str, Any], name: str, source: str, flags: int | re.RegexFlag = 0) -> re.Pattern[str]:
+    """``lazy`` for the module-level ``name`` of ``namespace`` (the module's ``globals()``): the
+    first use compiles the pattern and puts it in that name. Typed as the pattern it becomes; until
+    then the name holds a ``LazyPattern``, which has the methods the module calls."""
+    return cast("re.Pattern[str]", LazyPattern(source, flags, (namespace, name)))
