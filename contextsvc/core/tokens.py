@@ -110,6 +110,23 @@ def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[i
     return tuple(total)
 
 
+def carry_measures(src: Message, dst: Message) -> Message:
+    """``dst``, given the size and features already measured for ``src`` when its measured fields
+    are the very same objects (a copy that changed only numbers, times, flags or metadata, as
+    ``dataclasses.replace`` makes it): the copy a store keeps is not measured again at its first
+    build. Anything else is left to be measured on its own."""
+    if (
+        src.content is dst.content
+        and src.thinking is dst.thinking
+        and src.tool_calls is dst.tool_calls
+        and src.tool_call_id is dst.tool_call_id
+        and src.name is dst.name
+    ):
+        _SIZES.carry(src, dst)
+        _FEATURES.carry(src, dst)
+    return dst
+
+
 def text_features(text: str) -> tuple[int, ...]:
     """Class units of a bare text (no message framing)."""
     return (*class_units(text), *([0] * (N_FEATURES - N_CLASSES)))

@@ -258,13 +258,11 @@ class PostgresStore:
     def _info(self, row: Any) -> SessionInfo:
         return session_from_row(row, self._settings.preview_chars)
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
+    def _connection(self) -> pooled:
         pool = self._pool
         if pool is None:
             raise Unavailable("PostgreSQL store is not open")
-        async with pooled(pool, self._pg.acquire_timeout_seconds) as conn:
-            yield conn
+        return pooled(pool, self._pg.acquire_timeout_seconds)
 
     async def _read(self, operation: str, work: Callable[[Any], Awaitable[T]]) -> T:
         with pg_errors(operation):
