@@ -19,6 +19,7 @@ from contextsvc.core.codec import message_to_dict
 from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import Principal
+from contextsvc.core.sizing import text_size
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.validation import IncomingMessage, check_messages
 from contextsvc.errors import InvalidArgument
@@ -183,3 +184,25 @@ def test_a_message_sent_without_flags_gets_the_default_flags() -> None:
     flagged = mapping.incoming_from_pb(sent, "m")
     assert flagged.message.flags == Flags(is_display=False, is_pinned=True)
     assert Flags() == Flags(), "the shared default is not changed by a flagged message"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(role=Role.USER, content="plain words and more words " * 9),
+        Message(role=Role.USER, content="Привет, мир! 你好世界 こんにちは 안녕하세요\n\tdef f(x): return x**2  # ok"),
+        Message(
+            role=Role.ASSISTANT,
+            content="",
+            thinking="let me look",
+            tool_calls=(ToolCall(id="call_1", name="read_file", arguments_json='{"path": "src/a.py"}'),) * 2,
+        ),
+        Message(role=Role.TOOL, content='{"rows": [1, 2, 3], "ok": true}', tool_call_id="call_1", name="r"),
+        Message(role=Role.USER, content=""),
+    ],
+)
+def test_a_message_size_is_its_class_units_plus_framing_as_measured_by_text(message: Message) -> None:
+    """The size comes from the features (one pass over the text): the same units ``text_size`` gives."""
+    m = dataclasses.replace(message)  # a fresh object: nothing remembered for it
+    expected = tokens.message_frame_units(m) + sum(text_size(p) for p in tokens.message_parts(m))
+    assert tokens.message_size(m) == expected
