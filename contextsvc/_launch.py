@@ -5,16 +5,22 @@ hundred modules and builds the settings classes, which makes many long-lived obj
 garbage, so the collections their allocations trigger are ~10 % of a start's CPU for nothing
 (issue #9). ``serve`` turns the collector back on once it is listening, after freezing what the
 start made (``server.serve``); every other command turns it on before doing its work
-(``cli.main``).
+(``cli.main``). It also tells pydantic not to look for plugins (the service has none) unless the
+environment says otherwise.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 
 
 def main() -> int:
     gc.disable()
+    # The service uses no pydantic plugin, and looking for them reads the metadata of every
+    # installed package at the first model built (~20 ms of a start). An operator who runs one
+    # sets the variable (to empty, or to the names to leave out) and it is looked for again.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from contextsvc.cli import main as run
 
     return run()

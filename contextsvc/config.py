@@ -6,16 +6,21 @@ Fields marked "per profile" may be overridden by a named profile or a request's 
 
 Start-up cost (issue #9): building these classes is most of what importing this module costs, so
 annotations here are real objects, not strings (no ``from __future__ import annotations``):
-pydantic would otherwise evaluate each of the ~200 field annotations from its text.
+pydantic would otherwise evaluate each of the ~200 field annotations from its text. Default
+factories are lambdas, not classes or builtins: pydantic inspects each factory's signature, and
+that of a class or a builtin (``list``, ``dict``) is built from text (``tokenize``), a lambda's is not.
 """
 
-import tomllib
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES
 
@@ -45,7 +50,7 @@ class CompressionDefaults(BaseModel):
     summary_prompt: str = ""
     summarizer: str = "extractive"
     strategies: list[str] = Field(default_factory=lambda: ["clear_tool_results", "summarize"])
-    critical_tool_names: list[str] = Field(default_factory=list)
+    critical_tool_names: list[str] = Field(default_factory=lambda: [])
     #: whether hard truncation (oldest whole turns dropped, no summary) may follow when the listed
     #: strategies cannot reach the target. True keeps every turn under the window whatever the
     #: summarizer does; false makes a clearing-only profile commit what clearing achieved.
@@ -95,8 +100,8 @@ class ProfileConfig(BaseModel):
     vision: bool = False
     output_reserve_tokens: int = Field(2048, ge=0)
     message_token_budget: int = Field(0, ge=0)
-    compression: CompressionDefaults = Field(default_factory=CompressionDefaults)
-    recall: RecallDefaults = Field(default_factory=RecallDefaults)
+    compression: CompressionDefaults = Field(default_factory=lambda: CompressionDefaults())
+    recall: RecallDefaults = Field(default_factory=lambda: RecallDefaults())
 
 
 class SearchSettings(BaseModel):
@@ -163,7 +168,7 @@ class TokenSettings(BaseModel):
     #: built views remembered per session for RecordBaseline.
     views_kept_per_session: int = Field(16, ge=1)
     #: model name -> path of a tokenizer.json for exact counting.
-    tokenizer_files: dict[str, str] = Field(default_factory=dict)
+    tokenizer_files: dict[str, str] = Field(default_factory=lambda: {})
     #: model name glob -> vocabulary family whose cold prior prices it (core/priors.py); the first
     #: matching glob wins, an unknown model gets the ``default`` family.
     model_families: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_FAMILIES))
@@ -283,9 +288,9 @@ class SummarizerSettings(BaseModel):
     #: a message's text is scanned for breadcrumbs up to this many characters (head + tail), so a
     #: megabyte tool result does not make compression slow.
     breadcrumb_scan_chars: int = Field(20_000, ge=100)
-    extractive: ExtractiveSummarizerConfig = Field(default_factory=ExtractiveSummarizerConfig)
-    openai: OpenAISummarizerConfig = Field(default_factory=OpenAISummarizerConfig)
-    ollama: OllamaSummarizerConfig = Field(default_factory=OllamaSummarizerConfig)
+    extractive: ExtractiveSummarizerConfig = Field(default_factory=lambda: ExtractiveSummarizerConfig())
+    openai: OpenAISummarizerConfig = Field(default_factory=lambda: OpenAISummarizerConfig())
+    ollama: OllamaSummarizerConfig = Field(default_factory=lambda: OllamaSummarizerConfig())
     #: honour HTTP(S)_PROXY / NO_PROXY for summarizer calls.
     http_trust_env: bool = True
 
@@ -433,6 +438,11 @@ class FilesSettings(BaseModel):
     #: how often (seconds) a changed start-up index (``index.jsonl``) is written while serving;
     #: it is also written at a clean stop. A log written after it is read again at the next start.
     index_interval_seconds: float = Field(30.0, gt=0)
+    #: after a clean stop the index is taken without a look at each log (``stores/_seal.py``);
+    #: once serving, the logs' keys are checked in the background this many per worker-thread call.
+    verify_batch: int = Field(512, ge=1)
+    #: ... starting once the server serves, or this many seconds after the open, whichever is first.
+    verify_delay_seconds: float = Field(5.0, ge=0)
     #: a log is rewritten compactly (in the background) once it holds more flag/header/state/view
     #: records than max(compact_min_records, compact_records_per_row x its rows).
     compact_min_records: int = Field(256, ge=1)
@@ -547,10 +557,16 @@ class GatewaySettings(BaseModel):
         return value
 
 
-class Settings(BaseSettings):
-    """The one home of every setting. Env: ``CONTEXTSVC_<FIELD>``; nested: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``."""
+class Settings(BaseModel):
+    """The one home of every setting. Env: ``CONTEXTSVC_<FIELD>``; nested: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``
+    (``environment_values``), read when settings are built (the constructor, ``model_validate``),
+    not by ``model_copy``."""
 
-    model_config = SettingsConfigDict(env_prefix="CONTEXTSVC_", env_nested_delimiter="__", extra="forbid")
+    model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, **values: Any) -> None:
+        # The environment under the arguments, table by table: an argument wins over a variable.
+        super().__init__(**_deep_merge(environment_values(type(self)), values))
 
     listen: str = "127.0.0.1:50051"
     store: str = "files:./.contextsvc"
@@ -593,18 +609,18 @@ class Settings(BaseSettings):
     tls_client_ca: str = ""
     #: allow listening beyond loopback without TLS or without authentication.
     insecure: bool = False
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    auth: AuthSettings = Field(default_factory=lambda: AuthSettings())
 
-    limits: Limits = Field(default_factory=Limits)
-    tokens: TokenSettings = Field(default_factory=TokenSettings)
-    summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
-    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
-    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
-    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
-    files: FilesSettings = Field(default_factory=FilesSettings)
-    hot_path: HotPathSettings = Field(default_factory=HotPathSettings)
-    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
-    search: SearchSettings = Field(default_factory=SearchSettings)
+    limits: Limits = Field(default_factory=lambda: Limits())
+    tokens: TokenSettings = Field(default_factory=lambda: TokenSettings())
+    summarizer: SummarizerSettings = Field(default_factory=lambda: SummarizerSettings())
+    postgres: PostgresSettings = Field(default_factory=lambda: PostgresSettings())
+    quotas: QuotaSettings = Field(default_factory=lambda: QuotaSettings())
+    maintenance: MaintenanceSettings = Field(default_factory=lambda: MaintenanceSettings())
+    files: FilesSettings = Field(default_factory=lambda: FilesSettings())
+    hot_path: HotPathSettings = Field(default_factory=lambda: HotPathSettings())
+    gateway: GatewaySettings = Field(default_factory=lambda: GatewaySettings())
+    search: SearchSettings = Field(default_factory=lambda: SearchSettings())
 
     @field_validator("listen")
     @classmethod
@@ -650,6 +666,82 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     return Settings(**{**_deep_merge(merged, cleaned), "config": str(path)})
 
 
+ENV_PREFIX = "CONTEXTSVC_"
+#: separates the levels of a nested setting's variable name: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``.
+ENV_NESTED = "__"
+
+
+def environment_values(model: type[BaseModel], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings ``CONTEXTSVC_*`` variables give, as nested values for ``model``.
+
+    Names are case-insensitive; ``__`` steps into a table (a nested settings class, or a dict
+    such as ``profiles``). A value is a string, left to the field's own validation, except for
+    a field holding a table or a list: its value is JSON, and the variables naming fields
+    inside it are merged into it. A variable naming no top-level field is ignored (other
+    programs' variables may share the prefix); one naming no field inside a table is an error
+    of that table. Written here rather than taken from pydantic-settings, which cost a tenth
+    of a server's start-up to import (issue #9)."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    plen = len(ENV_PREFIX)
+    for name in sorted(environ):  # a table's own JSON first, then the variables inside it
+        if name[:plen].upper() != ENV_PREFIX:
+            continue
+        path = name[plen:].lower().split(ENV_NESTED)
+        if not all(path) or path[0] not in model.model_fields:
+            continue
+        complex_value = _is_table_or_list(_annotation_at(model, path))
+        value: Any = environ[name]
+        if complex_value:
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(f"environment variable {name}: not valid JSON: {value!r}") from None
+        node = out
+        for key in path[:-1]:
+            inner = node.get(key)
+            if not isinstance(inner, dict):
+                inner = node[key] = {}
+            node = inner
+        last = path[-1]
+        if isinstance(value, dict) and isinstance(node.get(last), dict):
+            value = _deep_merge(node[last], value)
+        node[last] = value
+    return out
+
+
+def _annotation_at(model: type[BaseModel], path: list[str]) -> Any:
+    """The annotation of the value ``path`` names under ``model`` (None when it names no field)."""
+    annotation: Any = model
+    for key in path:
+        annotation = _unoptional(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(key)
+            if field is None:
+                return None
+            annotation = field.annotation
+        elif typing.get_origin(annotation) is dict:
+            annotation = typing.get_args(annotation)[1]
+        else:
+            return None
+    return annotation
+
+
+def _unoptional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kept = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(kept) == 1:
+            return kept[0]
+    return annotation
+
+
+def _is_table_or_list(annotation: Any) -> bool:
+    annotation = _unoptional(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return typing.get_origin(annotation) in (dict, list, set, tuple, frozenset)
+
+
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
@@ -661,6 +753,8 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    import tomllib  # only with a config file: its import compiles its patterns (a start without one skips it)
+
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

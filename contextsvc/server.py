@@ -250,6 +250,8 @@ def _freeze_startup_objects() -> None:
 async def _start_background(running: RunningServer, settings: Settings, bus: EventBus) -> None:
     """Once the store answers: mirror its health (writable, damaged sessions) into the health
     service, and run store maintenance periodically (``engine/maintenance.py``)."""
+    if isinstance(running.store, FilesStore):
+        running.store.begin_checks()  # a sealed start's check of its logs: after the start, not during it
     store_health = StoreHealthWatcher(
         running.health, running.store, SERVICE_NAME, settings.store_health_interval_seconds
     )

@@ -2,8 +2,9 @@
 
 Nothing is exported unless an exporter is named (``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``)
 or an OTLP endpoint is set (``OTEL_EXPORTER_OTLP_ENDPOINT`` and its per-signal forms). Without one,
-no SDK is installed: the spans and instruments below are the API's no-op objects, the server adds no
-interceptor and wraps no port, so "off" costs a few attribute look-ups per call.
+nothing of OpenTelemetry is imported (not even the API, ``_load_api``): the engine's hooks find
+telemetry off in one look-up, the server adds no interceptor and wraps no port, so "off" costs a
+few attribute look-ups per call.
 
 What is recorded (DESIGN §5.11):
 - a server span per RPC (one interceptor of ours, which also continues an incoming ``traceparent``
@@ -39,13 +40,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
-from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from contextsvc.ports import EventBus, SessionStore, StoredEvent, Summarizer, Summarizers, SummaryRequest
 
-if TYPE_CHECKING:  # imported when tracing is configured: the trace SDK is not needed otherwise
+if TYPE_CHECKING:
+    # The API is bound to these names by ``_load_api`` once telemetry is on (a ``Telemetry`` that
+    # traces or meters): with it off, a server never imports OpenTelemetry (~20 ms of a start,
+    # issue #9). The trace SDK is imported only when tracing is configured.
+    from opentelemetry import context as otel_context
+    from opentelemetry import metrics, propagate, trace
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
     from contextsvc.telemetry_spans import SpanFactory
 
 log = logging.getLogger(__name__)
@@ -174,21 +179,59 @@ class _Instruments:
         )
 
 
+def _load_api() -> None:
+    """Bind the OpenTelemetry API to this module's names (see the ``TYPE_CHECKING`` imports)."""
+    if "trace" in globals():
+        return
+    import opentelemetry.context
+    import opentelemetry.metrics
+    import opentelemetry.propagate
+    import opentelemetry.trace
+
+    api = opentelemetry.trace
+    globals().update(
+        otel_context=opentelemetry.context,
+        metrics=opentelemetry.metrics,
+        propagate=opentelemetry.propagate,
+        trace=api,
+        Span=api.Span,
+        SpanKind=api.SpanKind,
+        Status=api.Status,
+        StatusCode=api.StatusCode,
+    )
+
+
+#: a ``Telemetry`` field not given: filled in by ``__post_init__`` when telemetry is on.
+_UNSET: Any = None
+
+
 @dataclass(slots=True)
 class Telemetry:
-    """What ``configure`` set up; ``shutdown`` flushes and stops the exporters."""
+    """What ``configure`` set up; ``shutdown`` flushes and stops the exporters.
+
+    Off (neither tracing nor metering) it holds no tracer and no instruments, and nothing of
+    OpenTelemetry is imported; on, the API's no-op tracer and instruments stand in for what was
+    not given."""
 
     tracing: bool = False
     metering: bool = False
     #: a store call at least this slow (ms) gets an event of its own on its span (settings:
     #: ``telemetry_slow_store_ms``); every call is counted in the span's store attributes
     slow_store_ms: float = 10.0
-    tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracer())
+    tracer: trace.Tracer = _UNSET
     #: starts the server, view and compaction spans (None: the tracer does; see telemetry_spans)
     spans: SpanFactory | None = None
-    instruments: _Instruments = field(default_factory=lambda: _Instruments.from_meter(metrics.NoOpMeter(_SCOPE)))
+    instruments: _Instruments = _UNSET
     _shutdowns: list[Callable[[], Any]] = field(default_factory=list)
     _flushes: list[Callable[[], Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.tracing or self.metering or self.tracer is not None or self.instruments is not None:
+            _load_api()
+            if self.tracer is None:
+                self.tracer = trace.NoOpTracer()
+            if self.instruments is None:
+                self.instruments = _Instruments.from_meter(metrics.NoOpMeter(_SCOPE))
 
     @property
     def enabled(self) -> bool:
@@ -276,7 +319,8 @@ def build(traces: str, metrics_exporter: str, *, service_version: str = "", inst
         attributes["service.version"] = service_version
     created = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES are merged in by the SDK
     resource = _resource_type()(created.attributes, created.schema_url)
-    telemetry = Telemetry()
+    _load_api()
+    telemetry = Telemetry(tracer=trace.NoOpTracer())
     if traces:
         telemetry.tracer, telemetry.spans = _tracing(
             traces, resource, telemetry._shutdowns, install, telemetry._flushes
@@ -476,7 +520,7 @@ class _ChildSpan:
     def __enter__(self) -> Span:
         telemetry = _current
         if not telemetry.tracing:
-            return trace.INVALID_SPAN  # off: a no-op span, nothing looked up
+            return _OFF_SPAN  # off: a no-op span, nothing looked up
         tally = _tally.get()
         above = None if tally is None else tally.span
         span: Span
@@ -512,6 +556,40 @@ class _ChildSpan:
         elif more:
             span.set_attributes(more)
         span.end()
+
+
+class _OffSpan:
+    """The span a block gets with tracing off: records nothing (the API's ``INVALID_SPAN`` without
+    importing the API)."""
+
+    __slots__ = ()
+
+    def is_recording(self) -> bool:
+        return False
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        pass
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None) -> None:
+        pass
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        pass
+
+    def record_exception(self, exception: BaseException, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def update_name(self, name: str) -> None:
+        pass
+
+    def end(self, end_time: int | None = None) -> None:
+        pass
+
+
+_OFF_SPAN = cast("Span", _OffSpan())
 
 
 class _ViewSpan(_ChildSpan):

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from contextsvc.core.lazy_re import LazyPattern, lazy
 from contextsvc.core.messages import Message, Role
 
 __all__ = ["FACTS_HEADER", "anchor_kinds", "carried_facts", "fact_lines", "facts_block", "strip_facts"]
@@ -29,38 +30,36 @@ FACTS_HEADER = "Facts:"
 #: Letters a name is written in: Latin (with accents) and Cyrillic, as escapes.
 _UPPER = r"A-Z\u00c0-\u00d6\u00d8-\u00de\u0410-\u042f\u0401"
 _LOWER = r"a-z\u00df-\u00f6\u00f8-\u00ff\u0430-\u044f\u0451"
-_ANCHORS: dict[str, re.Pattern[str]] = {
-    "url": re.compile(r"\bhttps?://[^\s<>\"')\]]+"),
-    "path": re.compile(r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|\b[\w.-]+/[\w./-]*\w\.\w{1,5}\b"),
-    "file_line": re.compile(r"\b[\w./-]+\.\w{1,5}:\d+\b"),
-    "host": re.compile(
-        r"\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b", re.I
-    ),
-    "email": re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"),
-    "date": re.compile(
+_ANCHORS: dict[str, LazyPattern] = {
+    "url": lazy(r"\bhttps?://[^\s<>\"')\]]+"),
+    "path": lazy(r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|\b[\w.-]+/[\w./-]*\w\.\w{1,5}\b"),
+    "file_line": lazy(r"\b[\w./-]+\.\w{1,5}:\d+\b"),
+    "host": lazy(r"\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b", re.I),
+    "email": lazy(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"),
+    "date": lazy(
         r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
         r" \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b",
         re.I,
     ),
-    "quantity": re.compile(
+    "quantity": lazy(
         r"\b\d+(?:[.,]\d+)?\s?(?:ms|s|sec|seconds?|minutes?|min|h|hours?|days?|kb|mb|gb|tb|kib|mib|gib|%|px|tokens?"
         r"|cores?|rps|qps|usd|eur|\$)\b",
         re.I,
     ),
-    "id": re.compile(
+    "id": lazy(
         r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
         r"|\b[0-9a-f]{7,40}\b(?=[^\w]|$)|\b[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?\b|\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w+\b"
     ),
-    "name": re.compile(rf"(?<=[{_LOWER},;:] )(?:[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*)"),
-    "error": re.compile(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b", re.I),
+    "name": lazy(rf"(?<=[{_LOWER},;:] )(?:[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*)"),
+    "error": lazy(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b", re.I),
 }
-_PREFERENCE = re.compile(
+_PREFERENCE = lazy(
     r"\b(?:prefer|preferred|always|never|must|don't|do not|dont|should(?:n't)?|remember|from now on|make sure"
     r"|decided|decision|we will|agreed|my name is|call me)\b",
     re.I,
 )
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-_SPACES = re.compile(r"\s+")
+_SENTENCE = lazy(r"(?<=[.!?])\s+|\n+")
+_SPACES = lazy(r"\s+")
 _COMMON_NAMES = frozenset({"I", "The", "This", "That", "It", "We", "You", "OK", "Yes", "No"})
 
 
@@ -89,7 +88,7 @@ def _anchors(sentence: str) -> set[str]:
     return found
 
 
-_IPV4 = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+_IPV4 = lazy(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
 
 
 def anchor_kinds(text: str) -> set[str]:

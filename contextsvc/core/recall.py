@@ -42,6 +42,7 @@ from typing import Any
 # The chunk value types are defined with the HistoryStore port; ports.py never imports this module.
 from contextsvc.core.facts import anchor_kinds
 from contextsvc.core.history import HistoryChunk, ScoredChunk
+from contextsvc.core.lazy_re import lazy
 
 __all__ = [
     "RecallIndex",
@@ -81,9 +82,9 @@ _STOP_RU = """
 """  # noqa: RUF001  (Cyrillic on purpose)
 _STOP_WORDS = frozenset(_STOP_EN.split() + _STOP_RU.split())
 
-_OUTER_SEPARATORS = re.compile(r"[/\\:@]")
-_SEPARATORS = re.compile(r"[./\\:@\-]+")
-_CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]{2,}")
+_OUTER_SEPARATORS = lazy(r"[/\\:@]")
+_SEPARATORS = lazy(r"[./\\:@\-]+")
+_CJK_RUN = lazy(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]{2,}")
 
 
 def _mark_ranges() -> str:
@@ -147,8 +148,8 @@ def _expand(token: str, segment_pattern: re.Pattern[str]) -> list[str]:
     return out
 
 
-_ASCII_WORD = re.compile(r"[a-z]+")
-_CYRILLIC_WORD = re.compile(r"[\u0400-\u04ff]+")
+_ASCII_WORD = lazy(r"[a-z]+")
+_CYRILLIC_WORD = lazy(r"[\u0400-\u04ff]+")
 
 
 @functools.cache
@@ -206,9 +207,9 @@ _KIND_WORDS = {
 }
 #: question words that ask for a kind of fact (they are stop words otherwise).
 _ASKS = {"who": "person", "whom": "person", "кто": "person", "кого": "person", "when": "date", "когда": "date"}
-_ASK_WORD = re.compile(r"\w+")
+_ASK_WORD = lazy(r"\w+")
 #: the header of each message in a chunk (``core/chunking.py``): ``#12 user:``, ``#13 tool c3:``.
-_HEADER = re.compile(r"(?m)^#\d+ (?:user|assistant|system|tool [^\s:]*):")
+_HEADER = lazy(r"(?m)^#\d+ (?:user|assistant|system|tool [^\s:]*):")
 
 
 @functools.lru_cache(maxsize=64)
@@ -217,18 +218,18 @@ def _words_of(text: str) -> tuple[str, ...]:
 
 
 #: cloud regions (``eu-west-1``, ``us-east-2``, ``ap-southeast-1``): a kind of their own.
-_REGION = re.compile(
+_REGION = lazy(
     r"\b(?:us|eu|ap|sa|ca|me|af|il|mx)-(?:gov-)?(?:north|south|east|west|central|(?:north|south)(?:east|west))-\d\b",
     re.I,
 )
 
 
 #: an issue-tracker key (``INC-4411``, ``CHG-20931``): a ticket.
-_TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b")
+_TICKET = lazy(r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b")
 #: what makes an id an id for search: letters and digits mixed (``acct_9f3k2x``, ``b7e4c1d9a2``)
 #: in a token of 5+ characters. A snake_case or camelCase name alone (``run_command``) is code, not
 #: an id someone asks for: facts.py keeps it as an anchor, search does not call it an "id".
-_ID_TOKEN = re.compile(r"\b(?=[\w-]*[a-z])(?=[\w-]*\d)[\w-]{5,}\b", re.I)
+_ID_TOKEN = lazy(r"\b(?=[\w-]*[a-z])(?=[\w-]*\d)[\w-]{5,}\b", re.I)
 
 
 def kind_terms(text: str) -> list[str]:

@@ -6,6 +6,11 @@ taken before anything in the directory is read and held for the life of the stor
 drops it when the process ends, however it ends (kill -9 included), so a stale lock file never
 blocks a restart. The file holds the holder's pid and start time, for the error a second
 process prints. Other files in the data directory are none of this module's business.
+
+A holder that stops cleanly may leave a note in the file instead of emptying it
+(``release(note=...)``; the files store leaves its clean-shutdown seal, ``_seal``). The next holder
+reads it (``previous``) before writing its own pid over it, and makes that overwrite durable when
+there was a note, so a note never outlives the start that read it, even across a power loss.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ class DataDirLocked(OSError):
 class DataDirLock:
     """An exclusive, non-blocking ``flock`` on ``root/lock``; ``release()`` (or process exit) frees it."""
 
-    __slots__ = ("_fd", "path")
+    __slots__ = ("_fd", "path", "previous")
 
     def __init__(self, root: Path) -> None:
         self.path = root / LOCK_NAME
         self._fd: int | None = None
+        #: what the file held when the lock was taken (a clean-shutdown note, or nothing).
+        self.previous = b""
 
     @property
     def held(self) -> bool:
@@ -54,21 +61,31 @@ class DataDirLock:
                 ) from None
             raise
         try:
+            self.previous = os.pread(fd, 4096, 0)
+        except OSError:
+            self.previous = b""
+        try:
             # Only the holder writes the file: truncate after the lock is ours.
             info = {"pid": os.getpid(), "started": datetime.now(UTC).isoformat(), "purpose": purpose}
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+            if self.previous:
+                os.fdatasync(fd)  # a note read must not come back after a crash of this holder
         except OSError:
             # A read-only directory can still be locked (fsck reads it): the holder note is a courtesy.
             pass
         self._fd = fd
 
-    def release(self) -> None:
+    def release(self, note: bytes = b"") -> None:
+        """Free the lock, leaving ``note`` in the file (durably) or the file empty."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
+            if note:
+                os.pwrite(fd, note, 0)
+                os.fdatasync(fd)
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

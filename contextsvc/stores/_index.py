@@ -249,9 +249,11 @@ def header_line(preview_chars: int, body: bytes) -> bytes:
 
 class Entries(dict[str, IndexEntry]):
     """The entries of an index read, by session id; ``current``: the index is of the format
-    written now (one of an older format is worth writing again)."""
+    written now (one of an older format is worth writing again); ``whole``: every line is as
+    written (the header's checksum of them all matched)."""
 
     current = True
+    whole = False
 
 
 def read_index(path: Path, preview_chars: int) -> Entries | None:
@@ -289,6 +291,7 @@ def read_index(path: Path, preview_chars: int) -> Entries | None:
     if not tail and head.get("crc") == f"{google_crc32c.value(whole):08x}":
         # Every line is as written: the lines' own checksums need no second look.
         bodies = [frame_body(raw) for raw in raws]
+        entries.whole = True
     else:
         raws, bodies = [], []
         for raw in lines[1:]:
@@ -306,6 +309,7 @@ def read_index(path: Path, preview_chars: int) -> Entries | None:
             continue
         entries[entry.values[0] if entry.values is not None else entry.info.id] = entry
     if bad:
+        entries.whole = False
         logger.warning("files store: %d unreadable line(s) in the start-up index; those logs are read whole", bad)
     return entries
 

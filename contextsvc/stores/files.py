@@ -77,6 +77,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 import json
 import logging
 import os
@@ -101,7 +102,16 @@ from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, _list_key, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
 from contextsvc.stores._frames import BadFrame, frame, mark_path, read_mark, unframe, write_mark, write_mark_number
-from contextsvc.stores._index import INDEX_NAME, IndexEntry, encode_entry, file_key, index_bytes, read_index
+from contextsvc.stores._index import (
+    INDEX_NAME,
+    FileKey,
+    IndexEntry,
+    encode_entry,
+    file_key,
+    index_bytes,
+    read_index,
+)
+from contextsvc.stores._seal import read_seal, seal_holds, seal_note
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -161,6 +171,11 @@ class FilesStoreStats:
     logs_read_at_open: int = 0
     #: logs whose start-up index entry was used at ``open()``.
     index_hits: int = 0
+    #: whether ``open()`` took the index under a clean-shutdown seal, without a look at each log (``_seal``).
+    sealed_open: bool = False
+    #: logs whose key was checked in the background after a sealed open, and those found changed (read whole).
+    logs_verified: int = 0
+    logs_changed_after_seal: int = 0
     #: background compactions of logs whose flag/header/state/view records piled up.
     compactions: int = 0
     #: times the start-up index was written.
@@ -250,6 +265,13 @@ class FilesStore(RowStore):
         self._index_dirty: set[str] = set()
         self._index_stale = False
         self._index_lock = asyncio.Lock()
+        #: after a sealed open (``_seal``): the index's key of each log not yet checked against it.
+        self._sealed_keys: dict[str, FileKey] = {}
+        #: set once every log's key was checked after a sealed open (at once otherwise).
+        self._verified = asyncio.Event()
+        self._verified.set()
+        #: set when the server serves (``begin_checks``): the check must not slow the start down.
+        self._checks_go = asyncio.Event()
         #: sessions whose log is due for a background compaction.
         self._compact_wanted: set[str] = set()
         self._compact_event = asyncio.Event()
@@ -306,6 +328,9 @@ class FilesStore(RowStore):
                 asyncio.create_task(self._compact_loop(), name="contextsvc-files-compact"),
                 asyncio.create_task(self._index_loop(), name="contextsvc-files-index"),
             ]
+            if self._sealed_keys:
+                self._verified.clear()
+                self._tasks.append(asyncio.create_task(self._verify_sealed(), name="contextsvc-files-verify"))
 
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
@@ -321,15 +346,30 @@ class FilesStore(RowStore):
             self._flusher = None
         if self.read_only:
             return
+        note = b""
         try:
             await self.flush()
             if self._dir_lock.held:
                 try:
                     await self.write_index()
+                    note = self._seal()
                 except OSError as exc:
                     logger.warning("files store: cannot write the start-up index: %s", exc)
         finally:
-            self._dir_lock.release()
+            self._dir_lock.release(note)
+
+    def _seal(self) -> bytes:
+        """The clean-shutdown seal (``_seal``) when the index just written lists every session as
+        its log is now (nothing left out, nothing damaged, every log checked), else nothing."""
+        if self._index_dirty or self._index_stale or self._sealed_keys:
+            return b""  # (the last: logs a sealed start has not checked yet)
+        live = [sid for sid, st in self._sessions.items() if not st.deleted]
+        if any(sid not in self._index_lines for sid in live):
+            return b""
+        try:
+            return seal_note(self.root / INDEX_NAME, self._sessions_dir, len(live))
+        except OSError:
+            return b""
 
     # -- lazy loading, the memory bound, the start-up index ------------------------------------
 
@@ -338,8 +378,14 @@ class FilesStore(RowStore):
         if st.resident:
             self._touch(st)
             return
+        await self._read_whole(st, st.last_sequence)
+
+    async def _read_whole(self, st: SessionState, known: int) -> None:
+        """Read the session's log whole into ``st`` (under its lock). ``known``: the highest number
+        its summary counted, which stays taken even if the log lost it (0 after a log changed while
+        no server ran, ``_reread_sealed``: the log and its mark are then all there is to trust)."""
+        self._sealed_keys.pop(st.id, None)  # read whole now: nothing left to check (``_seal``)
         path = self._log_path(st.id)
-        known = st.last_sequence
         old = self._logs.get(st.id)
         try:
             result = await asyncio.to_thread(self._load_one, path)
@@ -943,10 +989,17 @@ class FilesStore(RowStore):
     def _load_all(self) -> _Loaded:
         """Every session as a summary (rows not held): from the start-up index where its entry
         matches the log on disk, else by reading the log whole (recovering it as needed)."""
+        preview_chars = self._settings.preview_chars
         if self.read_only:
             if not self._sessions_dir.is_dir():
                 return [], {}, _Log(self.root / _CALIBRATION, 0)
+            index = read_index(self.root / INDEX_NAME, preview_chars)
         else:
+            index = read_index(self.root / INDEX_NAME, preview_chars)
+            if index is not None and index.whole and index.current:
+                seal = read_seal(self._dir_lock.previous)
+                if seal_holds(seal, self.root / INDEX_NAME, self._sessions_dir, len(index)):
+                    return self._load_sealed(index)
             folders = (self._sessions_dir, self._blobs_dir, self._history_dir)
             if not all(folder.is_dir() for folder in folders):
                 for folder in folders:
@@ -957,8 +1010,6 @@ class FilesStore(RowStore):
             for sub in self._blobs_dir.iterdir():
                 if sub.is_dir():
                     _remove_temp_files(sub)
-        preview_chars = self._settings.preview_chars
-        index = read_index(self.root / INDEX_NAME, preview_chars)
         loaded: list[tuple[SessionState, _Log, bytes | None]] = []
         fresh: dict[str, bytes] = {}
         entries = index if index is not None else {}
@@ -1001,6 +1052,79 @@ class FilesStore(RowStore):
             return loaded, observations, _Log(self.root / _CALIBRATION, 0)
         observations, calibration = self._load_calibration()
         return loaded, observations, calibration
+
+    def _load_sealed(self, index: dict[str, IndexEntry]) -> _Loaded:
+        """``_load_all`` after a clean stop (``_seal``): every session from its index entry as it
+        is, no log looked at; their keys are checked once serving (``_verify_sealed``). A clean
+        stop leaves no temp file behind (an atomic write removes its own when it fails)."""
+        self.stats.sealed_open = True
+        folder = f"{self._sessions_dir}{os.sep}"
+        loaded: list[tuple[SessionState, _Log, bytes | None]] = []
+        keys: dict[str, FileKey] = {}
+        for sid, entry in index.items():
+            log = _Log(f"{folder}{sid}{_LOG_SUFFIX}", entry.key[1], entry.overhead)
+            loaded.append((entry.summary_state(), log, entry.line or encode_entry(entry)))
+            keys[sid] = entry.key
+        self.stats.index_hits += len(loaded)
+        self._sealed_keys = keys
+        observations, calibration = self._load_calibration()
+        return loaded, observations, calibration
+
+    async def _verify_sealed(self) -> None:
+        """After a sealed open: compare every log's key with its index entry, a slice at a time
+        in a worker thread, and read whole (as first use would) each log changed while no server
+        ran, so its damage or its real summary shows without waiting for a client to touch it.
+        A session read whole since the start (``_ensure_rows``) or checked by ``get_session``
+        is no longer in ``_sealed_keys``: nothing to check."""
+        keys = self._sealed_keys
+        batch = self._settings.files.verify_batch
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._checks_go.wait(), self._settings.files.verify_delay_seconds)
+            while keys:
+                part = list(itertools.islice(keys, batch))
+                now = await asyncio.to_thread(_log_keys, self._sessions_dir, part)
+                self.stats.logs_verified += len(part)
+                for sid, seen in zip(part, now, strict=True):
+                    key = keys.pop(sid, None)
+                    if key is not None and seen != key:
+                        await self._reread_sealed(sid)
+        finally:
+            # Stopped before the end (the store closing), the logs left unchecked stay in
+            # ``_sealed_keys``: that stop leaves no seal (``_seal``).
+            self._verified.set()
+
+    async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo:
+        # The one read answered from the summary alone: check the log first if nothing has yet.
+        key = self._sealed_keys.pop(session_id, None)
+        if key is not None and _log_keys(self._sessions_dir, [session_id])[0] != key:  # one stat
+            await self._reread_sealed(session_id)
+        return await super().get_session(session_id, caller=caller)
+
+    async def _reread_sealed(self, session_id: str) -> None:
+        st = self._sessions.get(session_id)
+        if st is None or st.deleted or st.resident:
+            return
+        self.stats.logs_changed_after_seal += 1
+        logger.info("files store: log of session %s changed since the clean stop; reading it whole", session_id)
+        self._index_dirty.add(session_id)
+
+        async def read() -> None:
+            if not st.resident:
+                await self._read_whole(st, 0)  # as an open without the seal would have read it
+
+        with contextlib.suppress(NotFound, Unavailable):
+            await self._serialized(st, read, rows=False)
+
+    def begin_checks(self) -> None:
+        """The server serves: a sealed open's background check of the logs may start now (it starts
+        ``files.verify_delay_seconds`` after the open anyway)."""
+        self._checks_go.set()
+
+    async def startup_verified(self) -> None:
+        """Until the background check of a sealed open is done (at once otherwise; callers bound the wait)."""
+        self._checks_go.set()
+        await self._verified.wait()
 
     def _session_logs(
         self, *, remove_temp: bool = False, known: Collection[str] = ()
@@ -1692,6 +1816,16 @@ def _remove_logs(folder: Path, session_id: str) -> None:
             removed = True
     if removed:  # nothing removed, nothing to make durable (a new session has no old files)
         _fsync_dir(folder)
+
+
+def _log_keys(folder: Path, session_ids: list[str]) -> list[FileKey | None]:
+    keys: list[FileKey | None] = []
+    for sid in session_ids:
+        try:
+            keys.append(file_key(os.stat(folder / f"{sid}{_LOG_SUFFIX}")))
+        except OSError:
+            keys.append(None)
+    return keys
 
 
 def _remove_temp_files(folder: Path) -> None:

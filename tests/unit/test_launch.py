@@ -8,6 +8,7 @@ other command turns it on before doing its work.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -53,3 +54,19 @@ def test_the_command_and_python_dash_m_start_at_the_entry_point() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("contextsvc ")
+
+
+def _plugins_setting(env: dict[str, str]) -> str:
+    probe = "import os, contextsvc._launch as l, contextsvc.cli as c; c.main = lambda: 0; l.main(); "
+    probe += "print(repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_the_entry_point_skips_the_pydantic_plugin_search_unless_told_otherwise() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    assert _plugins_setting(env) == "'__all__'"
+    assert _plugins_setting({**env, "PYDANTIC_DISABLE_PLUGINS": ""}) == "''"  # an operator's choice stands

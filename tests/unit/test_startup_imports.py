@@ -48,6 +48,7 @@ LAZY = (
     "contextsvc.gateway",
     "cryptography",
     "numpy",
+    "opentelemetry",  # the API too: bound by telemetry._load_api only once an exporter is named
     "opentelemetry.sdk.trace",  # the trace SDK (and our span factory): only with a traces exporter named
     "contextsvc.telemetry_spans",
     "opentelemetry.sdk.metrics",  # the SDK's exporters and readers: only with an exporter named
@@ -58,6 +59,8 @@ LAZY = (
     "contextsvc.core.maintenance",  # the planner: imported by the first run, one interval after the start
     "contextsvc.store_tools",  # fsck / maintain
     "contextsvc.client",
+    "pydantic_settings",  # not used: config.environment_values reads the variables
+    "tomllib",  # only with a config file
 )
 
 
