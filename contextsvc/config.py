@@ -178,8 +178,14 @@ class TokenSettings(BaseModel):
     #: (16 and the 0.995 quantile below: chosen on the fit split, bench/fidelity/run.py --tune-margin)
     margin_prior_weight: float = Field(16.0, ge=0)
     #: the quantile of recent out-of-sample residuals (how far each accepted baseline was above the
-    #: estimate made for its view, relative to what that estimate priced) the margin covers.
+    #: estimate made for its view, relative to its ``margin_base``) the margin covers.
     margin_quantile: float = Field(0.995, gt=0, le=1)
+    #: what a margin protects is at least this share of the view's text (``margin_base``): a
+    #: baseline's residual is relative to max(tokens priced, share x view text), and a
+    #: baseline-anchored view's margin covers that base, not only its delta. So a model whose
+    #: counts miss by a share of the whole view does not turn a small delta's miss into a huge
+    #: rate that a compaction then applies to a whole context (issue #14, round 8).
+    margin_view_share: float = Field(0.25, ge=0, le=1)
 
 
 class OpenAISummarizerConfig(BaseModel):

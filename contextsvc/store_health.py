@@ -11,7 +11,9 @@ files store writes and fsyncs a small probe file in its data directory) and sets
   ``SERVING`` for this: every other session works, and pulling the replica would take them
   all away. It is the "degraded" signal for an operator's alert.
 
-Stores without ``health_check`` (memory, PostgreSQL) are not polled.
+Stores without ``health_check`` (memory, PostgreSQL) are not polled. A store that can tell when a
+session is found damaged (the files store's ``damage_changed``, set when a log read on first use or
+checked after a sealed start turns out damaged) has the integrity status updated at once.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class StoreHealthWatcher:
         self._service = service
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
+        self._damage_task: asyncio.Task[None] | None = None
+        self._damage_event: asyncio.Event | None = getattr(store, "damage_changed", None)
+        self._count_damaged = getattr(store, "damaged_sessions", None)
         self._writable: bool | None = None
         self._damaged: int | None = None
 
@@ -49,13 +54,16 @@ class StoreHealthWatcher:
             return
         await self.check_once()
         self._task = asyncio.create_task(self._loop(), name="contextsvc-store-health")
+        if self._damage_event is not None and self._count_damaged is not None:
+            self._damage_task = asyncio.create_task(self._damage_loop(), name="contextsvc-store-damage")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._damage_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._damage_task = None
 
     async def check_once(self) -> None:
         if self._check is None:
@@ -71,14 +79,21 @@ class StoreHealthWatcher:
             else:
                 log.error("store cannot write: health NOT_SERVING", extra={"detail": report.detail})
             self._writable = report.writable
-        if report.damaged_sessions != self._damaged:
-            await self._health.set(INTEGRITY_SERVICE, _NOT_SERVING if report.damaged_sessions else _SERVING)
-            if report.damaged_sessions:
-                log.error(
-                    "damaged sessions are read-only; run contextsvc fsck",
-                    extra={"damaged_sessions": report.damaged_sessions},
-                )
-            self._damaged = report.damaged_sessions
+        await self._integrity(report.damaged_sessions)
+
+    async def _integrity(self, damaged: int) -> None:
+        if damaged != self._damaged:
+            await self._health.set(INTEGRITY_SERVICE, _NOT_SERVING if damaged else _SERVING)
+            if damaged:
+                log.error("damaged sessions are read-only; run contextsvc fsck", extra={"damaged_sessions": damaged})
+            self._damaged = damaged
+
+    async def _damage_loop(self) -> None:
+        assert self._damage_event is not None and self._count_damaged is not None
+        while True:
+            await self._damage_event.wait()
+            self._damage_event.clear()
+            await self._integrity(self._count_damaged())
 
     async def _loop(self) -> None:
         while True:

@@ -91,9 +91,11 @@ def dropped_rows(view: Sequence[Message], context: Sequence[Message]) -> list[in
 class Compaction:
     """One ``context_compressed`` event, in stream order. ``after_truncation``: a post-turn compaction,
     the first after a ``context_truncated`` event (DESIGN §5.3: the post-turn check then compresses
-    regardless of the threshold). ``margin``: the margin the trigger added to ``before``; ``aim``
-    and ``rate``: where the engine aimed the estimate and the margin rate it assumed for the view
-    it left (0 / 0.0 when the event does not say)."""
+    regardless of the threshold). ``before``: the view's estimate the trigger compared (the event's
+    ``estimate_tokens``; before round 8 its ``context_tokens_before``); ``margin``: the margin the
+    trigger added to it; ``aim`` and ``rate``: where the engine aimed the estimate and the margin
+    rate it assumed for the view it left (0 / 0.0 when the event does not say); ``priced``: the
+    view before, priced whole as ``after`` is (``context_tokens_before``; 0: not said)."""
 
     reason: str
     method: str
@@ -104,6 +106,7 @@ class Compaction:
     margin: int = 0
     aim: int = 0
     rate: float = 0.0
+    priced: int = 0
 
 
 @dataclass(frozen=True)

@@ -609,7 +609,8 @@ def analyse(sim: SimResult) -> Analysis:
                 Compaction(
                     reason=str(e.payload["reason"]),
                     method=str(e.payload["method"]),
-                    before=int(e.payload["context_tokens_before"]),
+                    # the estimate the trigger compared (older engines: context_tokens_before)
+                    before=int(e.payload.get("estimate_tokens", e.payload["context_tokens_before"])),
                     after=int(e.payload["context_tokens_after"]),
                     # Only a post-turn check compresses for the truncation flag; builds compress for size.
                     after_truncation=truncated and e.payload["reason"] == "postturn",
@@ -617,6 +618,7 @@ def analyse(sim: SimResult) -> Analysis:
                     margin=int(e.payload.get("margin", 0)),
                     aim=int(e.payload.get("aim_tokens", 0)),
                     rate=float(e.payload.get("margin_rate", 0.0)),
+                    priced=int(e.payload["context_tokens_before"]),
                 )
             )
             truncated = False
@@ -782,7 +784,10 @@ def analyse(sim: SimResult) -> Analysis:
     if above_target:
         findings.append(
             f"{label}: {len(above_target)} automatic compactions ended above their target; first: "
-            + "; ".join(f"turn {k.turn} {k.reason}/{k.method} {k.before} -> {k.after}" for k in above_target[:EXAMPLES])
+            + "; ".join(
+                f"turn {k.turn} {k.reason}/{k.method} {k.priced or k.before} -> {k.after}"
+                for k in above_target[:EXAMPLES]
+            )
         )
     lost = [f.fact.key for f in sim.facts if not f.recoverable]
     if lost:

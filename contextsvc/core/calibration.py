@@ -24,13 +24,14 @@ is never negative and never absurd.
 Every calibration carries a relative ``margin`` that guards add to the estimate
 (``TokenEstimate.margin``). It comes from *out-of-sample* residuals: each accepted baseline
 records how far its real count was above the estimate the service had made for that view,
-relative to what that estimate priced (``Observation.residual``; the part anchored on an earlier
-baseline is a real count and is not priced). The margin is the ``margin_quantile`` of the recent
-residuals, blended with the prior's cold margin (itself such a quantile, measured on content the
-prior was not fitted on) while there are few of them, and never below ``margin_floor``. In-sample
-residuals of the fit are no measure of the next view's error (two baselines are fitted almost
-exactly; the next message is new text), which is why they are only the fallback for observations
-written before residuals were recorded.
+relative to what that estimate's margin protects (``margin_base``: what it priced, at least
+``margin_view_share`` of the view's text; the part anchored on an earlier baseline is a real
+count and is not priced, but a model may miss by a share of the whole view). The margin is the
+``margin_quantile`` of the recent residuals, blended with the prior's cold margin (itself such
+a quantile, measured on content the prior was not fitted on) while there are few of them, and
+never below ``margin_floor``. In-sample residuals of the fit are no measure of the next view's
+error (two baselines are fitted almost exactly; the next message is new text), which is why they
+are only the fallback for observations written before residuals were recorded.
 
 The calibration also knows which features its baselines have shown (``evidence``): the
 truncation floor (``Calibration.floor``) holds a count against the fitted price of what the
@@ -94,7 +95,7 @@ class Observation:
     tokens: int
     had_images: bool = False
     features: tuple[float, ...] = ()
-    #: (real - estimate) / priced of the estimate made for this view before its count was known
+    #: (real - estimate) / margin_base of the estimate made for this view before its count was known
     #: (None when not known: written before residuals were recorded, or nothing was priced).
     residual: float | None = None
 
@@ -125,6 +126,11 @@ class Calibration:
     evidence: tuple[float, ...] = field(default=(), compare=False)
     #: relative margin of each feature's price (``FEATURES`` order; empty: ``margin`` for all).
     margins: tuple[float, ...] = field(default=(), compare=False)
+    #: the ``margin_quantile`` of the recorded residuals (each relative to its view's
+    #: ``margin_base``), and the weight it has in ``margins`` (n / (margin_prior_weight + n));
+    #: 0 without recorded residuals. ``margin_beyond`` prices the base past what was priced.
+    residual_rate: float = field(default=0.0, compare=False)
+    residual_weight: float = field(default=0.0, compare=False)
 
     def price(self, features: Sequence[float]) -> float:
         """Tokens of something with these ``features`` (unrounded)."""
@@ -137,6 +143,12 @@ class Calibration:
         if len(self.margins) != len(self.weights):
             return self.margin * max(0.0, self.price(features))
         return sum(m * w * x for m, w, x in zip(self.margins, self.weights, features, strict=False))
+
+    def margin_beyond(self, tokens: float) -> float:
+        """Tokens of margin for ``tokens`` of a ``margin_base`` that the estimate did not price
+        (a share of a baseline-anchored view past its delta): the residuals' part of the margin
+        only, as the recorded residuals are relative to that base too. 0 when none are recorded."""
+        return self.residual_weight * self.residual_rate * max(0.0, tokens)
 
     @property
     def overhead(self) -> float:
@@ -166,6 +178,19 @@ class Calibration:
             e = self.evidence[j] if j < len(self.evidence) else 0.0
             total += x * (low + e * max(0.0, ratio * self.weights[j] - low))
         return math.floor(total)
+
+
+def margin_base(priced: float, text: float, share: float) -> float:
+    """What a margin protects, and what a baseline's residual is relative to: the tokens the
+    estimate priced, but at least ``share`` (``margin_view_share``) of the view's text.
+
+    A baseline-anchored view prices only its delta (the rest is a real count), yet a model's
+    count can miss by a share of the whole view (its hidden framing, tokens it adds per prompt):
+    relative to a small delta such a miss is a huge rate, and applied to a whole context priced
+    fresh (after a compaction) that rate aimed the compaction far too low. Relative to this base
+    a residual means the same for a delta and for a whole context, and the margin of an anchored
+    view covers at least that share of it (``Calibration.margin_beyond``)."""
+    return max(priced, share * text)
 
 
 def lower_bound(features: Sequence[float]) -> int:
@@ -234,6 +259,7 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
         )
 
     starts = _starting_margins(prior, evidence)
+    n = len(recorded)
     return Calibration(
         fitted,
         len(usable),
@@ -243,6 +269,8 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
         residuals=tuple(residuals),
         evidence=evidence,
         margins=tuple(blended(m) for m in starts),
+        residual_rate=q,
+        residual_weight=n / (settings.margin_prior_weight + n) if n else 0.0,
     )
 
 

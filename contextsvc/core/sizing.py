@@ -20,11 +20,15 @@ new baselines replace them, ``calibration_window`` at a time).
 
 from __future__ import annotations
 
+import base64
 import functools
 import itertools
 import re
 import threading
+import zlib
 from dataclasses import dataclass
+
+from contextsvc.core import _cjk_costs
 
 __all__ = [
     "CJK_CLASSES",
@@ -95,8 +99,16 @@ class SizeWeights:
     #: Other scripts (accented Latin, Greek, Arabic, ...), per letter, same form.
     other_base: float = 0.8
     other_per_letter: float = 0.28
-    #: CJK ideographs, kana and hangul, per character (o200k/Llama 3 ~0.8, cl100k/Claude ~1.3).
+    #: CJK ideographs, kana and hangul, per character (o200k/Llama 3 ~0.8, cl100k/Claude ~1.3),
+    #: where the vocabulary table (``_cjk_costs``) does not cover the character (radicals,
+    #: bopomofo, the rarer extension blocks).
     cjk_per_char: float = 1.0
+    #: A character the table covers (the unified ideographs, kana, hangul syllables) costs this
+    #: many times its mean token count alone over the four vocabularies: a common ideograph (one
+    #: token in most) half what a rare one costs (two or three byte-level tokens). A unit
+    #: convention only (each family's fitted weight absorbs it): 0.9 keeps the real tokens per
+    #: unit of Han, kana and hangul text where they were with ``cjk_per_char`` (0.3-0.6).
+    cjk_table_scale: float = 0.9
     #: A punctuation run costs 1 token up to ``free_punct`` chars, then ``per_punct`` per char;
     #: a run of one repeated char (rulers ``=====``) ``per_repeat`` per char.
     free_punct: int = 3
@@ -169,12 +181,36 @@ def _letters_tokens(letters: str, w: SizeWeights, *, unspaced: bool = False) -> 
             # a capital anywhere (not only first): text added in front never makes it cheaper
             tokens += cost * w.cyrillic_unspaced_factor if unspaced or not run.islower() else cost
         else:
-            cjk = len(_CJK.findall(run))
-            other = len(run) - cjk
-            tokens += w.cjk_per_char * cjk
+            cjk = _CJK.findall(run)
+            other = len(run) - len(cjk)
+            tokens += sum(_cjk_char_tokens(ch, w) for ch in cjk)
             if other:
                 tokens += max(1.0, w.other_base + w.other_per_letter * other)
     return tokens
+
+
+def _cjk_levels() -> tuple[tuple[int, int, int], ...]:
+    """(first, end, offset into ``_CJK_LEVELS``) of each block of the vocabulary table."""
+    out, offset = [], 0
+    for first, end in _cjk_costs.BLOCKS:
+        out.append((first, end, offset))
+        offset += end - first
+    return tuple(out)
+
+
+#: One byte per code point of ``_cjk_costs.BLOCKS``: the level ``4 x (mean tokens alone - 1)``.
+_CJK_LEVELS = zlib.decompress(base64.b64decode("".join(_cjk_costs.PACKED)))
+_CJK_BLOCKS = _cjk_levels()
+assert len(_CJK_LEVELS) == sum(end - first for first, end in _cjk_costs.BLOCKS)
+
+
+def _cjk_char_tokens(ch: str, w: SizeWeights) -> float:
+    """Tokens of one Han, kana or hangul character: by the vocabulary table where it covers it."""
+    code = ord(ch)
+    for first, end, offset in _CJK_BLOCKS:
+        if first <= code < end:
+            return w.cjk_table_scale * (1.0 + _CJK_LEVELS[offset + code - first] / 4)
+    return w.cjk_per_char
 
 
 def _punct_tokens(run: str, w: SizeWeights) -> float:

@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from contextsvc.config import TokenSettings
-from contextsvc.core.calibration import Calibration
+from contextsvc.core.calibration import Calibration, margin_base
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
@@ -354,8 +354,8 @@ class TokenEstimate:
     #: triggers use ``total + margin``.
     margin: int = 0
     #: tokens of the estimate that were priced by the counter (all of its text, or only the delta
-    #: after a baseline, which is a real count): what the margin scales, and what a baseline's
-    #: residual is relative to.
+    #: after a baseline, which is a real count): with ``margin_view_share`` of the view's text,
+    #: the ``margin_base`` the margin scales and a baseline's residual is relative to.
     priced: int = 0
 
     @property
@@ -401,6 +401,7 @@ def estimate(
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     view: bool = True,
     segment_features: Sequence[Sequence[float] | None] | None = None,
+    margin_share: float = 0.0,
 ) -> TokenEstimate:
     """Estimate the view made of ``system`` prompt, ``records``, ``context`` and ``incoming``.
 
@@ -415,6 +416,11 @@ def estimate(
     ``view=False`` prices a standalone message list: no per-view overhead. The margin is what the
     counter says the text it priced may be short by (each content class with its own relative
     margin; with a baseline: of the delta only, the baseline being a real count).
+
+    ``margin_share`` (``tokens.margin_view_share``): with a baseline and a calibrated counter, the
+    margin also covers the part of ``margin_base`` (that share of the view's text) past the delta,
+    at the rate of the recorded residuals (``Calibration.margin_beyond``), which are relative to
+    the same base.
 
     ``segment_features`` (a calibrated counter only): the ``messages_features`` of each of
     ``estimate_segments`` (None for an empty one), kept by a caller that re-prices the same view;
@@ -454,6 +460,9 @@ def estimate(
         total = baseline_delta(baseline.tokens, [*since, *incoming], counter, image_fallback=image_fallback)
         segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
         priced, margin_tokens = counter.count_and_margin([*since, *incoming])
+        if isinstance(counter, CalibratedCounter):
+            base = margin_base(priced, segments.total - segments.images, margin_share)
+            margin_tokens += counter.calibration.margin_beyond(base - priced)
     total = segments.total
     margin = math.ceil(max(0.0, margin_tokens) - 1e-9)  # (a float sum a hair over an integer)
     return TokenEstimate(

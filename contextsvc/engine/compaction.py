@@ -167,6 +167,8 @@ class Situation:
     state: EngineState = field(init=False)
     #: margin per token of the context priced whole (``Compactor.margin_rate``), computed once.
     rate: float | None = field(default=None, init=False)
+    #: the view's tokens with its context priced whole (``Compactor.priced_before``), computed once.
+    priced: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.state = EngineState.of(self.session)
@@ -337,6 +339,16 @@ class Compactor:
             tokens, margin = counter.count_and_margin(s.context)
             s.rate = max(0.0, margin / tokens if tokens > 0 else counter.margin_rate)
         return s.rate
+
+    def priced_before(self, s: Situation) -> int:
+        """The view's tokens before the compaction with its context priced whole, as the context it
+        leaves is (``count`` of the rows plus the fixed tokens): what the report, its stages and the
+        ``context_compressed`` event give as ``context_tokens_before``, so before and after compare.
+        ``view_tokens`` (what the trigger compared) may be anchored on a baseline: a real count
+        plus a priced delta, which a fresh price of the same rows can be hundreds of tokens off."""
+        if s.priced is None:
+            s.priced = self.counter(s.profile)(s.context) + s.fixed_tokens
+        return s.priced
 
     def busy(self, session_id: str) -> bool:
         """A compaction (or a state write) of the session is running in this process."""
@@ -717,7 +729,7 @@ class Compactor:
                     Method.CLEAR_TOOL_RESULTS,
                     messages_removed=len(cleared.demote),
                     messages_added=len(cleared.placeholders),
-                    tokens_before=s.view_tokens,
+                    tokens_before=self.priced_before(s),
                     tokens_after=after_clearing,
                 )
             ]
@@ -770,7 +782,8 @@ class Compactor:
             Method.HARD_TRUNCATE,
             messages_removed=len(demote),
             messages_added=len(placeholders),
-            tokens_before=s.view_tokens,
+            # after a clearing stage: where it ended (priced whole); else the view priced whole
+            tokens_before=s.view_tokens if first else self.priced_before(original),
             tokens_after=count(kept) + s.fixed_tokens,
         )
         if first:
@@ -827,7 +840,7 @@ class Compactor:
         """Automatic runs must reach the target; forced ones must shrink by the configured share."""
         after = new_context_tokens + s.fixed_tokens
         if s.reason is Reason.FORCED:
-            before = s.view_tokens
+            before = self.priced_before(s)  # priced as ``after`` is
             return after <= before * (1 - self._settings.summarizer.forced_min_shrink)
         return after <= self.aim(s).limit
 
@@ -860,8 +873,9 @@ class Compactor:
     ) -> CompressionReport:
         count = self.counter(s.profile)
         tokens_after = count(new_context) + s.fixed_tokens
+        before = self.priced_before(s)
         if stages is None:
-            stages = [Stage(method, len(demote), len(new_rows), s.view_tokens, tokens_after)]
+            stages = [Stage(method, len(demote), len(new_rows), before, tokens_after)]
         else:
             # The last stage ends where the commit ends (the same count the report states).
             stages[-1] = dataclasses.replace(stages[-1], tokens_after=tokens_after)
@@ -871,7 +885,7 @@ class Compactor:
             demoted=demote,
             summary=summary,
             breadcrumbs=breadcrumbs,
-            tokens_before=s.view_tokens,
+            tokens_before=before,
             tokens_after=tokens_after,
             messages_before=len(s.context),
             messages_after=len(new_context),
@@ -913,7 +927,7 @@ class Compactor:
             summary=summary,
             messages_before=len(s.context),
             messages_after=len(new_context),
-            context_tokens_before=s.view_tokens,
+            context_tokens_before=before,
             context_tokens_after=tokens_after,
             breadcrumbs=tuple(breadcrumbs),
             plan=plan,
@@ -930,7 +944,9 @@ class Compactor:
                 "messages_after": report.messages_after,
                 "context_tokens_before": report.context_tokens_before,
                 "context_tokens_after": report.context_tokens_after,
-                # The trigger compared context_tokens_before + margin (the estimate's doubt).
+                # Both priced whole. The trigger compared estimate_tokens (the view's estimate,
+                # anchored on a baseline when there was one) + margin (the estimate's doubt).
+                "estimate_tokens": s.view_tokens,
                 "margin": s.margin,
                 # Where the automatic runs aimed the estimate (``aim``) and the margin rate it assumed
                 # for the compacted view: what the hysteresis band's exemptions are judged on.
@@ -948,7 +964,7 @@ class Compactor:
                 "session_id": s.session.id,
                 "reason": s.reason.value,
                 "method": method.value,
-                "tokens_before": s.view_tokens,
+                "tokens_before": before,
                 "tokens_after": tokens_after,
             },
         )

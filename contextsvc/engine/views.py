@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from contextsvc.config import Settings
-from contextsvc.core.calibration import Calibration, Observation, lower_bound
+from contextsvc.core.calibration import Calibration, Observation, lower_bound, margin_base
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import N_FEATURES, VIEW
 from contextsvc.core.profile import EffectiveProfile
@@ -360,6 +360,7 @@ class ViewService:
             baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
             image_fallback=self._settings.tokens.image_tokens_fallback,
             segment_features=sums.segments if sums is not None else None,
+            margin_share=self._settings.tokens.margin_view_share,
         )
 
     def forget(self, session_id: str) -> None:
@@ -650,7 +651,7 @@ class ViewService:
                 tokens=prompt_tokens,
                 had_images=view.had_images,
                 features=view.features,
-                residual=_residual(prompt_tokens, view),
+                residual=_residual(prompt_tokens, view, self._settings.tokens.margin_view_share),
             ),
         )
         # A view that carried images is no anchor: the provider's count holds those images, and a
@@ -745,10 +746,11 @@ class ViewService:
         return "", bound
 
 
-def _residual(prompt_tokens: int, view: ViewRecord) -> float | None:
-    """How far the real count was above the view's estimate, relative to what the estimate priced
-    (the calibration's margin is a quantile of these). None when nothing was priced or the view
+def _residual(prompt_tokens: int, view: ViewRecord, share: float) -> float | None:
+    """How far the real count was above the view's estimate, relative to what its margin
+    protects (``margin_base``: what the estimate priced, at least ``share`` of the view's text;
+    the calibration's margin is a quantile of these). None when nothing was priced or the view
     carried images (their price is not the text calibration's error)."""
     if view.priced_tokens <= 0 or view.had_images:
         return None
-    return (prompt_tokens - view.estimated_tokens) / view.priced_tokens
+    return (prompt_tokens - view.estimated_tokens) / margin_base(view.priced_tokens, view.estimated_tokens, share)

@@ -272,6 +272,8 @@ class FilesStore(RowStore):
         self._verified.set()
         #: set when the server serves (``begin_checks``): the check must not slow the start down.
         self._checks_go = asyncio.Event()
+        #: set when a session is found damaged while serving (``StoreHealthWatcher`` waits on it).
+        self.damage_changed = asyncio.Event()
         #: sessions whose log is due for a background compaction.
         self._compact_wanted: set[str] = set()
         self._compact_event = asyncio.Event()
@@ -408,6 +410,8 @@ class FilesStore(RowStore):
             loaded.damage = loaded.damage or f"{len(lost)} acknowledged message(s) unreadable: {_ranges(lost)}"
         changed = old is None or old.size != log.size or loaded.last_sequence != known or bool(loaded.damage)
         st.adopt(loaded)
+        if st.damage:
+            self.damage_changed.set()  # the health service says so now, not at its next poll
         self._logs[st.id] = log
         self.stats.loads += 1
         if changed:
@@ -737,8 +741,12 @@ class FilesStore(RowStore):
         """Can the store write right now (a probe write + fsync in the data directory), and how
         many sessions are damaged (read-only)? Polled by the server for the health service."""
         error = await asyncio.to_thread(self._probe)
-        damaged = sum(1 for st in list(self._sessions.values()) if st.damage)
-        return StoreHealth(writable=error is None, detail=error or "", damaged_sessions=damaged)
+        return StoreHealth(writable=error is None, detail=error or "", damaged_sessions=self.damaged_sessions())
+
+    def damaged_sessions(self) -> int:
+        """How many sessions are damaged (read-only) now; ``damage_changed`` is set when a session
+        is found damaged while serving (read whole on first use, or by a sealed start's check)."""
+        return sum(1 for st in list(self._sessions.values()) if st.damage)
 
     def _probe(self) -> str | None:
         path = self.root / f".probe{_TMP_SUFFIX}"

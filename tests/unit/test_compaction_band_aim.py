@@ -95,11 +95,11 @@ async def test_a_threshold_triggered_window_aims_as_before(rate: float) -> None:
 
 def _exemption(prev: dict[str, Any], cur: dict[str, Any], budget: int) -> str | None:
     """The only two ways the design lets an automatic compaction come inside the band."""
-    if cur["context_tokens_before"] + cur["margin"] < budget:
+    if cur["estimate_tokens"] + cur["margin"] < budget:
         return None
     if prev["context_tokens_after"] > prev["aim_tokens"]:
         return "previous above its aim"
-    if cur["margin"] > prev["margin_rate"] * cur["context_tokens_before"]:
+    if cur["margin"] > prev["margin_rate"] * cur["estimate_tokens"]:
         return "margin wider than aimed for"
     return None
 
@@ -116,7 +116,7 @@ async def test_an_agent_session_never_compacts_inside_the_band_but_where_the_des
         assert len(done) >= 4
         inside = []
         for prev, cur in itertools.pairwise(done):
-            if cur["reason"] == "forced" or cur["context_tokens_before"] - prev["context_tokens_after"] >= band:
+            if cur["reason"] == "forced" or cur["estimate_tokens"] - prev["context_tokens_after"] >= band:
                 continue
             why = _exemption(prev, cur, budget)
             assert why is not None, f"inside the band without a reason: {prev} -> {cur}"

@@ -53,14 +53,14 @@ def check_hysteresis(
     for k, p in enumerate(done):
         assert p["reason"] in AUTOMATIC, p
         # The trigger compares estimate + margin; the event carries both.
-        assert p["context_tokens_before"] + p.get("margin", 0) >= trigger, p
+        assert p["estimate_tokens"] + p.get("margin", 0) >= trigger, p
         assert p["context_tokens_after"] <= target * window, p
         assert p["context_tokens_after"] < p["context_tokens_before"], p
         # Measured independently after the commit: the view the runtime gets next.
         assert loop.after_estimates[k] <= target * window, (k, loop.after_estimates[k])
         if k:
-            growth = p["context_tokens_before"] - loop.after_estimates[k - 1]
-            at_budget = p["context_tokens_before"] + p["margin"] >= rig.window - rig.reserve
+            growth = p["estimate_tokens"] - loop.after_estimates[k - 1]
+            at_budget = p["estimate_tokens"] + p["margin"] >= rig.window - rig.reserve
             least = band - p["margin"] if at_budget else band
             assert growth >= least, f"compaction {k} after only {growth} tokens of growth (band {band})"
     return len(done)
@@ -276,8 +276,8 @@ async def test_the_loop_guard_never_fails_a_turn_another_compaction_would_fit() 
             assert view.estimate.total <= budget
         second = _payloads(rig, sid, "context_compressed")[1]
         # the budget was crossed (by estimate + margin: the real count could pass it)
-        assert second["context_tokens_before"] + second["margin"] >= budget
-        assert second["context_tokens_before"] - after < band  # inside the band: once refused
+        assert second["estimate_tokens"] + second["margin"] >= budget
+        assert second["estimate_tokens"] - after < band  # inside the band: once refused
         assert "loop_guard" not in [p["reason"] for p in _payloads(rig, sid, "compression_refused")]
     finally:
         await rig.close()
@@ -543,7 +543,7 @@ async def test_threshold_and_target_overrides_take_effect(
             done = _payloads(rig, sid, "context_compressed")[0]
             assert done["context_tokens_after"] <= target * rig.window
             # Events keep the estimate; the trigger fired on estimate + margin.
-            assert done["context_tokens_before"] + margin >= threshold * rig.window
+            assert done["estimate_tokens"] + margin >= threshold * rig.window
     finally:
         await rig.close()
 

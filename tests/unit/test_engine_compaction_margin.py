@@ -33,7 +33,7 @@ async def test_no_view_is_served_with_its_margin_over_the_budget(window: int, se
         done = _payloads(rig, sid, "context_compressed")
         assert len(done) >= 4
         # The path this is about was taken: a compaction the margin alone started, at the budget.
-        assert any(p["context_tokens_before"] < budget <= p["context_tokens_before"] + p["margin"] for p in done)
+        assert any(p["estimate_tokens"] < budget <= p["estimate_tokens"] + p["margin"] for p in done)
         over = [(v.estimate.total, v.estimate.margin) for v in loop.views if v.estimate.guarded > budget]
         assert not over, f"views served with estimate + margin over the budget of {budget}: {over}"
         assert not any("margin of" in n for v in loop.views for n in v.notices)
@@ -45,11 +45,11 @@ async def test_no_view_is_served_with_its_margin_over_the_budget(window: int, se
         goal = rig.engine.compactor.bounds(_profile(rig)).goal
         floor = min(goal, 0.5 * window)
         for k, p in enumerate(done):
-            assert p["context_tokens_before"] + p["margin"] >= budget, p
+            assert p["estimate_tokens"] + p["margin"] >= budget, p
             est, margin = loop.after_estimates[k], loop.after_margins[k]
             assert est + margin <= 1.02 * max(goal, floor * (1 + margin / est)), (k, est, margin)
             if k and window == 16384:
-                grown = p["context_tokens_before"] + p["margin"]
+                grown = p["estimate_tokens"] + p["margin"]
                 assert grown - loop.after_estimates[k - 1] - loop.after_margins[k - 1] >= 0.98 * (budget - goal)
     finally:
         await rig.close()
@@ -83,7 +83,7 @@ async def test_the_compaction_aims_its_estimate_lower_by_the_margin_it_will_carr
             k += 1
             assert view.estimate.guarded <= 16384 - 2048
         second = _payloads(rig, sid, "context_compressed")[1]
-        assert second["context_tokens_before"] + second["margin"] - after >= 0.98 * (16384 - 2048 - goal)
+        assert second["estimate_tokens"] + second["margin"] - after >= 0.98 * (16384 - 2048 - goal)
     finally:
         await rig.close()
 

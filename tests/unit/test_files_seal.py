@@ -107,6 +107,7 @@ async def test_a_log_rolled_back_while_stopped_is_found_in_the_background(root: 
     assert store.stats.sealed_open  # the seal says nothing of a log's content
     await asyncio.wait_for(store.startup_verified(), 10)
     assert store.stats.logs_changed_after_seal == 1
+    assert store.damage_changed.is_set()  # the health service is told at once
     # Read whole as an open without the seal reads it: the mark says 5 was acknowledged, the log
     # holds 4, so number 5 is lost (and stays taken), and the session is damaged.
     info = await store.get_session(target, caller=ALICE)

@@ -137,7 +137,8 @@ def test_long_letter_runs_cost_more_per_letter() -> None:
 
 def test_scripts_are_priced_by_their_own_rules() -> None:
     assert piece_tokens(" привет") == pytest.approx(0.45 + 0.33 * 6)
-    assert piece_tokens("日本語") == pytest.approx(3.0)
+    # 日 and 本 are one token alone in every vocabulary measured; 語 1.5 on average (_cjk_costs)
+    assert piece_tokens("日本語") == pytest.approx(0.9 * (1 + 1 + 1.5))
     assert piece_tokens("café") == pytest.approx(1.0 + 0.8 + 0.28)  # ASCII run + other-script run
     assert piece_tokens("→") > piece_tokens("-")  # non-ASCII symbols cost extra
     assert piece_tokens("🙂") > piece_tokens("→")
@@ -173,6 +174,29 @@ def test_a_cyrillic_word_not_after_a_space_costs_more() -> None:
     assert piece_tokens(" Hello") == piece_tokens(" hello")  # Latin script: unchanged
 
 
+def test_east_asian_characters_cost_what_the_vocabularies_spend_on_them_alone() -> None:
+    # A common ideograph is one token in every vocabulary; a rare one two or three byte-level
+    # tokens: the table read off the vocabularies (bench/tokens/cjk_costs.py) prices them apart,
+    # where one price per character priced both alike.
+    assert piece_tokens("的") == pytest.approx(0.9)
+    assert piece_tokens("櫀") == pytest.approx(0.9 * 3)  # three byte-level tokens everywhere
+    assert piece_tokens("뷁") > piece_tokens("한")  # a rare hangul syllable against a common one
+    assert piece_tokens("の") == piece_tokens("ア") == pytest.approx(0.9)  # kana: one token alone
+    # Outside the table's blocks (extension A, bopomofo, compatibility jamo): the flat price.
+    for ch in ("㐀", "ㄅ", "ㄱ"):
+        assert piece_tokens(ch) == pytest.approx(WEIGHTS.cjk_per_char)
+
+
+def test_the_vocabulary_table_covers_its_blocks_one_level_per_code_point() -> None:
+    from contextsvc.core import _cjk_costs
+
+    assert len(sizing._CJK_LEVELS) == sum(end - first for first, end in _cjk_costs.BLOCKS) == 32_356
+    assert max(sizing._CJK_LEVELS) <= 12  # at most 4 tokens alone on average
+    # Most ideographs cost about two tokens alone; hundreds are a single token everywhere.
+    han = sizing._CJK_LEVELS[: 0xA000 - 0x4E00]
+    assert sorted(han)[len(han) // 2] == 4 and han.count(0) > 500
+
+
 def test_weights_change_the_price() -> None:
     heavier = dataclasses.replace(WEIGHTS, cyrillic_per_letter=0.5)
     assert piece_tokens("привет", heavier) > piece_tokens("привет")
@@ -183,7 +207,7 @@ def test_weights_are_pinned() -> None:
     w = SizeWeights()
     assert w.units_per_token == 2  # one unit ~ half a token: tokens/unit ~0.5, mid-range in [0.25, 1.0]
     assert (w.free_letters, w.per_long_letter, w.word_letters, w.per_odd_letter) == (6, 0.15, 12, 0.4)
-    assert (w.cyrillic_base, w.cyrillic_per_letter, w.cjk_per_char) == (0.45, 0.33, 1.0)
+    assert (w.cyrillic_base, w.cyrillic_per_letter, w.cjk_per_char, w.cjk_table_scale) == (0.45, 0.33, 1.0, 0.9)
     assert (w.cyrillic_rare_factor, w.cyrillic_unspaced_factor) == (1.45, 1.45)
     assert (w.separate_prefixes, w.separate_prefix, w.odd_prefix) == (":+~=", 1.0, 0.5)
     assert (w.message_frame, w.tool_call_frame) == (4.0, 8.0)
