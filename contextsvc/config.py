@@ -333,6 +333,9 @@ class PostgresSettings(BaseModel):
     connect_timeout_seconds: float = Field(5.0, gt=0)
     #: waiting for a free pooled connection longer than this is UNAVAILABLE.
     acquire_timeout_seconds: float = Field(10.0, gt=0)
+    #: appends run on at most this many pooled connections, each kept while appends wait
+    #: (``stores/postgres/lanes.py``: no acquire and release per append); capped by pool_max_size.
+    append_lanes: int = Field(8, ge=1)
     #: server-side statement_timeout for every pooled connection (0 = none).
     statement_timeout_ms: int = Field(30_000, ge=0)
     #: how long open() waits for another process's migrations (advisory lock).

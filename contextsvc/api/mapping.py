@@ -66,27 +66,38 @@ def incoming_from_pb(pb: resources_pb2.Message, path: str) -> IncomingMessage:
             f"{path}.role: must be one of ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL",
             violations=[FieldViolation(f"{path}.role", f"unknown or unset role {pb.role}")],
         )
-    f = pb.flags
-    flags = Flags(
-        is_context=f.is_context if f.HasField("is_context") else True,
-        is_display=f.is_display if f.HasField("is_display") else True,
-        is_compression_critical=f.is_compression_critical,
-        is_plan=f.is_plan,
-        is_recall=f.is_recall,
-        is_pinned=f.is_pinned,
-    )
+    if pb.HasField("flags"):
+        f = pb.flags
+        flags = Flags(
+            is_context=f.is_context if f.HasField("is_context") else True,
+            is_display=f.is_display if f.HasField("is_display") else True,
+            is_compression_critical=f.is_compression_critical,
+            is_plan=f.is_plan,
+            is_recall=f.is_recall,
+            is_pinned=f.is_pinned,
+        )
+    else:  # no flags sent (most appends): the defaults, one shared immutable object
+        flags = _DEFAULT_FLAGS
     message = Message(
         role=role,
         content=pb.content,
-        tool_calls=tuple(ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in pb.tool_calls),
+        tool_calls=tuple(ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in pb.tool_calls)
+        if pb.tool_calls
+        else (),
         tool_call_id=pb.tool_call_id,
         name=pb.name,
         thinking=pb.thinking,
         flags=flags,
         metadata=struct_to_dict(pb.metadata, f"{path}.metadata") if pb.HasField("metadata") else {},
     )
+    if not pb.images:
+        return IncomingMessage(message=message)
     images = tuple(IncomingImage(data=i.data, blob_id=i.blob_id) for i in pb.images)
     return IncomingMessage(message=message, images=images)
+
+
+#: ``Flags`` of a message sent without any (frozen, so one object serves every message).
+_DEFAULT_FLAGS = Flags()
 
 
 def profile_from_pb(pb: resources_pb2.Profile | None) -> ProfileOverrides:

@@ -60,6 +60,18 @@ class IdentityMemo(Generic[T]):
         self._entries[key] = entry
         return value
 
+    def carry(self, src: Message, dst: Message) -> None:
+        """Give ``dst`` the value remembered for ``src`` (nothing when there is none): for a copy
+        made by the stores or the engine that changes none of what ``compute`` reads."""
+        entry = self._entries.get(id(src))
+        if entry is None or entry() is not src:
+            return
+        value = entry.value
+        entry = _Entry(dst, self._drop)
+        entry.key = id(dst)
+        entry.value = value
+        self._entries[entry.key] = entry
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -24,7 +24,7 @@ from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import MESSAGE, N_CLASSES, N_FEATURES, TOOL_CALL, VIEW
-from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, class_units, text_size
+from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, class_units
 
 _DEFAULTS = TokenSettings()
 
@@ -63,7 +63,10 @@ def message_size(m: Message) -> int:
 
 
 def _measure(m: Message) -> int:
-    return message_frame_units(m) + sum(map(text_size, message_parts(m)))
+    # ``sizing.class_units`` of a text sum to its ``text_size``, so the size is its features'
+    # class units (measured once per message, and needed to price it anyway) plus the framing:
+    # one pass over the text instead of two.
+    return message_frame_units(m) + sum(message_features(m)[:N_CLASSES])
 
 
 _SIZES: IdentityMemo[int] = IdentityMemo()
@@ -108,6 +111,23 @@ def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[i
     total = [sum(column) for column in zip(*each, strict=True)] or [0] * N_FEATURES
     total[VIEW] = views
     return tuple(total)
+
+
+def carry_measures(src: Message, dst: Message) -> Message:
+    """``dst``, given the size and features already measured for ``src`` when its measured fields
+    are the very same objects (a copy that changed only numbers, times, flags or metadata, as
+    ``dataclasses.replace`` makes it): the copy a store keeps is not measured again at its first
+    build. Anything else is left to be measured on its own."""
+    if (
+        src.content is dst.content
+        and src.thinking is dst.thinking
+        and src.tool_calls is dst.tool_calls
+        and src.tool_call_id is dst.tool_call_id
+        and src.name is dst.name
+    ):
+        _SIZES.carry(src, dst)
+        _FEATURES.carry(src, dst)
+    return dst
 
 
 def text_features(text: str) -> tuple[int, ...]:

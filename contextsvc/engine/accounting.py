@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, CalibrationRegistry, Observation
-from contextsvc.core.messages import Message
+from contextsvc.core.images import ref_tokens
+from contextsvc.core.messages import ImageRef, Message
 from contextsvc.core.tokens import TextCounter, counter_for, image_tokens_of
 from contextsvc.ports import SessionStore
 
@@ -95,9 +96,15 @@ class TokenAccounting:
         """
         return counter_for(model, self._registry.calibration(model), self._tokens)
 
-    def message_tokens(self, model: str, message: Message) -> int:
-        """Text and image tokens of one message, as it is stored (the view may cut it later)."""
-        return self.messages_tokens(model, (message,))
+    def message_tokens(self, model: str, message: Message, *, images: Sequence[ImageRef] | None = None) -> int:
+        """Text and image tokens of one message, as it is stored (the view may cut it later);
+        with ``images``, of ``message`` carrying those images instead of its own."""
+        if images is None:
+            return self.messages_tokens(model, (message,))
+        fallback = self._tokens.image_tokens_fallback
+        return self.counter(model).count_messages((message,)) + sum(
+            ref_tokens(ref, fallback_tokens=fallback) for ref in images
+        )
 
     def messages_tokens(self, model: str, messages: Iterable[Message]) -> int:
         rows = list(messages)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from contextsvc.config import Settings
-from contextsvc.core.messages import BufferKind, Message
+from contextsvc.core.messages import BufferKind, ImageRef, Message
 from contextsvc.core.profile import resolve_profile
 from contextsvc.core.session import Principal, SessionInfo
+from contextsvc.core.tokens import carry_measures
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
@@ -191,12 +192,18 @@ class SessionService:
         await self._accounting.ensure_loaded(profile.model)
         rows: list[Message] = []
         for i, item in enumerate(incoming):
-            images, _ = await describe_images(
-                self._store, item.images, self._settings.tokens, f"messages[{i}].images", persist=True
+            images: tuple[ImageRef, ...] = ()
+            if item.images:
+                images, _ = await describe_images(
+                    self._store, item.images, self._settings.tokens, f"messages[{i}].images", persist=True
+                )
+            # One copy per message, priced on the client's message (images are priced by their
+            # refs, never as text), and measured once: the copy keeps what was measured.
+            tokens = self._accounting.message_tokens(profile.model, item.message, images=images)
+            message = dataclasses.replace(
+                item.message, images=images, create_time=now, sequence_number=0, token_count=tokens
             )
-            message = dataclasses.replace(item.message, images=images, create_time=now, sequence_number=0)
-            message = dataclasses.replace(message, token_count=self._accounting.message_tokens(profile.model, message))
-            rows.append(message)
+            rows.append(carry_measures(item.message, message))
         if any(m.flags.is_pinned for m in rows):
             await self._check_pinned_cap(caller, sid, rows, profile.context_window)
         delta = sum(m.token_count for m in rows if m.flags.is_context)

@@ -42,6 +42,10 @@ def metadata_size(metadata: Mapping[str, Any]) -> int:
     return len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
 
 
+#: ``metadata_size({})``.
+_EMPTY_METADATA_BYTES = 2
+
+
 def metadata_depth(value: Any) -> int:
     """Levels of nested objects and lists: ``{}`` is 1, ``{"a": {"b": 1}}`` is 2. Iterative, so a
     hostile value cannot exhaust the stack."""
@@ -187,9 +191,12 @@ def _message_violations(m: Message, images: Sequence[IncomingImage], limits: Lim
         out.append(FieldViolation(f"{path}.tool_call_id", "only tool results carry a tool_call_id"))
     if not m.flags.is_context and not m.flags.is_display:
         out.append(FieldViolation(f"{path}.flags", "a message must be in at least one buffer"))
-    if metadata_size(m.metadata) > limits.max_metadata_bytes:
+    # No metadata (most messages): ``{}`` is 2 bytes and 1 level deep (the depth limit is >= 1),
+    # no need to encode or walk it.
+    size = metadata_size(m.metadata) if m.metadata else _EMPTY_METADATA_BYTES
+    if size > limits.max_metadata_bytes:
         out.append(FieldViolation(f"{path}.metadata", f"exceeds {limits.max_metadata_bytes} bytes"))
-    too_deep = _depth_violation(m.metadata, limits, f"{path}.metadata")
+    too_deep = _depth_violation(m.metadata, limits, f"{path}.metadata") if m.metadata else None
     if too_deep is not None:
         out.append(too_deep)
     if len(m.name) > limits.max_name_chars:

@@ -18,6 +18,7 @@ from typing import Any
 
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import SessionInfo
+from contextsvc.core.tokens import carry_measures
 from contextsvc.ports import ViewRecord
 
 
@@ -353,12 +354,16 @@ class SessionState:
         """Assign the next sequence numbers (and a create time where missing)."""
         start = len(self.rows) + 1
         return tuple(
-            dataclasses.replace(
+            # The copy keeps what the engine measured of the message (its text is the same).
+            carry_measures(
                 m,
-                sequence_number=start + i,
-                create_time=utc(m.create_time) if m.create_time is not None else time,
-                # The store keeps its own copy: a caller mutating its dict must not change history.
-                metadata=copy.deepcopy(m.metadata),
+                dataclasses.replace(
+                    m,
+                    sequence_number=start + i,
+                    create_time=utc(m.create_time) if m.create_time is not None else time,
+                    # The store keeps its own copy: a caller mutating its dict must not change history.
+                    metadata=copy.deepcopy(m.metadata),
+                ),
             )
             for i, m in enumerate(messages)
         )

@@ -6,8 +6,6 @@ Callers wrap these in ``pg_errors``; nothing here translates errors.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -93,14 +91,28 @@ async def open_lock_pool(dsn: str, pg: PostgresSettings) -> Any:
     )
 
 
-@asynccontextmanager
-async def pooled(pool: Any, acquire_timeout: float) -> AsyncIterator[Any]:
-    """A pooled connection. When one turns out dead (the server restarted), every connection
-    opened before is presumed dead too: the pool replaces them all on their next use, so one
-    failed call, not one per pooled connection, pays for a restart."""
-    async with pool.acquire(timeout=acquire_timeout) as conn:
+class pooled:
+    """``async with pooled(pool, timeout) as conn``: a pooled connection. When one turns out dead
+    (the server restarted), every connection opened before is presumed dead too: the pool
+    replaces them all on their next use, so one failed call, not one per pooled connection, pays
+    for a restart.
+
+    A class rather than an ``asynccontextmanager`` generator: every store call goes through it,
+    and a generator frame per call costs more than the acquire itself (``bench/load/append_inproc.py``).
+    """
+
+    __slots__ = ("_acquire", "_pool")
+
+    def __init__(self, pool: Any, acquire_timeout: float) -> None:
+        self._pool = pool
+        self._acquire = pool.acquire(timeout=acquire_timeout)
+
+    async def __aenter__(self) -> Any:
+        return await self._acquire.__aenter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         try:
-            yield conn
-        except STALE_CONNECTION_ERRORS:
-            await pool.expire_connections()
-            raise
+            if exc is not None and isinstance(exc, STALE_CONNECTION_ERRORS):
+                await self._pool.expire_connections()
+        finally:
+            await self._acquire.__aexit__(exc_type, exc, tb)

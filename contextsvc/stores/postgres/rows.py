@@ -57,23 +57,29 @@ def append_columns(messages: Sequence[Message], now: datetime) -> list[list[Any]
     """Column-wise arrays of rows to append, without their sequence numbers (the append statement
     numbers them): role, is_context, is_display, context anchor (0: none), content, create time
     (``now`` where missing), body."""
-    columns: list[list[Any]] = [[] for _ in range(7)]
-    for m in stamped(messages, 0, now):
+    roles: list[str] = []
+    contexts: list[bool] = []
+    displays: list[bool] = []
+    anchors: list[int] = []
+    contents: list[str] = []
+    times: list[datetime] = []
+    bodies: list[str] = []
+    for m in messages:
+        # What ``stamped`` would give, without copying the message: the body is the codec's
+        # dict of the stamped row (its time set; content and seq live in columns).
+        created = utc(m.create_time) if m.create_time else now
         body = message_to_dict(m)
         body.pop("content", None)
         body.pop("seq", None)
-        values = (
-            m.role.value,
-            m.flags.is_context,
-            m.flags.is_display,
-            m.context_anchor or 0,
-            m.content,
-            m.create_time,
-            dumps(body),
-        )
-        for column, value in zip(columns, values, strict=True):
-            column.append(value)
-    return columns
+        body["time"] = created.isoformat()
+        roles.append(m.role.value)
+        contexts.append(m.flags.is_context)
+        displays.append(m.flags.is_display)
+        anchors.append(m.context_anchor or 0)
+        contents.append(m.content)
+        times.append(created)
+        bodies.append(dumps(body))
+    return [roles, contexts, displays, anchors, contents, times, bodies]
 
 
 def message_from_row(row: Any) -> Message:

@@ -53,6 +53,7 @@ from contextsvc.stores._base import (
 from contextsvc.stores._session import utc
 from contextsvc.stores.postgres.bus import PUBLISH_LOCK, PostgresEventBus
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
+from contextsvc.stores.postgres.lanes import StatementLanes
 from contextsvc.stores.postgres.pool import migrate_database, open_lock_pool, open_pool, pooled
 from contextsvc.stores.postgres.rows import (
     append_columns,
@@ -99,6 +100,9 @@ class PostgresStore:
         self._lock_pool: Any = None
         self._trigram = False
         self._inflight: set[asyncio.Future[Any]] = set()
+        #: appends run on a few connections kept while appends wait (``lanes.py``).
+        lanes = min(self._pg.append_lanes, self._pg.pool_max_size)
+        self._append_lanes = StatementLanes(self._connection, lanes, self._track)
         #: the event buses made on this store's pool (``make_event_bus``): appends may publish for them.
         self._buses: weakref.WeakSet[PostgresEventBus] = weakref.WeakSet()
 
@@ -258,13 +262,11 @@ class PostgresStore:
     def _info(self, row: Any) -> SessionInfo:
         return session_from_row(row, self._settings.preview_chars)
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
+    def _connection(self) -> pooled:
         pool = self._pool
         if pool is None:
             raise Unavailable("PostgreSQL store is not open")
-        async with pooled(pool, self._pg.acquire_timeout_seconds) as conn:
-            yield conn
+        return pooled(pool, self._pg.acquire_timeout_seconds)
 
     async def _read(self, operation: str, work: Callable[[Any], Awaitable[T]]) -> T:
         with pg_errors(operation):
@@ -291,10 +293,14 @@ class PostgresStore:
                         return await work(conn)
 
         task = asyncio.ensure_future(run())
+        self._track(task)
+        return await asyncio.shield(task)
+
+    def _track(self, task: asyncio.Future[Any]) -> None:
+        """``close()`` waits for ``task``; its outcome is fetched even when nobody awaits it."""
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         task.add_done_callback(_settle)
-        return await asyncio.shield(task)
 
     @staticmethod
     async def _owned(conn: Any, session_id: str, caller: Principal, *, lock: bool = False) -> Any:
@@ -581,7 +587,10 @@ class PostgresStore:
             event_id = row["event_id"] or 0
             return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row), event_id=event_id)
 
-        result = await self._write("append_messages", work, transaction=False)
+        if self._pool is None:
+            raise Unavailable("PostgreSQL store is not open")
+        with pg_errors("append_messages"):
+            result = await self._append_lanes.run(work)
         if result.event_id:
             for bus in list(self._buses):
                 bus.committed()
