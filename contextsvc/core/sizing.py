@@ -23,12 +23,12 @@ from __future__ import annotations
 import base64
 import functools
 import itertools
-import re
 import threading
 import zlib
 from dataclasses import dataclass
 
 from contextsvc.core import _cjk_costs
+from contextsvc.core.lazy_re import lazy_global
 
 __all__ = [
     "CJK_CLASSES",
@@ -137,7 +137,11 @@ _MAX_PIECE = 32
 # ``_``, a tab); digit groups of up to 3; a punctuation run with an optional leading space and
 # trailing newlines; a newline run; a whitespace run, its last space left to the next word.
 # ``[^\W\d_]`` is "a letter" in any script. Possessive repeats (``{m,n}+``) skip backtracking.
-_PIECE = re.compile(
+# The patterns compile at first use, each into its own name (``lazy_global``): ~15 ms of a server's
+# start that sizes nothing (issue #9), and nothing per call after it.
+_PIECE = lazy_global(
+    globals(),
+    "_PIECE",
     rf""" ?[^\W\d_]{{1,{_MAX_PIECE}}}+"""
     rf"""|[^\r\n\w][^\W\d_]{{1,{_MAX_PIECE}}}+"""
     rf"""|_[^\W\d_]{{1,{_MAX_PIECE}}}+"""
@@ -147,15 +151,19 @@ _PIECE = re.compile(
     rf"""|\s{{1,{_MAX_PIECE}}}(?!\S)"""
     rf"""|\s{{1,{_MAX_PIECE}}}+""",
 )
-_HUMP = re.compile(r"[A-Z]*[a-z]+|[A-Z]+")
-_RUN = re.compile(r"[A-Za-z]+|[\u0400-\u052f]+|[^A-Za-z\u0400-\u052f]+")
-_CJK = re.compile(r"[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
-#: Cyrillic letters the Russian alphabet does not have (see ``SizeWeights.cyrillic_rare_factor``).
-_RARE_CYRILLIC = re.compile(
-    "[\u0404\u0406\u0407\u0408\u0409\u040a\u040b\u040e\u040f\u0405\u0402\u0490"
-    "\u0454\u0456\u0457\u0458\u0459\u045a\u045b\u045e\u045f\u0455\u0452\u0491]"
+_HUMP = lazy_global(globals(), "_HUMP", r"[A-Z]*[a-z]+|[A-Z]+")
+_RUN = lazy_global(globals(), "_RUN", r"[A-Za-z]+|[\u0400-\u052f]+|[^A-Za-z\u0400-\u052f]+")
+_CJK = lazy_global(
+    globals(), "_CJK", r"[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
 )
-_LINE_BREAKS = re.compile(r"[\r\n]+")
+#: Cyrillic letters the Russian alphabet does not have (see ``SizeWeights.cyrillic_rare_factor``).
+_RARE_CYRILLIC = lazy_global(
+    globals(),
+    "_RARE_CYRILLIC",
+    "[\u0404\u0406\u0407\u0408\u0409\u040a\u040b\u040e\u040f\u0405\u0402\u0490"
+    "\u0454\u0456\u0457\u0458\u0459\u045a\u045b\u045e\u045f\u0455\u0452\u0491]",
+)
+_LINE_BREAKS = lazy_global(globals(), "_LINE_BREAKS", r"[\r\n]+")
 _CHEAP_PREFIXES = frozenset("_.")
 
 
@@ -386,7 +394,7 @@ CJK_CLASSES: tuple[int, ...] = (HAN, KANA, HANGUL)
 #: The classes of the first feature set (observations stored before the split; ``core.priors``
 #: maps them).
 LEGACY_CLASSES: tuple[str, ...] = ("word", "ident", "number", "punct", "space", "cyrillic", "cjk", "other")
-_SINGLE_HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]{1,4}")
+_SINGLE_HUMP = lazy_global(globals(), "_SINGLE_HUMP", r"[A-Z]?[a-z]+|[A-Z]{1,4}")
 
 
 def _cjk_script(ch: str) -> int:
