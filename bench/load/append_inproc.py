@@ -22,7 +22,6 @@ import asyncio
 import cProfile
 import os
 import pstats
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -154,10 +153,9 @@ def main() -> None:
             )
     finally:
         cluster.remove()
-    for name, values in figures.items():
-        print(f"{name}: median {statistics.median(values):.3f} ms/append, min {min(values):.3f}")
-    print(f"this / other (medians): {statistics.median(figures['this']) / statistics.median(figures['other']):.3f}")
-    print(f"load average: {os.getloadavg()[0]:.1f}")
+    from ab_report import print_ab
+
+    print_ab(figures, "ms/append")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import asyncio
 import cProfile
 import os
 import pstats
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -160,10 +159,9 @@ def main() -> None:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
             figures[name].append(float(out.split()[0]))
         print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} ms/turn", flush=True)
-    for name, values in figures.items():
-        print(f"{name}: median {statistics.median(values):.3f} ms/turn, min {min(values):.3f}")
-    print(f"this / other (medians): {statistics.median(figures['this']) / statistics.median(figures['other']):.3f}")
-    print(f"load average: {os.getloadavg()[0]:.1f}")
+    from ab_report import print_ab
+
+    print_ab(figures, "ms/turn")
 
 
 if __name__ == "__main__":
