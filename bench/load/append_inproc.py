@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import os
 import pstats
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,44 +30,27 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-class _Context:
-    """What the servicer reads of a call's context: nothing but errors (no auth: the owner)."""
-
-    async def abort_with_status(self, status: Any) -> None:
-        raise RuntimeError(f"call failed: {status}")
-
-
 async def _loop(dsn: str, sessions: int, messages: int, appends: int, concurrency: int, profile: int) -> float:
-    from run import SERVER_CONFIG
+    from inproc import CallContext, bench_settings, seed_sessions
     from workload import messages as seed_messages
 
     from contextsvc._gen.v1 import context_service_pb2 as pb
     from contextsvc.api.servicer import ContextServicer
     from contextsvc.api.wire import serialize
     from contextsvc.clock import SystemClock
-    from contextsvc.config import load_settings
     from contextsvc.engine.engine import Engine
     from contextsvc.stores.postgres import make_postgres_store
     from contextsvc.summarizers.registry import build_summarizers
 
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as fh:
-        fh.write(SERVER_CONFIG)
-    settings = load_settings(fh.name)
-    os.unlink(fh.name)
+    settings = bench_settings()
     store = await make_postgres_store(dsn, settings)
     bus = store.make_event_bus()
     engine = Engine(
         store=store, bus=bus, settings=settings, clock=SystemClock(), summarizers=build_summarizers(settings)
     )
     servicer = ContextServicer(engine)
-    ctx: Any = _Context()
-    sids = []
-    for _ in range(sessions):
-        created = await servicer.CreateSession(pb.CreateSessionRequest(profile_id="bench", name="bench"), ctx)
-        await servicer.AppendMessages(
-            pb.AppendMessagesRequest(session_id=created.id, messages=seed_messages(messages)), ctx
-        )
-        sids.append(created.id)
+    ctx: Any = CallContext()
+    sids = await seed_sessions(servicer, ctx, sessions, messages)
     # The same two messages for every call, as the ghz scenario sends them (run.py call_data).
     batch = seed_messages(2, start=messages)
     requests = [pb.AppendMessagesRequest(session_id=s, messages=batch).SerializeToString() for s in sids]
@@ -153,7 +134,7 @@ def main() -> None:
             )
     finally:
         cluster.remove()
-    from ab_report import print_ab
+    from inproc import print_ab
 
     print_ab(figures, "ms/append")
 

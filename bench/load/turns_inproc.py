@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import os
 import pstats
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,31 +34,19 @@ def _import_checkout(root: Path) -> None:
     sys.path.insert(1, str(HERE))
 
 
-class _Context:
-    """What the servicer's ``unary`` wrapper reads of a call's context (only on errors)."""
-
-    async def abort_with_status(self, status: Any) -> None:
-        raise RuntimeError(f"call failed: {status}")
-
-
 async def _loop(sessions: int, messages: int, turns: int, profile: int) -> float:
-    from run import SERVER_CONFIG
-    from workload import messages as seed_messages
+    from inproc import CallContext, bench_settings, seed_sessions
     from workload import turn_messages
 
     from contextsvc._gen.v1 import context_service_pb2 as pb
     from contextsvc.api.servicer import ContextServicer
     from contextsvc.api.wire import serialize
-    from contextsvc.config import load_settings
     from contextsvc.engine.engine import Engine
     from contextsvc.events.memory_bus import MemoryEventBus
     from contextsvc.stores.memory import MemoryStore
     from contextsvc.summarizers.registry import build_summarizers
 
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as fh:
-        fh.write(SERVER_CONFIG)
-    settings = load_settings(fh.name)
-    os.unlink(fh.name)
+    settings = bench_settings()
     store = MemoryStore(settings)
     await store.open()
     from contextsvc.clock import SystemClock
@@ -73,19 +59,13 @@ async def _loop(sessions: int, messages: int, turns: int, profile: int) -> float
         summarizers=build_summarizers(settings),
     )
     servicer = ContextServicer(engine)
-    ctx: Any = _Context()
+    ctx: Any = CallContext()
     prof = cProfile.Profile() if profile else None
 
     def wire(request: Any) -> Any:
         return type(request).FromString(request.SerializeToString())
 
-    sids = []
-    for _ in range(sessions):
-        created = await servicer.CreateSession(pb.CreateSessionRequest(profile_id="bench", name="bench"), ctx)
-        await servicer.AppendMessages(
-            pb.AppendMessagesRequest(session_id=created.id, messages=seed_messages(messages)), ctx
-        )
-        sids.append(created.id)
+    sids = await seed_sessions(servicer, ctx, sessions, messages)
 
     profiling: Any = None  # the profiler while the measured turns run
     client = 0.0  # CPU spent as the client (decoding the view's response), taken off the figure
@@ -159,7 +139,7 @@ def main() -> None:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
             figures[name].append(float(out.split()[0]))
         print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} ms/turn", flush=True)
-    from ab_report import print_ab
+    from inproc import print_ab
 
     print_ab(figures, "ms/turn")
 

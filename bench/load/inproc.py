@@ -1,0 +1,58 @@
+"""What the in-process benches (``turns_inproc.py``, ``append_inproc.py``) share: the servicer's call
+context, the load suite's settings, seeded sessions, and the summary of an A/B run.
+
+``contextsvc`` is imported inside the functions: an A/B run puts the checkout under test first on
+``sys.path`` before calling them.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from typing import Any
+
+
+class CallContext:
+    """What the servicer reads of a call's context: nothing but errors (no auth: the owner)."""
+
+    async def abort_with_status(self, status: Any) -> None:
+        raise RuntimeError(f"call failed: {status}")
+
+
+def bench_settings() -> Any:
+    """The load suite's server settings (run.py ``SERVER_CONFIG``, its ``bench`` profile)."""
+    from run import SERVER_CONFIG
+
+    from contextsvc.config import load_settings
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as fh:
+        fh.write(SERVER_CONFIG)
+    try:
+        return load_settings(fh.name)
+    finally:
+        os.unlink(fh.name)
+
+
+async def seed_sessions(servicer: Any, ctx: Any, sessions: int, messages: int) -> list[str]:
+    """``sessions`` sessions of the ``bench`` profile, ``messages`` messages each; their ids."""
+    from workload import messages as seed_messages
+
+    from contextsvc._gen.v1 import context_service_pb2 as pb
+
+    sids = []
+    for _ in range(sessions):
+        created = await servicer.CreateSession(pb.CreateSessionRequest(profile_id="bench", name="bench"), ctx)
+        await servicer.AppendMessages(
+            pb.AppendMessagesRequest(session_id=created.id, messages=seed_messages(messages)), ctx
+        )
+        sids.append(created.id)
+    return sids
+
+
+def print_ab(figures: dict[str, list[float]], unit: str) -> None:
+    """``figures``: the per-round values of ``this`` and ``other`` checkout, in ``unit``."""
+    for name, values in figures.items():
+        print(f"{name}: median {statistics.median(values):.3f} {unit}, min {min(values):.3f}")
+    print(f"this / other (medians): {statistics.median(figures['this']) / statistics.median(figures['other']):.3f}")
+    print(f"load average: {os.getloadavg()[0]:.1f}")
