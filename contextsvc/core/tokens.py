@@ -109,6 +109,11 @@ def _features(m: Message) -> tuple[int, ...]:
 _FEATURES: IdentityMemo[tuple[int, ...]] = IdentityMemo()
 
 
+def each_message_features(messages: Iterable[Message]) -> list[tuple[int, ...]]:
+    """``message_features`` of each message, in order."""
+    return _FEATURES.get_each(messages, _features)
+
+
 def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[int, ...]:
     """Sum of ``message_features``, plus ``views`` whole prompts (1 for a view sent as a prompt)."""
     each = list(map(message_features, messages))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections import OrderedDict
@@ -23,11 +24,11 @@ from contextsvc.core.tokens import (
     ExactCounter,
     TextCounter,
     TokenEstimate,
+    each_message_features,
     estimate,
     estimate_segments,
     features_size,
     image_tokens_of,
-    message_features,
     messages_chars,
     messages_features,
 )
@@ -197,9 +198,19 @@ class _Sums:
         """``of`` for rows that are a view's messages, from each row's ``message_features`` and
         their sum ``total``: a row's view segment is the part ``estimate_segments`` prices it in."""
         parts: list[list[tuple[int, ...]]] = [[] for _ in _SEGMENT_PARTS]
-        for f, seg in zip(features, segments, strict=True):
-            parts[_SEGMENT_PARTS[seg]].append(f)
-        return _Sums(rows=total, segments=tuple(_column_sums(part) if part else None for part in parts))
+        # Only the few rows outside the plain conversation (the prompt, records, summaries,
+        # pinned rows, the incoming message) are summed one by one; the conversation's plain
+        # rows are what is left of the total (integers: exactly their sum).
+        for i in [i for i, seg in enumerate(segments) if seg is not Segment.MESSAGES]:
+            parts[_SEGMENT_PARTS[segments[i]]].append(features[i])
+        sums = [_column_sums(part) if part else None for part in parts]
+        if len(segments) > sum(map(len, parts)):
+            rest = list(total)
+            for x in sums:
+                if x is not None:
+                    rest = [a - b for a, b in zip(rest, x, strict=True)]
+            sums[_SEGMENT_PARTS[Segment.MESSAGES]] = tuple(rest)
+        return _Sums(rows=total, segments=tuple(sums))
 
     def extended(self, added: Sequence[Message], features: tuple[int, ...]) -> _Sums:
         """The sums once ``added`` (whose ``messages_features`` are ``features``) join the
@@ -428,7 +439,7 @@ class ViewService:
         # figures as a pass over the rows for each).
         features = total = None
         if isinstance(counter, CalibratedCounter):
-            features = list(map(message_features, view.messages))
+            features = each_message_features(view.messages)
             total = _column_sums(features)
         # When the whole view fits one message's budget, no message alone can exceed it (counts
         # are sums of non-negative per-message parts): one count instead of one per message.
@@ -479,11 +490,13 @@ class ViewService:
         had_images = any_images and any(m.images for m in rows)
         plain = None
         if not had_images:
+            # A row is the stored one when it is the very object the store gave (a cut, a
+            # repaired copy, the prompt and the incoming message are new objects).
             stored_rows = {id(m) for m in context}
-            plain = [
-                ViewMessage(m, (), cut, not cut and id(m) in stored_rows)
-                for m, cut in zip(rows, truncated, strict=True)
-            ]
+            stored = map(stored_rows.__contains__, map(id, rows))
+            plain = list(
+                map(ViewMessage._make, zip(rows, itertools.repeat((), len(rows)), truncated, stored, strict=True))
+            )
         return Assembled(
             rows=rows,
             segments=segments,
