@@ -31,8 +31,8 @@ import subprocess
 import sys
 import time
 import venv
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import _checkout  # noqa: F401 - this checkout's contextsvc
