@@ -159,7 +159,10 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
         lines.append(f"        cold_margin={margin:.3f},")
         lines.append(f"        feature_margins=({', '.join(f'{v:.3f}' for v in per_feature)}),")
         if fam == "default":
-            lines.append(f"        fitted_margins=({', '.join(f'{v:.3f}' for v in fitted_default)}),")
+            # Never wider than cold: what the baselines showed narrows the margin or leaves it (a
+            # class few steps carry, such as Han, has a noisy quantile of its own).
+            fitted = [min(f, c) for f, c in zip(fitted_default, per_feature, strict=True)]
+            lines.append(f"        fitted_margins=({', '.join(f'{v:.3f}' for v in fitted)}),")
         lines.append("    ),")
     lines.append("}")
     # 3/4 of the cheapest vocabulary per class; overheads at the barest framing a template may use
