@@ -136,7 +136,7 @@ def test_long_letter_runs_cost_more_per_letter() -> None:
 
 
 def test_scripts_are_priced_by_their_own_rules() -> None:
-    assert piece_tokens(" привет") == pytest.approx(0.45 + 0.33 * 6)
+    assert piece_tokens(" привет") == pytest.approx(0.7 + 0.28 * 6)
     # 日 and 本 are one token alone in every vocabulary measured; 語 1.5 on average (_cjk_costs)
     assert piece_tokens("日本語") == pytest.approx(0.9 * (1 + 1 + 1.5))
     assert piece_tokens("café") == pytest.approx(1.0 + 0.8 + 0.28)  # ASCII run + other-script run
@@ -147,13 +147,13 @@ def test_scripts_are_priced_by_their_own_rules() -> None:
 def test_cyrillic_outside_the_russian_alphabet_costs_more() -> None:
     # Ukrainian, Belarusian and Serbian letters mark words the Russian-heavy vocabularies split
     # finer (1.2x-1.6x the tokens per unit on the fit split of bench/fidelity).
-    assert piece_tokens(" їжак") == pytest.approx((0.45 + 0.33 * 4) * 1.45)
-    assert piece_tokens(" ежак") == pytest.approx(0.45 + 0.33 * 4)
-    assert piece_tokens(" Їжак") == pytest.approx((0.45 + 0.33 * 4) * 1.45 * 1.45)  # and a capital
+    assert piece_tokens(" їжак") == pytest.approx((0.7 + 0.28 * 4) * 1.45)
+    assert piece_tokens(" ежак") == pytest.approx(0.7 + 0.28 * 4)
+    assert piece_tokens(" Їжак") == pytest.approx((0.7 + 0.28 * 4) * 1.45 * 1.45)  # and a capital
     for word in ("Київ", "єдиний", "ґанок", "ўсё", "љубав", "њива", "џеп", "ђак", "ћерка", "јато", "ѕвезда"):
         plain = word.translate(str.maketrans("їієґўљњџђћјѕ", "ииеоулнцдтйз"))
         assert piece_tokens(word) == pytest.approx(piece_tokens(plain) * 1.45), word
-    assert piece_tokens(" привет") == pytest.approx(0.45 + 0.33 * 6)  # Russian: unchanged
+    assert piece_tokens(" привет") == pytest.approx(0.7 + 0.28 * 6)  # Russian: unchanged
 
 
 def test_a_cyrillic_word_not_after_a_space_costs_more() -> None:
@@ -207,7 +207,7 @@ def test_weights_are_pinned() -> None:
     w = SizeWeights()
     assert w.units_per_token == 2  # one unit ~ half a token: tokens/unit ~0.5, mid-range in [0.25, 1.0]
     assert (w.free_letters, w.per_long_letter, w.word_letters, w.per_odd_letter) == (6, 0.15, 12, 0.4)
-    assert (w.cyrillic_base, w.cyrillic_per_letter, w.cjk_per_char, w.cjk_table_scale) == (0.45, 0.33, 1.0, 0.9)
+    assert (w.cyrillic_base, w.cyrillic_per_letter, w.cjk_per_char, w.cjk_table_scale) == (0.7, 0.28, 1.0, 0.9)
     assert (w.cyrillic_rare_factor, w.cyrillic_unspaced_factor) == (1.45, 1.45)
     assert (w.separate_prefixes, w.separate_prefix, w.odd_prefix) == (":+~=", 1.0, 0.5)
     assert (w.message_frame, w.tool_call_frame) == (4.0, 8.0)
@@ -315,3 +315,39 @@ def test_the_split_keeps_the_first_versions_classes_otherwise() -> None:
     legacy = [c for c in sizing.LEGACY_CLASSES if c != "cjk"]
     assert [c for c in sizing.CLASSES if c not in ("han", "kana", "hangul")] == legacy
     assert tuple(sizing.CLASSES[c] for c in sizing.CJK_CLASSES) == ("han", "kana", "hangul")
+
+
+# --- round 9: camelCase is priced as words, a long Cyrillic word costs less per letter ----------
+
+
+@pytest.mark.parametrize(
+    ("piece", "cls"),
+    [
+        ("getValue", sizing.WORD),
+        (" DescribeInstances", sizing.WORD),
+        ("value", sizing.WORD),
+        ("HTTPServer", sizing.IDENT),  # acronym humps: not words to the vocabularies
+        ("_name", sizing.IDENT),  # a ``_`` or ``.`` prefix: Claude spends a token on it
+        (".attr", sizing.IDENT),
+        ('"userId', sizing.IDENT),  # a punctuation prefix
+    ],
+)
+def test_camel_case_humps_are_words_and_prefixed_names_identifiers(piece: str, cls: int) -> None:
+    assert pieces(piece) == [piece]
+    assert sizing.piece_class(piece) == cls
+
+
+def test_camel_case_costs_what_it_did() -> None:
+    # Only the class moved: a hump is still one token, so the size of code and JSON is unchanged.
+    assert piece_tokens("getValue") == pytest.approx(2.0)
+    assert sizing.class_units('{"instanceId": "i-1", "DescribeInstances": []}')[sizing.WORD] > 0
+
+
+def test_a_long_cyrillic_word_costs_less_per_letter_than_a_short_one() -> None:
+    # The vocabularies hold common Russian words whole: tokens grow slower than letters.
+    short, long = piece_tokens(" дом"), piece_tokens(" перезапустили")
+    assert short == pytest.approx(0.7 + 0.28 * 3)
+    assert long / 13 < short / 3
+    # Bounded: never under one token, never more than the old per-letter rule on long words.
+    assert piece_tokens(" и") == 1.0
+    assert all(piece_tokens(" " + "д" * n) <= max(1.0, 0.45 + 0.33 * n) + 0.25 for n in range(1, 33))
