@@ -141,11 +141,15 @@ func (l *loop) agent(ctx context.Context, k int, sid string) {
 	l.mu.Unlock()
 }
 
-func run(address string, sessions []string, seconds float64, maxTurns, tokens int64) (*report, error) {
-	conn, err := grpc.NewClient(address,
+func run(address string, sessions []string, seconds float64, maxTurns, tokens int64, window int32) (*report, error) {
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
-	)
+	}
+	if window > 0 { // a fixed HTTP/2 window (grpc-go then sends no BDP pings)
+		opts = append(opts, grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window))
+	}
+	conn, err := grpc.NewClient(address, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -219,6 +223,7 @@ func main() {
 	maxCount := flag.Int64("max-count", 10_000, "turn bound (all agents together)")
 	tokens := flag.Int64("prompt-tokens", 0, "prompt tokens to record (0: 5 % above the estimate)")
 	cpus := flag.Int("cpus", 1, "GOMAXPROCS")
+	window := flag.Int("window", 0, "fixed HTTP/2 window in bytes (0: grpc-go's dynamic window)")
 	dumpSpec := flag.String("dump", "", "print the messages of AGENT,TURN and exit")
 	flag.Parse()
 	if *dumpSpec != "" {
@@ -233,7 +238,7 @@ func main() {
 		os.Exit(2)
 	}
 	runtime.GOMAXPROCS(*cpus)
-	out, err := run(*address, strings.Split(*sessions, ","), *seconds, *maxCount, *tokens)
+	out, err := run(*address, strings.Split(*sessions, ","), *seconds, *maxCount, *tokens, int32(*window))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "turndriver:", err)
 		os.Exit(1)
