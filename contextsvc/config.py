@@ -163,6 +163,11 @@ class TokenSettings(BaseModel):
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
     #: how long a replica trusts its cached calibration before re-reading the store's observations.
     calibration_refresh_seconds: float = Field(5.0, ge=0)
+    #: how long a RecordBaseline on a busy server waits after writing its observation so that the
+    #: model's baselines written meanwhile share one refit (the response still holds its own
+    #: observation). On an idle event loop (nothing else ran in the iteration after the write) the
+    #: refit runs at once, so a lone agent never waits. 0 refits at once always (issue #15).
+    calibration_coalesce_seconds: float = Field(0.02, ge=0, le=1)
     #: models whose calibration a replica keeps cached (least recently used ones are re-read).
     max_cached_models: int = Field(1024, ge=1)
     #: built views remembered per session for RecordBaseline.

@@ -20,6 +20,7 @@ step "generated code matches protos/"
 python3 scripts/gen_protos.py --check
 
 scripts/test-clients.sh  # contract (buf breaking, client drift), TypeScript and Go clients, scenario
+scripts/test-load-driver.sh  # the load suite's Go turn-loop driver (gofmt, go vet)
 
 step "ruff"
 python3 -m ruff check .

@@ -80,6 +80,7 @@ async def turns(address: str, sessions: list[str], *, seconds: float, max_turns:
         "rps": round(done / elapsed, 2) if elapsed else 0.0,
         "latency": {name: quantiles(v) for name, v in lat.items()},
         "errors": errors,
+        "client": "python",
     }
 
 

@@ -32,20 +32,30 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKENS = Settings().tokens
 
 
-def load_ref(ref: str) -> ModuleType:
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{ref}:contextsvc/core/calibration.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "calibration_ref.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("calibration_ref", path)
+def _load_source(ref: str, path_in_repo: str, name: str) -> ModuleType | None:
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{ref}:{path_in_repo}"], check=False, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return None
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(done.stdout)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["calibration_ref"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def load_ref(ref: str) -> ModuleType:
+    """calibration.py as it is at ``ref``, fitting with that ref's kernels (calibration_solve.py)
+    when it has them, so both files' changes are compared."""
+    module = _load_source(ref, "contextsvc/core/calibration.py", "calibration_ref")
+    assert module is not None, f"no contextsvc/core/calibration.py at {ref}"
+    solver = _load_source(ref, "contextsvc/core/calibration_solve.py", "calibration_solve_ref")
+    if solver is not None and hasattr(module, "solver"):
+        module.solver = solver
     return module
 
 

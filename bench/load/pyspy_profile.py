@@ -27,7 +27,18 @@ import time
 from pathlib import Path
 
 import _checkout  # noqa: F401 - this checkout's contextsvc
-from run import HEALTH, SERVICE, Run, call_data, cpu_seconds, ghz_binary, opaque_protoset, protoset, start_server
+from run import (
+    HEALTH,
+    SERVICE,
+    Run,
+    call_data,
+    cpu_seconds,
+    ghz_binary,
+    opaque_protoset,
+    protoset,
+    start_server,
+    turn_driver_binary,
+)
 from workload import Seeder
 
 
@@ -61,6 +72,9 @@ def summarize(collapsed: Path, top: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--call", default="BuildContext", help="BuildContext | AppendMessages | Health")
+    parser.add_argument(
+        "--turn-driver", choices=["auto", "go", "python"], default="auto", help="client of --call turns"
+    )
     parser.add_argument("--store", default="memory")
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--sessions", type=int, default=1)
@@ -102,6 +116,9 @@ def main() -> None:
                 sys.executable, str(Path(__file__).parent / "drivers.py"), "turns", "--address", server.address,
                 "--sessions", ",".join(sessions), "--seconds", str(args.seconds), "--max-count", "1000000",
             ]  # fmt: skip
+            go_driver = turn_driver_binary(args.turn_driver)
+            if go_driver:  # the same loop from the Go driver (run.py's default client)
+                cmd = [go_driver, *cmd[3:]]
         collapsed = args.raw or workdir / "collapsed.txt"
         before = cpu_seconds(server.pid)
         load = subprocess.Popen(cmd, stdout=subprocess.PIPE if args.call == "turns" else None)

@@ -11,7 +11,8 @@ directory, or PostgreSQL in a private throwaway cluster), seeds sessions through
 then for every run measures ``grpc.health.v1.Health/Check`` and the scenario's call back to back
 with the same client settings (ghz ``--cpus 1 --connections 1``, 50 concurrent by default), each
 bounded in calls and seconds. Ratios compare figures of the same server in the same run. Multi-RPC
-loads (agent turns, event fan-out) use the asyncio client in ``drivers.py`` instead of ghz.
+loads use their own clients: agent turns the Go driver in ``turndriver/`` (when ``go`` is on PATH;
+``--turn-driver python`` picks the asyncio one in ``drivers.py``), event fan-out ``drivers.py``.
 Server CPU per call comes from the server process's own CPU time (/proc) over the measured window.
 """
 
@@ -23,6 +24,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import subprocess
@@ -140,6 +142,19 @@ def ghz_binary() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def turn_driver_binary(choice: str) -> str | None:
+    """The Go turn-loop driver (bench/load/turndriver), built into .build/ from the module cache;
+    None for the Python driver (``--turn-driver python``, or ``auto`` without Go)."""
+    if choice == "python" or (choice == "auto" and shutil.which("go") is None):
+        return None
+    out = BUILD / "turndriver"
+    BUILD.mkdir(exist_ok=True)
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    cmd = ["go", "build", "-o", str(out), "."]
+    subprocess.run(cmd, cwd=HERE / "turndriver", env=env, check=True, timeout=600)
+    return str(out)
+
+
 def protoset() -> Path:
     """The contract plus health.proto as one descriptor set (ghz cannot use reflection against a
     Python server)."""
@@ -173,6 +188,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
+def children_cpu_seconds() -> float:
+    """CPU time of this process's finished children (a driver run is one)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -194,8 +215,11 @@ def start_server(store: str, workdir: Path) -> StoreServer:
 
 
 class Loader:
-    def __init__(self, ghz: str, protoset_path: Path, workdir: Path, quick: bool) -> None:
+    def __init__(
+        self, ghz: str, protoset_path: Path, workdir: Path, quick: bool, turn_driver: str | None = None
+    ) -> None:
         self.ghz = ghz
+        self.turn_driver = turn_driver
         self.protoset = protoset_path
         self.opaque = opaque_protoset()
         self.workdir = workdir
@@ -254,11 +278,15 @@ class Loader:
             "--sessions", ",".join(sessions), "--seconds", str(seconds), "--max-count", str(calls),
             "--watchers", str(run.watchers),
         ]  # fmt: skip
-        before = cpu_seconds(server.pid)
+        if kind == "turns" and self.turn_driver:
+            cmd = [self.turn_driver, *cmd[3:-2]]  # the same flags, without --watchers
+        before, children = cpu_seconds(server.pid), children_cpu_seconds()
         done = subprocess.run(cmd, check=True, timeout=seconds + 120, capture_output=True, text=True)
         cpu = cpu_seconds(server.pid) - before
         out: dict[str, Any] = json.loads(done.stdout)
         out["cpu_ms_per_call"] = 1000 * cpu / max(1, out["count"])
+        # The driver shares the cores with the server (ghz, for Health/Check, is Go and cheap).
+        out["driver_cpu_ms_per_call"] = 1000 * (children_cpu_seconds() - children) / max(1, out["count"])
         return out
 
 
@@ -302,7 +330,11 @@ def run_scenario(loader: Loader, server: StoreServer, store: str, sc: Scenario) 
                     extra = {"rss_before_mb": rss_before, "rss_after_mb": rss_mb(server.pid)}
             else:
                 m = loader.driver(server, sc.driver, sessions, run)
-                extra = {k: v for k, v in m.items() if k in ("latency", "lost", "ordered", "watchers", "events")}
+                extra = {
+                    k: v
+                    for k, v in m.items()
+                    if k in ("latency", "lost", "ordered", "watchers", "events", "driver_cpu_ms_per_call", "client")
+                }
             res = Result(
                 scenario=sc.name, store=store, label=run.label, call=run.call if sc.driver == "ghz" else sc.driver,
                 count=m["count"], rps=m["rps"], p50_ms=m.get("p50_ms", 0.0), p99_ms=m.get("p99_ms", 0.0),
@@ -382,7 +414,9 @@ def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
                         f"BuildContext {lat.get('BuildContext', {}).get('p50_ms', 0):.1f}/"
                         f"{lat.get('BuildContext', {}).get('p99_ms', 0):.1f}, "
                         f"RecordBaseline {rb.get('p50_ms', 0):.1f}/{rb.get('p99_ms', 0):.1f} "
-                        f"(target: RecordBaseline p99 <= 2x AppendMessages p99)"
+                        f"(target: RecordBaseline p99 <= 2x AppendMessages p99); "
+                        f"CPU ms per turn: server {r.cpu_ms_per_call:.2f}, "
+                        f"driver ({r.extra.get('client', 'python')}) {r.extra.get('driver_cpu_ms_per_call', 0):.2f}"
                     )
     stream = {r.store: r for r in results if r.scenario.startswith("stream")}
     if "memory" in stream and "postgres" in stream:
@@ -443,11 +477,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short bounds (checks the suite, not the service)")
     parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--label", default="latest", help="subsection of '## Load' that --record rewrites")
+    parser.add_argument(
+        "--turn-driver",
+        choices=["auto", "go", "python"],
+        default="auto",
+        help="client of the turn loop: the Go driver (bench/load/turndriver; auto: when `go` is on PATH) or drivers.py",
+    )
     args = parser.parse_args()
     os.chdir(ROOT)
     scenarios = load_scenarios(args.scenario)
     ghz = ghz_binary()
     ps = protoset()
+    turn_driver = turn_driver_binary(args.turn_driver) if any(sc.driver == "turns" for sc in scenarios) else None
     stores = [s for s in ("memory", "files", "postgres") if any(s in sc.stores for sc in scenarios)]
     if args.store:
         stores = [s for s in stores if s in args.store]
@@ -457,7 +498,7 @@ def main() -> None:
         workdir = Path(tempfile.mkdtemp(prefix=f"ctxload-{store}-"))
         server = start_server(store, workdir)
         try:
-            loader = Loader(ghz, ps, workdir, args.quick)
+            loader = Loader(ghz, ps, workdir, args.quick, turn_driver)
             for sc in scenarios:
                 if store in sc.stores:
                     results += run_scenario(loader, server, store, sc)

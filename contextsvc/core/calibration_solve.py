@@ -80,22 +80,36 @@ def gram(rows: Sequence[Row], sigma: tuple[float, ...]) -> tuple[list[Row], list
         last_index, last = spread.last_index, spread.last
         if key == last_index:
             return scaled, last
-        if len(key) > 1 and key[:-1] == last_index[1:]:
-            # The window slid by one baseline: the last matrix without its first row and column,
-            # then the new row's entries (the same numbers the cache holds for these pairs).
-            out = [line[1:] for line in last[1:]]
-            new, new_row = key[-1], rows[-1]
+        shift = _slide(last_index, key)
+        if shift is not None:
+            # The window slid by ``shift`` baselines (one per baseline; more when baselines shared
+            # a refit) and gained the rest: the last matrix without its first ``shift`` rows and
+            # columns, then the new rows' entries (the same numbers the cache holds for the pairs).
+            kept = len(last_index) - shift
+            out = [line[shift:] for line in last[shift:]]
+            new, new_rows = key[kept:], rows[kept:]
             for line, i, si in zip(out, key, scaled, strict=False):
                 dots = dots_of[i]
-                v = dots.get(new)
-                if v is None:
-                    v = dots[new] = sum(map(mul, si, new_row))
-                line.append(v)
-            out.append(_line(dots_of[new], scaled[-1], key, rows))
+                for k, rk in zip(new, new_rows, strict=True):
+                    v = dots.get(k)
+                    if v is None:
+                        v = dots[k] = sum(map(mul, si, rk))
+                    line.append(v)
+            out += [_line(dots_of[i], si, key, rows) for i, si in zip(new, scaled[kept:], strict=True)]
         else:
             out = [_line(dots_of[i], si, key, rows) for i, si in zip(key, scaled, strict=True)]
         spread.last_index, spread.last = key, out
     return scaled, out
+
+
+def _slide(last: tuple[int, ...], key: tuple[int, ...]) -> int | None:
+    """How many rows ``key`` dropped from the front of ``last`` when its first rows are the rest of
+    ``last`` (a window that slid and grew); None when it shares no such run with it."""
+    for shift in range(len(last)):
+        kept = len(last) - shift
+        if kept <= len(key) and key[:kept] == last[shift:]:
+            return shift
+    return None
 
 
 def _line(dots: dict[int, float], si: Row, index: Sequence[int], rows: Sequence[Row]) -> list[float]:

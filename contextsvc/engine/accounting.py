@@ -14,6 +14,11 @@ from contextsvc.core.messages import ImageRef, Message
 from contextsvc.core.tokens import TextCounter, counter_for, image_tokens_of
 from contextsvc.ports import SessionStore
 
+#: A loop iteration that took less CPU than this (seconds, the loop thread's own CPU time, so a
+#: preempted process does not look busy) ran nothing else of note: the server is idle and a
+#: baseline refits at once (an empty iteration costs ~10-50 µs here; one request's work ~1 ms).
+_IDLE_ITERATION = 0.0002
+
 
 class TokenAccounting:
     """Prices messages for a model. Observations live in the store, so every replica (and a
@@ -34,6 +39,8 @@ class TokenAccounting:
         #: one store read per model at a time: a request that needs one while another runs waits
         #: for it and reads again only if that read began too early for it.
         self._reads: dict[str, asyncio.Lock] = {}
+        #: per model, the open gathering of baselines that will share one refit (``_gather``).
+        self._gathering: dict[str, asyncio.Event] = {}
 
     async def ensure_loaded(self, model: str) -> Calibration:
         """The model's calibration, re-read from the store when the cached copy is stale."""
@@ -55,10 +62,40 @@ class TokenAccounting:
         await self._store.add_calibration_observation(model, observation)
         self._written += 1
         mine = self._written
-        await asyncio.sleep(0)
+        await self._gather(model, mine)
         if self._applied.get(model, -1) < mine:
             await self._refresh(model, mine, force=True)
         return await self.ensure_loaded(model)
+
+    async def _gather(self, model: str, mine: int) -> None:
+        """Give the model's other baselines a chance to share this one's refit (the fit is the
+        largest cost of a RecordBaseline, and 50 agents of one model each make a new window).
+
+        Always one loop iteration (baselines already waiting write theirs). If a gathering of the
+        model is open, this observation was written before it closes, so its leader's refit reads
+        it: wait for that. Otherwise, when that iteration ran other work (a busy server: more
+        baselines are on their way), open one and wait ``calibration_coalesce_seconds``; an idle
+        loop (the iteration ran nothing else) refits at once, so a lone agent never waits."""
+        window = self._tokens.calibration_coalesce_seconds
+        began = time.thread_time()
+        await asyncio.sleep(0)
+        if window <= 0 or self._applied.get(model, -1) >= mine:
+            return
+        gate = self._gathering.get(model)
+        if gate is not None:
+            await gate.wait()
+            return
+        if time.thread_time() - began < _IDLE_ITERATION:
+            return
+        gate = self._gathering[model] = asyncio.Event()
+        try:
+            await asyncio.sleep(window)
+        finally:
+            # Closed before this baseline's refit: a baseline written from now on opens its own
+            # gathering; those waiting here go on to the read lock, which this refit holds first.
+            if self._gathering.get(model) is gate:
+                del self._gathering[model]
+            gate.set()
 
     def _stale(self, model: str) -> bool:
         loaded = self._loaded_at.get(model)

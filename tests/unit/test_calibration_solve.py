@@ -215,6 +215,23 @@ def test_windows_sliding_one_baseline_at_a_time_reuse_gram_entries_and_stay_exac
         same(fit(window, S, family="o200k"), reference_fit(window, "o200k"))
 
 
+@pytest.mark.parametrize("spread", [False, True])
+def test_windows_sliding_several_baselines_at_a_time_stay_exact(spread: bool) -> None:
+    """Baselines that shared a refit (``TokenAccounting._gather``) slide the window by several:
+    the kept matrix without its first rows and columns plus the new rows' entries."""
+    rng = random.Random(17 if spread else 18)
+    history = [observation(rng, spread) for _ in range(90)]
+    end = 0
+    steps = [1, 2, 3, 5, 8, 4, 1, 7, 2, 6, 3, 9, 1]
+    for k in range(40):
+        end = min(len(history), end + steps[k % len(steps)])
+        window = history[max(0, end - S.calibration_window) : end]
+        same(fit(window, S, family="default"), reference_fit(window, "default"))
+    assert calibration_solve._slide((1, 2, 3), (3, 4)) == 2
+    assert calibration_solve._slide((1, 2, 3), (4, 5)) is None
+    assert calibration_solve._slide((1, 2, 3), (1, 2, 3, 4)) == 0
+
+
 def test_the_gram_cache_is_bounded_and_starting_afresh_keeps_fits_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(calibration_solve, "_MAX_ROWS", 20)
     monkeypatch.setattr(calibration_solve, "_spreads", {})

@@ -1,0 +1,83 @@
+"""The load suite's Go turn-loop driver (bench/load/turndriver): it sends exactly the messages of
+``workload.turn_messages`` and, run for a second against a real server, reports what the Python
+driver (``drivers.py turns``) reports, in the same JSON shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
+from contextsvc._gen.v1 import resources_pb2 as r
+from tests.support.server import ServerProcess
+
+LOAD = Path(__file__).resolve().parents[2] / "bench" / "load"
+sys.path.insert(0, str(LOAD))
+from workload import turn_messages  # noqa: E402 - bench/load is not a package
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("turndriver") / "turndriver"
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    subprocess.run(["go", "build", "-o", str(out), "."], cwd=LOAD / "turndriver", env=env, check=True, timeout=600)
+    return str(out)
+
+
+@pytest.fixture
+def memory_server() -> Iterator[ServerProcess]:
+    proc = ServerProcess("memory").start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize(("agent", "turn"), [(0, 1), (7, 3), (49, 1), (49, 4999), (3, 99_999), (0, 0)])
+def test_turn_messages_are_the_python_workloads(driver: str, agent: int, turn: int) -> None:
+    done = subprocess.run([driver, "--dump", f"{agent},{turn}"], capture_output=True, text=True, check=True)
+    got = json.loads(done.stdout)
+    want = turn_messages(agent * 100_000 + turn)
+    assert [(m["role"], m["content"]) for m in got] == [(r.Role.Name(m.role), m.content) for m in want]
+    assert len(got) == 2 and got[0]["role"] == "ROLE_USER" and len(got[0]["content"].split()) == 30
+
+
+def _shape(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items() if k != "errors"}
+    return type(value).__name__ if not isinstance(value, int | float) else "number"
+
+
+def test_go_driver_runs_the_loop_like_the_python_one(driver: str, memory_server: ServerProcess) -> None:
+    with memory_server.channel() as channel:
+        stub = pb_grpc.ContextServiceStub(channel)
+        sessions = [stub.CreateSession(pb.CreateSessionRequest(name=f"agent {k}")).id for k in range(3)]
+        flags = ["--address", memory_server.address, "--sessions", ",".join(sessions), "--seconds", "1"]
+        go = json.loads(subprocess.run([driver, *flags], capture_output=True, text=True, check=True).stdout)
+        assert go["client"] == "go"
+        assert go["count"] > 0 and go["errors"] == {}
+        assert go["rps"] > 0 and 0.9 <= go["seconds"] < 30
+        for name in ("AppendMessages", "BuildContext", "RecordBaseline"):
+            lat = go["latency"][name]
+            assert 0 < lat["p50_ms"] <= lat["p99_ms"]
+        # Every counted turn appended its two messages, with the Python workload's text.
+        counts = [stub.GetSession(pb.GetSessionRequest(session_id=s)).display_message_count for s in sessions]
+        assert sum(counts) == 2 * go["count"]
+        listed = stub.ListMessages(pb.ListMessagesRequest(session_id=sessions[1], page_size=1000)).messages
+        sent = [(m.role, m.content) for m in listed]
+        assert sent[:2] == [(m.role, m.content) for m in turn_messages(1 * 100_000 + 1)]
+        assert sent[2:4] == [(m.role, m.content) for m in turn_messages(1 * 100_000 + 2)]
+        # The Python driver on the same sessions: the same JSON object, field for field.
+        cmd = [sys.executable, str(LOAD / "drivers.py"), "turns", *flags]
+        py = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        assert py["client"] == "python" and py["count"] > 0 and py["errors"] == {}
+        assert _shape(py) == _shape(go)
