@@ -91,36 +91,39 @@ def is_legal_as_is(messages: Sequence[Message]) -> bool:
     """Whether the repair would keep every row as it is, in one pass and without building the
     context's shape: stored contexts are legal nearly always, and a view assembled from scratch
     checks them every time. The rules are the module docstring's, read as "nothing to repair"."""
+    # Enum members bound to locals: ``Role.USER`` is a class attribute lookup that costs several
+    # times a comparison on Python 3.11, and this runs for every row of every view.
+    system, user, assistant, tool = Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL
     n = len(messages)
     i = 0
-    while i < n and messages[i].role is Role.SYSTEM:
+    while i < n and messages[i].role is system:
         i += 1
-    if i < n and messages[i].role is not Role.USER:
+    if i < n and messages[i].role is not user:
         return False  # a preamble: dropped
     open_ids: set[str] = set()  # calls of the open run still waiting for their answer
     run_open = False  # an assistant with calls heads the run the next tool rows belong to
     for m in itertools.islice(messages, i, None):
         role = m.role
-        if role is Role.USER and not open_ids:
+        if role is user and not open_ids:
             run_open = False
             continue
-        if role is Role.TOOL:
+        if role is tool:
             if not run_open or m.tool_call_id not in open_ids:
                 return False  # an orphan, or a second answer
             open_ids.discard(m.tool_call_id)
             continue
         if open_ids:
             return False  # the run ended with a call unanswered
-        if role is Role.SYSTEM:
+        if role is system:
             return False  # a record after the conversation began: dropped
         run_open = False
-        if role is Role.ASSISTANT and m.tool_calls:
+        if role is assistant and m.tool_calls:
             ids = {call.id for call in m.tool_calls}
             if "" in ids or len(ids) != len(m.tool_calls):
                 return False  # an empty or repeated id is never answered: the call goes
             open_ids, run_open = ids, True
     # Calls still open at the end are pending only on the very last row.
-    return not open_ids or messages[n - 1].role is Role.ASSISTANT
+    return not open_ids or messages[n - 1].role is assistant
 
 
 def legal_suffix_start(messages: Sequence[Message], start: int = 0) -> int:

@@ -110,15 +110,13 @@ def build_view(
         segments.append(Segment.SYSTEM)
 
     allowed = frozenset(allowed_sources)
-    conversation: list[Message] = []
-    for m in context:
-        if m.role is Role.SYSTEM:
-            if m.source in allowed:
-                messages.append(m)
-                segments.append(Segment.RECORDS)
-            # A record whose source is not allowed is display-only by design, not a repair.
-            continue
-        conversation.append(m)
+    system = Role.SYSTEM  # bound once: an enum member lookup costs more than the comparison
+    records = [m for m in context if m.role is system]
+    # A record whose source is not allowed is display-only by design, not a repair.
+    shown = [m for m in records if m.source in allowed]
+    messages += shown
+    segments += [Segment.RECORDS] * len(shown)
+    conversation = [m for m in context if m.role is not system] if records else list(context)
     if incoming is not None and incoming.role is Role.SYSTEM:
         dropped.append(incoming)
         incoming = None
@@ -143,10 +141,16 @@ def build_view(
     return View(messages=tuple(messages), segments=tuple(segments), dropped=tuple(dropped), trimmed=tuple(trimmed))
 
 
+#: Bound once: on Python 3.11 ``Segment.MESSAGES`` costs a class attribute lookup several times
+#: the price of the rest of ``_segment_of``, which runs for every row of a view.
+_SUMMARIES, _PINNED, _MESSAGES = Segment.SUMMARIES, Segment.PINNED, Segment.MESSAGES
+
+
 def _segment_of(m: Message) -> Segment:
     # A summary that is also pinned counts as a summary, as in the token breakdown.
-    if m.flags.is_summary:
-        return Segment.SUMMARIES
-    if m.flags.is_pinned:
-        return Segment.PINNED
-    return Segment.MESSAGES
+    flags = m.flags
+    if flags.is_summary:
+        return _SUMMARIES
+    if flags.is_pinned:
+        return _PINNED
+    return _MESSAGES

@@ -7,7 +7,7 @@ import itertools
 import math
 import os
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -201,7 +201,8 @@ class _Sums:
         # Only the few rows outside the plain conversation (the prompt, records, summaries,
         # pinned rows, the incoming message) are summed one by one; the conversation's plain
         # rows are what is left of the total (integers: exactly their sum).
-        for i in [i for i, seg in enumerate(segments) if seg is not Segment.MESSAGES]:
+        plain = Segment.MESSAGES  # bound once: an enum member lookup costs more than the comparison
+        for i in [i for i, seg in enumerate(segments) if seg is not plain]:
             parts[_SEGMENT_PARTS[segments[i]]].append(features[i])
         sums = [_column_sums(part) if part else None for part in parts]
         if len(segments) > sum(map(len, parts)):
@@ -492,8 +493,14 @@ class ViewService:
         if not had_images:
             # A row is the stored one when it is the very object the store gave (a cut, a
             # repaired copy, the prompt and the incoming message are new objects).
-            stored_rows = {id(m) for m in context}
-            stored = map(stored_rows.__contains__, map(id, rows))
+            if whole_fits and not any_images and not view.trimmed:
+                # Every row is the view's message, and only the prompt and the incoming message
+                # were not given by the store.
+                outside = (Segment.SYSTEM, Segment.INCOMING)
+                stored: Iterable[bool] = [seg not in outside for seg in segments]
+            else:
+                stored_rows = {id(m) for m in context}
+                stored = map(stored_rows.__contains__, map(id, rows))
             plain = list(
                 map(ViewMessage._make, zip(rows, itertools.repeat((), len(rows)), truncated, stored, strict=True))
             )

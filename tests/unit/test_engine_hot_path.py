@@ -416,6 +416,9 @@ def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> Non
                 system = by[Segment.SYSTEM][0].content if by[Segment.SYSTEM] else ""
                 parts = (system, by[Segment.RECORDS], conversation, by[Segment.INCOMING])
                 assert _parts_of(fresh.rows, fresh.segments) == parts
+                # "stored" means the very object the store gave.
+                stored_ids = {id(m) for m in context}
+                assert [v.stored for v in fresh.plain or []] == [id(v.message) in stored_ids for v in fresh.plain or []]
                 if fresh.sums is not None:
                     assert fresh.parts is not None
                     assert fresh.sums.rows == messages_features(fresh.rows)
