@@ -336,6 +336,9 @@ class PostgresSettings(BaseModel):
     #: appends run on at most this many pooled connections, each kept while appends wait
     #: (``stores/postgres/lanes.py``: no acquire and release per append); capped by pool_max_size.
     append_lanes: int = Field(8, ge=1)
+    #: appends publishing their event that wait for a lane together run in one transaction, at
+    #: most this many (one commit and one WAL flush for all; 1 = each its own; ``lanes.Group``).
+    append_group_max: int = Field(32, ge=1)
     #: server-side statement_timeout for every pooled connection (0 = none).
     statement_timeout_ms: int = Field(30_000, ge=0)
     #: how long open() waits for another process's migrations (advisory lock).
