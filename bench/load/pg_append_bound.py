@@ -48,11 +48,14 @@ SERVED_GROUP = pg_store._APPEND_GROUP_SQL
 NO_LOCK_GROUP = SERVED_GROUP.replace("FROM upd, locked", "FROM upd")
 
 
-async def one(dsn: str, variant: str, seconds: float, writers: int, sessions: int) -> tuple[float, float]:
+async def one(dsn: str, variant: str, seconds: float, writers: int, sessions: int, lanes: int) -> tuple[float, float]:
     pg_store._APPEND_PUBLISH_SQL = NO_LOCK if variant == "no-lock" else SERVED
     pg_store._APPEND_GROUP_SQL = NO_LOCK_GROUP if variant == "no-lock" else SERVED_GROUP
     url = dsn + ("?synchronous_commit=off" if variant == "async-commit" else "")
     settings = Settings()
+    if lanes:
+        with_lanes = settings.postgres.model_copy(update={"append_lanes": lanes})
+        settings = settings.model_copy(update={"postgres": with_lanes})
     if variant == "one-each":
         one_each = settings.postgres.model_copy(update={"append_group_max": 1})
         settings = settings.model_copy(update={"postgres": one_each})
@@ -91,6 +94,7 @@ async def main() -> None:
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variant", action="append", default=[], help="only these variants (repeatable)")
+    parser.add_argument("--lanes", type=int, default=0, help="postgres.append_lanes (0: the default)")
     args = parser.parse_args()
     cluster = PgCluster.create()
     try:
@@ -101,7 +105,7 @@ async def main() -> None:
         for r in range(args.rounds):
             for variant in variants:
                 dsn = await create_database(admin)
-                rate, cpu = await one(dsn, variant, args.seconds, args.writers, args.sessions)
+                rate, cpu = await one(dsn, variant, args.seconds, args.writers, args.sessions, args.lanes)
                 rates[variant].append(rate)
                 cpus[variant].append(cpu)
                 print(f"round {r + 1} {variant:13s} {rate:7.0f} appends/s  {cpu:.2f} ms CPU/append", flush=True)
