@@ -6,7 +6,8 @@ Starts a throwaway cluster (tests/support/postgres.py; default settings: ``fsync
 ``synchronous_commit`` on), opens the store and its own event bus, creates ``--sessions``
 sessions, then runs ``--writers`` concurrent appenders (2 messages each, the store's append
 statement publishing its event, as the served engine does) for ``--seconds`` in each variant,
-interleaved ``--rounds`` times, and prints appends/s and this process's CPU per append:
+interleaved ``--rounds`` times, and prints appends/s, this process's CPU per append and how the
+appends were batched (transactions of several appends, appends in a transaction of their own):
 
 - ``served``: the statement as served (``_APPEND_PUBLISH_SQL``; appends waiting together commit
   together, ``_APPEND_GROUP_SQL``, at most ``postgres.append_group_max``);
@@ -79,6 +80,13 @@ async def one(dsn: str, variant: str, seconds: float, writers: int, sessions: in
         cpu, start = time.process_time(), time.monotonic()
         await asyncio.gather(*(writer(k) for k in range(writers)))
         elapsed, cpu = time.monotonic() - start, time.process_time() - cpu
+        group = store._append_group
+        alone = done - group.grouped
+        print(
+            f"  {variant}: {group.batches} batches of {group.grouped / max(group.batches, 1):.1f} appends on average, "
+            f"{alone} appends alone, {group.failed} failed batches",
+            flush=True,
+        )
         return done / elapsed, cpu / max(done, 1) * 1e3
     finally:
         await bus.close()
