@@ -5,7 +5,8 @@
 
 LangChain runs in its own virtual environment (``bench/load/.build/langchain-venv``, created on
 the first run with ``pip install langchain-core``), fed the same 200 messages as JSON; both sides
-are timed in the same run, one after the other, best of several rounds of many calls.
+are timed in the same run, their rounds interleaved (one LangChain round, then one round of each of
+ours), best of several rounds of many calls.
 
 Our side is ``ViewService.assemble`` (legal view, per-message cuts, image budget, calibrated
 estimate with its segments) in three states: *cold* (every message a new object: nothing sized
@@ -31,6 +32,7 @@ import sys
 import time
 import venv
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import _checkout  # noqa: F401 - this checkout's contextsvc
@@ -61,7 +63,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, System
 from langchain_core.messages.utils import count_tokens_approximately, trim_messages
 
 rows = json.load(open(sys.argv[1]))
-rounds, calls = int(sys.argv[2]), int(sys.argv[3])
+calls = int(sys.argv[2])
 msgs = []
 for r in rows:
     role = r.get("role")
@@ -77,15 +79,15 @@ for r in rows:
         ]
         msgs.append(AIMessage(content, tool_calls=calls_))
 msgs.insert(0, SystemMessage("You are a helpful agent."))
-best = float("inf")
-for _ in range(rounds):
+import langchain_core
+# One round of ``calls`` per line read, so the caller interleaves these rounds with its own.
+for _ in sys.stdin:
     t = time.perf_counter()
     for _ in range(calls):
         out = trim_messages(msgs, max_tokens=4_000_000 - 2048, token_counter=count_tokens_approximately,
                             strategy="last", include_system=True, start_on="human")
-    best = min(best, (time.perf_counter() - t) / calls)
-import langchain_core
-print(json.dumps({"seconds": best, "kept": len(out), "version": langchain_core.__version__}))
+    seconds = (time.perf_counter() - t) / calls
+    print(json.dumps({"seconds": seconds, "kept": len(out), "version": langchain_core.__version__}), flush=True)
 """
 
 
@@ -97,7 +99,9 @@ def langchain_python() -> Path:
     return python
 
 
-async def ours(rounds: int, calls: int) -> dict[str, Any]:
+async def ours(rounds: int, calls: int, other_round: Callable[[], None]) -> dict[str, Any]:
+    """Best per-call time of each of our states; ``other_round`` (LangChain's side) runs one
+    round before each of ours, so both sides see the same moments of a shared machine."""
     settings = Settings(profiles={"default": ProfileConfig(model="bench", context_window=WINDOW)}, store="memory")
     store = MemoryStore(settings)
     await store.open()
@@ -113,9 +117,12 @@ async def ours(rounds: int, calls: int) -> dict[str, Any]:
     state = EngineState.of(await store.get_session(session.id, caller=ANONYMOUS))
     views = engine.views
 
+    # New objects for every cold call (no per-message memo applies), made before the clock starts:
+    # copying is the bench's work, not the build's.
+    copies = iter([[dataclasses.replace(m) for m in context] for _ in range(rounds * calls)])
+
     def cold() -> None:
-        fresh = [dataclasses.replace(m) for m in context]  # new objects: no per-message memo applies
-        views.assemble(profile, fresh, None, state)
+        views.assemble(profile, next(copies), None, state)
 
     def warm() -> None:
         views.assemble(profile, context, None, state)
@@ -140,14 +147,16 @@ async def ours(rounds: int, calls: int) -> dict[str, Any]:
     if grown.rows != views.assemble(profile, context, None, state).rows:
         raise AssertionError("the extended view differs from a fresh assembly")
     out: dict[str, Any] = {"rows": len(views.assemble(profile, context, None, state).rows)}
-    for name, fn in (("cold", cold), ("warm", warm), ("extended", extended), ("reused", reused)):
-        best = float("inf")
-        for _ in range(rounds):
+    states = (("cold", cold), ("warm", warm), ("extended", extended), ("reused", reused))
+    for name, _ in states:
+        out[name] = float("inf")
+    for _ in range(rounds):
+        other_round()
+        for name, fn in states:
             t = time.perf_counter()
             for _ in range(calls):
                 fn()
-            best = min(best, (time.perf_counter() - t) / calls)
-        out[name] = best
+            out[name] = min(out[name], (time.perf_counter() - t) / calls)
     return out
 
 
@@ -169,12 +178,27 @@ def main() -> None:
     data.write_text(json.dumps([json_format.MessageToDict(m) for m in messages(N)]))
     script = HERE / ".build" / "langchain_side.py"
     script.write_text(LANGCHAIN_SIDE)
-    ours_out = asyncio.run(ours(args.rounds, args.calls))
-    done = subprocess.run(
-        [str(python), str(script), str(data), str(args.rounds), str(args.calls)],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    lc = json.loads(done.stdout)
+    side = subprocess.Popen(
+        [str(python), str(script), str(data), str(args.calls)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert side.stdin is not None and side.stdout is not None
+    lc: dict[str, Any] = {"seconds": float("inf")}
+
+    def langchain_round() -> None:
+        assert side.stdin is not None and side.stdout is not None
+        side.stdin.write("\n")
+        side.stdin.flush()
+        line = side.stdout.readline()
+        if not line:
+            raise RuntimeError("the LangChain side ended early")
+        got = json.loads(line)
+        lc.update(got, seconds=min(lc["seconds"], got["seconds"]))
+
+    try:
+        ours_out = asyncio.run(ours(args.rounds, args.calls, langchain_round))
+    finally:
+        side.stdin.close()
+        side.wait(timeout=60)
     lines = [
         "| what | µs per call | / LangChain trim_messages |",
         "|---|---|---|",

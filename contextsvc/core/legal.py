@@ -41,6 +41,7 @@ tails starting at a user message after its last defective row.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 from contextsvc.core.messages import Message, Role
@@ -52,6 +53,12 @@ def repair(messages: Sequence[Message]) -> list[tuple[int, Message]]:
 
     A message is the input object itself unless the repair removed some of its tool calls.
     """
+    if is_legal_as_is(messages):
+        return list(enumerate(messages))  # a legal sequence comes back unchanged
+    return _repair(messages)
+
+
+def _repair(messages: Sequence[Message]) -> list[tuple[int, Message]]:
     shape = analyze(messages)
     n = len(messages)
     out: list[tuple[int, Message]] = []
@@ -77,8 +84,43 @@ def legal_view(messages: Sequence[Message]) -> list[Message]:
 
 def is_legal(messages: Sequence[Message]) -> bool:
     """True when ``legal_view`` would return ``messages`` unchanged."""
-    view = repair(messages)
-    return len(view) == len(messages) and all(m is messages[i] for i, m in view)
+    return is_legal_as_is(messages)
+
+
+def is_legal_as_is(messages: Sequence[Message]) -> bool:
+    """Whether the repair would keep every row as it is, in one pass and without building the
+    context's shape: stored contexts are legal nearly always, and a view assembled from scratch
+    checks them every time. The rules are the module docstring's, read as "nothing to repair"."""
+    n = len(messages)
+    i = 0
+    while i < n and messages[i].role is Role.SYSTEM:
+        i += 1
+    if i < n and messages[i].role is not Role.USER:
+        return False  # a preamble: dropped
+    open_ids: set[str] = set()  # calls of the open run still waiting for their answer
+    run_open = False  # an assistant with calls heads the run the next tool rows belong to
+    for m in itertools.islice(messages, i, None):
+        role = m.role
+        if role is Role.USER and not open_ids:
+            run_open = False
+            continue
+        if role is Role.TOOL:
+            if not run_open or m.tool_call_id not in open_ids:
+                return False  # an orphan, or a second answer
+            open_ids.discard(m.tool_call_id)
+            continue
+        if open_ids:
+            return False  # the run ended with a call unanswered
+        if role is Role.SYSTEM:
+            return False  # a record after the conversation began: dropped
+        run_open = False
+        if role is Role.ASSISTANT and m.tool_calls:
+            ids = {call.id for call in m.tool_calls}
+            if "" in ids or len(ids) != len(m.tool_calls):
+                return False  # an empty or repeated id is never answered: the call goes
+            open_ids, run_open = ids, True
+    # Calls still open at the end are pending only on the very last row.
+    return not open_ids or messages[n - 1].role is Role.ASSISTANT
 
 
 def legal_suffix_start(messages: Sequence[Message], start: int = 0) -> int:

@@ -12,7 +12,7 @@ messages the process holds anyway.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from contextsvc.core.messages import Message
@@ -59,6 +59,16 @@ class IdentityMemo(Generic[T]):
         entry.value = value
         self._entries[key] = entry
         return value
+
+    def get_each(self, messages: Iterable[Message], compute: Callable[[Message], T]) -> list[T]:
+        """``[get(m, compute) for m in messages]``, with one call for the whole list (a view asks
+        for every row's value)."""
+        entries = self._entries
+        out: list[T] = []
+        for m in messages:
+            entry = entries.get(id(m))
+            out.append(entry.value if entry is not None and entry() is m else self.get(m, compute))  # type: ignore[arg-type]
+        return out
 
     def carry(self, src: Message, dst: Message) -> None:
         """Give ``dst`` the value remembered for ``src`` (nothing when there is none): for a copy

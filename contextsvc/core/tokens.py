@@ -66,7 +66,13 @@ def _measure(m: Message) -> int:
     # ``sizing.class_units`` of a text sum to its ``text_size``, so the size is its features'
     # class units (measured once per message, and needed to price it anyway) plus the framing:
     # one pass over the text instead of two.
-    return message_frame_units(m) + sum(message_features(m)[:N_CLASSES])
+    return features_size(message_features(m))
+
+
+def features_size(x: Sequence[int]) -> int:
+    """``messages_size`` of messages whose ``messages_features`` are ``x``: their class units
+    plus the framing of each message and each tool call (both counted among the features)."""
+    return sum(x[:N_CLASSES]) + MESSAGE_FRAME_UNITS * x[MESSAGE] + TOOL_CALL_FRAME_UNITS * x[TOOL_CALL]
 
 
 _SIZES: IdentityMemo[int] = IdentityMemo()
@@ -101,6 +107,11 @@ def _features(m: Message) -> tuple[int, ...]:
 
 
 _FEATURES: IdentityMemo[tuple[int, ...]] = IdentityMemo()
+
+
+def each_message_features(messages: Iterable[Message]) -> list[tuple[int, ...]]:
+    """``message_features`` of each message, in order."""
+    return _FEATURES.get_each(messages, _features)
 
 
 def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contextsvc.core.legal import repair
+from contextsvc.core.legal import is_legal_as_is, repair
 from contextsvc.core.messages import Flags, Message, Role
 
 
@@ -125,14 +125,21 @@ def build_view(
     if incoming is not None:
         conversation.append(incoming)
 
-    kept = repair(conversation)
-    kept_rows = {i for i, _ in kept}
-    dropped[:0] = [m for i, m in enumerate(conversation) if i not in kept_rows]
-    trimmed = [conversation[i] for i, m in kept if m is not conversation[i]]
-    incoming_index = len(conversation) - 1 if incoming is not None else -1
-    for i, m in kept:
-        messages.append(m)
-        segments.append(Segment.INCOMING if i == incoming_index else _segment_of(m))
+    trimmed: list[Message] = []
+    if is_legal_as_is(conversation):  # nearly always: every row kept as it is
+        messages += conversation
+        segments += map(_segment_of, conversation)
+        if incoming is not None:
+            segments[-1] = Segment.INCOMING
+    else:
+        kept = repair(conversation)
+        kept_rows = {i for i, _ in kept}
+        dropped[:0] = [m for i, m in enumerate(conversation) if i not in kept_rows]
+        trimmed = [conversation[i] for i, m in kept if m is not conversation[i]]
+        incoming_index = len(conversation) - 1 if incoming is not None else -1
+        for i, m in kept:
+            messages.append(m)
+            segments.append(Segment.INCOMING if i == incoming_index else _segment_of(m))
     return View(messages=tuple(messages), segments=tuple(segments), dropped=tuple(dropped), trimmed=tuple(trimmed))
 
 

@@ -141,6 +141,8 @@ def budget_images(
     ``text_tokens`` is the view's text estimate (the notices add a few tokens: re-estimate).
     """
     budget = image_budget(window, text_tokens, fraction) if vision else 0
+    if not any(m.images for m in messages):
+        return ImagePlan(list(messages), (), (), (), budget)  # most views: nothing to budget
     remaining = budget
     keep: set[tuple[int, int]] = set()  # (message index, image index)
     for i in range(len(messages) - 1, -1, -1):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation, lower_bound, margin_base
@@ -23,8 +24,10 @@ from contextsvc.core.tokens import (
     ExactCounter,
     TextCounter,
     TokenEstimate,
+    each_message_features,
     estimate,
     estimate_segments,
+    features_size,
     image_tokens_of,
     messages_chars,
     messages_features,
@@ -40,13 +43,13 @@ from contextsvc.errors import InvalidArgument, NotFound
 from contextsvc.ports import Clock, EventBus, SessionStore, ViewRecord
 
 
-@dataclass(slots=True, frozen=True)
-class ViewMessage:
+class ViewMessage(NamedTuple):
     """One message of a built view; images carry their bytes so the runtime can send them.
 
     ``stored`` says the message is the stored row itself, unchanged by the view (not cut, no
     image left out, not the prompt or the incoming message): the API adapter may then send the
-    encoding it keeps for that row instead of encoding it again.
+    encoding it keeps for that row instead of encoding it again. A named tuple, not a frozen
+    dataclass: a view makes one per row, and a tuple is made several times faster.
     """
 
     message: Message
@@ -109,6 +112,40 @@ def _additive(counter: TextCounter) -> bool:
     return isinstance(counter, CalibratedCounter) and min(counter.calibration.weights, default=0.0) >= 0
 
 
+#: A view segment's place among ``estimate_segments``' parts.
+_SEGMENT_PARTS = {
+    Segment.SYSTEM: 0,
+    Segment.RECORDS: 1,
+    Segment.SUMMARIES: 2,
+    Segment.PINNED: 3,
+    Segment.MESSAGES: 4,
+    Segment.INCOMING: 5,
+}
+
+
+def _column_sums(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """``messages_features`` of messages whose own features are ``features`` (a message's own
+    count of whole views is 0, so the sum's is too)."""
+    if len(features) == 1:
+        return features[0]
+    return tuple([sum(column) for column in zip(*features, strict=True)]) if features else (0,) * N_FEATURES
+
+
+def _parts_of(
+    rows: list[Message], segments: Sequence[Segment]
+) -> tuple[str, list[Message], list[Message], list[Message]]:
+    """The view's rows as ``estimate``'s parts: the system prompt's text, the records, the
+    conversation, the incoming message. ``build_view`` orders them so: the prompt first, then
+    the records, the conversation, and the incoming message last."""
+    n = len(rows)
+    first = 1 if n and segments[0] is Segment.SYSTEM else 0
+    lead = first
+    while lead < n and segments[lead] is Segment.RECORDS:
+        lead += 1
+    tail = n - 1 if n > lead and segments[-1] is Segment.INCOMING else n
+    return (rows[0].content if first else "", rows[first:lead], rows[lead:tail], rows[tail:])
+
+
 def _as_view(rows: Sequence[int]) -> tuple[float, ...]:
     """``messages_features(rows, views=1)`` as floats, from the rows' ``messages_features``."""
     return tuple(float(x) for x in (*rows[:VIEW], 1, *rows[VIEW + 1 :]))
@@ -157,11 +194,23 @@ class _Sums:
     segments: tuple[tuple[int, ...] | None, ...]
 
     @staticmethod
-    def of(rows: Sequence[Message], parts: tuple[str, list[Message], list[Message], list[Message]]) -> _Sums:
-        return _Sums(
-            rows=messages_features(rows),
-            segments=tuple(messages_features(part) if part else None for part in estimate_segments(*parts)),
-        )
+    def of_rows(features: Sequence[tuple[int, ...]], segments: Sequence[Segment], total: tuple[int, ...]) -> _Sums:
+        """``of`` for rows that are a view's messages, from each row's ``message_features`` and
+        their sum ``total``: a row's view segment is the part ``estimate_segments`` prices it in."""
+        parts: list[list[tuple[int, ...]]] = [[] for _ in _SEGMENT_PARTS]
+        # Only the few rows outside the plain conversation (the prompt, records, summaries,
+        # pinned rows, the incoming message) are summed one by one; the conversation's plain
+        # rows are what is left of the total (integers: exactly their sum).
+        for i in [i for i, seg in enumerate(segments) if seg is not Segment.MESSAGES]:
+            parts[_SEGMENT_PARTS[segments[i]]].append(features[i])
+        sums = [_column_sums(part) if part else None for part in parts]
+        if len(segments) > sum(map(len, parts)):
+            rest = list(total)
+            for x in sums:
+                if x is not None:
+                    rest = [a - b for a, b in zip(rest, x, strict=True)]
+            sums[_SEGMENT_PARTS[Segment.MESSAGES]] = tuple(rest)
+        return _Sums(rows=total, segments=tuple(sums))
 
     def extended(self, added: Sequence[Message], features: tuple[int, ...]) -> _Sums:
         """The sums once ``added`` (whose ``messages_features`` are ``features``) join the
@@ -385,17 +434,35 @@ class ViewService:
         rows: list[Message] = []
         truncated: list[bool] = []
         notices: list[str] = []
+        # A calibrated counter prices features: each row's are read once here, and the whole
+        # count, the segment sums and the size all come from them (sums of integers: the same
+        # figures as a pass over the rows for each).
+        features = total = None
+        if isinstance(counter, CalibratedCounter):
+            features = each_message_features(view.messages)
+            total = _column_sums(features)
         # When the whole view fits one message's budget, no message alone can exceed it (counts
         # are sums of non-negative per-message parts): one count instead of one per message.
-        whole = counter.count_messages(view.messages) if _additive(counter) else None
+        whole = None
+        if _additive(counter):
+            whole = (
+                counter.count_features(total)
+                if isinstance(counter, CalibratedCounter) and total is not None
+                else counter.count_messages(view.messages)
+            )
         whole_fits = whole is not None and whole <= budget
-        for m, seg in zip(view.messages, view.segments, strict=True):
-            cut = m if seg is Segment.SYSTEM or whole_fits else truncate_for_view(m, budget, counter)
-            rows.append(cut)
-            truncated.append(cut is not m)
-            if cut is not m:
-                where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
-                notices.append(f"{where} was cut to fit the per-message budget of {budget} tokens")
+        any_images = any(m.images for m in view.messages)
+        if whole_fits:
+            rows = list(view.messages)
+            truncated = [False] * len(rows)
+        else:
+            for m, seg in zip(view.messages, view.segments, strict=True):
+                cut = m if seg is Segment.SYSTEM else truncate_for_view(m, budget, counter)
+                rows.append(cut)
+                truncated.append(cut is not m)
+                if cut is not m:
+                    where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
+                    notices.append(f"{where} was cut to fit the per-message budget of {budget} tokens")
         # Nothing was cut when the whole fitted: the rows are the view's messages, already counted.
         text_tokens = (whole if whole_fits and whole is not None else counter.count_messages(rows)) + counter.overhead
         plan = budget_images(
@@ -411,39 +478,32 @@ class ViewService:
         rows = plan.messages
         notices.extend(plan.notices)
         segments = list(view.segments)
-        by_segment: dict[Segment, list[Message]] = {s: [] for s in Segment}
-        for m, seg in zip(rows, segments, strict=True):
-            by_segment[seg].append(m)
-        parts = (
-            by_segment[Segment.SYSTEM][0].content if by_segment[Segment.SYSTEM] else "",
-            by_segment[Segment.RECORDS],
-            [
-                m
-                for m, seg in zip(rows, segments, strict=True)
-                if seg not in (Segment.SYSTEM, Segment.RECORDS, Segment.INCOMING)
-            ],
-            by_segment[Segment.INCOMING],
-        )
+        parts = _parts_of(rows, segments)
         # Re-priceable (``_repriced``): the whole view fitted the per-message budget, so nothing
         # was cut, and no message carries an image (the image budget changed nothing).
-        repriceable = whole_fits and not any(m.images for m in view.messages)
-        sums = _Sums.of(rows, parts) if repriceable and isinstance(counter, CalibratedCounter) else None
+        repriceable = whole_fits and not any_images
+        # Re-priceable rows are the view's messages themselves (nothing cut, no image left out).
+        sums = None
+        if repriceable and features is not None and total is not None:
+            sums = _Sums.of_rows(features, view.segments, total)
         est = self._estimate(profile, parts, state, counter, sums)
-        had_images = any(m.images for m in rows)
+        had_images = any_images and any(m.images for m in rows)
         plain = None
         if not had_images:
+            # A row is the stored one when it is the very object the store gave (a cut, a
+            # repaired copy, the prompt and the incoming message are new objects).
             stored_rows = {id(m) for m in context}
-            plain = [
-                ViewMessage(message=m, image_data=(), truncated=cut, stored=not cut and id(m) in stored_rows)
-                for m, cut in zip(rows, truncated, strict=True)
-            ]
+            stored = map(stored_rows.__contains__, map(id, rows))
+            plain = list(
+                map(ViewMessage._make, zip(rows, itertools.repeat((), len(rows)), truncated, stored, strict=True))
+            )
         return Assembled(
             rows=rows,
             segments=segments,
             truncated=truncated,
             estimate=est,
             notices=notices,
-            chars=messages_chars(rows),
+            chars=features_size(sums.rows) if sums is not None else messages_chars(rows),
             features=_as_view(sums.rows)
             if sums is not None
             else tuple(float(x) for x in messages_features(rows, views=1)),

@@ -360,7 +360,9 @@ def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> Non
     from hypothesis import settings as hsettings
     from hypothesis import strategies as st
 
-    from contextsvc.core.tokens import CalibratedCounter
+    from contextsvc.core.tokens import CalibratedCounter, estimate_segments, messages_chars, messages_features
+    from contextsvc.core.view import Segment
+    from contextsvc.engine.views import _parts_of
 
     @hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(_row_batches(), st.sampled_from([0, 900]))
@@ -402,6 +404,24 @@ def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> Non
                     fresh.had_images,
                     fresh.parts,
                 )
+                # The fresh assembly reads each row's features once and sums them: the same
+                # figures as a pass over the rows for each sum.
+                assert fresh.chars == messages_chars(fresh.rows)
+                by = {s: [m for m, seg in zip(fresh.rows, fresh.segments, strict=True) if seg is s] for s in Segment}
+                conversation = [
+                    m
+                    for m, seg in zip(fresh.rows, fresh.segments, strict=True)
+                    if seg not in (Segment.SYSTEM, Segment.RECORDS, Segment.INCOMING)
+                ]
+                system = by[Segment.SYSTEM][0].content if by[Segment.SYSTEM] else ""
+                parts = (system, by[Segment.RECORDS], conversation, by[Segment.INCOMING])
+                assert _parts_of(fresh.rows, fresh.segments) == parts
+                if fresh.sums is not None:
+                    assert fresh.parts is not None
+                    assert fresh.sums.rows == messages_features(fresh.rows)
+                    assert fresh.sums.segments == tuple(
+                        messages_features(part) if part else None for part in estimate_segments(*fresh.parts)
+                    )
             await engine.close()
 
         asyncio.run(run())

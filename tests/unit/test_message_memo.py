@@ -50,3 +50,18 @@ def test_message_size_is_the_measure_of_its_parts() -> None:
     assert message_size(m) == _measure(m) == message_size(m)
     flagged = m.with_flags(is_pinned=True)
     assert message_size(flagged) == _measure(m)
+
+
+def test_get_each_is_get_for_every_message_in_order() -> None:
+    memo: IdentityMemo[int] = IdentityMemo()
+    calls: list[Message] = []
+
+    def compute(m: Message) -> int:
+        calls.append(m)
+        return len(m.content)
+
+    rows = [Message(role=Role.USER, content="x" * i) for i in range(5)]
+    assert memo.get(rows[2], compute) == 2  # one already known
+    assert memo.get_each([*rows, rows[0]], compute) == [0, 1, 2, 3, 4, 0]
+    assert calls == [rows[2], rows[0], rows[1], rows[3], rows[4]]  # each computed once
+    assert memo.get_each(rows, compute) == [0, 1, 2, 3, 4] and len(calls) == 5
