@@ -340,7 +340,12 @@ class PostgresSettings(BaseModel):
     acquire_timeout_seconds: float = Field(10.0, gt=0)
     #: appends run on at most this many pooled connections, each kept while appends wait
     #: (``stores/postgres/lanes.py``: no acquire and release per append); capped by pool_max_size.
-    append_lanes: int = Field(8, ge=1)
+    #: Two suffice since appends waiting together commit together (``append_group_max``), and
+    #: fewer lanes make fuller batches: less server CPU per append (bench/RESULTS.md, round 9).
+    append_lanes: int = Field(2, ge=1)
+    #: appends publishing their event that wait for a lane together run in one transaction, at
+    #: most this many (one commit and one WAL flush for all; 1 = each its own; ``lanes.Group``).
+    append_group_max: int = Field(32, ge=1)
     #: server-side statement_timeout for every pooled connection (0 = none).
     statement_timeout_ms: int = Field(30_000, ge=0)
     #: how long open() waits for another process's migrations (advisory lock).

@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from contextsvc.stores.postgres.lanes import StatementLanes
+from contextsvc.stores.postgres.lanes import Group, StatementLanes
 
 
 class _Pool:
@@ -154,5 +154,118 @@ def test_a_cancelled_caller_never_cancels_its_statement() -> None:
         while pool.tasks:
             await asyncio.wait(set(pool.tasks))
         assert done == ["committed"]
+
+    asyncio.run(scenario())
+
+
+class _Many:
+    """A ``Group``'s ``run_many``: records its batches; fails a batch holding a "bad" item."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    async def __call__(self, conn: int, items: list[str]) -> list[str]:
+        self.batches.append(list(items))
+        await asyncio.sleep(0)
+        if "bad" in items:
+            raise asyncpg.CheckViolationError("one statement of the batch failed")
+        return [f"{item}@{conn}" for item in items]
+
+
+def _alone(item: str) -> Any:
+    async def run(conn: int) -> str:
+        if item == "bad":
+            raise asyncpg.CheckViolationError("bad alone")
+        return f"{item} alone"
+
+    return run
+
+
+def test_statements_waiting_together_run_as_one_batch_in_order_at_most_max_size() -> None:
+    async def scenario() -> None:
+        pool, many = _Pool(), _Many()
+        lanes = _lanes(pool, 1)
+        group = Group(many, max_size=4)
+        items = [f"a{i}" for i in range(10)]
+        results = await asyncio.gather(*(lanes.run(_alone(i), group, i) for i in items))
+        assert results == [f"{i}@1" for i in items]  # each caller its own statement's result
+        assert many.batches == [items[0:4], items[4:8], items[8:10]]
+        assert (group.batches, group.grouped, group.failed) == (3, 10, 0)
+        assert await lanes.run(_alone("lone"), group, "lone") == "lone alone"  # nobody waits behind it
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_stops_at_a_statement_of_another_group() -> None:
+    async def scenario() -> None:
+        pool, many = _Pool(), _Many()
+        lanes = _lanes(pool, 1)
+        group = Group(many, max_size=32)
+
+        async def plain(conn: int) -> str:
+            return "plain"
+
+        calls = [lanes.run(_alone("a"), group, "a"), lanes.run(_alone("b"), group, "b"), lanes.run(plain)]
+        calls += [lanes.run(_alone("c"), group, "c"), lanes.run(_alone("d"), group, "d")]
+        assert await asyncio.gather(*calls) == ["a@1", "b@1", "plain", "c@1", "d@1"]
+        assert many.batches == [["a", "b"], ["c", "d"]]  # first come, first served across groups
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_batch_runs_each_statement_alone_each_caller_its_own_outcome() -> None:
+    async def scenario() -> None:
+        pool, many = _Pool(), _Many()
+        lanes = _lanes(pool, 1)
+        group = Group(many, max_size=32)
+        outcomes = await asyncio.gather(
+            *(lanes.run(_alone(i), group, i) for i in ("a", "bad", "c")), return_exceptions=True
+        )
+        assert outcomes[0] == "a alone" and outcomes[2] == "c alone"
+        assert isinstance(outcomes[1], asyncpg.CheckViolationError) and str(outcomes[1]) == "bad alone"
+        assert (group.batches, group.failed) == (0, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_dying_under_a_batch_fails_the_batch_and_the_rest_get_another() -> None:
+    async def scenario() -> None:
+        pool = _Pool()
+        lanes = _lanes(pool, 1)
+
+        async def dies(conn: int, items: list[str]) -> list[str]:
+            if conn == 1:
+                raise asyncpg.ConnectionDoesNotExistError("gone")
+            return [f"{item}@{conn}" for item in items]
+
+        group = Group(dies, max_size=2)
+        outcomes = await asyncio.gather(
+            *(lanes.run(_alone(i), group, i) for i in ("a", "b", "c", "d")), return_exceptions=True
+        )
+        assert all(isinstance(o, asyncpg.ConnectionDoesNotExistError) for o in outcomes[:2])
+        assert outcomes[2:] == ["c@2", "d@2"]
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_dying_while_a_failed_batch_reruns_fails_the_rest_of_it() -> None:
+    async def scenario() -> None:
+        pool, many = _Pool(), _Many()
+        lanes = _lanes(pool, 1)
+        group = Group(many, max_size=8)
+
+        def alone(item: str) -> Any:
+            async def run(conn: int) -> str:
+                if item == "bad":
+                    raise asyncpg.ConnectionDoesNotExistError("gone")
+                return f"{item} alone@{conn}"
+
+            return run
+
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(lanes.run(alone(i), group, i) for i in ("a", "bad", "c")), return_exceptions=True), 5
+        )
+        assert outcomes[0] == "a alone@1"
+        assert all(isinstance(o, asyncpg.ConnectionDoesNotExistError) for o in outcomes[1:])  # none left waiting
 
     asyncio.run(scenario())

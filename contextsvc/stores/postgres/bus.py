@@ -16,9 +16,11 @@ Fan-out (issue #15 item 6): watchers do not query per notification. Each bus run
 woken by a notification, a local publish, a reconnect or the poll, it fetches every event after
 the newest it holds (one query per wake per replica, whatever the number of watchers) into a
 bounded in-memory window (``postgres.event_fanout_events``) and wakes the watchers, which filter
-that window in process (session, owner) as the SQL did. The window is a contiguous range of ids
-(``_floor``, ``_head``]; a watcher positioned before it (a resume from an older id, or one that
-fell behind while the feed could not read) reads the table itself until it reaches the window.
+that window in process (session, owner) as the SQL did. While no watcher is registered on the
+replica the feed idles (no query per append or notification) and drops its window. The window
+is a contiguous range of ids (``_floor``, ``_head``]; a watcher positioned before it (a resume
+from an older id, or one that fell behind while the feed could not read) reads the table itself
+until it reaches the window.
 """
 
 from __future__ import annotations
@@ -223,12 +225,19 @@ class PostgresEventBus:
             self._listener = asyncio.get_running_loop().create_task(self._listen(), name="pg-event-listener")
         if self._feed is None or self._feed.done():
             self._feed = asyncio.get_running_loop().create_task(self._run_feed(), name="pg-event-feed")
+        else:
+            self._feed_wake.set()  # an idle feed starts reading again
 
     def _unregister(self, subscription: _Subscription) -> None:
         self._subscriptions.discard(subscription)
+        if not self._subscriptions:
+            self._feed_wake.set()  # the feed lets its window go and idles
 
     def _wake_all(self) -> None:
-        """Something may have been committed: the feed reads it once for every watcher."""
+        """Something may have been committed: the feed reads it once for every watcher. Nobody
+        watching on this replica: nothing to read (appends and notifications cost no query)."""
+        if not self._subscriptions:
+            return
         if self._feed is not None and not self._feed.done():
             self._feed_wake.set()
         else:
@@ -247,6 +256,14 @@ class PostgresEventBus:
         while not self._closed:
             await self._feed_wake.wait()
             self._feed_wake.clear()
+            if not self._subscriptions:
+                # Idle: no window to keep up to date. The next watcher starts it from "now"
+                # (one it would cover can read the table meanwhile: ``_from_window`` gives None).
+                self._feed_ok = False
+                self._head = self._floor = None
+                self._window.clear()
+                self._window_ids.clear()
+                continue
             try:
                 if self._head is None:
                     self._head = self._floor = await self._current_id()

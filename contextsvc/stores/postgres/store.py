@@ -53,7 +53,7 @@ from contextsvc.stores._base import (
 from contextsvc.stores._session import utc
 from contextsvc.stores.postgres.bus import PUBLISH_LOCK, PostgresEventBus
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
-from contextsvc.stores.postgres.lanes import StatementLanes
+from contextsvc.stores.postgres.lanes import Group, StatementLanes
 from contextsvc.stores.postgres.pool import migrate_database, open_lock_pool, open_pool, pooled
 from contextsvc.stores.postgres.rows import (
     append_columns,
@@ -103,6 +103,8 @@ class PostgresStore:
         #: appends run on a few connections kept while appends wait (``lanes.py``).
         lanes = min(self._pg.append_lanes, self._pg.pool_max_size)
         self._append_lanes = StatementLanes(self._connection, lanes, self._track)
+        #: appends publishing their event that wait together commit together (``_append_many``).
+        self._append_group = Group(self._append_many, self._pg.append_group_max)
         #: the event buses made on this store's pool (``make_event_bus``): appends may publish for them.
         self._buses: weakref.WeakSet[PostgresEventBus] = weakref.WeakSet()
 
@@ -566,35 +568,81 @@ class PostgresStore:
             sql = _APPEND_PUBLISH_SQL
             args = (*args, PUBLISH_LOCK, event.kind, dict(event.payload), self._pg.event_channel)
 
-        async def work(conn: Any) -> AppendResult:
+        async def work(conn: Any) -> Any:
             try:
-                row = await conn.fetchrow(sql, *args)
+                return await conn.fetchrow(sql, *args)
             except asyncpg.UniqueViolationError as exc:
                 if not request_id or exc.constraint_name != "append_requests_pkey":
                     raise
-                row = await conn.fetchrow(sql, *args)  # the twin committed: a replay now
-            if row is None or not caller.may_read(row["user_id"]):
-                raise session_not_found(session_id)
-            if row["profile_changed"]:
-                raise SessionProfileChanged(session_id)
-            prior = row["prior_numbers"]
-            if prior is not None:
-                stored = row["prior_fingerprint"] or ""
-                if stored and request_fingerprint and stored != request_fingerprint:
-                    raise RequestIdReused(request_id)
-                return AppendResult(list(prior), self._info(row), replayed=True)
-            last = row["last_sequence"]
-            event_id = row["event_id"] or 0
-            return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row), event_id=event_id)
+                return await conn.fetchrow(sql, *args)  # the twin committed: a replay now
 
         if self._pool is None:
             raise Unavailable("PostgreSQL store is not open")
         with pg_errors("append_messages"):
-            result = await self._append_lanes.run(work)
-        if result.event_id:
+            if event is not None and self._append_group.max_size > 1:
+                row = await self._append_lanes.run(work, self._append_group, args)
+            else:
+                row = await self._append_lanes.run(work)
+        if row is None or not caller.may_read(row["user_id"]):
+            raise session_not_found(session_id)
+        if row["profile_changed"]:
+            raise SessionProfileChanged(session_id)
+        prior = row["prior_numbers"]
+        if prior is not None:
+            stored = row["prior_fingerprint"] or ""
+            if stored and request_fingerprint and stored != request_fingerprint:
+                raise RequestIdReused(request_id)
+            return AppendResult(list(prior), self._info(row), replayed=True)
+        last = row["last_sequence"]
+        event_id = row["event_id"] or 0
+        if event_id:
             for bus in list(self._buses):
                 bus.committed()
-        return result
+        return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row), event_id=event_id)
+
+    async def _append_many(self, conn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
+        """Appends publishing their events (``_APPEND_PUBLISH_SQL`` arguments), in one transaction
+        and one round trip (``_APPEND_GROUP_SQL``): one commit, one WAL flush for all of them.
+
+        The first statement only locks every session row of the batch, in session id order; the
+        appends then never wait for a row while one of them holds the bus's publish lock (each
+        takes it after its row, as a lone append does, and keeps it to the commit). So batches
+        and lone appends cannot deadlock: row locks are taken in one order, and whoever holds
+        the publish lock waits for nothing but PostgreSQL. Event ids are drawn under that lock
+        and committed together, so readers still see a gap-free prefix."""
+        lock_rows: tuple[Any, ...] = (
+            "",
+            "",
+            0,
+            0,
+            0,
+            0,
+            None,
+            items[0][7],
+            "",
+            False,
+            None,
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            None,
+        )
+        first: tuple[Any, ...] = (
+            *lock_rows,
+            PUBLISH_LOCK,
+            "",
+            {},
+            self._pg.event_channel,
+            sorted({i[0] for i in items}),
+        )
+        rows = await conn.fetchmany(_APPEND_GROUP_SQL, [first, *((*i, _NO_ROWS) for i in items)])
+        # One row per statement (``_APPEND_GROUP_SQL`` pads an empty result with NULLs).
+        return [None if r["session_id"] is None else r for r in rows[1:]]
 
     async def list_messages(
         self,
@@ -1159,7 +1207,7 @@ _APPEND_SQL = _APPEND_CTES + _APPEND_RESULT.format(event="NULL::bigint")
 # appends to a locked session never hold it while they wait) comes before the event's id is drawn
 # and is released by the commit that makes the event visible with the rows. No row in ``upd``
 # (a replay, another profile, an unknown session): no lock, no event.
-_APPEND_PUBLISH_SQL = (
+_APPEND_PUBLISH_CTES = (
     _APPEND_CTES
     + """,
 locked AS (SELECT pg_advisory_xact_lock($21) FROM upd),
@@ -1175,7 +1223,25 @@ published AS (
     RETURNING event_id
 )
 """
-    + _APPEND_RESULT.format(event="(SELECT e.event_id FROM published e, pg_notify($24, e.event_id::text))")
+)
+_APPEND_PUBLISH_RESULT = _APPEND_RESULT.format(
+    event="(SELECT e.event_id FROM published e, pg_notify($24, e.event_id::text))"
+)
+_APPEND_PUBLISH_SQL = _APPEND_PUBLISH_CTES + _APPEND_PUBLISH_RESULT
+# Appends of a batch in one transaction (``PostgresStore._append_many``, run by asyncpg's
+# ``fetchmany``: one round trip, one commit). The same statement, plus $25: the session ids whose
+# rows it locks first, in id order (the batch's first statement, an append to no session, passes
+# all of them; every append passes none). Exactly one row per statement: an empty result is
+# padded with NULLs, so the rows line up with the statements.
+_NO_ROWS: list[str] = []
+_APPEND_GROUP_SQL = (
+    _APPEND_PUBLISH_CTES
+    + """,
+grp AS (SELECT 1 FROM sessions WHERE session_id = ANY($25::text[]) ORDER BY session_id FOR UPDATE)
+SELECT r.* FROM (SELECT count(*) FROM grp) AS g(n) LEFT JOIN (
+"""
+    + _APPEND_PUBLISH_RESULT
+    + ") AS r ON true"
 )
 
 
