@@ -53,7 +53,7 @@ def repair(messages: Sequence[Message]) -> list[tuple[int, Message]]:
 
     A message is the input object itself unless the repair removed some of its tool calls.
     """
-    if is_legal_as_is(messages):
+    if is_legal(messages):
         return list(enumerate(messages))  # a legal sequence comes back unchanged
     return _repair(messages)
 
@@ -83,12 +83,7 @@ def legal_view(messages: Sequence[Message]) -> list[Message]:
 
 
 def is_legal(messages: Sequence[Message]) -> bool:
-    """True when ``legal_view`` would return ``messages`` unchanged."""
-    return is_legal_as_is(messages)
-
-
-def is_legal_as_is(messages: Sequence[Message]) -> bool:
-    """Whether the repair would keep every row as it is, in one pass and without building the
+    """True when ``legal_view`` would return ``messages`` unchanged: one pass, without building the
     context's shape: stored contexts are legal nearly always, and a view assembled from scratch
     checks them every time. The rules are the module docstring's, read as "nothing to repair"."""
     # Enum members bound to locals: ``Role.USER`` is a class attribute lookup that costs several

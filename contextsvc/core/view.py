@@ -27,7 +27,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contextsvc.core.legal import is_legal_as_is, repair
+from contextsvc.core.legal import is_legal, repair
 from contextsvc.core.messages import Flags, Message, Role
 
 
@@ -124,7 +124,7 @@ def build_view(
         conversation.append(incoming)
 
     trimmed: list[Message] = []
-    if is_legal_as_is(conversation):  # nearly always: every row kept as it is
+    if is_legal(conversation):  # nearly always: every row kept as it is
         messages += conversation
         segments += map(_segment_of, conversation)
         if incoming is not None:

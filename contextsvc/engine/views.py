@@ -7,7 +7,7 @@ import itertools
 import math
 import os
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -438,19 +438,18 @@ class ViewService:
         # A calibrated counter prices features: each row's are read once here, and the whole
         # count, the segment sums and the size all come from them (sums of integers: the same
         # figures as a pass over the rows for each).
-        features = total = None
+        # When the whole view fits one message's budget, no message alone can exceed it (counts
+        # are sums of non-negative per-message parts): one count instead of one per message.
+        features: list[tuple[int, ...]] | None = None
+        total: tuple[int, ...] = ()
+        whole = None
         if isinstance(counter, CalibratedCounter):
             features = each_message_features(view.messages)
             total = _column_sums(features)
-        # When the whole view fits one message's budget, no message alone can exceed it (counts
-        # are sums of non-negative per-message parts): one count instead of one per message.
-        whole = None
-        if _additive(counter):
-            whole = (
-                counter.count_features(total)
-                if isinstance(counter, CalibratedCounter) and total is not None
-                else counter.count_messages(view.messages)
-            )
+            if _additive(counter):
+                whole = counter.count_features(total)
+        elif _additive(counter):
+            whole = counter.count_messages(view.messages)
         whole_fits = whole is not None and whole <= budget
         any_images = any(m.images for m in view.messages)
         if whole_fits:
@@ -485,7 +484,7 @@ class ViewService:
         repriceable = whole_fits and not any_images
         # Re-priceable rows are the view's messages themselves (nothing cut, no image left out).
         sums = None
-        if repriceable and features is not None and total is not None:
+        if repriceable and features is not None:
             sums = _Sums.of_rows(features, view.segments, total)
         est = self._estimate(profile, parts, state, counter, sums)
         had_images = any_images and any(m.images for m in rows)
@@ -493,14 +492,8 @@ class ViewService:
         if not had_images:
             # A row is the stored one when it is the very object the store gave (a cut, a
             # repaired copy, the prompt and the incoming message are new objects).
-            if whole_fits and not any_images and not view.trimmed:
-                # Every row is the view's message, and only the prompt and the incoming message
-                # were not given by the store.
-                outside = (Segment.SYSTEM, Segment.INCOMING)
-                stored: Iterable[bool] = [seg not in outside for seg in segments]
-            else:
-                stored_rows = {id(m) for m in context}
-                stored = map(stored_rows.__contains__, map(id, rows))
+            stored_rows = {id(m) for m in context}
+            stored = map(stored_rows.__contains__, map(id, rows))
             plain = list(
                 map(ViewMessage._make, zip(rows, itertools.repeat((), len(rows)), truncated, stored, strict=True))
             )

@@ -20,13 +20,11 @@ from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import Principal
 from contextsvc.core.sizing import text_size
-from contextsvc.engine.engine import Engine
 from contextsvc.engine.validation import IncomingMessage, check_messages
 from contextsvc.errors import InvalidArgument
-from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
 from contextsvc.stores.postgres.rows import append_columns, dumps, stamped
-from contextsvc.summarizers.registry import build_summarizers
+from tests.support.engines import make_engine
 
 OWNER = Principal(user_id="u1")
 
@@ -94,13 +92,7 @@ def test_a_copy_keeps_what_was_measured_and_a_changed_text_does_not() -> None:
 
 def test_message_tokens_with_images_is_the_price_of_the_message_carrying_them() -> None:
     settings = Settings()
-    engine = Engine(
-        store=MemoryStore(settings),
-        bus=MemoryEventBus(retention=10),
-        settings=settings,
-        clock=SystemClock(),
-        summarizers=build_summarizers(settings),
-    )
+    engine = make_engine(MemoryStore(settings), settings, clock=SystemClock(), retention=10)
     acc = engine.accounting
     m = Message(role=Role.USER, content="look at this")
     images = (ImageRef(blob_id="a" * 64, width=640, height=480), ImageRef(blob_id="b" * 64))
@@ -117,13 +109,7 @@ def test_stored_rows_are_not_measured_again_at_the_first_build(monkeypatch: pyte
         settings = Settings()
         store = MemoryStore(settings)
         await store.open()
-        engine = Engine(
-            store=store,
-            bus=MemoryEventBus(retention=10),
-            settings=settings,
-            clock=SystemClock(),
-            summarizers=build_summarizers(settings),
-        )
+        engine = make_engine(store, settings, clock=SystemClock(), retention=10)
         session = await engine.sessions.create(OWNER, profile_id="", name="", metadata={})
         measured: list[str] = []
         real = tokens._features

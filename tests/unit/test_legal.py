@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contextsvc.core.legal import _repair, is_legal, is_legal_as_is, legal_suffix_start, legal_view, repair
+from contextsvc.core.legal import _repair, is_legal, legal_suffix_start, legal_view, repair
 from contextsvc.core.messages import ImageRef, Message, Role
 from tests.support.legal_oracle import legality_violations
 from tests.support.message_strategies import (
@@ -281,11 +281,11 @@ def test_legal_suffix_is_the_first_legal_tail(rows: list[Message], data: st.Data
 
 @given(message_sequences())
 def test_the_one_pass_check_agrees_with_the_full_repair(rows: list[Message]) -> None:
-    """``repair`` skips its full pass when ``is_legal_as_is`` says nothing needs repair: that
+    """``repair`` skips its full pass when ``is_legal`` says nothing needs repair: that
     must be exactly when the full repair would return every row as it is."""
     full = _repair(rows)
     unchanged = len(full) == len(rows) and all(m is rows[i] for i, m in full)
-    assert is_legal_as_is(rows) == unchanged
+    assert is_legal(rows) == unchanged
     again = repair(rows)
     assert again == full
     assert all((a is rows[i]) == (b is rows[i]) for (i, a), (_, b) in zip(again, full, strict=True))
@@ -293,5 +293,5 @@ def test_the_one_pass_check_agrees_with_the_full_repair(rows: list[Message]) -> 
 
 @given(well_formed_conversations())
 def test_well_formed_conversations_take_the_one_pass_check(rows: list[Message]) -> None:
-    assert is_legal_as_is(rows)
+    assert is_legal(rows)
     assert [m for _, m in repair(rows)] == rows
