@@ -14,11 +14,6 @@ from contextsvc.core.messages import ImageRef, Message
 from contextsvc.core.tokens import TextCounter, counter_for, image_tokens_of
 from contextsvc.ports import SessionStore
 
-#: A loop iteration that took less CPU than this (seconds, the loop thread's own CPU time, so a
-#: preempted process does not look busy) ran nothing else of note: the server is idle and a
-#: baseline refits at once (an empty iteration costs ~10-50 µs here; one request's work ~1 ms).
-_IDLE_ITERATION = 0.0002
-
 
 class TokenAccounting:
     """Prices messages for a model. Observations live in the store, so every replica (and a
@@ -85,7 +80,7 @@ class TokenAccounting:
         if gate is not None:
             await gate.wait()
             return
-        if time.thread_time() - began < _IDLE_ITERATION:
+        if time.thread_time() - began < self._tokens.calibration_idle_iteration_seconds:
             return
         gate = self._gathering[model] = asyncio.Event()
         try:
