@@ -27,7 +27,7 @@ import threading
 import zlib
 from dataclasses import dataclass
 
-from contextsvc.core import _cjk_costs, _cyrillic_costs
+from contextsvc.core import _cjk_costs
 from contextsvc.core.lazy_re import lazy_global
 
 __all__ = [
@@ -539,11 +539,14 @@ _RANKS_LOCK = threading.Lock()
 
 
 def _cyrillic_ranks() -> list[dict[str, int]]:
-    """Per family (``CYRILLIC_FAMILIES`` order), its Cyrillic tokens -> merge rank: unpacked at the
-    first Cyrillic piece a process measures (~20k tokens), so a start-up that meets none pays nothing."""
+    """Per family (``CYRILLIC_FAMILIES`` order), its Cyrillic tokens -> merge rank: imported and
+    unpacked at the first Cyrillic piece a process measures (~21k tokens, ~15 ms), so a start-up
+    that meets none pays nothing."""
     if not _CYRILLIC_RANKS:
         with _RANKS_LOCK:
             if not _CYRILLIC_RANKS:
+                from contextsvc.core import _cyrillic_costs  # 117 KB of source: imported when first needed
+
                 tables = []
                 for family in CYRILLIC_FAMILIES:
                     raw = zlib.decompress(base64.b64decode(_cyrillic_costs.PACKED[family]))

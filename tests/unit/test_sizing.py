@@ -418,9 +418,10 @@ def test_family_units_are_deterministic_and_never_below_one_a_piece(text: str) -
 def test_text_without_cyrillic_never_unpacks_the_vocabularies() -> None:
     # The tables are unpacked at the first Cyrillic piece, so a process that sizes none pays nothing.
     code = (
+        "import sys\n"
         "from contextsvc.core import sizing\n"
         "sizing.feature_units('plain English text, code(x) and 数据')\n"
-        "assert not sizing._CYRILLIC_RANKS\n"
+        "assert not sizing._CYRILLIC_RANKS and 'contextsvc.core._cyrillic_costs' not in sys.modules\n"
         "sizing.feature_units(' слово')\n"
         "assert len(sizing._CYRILLIC_RANKS) == len(sizing.CYRILLIC_FAMILIES)\n"
     )
