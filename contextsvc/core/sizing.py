@@ -505,17 +505,19 @@ def feature_units(text: str) -> tuple[int, ...]:
         if hit is not None:
             return hit
     units = [0] * N_UNIT_COLUMNS
+    cyrillic: list[str] = []
     for k, piece in enumerate(_PIECE.findall(text)):
         split = _piece_split(piece) if k == 0 else _inner_split(piece)
         if len(split) == 1:
             c, u = split[0]
             units[c] += u
             if c == CYRILLIC:
-                for f, v in enumerate(_cyrillic_family_units(piece), N_CLASSES):
-                    units[f] += v
+                cyrillic.append(piece)
         else:
             for c, u in split:
                 units[c] += u
+    if cyrillic:  # the families' columns, summed column by column (``map``/``zip``/``sum``: no loop per piece)
+        units[N_CLASSES:] = map(sum, zip(*map(_cyrillic_family_units, cyrillic), strict=True))
     out = tuple(units)
     if len(text) >= _MEMO_MIN_CHARS:
         _CLASS_MEMO.put(text, out)
