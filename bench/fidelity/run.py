@@ -616,8 +616,10 @@ def diagnose_cyrillic(counted: dict[str, list[Counted]]) -> None:
     names = sorted(distinct)
     counts = count_real(names)
     alone = {p: {t: counts[t][i] for t in TOKENIZERS} for i, p in enumerate(names)}
+    own = {t: k for k, t in enumerate(sizing.CYRILLIC_FAMILIES)}
     measures = {
         "size units": lambda p, u, t: u,
+        "own column (sizing.feature_units)": lambda p, u, t: sizing._cyrillic_family_units(p)[own[t]],
         "own vocabulary alone": lambda p, u, t: alone[p][t],
         "mean of the four": lambda p, u, t: statistics.fmean(alone[p].values()),
         **{f"{v} for all": (lambda p, u, t, v=v: alone[p][v]) for v in TOKENIZERS},
@@ -627,7 +629,8 @@ def diagnose_cyrillic(counted: dict[str, list[Counted]]) -> None:
         cells = []
         for t in TOKENIZERS:
             w = np.array(PRIORS[t].weights)
-            rest = np.array([float(w @ x) - w[cyr] * x[cyr] for _, x, _ in outs])
+            cols = [cyr, *CYRILLIC_COLUMNS.values()]  # every Cyrillic column: the measure prices them
+            rest = np.array([float(w @ x) - sum(w[j] * x[j] for j in cols) for _, x, _ in outs])
             part = np.array([[sum(f(p, u, t) for p, u in ps)] for ps in found], dtype=float)
             real = np.array([r[t] for _, _, r in outs], dtype=float)
             e = _loo_scaled(rest, part, real)
