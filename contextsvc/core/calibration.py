@@ -6,7 +6,9 @@ What a view costs is modelled where the cost arises::
              + per_view * views
 
 ``units_c`` are the size units of each content class (``sizing.CLASSES``: words, identifiers,
-numbers, punctuation, whitespace, Cyrillic, CJK, other scripts); ``messages``/``tool_calls``
+numbers, punctuation, whitespace, Cyrillic, CJK, other scripts) and of each vocabulary family's
+own count of the Cyrillic pieces (``sizing.CYRILLIC_FAMILIES``: a measured family's prior prices
+its own column and not the shared Cyrillic class; ``default`` the other way round); ``messages``/``tool_calls``
 count the chat-template framing; ``views`` is 1 for a whole prompt (its reply primer) and 0 for
 a standalone message list, which is therefore never charged a view's overhead. One line with one
 intercept (the first version) priced a model's other content with the slope of the last one and
