@@ -8,6 +8,7 @@
     python bench/fidelity/run.py --diagnose-cjk # FIT split: where the Cyrillic/CJK error comes from
     python bench/fidelity/run.py --diagnose-cyrillic # FIT split: why Cyrillic views miss (units vs vocabularies)
     python bench/fidelity/run.py --diagnose-json # FIT split: the tail of JSON views, identifiers by shape
+    python bench/fidelity/run.py --split-half --sessions 30 # FIT split: feature variants, prior fitted on half
     python bench/fidelity/run.py --record      # and write them into bench/RESULTS.md (## Fidelity)
 
 Reuses bench/tokens (its npm tokenizers, its ChatML-like rendering and frame counts). A "model"
@@ -26,7 +27,7 @@ import random
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from run import FRAME_PER_MESSAGE, FRAME_PER_PROMPT, count_real, ensure_node_dep
 from contextsvc.config import TokenSettings  # noqa: E402
 from contextsvc.core.calibration import Calibration, Observation, fit, lower_bound, margin_base  # noqa: E402
 from contextsvc.core.messages import Message, Role  # noqa: E402
-from contextsvc.core.priors import FEATURES, N_CLASSES, N_FEATURES, VIEW  # noqa: E402
+from contextsvc.core.priors import CYRILLIC_COLUMNS, FEATURES, N_CLASSES, N_FEATURES, N_UNITS, VIEW  # noqa: E402
 from contextsvc.core.tokens import message_features, message_parts  # noqa: E402
 
 MODELS = {"o200k": "gpt-4o", "cl100k": "gpt-4", "llama3": "llama-3-8b", "claude": "claude-2"}
@@ -101,6 +102,21 @@ def features_of(msgs: Sequence[Message], *, view: bool) -> np.ndarray:
 # --- the prior (fit split only) -------------------------------------------------------------
 
 
+#: The shared Cyrillic class (what the ``default`` family prices Cyrillic text by).
+CYR = FEATURES.index("cyrillic")
+
+
+def columns(family: str) -> list[int]:
+    """Features a family's prior is fitted on (the per-view overhead is fixed, not fitted): a
+    measured family prices Cyrillic by its own column (``sizing.CYRILLIC_FAMILIES``), never by the
+    shared class or another family's column; ``default`` (any other name) by the shared class."""
+    skip = {VIEW, *CYRILLIC_COLUMNS.values()}
+    own = CYRILLIC_COLUMNS.get(family)
+    if own is not None:
+        skip = (skip - {own}) | {CYR}
+    return [j for j in range(N_FEATURES) if j not in skip]
+
+
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative least squares by active-set elimination (small problems)."""
     active = list(range(a.shape[1]))
@@ -126,19 +142,25 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     a = np.array(rows)
     used = [j for j in range(N_FEATURES) if a[:, j].any()]
     weights: dict[str, np.ndarray] = {}
+    # Each tokenizer twice: by the shared classes (what the default family is the middle of, and
+    # the lower bound the smallest of) and by its own Cyrillic column (its own prior).
+    shared: dict[str, np.ndarray] = {}
     for t in TOKENIZERS:
         y = np.array(ys[t], dtype=float)
         # Relative errors matter: weight each message by 1/tokens (rows scaled by 1/sqrt(y)).
         s = 1 / np.sqrt(np.maximum(y, 1))
-        w = np.zeros(N_FEATURES)
-        w[used] = nnls(a[:, used] * s[:, None], y * s)
-        w[VIEW] = FRAME_PER_PROMPT
-        for j in range(N_CLASSES):  # a class absent from the fit split keeps the median ratio
-            if j not in used or w[j] == 0:
-                w[j] = float(np.median([w[k] for k in range(N_CLASSES) if w[k] > 0]))
-        weights[t] = w
-    weights["default"] = np.exp(np.mean([np.log(np.maximum(weights[t], 1e-3)) for t in TOKENIZERS], axis=0))
+        for fam, out in ((t, weights), ("default", shared)):
+            cols = [j for j in columns(fam) if j in used]
+            w = np.zeros(N_FEATURES)
+            w[cols] = nnls(a[:, cols] * s[:, None], y * s)
+            w[VIEW] = FRAME_PER_PROMPT
+            for j in range(N_CLASSES):  # a class absent from the fit split keeps the median ratio
+                if j in columns(fam) and (j not in used or w[j] == 0):
+                    w[j] = float(np.median([w[k] for k in range(N_CLASSES) if w[k] > 0]))
+            out[t] = w
+    weights["default"] = np.exp(np.mean([np.log(np.maximum(shared[t], 1e-3)) for t in TOKENIZERS], axis=0))
     weights["default"][VIEW] = FRAME_PER_PROMPT
+    weights["default"][list(CYRILLIC_COLUMNS.values())] = 0.0
     # How far a fit may move each weight (the fit narrows it 5x unless its baselines clearly ask
     # for more: core/calibration.py, chosen by leave-one-category-out runs on the FIT split).
     known_sigma = tuple(KNOWN_SIGMA[f] for f in FEATURES)
@@ -147,10 +169,10 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     # baseline + delta estimate prices) lies above its price, out of sample: each category priced
     # with a prior fitted without it (leave one category out), so the figure is not in-sample.
     quantile = TokenSettings().margin_quantile
-    loco = _loco_step_errors(counted, weights, used)
+    loco = _loco_step_errors(counted, weights, shared)
     # A model of no known family, once its baselines showed a feature: the margin starts from how
     # far its next steps ran over their price after 1-8 baselines (leave one category out too).
-    fitted_default = cold_margins(_loco_unknown_steps(counted, used), quantile)[1]
+    fitted_default = cold_margins(_loco_unknown_steps(counted, shared), quantile)[1]
     lines = ["PRIORS: dict[str, Prior] = {"]
     for fam, w in weights.items():
         margin, per_feature = cold_margins(loco[fam], quantile)
@@ -169,8 +191,11 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     lines.append("}")
     # 3/4 of the cheapest vocabulary per class; overheads at the barest framing a template may use
     # (the bench's tool-call wrapper is verbose; a provider's may cost a couple of tokens).
-    low = np.min([weights[t] for t in TOKENIZERS], axis=0) * 0.75
-    low[N_CLASSES:] = (1.0, 2.0, 0.0)
+    # (The families' Cyrillic columns have none: the bound holds for every family at once, and
+    # the shared class's bound already covers the Cyrillic units.)
+    low = np.min([shared[t] for t in TOKENIZERS], axis=0) * 0.75
+    low[N_CLASSES:N_UNITS] = 0.0
+    low[N_UNITS:] = (1.0, 2.0, 0.0)
     lines.append("#: The smallest plausible tokens per unit of each feature over every vocabulary measured, with")
     lines.append("#: room below: a count under this is below what any tokenizer could have produced.")
     lines.append(f"LOWER_BOUND: tuple[float, ...] = ({', '.join(f'{v:.4f}' for v in low)})")
@@ -184,13 +209,20 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
 #: moved the per-message price by up to 15% on the text's own noise, and a list of short messages
 #: is mostly per-message framing. A template far off the prior still moves it: the fit widens every
 #: spread up to 5x when the baselines clearly ask for it (core/calibration.py).
+#: A family's own Cyrillic column has the spread the shared class had; a weight of 0 (the shared
+#: class and the other families' columns of a measured family) stays 0 whatever its spread (the
+#: fit moves each weight by a share of itself).
 KNOWN_SIGMA = {
     "word": 0.04, "ident": 0.08, "number": 0.08, "punct": 0.08, "space": 0.1, "cyrillic": 0.1,
-    "han": 0.1, "kana": 0.1, "hangul": 0.1, "other": 0.15, "message": 0.09, "tool_call": 0.09, "view": 0.09,
+    "han": 0.1, "kana": 0.1, "hangul": 0.1, "other": 0.15,
+    **{f: 0.1 for f in FEATURES if f.startswith("cyrillic_")},
+    "message": 0.09, "tool_call": 0.09, "view": 0.09,
 }  # fmt: skip
 DEFAULT_SIGMA = {
     "word": 0.12, "ident": 0.2, "number": 0.2, "punct": 0.2, "space": 0.25, "cyrillic": 0.4,
-    "han": 0.4, "kana": 0.4, "hangul": 0.4, "other": 0.4, "message": 0.12, "tool_call": 0.12, "view": 0.12,
+    "han": 0.4, "kana": 0.4, "hangul": 0.4, "other": 0.4,
+    **{f: 0.4 for f in FEATURES if f.startswith("cyrillic_")},
+    "message": 0.12, "tool_call": 0.12, "view": 0.12,
 }  # fmt: skip
 
 
@@ -200,8 +232,8 @@ def _nnls_weights(rows: list[np.ndarray], y: list[float], used: list[int], fill:
     w = np.zeros(N_FEATURES)
     # A class the rows barely contain (under 1% of their units) is not measured by them: it keeps
     # ``fill`` (the fit split's own weight), as it would be fitted wild from a few stray pieces.
-    share = a[:, :N_CLASSES].sum(0) / max(a[:, :N_CLASSES].sum(), 1)
-    cols = [j for j in used if a[:, j].any() and (j >= N_CLASSES or share[j] >= 0.01)]
+    share = a[:, :N_UNITS].sum(0) / max(a[:, :N_CLASSES].sum(), 1)  # a family's Cyrillic column: its units' share
+    cols = [j for j in used if a[:, j].any() and (j >= N_UNITS or share[j] >= 0.01)]
     w[cols] = nnls(a[:, cols] * s[:, None], yy * s)
     for j in range(N_FEATURES):
         if j not in cols or w[j] == 0:
@@ -228,7 +260,7 @@ def _fold_rows(
 
 
 def _loco_step_errors(
-    counted: dict[str, list[Counted]], weights: dict[str, np.ndarray], used: list[int]
+    counted: dict[str, list[Counted]], weights: dict[str, np.ndarray], shared: dict[str, np.ndarray]
 ) -> dict[str, list[tuple[float, np.ndarray]]]:
     """Per tokenizer: (real - price) / price of every step (the messages one turn adds) of each
     category, priced with weights fitted on the other categories only (mixed left out), with
@@ -237,9 +269,9 @@ def _loco_step_errors(
     out: dict[str, list[tuple[float, np.ndarray]]] = {t: [] for t in (*TOKENIZERS, "default")}
     for held in cats:
         rows, ys = _fold_rows(counted, cats, held)
-        fold = {t: _nnls_weights(rows, ys[t], [j for j in used if j != VIEW], weights[t]) for t in TOKENIZERS}
-        # the default family: the geometric middle of the fold's weights, against every tokenizer
-        middle = np.exp(np.mean([np.log(np.maximum(fold[t], 1e-3)) for t in TOKENIZERS], axis=0))
+        fold = {t: _nnls_weights(rows, ys[t], columns(t), weights[t]) for t in TOKENIZERS}
+        # the default family: the geometric middle of the fold's shared weights, against every tokenizer
+        middle = _middle({t: _nnls_weights(rows, ys[t], columns("default"), shared[t]) for t in TOKENIZERS})
         for c in counted[held]:
             for k in range(1, len(c.ends)):
                 prev, end = c.ends[k - 1], c.ends[k]
@@ -291,8 +323,16 @@ def _step_observation(c: Counted, t: str, k: int, cal: Calibration) -> Observati
     return observation(c, t, end, (real_or(t, c, end) - est) / base if priced > 0 else None)
 
 
+def _middle(weights: dict[str, np.ndarray]) -> np.ndarray:
+    """The ``default`` family's weights from the tokenizers' shared ones: their geometric middle,
+    the families' own Cyrillic columns 0."""
+    middle = np.exp(np.mean([np.log(np.maximum(weights[t], 1e-3)) for t in TOKENIZERS], axis=0))
+    middle[list(CYRILLIC_COLUMNS.values())] = 0.0
+    return middle
+
+
 def _loco_unknown_steps(
-    counted: dict[str, list[Counted]], used: list[int], first: int = UNKNOWN_FIRST
+    counted: dict[str, list[Counted]], shared: dict[str, np.ndarray], first: int = UNKNOWN_FIRST
 ) -> list[tuple[float, np.ndarray]]:
     """(real - price) / price of every step after 1-8 baselines of a model of no known family,
     with each feature's share of the price: each category's sessions calibrated from a ``default``
@@ -308,9 +348,7 @@ def _loco_unknown_steps(
     try:
         for held in cats:
             rows, ys = _fold_rows(counted, cats, held)
-            fill = {t: np.array(PRIORS[t].weights) for t in TOKENIZERS}
-            fold = {t: _nnls_weights(rows, ys[t], [j for j in used if j != VIEW], fill[t]) for t in TOKENIZERS}
-            middle = np.exp(np.mean([np.log(np.maximum(fold[t], 1e-3)) for t in TOKENIZERS], axis=0))
+            middle = _middle({t: _nnls_weights(rows, ys[t], columns("default"), shared[t]) for t in TOKENIZERS})
             middle[VIEW] = FRAME_PER_PROMPT
             prior = Prior(tuple(float(v) for v in middle), base.sigma, base.cold_margin, base.feature_margins)
             cal_mod.prior_for = lambda family, prior=prior: prior  # type: ignore[assignment]
@@ -578,8 +616,10 @@ def diagnose_cyrillic(counted: dict[str, list[Counted]]) -> None:
     names = sorted(distinct)
     counts = count_real(names)
     alone = {p: {t: counts[t][i] for t in TOKENIZERS} for i, p in enumerate(names)}
+    own = {t: k for k, t in enumerate(sizing.CYRILLIC_FAMILIES)}
     measures = {
         "size units": lambda p, u, t: u,
+        "own column (sizing.feature_units)": lambda p, u, t: sizing._cyrillic_family_units(p)[own[t]],
         "own vocabulary alone": lambda p, u, t: alone[p][t],
         "mean of the four": lambda p, u, t: statistics.fmean(alone[p].values()),
         **{f"{v} for all": (lambda p, u, t, v=v: alone[p][v]) for v in TOKENIZERS},
@@ -589,7 +629,8 @@ def diagnose_cyrillic(counted: dict[str, list[Counted]]) -> None:
         cells = []
         for t in TOKENIZERS:
             w = np.array(PRIORS[t].weights)
-            rest = np.array([float(w @ x) - w[cyr] * x[cyr] for _, x, _ in outs])
+            cols = [cyr, *CYRILLIC_COLUMNS.values()]  # every Cyrillic column: the measure prices them
+            rest = np.array([float(w @ x) - sum(w[j] * x[j] for j in cols) for _, x, _ in outs])
             part = np.array([[sum(f(p, u, t) for p, u in ps)] for ps in found], dtype=float)
             real = np.array([r[t] for _, _, r in outs], dtype=float)
             e = _loo_scaled(rest, part, real)
@@ -602,6 +643,98 @@ def diagnose_cyrillic(counted: dict[str, list[Counted]]) -> None:
             row = " ".join(f"{t} {statistics.fmean(alone[p][t] for p in ws):.2f}" for t in TOKENIZERS)
             units = statistics.fmean(sizing.piece_tokens(p) for p in ws)
             print(f"  {n:2d} letters ({len(ws)}): {row} (units {units:.2f})")
+
+
+def _merged(x: np.ndarray, merge: dict[int, int]) -> np.ndarray:
+    """``x`` with each feature of ``merge``'s keys added into its value's (and zeroed): the feature
+    vector as a set without those features would have measured it."""
+    if not merge:
+        return x
+    y = x.copy()
+    for src, dst in merge.items():
+        y[..., dst] += y[..., src]
+        y[..., src] = 0.0
+    return y
+
+
+#: Variants ``--split-half`` compares: name -> (the features a tokenizer's prior is fitted on,
+#: features merged into another before anything is fitted or priced).
+SPLIT_HALF_VARIANTS: dict[str, tuple[Callable[[str], list[int]], dict[int, int]]] = {
+    "shared Cyrillic class": (lambda t: columns("default"), {}),
+    "own Cyrillic column (kept)": (columns, {}),
+}
+
+
+def split_half(counted: dict[str, list[Counted]]) -> None:
+    """FIT split, split-half: a prior fitted (non-negative least squares, as ``--fit-prior``) on the
+    sessions of even index of every category, the others priced with it, then the halves swapped.
+    Per variant of ``SPLIT_HALF_VARIANTS``, tokenizer and category: median / p90 |error| % of the
+    2-baseline views (baseline + delta, the fit of 2 baselines towards that prior) and of every
+    step priced by the prior alone. How a feature choice is judged without the SCORE split."""
+    from contextsvc.core import calibration as cal_mod
+    from contextsvc.core.priors import Prior, prior_for
+
+    feats = {
+        id(c): np.array([message_features(m) for m in c.messages], dtype=float) for v in counted.values() for c in v
+    }
+    saved = cal_mod.prior_for
+    try:
+        for name, (cols_of, merge) in SPLIT_HALF_VARIANTS.items():
+            views: dict[tuple[str, str], list[float]] = {}
+            steps: dict[tuple[str, str], list[float]] = {}
+            for half in (0, 1):
+                rows: list[np.ndarray] = []
+                ys: dict[str, list[int]] = {t: [] for t in TOKENIZERS}
+                for items in counted.values():
+                    for i, c in enumerate(items):
+                        if i % 2 == half:
+                            rows += list(_merged(feats[id(c)], merge))
+                            for t in TOKENIZERS:
+                                ys[t] += c.real[t]
+                for t in TOKENIZERS:
+                    cols = cols_of(t)
+                    fill = np.array(prior_for(t).weights)
+                    fill[[j for j in range(N_UNITS) if j not in cols]] = 0.0
+                    w = _nnls_weights(rows, ys[t], cols, fill)
+                    w[VIEW] = FRAME_PER_PROMPT
+                    prior = Prior(tuple(float(v) for v in w), prior_for(t).sigma, prior_for(t).cold_margin)
+                    cal_mod.prior_for = lambda _family, prior=prior: prior  # type: ignore[assignment]
+                    for cat, items in counted.items():
+                        for i, c in enumerate(items):
+                            if i % 2 == half:
+                                continue
+                            x_all = _merged(feats[id(c)], merge)
+
+                            def x_of(a: int, b: int, view: bool, x_all: np.ndarray = x_all) -> np.ndarray:
+                                x = x_all[a:b].sum(0)
+                                x[VIEW] = 1.0 if view else 0.0
+                                return x
+
+                            obs = [
+                                Observation(
+                                    int(x_of(0, e, True)[:N_CLASSES].sum()),
+                                    int(real_or(t, c, e)),
+                                    features=tuple(float(v) for v in x_of(0, e, True)),
+                                )
+                                for e in c.ends[:2]
+                            ]
+                            cal = fit(obs, SETTINGS, family=t)
+                            prev, end = c.ends[1], c.ends[2]
+                            est = real_or(t, c, prev) + cal.price(x_of(prev, end, False))
+                            views.setdefault((t, cat), []).append(err(est, real_or(t, c, end)))
+                            for k in range(1, len(c.ends)):
+                                a, b = c.ends[k - 1], c.ends[k]
+                                steps.setdefault((t, cat), []).append(
+                                    err(float(w @ x_of(a, b, False)), sum(c.real[t][a:b]))
+                                )
+            print(f"{name}: 2-baseline views | steps by the prior, median / p90 |error| %")
+            for cat in counted:
+                print(
+                    f"  {cat:13s} "
+                    + " ".join(f"{t} {cell(views[(t, cat)])} | {cell(steps[(t, cat)])};" for t in TOKENIZERS)
+                )
+    finally:
+        cal_mod.prior_for = saved
 
 
 def diagnose_json(counted: dict[str, list[Counted]]) -> None:
@@ -709,8 +842,10 @@ def tune_margin(counted: dict[str, list[Counted]]) -> None:
     from contextsvc.core import calibration as cal_mod
     from contextsvc.core.priors import PRIORS, Prior
 
-    used = [j for j in range(N_FEATURES) if j != VIEW]
-    loco = _loco_step_errors(counted, {f: np.array(p.weights) for f, p in PRIORS.items()}, used)
+    default = np.array(PRIORS["default"].weights)
+    loco = _loco_step_errors(
+        counted, {f: np.array(p.weights) for f, p in PRIORS.items()}, dict.fromkeys(TOKENIZERS, default)
+    )
     saved = cal_mod.prior_for
     try:
         for q in (0.95, 0.98, 0.99, 0.995):
@@ -770,8 +905,9 @@ def tune_fit(counted: dict[str, list[Counted]]) -> None:
                     rows += list(f)
                     for t in TOKENIZERS:
                         ys[t] += c.real[t]
-        used = [j for j in range(N_FEATURES) if j != VIEW]
-        folds.append((held, {t: _nnls_weights(rows, ys[t], used, np.array(prior_for(t).weights)) for t in TOKENIZERS}))
+        folds.append(
+            (held, {t: _nnls_weights(rows, ys[t], columns(t), np.array(prior_for(t).weights)) for t in TOKENIZERS})
+        )
     # (spread scales the evidence chooses from, text noise, Bayes factor, overhead spread multiplier)
     candidates = {
         "prior spread as measured (x1)": ((1.0,), 0.05, 10.0, 1.0),
@@ -788,7 +924,7 @@ def tune_fit(counted: dict[str, list[Counted]]) -> None:
             med2, p90_2, med8, lmed, lp90 = [], [], [], [], []
             for held, pri in folds:
                 for t in TOKENIZERS:
-                    sigma = tuple(v * (overheads if j >= N_CLASSES else 1.0) for j, v in enumerate(prior_for(t).sigma))
+                    sigma = tuple(v * (overheads if j >= N_UNITS else 1.0) for j, v in enumerate(prior_for(t).sigma))
                     prior = Prior(tuple(float(v) for v in pri[t]), sigma, prior_for(t).cold_margin)
                     cal_mod.prior_for = lambda _family, prior=prior: prior  # type: ignore[assignment]
                     e2, e8, lists = [], [], []
@@ -1147,6 +1283,7 @@ def main() -> None:
     ap.add_argument("--diagnose-cjk", action="store_true", help="FIT split: where the Cyrillic/CJK error comes from")
     ap.add_argument("--diagnose-cyrillic", action="store_true", help="FIT split: why Cyrillic views miss")
     ap.add_argument("--diagnose-json", action="store_true", help="FIT split: the tail of JSON views, identifiers")
+    ap.add_argument("--split-half", action="store_true", help="FIT split: feature variants, split-half")
     ap.add_argument("--unknown", action="store_true", help="a model of no known family (FIT split with --fit)")
     ap.add_argument("--fit", action="store_true", help="score (or --unknown) on the FIT split: for choosing rules")
     ap.add_argument("--sessions", type=int, default=10)
@@ -1161,6 +1298,7 @@ def main() -> None:
         or args.diagnose_cjk
         or args.diagnose_cyrillic
         or args.diagnose_json
+        or args.split_half
     )
     split = "fit" if fit_only else "score"
     if args.fit:
@@ -1183,6 +1321,9 @@ def main() -> None:
         return
     if args.diagnose_json:
         diagnose_json(counted)
+        return
+    if args.split_half:
+        split_half(counted)
         return
     if args.diagnose_lists:
         diagnose_lists(counted)

@@ -6,7 +6,9 @@ What a view costs is modelled where the cost arises::
              + per_view * views
 
 ``units_c`` are the size units of each content class (``sizing.CLASSES``: words, identifiers,
-numbers, punctuation, whitespace, Cyrillic, CJK, other scripts); ``messages``/``tool_calls``
+numbers, punctuation, whitespace, Cyrillic, CJK, other scripts) and of each vocabulary family's
+own count of the Cyrillic pieces (``sizing.CYRILLIC_FAMILIES``: a measured family's prior prices
+its own column and not the shared Cyrillic class; ``default`` the other way round); ``messages``/``tool_calls``
 count the chat-template framing; ``views`` is 1 for a whole prompt (its reply primer) and 0 for
 a standalone message list, which is therefore never charged a view's overhead. One line with one
 intercept (the first version) priced a model's other content with the slope of the last one and
@@ -55,9 +57,12 @@ from operator import mul
 from contextsvc.config import TokenSettings
 from contextsvc.core import calibration_solve as solver
 from contextsvc.core.priors import (
+    CYRILLIC_COLUMNS,
+    FEATURES,
     LOWER_BOUND,
     N_CLASSES,
     N_FEATURES,
+    N_UNITS,
     VIEW,
     Prior,
     family_for,
@@ -158,9 +163,16 @@ class Calibration:
     @property
     def class_ratios(self) -> dict[str, float]:
         """Tokens per size unit of each content class by name, and ``cjk`` (the first version's
-        single East Asian class, kept for clients that read it) as the Han ratio."""
+        single East Asian class, kept for clients that read it) as the Han ratio. A measured family
+        prices Cyrillic by its own column (``priors.CYRILLIC_COLUMNS``): ``cyrillic`` is then that
+        column's ratio, and each column is listed by its own name too."""
         ratios = dict(zip(CLASSES, self.weights, strict=False))
         ratios["cjk"] = ratios["han"]
+        for name, j in zip(FEATURES[N_CLASSES:N_UNITS], range(N_CLASSES, N_UNITS), strict=True):
+            ratios[name] = self.weights[j] if j < len(self.weights) else 0.0
+        own = CYRILLIC_COLUMNS.get(self.family)
+        if own is not None and own < len(self.weights) and self.weights[own] > 0:
+            ratios["cyrillic"] = self.weights[own]
         return ratios
 
     @property
@@ -292,13 +304,13 @@ def _starting_margin(prior: Prior, evidence: Sequence[float], starts: Sequence[f
     if len(prior.fitted_margins) != N_FEATURES:
         return prior.cold_margin
     cold = _cold_margins(prior.feature_margins, prior.cold_margin)
-    seen = [(e, s / c) for e, s, c in zip(evidence[:N_CLASSES], starts, cold, strict=False) if e > 0 and c > 0]
+    seen = [(e, s / c) for e, s, c in zip(evidence[:N_UNITS], starts, cold, strict=False) if e > 0 and c > 0]
     if not seen:
         return prior.cold_margin
     return prior.cold_margin * sum(e * r for e, r in seen) / sum(e for e, _ in seen)
 
 
-_BOUNDS = tuple(_CLASS_BOUNDS if j < N_CLASSES else _OVERHEAD_BOUNDS for j in range(N_FEATURES))
+_BOUNDS = tuple(_CLASS_BOUNDS if j < N_UNITS else _OVERHEAD_BOUNDS for j in range(N_FEATURES))
 
 
 def _robust(

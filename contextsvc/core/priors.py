@@ -20,36 +20,59 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from contextsvc.core.sizing import CJK_CLASSES, CLASSES, LEGACY_CLASSES
+from contextsvc.core.sizing import CJK_CLASSES, CLASSES, CYRILLIC, CYRILLIC_FAMILIES, LEGACY_CLASSES, N_UNIT_COLUMNS
 
-#: Feature order of a calibration: the content classes, then per-message, per-tool-call and
-#: per-view overheads (counts, priced in tokens each).
-FEATURES: tuple[str, ...] = (*CLASSES, "message", "tool_call", "view")
+#: Feature order of a calibration: the content classes, each family's own count of the Cyrillic
+#: pieces (``sizing.CYRILLIC_FAMILIES``; all of them in size units: ``sizing.feature_units``), then
+#: per-message, per-tool-call and per-view overheads (counts, priced in tokens each).
+FEATURES: tuple[str, ...] = (
+    *CLASSES,
+    *(f"cyrillic_{family}" for family in CYRILLIC_FAMILIES),
+    "message",
+    "tool_call",
+    "view",
+)
 N_CLASSES = len(CLASSES)
-MESSAGE, TOOL_CALL, VIEW = N_CLASSES, N_CLASSES + 1, N_CLASSES + 2
+#: Features measured in size units (the classes and the families' Cyrillic columns).
+N_UNITS = N_UNIT_COLUMNS
+MESSAGE, TOOL_CALL, VIEW = N_UNITS, N_UNITS + 1, N_UNITS + 2
 N_FEATURES = len(FEATURES)
+#: The column of each family's own Cyrillic count (``FEATURES`` index by family name).
+CYRILLIC_COLUMNS: dict[str, int] = {family: N_CLASSES + k for k, family in enumerate(CYRILLIC_FAMILIES)}
 #: The first feature set (one ``cjk`` class): what observations and views stored before the split
 #: carry. ``current_features`` maps them.
 LEGACY_FEATURES: tuple[str, ...] = (*LEGACY_CLASSES, "message", "tool_call", "view")
 _LEGACY_CJK = LEGACY_CLASSES.index("cjk")
+#: The second feature set (Han, kana, hangul; no per-family Cyrillic columns): what observations
+#: and views stored before those columns carry.
+PREVIOUS_FEATURES: tuple[str, ...] = (*CLASSES, "message", "tool_call", "view")
 
 
 def current_features(stored: Sequence[float]) -> tuple[float, ...]:
     """Stored features in the current ``FEATURES`` order, or ``()`` when they cannot be.
 
     The feature set is known by its length. Current features are returned as they are. Features
-    of the first set (``LEGACY_FEATURES``, one ``cjk`` class) map exactly when they hold no CJK
-    units (the new Han, kana and hangul classes are then 0 too); with CJK units they cannot be
-    split after the fact and are dropped (``()``: the observation is not fitted and the view is
-    held against nothing but its estimate, as one written before features existed). The fit reads
-    the newest ``calibration_window`` observations, so new baselines replace dropped ones.
+    of an older set map exactly when they hold nothing the newer sets split further, and are
+    dropped otherwise (``()``: the observation is not fitted and the view is held against nothing
+    but its estimate, as one written before features existed); the fit reads the newest
+    ``calibration_window`` observations, so new baselines replace dropped ones:
+
+    - the second set (``PREVIOUS_FEATURES``) when it holds no Cyrillic units: the families'
+      Cyrillic columns are then 0 too (with Cyrillic units, each family's own count of them is
+      not known after the fact);
+    - the first set (``LEGACY_FEATURES``, one ``cjk`` class) when it holds neither CJK nor
+      Cyrillic units (the Han, kana and hangul classes and the Cyrillic columns are then 0).
     """
     if len(stored) == N_FEATURES:
         return tuple(float(x) for x in stored)
-    if len(stored) == len(LEGACY_FEATURES) and not stored[_LEGACY_CJK]:
-        values = [float(x) for x in stored]
-        head, tail = values[:_LEGACY_CJK], values[_LEGACY_CJK + 1 :]
-        return (*head, *([0.0] * len(CJK_CLASSES)), *tail)
+    values = [float(x) for x in stored]
+    if len(values) == len(LEGACY_FEATURES):
+        if values[_LEGACY_CJK]:
+            return ()
+        values = [*values[:_LEGACY_CJK], *([0.0] * len(CJK_CLASSES)), *values[_LEGACY_CJK + 1 :]]
+    if len(values) == len(PREVIOUS_FEATURES) and not values[CYRILLIC]:
+        families = [0.0] * (N_UNITS - N_CLASSES)
+        return (*values[:N_CLASSES], *families, *values[N_CLASSES:])
     return ()
 
 
@@ -81,119 +104,251 @@ class Prior:
 PRIORS: dict[str, Prior] = {
     "o200k": Prior(
         weights=(
-            0.5129,
-            0.5949,
-            0.5534,
-            0.3860,
-            0.6144,
-            0.3475,
-            0.4023,
-            0.3520,
-            0.3487,
-            1.0515,
-            4.7506,
-            21.6998,
+            0.5153,
+            0.5941,
+            0.5549,
+            0.3916,
+            0.5907,
+            0.0000,
+            0.4039,
+            0.3537,
+            0.3502,
+            1.0542,
+            0.4978,
+            0.0000,
+            0.0000,
+            0.0000,
+            4.7173,
+            21.6250,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
-        cold_margin=0.138,
-        feature_margins=(0.139, 0.139, 0.131, 0.139, 0.139, 0.114, 0.090, 0.111, 0.064, 0.138, 0.139, 0.139, 0.138),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        cold_margin=0.134,
+        feature_margins=(
+            0.136,
+            0.135,
+            0.128,
+            0.136,
+            0.136,
+            0.134,
+            0.088,
+            0.107,
+            0.062,
+            0.134,
+            0.062,
+            0.134,
+            0.134,
+            0.134,
+            0.135,
+            0.135,
+            0.134,
+        ),
     ),
     "cl100k": Prior(
         weights=(
-            0.5124,
-            0.5766,
-            0.5665,
-            0.3884,
-            0.6003,
-            0.5680,
-            0.5540,
-            0.5176,
-            0.5442,
-            0.8839,
-            4.8604,
-            21.5697,
+            0.5134,
+            0.5731,
+            0.5675,
+            0.3903,
+            0.5953,
+            0.0000,
+            0.5543,
+            0.5180,
+            0.5445,
+            0.9048,
+            0.0000,
+            0.4974,
+            0.0000,
+            0.0000,
+            4.8641,
+            21.5372,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
-        cold_margin=0.158,
-        feature_margins=(0.158, 0.148, 0.143, 0.158, 0.177, 0.142, 0.203, 0.076, 0.089, 0.158, 0.156, 0.158, 0.158),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        cold_margin=0.151,
+        feature_margins=(
+            0.151,
+            0.147,
+            0.136,
+            0.151,
+            0.170,
+            0.151,
+            0.202,
+            0.076,
+            0.089,
+            0.151,
+            0.151,
+            0.045,
+            0.151,
+            0.151,
+            0.150,
+            0.151,
+            0.151,
+        ),
     ),
     "llama3": Prior(
         weights=(
-            0.5125,
-            0.5699,
-            0.5666,
-            0.3904,
-            0.6068,
-            0.3810,
-            0.4156,
-            0.3314,
-            0.3712,
-            0.8383,
-            4.8473,
-            21.5708,
+            0.5167,
+            0.5680,
+            0.5695,
+            0.3944,
+            0.5818,
+            0.0000,
+            0.4178,
+            0.3332,
+            0.3730,
+            0.8516,
+            0.0000,
+            0.0000,
+            0.4981,
+            0.0000,
+            4.7400,
+            21.5825,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
-        cold_margin=0.137,
-        feature_margins=(0.137, 0.149, 0.129, 0.149, 0.137, 0.109, 0.093, 0.128, 0.054, 0.137, 0.149, 0.149, 0.137),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        cold_margin=0.143,
+        feature_margins=(
+            0.143,
+            0.148,
+            0.129,
+            0.148,
+            0.143,
+            0.143,
+            0.064,
+            0.123,
+            0.050,
+            0.143,
+            0.143,
+            0.143,
+            0.050,
+            0.143,
+            0.148,
+            0.148,
+            0.143,
+        ),
     ),
     "claude": Prior(
         weights=(
-            0.5404,
-            0.8463,
-            0.4323,
-            0.4730,
-            0.3214,
-            0.6618,
-            0.5021,
-            0.5353,
-            0.6452,
-            0.9414,
-            4.1979,
-            26.2303,
+            0.5388,
+            0.8406,
+            0.4326,
+            0.4672,
+            0.3472,
+            0.0000,
+            0.5005,
+            0.5335,
+            0.6436,
+            0.9858,
+            0.0000,
+            0.0000,
+            0.0000,
+            0.5148,
+            4.2262,
+            26.3312,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.09, 0.09, 0.09),
-        cold_margin=0.187,
-        feature_margins=(0.170, 0.171, 0.171, 0.170, 0.203, 0.105, 0.313, 0.203, 0.080, 0.187, 0.171, 0.171, 0.187),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        cold_margin=0.192,
+        feature_margins=(
+            0.179,
+            0.183,
+            0.183,
+            0.179,
+            0.207,
+            0.192,
+            0.316,
+            0.207,
+            0.083,
+            0.192,
+            0.192,
+            0.192,
+            0.192,
+            0.054,
+            0.183,
+            0.183,
+            0.192,
+        ),
     ),
     "default": Prior(
         weights=(
-            0.5194,
-            0.6378,
-            0.5264,
+            0.5195,
+            0.6377,
+            0.5265,
             0.4079,
-            0.5179,
+            0.5176,
             0.4723,
             0.4644,
             0.4240,
-            0.4617,
-            0.9254,
-            4.6558,
-            22.6852,
+            0.4618,
+            0.9258,
+            0.0000,
+            0.0000,
+            0.0000,
+            0.0000,
+            4.6548,
+            22.6849,
             3.0000,
         ),
-        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.12, 0.12, 0.12),
+        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.12, 0.12, 0.12),
         cold_margin=0.362,
-        feature_margins=(0.266, 0.299, 0.266, 0.318, 0.349, 0.420, 0.426, 0.359, 0.411, 0.362, 0.336, 0.332, 0.362),
-        fitted_margins=(0.191, 0.217, 0.217, 0.214, 0.270, 0.293, 0.424, 0.359, 0.409, 0.275, 0.255, 0.255, 0.275),
+        feature_margins=(
+            0.266,
+            0.299,
+            0.266,
+            0.318,
+            0.349,
+            0.420,
+            0.426,
+            0.359,
+            0.411,
+            0.362,
+            0.362,
+            0.362,
+            0.362,
+            0.362,
+            0.336,
+            0.332,
+            0.362,
+        ),
+        fitted_margins=(
+            0.191,
+            0.217,
+            0.217,
+            0.215,
+            0.269,
+            0.293,
+            0.422,
+            0.359,
+            0.406,
+            0.271,
+            0.271,
+            0.271,
+            0.271,
+            0.271,
+            0.256,
+            0.256,
+            0.271,
+        ),
     ),
 }
 #: The smallest plausible tokens per unit of each feature over every vocabulary measured, with
 #: room below: a count under this is below what any tokenizer could have produced.
 LOWER_BOUND: tuple[float, ...] = (
-    0.3843,
+    0.3844,
     0.4274,
     0.3242,
-    0.2895,
-    0.2410,
-    0.2606,
+    0.2896,
+    0.2408,
+    0.2607,
     0.3017,
     0.2485,
-    0.2615,
-    0.6287,
+    0.2616,
+    0.6290,
+    0.0000,
+    0.0000,
+    0.0000,
+    0.0000,
     1.0000,
     2.0000,
     0.0000,

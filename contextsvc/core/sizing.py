@@ -33,13 +33,17 @@ from contextsvc.core.lazy_re import lazy_global
 __all__ = [
     "CJK_CLASSES",
     "CLASSES",
+    "CYRILLIC_FAMILIES",
     "LEGACY_CLASSES",
     "MESSAGE_FRAME_UNITS",
+    "N_UNIT_COLUMNS",
     "TOOL_CALL_FRAME_UNITS",
     "WEIGHTS",
     "SizeWeights",
     "class_units",
     "clear_caches",
+    "cyrillic_family_tokens",
+    "feature_units",
     "piece_class",
     "piece_tokens",
     "piece_units",
@@ -369,6 +373,7 @@ def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
         _inner_split.cache_clear()
         piece_class.cache_clear()
         _piece_split.cache_clear()
+        _cyrillic_family_units.cache_clear()
 
 
 # --- content classes: the features the calibration prices (DESIGN §5.3) ----------------------
@@ -392,6 +397,7 @@ CLASSES: tuple[str, ...] = (
     "other",
 )
 WORD, IDENT, NUMBER, PUNCT, SPACE, CYRILLIC, HAN, KANA, HANGUL, OTHER = range(len(CLASSES))
+N_CLASSES = len(CLASSES)
 #: The East Asian classes (what the first version counted as one ``cjk`` class).
 CJK_CLASSES: tuple[int, ...] = (HAN, KANA, HANGUL)
 #: The classes of the first feature set (observations stored before the split; ``core.priors``
@@ -482,7 +488,15 @@ def _inner_split(piece: str) -> tuple[tuple[int, int], ...]:
 
 
 def class_units(text: str) -> tuple[int, ...]:
-    """Size units of ``text`` per content class (``CLASSES`` order); they sum to ``text_size``.
+    """Size units of ``text`` per content class (``CLASSES`` order); they sum to ``text_size``."""
+    return feature_units(text)[:N_CLASSES]
+
+
+def feature_units(text: str) -> tuple[int, ...]:
+    """``class_units`` of ``text``, then its Cyrillic pieces counted in each family's own
+    vocabulary (``CYRILLIC_FAMILIES`` order, in size units): ``N_UNIT_COLUMNS`` numbers, the first
+    ``len(CLASSES)`` summing to ``text_size``. Text without Cyrillic has 0 in the family columns
+    and pays one integer compare per piece for them.
 
     Long texts are memoized like ``text_size``: a view's messages are re-measured every turn.
     """
@@ -490,18 +504,112 @@ def class_units(text: str) -> tuple[int, ...]:
         hit = _CLASS_MEMO.get(text)
         if hit is not None:
             return hit
-    units = [0] * len(CLASSES)
+    units = [0] * N_UNIT_COLUMNS
+    cyrillic: list[str] = []
     for k, piece in enumerate(_PIECE.findall(text)):
         split = _piece_split(piece) if k == 0 else _inner_split(piece)
         if len(split) == 1:
-            units[split[0][0]] += split[0][1]
+            c, u = split[0]
+            units[c] += u
+            if c == CYRILLIC:
+                cyrillic.append(piece)
         else:
             for c, u in split:
                 units[c] += u
+    if cyrillic:  # the families' columns, summed column by column (``map``/``zip``/``sum``: no loop per piece)
+        units[N_CLASSES:] = map(sum, zip(*map(_cyrillic_family_units, cyrillic), strict=True))
     out = tuple(units)
     if len(text) >= _MEMO_MIN_CHARS:
         _CLASS_MEMO.put(text, out)
     return out
+
+
+# --- Cyrillic in each family's own vocabulary -------------------------------------------------
+
+#: Vocabulary families whose own count of a Cyrillic piece is a column of its own (after the
+#: classes): the vocabularies disagree about 2x on which Russian words they hold whole (o200k and
+#: Llama 3 about 1.6 / 2.5 / 3.2 tokens for a 4 / 8 / 12-letter word, cl100k and Claude 2.7 / 4.3 /
+#: 6.2-6.7), so the shared ``cyrillic`` class, one measure for all, priced a family's Cyrillic
+#: text 3-5% off at the median where its own count was 1.2-1.9% off (bench/RESULTS.md, round 9).
+#: A measured family's prior prices its own column and gives the shared class and the other
+#: families' columns no weight; the ``default`` family prices the shared class.
+CYRILLIC_FAMILIES: tuple[str, ...] = ("o200k", "cl100k", "llama3", "claude")
+#: Numbers ``feature_units`` returns: the classes, then one Cyrillic column per family.
+N_UNIT_COLUMNS = len(CLASSES) + len(CYRILLIC_FAMILIES)
+_CYRILLIC_RANKS: list[dict[str, int]] = []
+_RANKS_LOCK = threading.Lock()
+
+
+def _cyrillic_ranks() -> list[dict[str, int]]:
+    """Per family (``CYRILLIC_FAMILIES`` order), its Cyrillic tokens -> merge rank: imported and
+    unpacked at the first Cyrillic piece a process measures (~21k tokens, ~15 ms), so a start-up
+    that meets none pays nothing."""
+    if not _CYRILLIC_RANKS:
+        with _RANKS_LOCK:
+            if not _CYRILLIC_RANKS:
+                from contextsvc.core import _cyrillic_costs  # 117 KB of source: imported when first needed
+
+                tables = []
+                for family in CYRILLIC_FAMILIES:
+                    raw = zlib.decompress(base64.b64decode(_cyrillic_costs.PACKED[family]))
+                    tables.append({t: r for r, t in enumerate(raw.decode("utf-8").split("\n"))})
+                _CYRILLIC_RANKS.extend(tables)
+    return _CYRILLIC_RANKS
+
+
+def _merge_count(letters: str, ranks: dict[str, int]) -> int:
+    """Tokens of ``letters`` (Cyrillic, maybe with one leading space) in a vocabulary: byte-pair
+    merges replayed by rank over its characters, the lowest-ranked adjacent pair that is a token
+    merged first, until no pair is. A character the vocabulary lacks costs 2 (its UTF-8 bytes)."""
+    parts = list(letters)
+    pair = [ranks.get(a + b, _NO_MERGE) for a, b in itertools.pairwise(parts)]
+    while pair:
+        best = min(pair)
+        if best == _NO_MERGE:
+            break
+        i = pair.index(best)
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        del pair[i]
+        if i > 0:
+            pair[i - 1] = ranks.get(parts[i - 1] + parts[i], _NO_MERGE)
+        if i < len(pair):
+            pair[i] = ranks.get(parts[i] + parts[i + 1], _NO_MERGE)
+    return sum(1 if p in ranks or p == " " else 2 for p in parts)
+
+
+_NO_MERGE = 1 << 30
+
+
+def cyrillic_family_tokens(piece: str, w: SizeWeights = WEIGHTS) -> tuple[float, ...]:
+    """Tokens of a letter piece holding Cyrillic (as ``pieces`` emits it) in each family's own
+    vocabulary (``CYRILLIC_FAMILIES`` order): its Cyrillic runs by ``_merge_count`` (a leading
+    space merged with the first), other letter runs at the shared price, a prefix other than a
+    space one token (plus its ``per_symbol`` if not ASCII). Where it stands in its text does not
+    matter: the vocabulary's own count of an unspaced or capitalised word already is dearer."""
+    head = piece[0]
+    lead, letters, prefix = "", piece, 0.0
+    if head == " ":
+        lead, letters = " ", piece[1:]
+    elif not head.isalnum():
+        letters, prefix = piece[1:], 1.0 + _symbol_extra(head, w)
+    out = []
+    for ranks in _cyrillic_ranks():
+        tokens, first = prefix, lead
+        for run in _RUN.findall(letters):
+            if "\u0400" <= run[0] <= "\u052f":
+                tokens += _merge_count(first + run, ranks)
+            else:
+                tokens += _letters_tokens(run, w)  # a leading space is free, as in ``piece_tokens``
+            first = ""
+        out.append(tokens)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _cyrillic_family_units(piece: str) -> tuple[int, ...]:
+    """``cyrillic_family_tokens`` of a piece in size units (at least 1 each), memoized."""
+    upt = WEIGHTS.units_per_token
+    return tuple(max(1, round(upt * t)) for t in cyrillic_family_tokens(piece))
 
 
 class _ClassMemo:

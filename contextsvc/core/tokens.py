@@ -23,8 +23,8 @@ from contextsvc.core.calibration import Calibration, margin_base
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
-from contextsvc.core.priors import MESSAGE, N_CLASSES, N_FEATURES, TOOL_CALL, VIEW
-from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, class_units
+from contextsvc.core.priors import MESSAGE, N_CLASSES, N_FEATURES, N_UNITS, TOOL_CALL, VIEW
+from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, feature_units
 
 _DEFAULTS = TokenSettings()
 
@@ -99,7 +99,7 @@ def message_features(m: Message) -> tuple[int, ...]:
 def _features(m: Message) -> tuple[int, ...]:
     units = [0] * N_FEATURES
     for part in message_parts(m):
-        for c, u in enumerate(class_units(part)):
+        for c, u in enumerate(feature_units(part)):
             units[c] += u
     units[MESSAGE] = 1
     units[TOOL_CALL] = len(m.tool_calls)
@@ -142,8 +142,8 @@ def carry_measures(src: Message, dst: Message) -> Message:
 
 
 def text_features(text: str) -> tuple[int, ...]:
-    """Class units of a bare text (no message framing)."""
-    return (*class_units(text), *([0] * (N_FEATURES - N_CLASSES)))
+    """Class units (and the families' Cyrillic columns) of a bare text (no message framing)."""
+    return (*feature_units(text), *([0] * (N_FEATURES - N_UNITS)))
 
 
 #: Kept under their historical names: the engine stores ``messages_chars`` of a built view as

@@ -13,6 +13,7 @@ from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import CalibrationRegistry, Observation, fallback, fit, lower_bound
 from contextsvc.core.messages import Message, Role, ToolCall
 from contextsvc.core.priors import (
+    CYRILLIC_COLUMNS,
     DEFAULT_MODEL_FAMILIES,
     FEATURES,
     LEGACY_FEATURES,
@@ -20,21 +21,23 @@ from contextsvc.core.priors import (
     MESSAGE,
     N_CLASSES,
     N_FEATURES,
+    PREVIOUS_FEATURES,
     PRIORS,
     TOOL_CALL,
     VIEW,
     current_features,
     family_for,
 )
-from contextsvc.core.sizing import CYRILLIC, HAN, HANGUL, IDENT, KANA, PUNCT, SPACE, WORD, class_units
+from contextsvc.core.sizing import CYRILLIC, HAN, HANGUL, IDENT, KANA, PUNCT, SPACE, WORD, feature_units
 from contextsvc.core.tokens import messages_features
 
 S = TokenSettings()
 
-# A "true" tokenizer for these tests: the o200k prior with Cyrillic 40% dearer and punctuation 20%
-# cheaper, framing of 6 per message / 9 per tool call / 3 per view.
+# A "true" tokenizer for these tests: the o200k prior with Cyrillic (o200k's own column) 40% dearer
+# and punctuation 20% cheaper, framing of 6 per message / 9 per tool call / 3 per view.
 TRUE = list(PRIORS["o200k"].weights)
-TRUE[CYRILLIC] *= 1.4
+O200K_CYRILLIC = CYRILLIC_COLUMNS["o200k"]
+TRUE[O200K_CYRILLIC] *= 1.4
 TRUE[PUNCT] *= 0.8
 TRUE[MESSAGE], TRUE[TOOL_CALL], TRUE[VIEW] = 6.0, 9.0, 3.0
 
@@ -53,6 +56,8 @@ def feats(**units: float) -> tuple[float, ...]:
     x = [0.0] * N_FEATURES
     for k, v in units.items():
         x[names[k] if k in names else {"messages": MESSAGE, "calls": TOOL_CALL, "views": VIEW}[k]] = v
+    for j in CYRILLIC_COLUMNS.values():  # each family's own count of the Cyrillic units: here the same
+        x[j] = x[CYRILLIC]
     return tuple(x)
 
 
@@ -182,7 +187,7 @@ def test_noisy_baselines_widen_the_margin() -> None:
 
 def test_the_lower_bound_is_below_every_vocabulary() -> None:
     text = "Привет, мир! Это тест. 你好，世界。 def get_user_id(x): return x['id'] 12345"
-    x = (*class_units(text), 1, 0, 1)
+    x = (*feature_units(text), 1, 0, 1)
     for prior in PRIORS.values():
         assert lower_bound(x) < sum(w * v for w, v in zip(prior.weights, x, strict=True))
     assert all(b >= 0 for b in LOWER_BOUND)
@@ -222,17 +227,41 @@ def test_tool_calls_are_priced_by_their_own_framing() -> None:
     assert x[MESSAGE] == 1 and x[TOOL_CALL] == 1
 
 
-def test_features_of_the_first_feature_set_map_only_without_cjk_units() -> None:
+def test_features_of_the_first_feature_set_map_only_without_cjk_or_cyrillic_units() -> None:
     old = [float(k + 1) for k in range(len(LEGACY_FEATURES))]
     old[LEGACY_FEATURES.index("cjk")] = 0.0
+    old[LEGACY_FEATURES.index("cyrillic")] = 0.0
     mapped = current_features(old)
     assert len(mapped) == N_FEATURES
     for name, value in zip(LEGACY_FEATURES, old, strict=True):
         if name != "cjk":
             assert mapped[FEATURES.index(name)] == value, name
     assert mapped[HAN] == mapped[KANA] == mapped[HANGUL] == 0.0
+    assert all(mapped[j] == 0.0 for j in CYRILLIC_COLUMNS.values())
     # CJK units cannot be split into Han, kana and hangul after the fact: dropped, so not fitted.
     old[LEGACY_FEATURES.index("cjk")] = 120.0
+    assert current_features(old) == ()
+    assert not Observation(100, 60, features=current_features(old)).usable
+    # Nor can Cyrillic units be counted in each family's vocabulary after the fact.
+    old[LEGACY_FEATURES.index("cjk")] = 0.0
+    old[LEGACY_FEATURES.index("cyrillic")] = 40.0
+    assert current_features(old) == ()
+
+
+def test_features_of_the_second_feature_set_map_only_without_cyrillic_units() -> None:
+    # Written before the families' Cyrillic columns: the classes, then the three overheads.
+    assert len(PREVIOUS_FEATURES) == N_FEATURES - len(CYRILLIC_COLUMNS)
+    old = [float(k + 1) for k in range(len(PREVIOUS_FEATURES))]
+    old[CYRILLIC] = 0.0
+    mapped = current_features(old)
+    assert len(mapped) == N_FEATURES
+    for name, value in zip(PREVIOUS_FEATURES, old, strict=True):
+        assert mapped[FEATURES.index(name)] == value, name
+    assert all(mapped[j] == 0.0 for j in CYRILLIC_COLUMNS.values())
+    assert mapped[MESSAGE] == old[N_CLASSES] and mapped[VIEW] == old[-1]
+    # A fit of the mapped observation prices exactly what one of today's features would.
+    assert Observation(100, 60, features=mapped).usable
+    old[CYRILLIC] = 30.0
     assert current_features(old) == ()
     assert not Observation(100, 60, features=current_features(old)).usable
     assert current_features(feats(word=10, han=5, messages=1)) == feats(word=10, han=5, messages=1)

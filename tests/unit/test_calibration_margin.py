@@ -9,7 +9,16 @@ import random
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Observation, fallback, fit, lower_bound
 from contextsvc.core.messages import Message, Role
-from contextsvc.core.priors import LOWER_BOUND, MESSAGE, N_CLASSES, N_FEATURES, PRIORS, TOOL_CALL, VIEW
+from contextsvc.core.priors import (
+    CYRILLIC_COLUMNS,
+    LOWER_BOUND,
+    MESSAGE,
+    N_CLASSES,
+    N_FEATURES,
+    PRIORS,
+    TOOL_CALL,
+    VIEW,
+)
 from contextsvc.core.sizing import CYRILLIC, PUNCT, SPACE, WORD
 from contextsvc.core.tokens import Baseline, CalibratedCounter, estimate, messages_features
 
@@ -20,6 +29,8 @@ O200K = PRIORS["o200k"].weights
 def feats(word: float = 0, punct: float = 0, space: float = 0, cyrillic: float = 0, messages: float = 0) -> tuple:
     x = [0.0] * N_FEATURES
     x[WORD], x[PUNCT], x[SPACE], x[CYRILLIC], x[MESSAGE], x[VIEW] = word, punct, space, cyrillic, messages, 1
+    for j in CYRILLIC_COLUMNS.values():  # each family's own count of the Cyrillic pieces: here the same
+        x[j] = cyrillic
     return tuple(x)
 
 
@@ -124,7 +135,7 @@ def test_the_floor_tightens_only_where_baselines_back_the_weights() -> None:
     # Cyrillic never seen: its part of the floor stays at the vocabulary-free bound, so the cheapest
     # vocabulary's honest count of a Russian view is still above the floor.
     russian = feats(cyrillic=4000, word=100, messages=3)
-    cheapest = sum(min(p.weights[j] for p in PRIORS.values()) * v for j, v in enumerate(russian))
+    cheapest = min(price(p.weights, russian) for p in PRIORS.values())
     assert cal.floor(russian, ratio) < cheapest
     assert cal.floor(russian, ratio) - lower_bound(russian) < 0.05 * cheapest
 
@@ -133,6 +144,8 @@ def test_an_honest_count_of_any_vocabulary_clears_the_floor_of_a_cold_model() ->
     rng = random.Random(2)
     for _ in range(200):
         x = [rng.uniform(0, 3000) if j < N_CLASSES else 0.0 for j in range(N_FEATURES)]
+        for j in CYRILLIC_COLUMNS.values():  # each family's own count of the Cyrillic pieces
+            x[j] = x[CYRILLIC] * rng.uniform(0.7, 1.4)
         x[MESSAGE], x[TOOL_CALL], x[VIEW] = rng.randint(1, 30), rng.randint(0, 10), 1
         t = tuple(x)
         for fam in PRIORS:

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from contextsvc.config import TokenSettings
 from contextsvc.core import calibration_solve
 from contextsvc.core.calibration import Calibration, Observation, _starting_margin, _starting_margins, fit
-from contextsvc.core.priors import N_CLASSES, N_FEATURES, prior_for
+from contextsvc.core.priors import CYRILLIC_COLUMNS, MESSAGE, N_CLASSES, N_FEATURES, N_UNITS, TOOL_CALL, VIEW, prior_for
+from contextsvc.core.sizing import CYRILLIC
 
 S = TokenSettings()
 
@@ -43,7 +44,7 @@ def _gram(rows, sigma):  # type: ignore[no-untyped-def]
 def _clamp(delta):  # type: ignore[no-untyped-def]
     out = []
     for j, d in enumerate(delta):
-        lo, hi = _CLASS_BOUNDS if j < N_CLASSES else _OVERHEAD_BOUNDS
+        lo, hi = _CLASS_BOUNDS if j < N_UNITS else _OVERHEAD_BOUNDS
         out.append(min(max(1.0 + d, lo), hi) - 1.0)
     return out
 
@@ -186,7 +187,9 @@ def observation(rng: random.Random, spread: bool) -> Observation:
     f = [0.0] * N_FEATURES
     for j in rng.sample(range(N_CLASSES), rng.randint(1, 5)):
         f[j] = rng.uniform(1, 8000)
-    f[N_CLASSES], f[N_CLASSES + 1], f[N_CLASSES + 2] = rng.randint(1, 300), rng.randint(0, 30), rng.choice([0, 1])
+    for j in CYRILLIC_COLUMNS.values():  # each family's own count of the Cyrillic pieces
+        f[j] = f[CYRILLIC] * rng.uniform(0.6, 1.5)
+    f[MESSAGE], f[TOOL_CALL], f[VIEW] = rng.randint(1, 300), rng.randint(0, 30), rng.choice([0, 1])
     ratio = rng.choice([1.0, 0.5, 2.0, 1.05, 0.97, rng.uniform(0.3, 3)]) if spread else rng.uniform(0.95, 1.08)
     tokens = max(1, int(sum(f) / rng.choice([2.5, 3.5, 4.0]) * ratio))
     return Observation(

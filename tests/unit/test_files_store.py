@@ -18,7 +18,7 @@ import contextsvc.stores.files as files_module
 from contextsvc.config import Durability, FilesSettings, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, Message, Role
-from contextsvc.core.priors import LEGACY_FEATURES, N_FEATURES
+from contextsvc.core.priors import LEGACY_FEATURES, N_FEATURES, PREVIOUS_FEATURES
 from contextsvc.core.session import Principal
 from contextsvc.errors import InvalidArgument, NotFound, SessionDamaged, Unavailable
 from contextsvc.stores._dirlock import DataDirLocked
@@ -332,7 +332,7 @@ async def test_observations_and_views_of_the_first_feature_set_are_mapped_or_dro
     """Features written before the CJK class was split (11 numbers, one ``cjk`` class) load in the
     current order when they hold no CJK units; with CJK units they cannot be split and are dropped
     (the observation is then not fitted), never read as if they were in the new order."""
-    assert len(LEGACY_FEATURES) == 11 and N_FEATURES == 13
+    assert len(LEGACY_FEATURES) == 11 and N_FEATURES == 17
     latin = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0)  # word .. cyrillic, cjk=0, other, overheads
     cjk = (10.0, 0.0, 0.0, 4.0, 5.0, 0.0, 70.0, 0.0, 2.0, 0.0, 1.0)
     store = await opened(root)
@@ -344,7 +344,7 @@ async def test_observations_and_views_of_the_first_feature_set_are_mapped_or_dro
     await store.save_view(sid, dataclasses.replace(view("latin", last_sequence=1), features=latin), keep=3)
     await store.close()
     store = await opened(root)
-    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0)
+    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
     assert await store.list_calibration_observations("m", limit=8) == [
         Observation(45, 30, features=mapped, residual=0.02),
         Observation(89, 60, features=()),
@@ -352,6 +352,32 @@ async def test_observations_and_views_of_the_first_feature_set_are_mapped_or_dro
     assert not (await store.list_calibration_observations("m", limit=8))[1].usable
     assert (await store.get_view(sid, "latin")).features == mapped  # type: ignore[union-attr]
     assert (await store.get_view(sid, "old")).features == ()  # type: ignore[union-attr]
+    await store.close()
+
+
+async def test_observations_and_views_of_the_second_feature_set_are_mapped_or_dropped(root: Path) -> None:
+    """Features written before the families' own Cyrillic columns (13 numbers: the classes, then the
+    overheads) load in the current order with those columns 0 when they hold no Cyrillic units; with
+    Cyrillic units each family's own count is unknown, so they are dropped (not fitted)."""
+    assert len(PREVIOUS_FEATURES) == 13
+    latin = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 6.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0)  # word .. other, overheads
+    russian = (10.0, 0.0, 0.0, 4.0, 5.0, 70.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 1.0)
+    store = await opened(root)
+    await store.add_calibration_observation("m", Observation(51, 30, features=latin, residual=0.02))
+    await store.add_calibration_observation("m", Observation(89, 60, features=russian))
+    sid = (await store.create_session(caller=Principal("alice"), profile_id="p")).id
+    await store.append_messages(sid, [user("a")], caller=Principal("alice"))
+    await store.save_view(sid, dataclasses.replace(view("ru", last_sequence=1), features=russian), keep=3)
+    await store.save_view(sid, dataclasses.replace(view("latin", last_sequence=1), features=latin), keep=3)
+    await store.close()
+    store = await opened(root)
+    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 6.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
+    assert await store.list_calibration_observations("m", limit=8) == [
+        Observation(51, 30, features=mapped, residual=0.02),
+        Observation(89, 60, features=()),
+    ]
+    assert (await store.get_view(sid, "latin")).features == mapped  # type: ignore[union-attr]
+    assert (await store.get_view(sid, "ru")).features == ()  # type: ignore[union-attr]
     await store.close()
 
 

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -351,3 +354,75 @@ def test_a_long_cyrillic_word_costs_less_per_letter_than_a_short_one() -> None:
     # Bounded: never under one token, never more than the old per-letter rule on long words.
     assert piece_tokens(" и") == 1.0
     assert all(piece_tokens(" " + "д" * n) <= max(1.0, 0.45 + 0.33 * n) + 0.25 for n in range(1, 33))
+
+
+# --- round 10: each family's own count of Cyrillic pieces -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("piece", "counts"),
+    [
+        # (o200k, cl100k, Llama 3, Claude), each counted alone by the real tokenizers
+        (" слово", (1, 2, 1, 2)),
+        (" достопримечательности", (5, 7, 6, 9)),
+        ("выполнить", (4, 5, 4, 5)),
+    ],
+)
+def test_a_cyrillic_piece_is_counted_in_each_familys_own_vocabulary(piece: str, counts: tuple[int, ...]) -> None:
+    assert sizing.cyrillic_family_tokens(piece) == counts
+    units = sizing.feature_units(piece)
+    assert units[sizing.N_CLASSES :] == tuple(WEIGHTS.units_per_token * c for c in counts)
+
+
+def test_the_families_disagree_the_way_their_vocabularies_do() -> None:
+    # o200k and Llama 3 hold far more Russian words whole than cl100k and Claude.
+    text = "Служба перезапущена после обновления конфигурации, проверьте журнал событий."
+    o200k, cl100k, llama3, claude = sizing.feature_units(text)[sizing.N_CLASSES :]
+    assert o200k < cl100k and llama3 < claude
+    assert max(o200k, llama3) < min(cl100k, claude)
+
+
+def test_the_class_units_still_sum_to_the_size_and_text_without_cyrillic_has_no_family_units() -> None:
+    for text in ("Привет, мир! Это тест.", "def get_user_id(x): return x['id']", "数据库 データ"):
+        units = sizing.feature_units(text)
+        assert len(units) == sizing.N_UNIT_COLUMNS
+        assert sum(units[: sizing.N_CLASSES]) == text_size(text) and units[: sizing.N_CLASSES] == sizing.class_units(
+            text
+        )
+        assert any(units[sizing.N_CLASSES :]) == bool(units[sizing.CYRILLIC])
+
+
+def test_a_prefix_costs_a_token_and_latin_letters_their_shared_price() -> None:
+    # A punctuation prefix stays a token of its own; a Latin run inside the piece is priced as usual.
+    word = sizing.cyrillic_family_tokens("слово")
+    assert sizing.cyrillic_family_tokens("(слово") == tuple(1.0 + t for t in word)
+    mixed = sizing.cyrillic_family_tokens("Linuxсистема")
+    alone = sizing.cyrillic_family_tokens("система")
+    assert mixed == tuple(piece_tokens("Linux") + t for t in alone)
+
+
+def test_a_letter_no_vocabulary_holds_costs_its_two_bytes() -> None:
+    # U+0460 (Cyrillic omega) is in none of the four vocabularies as a token of its own.
+    assert sizing.cyrillic_family_tokens("\u0460") == (2.0, 2.0, 2.0, 2.0)
+
+
+@given(st.text(alphabet=st.sampled_from("абвгдеёжзиклмнопрстуфхцчшщъыьэюяАБВЇї a,1\n"), max_size=80))
+def test_family_units_are_deterministic_and_never_below_one_a_piece(text: str) -> None:
+    units = sizing.feature_units(text)
+    sizing.clear_caches()
+    assert sizing.feature_units(text) == units
+    n = sum(1 for p in pieces(text) if sizing.piece_class(p) == sizing.CYRILLIC)
+    assert all(u >= WEIGHTS.units_per_token * n for u in units[sizing.N_CLASSES :])
+
+
+def test_text_without_cyrillic_never_unpacks_the_vocabularies() -> None:
+    # The tables are unpacked at the first Cyrillic piece, so a process that sizes none pays nothing.
+    code = (
+        "import sys\n"
+        "from contextsvc.core import sizing\n"
+        "sizing.feature_units('plain English text, code(x) and 数据')\n"
+        "assert not sizing._CYRILLIC_RANKS and 'contextsvc.core._cyrillic_costs' not in sys.modules\n"
+        "sizing.feature_units(' слово')\n"
+        "assert len(sizing._CYRILLIC_RANKS) == len(sizing.CYRILLIC_FAMILIES)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

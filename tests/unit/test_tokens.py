@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Calibration
 from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
-from contextsvc.core.priors import N_CLASSES
+from contextsvc.core.priors import N_CLASSES, N_UNITS
 from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, text_size
 from contextsvc.core.tokens import (
     Baseline,
@@ -34,13 +34,17 @@ from contextsvc.core.tokens import (
     truncation_check,
 )
 
+#: The families' own Cyrillic columns, unpriced: these calibrations price the shared classes.
+NO_FAMILY = (0.0,) * (N_UNITS - N_CLASSES)
+
+
 S = TokenSettings()
 # Uniform prices that reproduce the size-unit line these tests were written against: every class at
 # one price per unit, the old framing allowance (8 units a message, 16 a tool call) per message.
 FALLBACK = CalibratedCounter(
-    Calibration((1 / 1.8,) * N_CLASSES + (8 / 1.8, 16 / 1.8, 0.0), 0, fitted=False, margin=0.0)
+    Calibration((1 / 1.8,) * N_CLASSES + NO_FAMILY + (8 / 1.8, 16 / 1.8, 0.0), 0, fitted=False, margin=0.0)
 )
-LINE = CalibratedCounter(Calibration((0.3,) * N_CLASSES + (2.4, 4.8, 100.0), 2, fitted=True, margin=0.0))
+LINE = CalibratedCounter(Calibration((0.3,) * N_CLASSES + NO_FAMILY + (2.4, 4.8, 100.0), 2, fitted=True, margin=0.0))
 
 
 def msg(
@@ -119,7 +123,9 @@ def test_calibrated_counter_methods() -> None:
 
 def test_sizes_are_summed_before_rounding() -> None:
     # 3 messages of 10 units at 0.05 tokens/unit: 0.5 each rounds to 0, together 1.5 rounds to 2.
-    counter = CalibratedCounter(Calibration((0.05,) * N_CLASSES + (0.4, 0.8, 0.0), 2, fitted=True, margin=0.0))
+    counter = CalibratedCounter(
+        Calibration((0.05,) * N_CLASSES + NO_FAMILY + (0.4, 0.8, 0.0), 2, fitted=True, margin=0.0)
+    )
     three = [msg("a"), msg("b"), msg("c")]
     assert [message_size(m) for m in three] == [10, 10, 10]
     assert [counter.count_messages([m]) for m in three] == [0, 0, 0]
@@ -250,7 +256,7 @@ def test_a_standalone_list_is_not_charged_the_view_overhead() -> None:
 
 
 def test_the_margin_is_the_rate_of_what_was_priced() -> None:
-    cal = Calibration((0.3,) * N_CLASSES + (2.4, 4.8, 0.0), 2, fitted=True, margin=0.05)
+    cal = Calibration((0.3,) * N_CLASSES + NO_FAMILY + (2.4, 4.8, 0.0), 2, fitted=True, margin=0.05)
     est = estimate(counter=CalibratedCounter(cal), window=100_000, reserve=0, context=[msg(PROSE, 1)])
     assert est.margin == math.ceil(0.05 * est.total) and est.guarded == est.total + est.margin
 

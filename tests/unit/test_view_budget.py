@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from contextsvc.config import TokenSettings
 from contextsvc.core.calibration import Calibration
 from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
-from contextsvc.core.priors import N_CLASSES
+from contextsvc.core.priors import N_CLASSES, N_UNITS
 from contextsvc.core.tokens import (
     CalibratedCounter,
     ExactCounter,
@@ -35,12 +35,14 @@ from contextsvc.core.view_budget import (
 from contextsvc.errors import ContextTooLarge
 
 S = TokenSettings()
+#: The families' own Cyrillic columns, unpriced: these calibrations price the shared classes.
+NO_FAMILY = (0.0,) * (N_UNITS - N_CLASSES)
 # Uniform prices that reproduce the size-unit line these tests were written against: every class at
 # one price per unit, the old framing allowance (8 units a message, 16 a tool call) per message.
 FALLBACK = CalibratedCounter(
-    Calibration((1 / 1.8,) * N_CLASSES + (8 / 1.8, 16 / 1.8, 0.0), 0, fitted=False, margin=0.0)
+    Calibration((1 / 1.8,) * N_CLASSES + NO_FAMILY + (8 / 1.8, 16 / 1.8, 0.0), 0, fitted=False, margin=0.0)
 )
-LINE = CalibratedCounter(Calibration((0.3,) * N_CLASSES + (2.4, 4.8, 100.0), 2, fitted=True, margin=0.0))
+LINE = CalibratedCounter(Calibration((0.3,) * N_CLASSES + NO_FAMILY + (2.4, 4.8, 100.0), 2, fitted=True, margin=0.0))
 WINDOW = 32_768
 BUDGET = message_budget(WINDOW, 0)  # 5461 tokens
 MARKER = re.compile(r"\[… ([\d,]+) chars cut …\]")
