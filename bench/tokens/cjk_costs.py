@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from run import count_real, ensure_node_deps  # noqa: E402
+from run import count_real, ensure_node_deps, write_generated  # noqa: E402
 
 OUT = ROOT / "contextsvc" / "core" / "_cjk_costs.py"
 #: (first, end) code point blocks the table covers, in the module's order.
@@ -74,14 +74,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="fail if the written module differs")
     args = ap.parse_args()
     ensure_node_deps()
-    text = render(levels())
-    if args.check:
-        if OUT.read_text(encoding="utf-8") != text:
-            sys.exit(f"{OUT.relative_to(ROOT)} differs from what the vocabularies give; rerun without --check")
-        print("ok")
-        return
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)} ({len(text):,} bytes)")
+    write_generated(OUT, render(levels()), check=args.check)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from run import ensure_node_deps  # noqa: E402
+from run import ensure_node_deps, write_generated  # noqa: E402
 
 OUT = ROOT / "contextsvc" / "core" / "_cyrillic_costs.py"
 FAMILIES = ("o200k", "cl100k", "llama3", "claude")
@@ -75,14 +75,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="fail if the written module differs")
     args = ap.parse_args()
     ensure_node_deps()
-    text = render(tokens())
-    if args.check:
-        if OUT.read_text(encoding="utf-8") != text:
-            sys.exit(f"{OUT.relative_to(ROOT)} differs from what the vocabularies give; rerun without --check")
-        print("ok")
-        return
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)} ({len(text):,} bytes)")
+    write_generated(OUT, render(tokens()), check=args.check)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,18 @@ def ensure_node_deps() -> None:
     subprocess.run([npm, verb, "--no-audit", "--no-fund"], cwd=HERE, check=True)
 
 
+def write_generated(out: Path, text: str, *, check: bool) -> None:
+    """Write a generated module of the package, or with ``check`` fail if it differs from ``text``."""
+    shown = out.relative_to(HERE.parents[1])
+    if check:
+        if out.read_text(encoding="utf-8") != text:
+            sys.exit(f"{shown} differs from what the vocabularies give; rerun without --check")
+        print("ok")
+        return
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {shown} ({len(text):,} bytes)")
+
+
 def render(m: Message) -> str:
     """The text a ChatML-style template puts between <|im_start|> and <|im_end|>."""
     body: list[str] = []
