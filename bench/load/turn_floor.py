@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import shutil
 import signal
 import statistics
 import subprocess
@@ -42,6 +43,7 @@ sys.path.insert(0, str(HERE))
 import _checkout  # noqa: E402,F401 - this checkout's contextsvc
 
 VARIANTS = ("real", "stub", "stub-sized", "stub-bare")
+EXPERIMENTS = ("real-gc", "base")
 
 
 def _patch(variant: str) -> None:
@@ -55,6 +57,19 @@ def _patch(variant: str) -> None:
 
     if variant == "real":
         return
+    if variant == "real-gc":  # an experiment: the collector's first generation 10x larger
+        import gc
+
+        from contextsvc import server as srv
+
+        freeze = srv._freeze_startup_objects
+
+        def frozen() -> None:
+            freeze()
+            gc.set_threshold(7000, 10, 10)
+
+        srv._freeze_startup_objects = frozen
+        return
     if variant == "stub-sized":
         from workload import messages
 
@@ -62,9 +77,7 @@ def _patch(variant: str) -> None:
     else:
         view = [r.Message(role=r.ROLE_USER, content="hi"), r.Message(role=r.ROLE_ASSISTANT, content="hello")]
     built = EncodedResponse(
-        pb.BuildContextResponse(
-            messages=view, view_id="v1", estimate=r.TokenEstimate(total=1200)
-        ).SerializeToString()
+        pb.BuildContextResponse(messages=view, view_id="v1", estimate=r.TokenEstimate(total=1200)).SerializeToString()
     )
     appended = pb.AppendMessagesResponse(sequence_numbers=[41, 42], context_tokens=1200, window_fraction=0.01)
     baseline = pb.RecordBaselineResponse(
@@ -104,17 +117,38 @@ def serve(variant: str, args: list[str]) -> int:
 class Server:
     """One server process of a variant; ``address`` and ``pid`` as ``run.py``'s ``StoreServer``."""
 
-    def __init__(self, variant: str, workdir: Path, config: str) -> None:
+    def __init__(
+        self, variant: str, workdir: Path, config: str, base: Path | None = None, store: str = "memory"
+    ) -> None:
         settings = workdir / "settings.toml"
         settings.write_text(config)
-        cmd = [
-            sys.executable, str(Path(__file__).resolve()), "--serve", variant, "serve", "--listen", "127.0.0.1:0",
-            "--store", "memory", "--config", str(settings), "--log-level", "WARNING",
-        ]  # fmt: skip
+        if store == "files":
+            store = f"files:{workdir / 'files'}"
+        args = [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            store,
+            "--config",
+            str(settings),
+            "--log-level",
+            "WARNING",
+        ]
+        if store != "memory":
+            args += ["--durability", "batch"]
+        env = dict(os.environ)
+        if variant == "base":  # the ordinary server of another checkout (an A/B)
+            assert base is not None, "--base names the other checkout"
+            cmd = [sys.executable, "-m", "contextsvc", *args]
+            env["PYTHONPATH"] = str(base)
+        else:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", variant, *args]
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True
-        )
+            cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True, env=env,
+            cwd=str(base) if variant == "base" else None,
+        )  # fmt: skip
         self.pid = self.proc.pid
         self.address = ""
         assert self.proc.stdout is not None
@@ -142,11 +176,11 @@ class Server:
                 self.proc.wait(10)
 
 
-def measure(variant: str, loader: Any, run: Any, config: str) -> dict[str, Any]:
+def measure(variant: str, loader: Any, run: Any, config: str, base: Path | None, store: str) -> dict[str, Any]:
     from workload import Seeder
 
     workdir = Path(tempfile.mkdtemp(prefix=f"ctxfloor-{variant}-"))
-    server = Server(variant, workdir, config)
+    server = Server(variant, workdir, config, base, store)
     try:
         seeder = Seeder(server.address, "bench")
         try:
@@ -157,6 +191,7 @@ def measure(variant: str, loader: Any, run: Any, config: str) -> dict[str, Any]:
         m = loader.driver(server, "turns", sessions, run)
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return {
         "variant": variant,
         "turns": m["count"],
@@ -178,9 +213,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seconds", type=float, default=0.0, help="bound of each turn run (default: the scenario's)")
+    parser.add_argument("--base", type=Path, help="another checkout, run as variant 'base' (an A/B against 'real')")
+    parser.add_argument("--store", default="memory", help="memory | files (the stubs make sense on memory only)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
+    unknown = set(variants) - set(VARIANTS) - set(EXPERIMENTS)
     if unknown:
         raise SystemExit(f"unknown variant(s): {', '.join(sorted(unknown))}")
     os.chdir(suite.ROOT)
@@ -189,17 +226,22 @@ def main() -> None:
     if args.seconds:
         run.max_seconds = args.seconds
     driver = suite.turn_driver_binary("go")
-    loader = suite.Loader(suite.ghz_binary(), suite.protoset(), Path(tempfile.mkdtemp(prefix="ctxfloor-")), False, driver)
+    loader = suite.Loader(
+        suite.ghz_binary(), suite.protoset(), Path(tempfile.mkdtemp(prefix="ctxfloor-")), False, driver
+    )
     rows: list[dict[str, Any]] = []
-    print("| round | variant | turns/s | Health/Check calls/s | ratio | server CPU ms/turn | driver CPU ms/turn | errors |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| round | variant | turns/s | Health/Check calls/s | ratio | server CPU ms/turn | driver CPU ms/turn "
+        "| errors | load |\n|---|---|---|---|---|---|---|---|---|"
+    )
     for i in range(args.rounds):
         for v in variants:
-            res = measure(v, loader, run, suite.SERVER_CONFIG)
+            res = measure(v, loader, run, suite.SERVER_CONFIG, args.base.resolve() if args.base else None, args.store)
             rows.append(res)
             print(
                 f"| {i + 1} | {v} | {res['turns_s']:.0f} | {res['health']:.0f} | {res['ratio']:.3f} "
-                f"| {res['server_ms']:.2f} | {res['driver_ms']:.2f} | {res['errors'] or 0} | load {os.getloadavg()[0]:.1f}",
+                f"| {res['server_ms']:.2f} | {res['driver_ms']:.2f} | {res['errors'] or 0} "
+                f"| {os.getloadavg()[0]:.1f} |",
                 flush=True,
             )
     print()
