@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 import _checkout  # noqa: E402,F401 - this checkout's contextsvc
 
 VARIANTS = ("real", "stub", "stub-sized", "stub-bare")
-EXPERIMENTS = ("real-gc", "base")
+EXPERIMENTS = ("real-gc", "real-count", "base")
 
 
 def _patch(variant: str) -> None:
@@ -56,6 +56,27 @@ def _patch(variant: str) -> None:
     from contextsvc.api.wire import EncodedResponse
 
     if variant == "real":
+        return
+    if variant == "real-count":  # an experiment: refits per baseline, written to stderr at exit
+        import atexit
+
+        from contextsvc.core.calibration import CalibrationRegistry
+        from contextsvc.engine.accounting import TokenAccounting
+
+        counts = {"fits": 0, "baselines": 0}
+        load, observe = CalibrationRegistry.load, TokenAccounting.observe
+
+        def counted_load(self: Any, *a: Any, **k: Any) -> Any:
+            counts["fits"] += 1
+            return load(self, *a, **k)
+
+        async def counted_observe(self: Any, *a: Any, **k: Any) -> Any:
+            counts["baselines"] += 1
+            return await observe(self, *a, **k)
+
+        CalibrationRegistry.load = counted_load  # type: ignore[method-assign]
+        TokenAccounting.observe = counted_observe  # type: ignore[method-assign]
+        atexit.register(lambda: print(f"COUNTS {counts}", file=sys.stderr, flush=True))
         return
     if variant == "real-gc":  # an experiment: the collector's first generation 10x larger
         import gc
@@ -192,6 +213,10 @@ def measure(variant: str, loader: Any, run: Any, config: str, base: Path | None,
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+    server.stderr.seek(0)
+    for line in server.stderr.read().splitlines():
+        if line.startswith("COUNTS"):
+            print(variant, line, flush=True)
     return {
         "variant": variant,
         "turns": m["count"],
