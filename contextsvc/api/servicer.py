@@ -21,6 +21,7 @@ from contextsvc.api.errors import internal_status, to_status
 from contextsvc.api.streams import until_stopped
 from contextsvc.api.views import estimate_to_pb, report_to_compress_response
 from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, serialize
+from contextsvc.core.calibration import Calibration
 from contextsvc.core.priors import MESSAGE, TOOL_CALL
 from contextsvc.engine.engine import Engine
 
@@ -58,6 +59,8 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         self.wire_cache = wire_cache or WireCache(engine.settings.hot_path.wire_cache_mb * 1024 * 1024)
         # Set when the server drains: open StreamEvents calls end with UNAVAILABLE + after_event_id.
         self._stopping = stopping or asyncio.Event()
+        #: the last calibration answered by RecordBaseline, with its message (``_calibration_pb``).
+        self._last_calibration: tuple[Calibration, str, resources_pb2.Calibration] | None = None
 
     @unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Context) -> resources_pb2.Session:
@@ -180,25 +183,34 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         result = await self._engine.record_baseline(
             caller_of(context), request.session_id, view_id=request.view_id, prompt_tokens=request.prompt_tokens
         )
-        cal = result.calibration
         return pb.RecordBaselineResponse(
             recorded=result.recorded,
             truncated=result.truncated,
-            calibration=resources_pb2.Calibration(
-                model=result.model,
-                overhead=cal.overhead,
-                tokens_per_char=cal.tokens_per_char,
-                observations=cal.observations,
-                fitted=cal.fitted,
-                per_message=cal.weights[MESSAGE],
-                per_tool_call=cal.weights[TOOL_CALL],
-                margin=cal.margin,
-                family=cal.family,
-                class_ratios=cal.class_ratios,
-            ),
+            calibration=self._calibration_pb(result.model, result.calibration),
             truncation_reason=result.truncation_reason,
             lower_bound=result.lower_bound,
         )
+
+    def _calibration_pb(self, model: str, cal: Calibration) -> resources_pb2.Calibration:
+        """``cal`` on the wire, made once per fit: baselines that share a refit (``engine.
+        accounting``) answer with the very same (frozen) calibration object."""
+        last = self._last_calibration
+        if last is not None and last[0] is cal and last[1] == model:
+            return last[2]
+        message = resources_pb2.Calibration(
+            model=model,
+            overhead=cal.overhead,
+            tokens_per_char=cal.tokens_per_char,
+            observations=cal.observations,
+            fitted=cal.fitted,
+            per_message=cal.weights[MESSAGE],
+            per_tool_call=cal.weights[TOOL_CALL],
+            margin=cal.margin,
+            family=cal.family,
+            class_ratios=cal.class_ratios,
+        )
+        self._last_calibration = (cal, model, message)
+        return message
 
     @unary
     async def Compress(self, request: pb.CompressRequest, context: Context) -> pb.CompressResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,9 +30,17 @@ class IncomingMessage:
     images: tuple[IncomingImage, ...] = ()
 
 
+#: A UUID already in the form ``str(uuid.UUID(...))`` gives back (every id this service hands out).
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def require_session_id(session_id: str, field: str = "session_id") -> str:
+    """``session_id`` as a canonical UUID (lowercase, hyphenated); any form ``uuid.UUID`` reads
+    is accepted (upper case, braces, a ``urn:uuid:`` prefix, no hyphens)."""
     if not session_id:
         raise InvalidArgument.field(field, "is required")
+    if _CANONICAL_UUID.fullmatch(session_id):
+        return session_id  # what the parse below would give back
     try:
         return str(uuid.UUID(session_id))
     except ValueError:

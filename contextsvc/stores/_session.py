@@ -465,7 +465,10 @@ class SessionState:
         if truncated is not None:
             self.context_truncated = truncated
         if state is not None:
-            self.state = copy.deepcopy(dict(state))
+            # A record's state is already the store's own copy (``update_state`` and
+            # ``commit_compaction`` copy what the engine passed, a log's record is freshly parsed),
+            # and neither the record nor the session changes it in place: shared, not copied again.
+            self.state = state if type(state) is dict else copy.deepcopy(dict(state))
 
     def _index(self, row: Message) -> None:
         key = row.context_sort_key

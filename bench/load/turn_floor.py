@@ -1,0 +1,283 @@
+"""The turn loop's floor: what a turn costs the server when its three calls do (almost) nothing.
+
+    python bench/load/turn_floor.py                    # 3 interleaved rounds, every variant
+    python bench/load/turn_floor.py --rounds 1 --variants stub,real
+
+One ``contextsvc serve`` process per variant (memory store, the same settings, interceptors and
+start-up as ``run.py``'s), the same 50 seeded sessions, Health/Check with ghz then the turn loop
+with the Go turn driver (``run.py``'s ``Loader``), back to back, so each ratio is to Health/Check
+on the same process in the same window. Variants:
+
+- ``real``: the shipped server.
+- ``stub``: AppendMessages, BuildContext and RecordBaseline answer a prebuilt response (a view of
+  2 messages) through the servicer's own error wrapper, after every interceptor, decoding and
+  admission the real calls go through: the floor of gRPC, asyncio and the per-call Python around
+  the handlers.
+- ``stub-sized``: the same, BuildContext answering a prebuilt view of 60 workload messages
+  (~22 KB, a seeded session's view midway through a run): what the bytes of the view add.
+- ``stub-bare``: ``stub`` without the server's interceptors (serving gate, decode guard,
+  quotas): what they add to the floor.
+
+The stubbed server is this file run as ``--serve ARGS...``: it patches the three servicer methods
+and then runs the ordinary ``contextsvc serve ARGS...``. Bench-only; nothing here ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _checkout  # noqa: E402,F401 - this checkout's contextsvc
+
+VARIANTS = ("real", "stub", "stub-sized", "stub-bare")
+EXPERIMENTS = ("real-gc", "real-count", "base")
+
+
+def _patch(variant: str) -> None:
+    """Replace the three turn methods of the servicer (and, for ``stub-bare``, the interceptors)."""
+    import grpc
+
+    from contextsvc._gen.v1 import context_service_pb2 as pb
+    from contextsvc._gen.v1 import resources_pb2 as r
+    from contextsvc.api import servicer as sv
+    from contextsvc.api.wire import EncodedResponse
+
+    if variant == "real":
+        return
+    if variant == "real-count":  # an experiment: refits per baseline, written to stderr at exit
+        import atexit
+
+        from contextsvc.core.calibration import CalibrationRegistry
+        from contextsvc.engine.accounting import TokenAccounting
+
+        counts = {"fits": 0, "baselines": 0}
+        load, observe = CalibrationRegistry.load, TokenAccounting.observe
+
+        def counted_load(self: Any, *a: Any, **k: Any) -> Any:
+            counts["fits"] += 1
+            return load(self, *a, **k)
+
+        async def counted_observe(self: Any, *a: Any, **k: Any) -> Any:
+            counts["baselines"] += 1
+            return await observe(self, *a, **k)
+
+        CalibrationRegistry.load = counted_load  # type: ignore[method-assign]
+        TokenAccounting.observe = counted_observe  # type: ignore[method-assign]
+        atexit.register(lambda: print(f"COUNTS {counts}", file=sys.stderr, flush=True))
+        return
+    if variant == "real-gc":  # an experiment: the collector's first generation 10x larger
+        import gc
+
+        from contextsvc import server as srv
+
+        freeze = srv._freeze_startup_objects
+
+        def frozen() -> None:
+            freeze()
+            gc.set_threshold(7000, 10, 10)
+
+        srv._freeze_startup_objects = frozen
+        return
+    if variant == "stub-sized":
+        from workload import messages
+
+        view = messages(60)
+    else:
+        view = [r.Message(role=r.ROLE_USER, content="hi"), r.Message(role=r.ROLE_ASSISTANT, content="hello")]
+    built = EncodedResponse(
+        pb.BuildContextResponse(messages=view, view_id="v1", estimate=r.TokenEstimate(total=1200)).SerializeToString()
+    )
+    appended = pb.AppendMessagesResponse(sequence_numbers=[41, 42], context_tokens=1200, window_fraction=0.01)
+    baseline = pb.RecordBaselineResponse(
+        recorded=True, calibration=r.Calibration(model="bench", overhead=3.0, tokens_per_char=0.25, observations=1)
+    )
+
+    async def append(self: Any, request: Any, context: Any) -> Any:
+        return appended
+
+    async def build(self: Any, request: Any, context: Any) -> Any:
+        return built
+
+    async def record(self: Any, request: Any, context: Any) -> Any:
+        return baseline
+
+    sv.ContextServicer.AppendMessages = sv.unary(append)  # type: ignore[method-assign]
+    sv.ContextServicer.BuildContext = sv.unary(build)  # type: ignore[method-assign]
+    sv.ContextServicer.RecordBaseline = sv.unary(record)  # type: ignore[method-assign]
+    if variant == "stub-bare":
+        plain = grpc.aio.server
+
+        def server(*args: Any, **kwargs: Any) -> Any:
+            kwargs["interceptors"] = []
+            return plain(*args, **kwargs)
+
+        grpc.aio.server = server  # type: ignore[assignment]
+
+
+def serve(variant: str, args: list[str]) -> int:
+    _patch(variant)
+    from contextsvc._launch import main as launch
+
+    sys.argv = ["contextsvc", *args]
+    return launch()
+
+
+class Server:
+    """One server process of a variant; ``address`` and ``pid`` as ``run.py``'s ``StoreServer``."""
+
+    def __init__(
+        self, variant: str, workdir: Path, config: str, base: Path | None = None, store: str = "memory"
+    ) -> None:
+        settings = workdir / "settings.toml"
+        settings.write_text(config)
+        if store == "files":
+            store = f"files:{workdir / 'files'}"
+        args = [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            store,
+            "--config",
+            str(settings),
+            "--log-level",
+            "WARNING",
+        ]
+        if store != "memory":
+            args += ["--durability", "batch"]
+        env = dict(os.environ)
+        if variant == "base":  # the ordinary server of another checkout (an A/B)
+            assert base is not None, "--base names the other checkout"
+            cmd = [sys.executable, "-m", "contextsvc", *args]
+            env["PYTHONPATH"] = str(base)
+        else:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", variant, *args]
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True, env=env,
+            cwd=str(base) if variant == "base" else None,
+        )  # fmt: skip
+        self.pid = self.proc.pid
+        self.address = ""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not self.address:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if ready:
+                line = self.proc.stdout.readline()
+                if "listening on" in line:
+                    self.address = line.split("listening on ", 1)[1].split()[0]
+            if self.proc.poll() is not None:
+                break
+        if not self.address:
+            self.stop()
+            self.stderr.seek(0)
+            raise RuntimeError(f"server did not start: {self.stderr.read()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def measure(variant: str, loader: Any, run: Any, config: str, base: Path | None, store: str) -> dict[str, Any]:
+    from workload import Seeder
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"ctxfloor-{variant}-"))
+    server = Server(variant, workdir, config, base, store)
+    try:
+        seeder = Seeder(server.address, "bench")
+        try:
+            sessions = [seeder.session(run.messages, profile=run.profile) for _ in range(run.sessions)]
+        finally:
+            seeder.close()
+        health = loader.health(server, run)
+        m = loader.driver(server, "turns", sessions, run)
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    server.stderr.seek(0)
+    for line in server.stderr.read().splitlines():
+        if line.startswith("COUNTS"):
+            print(variant, line, flush=True)
+    return {
+        "variant": variant,
+        "turns": m["count"],
+        "turns_s": m["rps"],
+        "health": health,
+        "ratio": m["rps"] / health if health else 0.0,
+        "server_ms": m["cpu_ms_per_call"],
+        "driver_ms": m["driver_cpu_ms_per_call"],
+        "errors": m.get("errors", {}),
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        raise SystemExit(serve(sys.argv[2], sys.argv[3:]))
+    import run as suite
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--seconds", type=float, default=0.0, help="bound of each turn run (default: the scenario's)")
+    parser.add_argument("--base", type=Path, help="another checkout, run as variant 'base' (an A/B against 'real')")
+    parser.add_argument("--store", default="memory", help="memory | files (the stubs make sense on memory only)")
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS) - set(EXPERIMENTS)
+    if unknown:
+        raise SystemExit(f"unknown variant(s): {', '.join(sorted(unknown))}")
+    os.chdir(suite.ROOT)
+    (scenario,) = suite.load_scenarios(["turn_loop"])
+    run = scenario.runs[0]
+    if args.seconds:
+        run.max_seconds = args.seconds
+    driver = suite.turn_driver_binary("go")
+    loader = suite.Loader(
+        suite.ghz_binary(), suite.protoset(), Path(tempfile.mkdtemp(prefix="ctxfloor-")), False, driver
+    )
+    rows: list[dict[str, Any]] = []
+    print(
+        "| round | variant | turns/s | Health/Check calls/s | ratio | server CPU ms/turn | driver CPU ms/turn "
+        "| errors | load |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    for i in range(args.rounds):
+        for v in variants:
+            res = measure(v, loader, run, suite.SERVER_CONFIG, args.base.resolve() if args.base else None, args.store)
+            rows.append(res)
+            print(
+                f"| {i + 1} | {v} | {res['turns_s']:.0f} | {res['health']:.0f} | {res['ratio']:.3f} "
+                f"| {res['server_ms']:.2f} | {res['driver_ms']:.2f} | {res['errors'] or 0} "
+                f"| {os.getloadavg()[0]:.1f} |",
+                flush=True,
+            )
+    print()
+    for v in variants:
+        mine = [r for r in rows if r["variant"] == v]
+        print(
+            f"{v}: median ratio {statistics.median(r['ratio'] for r in mine):.3f}, "
+            f"server CPU {statistics.median(r['server_ms'] for r in mine):.2f} ms/turn, "
+            f"turns/s {statistics.median(r['turns_s'] for r in mine):.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
