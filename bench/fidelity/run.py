@@ -45,7 +45,15 @@ from run import FRAME_PER_MESSAGE, FRAME_PER_PROMPT, count_real, ensure_node_dep
 from contextsvc.config import TokenSettings  # noqa: E402
 from contextsvc.core.calibration import Calibration, Observation, fit, lower_bound, margin_base  # noqa: E402
 from contextsvc.core.messages import Message, Role  # noqa: E402
-from contextsvc.core.priors import CYRILLIC_COLUMNS, FEATURES, N_CLASSES, N_FEATURES, N_UNITS, VIEW  # noqa: E402
+from contextsvc.core.priors import (  # noqa: E402
+    CYRILLIC_COLUMNS,
+    FEATURES,
+    IDENT_PREFIXED_COLUMN,
+    N_CLASSES,
+    N_FEATURES,
+    N_UNITS,
+    VIEW,
+)
 from contextsvc.core.tokens import message_features, message_parts  # noqa: E402
 
 MODELS = {"o200k": "gpt-4o", "cl100k": "gpt-4", "llama3": "llama-3-8b", "claude": "claude-2"}
@@ -106,14 +114,23 @@ def features_of(msgs: Sequence[Message], *, view: bool) -> np.ndarray:
 CYR = FEATURES.index("cyrillic")
 
 
-def columns(family: str) -> list[int]:
+#: Families whose prior prices the prefixed identifiers' column (``sizing.IDENT_PREFIXED``) on top
+#: of ``ident``: the old Claude vocabulary spends ~0.97 tokens per unit on ``_name``/``.attr``
+#: pieces against ~0.5 in the others (round 9); every other prior gives the column weight 0.
+PREFIXED_FAMILIES: tuple[str, ...] = ("claude",)
+
+
+def columns(family: str, prefixed: Sequence[str] = PREFIXED_FAMILIES) -> list[int]:
     """Features a family's prior is fitted on (the per-view overhead is fixed, not fitted): a
     measured family prices Cyrillic by its own column (``sizing.CYRILLIC_FAMILIES``), never by the
-    shared class or another family's column; ``default`` (any other name) by the shared class."""
+    shared class or another family's column; ``default`` (any other name) by the shared class.
+    The prefixed identifiers' column only for the families in ``prefixed``."""
     skip = {VIEW, *CYRILLIC_COLUMNS.values()}
     own = CYRILLIC_COLUMNS.get(family)
     if own is not None:
         skip = (skip - {own}) | {CYR}
+    if family not in prefixed:
+        skip.add(IDENT_PREFIXED_COLUMN)
     return [j for j in range(N_FEATURES) if j not in skip]
 
 
@@ -161,6 +178,7 @@ def fit_prior(counted: dict[str, list[Counted]]) -> str:
     weights["default"] = np.exp(np.mean([np.log(np.maximum(shared[t], 1e-3)) for t in TOKENIZERS], axis=0))
     weights["default"][VIEW] = FRAME_PER_PROMPT
     weights["default"][list(CYRILLIC_COLUMNS.values())] = 0.0
+    weights["default"][IDENT_PREFIXED_COLUMN] = 0.0
     # How far a fit may move each weight (the fit narrows it 5x unless its baselines clearly ask
     # for more: core/calibration.py, chosen by leave-one-category-out runs on the FIT split).
     known_sigma = tuple(KNOWN_SIGMA[f] for f in FEATURES)
@@ -216,12 +234,14 @@ KNOWN_SIGMA = {
     "word": 0.04, "ident": 0.08, "number": 0.08, "punct": 0.08, "space": 0.1, "cyrillic": 0.1,
     "han": 0.1, "kana": 0.1, "hangul": 0.1, "other": 0.15,
     **{f: 0.1 for f in FEATURES if f.startswith("cyrillic_")},
+    "ident_prefixed": 0.08,
     "message": 0.09, "tool_call": 0.09, "view": 0.09,
 }  # fmt: skip
 DEFAULT_SIGMA = {
     "word": 0.12, "ident": 0.2, "number": 0.2, "punct": 0.2, "space": 0.25, "cyrillic": 0.4,
     "han": 0.4, "kana": 0.4, "hangul": 0.4, "other": 0.4,
     **{f: 0.4 for f in FEATURES if f.startswith("cyrillic_")},
+    "ident_prefixed": 0.2,
     "message": 0.12, "tool_call": 0.12, "view": 0.12,
 }  # fmt: skip
 
@@ -325,9 +345,10 @@ def _step_observation(c: Counted, t: str, k: int, cal: Calibration) -> Observati
 
 def _middle(weights: dict[str, np.ndarray]) -> np.ndarray:
     """The ``default`` family's weights from the tokenizers' shared ones: their geometric middle,
-    the families' own Cyrillic columns 0."""
+    the families' own Cyrillic columns and the prefixed identifiers' column 0."""
     middle = np.exp(np.mean([np.log(np.maximum(weights[t], 1e-3)) for t in TOKENIZERS], axis=0))
     middle[list(CYRILLIC_COLUMNS.values())] = 0.0
+    middle[IDENT_PREFIXED_COLUMN] = 0.0
     return middle
 
 
@@ -660,8 +681,9 @@ def _merged(x: np.ndarray, merge: dict[int, int]) -> np.ndarray:
 #: Variants ``--split-half`` compares: name -> (the features a tokenizer's prior is fitted on,
 #: features merged into another before anything is fitted or priced).
 SPLIT_HALF_VARIANTS: dict[str, tuple[Callable[[str], list[int]], dict[int, int]]] = {
-    "shared Cyrillic class": (lambda t: columns("default"), {}),
-    "own Cyrillic column (kept)": (columns, {}),
+    "without the prefixed identifiers' column (round 10)": (lambda t: columns(t, ()), {}),
+    "prefixed identifiers' column for Claude (kept)": (columns, {}),
+    "prefixed identifiers' column for every family": (lambda t: columns(t, tuple(TOKENIZERS)), {}),
 }
 
 

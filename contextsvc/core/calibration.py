@@ -8,7 +8,9 @@ What a view costs is modelled where the cost arises::
 ``units_c`` are the size units of each content class (``sizing.CLASSES``: words, identifiers,
 numbers, punctuation, whitespace, Cyrillic, CJK, other scripts) and of each vocabulary family's
 own count of the Cyrillic pieces (``sizing.CYRILLIC_FAMILIES``: a measured family's prior prices
-its own column and not the shared Cyrillic class; ``default`` the other way round); ``messages``/``tool_calls``
+its own column and not the shared Cyrillic class; ``default`` the other way round), and the
+units of the ``_name``/``.attr`` identifier pieces again (``sizing.IDENT_PREFIXED``: an extra
+price on top of ``ident`` that only Claude's prior weights); ``messages``/``tool_calls``
 count the chat-template framing; ``views`` is 1 for a whole prompt (its reply primer) and 0 for
 a standalone message list, which is therefore never charged a view's overhead. One line with one
 intercept (the first version) priced a model's other content with the slope of the last one and
@@ -165,7 +167,8 @@ class Calibration:
         """Tokens per size unit of each content class by name, and ``cjk`` (the first version's
         single East Asian class, kept for clients that read it) as the Han ratio. A measured family
         prices Cyrillic by its own column (``priors.CYRILLIC_COLUMNS``): ``cyrillic`` is then that
-        column's ratio, and each column is listed by its own name too."""
+        column's ratio, and each column is listed by its own name too (``ident_prefixed`` included: the
+        extra price of a prefixed identifier on top of ``ident``, 0 for every family but Claude's)."""
         ratios = dict(zip(CLASSES, self.weights, strict=False))
         ratios["cjk"] = ratios["han"]
         for name, j in zip(FEATURES[N_CLASSES:N_UNITS], range(N_CLASSES, N_UNITS), strict=True):

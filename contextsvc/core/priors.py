@@ -20,25 +20,40 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from contextsvc.core.sizing import CJK_CLASSES, CLASSES, CYRILLIC, CYRILLIC_FAMILIES, LEGACY_CLASSES, N_UNIT_COLUMNS
+from contextsvc.core.sizing import (
+    CJK_CLASSES,
+    CLASSES,
+    CYRILLIC,
+    CYRILLIC_FAMILIES,
+    IDENT_PREFIXED,
+    LEGACY_CLASSES,
+    N_UNIT_COLUMNS,
+)
 
 #: Feature order of a calibration: the content classes, each family's own count of the Cyrillic
-#: pieces (``sizing.CYRILLIC_FAMILIES``; all of them in size units: ``sizing.feature_units``), then
-#: per-message, per-tool-call and per-view overheads (counts, priced in tokens each).
+#: pieces (``sizing.CYRILLIC_FAMILIES``), the prefixed identifiers counted again
+#: (``sizing.IDENT_PREFIXED``: only Claude's prior weights it; all of these in size units:
+#: ``sizing.feature_units``), then per-message, per-tool-call and per-view overheads (counts,
+#: priced in tokens each).
 FEATURES: tuple[str, ...] = (
     *CLASSES,
     *(f"cyrillic_{family}" for family in CYRILLIC_FAMILIES),
+    "ident_prefixed",
     "message",
     "tool_call",
     "view",
 )
 N_CLASSES = len(CLASSES)
-#: Features measured in size units (the classes and the families' Cyrillic columns).
+#: Features measured in size units (the classes, the families' Cyrillic columns, the prefixed
+#: identifiers' column).
 N_UNITS = N_UNIT_COLUMNS
 MESSAGE, TOOL_CALL, VIEW = N_UNITS, N_UNITS + 1, N_UNITS + 2
 N_FEATURES = len(FEATURES)
 #: The column of each family's own Cyrillic count (``FEATURES`` index by family name).
 CYRILLIC_COLUMNS: dict[str, int] = {family: N_CLASSES + k for k, family in enumerate(CYRILLIC_FAMILIES)}
+#: The prefixed identifiers' column (``sizing.IDENT_PREFIXED``): an extra price on top of ``ident``.
+IDENT_PREFIXED_COLUMN = IDENT_PREFIXED
+assert FEATURES[IDENT_PREFIXED_COLUMN] == "ident_prefixed"
 #: The first feature set (one ``cjk`` class): what observations and views stored before the split
 #: carry. ``current_features`` maps them.
 LEGACY_FEATURES: tuple[str, ...] = (*LEGACY_CLASSES, "message", "tool_call", "view")
@@ -46,20 +61,32 @@ _LEGACY_CJK = LEGACY_CLASSES.index("cjk")
 #: The second feature set (Han, kana, hangul; no per-family Cyrillic columns): what observations
 #: and views stored before those columns carry.
 PREVIOUS_FEATURES: tuple[str, ...] = (*CLASSES, "message", "tool_call", "view")
+#: The third feature set (the families' Cyrillic columns; no prefixed identifiers' column).
+CYRILLIC_FEATURES: tuple[str, ...] = (
+    *CLASSES,
+    *(f"cyrillic_{family}" for family in CYRILLIC_FAMILIES),
+    "message",
+    "tool_call",
+    "view",
+)
 
 
 def current_features(stored: Sequence[float]) -> tuple[float, ...]:
     """Stored features in the current ``FEATURES`` order, or ``()`` when they cannot be.
 
     The feature set is known by its length. Current features are returned as they are. Features
-    of an older set map exactly when they hold nothing the newer sets split further, and are
-    dropped otherwise (``()``: the observation is not fitted and the view is held against nothing
-    but its estimate, as one written before features existed); the fit reads the newest
+    of an older set map when they hold nothing the newer sets split further, and are dropped
+    otherwise (``()``: the observation is not fitted and the view is held against nothing but its
+    estimate, as one written before features existed); the fit reads the newest
     ``calibration_window`` observations, so new baselines replace dropped ones:
 
+    - the third set (``CYRILLIC_FEATURES``) always, with 0 in the prefixed identifiers' column.
+      Exact for every family whose prior gives that column no weight (all but Claude's); for a
+      Claude model such an observation lacks the extra price of its ``_name``/``.attr`` pieces,
+      so the fit reads it as a little cheaper than it was until new baselines replace it;
     - the second set (``PREVIOUS_FEATURES``) when it holds no Cyrillic units: the families'
       Cyrillic columns are then 0 too (with Cyrillic units, each family's own count of them is
-      not known after the fact);
+      not known after the fact), and the prefixed column 0 as for the third set;
     - the first set (``LEGACY_FEATURES``, one ``cjk`` class) when it holds neither CJK nor
       Cyrillic units (the Han, kana and hangul classes and the Cyrillic columns are then 0).
     """
@@ -70,9 +97,12 @@ def current_features(stored: Sequence[float]) -> tuple[float, ...]:
         if values[_LEGACY_CJK]:
             return ()
         values = [*values[:_LEGACY_CJK], *([0.0] * len(CJK_CLASSES)), *values[_LEGACY_CJK + 1 :]]
-    if len(values) == len(PREVIOUS_FEATURES) and not values[CYRILLIC]:
-        families = [0.0] * (N_UNITS - N_CLASSES)
-        return (*values[:N_CLASSES], *families, *values[N_CLASSES:])
+    if len(values) == len(PREVIOUS_FEATURES):
+        if values[CYRILLIC]:
+            return ()
+        values = [*values[:N_CLASSES], *([0.0] * len(CYRILLIC_FAMILIES)), *values[N_CLASSES:]]
+    if len(values) == len(CYRILLIC_FEATURES):
+        return (*values[:IDENT_PREFIXED_COLUMN], 0.0, *values[IDENT_PREFIXED_COLUMN:])
     return ()
 
 
@@ -118,11 +148,12 @@ PRIORS: dict[str, Prior] = {
             0.0000,
             0.0000,
             0.0000,
+            0.0000,
             4.7173,
             21.6250,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.08, 0.09, 0.09, 0.09),
         cold_margin=0.134,
         feature_margins=(
             0.136,
@@ -136,6 +167,7 @@ PRIORS: dict[str, Prior] = {
             0.062,
             0.134,
             0.062,
+            0.134,
             0.134,
             0.134,
             0.134,
@@ -160,11 +192,12 @@ PRIORS: dict[str, Prior] = {
             0.4974,
             0.0000,
             0.0000,
+            0.0000,
             4.8641,
             21.5372,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.08, 0.09, 0.09, 0.09),
         cold_margin=0.151,
         feature_margins=(
             0.151,
@@ -179,6 +212,7 @@ PRIORS: dict[str, Prior] = {
             0.151,
             0.151,
             0.045,
+            0.151,
             0.151,
             0.151,
             0.150,
@@ -202,11 +236,12 @@ PRIORS: dict[str, Prior] = {
             0.0000,
             0.4981,
             0.0000,
+            0.0000,
             4.7400,
             21.5825,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.08, 0.09, 0.09, 0.09),
         cold_margin=0.143,
         feature_margins=(
             0.143,
@@ -223,6 +258,7 @@ PRIORS: dict[str, Prior] = {
             0.143,
             0.050,
             0.143,
+            0.143,
             0.148,
             0.148,
             0.143,
@@ -230,43 +266,45 @@ PRIORS: dict[str, Prior] = {
     ),
     "claude": Prior(
         weights=(
-            0.5388,
-            0.8406,
-            0.4326,
-            0.4672,
-            0.3472,
+            0.5324,
+            0.7396,
+            0.4777,
+            0.4651,
+            0.3260,
             0.0000,
-            0.5005,
-            0.5335,
-            0.6436,
-            0.9858,
+            0.5057,
+            0.5350,
+            0.6455,
+            0.5839,
             0.0000,
             0.0000,
             0.0000,
-            0.5148,
-            4.2262,
-            26.3312,
+            0.5167,
+            0.3580,
+            4.3429,
+            25.1904,
             3.0000,
         ),
-        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.09, 0.09, 0.09),
+        sigma=(0.04, 0.08, 0.08, 0.08, 0.1, 0.1, 0.1, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.08, 0.09, 0.09, 0.09),
         cold_margin=0.192,
         feature_margins=(
-            0.179,
-            0.183,
-            0.183,
-            0.179,
-            0.207,
+            0.154,
+            0.154,
+            0.155,
+            0.155,
+            0.213,
             0.192,
-            0.316,
-            0.207,
+            0.315,
+            0.213,
             0.083,
             0.192,
             0.192,
             0.192,
             0.192,
-            0.054,
-            0.183,
-            0.183,
+            0.056,
+            0.154,
+            0.155,
+            0.155,
             0.192,
         ),
     ),
@@ -286,11 +324,12 @@ PRIORS: dict[str, Prior] = {
             0.0000,
             0.0000,
             0.0000,
+            0.0000,
             4.6548,
             22.6849,
             3.0000,
         ),
-        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.12, 0.12, 0.12),
+        sigma=(0.12, 0.2, 0.2, 0.2, 0.25, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.2, 0.12, 0.12, 0.12),
         cold_margin=0.362,
         feature_margins=(
             0.266,
@@ -302,6 +341,7 @@ PRIORS: dict[str, Prior] = {
             0.426,
             0.359,
             0.411,
+            0.362,
             0.362,
             0.362,
             0.362,
@@ -326,6 +366,7 @@ PRIORS: dict[str, Prior] = {
             0.271,
             0.271,
             0.271,
+            0.271,
             0.256,
             0.256,
             0.271,
@@ -345,6 +386,7 @@ LOWER_BOUND: tuple[float, ...] = (
     0.2485,
     0.2616,
     0.6290,
+    0.0000,
     0.0000,
     0.0000,
     0.0000,

@@ -34,6 +34,7 @@ __all__ = [
     "CJK_CLASSES",
     "CLASSES",
     "CYRILLIC_FAMILIES",
+    "IDENT_PREFIXED",
     "LEGACY_CLASSES",
     "MESSAGE_FRAME_UNITS",
     "N_UNIT_COLUMNS",
@@ -459,10 +460,14 @@ def _classify(piece: str) -> int | tuple[int, int, int]:
 def _piece_split(piece: str) -> tuple[tuple[int, int], ...]:
     """``(class, units)`` of one piece: one pair, or for a piece mixing East Asian scripts its
     units shared by character count (largest remainder, so they still sum to ``piece_units``),
-    the class with most characters first."""
+    the class with most characters first. A prefixed identifier (``_name``, ``.attr``) has a
+    second pair, its units again in the ``IDENT_PREFIXED`` column (not a class: the classes alone
+    still sum to ``piece_units``)."""
     units = piece_units(piece)
     kind = _classify(piece)
     if isinstance(kind, int):
+        if kind == IDENT and piece[0] in _CHEAP_PREFIXES:
+            return ((IDENT, units), (IDENT_PREFIXED, units))  # counted twice: the column is a price on top
         return ((kind, units),)
     shares = [(n, c) for n, c in zip(kind, CJK_CLASSES, strict=True) if n]
     if len(shares) == 1:
@@ -494,9 +499,11 @@ def class_units(text: str) -> tuple[int, ...]:
 
 def feature_units(text: str) -> tuple[int, ...]:
     """``class_units`` of ``text``, then its Cyrillic pieces counted in each family's own
-    vocabulary (``CYRILLIC_FAMILIES`` order, in size units): ``N_UNIT_COLUMNS`` numbers, the first
+    vocabulary (``CYRILLIC_FAMILIES`` order, in size units), then the units of its prefixed
+    identifier pieces again (``IDENT_PREFIXED``): ``N_UNIT_COLUMNS`` numbers, the first
     ``len(CLASSES)`` summing to ``text_size``. Text without Cyrillic has 0 in the family columns
-    and pays one integer compare per piece for them.
+    and pays one integer compare per piece for them; the prefixed column comes with the piece's
+    memoized split (``_piece_split``), at no cost for a piece that is not one.
 
     Long texts are memoized like ``text_size``: a view's messages are re-measured every turn.
     """
@@ -517,7 +524,7 @@ def feature_units(text: str) -> tuple[int, ...]:
             for c, u in split:
                 units[c] += u
     if cyrillic:  # the families' columns, summed column by column (``map``/``zip``/``sum``: no loop per piece)
-        units[N_CLASSES:] = map(sum, zip(*map(_cyrillic_family_units, cyrillic), strict=True))
+        units[N_CLASSES:IDENT_PREFIXED] = map(sum, zip(*map(_cyrillic_family_units, cyrillic), strict=True))
     out = tuple(units)
     if len(text) >= _MEMO_MIN_CHARS:
         _CLASS_MEMO.put(text, out)
@@ -534,8 +541,16 @@ def feature_units(text: str) -> tuple[int, ...]:
 #: A measured family's prior prices its own column and gives the shared class and the other
 #: families' columns no weight; the ``default`` family prices the shared class.
 CYRILLIC_FAMILIES: tuple[str, ...] = ("o200k", "cl100k", "llama3", "claude")
-#: Numbers ``feature_units`` returns: the classes, then one Cyrillic column per family.
-N_UNIT_COLUMNS = len(CLASSES) + len(CYRILLIC_FAMILIES)
+#: The column (after the families' Cyrillic columns) that counts the units of identifier pieces with
+#: a ``_`` or ``.`` prefix (``_name``, ``.attr``) a second time: they are ``ident`` pieces too, and
+#: this is an extra price on top. The old Claude vocabulary spends about twice the tokens on them
+#: that it spends on other identifiers (0.97 tokens per unit against 0.5 in the other three
+#: vocabularies: bench/RESULTS.md, round 9), which one shared ``ident`` ratio could not price. Only
+#: a family whose prior weights it (Claude's) pays for it; every other prior gives it no weight.
+IDENT_PREFIXED = len(CLASSES) + len(CYRILLIC_FAMILIES)
+#: Numbers ``feature_units`` returns: the classes, one Cyrillic column per family, the prefixed
+#: identifiers' column.
+N_UNIT_COLUMNS = IDENT_PREFIXED + 1
 _CYRILLIC_RANKS: list[dict[str, int]] = []
 _RANKS_LOCK = threading.Lock()
 

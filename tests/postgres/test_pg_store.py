@@ -14,7 +14,7 @@ import pytest
 
 from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, ImageRef, Message, Role
-from contextsvc.core.priors import LEGACY_FEATURES, PREVIOUS_FEATURES
+from contextsvc.core.priors import CYRILLIC_FEATURES, LEGACY_FEATURES, PREVIOUS_FEATURES
 from contextsvc.core.session import Principal
 from contextsvc.errors import InvalidArgument
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
@@ -134,7 +134,7 @@ async def test_features_of_the_first_feature_set_are_mapped_or_dropped(store: Po
     cjk = (10.0, 0.0, 0.0, 4.0, 5.0, 0.0, 70.0, 0.0, 2.0, 0.0, 1.0)
     await store.add_calibration_observation("m", Observation(45, 30, features=latin, residual=0.02))
     await store.add_calibration_observation("m", Observation(89, 60, features=cjk))
-    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
+    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
     assert await store.list_calibration_observations("m", limit=8) == [
         Observation(45, 30, features=mapped, residual=0.02),
         Observation(89, 60, features=()),
@@ -155,7 +155,7 @@ async def test_features_of_the_second_feature_set_are_mapped_or_dropped(store: P
     russian = (10.0, 0.0, 0.0, 4.0, 5.0, 70.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0, 1.0)
     await store.add_calibration_observation("m2", Observation(51, 30, features=latin, residual=0.02))
     await store.add_calibration_observation("m2", Observation(89, 60, features=russian))
-    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 6.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
+    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 6.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
     assert await store.list_calibration_observations("m2", limit=8) == [
         Observation(51, 30, features=mapped, residual=0.02),
         Observation(89, 60, features=()),
@@ -166,3 +166,19 @@ async def test_features_of_the_second_feature_set_are_mapped_or_dropped(store: P
     await store.save_view(sid, dataclasses.replace(view("latin", last_sequence=1), features=latin), keep=3)
     assert (await store.get_view(sid, "latin")).features == mapped  # type: ignore[union-attr]
     assert (await store.get_view(sid, "ru")).features == ()  # type: ignore[union-attr]
+
+
+async def test_features_of_the_third_feature_set_are_mapped(store: PostgresStore) -> None:
+    """Rows written before the prefixed identifiers' column (17 features) read back with that column
+    0, Cyrillic units and all."""
+    assert len(CYRILLIC_FEATURES) == 17
+    russian = (10.0, 8.0, 0.0, 4.0, 5.0, 70.0, 0.0, 0.0, 0.0, 0.0, 60.0, 90.0, 62.0, 95.0, 2.0, 0.0, 1.0)
+    await store.add_calibration_observation("m3", Observation(89, 60, features=russian, residual=0.01))
+    mapped = (*russian[:14], 0.0, *russian[14:])
+    assert await store.list_calibration_observations("m3", limit=8) == [
+        Observation(89, 60, features=mapped, residual=0.01)
+    ]
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [Message(Role.USER, "a")], caller=ALICE)
+    await store.save_view(sid, dataclasses.replace(view("ru", last_sequence=1), features=russian), keep=3)
+    assert (await store.get_view(sid, "ru")).features == mapped  # type: ignore[union-attr]

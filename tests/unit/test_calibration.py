@@ -14,8 +14,10 @@ from contextsvc.core.calibration import CalibrationRegistry, Observation, fallba
 from contextsvc.core.messages import Message, Role, ToolCall
 from contextsvc.core.priors import (
     CYRILLIC_COLUMNS,
+    CYRILLIC_FEATURES,
     DEFAULT_MODEL_FAMILIES,
     FEATURES,
+    IDENT_PREFIXED_COLUMN,
     LEGACY_FEATURES,
     LOWER_BOUND,
     MESSAGE,
@@ -250,7 +252,7 @@ def test_features_of_the_first_feature_set_map_only_without_cjk_or_cyrillic_unit
 
 def test_features_of_the_second_feature_set_map_only_without_cyrillic_units() -> None:
     # Written before the families' Cyrillic columns: the classes, then the three overheads.
-    assert len(PREVIOUS_FEATURES) == N_FEATURES - len(CYRILLIC_COLUMNS)
+    assert len(PREVIOUS_FEATURES) == N_FEATURES - len(CYRILLIC_COLUMNS) - 1
     old = [float(k + 1) for k in range(len(PREVIOUS_FEATURES))]
     old[CYRILLIC] = 0.0
     mapped = current_features(old)
@@ -258,6 +260,7 @@ def test_features_of_the_second_feature_set_map_only_without_cyrillic_units() ->
     for name, value in zip(PREVIOUS_FEATURES, old, strict=True):
         assert mapped[FEATURES.index(name)] == value, name
     assert all(mapped[j] == 0.0 for j in CYRILLIC_COLUMNS.values())
+    assert mapped[IDENT_PREFIXED_COLUMN] == 0.0
     assert mapped[MESSAGE] == old[N_CLASSES] and mapped[VIEW] == old[-1]
     # A fit of the mapped observation prices exactly what one of today's features would.
     assert Observation(100, 60, features=mapped).usable
@@ -266,6 +269,43 @@ def test_features_of_the_second_feature_set_map_only_without_cyrillic_units() ->
     assert not Observation(100, 60, features=current_features(old)).usable
     assert current_features(feats(word=10, han=5, messages=1)) == feats(word=10, han=5, messages=1)
     assert current_features([1.0, 2.0, 3.0]) == ()  # any other length is no known feature set
+
+
+def test_features_of_the_third_feature_set_map_with_no_prefixed_identifier_units() -> None:
+    # Written before the prefixed identifiers' column: the classes, the families' Cyrillic columns,
+    # then the overheads. Mapped whatever they hold (Cyrillic units included), that column 0.
+    assert len(CYRILLIC_FEATURES) == N_FEATURES - 1
+    old = [float(k + 1) for k in range(len(CYRILLIC_FEATURES))]
+    mapped = current_features(old)
+    assert len(mapped) == N_FEATURES and FEATURES[IDENT_PREFIXED_COLUMN] == "ident_prefixed"
+    for name, value in zip(CYRILLIC_FEATURES, old, strict=True):
+        assert mapped[FEATURES.index(name)] == value, name
+    assert mapped[IDENT_PREFIXED_COLUMN] == 0.0
+    assert Observation(100, 60, features=mapped).usable
+
+
+def test_only_claude_prices_the_prefixed_identifiers_column() -> None:
+    # Every other prior gives it weight 0, which no fit moves: the same baselines with or without
+    # prefixed units in that column fit the same weights (their ``ident`` units are priced alike).
+    for family in ("o200k", "cl100k", "llama3", "default"):
+        assert PRIORS[family].weights[IDENT_PREFIXED_COLUMN] == 0.0
+    assert PRIORS["claude"].weights[IDENT_PREFIXED_COLUMN] > 0.1
+    base = [feats(word=800 * k, ident=300 * k, punct=200 * k, messages=4 * k, views=1) for k in (1, 2)]
+    with_column = []
+    for x in base:
+        y = list(x)
+        y[IDENT_PREFIXED_COLUMN] = 150.0
+        with_column.append(tuple(y))
+    for family in ("o200k", "cl100k", "llama3", "default"):
+        counts = [round(sum(w * v for w, v in zip(TRUE, x, strict=True))) for x in base]
+        a = fit([Observation(0, n, features=x) for n, x in zip(counts, base, strict=True)], S, family=family)
+        b = fit([Observation(0, n, features=x) for n, x in zip(counts, with_column, strict=True)], S, family=family)
+        assert a.weights == b.weights and a.margins == b.margins and a.evidence == b.evidence
+        assert a.price(base[1]) == b.price(with_column[1])
+    # Claude prices the same ``ident`` units dearer when they are prefixed identifiers.
+    cold = fit([], S, family="claude")
+    assert cold.price(with_column[1]) > cold.price(base[1])
+    assert cold.class_ratios["ident_prefixed"] == PRIORS["claude"].weights[IDENT_PREFIXED_COLUMN]
 
 
 def test_each_east_asian_script_is_fitted_apart() -> None:

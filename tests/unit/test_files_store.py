@@ -18,7 +18,7 @@ import contextsvc.stores.files as files_module
 from contextsvc.config import Durability, FilesSettings, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, Message, Role
-from contextsvc.core.priors import LEGACY_FEATURES, N_FEATURES, PREVIOUS_FEATURES
+from contextsvc.core.priors import CYRILLIC_FEATURES, LEGACY_FEATURES, N_FEATURES, PREVIOUS_FEATURES
 from contextsvc.core.session import Principal
 from contextsvc.errors import InvalidArgument, NotFound, SessionDamaged, Unavailable
 from contextsvc.stores._dirlock import DataDirLocked
@@ -332,7 +332,7 @@ async def test_observations_and_views_of_the_first_feature_set_are_mapped_or_dro
     """Features written before the CJK class was split (11 numbers, one ``cjk`` class) load in the
     current order when they hold no CJK units; with CJK units they cannot be split and are dropped
     (the observation is then not fitted), never read as if they were in the new order."""
-    assert len(LEGACY_FEATURES) == 11 and N_FEATURES == 17
+    assert len(LEGACY_FEATURES) == 11 and N_FEATURES == 18
     latin = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0)  # word .. cyrillic, cjk=0, other, overheads
     cjk = (10.0, 0.0, 0.0, 4.0, 5.0, 0.0, 70.0, 0.0, 2.0, 0.0, 1.0)
     store = await opened(root)
@@ -344,7 +344,7 @@ async def test_observations_and_views_of_the_first_feature_set_are_mapped_or_dro
     await store.save_view(sid, dataclasses.replace(view("latin", last_sequence=1), features=latin), keep=3)
     await store.close()
     store = await opened(root)
-    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
+    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
     assert await store.list_calibration_observations("m", limit=8) == [
         Observation(45, 30, features=mapped, residual=0.02),
         Observation(89, 60, features=()),
@@ -371,13 +371,33 @@ async def test_observations_and_views_of_the_second_feature_set_are_mapped_or_dr
     await store.save_view(sid, dataclasses.replace(view("latin", last_sequence=1), features=latin), keep=3)
     await store.close()
     store = await opened(root)
-    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 6.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
+    mapped = (10.0, 20.0, 3.0, 4.0, 5.0, 0.0, 6.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0)
     assert await store.list_calibration_observations("m", limit=8) == [
         Observation(51, 30, features=mapped, residual=0.02),
         Observation(89, 60, features=()),
     ]
     assert (await store.get_view(sid, "latin")).features == mapped  # type: ignore[union-attr]
     assert (await store.get_view(sid, "ru")).features == ()  # type: ignore[union-attr]
+    await store.close()
+
+
+async def test_observations_and_views_of_the_third_feature_set_are_mapped(root: Path) -> None:
+    """Features written before the prefixed identifiers' column (17 numbers: the classes, the
+    families' Cyrillic columns, the overheads) load with that column 0, Cyrillic units and all."""
+    assert len(CYRILLIC_FEATURES) == 17
+    russian = (10.0, 8.0, 0.0, 4.0, 5.0, 70.0, 0.0, 0.0, 0.0, 0.0, 60.0, 90.0, 62.0, 95.0, 2.0, 0.0, 1.0)
+    store = await opened(root)
+    await store.add_calibration_observation("m", Observation(89, 60, features=russian, residual=0.01))
+    sid = (await store.create_session(caller=Principal("alice"), profile_id="p")).id
+    await store.append_messages(sid, [user("a")], caller=Principal("alice"))
+    await store.save_view(sid, dataclasses.replace(view("ru", last_sequence=1), features=russian), keep=3)
+    await store.close()
+    store = await opened(root)
+    mapped = (*russian[:14], 0.0, *russian[14:])
+    assert await store.list_calibration_observations("m", limit=8) == [
+        Observation(89, 60, features=mapped, residual=0.01)
+    ]
+    assert (await store.get_view(sid, "ru")).features == mapped  # type: ignore[union-attr]
     await store.close()
 
 

@@ -371,13 +371,13 @@ def test_a_long_cyrillic_word_costs_less_per_letter_than_a_short_one() -> None:
 def test_a_cyrillic_piece_is_counted_in_each_familys_own_vocabulary(piece: str, counts: tuple[int, ...]) -> None:
     assert sizing.cyrillic_family_tokens(piece) == counts
     units = sizing.feature_units(piece)
-    assert units[sizing.N_CLASSES :] == tuple(WEIGHTS.units_per_token * c for c in counts)
+    assert units[sizing.N_CLASSES : sizing.IDENT_PREFIXED] == tuple(WEIGHTS.units_per_token * c for c in counts)
 
 
 def test_the_families_disagree_the_way_their_vocabularies_do() -> None:
     # o200k and Llama 3 hold far more Russian words whole than cl100k and Claude.
     text = "Служба перезапущена после обновления конфигурации, проверьте журнал событий."
-    o200k, cl100k, llama3, claude = sizing.feature_units(text)[sizing.N_CLASSES :]
+    o200k, cl100k, llama3, claude = sizing.feature_units(text)[sizing.N_CLASSES : sizing.IDENT_PREFIXED]
     assert o200k < cl100k and llama3 < claude
     assert max(o200k, llama3) < min(cl100k, claude)
 
@@ -389,7 +389,7 @@ def test_the_class_units_still_sum_to_the_size_and_text_without_cyrillic_has_no_
         assert sum(units[: sizing.N_CLASSES]) == text_size(text) and units[: sizing.N_CLASSES] == sizing.class_units(
             text
         )
-        assert any(units[sizing.N_CLASSES :]) == bool(units[sizing.CYRILLIC])
+        assert any(units[sizing.N_CLASSES : sizing.IDENT_PREFIXED]) == bool(units[sizing.CYRILLIC])
 
 
 def test_a_prefix_costs_a_token_and_latin_letters_their_shared_price() -> None:
@@ -412,7 +412,7 @@ def test_family_units_are_deterministic_and_never_below_one_a_piece(text: str) -
     sizing.clear_caches()
     assert sizing.feature_units(text) == units
     n = sum(1 for p in pieces(text) if sizing.piece_class(p) == sizing.CYRILLIC)
-    assert all(u >= WEIGHTS.units_per_token * n for u in units[sizing.N_CLASSES :])
+    assert all(u >= WEIGHTS.units_per_token * n for u in units[sizing.N_CLASSES : sizing.IDENT_PREFIXED])
 
 
 def test_text_without_cyrillic_never_unpacks_the_vocabularies() -> None:
@@ -426,3 +426,31 @@ def test_text_without_cyrillic_never_unpacks_the_vocabularies() -> None:
         "assert len(sizing._CYRILLIC_RANKS) == len(sizing.CYRILLIC_FAMILIES)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+@pytest.mark.parametrize(
+    ("text", "prefixed"),
+    [
+        ("self.attr", [".attr"]),
+        ("get_user_id", ["_user", "_id"]),
+        ('{"instance_id": "i-1", "node.name": 3}', ["_id", ".name"]),
+        ("getValue HTTPServer :aws \tindent", []),  # camelCase, acronyms, other prefixes, a tab: not counted
+        (".Привет _мир", []),  # Cyrillic behind the prefix is Cyrillic, not an identifier
+    ],
+)
+def test_prefixed_identifier_pieces_are_counted_again_in_their_own_column(text: str, prefixed: list[str]) -> None:
+    units = sizing.feature_units(text)
+    assert len(units) == sizing.N_UNIT_COLUMNS == sizing.IDENT_PREFIXED + 1
+    assert [p for p in pieces(text) if sizing._piece_split(p)[-1][0] == sizing.IDENT_PREFIXED] == prefixed
+    # the column is a price on top: the same units stay in ``ident`` and the classes still sum to the size
+    assert units[sizing.IDENT_PREFIXED] == sum(sizing.piece_units(p) for p in prefixed)
+    assert all(sizing.piece_class(p) == sizing.IDENT for p in prefixed)
+    assert units[sizing.IDENT] >= units[sizing.IDENT_PREFIXED]
+    assert sum(units[: sizing.N_CLASSES]) == text_size(text)
+
+
+@given(st.text(alphabet=st.sampled_from("ab_.XY :\n1й"), max_size=60))
+def test_the_prefixed_column_is_the_prefixed_ident_pieces_units(text: str) -> None:
+    found = pieces(text)
+    expected = sum(sizing.piece_units(p) for p in found if p[0] in "_." and sizing.piece_class(p) == sizing.IDENT)
+    assert sizing.feature_units(text)[sizing.IDENT_PREFIXED] == expected
