@@ -17,11 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("memory").start()
-    try:
+    with ServerProcess("memory").start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,8 @@ RUN_TIMEOUT_S = 180
 
 @contextmanager
 def _server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("memory").start()
-    try:
+    with ServerProcess("memory").start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 def _run(cmd: list[str], cwd: Path) -> None:

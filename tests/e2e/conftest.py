@@ -22,11 +22,8 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(data_dir: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(f"files:{data_dir}").start()
-    try:
+    with ServerProcess(f"files:{data_dir}").start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.fixture

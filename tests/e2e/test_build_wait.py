@@ -33,11 +33,8 @@ def hanging(tmp_path: Path, llm: FakeLLM) -> Iterator[ServerProcess]:
         "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
         "CONTEXTSVC_HOT_PATH__BUILD_WAIT_SECONDS": str(BOUND_S),
     }
-    proc = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
-    try:
+    with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 def _profile() -> r.Profile:

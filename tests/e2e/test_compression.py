@@ -35,11 +35,8 @@ def llm_server(tmp_path: Path, llm: FakeLLM) -> Iterator[ServerProcess]:
         "CONTEXTSVC_SUMMARIZER__OLLAMA__TOTAL_TIMEOUT_SECONDS": "3",
         "CONTEXTSVC_SUMMARIZER__OLLAMA__MAX_RETRIES": "1",
     }
-    proc = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
-    try:
+    with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 def _profile(summarizer: str = "extractive", **compression: Any) -> r.Profile:

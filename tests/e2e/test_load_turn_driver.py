@@ -35,11 +35,8 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def memory_server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("memory").start()
-    try:
+    with ServerProcess("memory").start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.mark.parametrize(("agent", "turn"), [(0, 1), (7, 3), (49, 1), (49, 4999), (3, 99_999), (0, 0)])

@@ -32,11 +32,8 @@ PNG_1X1 = bytes.fromhex(
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("memory").start()
-    try:
+    with ServerProcess("memory").start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.fixture

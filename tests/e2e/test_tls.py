@@ -79,11 +79,8 @@ def _serve(tmp_path: Path, pki: Pki, *, mutual: bool, auth: str = "auto") -> Ite
     args = ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key), "--auth", auth]
     if mutual:
         args += ["--tls-client-ca", str(pki.client_ca_file)]
-    proc = ServerProcess(f"files:{tmp_path / 'data'}", extra_args=args).start()
-    try:
+    with ServerProcess(f"files:{tmp_path / 'data'}", extra_args=args).start() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 def _health(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:

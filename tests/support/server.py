@@ -86,6 +86,13 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
 
+    def __enter__(self) -> ServerProcess:
+        """``with ServerProcess(...).start() as proc:``: killed when the block ends."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
 
 class StoreServer:
     """One ``contextsvc serve`` on a named store kind, for benchmarks: ``memory``, ``files`` (a
