@@ -163,15 +163,12 @@ class TokenSettings(BaseModel):
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
     #: how long a replica trusts its cached calibration before re-reading the store's observations.
     calibration_refresh_seconds: float = Field(5.0, ge=0)
-    #: how long a RecordBaseline on a busy server waits after writing its observation so that the
-    #: model's baselines written meanwhile share one refit (the response still holds its own
-    #: observation). On an idle event loop (nothing else ran in the iteration after the write) the
-    #: refit runs at once, so a lone agent never waits. 0 refits at once always (issue #15).
+    #: how long a RecordBaseline waits after writing its observation, when another session's
+    #: baseline of the model came within as long before it (several agents are recording), so that
+    #: the model's baselines written meanwhile share one refit (the response still holds its own
+    #: observation). A lone agent, or baselines further apart, refit at once. 0 refits at once
+    #: always (issue #15).
     calibration_coalesce_seconds: float = Field(0.02, ge=0, le=1)
-    #: the event loop counts as idle for that rule when the iteration after the write took less of
-    #: the loop thread's own CPU than this (seconds; a preempted process does not look busy): an
-    #: empty iteration costs ~10-50 µs, one request's work ~1 ms.
-    calibration_idle_iteration_seconds: float = Field(0.0002, ge=0, le=0.1)
     #: models whose calibration a replica keeps cached (least recently used ones are re-read).
     max_cached_models: int = Field(1024, ge=1)
     #: built views remembered per session for RecordBaseline.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -36,6 +37,8 @@ class TokenAccounting:
         self._reads: dict[str, asyncio.Lock] = {}
         #: per model, the open gathering of baselines that will share one refit (``_gather``).
         self._gathering: dict[str, asyncio.Event] = {}
+        #: per model, when baselines of different sessions last arrived (the gathering's rule).
+        self._arrivals = _Arrivals()
 
     async def ensure_loaded(self, model: str) -> Calibration:
         """The model's calibration, re-read from the store when the cached copy is stale."""
@@ -45,34 +48,42 @@ class TokenAccounting:
             self._loaded_at.move_to_end(model)
         return self._registry.calibration(model)
 
-    async def observe(self, model: str, observation: Observation) -> Calibration:
-        """Persist a baseline observation and refit from the store's newest observations.
+    async def observe(
+        self, model: str, observation: Observation, *, source: str, concurrent: bool = True
+    ) -> Calibration:
+        """Persist a baseline observation (of session ``source``) and refit from the store's
+        newest observations. ``concurrent``: other requests were served while the agent's turn was
+        under way (False: it may be the only client, and its refit never waits for others).
 
-        Concurrent baselines of one model share a refit: after writing, the call yields once to
-        let baselines already waiting write theirs, then waits for any read of the model running,
-        and reads (and fits) again only if the cache does not hold a read that began after its own
-        write; the calibration it returns always holds its observation. Other requests meanwhile
-        price with the calibration as it was before this baseline (as if they had come first)
-        rather than each refitting it."""
+        Concurrent baselines of one model share a refit (``_gather``): a baseline waits for any
+        read of the model running, and reads (and fits) again only if the cache does not hold a
+        read that began after its own write; the calibration it returns always holds its
+        observation. Other requests meanwhile price with the calibration as it was before this
+        baseline (as if they had come first) rather than each refitting it."""
         await self._store.add_calibration_observation(model, observation)
         self._written += 1
         mine = self._written
-        await self._gather(model, mine)
+        await self._gather(model, mine, source, concurrent)
         if self._applied.get(model, -1) < mine:
             await self._refresh(model, mine, force=True)
         return await self.ensure_loaded(model)
 
-    async def _gather(self, model: str, mine: int) -> None:
+    async def _gather(self, model: str, mine: int, source: str, concurrent: bool) -> None:
         """Give the model's other baselines a chance to share this one's refit (the fit is the
         largest cost of a RecordBaseline, and 50 agents of one model each make a new window).
 
-        Always one loop iteration (baselines already waiting write theirs). If a gathering of the
-        model is open, this observation was written before it closes, so its leader's refit reads
-        it: wait for that. Otherwise, when that iteration ran other work (a busy server: more
-        baselines are on their way), open one and wait ``calibration_coalesce_seconds``; an idle
-        loop (the iteration ran nothing else) refits at once, so a lone agent never waits."""
+        Always one loop iteration first: baselines already waiting write theirs, and the first
+        refit reads them all. Then, if a gathering of the model is open, this observation was
+        written before it closes, so its leader's refit reads it: wait for that. Otherwise, when
+        requests were ``concurrent`` and another session's baseline of the model came within the
+        last ``calibration_coalesce_seconds`` (several agents are recording: more are on their
+        way), open one and wait that long. A lone agent, one client going through sessions one
+        call at a time, or baselines further apart than the window refit at once. The rule reads
+        what requests arrived and when, not how busy the loop looks (which depends on how its work
+        is split into steps) nor the machine's load."""
         window = self._tokens.calibration_coalesce_seconds
-        began = time.thread_time()
+        now = time.monotonic()
+        others = self._arrivals.note(model, source, now)
         await asyncio.sleep(0)
         if window <= 0 or self._applied.get(model, -1) >= mine:
             return
@@ -80,7 +91,7 @@ class TokenAccounting:
         if gate is not None:
             await gate.wait()
             return
-        if time.thread_time() - began < self._tokens.calibration_idle_iteration_seconds:
+        if not concurrent or now - others > window:
             return
         gate = self._gathering[model] = asyncio.Event()
         try:
@@ -116,6 +127,7 @@ class TokenAccounting:
             while len(self._loaded_at) > self._tokens.max_cached_models:
                 evicted, _ = self._loaded_at.popitem(last=False)
                 self._registry.forget(evicted)
+                self._arrivals.forget(evicted)
                 self._applied.pop(evicted, None)
                 evicted_lock = self._reads.get(evicted)
                 if evicted_lock is not None and not evicted_lock.locked():
@@ -143,3 +155,31 @@ class TokenAccounting:
         return self.counter(model).count_messages(rows) + image_tokens_of(
             rows, fallback_tokens=self._tokens.image_tokens_fallback
         )
+
+
+class _Arrivals:
+    """Per model, the newest baseline's session and time, and the newest time of a baseline of any
+    other session: enough to tell when another session's baseline came last, in constant memory
+    per model (models are forgotten with their calibration)."""
+
+    __slots__ = ("_latest",)
+
+    def __init__(self) -> None:
+        #: model -> (session of the newest baseline, its time, the newest time of another session's)
+        self._latest: dict[str, tuple[str, float, float]] = {}
+
+    def note(self, model: str, source: str, now: float) -> float:
+        """Record a baseline of ``source`` at ``now``; when another session's baseline came last
+        (``-inf`` if never)."""
+        last = self._latest.get(model)
+        if last is None:
+            others = -math.inf
+        elif last[0] != source:
+            others = last[1]
+        else:
+            others = last[2]
+        self._latest[model] = (source, now, others)
+        return others
+
+    def forget(self, model: str) -> None:
+        self._latest.pop(model, None)

@@ -102,6 +102,9 @@ class _SavedView:
     #: another replica) lost the record with the old one, even when its rows look the same.
     created: datetime | None
     others: int = 0
+    #: the service's count of builds and baselines (``ViewService._calls``) once this view was last
+    #: served: a baseline of it that finds the count higher was recorded while other requests ran.
+    calls: int = 0
 
 
 def _additive(counter: TextCounter) -> bool:
@@ -244,6 +247,9 @@ class ViewService:
         #: session id -> the view record saved for its reused view (``_SavedView``), so a build that
         #: reuses the assembled view also reuses its record instead of writing a new one.
         self._saved: OrderedDict[str, _SavedView] = OrderedDict()
+        #: builds and baselines this process served, of every session: a baseline that finds its
+        #: view's count (``_SavedView.calls``) behind it was not the only request under way.
+        self._calls = 0
 
     async def prepare_incoming(
         self, incoming: IncomingMessage | None, field: str
@@ -588,8 +594,10 @@ class ViewService:
         saved = self._saved.get(session.id)
         if saved is not None and saved.created != session.create_time:
             saved = None
+        self._calls += 1
         if saved is not None and saved.built is built and saved.epoch == epoch and saved.others < keep - 1:
             self._saved.move_to_end(session.id)
+            saved.calls = self._calls
             return saved.view_id
         view_id = saved.view_id if saved is not None and saved.built is built and saved.epoch == epoch else _new_id()
         await self._store.save_view(
@@ -612,7 +620,7 @@ class ViewService:
             keep=keep,
         )
         if anchor and self._memo.holds(session.id, built):
-            self._saved[session.id] = _SavedView(built, epoch, view_id, session.create_time)
+            self._saved[session.id] = _SavedView(built, epoch, view_id, session.create_time, calls=self._calls)
             self._saved.move_to_end(session.id)
             while len(self._saved) > max(1, self._settings.hot_path.view_cache_sessions):
                 self._saved.popitem(last=False)
@@ -671,6 +679,11 @@ class ViewService:
         if prompt_tokens <= 0:
             raise InvalidArgument.field("prompt_tokens", "must be positive")
         session = await self._store.get_session(sid, caller=caller)
+        saved = self._saved.get(sid)
+        # Other builds or baselines served since this view was (a fleet of agents, not one client
+        # going through its sessions one call at a time): only then may its refit wait for others.
+        concurrent = saved is not None and saved.view_id == view_id and self._calls > saved.calls
+        self._calls += 1
         view = await self._store.get_view(sid, view_id)
         if view is None:
             raise NotFound(
@@ -713,6 +726,8 @@ class ViewService:
                 features=view.features,
                 residual=_residual(prompt_tokens, view, self._settings.tokens.margin_view_share),
             ),
+            source=sid,
+            concurrent=concurrent,
         )
         # A view that carried images is no anchor: the provider's count holds those images, and a
         # later view may leave some out (image budget), so baseline + delta would count them twice.

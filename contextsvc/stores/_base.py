@@ -16,10 +16,11 @@ import copy
 import dataclasses
 import hashlib
 import re
+import types
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
@@ -190,10 +191,25 @@ class RowStore:
         return st
 
     async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
-        async def run() -> T:
-            return await work()
+        """``work()``, which a caller that goes away does not interrupt. It starts at once, in the
+        caller's step: a mutation that completes without suspending (the memory store's, a
+        resident session's) costs no task; one that suspends goes on in a task of its own, which
+        the caller awaits through a shield, and which ``_drain`` waits for."""
+        coro = work()
+        if not isinstance(coro, types.CoroutineType):
 
-        task = asyncio.ensure_future(run())
+            async def run() -> T:
+                return await coro
+
+            return await self._in_task(run())
+        try:
+            waiting = coro.send(None)
+        except StopIteration as done:
+            return cast(T, done.value)
+        return await self._in_task(_resume(coro, waiting))
+
+    async def _in_task(self, coro: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.ensure_future(coro)
         self._inflight.add(task)
         task.add_done_callback(_settle)
         task.add_done_callback(self._inflight.discard)
@@ -585,6 +601,37 @@ def _normalized(chunk: HistoryChunk) -> HistoryChunk:
         end_time=utc(chunk.end_time) if chunk.end_time is not None else None,
         breadcrumbs=tuple(chunk.breadcrumbs),
     )
+
+
+class _Resumed:
+    """Drives a coroutine that already ran to its first suspension (``waiting``, what it yielded)
+    from inside another one: what a task would have done with it from the start."""
+
+    __slots__ = ("coro", "waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self.coro = coro
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        coro, waiting = self.coro, self.waiting
+        while True:
+            try:
+                yield waiting
+            except BaseException as exc:  # the task's cancellation, passed on as a task would
+                try:
+                    waiting = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    waiting = coro.send(None)
+                except StopIteration as done:
+                    return done.value
+
+
+async def _resume(coro: Coroutine[Any, Any, T], waiting: Any) -> T:
+    return cast(T, await _Resumed(coro, waiting))
 
 
 def _settle(task: asyncio.Future[Any]) -> None:

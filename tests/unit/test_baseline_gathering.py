@@ -1,12 +1,14 @@
-"""Baselines of one model arriving close together on a busy server share one refit
+"""Baselines of one model from several sessions arriving close together share one refit
 (``TokenAccounting._gather``, ``tokens.calibration_coalesce_seconds``): every RecordBaseline
-still gets back a calibration holding its own observation, a lone baseline on an idle loop never
-waits, and a gathering whose leader is cancelled leaves nobody waiting."""
+still gets back a calibration holding its own observation, a lone agent never waits (however
+busy the loop), baselines further apart than the window never wait, and a gathering whose leader
+is cancelled leaves nobody waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,8 +18,9 @@ import pytest
 from contextsvc.config import ProfileConfig, Settings, TokenSettings
 from contextsvc.core.calibration import Calibration, Observation
 from contextsvc.core.priors import N_FEATURES
-from contextsvc.engine.accounting import TokenAccounting
+from contextsvc.engine.accounting import TokenAccounting, _Arrivals
 from contextsvc.stores.memory import MemoryStore
+from tests.support.compaction_harness import Rig, a, u, words
 
 
 def _obs(k: int) -> Observation:
@@ -78,52 +81,152 @@ async def busy_loop(ms_per_iteration: float = 2.0) -> AsyncIterator[None]:
 
 
 async def _staggered(accounting: TokenAccounting, count: int, gap: float) -> list[Calibration]:
+    """``count`` baselines of ``count`` sessions, ``gap`` seconds apart."""
+
     async def one(k: int) -> Calibration:
         await asyncio.sleep(k * gap)
-        return await accounting.observe("m", _obs(k))
+        return await accounting.observe("m", _obs(k), source=f"session-{k}")
 
     return await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(count))), 10)
 
 
-async def test_baselines_arriving_close_together_on_a_busy_loop_share_one_refit() -> None:
+async def test_baselines_of_several_sessions_arriving_close_together_share_one_refit() -> None:
     store, accounting = await _accounting(0.25)
-    async with busy_loop():
-        got = await _staggered(accounting, 6, 0.01)  # all six within the first one's 250 ms
-    assert store.reads == 1  # one read, one fit for the six (each refitted alone before)
-    # What each got back holds its own observation (here: all six).
-    assert [c.observations for c in got] == [6] * 6
+    got = await _staggered(accounting, 6, 0.01)  # six sessions within one window
+    # The first had no other session's baseline before it: it refitted at once, alone. The second
+    # came 10 ms after it and opened a gathering; the other four joined it: one read and one fit.
+    assert store.reads == 2
+    # What each got back holds its own observation.
+    assert [c.observations for c in got] == [1] + [6] * 5
 
 
 async def test_without_a_window_every_baseline_refits_alone() -> None:
     store, accounting = await _accounting(0.0)
-    async with busy_loop():
-        got = await _staggered(accounting, 6, 0.01)
+    got = await _staggered(accounting, 6, 0.01)
     assert store.reads == 6  # as before the window: one read and one fit per baseline
     for position, k in enumerate(store.written):
         assert got[k].observations >= position + 1
 
 
-async def test_a_lone_baseline_on_an_idle_loop_never_waits() -> None:
+async def test_a_lone_agent_never_waits_even_on_a_busy_loop() -> None:
     store, accounting = await _accounting(1.0)  # a window far longer than a refit
     started = time.monotonic()
-    for k in range(5):
-        assert (await accounting.observe("m", _obs(k))).observations == k + 1
+    async with busy_loop():  # other requests' work around it does not make it wait
+        for k in range(5):
+            assert (await accounting.observe("m", _obs(k), source="agent")).observations == k + 1
     assert time.monotonic() - started < 1.0
     assert store.reads == 5
+    assert accounting._gathering == {}
+
+
+async def test_sessions_whose_baselines_are_further_apart_than_the_window_never_wait() -> None:
+    store, accounting = await _accounting(0.5)
+    for k in range(4):
+        await asyncio.sleep(0.6)  # longer than the window since the other session's baseline
+        started = time.monotonic()
+        got = await accounting.observe("m", _obs(k), source="ab"[k % 2])
+        assert time.monotonic() - started < 0.5  # refitted at once, not after the window
+        assert got.observations == k + 1
+    assert store.reads == 4
+
+
+async def test_a_second_session_inside_the_window_waits_for_the_window_and_holds_its_observation() -> None:
+    store, accounting = await _accounting(0.2)
+    assert (await accounting.observe("m", _obs(0), source="a")).observations == 1
+    started = time.monotonic()
+    got = await accounting.observe("m", _obs(1), source="b")
+    assert time.monotonic() - started >= 0.2  # it opened a gathering (another session was recent)
+    assert got.observations == 2
+    assert store.reads == 2  # nobody joined: its own refit after the window
+    assert accounting._gathering == {}
+
+
+async def test_a_baseline_recorded_while_no_other_request_ran_never_waits() -> None:
+    """One client going through its sessions one call at a time: another session's baseline came
+    just before, but no other request ran during this one's turn (``concurrent=False``)."""
+    store, accounting = await _accounting(1.0)
+    started = time.monotonic()
+    for k in range(6):
+        got = await accounting.observe("m", _obs(k), source=f"session-{k % 3}", concurrent=False)
+        assert got.observations == k + 1
+    assert time.monotonic() - started < 1.0
+    assert store.reads == 6
 
 
 async def test_a_gathering_whose_leader_is_cancelled_leaves_its_followers_a_refit_of_their_own() -> None:
     store, accounting = await _accounting(0.3)
-    async with busy_loop():
-        leader = asyncio.ensure_future(accounting.observe("m", _obs(0)))
-        await asyncio.sleep(0.05)
-        assert "m" in accounting._gathering  # the leader waits for others
-        followers = [asyncio.ensure_future(accounting.observe("m", _obs(k))) for k in (1, 2)]
-        await asyncio.sleep(0.05)
-        leader.cancel()
-        got = await asyncio.wait_for(asyncio.gather(*followers), 5)
+    await accounting.observe("m", _obs(0), source="a")  # another session's baseline, just now
+    store.reads = 0
+    leader = asyncio.ensure_future(accounting.observe("m", _obs(1), source="b"))
+    await asyncio.sleep(0.05)
+    assert "m" in accounting._gathering  # the leader waits for others
+    followers = [asyncio.ensure_future(accounting.observe("m", _obs(k), source=f"s{k}")) for k in (2, 3)]
+    await asyncio.sleep(0.05)
+    leader.cancel()
+    got = await asyncio.wait_for(asyncio.gather(*followers), 5)
     with pytest.raises(asyncio.CancelledError):
         await leader
-    assert [c.observations for c in got] == [3, 3]  # each holds its own (and the leader's write)
+    assert [c.observations for c in got] == [4, 4]  # each holds its own (and the leader's write)
     assert store.reads == 1  # the first follower's refit served both
     assert accounting._gathering == {}
+
+
+def test_arrivals_tell_when_another_session_came_last() -> None:
+    arrivals = _Arrivals()
+    assert arrivals.note("m", "a", 1.0) == -math.inf
+    assert arrivals.note("m", "a", 2.0) == -math.inf  # the same session is never "another"
+    assert arrivals.note("m", "b", 3.0) == 2.0
+    assert arrivals.note("m", "b", 4.0) == 2.0  # a's newest, not b's own
+    assert arrivals.note("m", "c", 5.0) == 4.0
+    assert arrivals.note("n", "c", 6.0) == -math.inf  # per model
+    arrivals.forget("m")
+    assert arrivals.note("m", "d", 7.0) == -math.inf
+
+
+async def test_through_the_engine_a_client_going_through_sessions_one_call_at_a_time_never_waits() -> None:
+    """Builds and baselines of three sessions in turn, each baseline straight after its own build:
+    no other request ran during any turn, so no baseline waits, though another session's baseline
+    always came just before (the window here is 1 s)."""
+    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=1.0))
+    try:
+        sids = [await rig.session() for _ in range(3)]
+        started = time.monotonic()
+        for turn in range(3):
+            for sid in sids:
+                await rig.append(sid, u(f"question {turn}"), a(f"answer {turn} " + words(20)))
+                assert (await rig.baseline(sid, await rig.build(sid))).recorded
+        assert time.monotonic() - started < 1.0  # nine baselines, none waited for the window
+        assert rig.engine.accounting._gathering == {}
+    finally:
+        await rig.close()
+
+
+async def test_through_the_engine_interleaved_turns_of_several_sessions_share_a_refit() -> None:
+    """Agents whose turns overlap (each session's view built, then the baselines): the second
+    baseline finds the first session's just before it and requests served during its turn, so it
+    gathers, and the third joins it."""
+    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=0.2))
+    try:
+        sids = [await rig.session() for _ in range(3)]
+        for sid in sids:
+            await rig.append(sid, u("question"), a("answer " + words(20)))
+        views = [await rig.build(sid) for sid in sids]
+        reads = 0
+        read = rig.store.list_calibration_observations
+
+        async def counted(model: str, *, limit: int) -> Any:
+            nonlocal reads
+            reads += 1
+            return await read(model, limit=limit)
+
+        rig.store.list_calibration_observations = counted
+        first = await rig.baseline(sids[0], views[0])  # refits at once: no other session's baseline yet
+        assert reads == 1
+        started = time.monotonic()
+        rest = await asyncio.gather(*(rig.baseline(sid, view) for sid, view in zip(sids[1:], views[1:], strict=True)))
+        assert time.monotonic() - started >= 0.2  # the second opened a gathering
+        assert reads == 2  # one refit for the second and third
+        observed = [r.calibration.observations for r in (first, *rest)]
+        assert observed == [observed[0], observed[0] + 2, observed[0] + 2]
+    finally:
+        await rig.close()

@@ -504,6 +504,9 @@ async def test_a_fallback_view_is_not_priced_with_the_whole_contexts_baseline() 
         view = await rig.build(sid, auto=False)  # the whole context, and a baseline for it
         await rig.engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
         assert await rig.engine.anchors_applied(5)
+        # The baseline's post-turn check runs now, under the trigger: appends on the memory store
+        # never yield, so left pending it would run at the first await below, over the trigger.
+        assert await rig.engine.post_turn.drain(5)
         while await rig.estimate(sid) <= budget:
             assert k < 400
             await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))

@@ -292,10 +292,10 @@ def test_concurrent_baselines_of_a_model_share_one_refit_and_each_sees_its_own()
         accounting = TokenAccounting(store, settings)
         await accounting.ensure_loaded("hp")
         store.reads = 0
-        fits = await asyncio.gather(*(accounting.observe("hp", obs(k)) for k in range(5)))
+        fits = await asyncio.gather(*(accounting.observe("hp", obs(k), source=f"s{k}") for k in range(5)))
         assert store.reads == 1  # one read and one fit for the five
         assert [c.observations for c in fits] == [5] * 5  # each holds its own observation
-        one_by_one = [(await accounting.observe("hp", obs(k))).observations for k in range(5, 8)]
+        one_by_one = [(await accounting.observe("hp", obs(k), source="s")).observations for k in range(5, 8)]
         assert one_by_one == [6, 7, 8]
         assert store.reads == 4
 

@@ -163,7 +163,7 @@ async def test_a_baseline_gets_back_a_calibration_holding_its_own_observation_af
     await store.open()
     accounting = TokenAccounting(store, settings)
     for k in range(3):
-        assert (await accounting.observe("m", _obs(k))).observations == k + 1
+        assert (await accounting.observe("m", _obs(k), source="s")).observations == k + 1
     await asyncio.sleep(0.1)  # m's cached copy is stale: the next use reads it again
     gate = asyncio.Event()
     store.gate, store.gate_model = gate, "m"
@@ -173,7 +173,7 @@ async def test_a_baseline_gets_back_a_calibration_holding_its_own_observation_af
     assert not old_read.done()  # the read of m is in flight (snapshot: 3 observations)
     await accounting.ensure_loaded("n")  # another model: m is evicted (and its counters with it)
     store.release = gate  # the old read finishes as soon as the next observation is written
-    returned = await accounting.observe("m", _obs(3))
+    returned = await accounting.observe("m", _obs(3), source="s")
     await old_read
     assert returned.observations == 4  # the baseline's own observation is in what it got back
 
@@ -188,7 +188,7 @@ async def test_concurrent_baselines_share_one_read_on_a_store_whose_reads_yield(
     accounting = TokenAccounting(store, settings)
     await accounting.ensure_loaded("m")
     store.reads, store.read_delay = 0, 0.01
-    fits = await asyncio.gather(*(accounting.observe("m", _obs(k)) for k in range(5)))
+    fits = await asyncio.gather(*(accounting.observe("m", _obs(k), source=f"s{k}") for k in range(5)))
     assert [c.observations for c in fits] == [5] * 5
     assert store.reads == 1  # one read (and one refit) for the five, as the memory store gets
 
