@@ -1,0 +1,62 @@
+"""The compaction lock's wait bound (``Compactor.lock(wait=...)``): a free lock is taken at once
+(without arming a timer: the anchor of every baseline takes it), a held one is refused with
+``CompactionBusy`` once the bound passed, and a waiter ahead in the queue is never overtaken."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from contextsvc.engine.compaction import CompactionBusy
+from tests.support.compaction_harness import Rig
+
+
+async def test_a_free_lock_is_taken_at_once_and_its_entry_goes_when_released() -> None:
+    rig = await Rig.start()
+    try:
+        compactor = rig.engine.compactor
+        loop = asyncio.get_running_loop()
+        timers = len(getattr(loop, "_scheduled", ()))
+        async with compactor.lock("s", wait=5.0):
+            assert compactor.busy("s")
+            assert len(getattr(loop, "_scheduled", ())) == timers  # no timeout armed
+        assert not compactor.busy("s")
+        assert compactor._locks == {}
+    finally:
+        await rig.close()
+
+
+async def test_a_held_lock_refuses_after_the_bound_and_a_waiter_is_served_in_turn() -> None:
+    rig = await Rig.start()
+    try:
+        compactor = rig.engine.compactor
+        release, held = asyncio.Event(), asyncio.Event()
+        order: list[str] = []
+
+        async def holder() -> None:
+            async with compactor.lock("s"):
+                held.set()
+                await release.wait()
+                order.append("holder")
+
+        async def waiter() -> None:
+            async with compactor.lock("s"):
+                order.append("waiter")
+
+        first = asyncio.create_task(holder())
+        await held.wait()
+        started = time.monotonic()
+        with pytest.raises(CompactionBusy):
+            async with compactor.lock("s", wait=0.05):
+                order.append("bounded")  # never: the lock is held past the bound
+        assert 0.04 <= time.monotonic() - started < 2.0
+        second = asyncio.create_task(waiter())
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        assert order == ["holder", "waiter"]
+        assert compactor._locks == {}
+    finally:
+        await rig.close()
