@@ -25,6 +25,7 @@ and then runs the ordinary ``contextsvc serve ARGS...``. Bench-only; nothing her
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import select
 import shutil
@@ -43,7 +44,35 @@ sys.path.insert(0, str(HERE))
 import _checkout  # noqa: E402,F401 - this checkout's contextsvc
 
 VARIANTS = ("real", "stub", "stub-sized", "stub-bare")
-EXPERIMENTS = ("real-gc", "real-count", "base")
+EXPERIMENTS = ("real-gc", "real-count", "stub-count", "base")
+
+
+def _count_loop(counts: dict[str, int]) -> None:
+    """Count the event loop's iterations and the callbacks it runs (task steps, gRPC's wake-ups)
+    into ``counts`` (an experiment: the counting itself costs CPU)."""
+    import asyncio.base_events
+    import asyncio.events
+
+    counts.update(iterations=0, callbacks=0)
+    loop_class: Any = asyncio.base_events.BaseEventLoop
+    run_once, run = loop_class._run_once, asyncio.events.Handle._run
+
+    def counted_run_once(self: Any) -> None:
+        counts["iterations"] += 1
+        run_once(self)
+
+    def counted_run(self: Any) -> None:
+        counts["callbacks"] += 1
+        run(self)
+
+    loop_class._run_once = counted_run_once
+    asyncio.events.Handle._run = counted_run  # type: ignore[method-assign]
+
+    def reset(*_: Any) -> None:  # the turn phase starts: forget what Health/Check and seeding ran
+        for key in counts:
+            counts[key] = 0
+
+    signal.signal(signal.SIGUSR1, reset)
 
 
 def _patch(variant: str) -> None:
@@ -62,9 +91,15 @@ def _patch(variant: str) -> None:
 
         from contextsvc.core.calibration import CalibrationRegistry
         from contextsvc.engine.accounting import TokenAccounting
+        from contextsvc.engine.compaction import Compactor
 
-        counts = {"fits": 0, "baselines": 0}
-        load, observe = CalibrationRegistry.load, TokenAccounting.observe
+        counts = {"fits": 0, "baselines": 0, "compactions": 0}
+        _count_loop(counts)
+        load, observe, compact = CalibrationRegistry.load, TokenAccounting.observe, Compactor.run
+
+        async def counted_compact(self: Any, *a: Any, **k: Any) -> Any:
+            counts["compactions"] += 1
+            return await compact(self, *a, **k)
 
         def counted_load(self: Any, *a: Any, **k: Any) -> Any:
             counts["fits"] += 1
@@ -76,8 +111,16 @@ def _patch(variant: str) -> None:
 
         CalibrationRegistry.load = counted_load  # type: ignore[method-assign]
         TokenAccounting.observe = counted_observe  # type: ignore[method-assign]
+        Compactor.run = counted_compact  # type: ignore[method-assign]
         atexit.register(lambda: print(f"COUNTS {counts}", file=sys.stderr, flush=True))
         return
+    if variant == "stub-count":  # an experiment: the stub's loop callbacks, written at exit
+        import atexit
+
+        stub_counts = {"baselines": 0}
+        _count_loop(stub_counts)
+        atexit.register(lambda: print(f"COUNTS {stub_counts}", file=sys.stderr, flush=True))
+        variant = "stub"
     if variant == "real-gc":  # an experiment: the collector's first generation 10x larger
         import gc
 
@@ -209,6 +252,9 @@ def measure(variant: str, loader: Any, run: Any, config: str, base: Path | None,
         finally:
             seeder.close()
         health = loader.health(server, run)
+        if variant.endswith("-count"):
+            server.proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.2)
         m = loader.driver(server, "turns", sessions, run)
     finally:
         server.stop()
@@ -216,7 +262,9 @@ def measure(variant: str, loader: Any, run: Any, config: str, base: Path | None,
     server.stderr.seek(0)
     for line in server.stderr.read().splitlines():
         if line.startswith("COUNTS"):
-            print(variant, line, flush=True)
+            counted = ast.literal_eval(line.split(" ", 1)[1])
+            per_turn = {k: round(v / max(1, m["count"]), 2) for k, v in counted.items()}
+            print(variant, line, "per turn:", per_turn, flush=True)
     return {
         "variant": variant,
         "turns": m["count"],
