@@ -483,6 +483,11 @@ class HotPathSettings(BaseModel):
     #: (a compaction is running its summarizer) it answers and the anchor applies after that
     #: compaction, or is dropped if the compaction committed (the view is then of an older cycle).
     baseline_wait_seconds: float = Field(0.1, ge=0)
+    #: the post-turn check (memory flush, compaction) skips a session at once when this many times
+    #: its recorded context size, plus its system prompt's characters, stays under the lowest level
+    #: either could fire at: it is far from both, and reading and pricing its view again would only
+    #: say so (a baseline's check, on every turn). 0 checks every session in full.
+    post_turn_headroom: float = Field(2.0, ge=0)
 
 
 class GatewaySettings(BaseModel):

@@ -290,6 +290,19 @@ class Compactor:
             limit = goal
         return Bounds(trigger=trigger, goal=goal, limit=limit)
 
+    def far_below(self, p: EffectiveProfile, context_tokens: int) -> bool:
+        """A session whose recorded context size (``context_tokens``: its last real count plus
+        what was appended since, or what its last compaction left) is so far under every level
+        automatic compaction and the memory flush fire at that its view's estimate and margin
+        cannot reach them: ``hot_path.post_turn_headroom`` times that size and the system prompt
+        (a token per character: no vocabulary counts more; the factor covers its framing) stays
+        under both the trigger and the lowest level the soft threshold can take (``limit``)."""
+        headroom = self._settings.hot_path.post_turn_headroom
+        if headroom <= 0:
+            return False
+        b = self.bounds(p)
+        return headroom * (max(0, context_tokens) + len(p.system_prompt)) < min(b.trigger, b.limit)
+
     def aim(self, s: Situation) -> Bounds:
         """``bounds`` with the goal and the limit on the estimate alone, as the planner and the
         proof of progress need them: lower by the margin the compacted view will carry.

@@ -320,6 +320,8 @@ class Engine:
         profile = await self._profile_for(session, None)
         if not profile.compression.enabled:
             return
+        if not session.context_truncated and self.compactor.far_below(profile, session.context_tokens):
+            return
         context = await self.store.load_context(session_id, caller=_INTERNAL)
         # Through the session's view memo: the next build of an unchanged session reuses this view.
         built = self.views.assemble(profile, context, None, EngineState.of(session), session_id=session_id)

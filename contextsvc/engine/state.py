@@ -7,6 +7,11 @@ from typing import Any
 
 from contextsvc.core.session import SessionInfo
 
+#: id of a session's state mapping -> (that mapping, its parse), for ``EngineState.of``; cleared
+#: whole when full (a few KB a session: the mappings are small and the store holds most anyway).
+_parsed: dict[int, tuple[dict[str, Any], EngineState]] = {}
+_PARSED_MAX = 4096
+
 
 @dataclass(slots=True, frozen=True)
 class BaselineState:
@@ -28,7 +33,19 @@ class EngineState:
 
     @classmethod
     def of(cls, session: SessionInfo) -> EngineState:
-        return cls.from_dict(session.state)
+        """The state of ``session``. A store shares one state mapping between every read of an
+        unchanged session (``SessionInfo`` dicts are never changed in place), so the parse is kept
+        per mapping: a turn reads its session's state about nine times."""
+        d = session.state
+        kept = _parsed.get(id(d))
+        if kept is not None and kept[0] is d:
+            return kept[1]
+        state = cls.from_dict(d)
+        if len(_parsed) >= _PARSED_MAX:
+            _parsed.clear()
+        # The mapping is held with its parse, so its id cannot be reused while the entry lives.
+        _parsed[id(d)] = (d, state)
+        return state
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineState:

@@ -1,0 +1,74 @@
+"""The post-turn check skips a session far from every compaction level without reading its view
+(``Compactor.far_below``, ``hot_path.post_turn_headroom``), and still checks in full a session
+near them, one whose last prompt was truncated, or every session when the headroom is 0."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contextsvc.core.session import ANONYMOUS
+from contextsvc.stores.memory import MemoryStore
+from tests.support.compaction_harness import Rig, a, u, words
+
+
+class ContextReads(MemoryStore):
+    """Counts context reads (the full check reads the context to price the view)."""
+
+    reads = 0
+
+    async def load_context(self, session_id: str, *, caller: Any) -> Any:
+        ContextReads.reads += 1
+        return await super().load_context(session_id, caller=caller)
+
+
+async def _checked_reads(rig: Rig, sid: str) -> int:
+    """Context reads of one post-turn check of ``sid``."""
+    assert await rig.engine.post_turn.drain(5)
+    before = ContextReads.reads
+    rig.engine.post_turn.schedule(sid)
+    assert await rig.engine.post_turn.drain(5)
+    return ContextReads.reads - before
+
+
+async def test_a_session_far_below_every_level_is_skipped_and_one_near_them_is_checked() -> None:
+    rig = await Rig.start(store=ContextReads)
+    try:
+        sid = await rig.session()
+        await rig.append(sid, u("hello"), a("hi " + words(20)))
+        view = await rig.build(sid)
+        assert (await rig.baseline(sid, view)).recorded
+        info = await rig.session_info(sid)
+        profile = await rig.engine._profile_for(info, None)
+        assert rig.engine.compactor.far_below(profile, info.context_tokens)
+        assert await _checked_reads(rig, sid) == 0  # nothing read: the check stopped at once
+        # Grow it past half the lowest level: the check reads and prices its view again.
+        bounds = rig.engine.compactor.bounds(profile)
+        k = 0
+        while 2 * (await rig.session_info(sid)).context_tokens < min(bounds.trigger, bounds.limit):
+            assert k < 500
+            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+            k += 1
+        assert await _checked_reads(rig, sid) == 1
+    finally:
+        await rig.close()
+
+
+async def test_a_truncated_prompt_is_checked_in_full_however_small_the_session() -> None:
+    rig = await Rig.start(store=ContextReads)
+    try:
+        sid = await rig.session()
+        await rig.append(sid, u("hello"), a("hi " + words(20)))
+        await rig.store.update_state(sid, caller=ANONYMOUS, context_truncated=True)
+        assert await _checked_reads(rig, sid) >= 1
+    finally:
+        await rig.close()
+
+
+async def test_without_headroom_every_check_is_in_full() -> None:
+    rig = await Rig.start(store=ContextReads, hot_path={"post_turn_headroom": 0})
+    try:
+        sid = await rig.session()
+        await rig.append(sid, u("hello"), a("hi " + words(20)))
+        assert await _checked_reads(rig, sid) == 1
+    finally:
+        await rig.close()
