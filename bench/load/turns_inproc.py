@@ -3,6 +3,7 @@
     python bench/load/turns_inproc.py                       # CPU per turn, this checkout
     python bench/load/turns_inproc.py --profile 25          # + cProfile, the 25 costliest functions
     python bench/load/turns_inproc.py --ab ../base --rounds 5   # interleaved against another checkout
+    python bench/load/turns_inproc.py --concurrent              # the sessions' turns overlap, as 50 agents'
 
 Builds ``ContextServicer`` on a memory store with the load suite's ``bench`` profile (run.py
 ``SERVER_CONFIG``), seeds ``--sessions`` sessions of ``--messages`` messages, then runs
@@ -34,7 +35,7 @@ def _import_checkout(root: Path) -> None:
     sys.path.insert(1, str(HERE))
 
 
-async def _loop(sessions: int, messages: int, turns: int, profile: int) -> float:
+async def _loop(sessions: int, messages: int, turns: int, profile: int, concurrent: bool = False) -> float:
     from inproc import CallContext, bench_settings, seed_sessions
     from workload import turn_messages
 
@@ -102,8 +103,13 @@ async def _loop(sessions: int, messages: int, turns: int, profile: int) -> float
     if prof:
         profiling = prof
         prof.enable()
-    for i, appended in enumerate(requests):
-        await turn(i % sessions, 1 + i // sessions, appended)
+    if concurrent:  # every session's turn at once, round by round (agents whose turns overlap)
+        for first in range(0, turns, sessions):
+            batch = requests[first : first + sessions]
+            await asyncio.gather(*(turn(k, 1 + first // sessions, r) for k, r in enumerate(batch)))
+    else:
+        for i, appended in enumerate(requests):
+            await turn(i % sessions, 1 + i // sessions, appended)
     await asyncio.sleep(0)
     if prof:
         prof.disable()
@@ -123,11 +129,14 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions")
     parser.add_argument("--ab", default="", help="another checkout to alternate with")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--concurrent", action="store_true", help="each round runs every session's turn at once (shared refits)"
+    )
     parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.ab:
         _import_checkout(Path(args.root))
-        ms = asyncio.run(_loop(args.sessions, args.messages, args.turns, args.profile))
+        ms = asyncio.run(_loop(args.sessions, args.messages, args.turns, args.profile, args.concurrent))
         print(f"{ms:.3f} ms CPU per turn ({args.turns} turns, {args.sessions} sessions)")
         return
     checkouts = {"this": HERE.parents[1], "other": Path(args.ab).resolve()}
@@ -136,6 +145,7 @@ def main() -> None:
         for name, root in checkouts.items():
             cmd = [sys.executable, str(Path(__file__).resolve()), "--root", str(root)]
             cmd += ["--sessions", str(args.sessions), "--messages", str(args.messages), "--turns", str(args.turns)]
+            cmd += ["--concurrent"] if args.concurrent else []
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
             figures[name].append(float(out.split()[0]))
         print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} ms/turn", flush=True)
