@@ -160,7 +160,9 @@ def text_chars(m: Message) -> int:
 
 def image_tokens_of(messages: Iterable[Message], *, fallback_tokens: int = DEFAULT_FALLBACK_TOKENS) -> int:
     """Tokens of every image the messages carry, each priced by its own size."""
-    return sum(ref_tokens(ref, fallback_tokens=fallback_tokens) for m in messages for ref in m.images)
+    # Most views carry no image: one plain pass finds the few rows that do.
+    carrying = [m for m in messages if m.images]
+    return sum(ref_tokens(ref, fallback_tokens=fallback_tokens) for m in carrying for ref in m.images)
 
 
 # --- text counters -------------------------------------------------------------------------

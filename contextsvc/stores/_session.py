@@ -362,7 +362,7 @@ class SessionState:
                     sequence_number=start + i,
                     create_time=utc(m.create_time) if m.create_time is not None else time,
                     # The store keeps its own copy: a caller mutating its dict must not change history.
-                    metadata=copy.deepcopy(m.metadata),
+                    metadata=copy.deepcopy(m.metadata) if m.metadata else {},
                 ),
             )
             for i, m in enumerate(messages)
