@@ -163,12 +163,17 @@ class TokenSettings(BaseModel):
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
     #: how long a replica trusts its cached calibration before re-reading the store's observations.
     calibration_refresh_seconds: float = Field(5.0, ge=0)
-    #: how long a RecordBaseline waits after writing its observation, when another session's
-    #: baseline of the model came within as long before it (several agents are recording), so that
-    #: the model's baselines written meanwhile share one refit (the response still holds its own
-    #: observation). A lone agent, or baselines further apart, refit at once. 0 refits at once
-    #: always (issue #15).
+    #: how long a RecordBaseline waits after writing its observation, when other builds or
+    #: baselines were served during its agent's turn and at least ``calibration_coalesce_sessions``
+    #: other sessions recorded a baseline of the model within as long before it (many agents are
+    #: recording), so that the model's baselines written meanwhile share one refit (the response
+    #: still holds its own observation). Fewer agents, or baselines further apart, refit at once.
+    #: 0 refits at once always (issue #15).
     calibration_coalesce_seconds: float = Field(0.02, ge=0, le=1)
+    #: the other sessions that must have recorded a baseline of the model within that window for a
+    #: baseline to wait: with fewer agents a shared refit saves little and the wait shows in
+    #: RecordBaseline's latency.
+    calibration_coalesce_sessions: int = Field(3, ge=1)
     #: models whose calibration a replica keeps cached (least recently used ones are re-read).
     max_cached_models: int = Field(1024, ge=1)
     #: built views remembered per session for RecordBaseline.

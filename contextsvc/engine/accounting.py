@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -75,15 +74,15 @@ class TokenAccounting:
         Always one loop iteration first: baselines already waiting write theirs, and the first
         refit reads them all. Then, if a gathering of the model is open, this observation was
         written before it closes, so its leader's refit reads it: wait for that. Otherwise, when
-        requests were ``concurrent`` and another session's baseline of the model came within the
-        last ``calibration_coalesce_seconds`` (several agents are recording: more are on their
-        way), open one and wait that long. A lone agent, one client going through sessions one
-        call at a time, or baselines further apart than the window refit at once. The rule reads
-        what requests arrived and when, not how busy the loop looks (which depends on how its work
-        is split into steps) nor the machine's load."""
+        requests were ``concurrent`` and at least ``calibration_coalesce_sessions`` other sessions
+        recorded a baseline of the model within the last ``calibration_coalesce_seconds`` (many
+        agents are recording: more are on their way), open one and wait that long. A lone agent,
+        a few agents, one client going through sessions one call at a time, or baselines further
+        apart than the window refit at once: the wait pays only when many refits share it. The
+        rule reads what requests arrived and when, not how busy the loop looks (which depends on
+        how its work is split into steps) nor the machine's load."""
         window = self._tokens.calibration_coalesce_seconds
-        now = time.monotonic()
-        others = self._arrivals.note(model, source, now)
+        others = self._arrivals.note(model, source, time.monotonic(), window)
         await asyncio.sleep(0)
         if window <= 0 or self._applied.get(model, -1) >= mine:
             return
@@ -91,7 +90,7 @@ class TokenAccounting:
         if gate is not None:
             await gate.wait()
             return
-        if not concurrent or now - others > window:
+        if not concurrent or others < self._tokens.calibration_coalesce_sessions:
             return
         gate = self._gathering[model] = asyncio.Event()
         try:
@@ -158,28 +157,32 @@ class TokenAccounting:
 
 
 class _Arrivals:
-    """Per model, the newest baseline's session and time, and the newest time of a baseline of any
-    other session: enough to tell when another session's baseline came last, in constant memory
-    per model (models are forgotten with their calibration)."""
+    """Per model, the sessions whose baselines came within the last window, with when each came
+    last: what tells several agents of the model recording from one client or two. Bounded by
+    the sessions active within one window (older ones are dropped as new baselines come) and
+    forgotten with the model's calibration."""
 
-    __slots__ = ("_latest",)
+    __slots__ = ("_recent",)
 
     def __init__(self) -> None:
-        #: model -> (session of the newest baseline, its time, the newest time of another session's)
-        self._latest: dict[str, tuple[str, float, float]] = {}
+        #: model -> session -> time of its newest baseline, oldest first
+        self._recent: dict[str, OrderedDict[str, float]] = {}
 
-    def note(self, model: str, source: str, now: float) -> float:
-        """Record a baseline of ``source`` at ``now``; when another session's baseline came last
-        (``-inf`` if never)."""
-        last = self._latest.get(model)
-        if last is None:
-            others = -math.inf
-        elif last[0] != source:
-            others = last[1]
-        else:
-            others = last[2]
-        self._latest[model] = (source, now, others)
+    def note(self, model: str, source: str, now: float, window: float) -> int:
+        """Record a baseline of ``source`` at ``now``; how many other sessions recorded one of the
+        model within ``window`` before it."""
+        recent = self._recent.get(model)
+        if recent is None:
+            recent = self._recent[model] = OrderedDict()
+        while recent:
+            oldest, when = next(iter(recent.items()))
+            if now - when <= window:
+                break
+            del recent[oldest]
+        others = len(recent) - (source in recent)
+        recent[source] = now
+        recent.move_to_end(source)
         return others
 
     def forget(self, model: str) -> None:
-        self._latest.pop(model, None)
+        self._recent.pop(model, None)

@@ -1,14 +1,14 @@
-"""Baselines of one model from several sessions arriving close together share one refit
-(``TokenAccounting._gather``, ``tokens.calibration_coalesce_seconds``): every RecordBaseline
-still gets back a calibration holding its own observation, a lone agent never waits (however
-busy the loop), baselines further apart than the window never wait, and a gathering whose leader
-is cancelled leaves nobody waiting."""
+"""Baselines of one model from many sessions arriving close together share one refit
+(``TokenAccounting._gather``, ``tokens.calibration_coalesce_seconds`` and ``_sessions``): every
+RecordBaseline still gets back a calibration holding its own observation; a lone agent (however
+busy the loop), a few agents, one client going through sessions one call at a time, and
+baselines further apart than the window never wait; a gathering whose leader is cancelled leaves
+nobody waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -45,11 +45,11 @@ class CountingStore(MemoryStore):
         self.written.append(observation.tokens - 200)
 
 
-async def _accounting(window: float) -> tuple[CountingStore, TokenAccounting]:
+async def _accounting(window: float, sessions: int = 3) -> tuple[CountingStore, TokenAccounting]:
     settings = Settings(
         profiles={"default": ProfileConfig(model="m", context_window=200_000)},
         store="memory",
-        tokens=TokenSettings(calibration_coalesce_seconds=window),
+        tokens=TokenSettings(calibration_coalesce_seconds=window, calibration_coalesce_sessions=sessions),
     )
     store = CountingStore(settings)
     await store.open()
@@ -90,14 +90,14 @@ async def _staggered(accounting: TokenAccounting, count: int, gap: float) -> lis
     return await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(count))), 10)
 
 
-async def test_baselines_of_several_sessions_arriving_close_together_share_one_refit() -> None:
-    store, accounting = await _accounting(0.25)
+async def test_baselines_of_many_sessions_arriving_close_together_share_one_refit() -> None:
+    store, accounting = await _accounting(0.25)  # three other sessions within the window gather
     got = await _staggered(accounting, 6, 0.01)  # six sessions within one window
-    # The first had no other session's baseline before it: it refitted at once, alone. The second
-    # came 10 ms after it and opened a gathering; the other four joined it: one read and one fit.
-    assert store.reads == 2
+    # The first three found fewer than three other sessions' baselines before them: each refitted
+    # at once, alone. The fourth found three and opened a gathering; the last two joined it.
+    assert store.reads == 4
     # What each got back holds its own observation.
-    assert [c.observations for c in got] == [1] + [6] * 5
+    assert [c.observations for c in got] == [1, 2, 3, 6, 6, 6]
 
 
 async def test_without_a_window_every_baseline_refits_alone() -> None:
@@ -130,8 +130,8 @@ async def test_sessions_whose_baselines_are_further_apart_than_the_window_never_
     assert store.reads == 4
 
 
-async def test_a_second_session_inside_the_window_waits_for_the_window_and_holds_its_observation() -> None:
-    store, accounting = await _accounting(0.2)
+async def test_a_baseline_after_enough_other_sessions_waits_for_the_window_and_holds_its_observation() -> None:
+    store, accounting = await _accounting(0.2, sessions=1)
     assert (await accounting.observe("m", _obs(0), source="a")).observations == 1
     started = time.monotonic()
     got = await accounting.observe("m", _obs(1), source="b")
@@ -141,10 +141,20 @@ async def test_a_second_session_inside_the_window_waits_for_the_window_and_holds
     assert accounting._gathering == {}
 
 
+async def test_two_agents_recording_back_to_back_never_wait() -> None:
+    store, accounting = await _accounting(1.0)  # gathering needs three other sessions
+    started = time.monotonic()
+    for k in range(6):
+        got = await accounting.observe("m", _obs(k), source="ab"[k % 2])  # concurrent requests
+        assert got.observations == k + 1
+    assert time.monotonic() - started < 1.0
+    assert store.reads == 6
+
+
 async def test_a_baseline_recorded_while_no_other_request_ran_never_waits() -> None:
     """One client going through its sessions one call at a time: another session's baseline came
     just before, but no other request ran during this one's turn (``concurrent=False``)."""
-    store, accounting = await _accounting(1.0)
+    store, accounting = await _accounting(1.0, sessions=1)  # one other session would do
     started = time.monotonic()
     for k in range(6):
         got = await accounting.observe("m", _obs(k), source=f"session-{k % 3}", concurrent=False)
@@ -154,7 +164,7 @@ async def test_a_baseline_recorded_while_no_other_request_ran_never_waits() -> N
 
 
 async def test_a_gathering_whose_leader_is_cancelled_leaves_its_followers_a_refit_of_their_own() -> None:
-    store, accounting = await _accounting(0.3)
+    store, accounting = await _accounting(0.3, sessions=1)
     await accounting.observe("m", _obs(0), source="a")  # another session's baseline, just now
     store.reads = 0
     leader = asyncio.ensure_future(accounting.observe("m", _obs(1), source="b"))
@@ -171,23 +181,26 @@ async def test_a_gathering_whose_leader_is_cancelled_leaves_its_followers_a_refi
     assert accounting._gathering == {}
 
 
-def test_arrivals_tell_when_another_session_came_last() -> None:
+def test_arrivals_count_the_other_sessions_within_the_window() -> None:
     arrivals = _Arrivals()
-    assert arrivals.note("m", "a", 1.0) == -math.inf
-    assert arrivals.note("m", "a", 2.0) == -math.inf  # the same session is never "another"
-    assert arrivals.note("m", "b", 3.0) == 2.0
-    assert arrivals.note("m", "b", 4.0) == 2.0  # a's newest, not b's own
-    assert arrivals.note("m", "c", 5.0) == 4.0
-    assert arrivals.note("n", "c", 6.0) == -math.inf  # per model
+    assert arrivals.note("m", "a", 1.0, 0.5) == 0
+    assert arrivals.note("m", "a", 1.1, 0.5) == 0  # the same session is never "another"
+    assert arrivals.note("m", "b", 1.2, 0.5) == 1
+    assert arrivals.note("m", "c", 1.3, 0.5) == 2
+    assert arrivals.note("m", "a", 1.4, 0.5) == 2  # b and c (a's own is not counted)
+    assert arrivals.note("m", "d", 1.75, 0.5) == 2  # b (1.2) fell out of the window: c and a
+    assert arrivals.note("n", "c", 1.8, 0.5) == 0  # per model
+    assert arrivals.note("m", "e", 9.0, 0.5) == 0  # all old: dropped
+    assert len(arrivals._recent["m"]) == 1
     arrivals.forget("m")
-    assert arrivals.note("m", "d", 7.0) == -math.inf
+    assert arrivals.note("m", "d", 9.1, 0.5) == 0
 
 
 async def test_through_the_engine_a_client_going_through_sessions_one_call_at_a_time_never_waits() -> None:
     """Builds and baselines of three sessions in turn, each baseline straight after its own build:
     no other request ran during any turn, so no baseline waits, though another session's baseline
     always came just before (the window here is 1 s)."""
-    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=1.0))
+    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=1.0, calibration_coalesce_sessions=1))
     try:
         sids = [await rig.session() for _ in range(3)]
         started = time.monotonic()
@@ -205,7 +218,7 @@ async def test_through_the_engine_interleaved_turns_of_several_sessions_share_a_
     """Agents whose turns overlap (each session's view built, then the baselines): the second
     baseline finds the first session's just before it and requests served during its turn, so it
     gathers, and the third joins it."""
-    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=0.2))
+    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=0.2, calibration_coalesce_sessions=1))
     try:
         sids = [await rig.session() for _ in range(3)]
         for sid in sids:
