@@ -763,11 +763,16 @@ class ViewService:
         view = pending.view
         if view.epoch != state.epoch:
             return False
-        newer = [
-            m
-            for m in await self._store.load_context(session_id, caller=caller)
-            if m.sequence_number > view.last_sequence
-        ]
+        # Nothing was appended since the view (its newest row is the session's): no context to read.
+        newer = (
+            []
+            if session.last_sequence == view.last_sequence
+            else [
+                m
+                for m in await self._store.load_context(session_id, caller=caller)
+                if m.sequence_number > view.last_sequence
+            ]
+        )
         context_tokens = pending.tokens + self._accounting.messages_tokens(view.model, newer)
         await self._store.update_state(
             session_id,

@@ -126,6 +126,7 @@ class SessionState:
     """
 
     __slots__ = (
+        "_copies",
         "_ctx",
         "_ctx_keys",
         "_info",
@@ -183,6 +184,10 @@ class SessionState:
         self.lock = asyncio.Lock()
         #: the last ``info`` snapshot and the preview length it was cut to; dropped by every change.
         self._info: tuple[int, SessionInfo] | None = None
+        #: the metadata and the state the last snapshot copied, each with its copy: a change of the
+        #: header alone (every append) makes a new snapshot, but these two are replaced, never
+        #: changed in place, so the same objects need no new copies.
+        self._copies: tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
         self.deleted = False
         #: why the history cannot be trusted ("" = it can): the session is then read-only.
         self.damage = ""
@@ -209,13 +214,18 @@ class SessionState:
         cached = self._info
         if cached is not None and cached[0] == preview_chars:
             return cached[1]
+        copies = self._copies
+        if copies is None or copies[0] is not self.metadata or copies[2] is not self.state:
+            metadata = copies[1] if copies is not None and copies[0] is self.metadata else copy.deepcopy(self.metadata)
+            state = copies[3] if copies is not None and copies[2] is self.state else copy.deepcopy(self.state)
+            copies = self._copies = (self.metadata, metadata, self.state, state)
         info = SessionInfo(
             id=self.id,
             user_id=self.user_id,
             profile_id=self.profile_id,
             name=self.name,
             pinned=self.pinned,
-            metadata=copy.deepcopy(self.metadata),
+            metadata=copies[1],
             create_time=self.create_time,
             update_time=self.update_time,
             context_tokens=self.context_tokens,
@@ -224,7 +234,7 @@ class SessionState:
             context_message_count=self.context_count,
             last_sequence=self.last_sequence,
             preview=self.preview_source[:preview_chars],
-            state=copy.deepcopy(self.state),
+            state=copies[3],
         )
         self._info = (preview_chars, info)
         return info
@@ -319,6 +329,7 @@ class SessionState:
         st.views = {}
         st.lock = asyncio.Lock()
         st._info = None
+        st._copies = None
         st.deleted = False
         st.damage = ""
         st.resident = False
