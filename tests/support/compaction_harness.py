@@ -169,6 +169,19 @@ def overrides(**compression: Any) -> ProfileOverrides:
     return ProfileOverrides(compression=CompressionOverrides(**compression))
 
 
+class ContextReadingStore(MemoryStore):
+    """A memory store counting its context reads (``context_reads``): how tests see that a path
+    priced a view, or did not, without timing it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.context_reads = 0
+
+    async def load_context(self, session_id: str, *, caller: Any) -> Any:
+        self.context_reads += 1
+        return await super().load_context(session_id, caller=caller)
+
+
 class Rig:
     """The engine, its store and bus, and the calls a runtime makes."""
 

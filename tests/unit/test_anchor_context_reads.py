@@ -4,40 +4,29 @@ alone, without a read of the context."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from contextsvc.core.session import ANONYMOUS
-from contextsvc.stores.memory import MemoryStore
-from tests.support.compaction_harness import Rig, a, u, words
-
-
-class ContextReads(MemoryStore):
-    reads = 0
-
-    async def load_context(self, session_id: str, *, caller: Any) -> Any:
-        ContextReads.reads += 1
-        return await super().load_context(session_id, caller=caller)
+from tests.support.compaction_harness import ContextReadingStore, Rig, a, u, words
 
 
 async def test_an_anchor_of_the_newest_view_reads_no_context_and_one_with_newer_rows_counts_them() -> None:
-    rig = await Rig.start(store=ContextReads)
+    rig = await Rig.start(store=ContextReadingStore)
     try:
         sid = await rig.session()
         await rig.append(sid, u("hello"), a("hi " + words(20)))
         view = await rig.build(sid)
-        before = ContextReads.reads
+        before = rig.store.context_reads
         assert (await rig.engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=500)).recorded
         assert await rig.engine.anchors_applied(5)
-        assert ContextReads.reads == before  # nothing newer than the view: the count alone
+        assert rig.store.context_reads == before  # nothing newer than the view: the count alone
         assert (await rig.session_info(sid)).context_tokens == 500
 
         view = await rig.build(sid)
         await rig.append(sid, u("one more " + words(30)))
         newest = (await rig.context(sid))[-1]
-        before = ContextReads.reads
+        before = rig.store.context_reads
         assert (await rig.engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=600)).recorded
         assert await rig.engine.anchors_applied(5)
-        assert ContextReads.reads > before  # a row came after the view: read to price it
+        assert rig.store.context_reads > before  # a row came after the view: read to price it
         added = rig.engine.accounting.messages_tokens("m", [newest])
         assert added > 0
         assert (await rig.session_info(sid)).context_tokens == 600 + added

@@ -4,34 +4,21 @@ near them, one whose last prompt was truncated, or every session when the headro
 
 from __future__ import annotations
 
-from typing import Any
-
 from contextsvc.core.session import ANONYMOUS
-from contextsvc.stores.memory import MemoryStore
-from tests.support.compaction_harness import Rig, a, u, words
-
-
-class ContextReads(MemoryStore):
-    """Counts context reads (the full check reads the context to price the view)."""
-
-    reads = 0
-
-    async def load_context(self, session_id: str, *, caller: Any) -> Any:
-        ContextReads.reads += 1
-        return await super().load_context(session_id, caller=caller)
+from tests.support.compaction_harness import ContextReadingStore, Rig, a, u, words
 
 
 async def _checked_reads(rig: Rig, sid: str) -> int:
     """Context reads of one post-turn check of ``sid``."""
     assert await rig.engine.post_turn.drain(5)
-    before = ContextReads.reads
+    before = rig.store.context_reads
     rig.engine.post_turn.schedule(sid)
     assert await rig.engine.post_turn.drain(5)
-    return ContextReads.reads - before
+    return int(rig.store.context_reads - before)
 
 
 async def test_a_session_far_below_every_level_is_skipped_and_one_near_them_is_checked() -> None:
-    rig = await Rig.start(store=ContextReads)
+    rig = await Rig.start(store=ContextReadingStore)
     try:
         sid = await rig.session()
         await rig.append(sid, u("hello"), a("hi " + words(20)))
@@ -54,7 +41,7 @@ async def test_a_session_far_below_every_level_is_skipped_and_one_near_them_is_c
 
 
 async def test_a_truncated_prompt_is_checked_in_full_however_small_the_session() -> None:
-    rig = await Rig.start(store=ContextReads)
+    rig = await Rig.start(store=ContextReadingStore)
     try:
         sid = await rig.session()
         await rig.append(sid, u("hello"), a("hi " + words(20)))
@@ -65,7 +52,7 @@ async def test_a_truncated_prompt_is_checked_in_full_however_small_the_session()
 
 
 async def test_without_headroom_every_check_is_in_full() -> None:
-    rig = await Rig.start(store=ContextReads, hot_path={"post_turn_headroom": 0})
+    rig = await Rig.start(store=ContextReadingStore, hot_path={"post_turn_headroom": 0})
     try:
         sid = await rig.session()
         await rig.append(sid, u("hello"), a("hi " + words(20)))
