@@ -9,7 +9,9 @@ appear in no span; and with no exporter configured nothing is sent at all.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -317,9 +319,22 @@ def test_a_watcher_stream_is_one_server_span_ended_when_the_watcher_leaves(recei
             stub = proc.stub(ch)
             sid = stub.CreateSession(pb.CreateSessionRequest()).id
             stream = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid))
-            events = iter(stream)
-            _fill(stub, sid, 1)
-            assert next(events).WhichOneof("payload")
+            first: queue.Queue[Any] = queue.Queue()
+
+            def watch() -> None:
+                with contextlib.suppress(grpc.RpcError):  # cancelled below
+                    first.put(next(iter(stream)))
+
+            threading.Thread(target=watch, daemon=True).start()
+            # The server may take an append before the stream has subscribed (a live-only stream
+            # misses it): append again until the watcher sees one, a bounded number of times.
+            event = None
+            for _ in range(50):
+                _fill(stub, sid, 1)
+                with contextlib.suppress(queue.Empty):
+                    event = first.get(timeout=0.2)
+                    break
+            assert event is not None and event.WhichOneof("payload")
             stream.cancel()
 
         def ended(rcv: Receiver) -> bool:
