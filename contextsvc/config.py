@@ -493,6 +493,13 @@ class HotPathSettings(BaseModel):
     #: either could fire at: it is far from both, and reading and pricing its view again would only
     #: say so (a baseline's check, on every turn). 0 checks every session in full.
     post_turn_headroom: float = Field(2.0, ge=0)
+    #: the ``serve`` process's cyclic garbage collector: net new container objects between two
+    #: collections of its youngest generation (Python's default is 700). Stored rows and each
+    #: session's last view live on, so at 700 a collection ran every ~10 turns of 50 agents and
+    #: walked every view kept since (~4% of a turn's server CPU, with a ~50 ms full collection every
+    #: few seconds); at 20,000 most of those views are gone by the time one runs, for at most that
+    #: many objects of cyclic garbage held a little longer. 0 keeps Python's default.
+    gc_young_threshold: int = Field(20_000, ge=0)
 
 
 class GatewaySettings(BaseModel):

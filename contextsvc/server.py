@@ -120,7 +120,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     except Exception as exc:
         raise StartupError(f"cannot open the store {settings.store}: {' '.join(str(exc).split())}") from None
     if freeze:
-        _freeze_startup_objects()
+        _freeze_startup_objects(settings.hot_path.gc_young_threshold)
     auth_resources = AsyncExitStack()
     authenticator: Authenticator | None = None
     if transport.auth_required:
@@ -234,7 +234,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     return running
 
 
-def _freeze_startup_objects() -> None:
+def _freeze_startup_objects(young_threshold: int = 0) -> None:
     """Move what the start made (modules, the settings, the files store's summary of every session:
     ~12 objects per session) out of the cyclic garbage collector's reach. They live as long as the
     process, and collections would otherwise walk them all again: the first, due right after the
@@ -242,9 +242,18 @@ def _freeze_startup_objects() -> None:
     (issue #9, start-up). Sessions removed later are freed by their reference counts (no cycles).
     Only for the process of ``serve``: a process starting many servers (tests) would keep the
     cyclic garbage of whatever was alive at each start. The collector, paused since the process
-    began (``contextsvc._launch``), runs again from here."""
+    began (``contextsvc._launch``), runs again from here, its youngest generation collected every
+    ``young_threshold`` new objects (``hot_path.gc_young_threshold``; 0: Python's default)."""
     gc.freeze()
+    tune_collector(young_threshold)
     gc.enable()
+
+
+def tune_collector(young_threshold: int) -> None:
+    """The collector's youngest-generation threshold (the older two keep theirs); 0 changes nothing."""
+    if young_threshold > 0:
+        _, middle, oldest = gc.get_threshold()
+        gc.set_threshold(young_threshold, middle, oldest)
 
 
 async def _start_background(running: RunningServer, settings: Settings, bus: EventBus) -> None:

@@ -48,6 +48,12 @@ async def _loop(sessions: int, messages: int, turns: int, profile: int, concurre
     from contextsvc.summarizers.registry import build_summarizers
 
     settings = bench_settings()
+    from contextsvc import server
+
+    # The collector as ``serve`` sets it (an older checkout without the setting keeps Python's).
+    tune = getattr(server, "tune_collector", None)
+    if tune is not None:
+        tune(settings.hot_path.gc_young_threshold)
     store = MemoryStore(settings)
     await store.open()
     from contextsvc.clock import SystemClock

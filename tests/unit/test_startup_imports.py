@@ -8,12 +8,15 @@ modules it holds once the server is started, and how many objects the start froz
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from contextsvc.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,8 +32,9 @@ async def main():
     loaded = sorted(sys.modules)
     frozen = gc.get_freeze_count()
     collecting = gc.isenabled()
+    threshold = gc.get_threshold()
     await server.stop(running, 1.0)
-    print(json.dumps({"modules": loaded, "frozen": frozen, "collecting": collecting}))
+    print(json.dumps({"modules": loaded, "frozen": frozen, "collecting": collecting, "threshold": threshold}))
 
 asyncio.run(main())
 """
@@ -88,5 +92,8 @@ def test_a_started_server_has_not_imported_what_it_does_not_need(tmp_path: Path)
     assert eager == []
     # What the start made is out of the cyclic collector's reach (server._freeze_startup_objects).
     assert started["frozen"] > 10_000
-    # The collector, paused by the entry point for the start, runs again once the server is up.
+    # The collector, paused by the entry point for the start, runs again once the server is up,
+    # its youngest generation at hot_path.gc_young_threshold and the older two at Python's own.
     assert started["collecting"] is True
+    assert started["threshold"] == [Settings().hot_path.gc_young_threshold, *gc.get_threshold()[1:]]
+    assert started["threshold"][0] > 700
