@@ -415,6 +415,8 @@ def estimate(
     view: bool = True,
     segment_features: Sequence[Sequence[float] | None] | None = None,
     margin_share: float = 0.0,
+    since: Sequence[Message] | None = None,
+    image_free: bool = False,
 ) -> TokenEstimate:
     """Estimate the view made of ``system`` prompt, ``records``, ``context`` and ``incoming``.
 
@@ -438,6 +440,11 @@ def estimate(
     ``segment_features`` (a calibrated counter only): the ``messages_features`` of each of
     ``estimate_segments`` (None for an empty one), kept by a caller that re-prices the same view;
     the segments are then priced from them, without reading the messages again (the same sums).
+
+    ``since`` (with a baseline): the rows of ``records`` and ``context`` the baseline's view did
+    not hold, in their order, when the caller knows them (a view extended by the rows appended
+    since: ``engine.views``); ``image_free``: no message carries an image. Both spare a pass over
+    every row of the view.
     """
     # Each segment priced once, with the tokens its price may be short by (the margin).
     if segment_features is not None and isinstance(counter, CalibratedCounter):
@@ -459,7 +466,7 @@ def estimate(
         summaries=summary_tokens,
         pinned=pinned_tokens,
         messages=others_tokens,
-        images=image_tokens_of([*records, *context, *incoming], fallback_tokens=image_fallback),
+        images=0 if image_free else image_tokens_of([*records, *context, *incoming], fallback_tokens=image_fallback),
         incoming=incoming_tokens,
     )
     segments, method = raw, counter.method
@@ -467,9 +474,10 @@ def estimate(
     margin_tokens = sum(m for _, m in priced_segments) + counter.margin_rate * max(0, overhead)
     if baseline is not None:
         # Rows newer than the baseline's view; an unnumbered row cannot be in it either.
-        since = [
-            m for m in (*records, *context) if m.sequence_number == 0 or m.sequence_number > baseline.last_sequence
-        ]
+        if since is None:
+            since = [
+                m for m in (*records, *context) if m.sequence_number == 0 or m.sequence_number > baseline.last_sequence
+            ]
         total = baseline_delta(baseline.tokens, [*since, *incoming], counter, image_fallback=image_fallback)
         segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
         priced, margin_tokens = counter.count_and_margin([*since, *incoming])

@@ -13,6 +13,7 @@ Bounded by a number of sessions (``hot_path.view_cache_sessions``), least recent
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -30,35 +31,38 @@ class ViewMemo(Generic[T]):
 
     def __init__(self, max_sessions: int) -> None:
         self._max_sessions = max_sessions
-        self._entries: OrderedDict[str, tuple[Hashable, tuple[int, ...], Sequence[Message], T]] = OrderedDict()
+        #: session -> (key, the rows the view was built from, the view)
+        self._entries: OrderedDict[str, tuple[Hashable, tuple[Message, ...], T]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def _ids(context: Sequence[Message]) -> tuple[int, ...]:
-        return tuple(map(id, context))
+    def _same(kept: tuple[Message, ...], context: Sequence[Message]) -> bool:
+        """Are ``kept`` the first ``len(kept)`` rows of ``context``, the very objects? (Compared in
+        C, without building anything; ``map`` stops at the shorter, so the caller checks lengths.)"""
+        return all(map(operator.is_, kept, context))
 
     def get(self, session_id: str, key: Hashable, context: Sequence[Message]) -> T | None:
         with self._lock:
             entry = self._entries.get(session_id)
-        if entry is None or entry[0] != key or entry[1] != self._ids(context):
+        if entry is None or entry[0] != key or len(entry[1]) != len(context) or not self._same(entry[1], context):
             self.misses += 1
             return None
         with self._lock:
             if session_id in self._entries:
                 self._entries.move_to_end(session_id)
         self.hits += 1
-        return entry[3]
+        return entry[2]
 
     def same_rows(self, session_id: str, context: Sequence[Message]) -> tuple[Hashable, T] | None:
         """The session's kept ``(key, view)`` when it was built from exactly these rows (whatever
         its key): a view whose other inputs changed may be re-priced instead of rebuilt."""
         with self._lock:
             entry = self._entries.get(session_id)
-        if entry is None or entry[1] != self._ids(context):
+        if entry is None or len(entry[1]) != len(context) or not self._same(entry[1], context):
             return None
-        return entry[0], entry[3]
+        return entry[0], entry[2]
 
     def prefix_of(self, session_id: str, context: Sequence[Message]) -> tuple[Hashable, int, T] | None:
         """The session's kept ``(key, rows, view)`` when its rows are the first ``rows`` of
@@ -68,14 +72,14 @@ class ViewMemo(Generic[T]):
         if entry is None:
             return None
         n = len(entry[1])
-        if n > len(context) or entry[1] != self._ids(context[:n]):
+        if n > len(context) or not self._same(entry[1], context):
             return None
-        return entry[0], n, entry[3]
+        return entry[0], n, entry[2]
 
     def put(self, session_id: str, key: Hashable, context: Sequence[Message], value: T) -> None:
         if self._max_sessions <= 0:
             return
-        entry = (key, self._ids(context), tuple(context), value)
+        entry = (key, tuple(context), value)
         with self._lock:
             self._entries[session_id] = entry
             self._entries.move_to_end(session_id)
@@ -85,7 +89,7 @@ class ViewMemo(Generic[T]):
     def holds(self, session_id: str, value: T) -> bool:
         """Is ``value`` (that very object) the session's kept view?"""
         entry = self._entries.get(session_id)
-        return entry is not None and entry[3] is value
+        return entry is not None and entry[2] is value
 
     def forget(self, session_id: str) -> None:
         with self._lock:

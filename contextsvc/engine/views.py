@@ -154,6 +154,18 @@ def _as_view(rows: Sequence[int]) -> tuple[float, ...]:
     return tuple(float(x) for x in (*rows[:VIEW], 1, *rows[VIEW + 1 :]))
 
 
+def _since(state: EngineState, kept: Assembled, added: Sequence[Message]) -> list[Message] | None:
+    """The rows of ``kept``'s records and conversation, then of ``added`` (appended after them),
+    that the session's baseline did not count, in that order: what ``estimate`` finds by a pass
+    over every row, found without one. None when the baseline is older than rows of ``kept``
+    (its numbered rows are at most ``kept.last_sequence``), or there is none."""
+    baseline = state.baseline
+    if baseline is None or baseline.last_sequence < kept.last_sequence:
+        return None
+    last = baseline.last_sequence
+    return [*kept.unnumbered, *(m for m in added if not m.sequence_number or m.sequence_number > last)]
+
+
 def _new_id() -> str:
     """A fresh view id: 128 random bits as 32 hex digits (the form ``uuid4().hex`` had)."""
     return os.urandom(16).hex()
@@ -185,6 +197,9 @@ class Assembled:
     #: with ``parts`` and a calibrated counter: the feature sums the view is priced from, so a
     #: re-pricing or an extension reads only the rows it adds
     sums: _Sums | None = None
+    #: with ``parts``: the rows of its records and conversation without a sequence number, in their
+    #: order (what every baseline counts as new: ``_since``)
+    unnumbered: tuple[Message, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -334,7 +349,10 @@ class ViewService:
             whole = counter.count_messages(kept.rows)
         if whole > profile.per_message_budget:
             return None
-        return dataclasses.replace(kept, estimate=self._estimate(profile, parts, state, counter, sums))
+        since = _since(state, kept, ())
+        # Kept parts hold no image (``_assemble``).
+        estimate = self._estimate(profile, parts, state, counter, sums, since, image_free=True)
+        return dataclasses.replace(kept, estimate=estimate)
 
     def _extended(
         self,
@@ -377,12 +395,14 @@ class ViewService:
         if whole > profile.per_message_budget:
             return None
         new_parts = (system, records, [*conversation, *added], incoming)
+        unnumbered = (*kept.unnumbered, *(m for m in added if not m.sequence_number))
+        since = _since(state, kept, added)
         plain = kept.plain
         return Assembled(
             rows=rows,
             segments=[*kept.segments, *tail.segments],
             truncated=[*kept.truncated, *([False] * len(added))],
-            estimate=self._estimate(profile, new_parts, state, counter, sums),
+            estimate=self._estimate(profile, new_parts, state, counter, sums, since, image_free=True),
             notices=list(kept.notices),
             chars=kept.chars + messages_chars(added),
             features=tuple(a + float(b) for a, b in zip(kept.features, features, strict=True)),
@@ -393,6 +413,7 @@ class ViewService:
             else [*plain, *(ViewMessage(message=m, image_data=(), truncated=False, stored=True) for m in added)],
             parts=new_parts,
             sums=sums,
+            unnumbered=unnumbered,
         )
 
     def _estimate(
@@ -402,7 +423,12 @@ class ViewService:
         state: EngineState,
         counter: TextCounter,
         sums: _Sums | None = None,
+        since: Sequence[Message] | None = None,
+        *,
+        image_free: bool,
     ) -> TokenEstimate:
+        """``parts`` priced; ``sums``, ``since`` (``_since``) and ``image_free`` as ``estimate``'s
+        ``segment_features``, ``since`` and ``image_free``."""
         system, records, context, incoming = parts
         baseline = state.baseline
         return estimate(
@@ -416,6 +442,8 @@ class ViewService:
             baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
             image_fallback=self._settings.tokens.image_tokens_fallback,
             segment_features=sums.segments if sums is not None else None,
+            since=since,
+            image_free=image_free,
             margin_share=self._settings.tokens.margin_view_share,
         )
 
@@ -492,7 +520,7 @@ class ViewService:
         sums = None
         if repriceable and features is not None:
             sums = _Sums.of_rows(features, view.segments, total)
-        est = self._estimate(profile, parts, state, counter, sums)
+        est = self._estimate(profile, parts, state, counter, sums, image_free=not any_images)
         had_images = any_images and any(m.images for m in rows)
         plain = None
         if not had_images:
@@ -519,6 +547,7 @@ class ViewService:
             plain=plain,
             parts=parts if repriceable else None,
             sums=sums,
+            unnumbered=tuple(m for m in (*parts[1], *parts[2]) if not m.sequence_number) if repriceable else (),
         )
 
     async def finish(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import hashlib
 import re
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Observation
+from contextsvc.core.codec import copy_plain
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
@@ -272,7 +272,7 @@ class RowStore:
                 user_id=caller.user_id,
                 profile_id=profile_id,
                 name=name,
-                metadata=copy.deepcopy(dict(metadata or {})),
+                metadata=copy_plain(dict(metadata or {})),
                 create_time=now,
                 update_time=now,
             )
@@ -330,7 +330,7 @@ class RowStore:
             return self._info(st)
 
         async def work() -> SessionInfo:
-            meta = copy.deepcopy(dict(metadata)) if metadata is not None else None
+            meta = copy_plain(dict(metadata)) if metadata is not None else None
             await self._commit(st, HeaderRecord(self._now(), name=name, pinned=pinned, metadata=meta))
             return self._info(st)
 
@@ -451,7 +451,7 @@ class RowStore:
             return self._info(st)
 
         async def work() -> SessionInfo:
-            new_state = copy.deepcopy(dict(state)) if state is not None else None
+            new_state = copy_plain(dict(state)) if state is not None else None
             await self._commit(st, StateRecord(self._now(), context_tokens, context_truncated, new_state))
             return self._info(st)
 
@@ -474,7 +474,7 @@ class RowStore:
             _check_rows(st, demoted)
             _check_in_context(st, demoted)
             now = self._now()
-            new_state = copy.deepcopy(dict(state)) if state is not None else None
+            new_state = copy_plain(dict(state)) if state is not None else None
             record = CompactionRecord(now, demoted, st.number(append, now), context_tokens, new_state)
             await self._commit(st, record)
             return [m.sequence_number for m in record.messages]

@@ -8,7 +8,6 @@ through exactly the code that built the state in the first place.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from contextsvc.core.codec import copy_plain
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import SessionInfo
 from contextsvc.core.tokens import carry_measures
@@ -115,7 +115,7 @@ def utc(value: datetime) -> datetime:
 
 
 def _copied(d: dict[str, Any]) -> dict[str, Any]:
-    return copy.deepcopy(d) if d else {}
+    return copy_plain(d) if d else {}
 
 
 class SessionState:
@@ -216,8 +216,8 @@ class SessionState:
             return cached[1]
         copies = self._copies
         if copies is None or copies[0] is not self.metadata or copies[2] is not self.state:
-            metadata = copies[1] if copies is not None and copies[0] is self.metadata else copy.deepcopy(self.metadata)
-            state = copies[3] if copies is not None and copies[2] is self.state else copy.deepcopy(self.state)
+            metadata = copies[1] if copies is not None and copies[0] is self.metadata else copy_plain(self.metadata)
+            state = copies[3] if copies is not None and copies[2] is self.state else copy_plain(self.state)
             copies = self._copies = (self.metadata, metadata, self.state, state)
         info = SessionInfo(
             id=self.id,
@@ -373,7 +373,7 @@ class SessionState:
                     sequence_number=start + i,
                     create_time=utc(m.create_time) if m.create_time is not None else time,
                     # The store keeps its own copy: a caller mutating its dict must not change history.
-                    metadata=copy.deepcopy(m.metadata) if m.metadata else {},
+                    metadata=copy_plain(m.metadata) if m.metadata else {},
                 ),
             )
             for i, m in enumerate(messages)
@@ -406,7 +406,7 @@ class SessionState:
             if record.pinned is not None:
                 self.pinned = record.pinned
             if record.metadata is not None:
-                self.metadata = copy.deepcopy(record.metadata)
+                self.metadata = copy_plain(record.metadata)
         elif isinstance(record, StateRecord):
             self._set_state(record.context_tokens, record.context_truncated, record.state)
         elif isinstance(record, SaveViewRecord):
@@ -479,7 +479,7 @@ class SessionState:
             # A record's state is already the store's own copy (``update_state`` and
             # ``commit_compaction`` copy what the engine passed, a log's record is freshly parsed),
             # and neither the record nor the session changes it in place: shared, not copied again.
-            self.state = state if type(state) is dict else copy.deepcopy(dict(state))
+            self.state = state if type(state) is dict else copy_plain(dict(state))
 
     def _index(self, row: Message) -> None:
         key = row.context_sort_key

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from contextsvc.config import ProfileConfig, Settings
 from contextsvc.core.messages import Message, Role, ToolCall
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
+from contextsvc.engine import views as views_module
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage
@@ -215,6 +217,48 @@ def test_a_steady_session_reuses_its_view_and_its_encoding() -> None:
             third = await world.build()
             assert third.messages is not first.messages
             assert len(third.messages) == len(first.messages) + 2
+            await world.close()
+
+    asyncio.run(run())
+
+
+def test_an_extended_view_prices_the_rows_its_baseline_did_not_count_as_a_full_pass_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An extended view finds the rows newer than the baseline without a pass over the view
+    (``engine.views._since``): a row without a sequence number counts as new, rows the baseline
+    counted do not, and a baseline older than the kept view falls back to the pass."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            world = World(Path(tmp))
+            engine = await world.open()
+            world.sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
+            session = await engine.store.get_session(world.sid, caller=ANONYMOUS)
+            effective = await engine._profile_for(session, ProfileOverrides())
+            counter = engine.accounting.counter(effective.model)
+            numbered = [
+                Message(role=Role.USER if i % 2 else Role.ASSISTANT, content=f"turn {i} " * 9, sequence_number=i)
+                for i in range(1, 9)
+            ]
+            loose = Message(role=Role.USER, content="a row the store did not number " * 3)  # sequence 0
+            before = [*numbered[:4], loose, numbered[4]]  # no call left open at its end
+            added = [numbered[6], numbered[7]]  # a user message, then a reply
+            found: list[list[Message] | None] = []
+            since = views_module._since
+            monkeypatch.setattr(views_module, "_since", lambda *a: found.append(since(*a)) or found[-1])
+            for last in (5, 3):  # the kept view's newest row, then a baseline older than it
+                sid = f"{world.sid}-{last}"
+                state = EngineState().with_baseline(400, last, "v")
+                kept = engine.views.assemble(effective, before, None, state, session_id=sid)
+                assert kept.parts is not None and kept.unnumbered == (loose,)
+                grown = engine.views.assemble(effective, [*before, *added], None, state, session_id=sid)
+                fresh = engine.views._assemble(effective, [*before, *added], None, state, counter)
+                assert grown.rows == fresh.rows and grown.parts is not None  # extended, not rebuilt
+                assert grown.estimate == fresh.estimate
+                assert grown.unnumbered == (loose,)
+            # The newest-row baseline's new rows found without a pass; the older one's by the pass.
+            assert found == [[loose, *added], None]
             await world.close()
 
     asyncio.run(run())
