@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -25,12 +25,16 @@ _ROLE_FROM_PB = {
 _ROLE_TO_PB = {v: k for k, v in _ROLE_FROM_PB.items()}
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    """``value`` as a Timestamp (naive: taken as UTC), as ``Timestamp.FromDatetime`` makes it, by
+    one subtraction instead of its pure-Python calendar arithmetic (once per message sent)."""
     if value is None:
         return None
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value)
-    return ts
+    since = (value if value.tzinfo is not None else value.replace(tzinfo=UTC)) - _EPOCH
+    return timestamp_pb2.Timestamp(seconds=since.days * 86_400 + since.seconds, nanos=since.microseconds * 1000)
 
 
 def struct_to_dict(value: struct_pb2.Struct, field: str = "metadata") -> dict[str, Any]:

@@ -20,7 +20,7 @@ from contextsvc.api.auth import caller_of
 from contextsvc.api.errors import internal_status, to_status
 from contextsvc.api.streams import until_stopped
 from contextsvc.api.views import estimate_to_pb, report_to_compress_response
-from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, serialize
+from contextsvc.api.wire import EncodedResponse, WireCache, encode_build_response, length_delimited, serialize
 from contextsvc.core.calibration import Calibration
 from contextsvc.core.priors import MESSAGE, TOOL_CALL
 from contextsvc.engine.engine import Engine
@@ -59,8 +59,8 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         self.wire_cache = wire_cache or WireCache(engine.settings.hot_path.wire_cache_mb * 1024 * 1024)
         # Set when the server drains: open StreamEvents calls end with UNAVAILABLE + after_event_id.
         self._stopping = stopping or asyncio.Event()
-        #: the last calibration answered by RecordBaseline, with its message (``_calibration_pb``).
-        self._last_calibration: tuple[Calibration, str, resources_pb2.Calibration] | None = None
+        #: the last calibration answered by RecordBaseline, with its field's bytes (``_calibration_field``).
+        self._last_calibration: tuple[Calibration, str, bytes] | None = None
 
     @unary
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Context) -> resources_pb2.Session:
@@ -179,21 +179,26 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         return pb.EstimateTokensResponse(estimate=estimate_to_pb(estimate))
 
     @unary
-    async def RecordBaseline(self, request: pb.RecordBaselineRequest, context: Context) -> pb.RecordBaselineResponse:
+    async def RecordBaseline(  # type: ignore[override]  # the wire form of a RecordBaselineResponse
+        self, request: pb.RecordBaselineRequest, context: Context
+    ) -> EncodedResponse:
         result = await self._engine.record_baseline(
             caller_of(context), request.session_id, view_id=request.view_id, prompt_tokens=request.prompt_tokens
         )
-        return pb.RecordBaselineResponse(
+        head = pb.RecordBaselineResponse(
             recorded=result.recorded,
             truncated=result.truncated,
-            calibration=self._calibration_pb(result.model, result.calibration),
             truncation_reason=result.truncation_reason,
             lower_bound=result.lower_bound,
-        )
+        ).SerializeToString()
+        # The calibration field, encoded once per fit, after the others (fields may come in any order).
+        return EncodedResponse(head + self._calibration_field(result.model, result.calibration))
 
-    def _calibration_pb(self, model: str, cal: Calibration) -> resources_pb2.Calibration:
-        """``cal`` on the wire, made once per fit: baselines that share a refit (``engine.
-        accounting``) answer with the very same (frozen) calibration object."""
+    def _calibration_field(self, model: str, cal: Calibration) -> bytes:
+        """``RecordBaselineResponse.calibration`` on the wire (tag, length, message), encoded once
+        per fit: baselines that share a refit (``engine.accounting``) answer with the very same
+        (frozen) calibration object, and its ~30 class ratios cost more to copy and encode than
+        the rest of the response."""
         last = self._last_calibration
         if last is not None and last[0] is cal and last[1] == model:
             return last[2]
@@ -209,8 +214,9 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             family=cal.family,
             class_ratios=cal.class_ratios,
         )
-        self._last_calibration = (cal, model, message)
-        return message
+        field = length_delimited(pb.RecordBaselineResponse.CALIBRATION_FIELD_NUMBER, message.SerializeToString())
+        self._last_calibration = (cal, model, field)
+        return field
 
     @unary
     async def Compress(self, request: pb.CompressRequest, context: Context) -> pb.CompressResponse:
@@ -288,7 +294,7 @@ class _Capture:
 
 
 #: Methods whose handler may return an ``EncodedResponse`` (bytes already in wire form).
-_PRE_ENCODED = ("BuildContext",)
+_PRE_ENCODED = ("BuildContext", "RecordBaseline")
 
 
 def add_to_server(servicer: ContextServicer, server: grpc.aio.Server) -> None:

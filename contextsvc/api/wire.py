@@ -29,7 +29,7 @@ from contextsvc.api.views import response_fields
 from contextsvc.core.messages import Flags, Message
 from contextsvc.engine.views import BuiltView, ViewMessage
 
-__all__ = ["EncodedResponse", "WireCache", "encode_build_response", "frame", "serialize"]
+__all__ = ["EncodedResponse", "WireCache", "encode_build_response", "frame", "length_delimited", "serialize"]
 
 #: Tag of ``BuildContextResponse.messages`` (field 1, wire type 2: length-delimited).
 _MESSAGES_TAG = bytes([(pb.BuildContextResponse.MESSAGES_FIELD_NUMBER << 3) | 2])
@@ -63,6 +63,11 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def length_delimited(field_number: int, encoded: bytes) -> bytes:
+    """A length-delimited field (a message, bytes, a string) on the wire: tag, length, ``encoded``."""
+    return _varint(field_number << 3 | 2) + _varint(len(encoded)) + encoded
 
 
 def frame(encoded: bytes) -> bytes:

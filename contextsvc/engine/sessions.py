@@ -200,9 +200,7 @@ class SessionService:
             # One copy per message, priced on the client's message (images are priced by their
             # refs, never as text), and measured once: the copy keeps what was measured.
             tokens = self._accounting.message_tokens(profile.model, item.message, images=images)
-            message = dataclasses.replace(
-                item.message, images=images, create_time=now, sequence_number=0, token_count=tokens
-            )
+            message = item.message.copy_with(images=images, create_time=now, sequence_number=0, token_count=tokens)
             rows.append(carry_measures(item.message, message))
         if any(m.flags.is_pinned for m in rows):
             await self._check_pinned_cap(caller, sid, rows, profile.context_window)

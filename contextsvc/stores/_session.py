@@ -8,7 +8,6 @@ through exactly the code that built the state in the first place.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -368,8 +367,7 @@ class SessionState:
             # The copy keeps what the engine measured of the message (its text is the same).
             carry_measures(
                 m,
-                dataclasses.replace(
-                    m,
+                m.copy_with(
                     sequence_number=start + i,
                     create_time=utc(m.create_time) if m.create_time is not None else time,
                     # The store keeps its own copy: a caller mutating its dict must not change history.

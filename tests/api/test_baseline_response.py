@@ -28,19 +28,24 @@ def _cal(observations: int, weight: float) -> Calibration:
     return Calibration(weights=(weight,) * N_FEATURES, observations=observations, fitted=True, margin=0.1)
 
 
-def test_one_message_per_calibration_object_and_model() -> None:
+def _decoded(field: bytes) -> r.Calibration:
+    """The calibration message of a ``calibration`` field's bytes (a response holding only it)."""
+    return pb.RecordBaselineResponse.FromString(field).calibration
+
+
+def test_one_encoding_per_calibration_object_and_model() -> None:
     servicer = _servicer()
     first = _cal(3, 0.25)
-    made = servicer._calibration_pb("m", first)
-    assert made.model == "m" and made.observations == 3 and made.fitted
-    assert servicer._calibration_pb("m", first) is made
+    made = servicer._calibration_field("m", first)
+    assert _decoded(made).model == "m" and _decoded(made).observations == 3 and _decoded(made).fitted
+    assert servicer._calibration_field("m", first) is made
     # An equal calibration that is another object (a new fit) is encoded again, as is another model.
-    again = servicer._calibration_pb("m", _cal(3, 0.25))
+    again = servicer._calibration_field("m", _cal(3, 0.25))
     assert again is not made and again == made
-    other_model = servicer._calibration_pb("n", _cal(3, 0.25))
-    assert other_model.model == "n"
+    other_model = servicer._calibration_field("n", _cal(3, 0.25))
+    assert _decoded(other_model).model == "n"
     later = _cal(4, 0.5)
-    refit = servicer._calibration_pb("n", later)
+    refit = _decoded(servicer._calibration_field("n", later))
     assert refit.observations == 4 and refit.per_message == 0.5 and refit.model == "n"
 
 
@@ -63,11 +68,15 @@ async def test_each_baseline_answers_the_fit_holding_its_observation() -> None:
         built = pb.BuildContextResponse.FromString(
             (await servicer.BuildContext(pb.BuildContextRequest(session_id=sid), ctx)).data
         )
-        answer = await servicer.RecordBaseline(
-            pb.RecordBaselineRequest(
-                session_id=sid, view_id=built.view_id, prompt_tokens=int(built.estimate.total * 1.1) + 3
-            ),
-            ctx,
+        answer = pb.RecordBaselineResponse.FromString(
+            (
+                await servicer.RecordBaseline(
+                    pb.RecordBaselineRequest(
+                        session_id=sid, view_id=built.view_id, prompt_tokens=int(built.estimate.total * 1.1) + 3
+                    ),
+                    ctx,
+                )
+            ).data
         )
         assert answer.recorded
         counts.append(answer.calibration.observations)

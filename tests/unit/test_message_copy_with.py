@@ -1,0 +1,46 @@
+"""``Message.copy_with``: what ``dataclasses.replace`` gives, for the rows an append copies."""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from datetime import UTC, datetime
+
+import pytest
+
+from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+
+
+def _row() -> Message:
+    return Message(
+        role=Role.ASSISTANT,
+        content="calling",
+        images=(ImageRef(blob_id="b", mime_type="image/png", width=2, height=3, size_bytes=9, token_count=7),),
+        tool_calls=(ToolCall(id="c1", name="read", arguments_json="{}"),),
+        name="bot",
+        thinking="hm",
+        flags=Flags(is_pinned=True),
+        metadata={"k": [1]},
+        sequence_number=4,
+        token_count=11,
+        replaces=(1, 3),
+        context_anchor=2,
+    )
+
+
+def test_a_copy_equals_what_dataclasses_replace_makes_and_shares_the_unchanged_fields() -> None:
+    row = _row()
+    when = datetime(2026, 12, 2, tzinfo=UTC)
+    copied = row.copy_with(sequence_number=9, create_time=when, metadata={})
+    assert copied == dataclasses.replace(row, sequence_number=9, create_time=when, metadata={})
+    assert copied is not row and row.sequence_number == 4 and row.metadata == {"k": [1]}
+    assert copied.content is row.content and copied.tool_calls is row.tool_calls  # the measures carry over
+    weakref.ref(copied)  # still weakly referenceable (per-message caches follow its life)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copied.content = "x"  # type: ignore[misc]
+    assert row.copy_with() == row
+
+
+def test_an_unknown_field_is_refused() -> None:
+    with pytest.raises(TypeError, match="no field colour"):
+        _row().copy_with(colour="red")
