@@ -10,7 +10,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.core.messages import BufferKind, Flags, Message, Role, ToolCall
-from contextsvc.core.profile import CompressionOverrides, ProfileOverrides, RecallOverrides
+from contextsvc.core.profile import NO_OVERRIDES, CompressionOverrides, ProfileOverrides, RecallOverrides
 from contextsvc.core.session import SessionInfo
 from contextsvc.engine.validation import IncomingImage, IncomingMessage
 from contextsvc.errors import FieldViolation, InvalidArgument
@@ -106,7 +106,7 @@ _DEFAULT_FLAGS = Flags()
 
 def profile_from_pb(pb: resources_pb2.Profile | None) -> ProfileOverrides:
     if pb is None:
-        return ProfileOverrides()
+        return NO_OVERRIDES
     c = pb.compression
     r = pb.recall
 

@@ -189,6 +189,8 @@ class Calibration:
         vocabulary-free ``lower_bound`` where they did not, blended by how much they showed."""
         total = 0.0
         for j, x in enumerate(features[:N_FEATURES]):
+            if not x:  # most columns of a view are empty: adding 0.0 changes nothing
+                continue
             low = LOWER_BOUND[j]
             e = self.evidence[j] if j < len(self.evidence) else 0.0
             total += x * (low + e * max(0.0, ratio * self.weights[j] - low))
@@ -211,7 +213,7 @@ def margin_base(priced: float, text: float, share: float) -> float:
 def lower_bound(features: Sequence[float]) -> int:
     """Fewest tokens any vocabulary measured could count for these ``features`` (with room):
     valid before any calibration, so an honest count is never below it."""
-    return math.floor(sum(w * x for w, x in zip(LOWER_BOUND, features, strict=False)))
+    return math.floor(sum(map(mul, LOWER_BOUND, features)))  # the same products, summed in the same order
 
 
 def fallback(settings: TokenSettings, observations: int = 0, *, family: str = "default") -> Calibration:

@@ -69,11 +69,16 @@ class EffectiveProfile:
         return self.message_token_budget or self.context_window // 6
 
 
+#: No overrides (a request without a profile): one shared object, so the hot path recognizes it by
+#: identity instead of hashing a nested frozen dataclass field by field on every call.
+NO_OVERRIDES = ProfileOverrides()
+
+
 def resolve_profile(
     settings: Settings, session_profile_id: str, overrides: ProfileOverrides | None
 ) -> EffectiveProfile:
     """Merge a request's overrides onto the named profile (request's, else the session's)."""
-    o = overrides or ProfileOverrides()
+    o = overrides or NO_OVERRIDES
     name = o.profile_id or session_profile_id or settings.default_profile
     limit = settings.limits.max_model_chars
     if o.model is not None and len(o.model) > limit:
@@ -83,7 +88,7 @@ def resolve_profile(
         raise InvalidArgument.field("profile.profile_id", f"unknown profile {name!r}", reason="UNKNOWN_PROFILE")
     # Every build resolves its profile: the merge (a pydantic dump and validation) is done once per
     # (profile, overrides) and reused while the named profile is the same object.
-    key = (name, o)
+    key = (name, None if o is NO_OVERRIDES else o)
     hit = _MERGED.get(key)
     if hit is not None and hit[0] is base:
         return hit[1]
@@ -96,7 +101,7 @@ def resolve_profile(
 
 #: (profile name, overrides) -> (the named profile it was merged onto, the effective profile).
 #: Overrides are frozen and hashable; a handful of distinct ones is the common case.
-_MERGED: dict[tuple[str, ProfileOverrides], tuple[ProfileConfig, EffectiveProfile]] = {}
+_MERGED: dict[tuple[str, ProfileOverrides | None], tuple[ProfileConfig, EffectiveProfile]] = {}
 _MERGED_MAX = 256
 
 

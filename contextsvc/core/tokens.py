@@ -119,7 +119,7 @@ def messages_features(messages: Iterable[Message], *, views: int = 0) -> tuple[i
     each = list(map(message_features, messages))
     if len(each) == 1 and not views:
         return each[0]  # one message (a per-message cut check): its own features, VIEW already 0
-    total = [sum(column) for column in zip(*each, strict=True)] or [0] * N_FEATURES
+    total = list(map(sum, zip(*each, strict=True))) or [0] * N_FEATURES
     total[VIEW] = views
     return tuple(total)
 

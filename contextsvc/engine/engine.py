@@ -15,7 +15,7 @@ from typing import Any, cast
 from contextsvc import telemetry
 from contextsvc.config import Settings
 from contextsvc.core.messages import Message
-from contextsvc.core.profile import EffectiveProfile, ProfileOverrides, resolve_profile
+from contextsvc.core.profile import NO_OVERRIDES, EffectiveProfile, ProfileOverrides, resolve_profile
 from contextsvc.core.recall import query_terms
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import TokenEstimate
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 # Engine-state key: the inline profile overrides of the newest BuildContext, so the post-turn
 # check (which has no request) prices against the window the runtime actually uses.
 _PROFILE_KEY = "profile"
-_NO_OVERRIDES = ProfileOverrides()
 _INTERNAL = Principal(user_id="contextsvc", is_admin=True)
 
 
@@ -111,9 +110,9 @@ class Engine:
     async def _remember_profile(self, session: SessionInfo, overrides: ProfileOverrides) -> SessionInfo:
         # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
         # costs no write (and no lock) on every build.
-        wanted = _as_stored(overrides)
+        wanted = _stored_none() if overrides is NO_OVERRIDES else _as_stored(overrides)
         saved = EngineState.of(session).extra.get(_PROFILE_KEY)
-        if saved == wanted or (saved is None and wanted == _as_stored(_NO_OVERRIDES)):
+        if saved == wanted or (saved is None and wanted == _stored_none()):
             # Nothing to remember: no write and no lock (a session's first build without a profile).
             return session
         # Read-modify-write of the engine state under the compaction lock, on a fresh read: writing
@@ -466,6 +465,12 @@ class Engine:
         await asyncio.gather(*self._anchors.values(), return_exceptions=True)
         await self.post_turn.close()
         await self.summarizers.close()
+
+
+@functools.cache
+def _stored_none() -> dict[str, Any]:
+    """``_as_stored(NO_OVERRIDES)``, without hashing the overrides on every build."""
+    return _as_stored(NO_OVERRIDES)
 
 
 @functools.lru_cache(maxsize=256)
