@@ -213,7 +213,8 @@ def margin_base(priced: float, text: float, share: float) -> float:
 def lower_bound(features: Sequence[float]) -> int:
     """Fewest tokens any vocabulary measured could count for these ``features`` (with room):
     valid before any calibration, so an honest count is never below it."""
-    return math.floor(sum(map(mul, LOWER_BOUND, features)))  # the same products, summed in the same order
+    total: float = sum(map(mul, LOWER_BOUND, features))  # the same products, summed in the same order
+    return math.floor(total)
 
 
 def fallback(settings: TokenSettings, observations: int = 0, *, family: str = "default") -> Calibration:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -382,7 +383,7 @@ class ViewService:
         if any(m.role is Role.SYSTEM or m.images for m in added):
             return None
         tail = build_view("", (), added)
-        if len(tail.messages) != len(added) or any(a is not b for a, b in zip(tail.messages, added, strict=True)):
+        if len(tail.messages) != len(added) or not all(map(operator.is_, tail.messages, added)):
             return None
         rows = [*kept.rows, *added]
         features = messages_features(added)
@@ -405,7 +406,7 @@ class ViewService:
             estimate=self._estimate(profile, new_parts, state, counter, sums, since, image_free=True),
             notices=list(kept.notices),
             chars=kept.chars + messages_chars(added),
-            features=tuple(a + float(b) for a, b in zip(kept.features, features, strict=True)),
+            features=tuple(map(operator.add, kept.features, map(float, features))),  # a + float(b), as _as_view
             last_sequence=max(kept.last_sequence, *(m.sequence_number for m in added)),
             had_images=False,
             plain=None
