@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 
 import _checkout  # noqa: E402,F401 - this checkout's contextsvc
 
-VARIANTS = ("real", "stub", "stub-sized", "stub-bare")
+VARIANTS = ("real", "stub", "stub-sized", "stub-large", "stub-bare")
 EXPERIMENTS = ("real-gc", "real-count", "stub-count", "base")
 
 
@@ -109,6 +109,80 @@ def _patch(variant: str) -> None:
             counts["baselines"] += 1
             return await observe(self, *a, **k)
 
+        from contextsvc.api.wire import WireCache
+        from contextsvc.engine.views import ViewService
+
+        extended, view_hit, prefix_hit = ViewService._extended, WireCache.view, WireCache.view_prefix
+        counts.update(extended=0, extended_none=0, wire_view=0, wire_prefix=0, handler_us=0)
+
+        def counted_extended(self: Any, *a: Any, **k: Any) -> Any:
+            out = extended(self, *a, **k)
+            counts["extended" if out is not None else "extended_none"] += 1
+            return out
+
+        def counted_view(self: Any, *a: Any, **k: Any) -> Any:
+            out = view_hit(self, *a, **k)
+            counts["wire_view"] += out is not None
+            return out
+
+        def counted_prefix(self: Any, *a: Any, **k: Any) -> Any:
+            out = prefix_hit(self, *a, **k)
+            counts["wire_prefix"] += out is not None
+            return out
+
+        import gc
+
+        counts.update(gc0_us=0, gc1_us=0, gc2_us=0, gc0_n=0, gc2_n=0, gc_collected=0)
+        gc_began = [0.0]
+
+        def gc_timed(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                gc_began[0] = time.thread_time()
+                return
+            key = f"gc{info['generation']}_us"
+            counts[key] += int((time.thread_time() - gc_began[0]) * 1e6)
+            counts["gc2_n"] += info["generation"] == 2
+            counts["gc0_n"] += info["generation"] == 0
+            counts["gc_collected"] += info["collected"]
+
+        gc.callbacks.append(gc_timed)
+        ViewService._extended = counted_extended  # type: ignore[method-assign]
+        WireCache.view = counted_view  # type: ignore[method-assign]
+        WireCache.view_prefix = counted_prefix  # type: ignore[method-assign]
+
+        class _Timed:  # the CPU of a handler's own steps (not of the tasks it starts)
+            def __init__(self, coro: Any) -> None:
+                self.coro = coro
+
+            def __await__(self) -> Any:
+                value: Any = None
+                error: BaseException | None = None
+                while True:
+                    began = time.thread_time()
+                    try:
+                        step = self.coro.throw(error) if error is not None else self.coro.send(value)
+                    except StopIteration as done:
+                        counts["handler_us"] += int((time.thread_time() - began) * 1e6)
+                        return done.value
+                    except BaseException:
+                        counts["handler_us"] += int((time.thread_time() - began) * 1e6)
+                        raise
+                    counts["handler_us"] += int((time.thread_time() - began) * 1e6)
+                    try:
+                        value, error = (yield step), None
+                    except BaseException as exc:
+                        value, error = None, exc
+
+        for name in ("AppendMessages", "BuildContext", "RecordBaseline"):
+            handler = getattr(sv.ContextServicer, name)
+
+            def timed(handler: Any) -> Any:
+                async def run(self: Any, request: Any, context: Any) -> Any:
+                    return await _Timed(handler(self, request, context))
+
+                return run
+
+            setattr(sv.ContextServicer, name, timed(handler))
         CalibrationRegistry.load = counted_load  # type: ignore[method-assign]
         TokenAccounting.observe = counted_observe  # type: ignore[method-assign]
         Compactor.run = counted_compact  # type: ignore[method-assign]
@@ -121,23 +195,12 @@ def _patch(variant: str) -> None:
         _count_loop(stub_counts)
         atexit.register(lambda: print(f"COUNTS {stub_counts}", file=sys.stderr, flush=True))
         variant = "stub"
-    if variant == "real-gc":  # an experiment: the collector's first generation 10x larger
-        import gc
-
-        from contextsvc import server as srv
-
-        freeze = srv._freeze_startup_objects
-
-        def frozen() -> None:
-            freeze()
-            gc.set_threshold(7000, 10, 10)
-
-        srv._freeze_startup_objects = frozen
+    if variant == "real-gc":  # an experiment: the collector at Python's threshold (``Server`` sets it)
         return
-    if variant == "stub-sized":
+    if variant in ("stub-sized", "stub-large"):
         from workload import messages
 
-        view = messages(60)
+        view = messages(60 if variant == "stub-sized" else 150)
     else:
         view = [r.Message(role=r.ROLE_USER, content="hi"), r.Message(role=r.ROLE_ASSISTANT, content="hello")]
     built = EncodedResponse(
@@ -202,6 +265,8 @@ class Server:
         if store != "memory":
             args += ["--durability", "batch"]
         env = dict(os.environ)
+        if variant == "real-gc":  # Python's own collector threshold, not hot_path.gc_young_threshold
+            env["CONTEXTSVC_HOT_PATH__GC_YOUNG_THRESHOLD"] = "0"
         if variant == "base":  # the ordinary server of another checkout (an A/B)
             assert base is not None, "--base names the other checkout"
             cmd = [sys.executable, "-m", "contextsvc", *args]

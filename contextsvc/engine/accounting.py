@@ -71,26 +71,24 @@ class TokenAccounting:
         """Give the model's other baselines a chance to share this one's refit (the fit is the
         largest cost of a RecordBaseline, and 50 agents of one model each make a new window).
 
-        Always one loop iteration first: baselines already waiting write theirs, and the first
-        refit reads them all. Then, if a gathering of the model is open, this observation was
-        written before it closes, so its leader's refit reads it: wait for that. Otherwise, when
-        requests were ``concurrent`` and at least ``calibration_coalesce_sessions`` other sessions
-        recorded a baseline of the model within the last ``calibration_coalesce_seconds`` (many
-        agents are recording: more are on their way), open one and wait that long. A lone agent,
-        a few agents, one client going through sessions one call at a time, or baselines further
-        apart than the window refit at once: the wait pays only when many refits share it. The
-        rule reads what requests arrived and when, not how busy the loop looks (which depends on
-        how its work is split into steps) nor the machine's load."""
+        If a gathering of the model is open, this observation was written before it closes, so
+        its leader's refit reads it: wait for that. Otherwise, when requests were ``concurrent``
+        and at least ``calibration_coalesce_sessions`` other sessions recorded a baseline of the
+        model within the last ``calibration_coalesce_seconds`` (many agents are recording: more
+        are on their way), open one and wait that long. A lone agent, a few agents, one client
+        going through sessions one call at a time, or baselines further apart than the window
+        refit after one loop iteration (baselines already waiting write theirs, and the first
+        refit reads them all): the wait pays only when many refits share it. The rule reads what
+        requests arrived and when, not how busy the loop looks (which depends on how its work is
+        split into steps) nor the machine's load."""
         window = self._tokens.calibration_coalesce_seconds
         others = self._arrivals.note(model, source, time.monotonic(), window)
-        await asyncio.sleep(0)
-        if window <= 0 or self._applied.get(model, -1) >= mine:
-            return
-        gate = self._gathering.get(model)
+        gate = self._gathering.get(model) if window > 0 else None
         if gate is not None:
             await gate.wait()
             return
-        if not concurrent or others < self._tokens.calibration_coalesce_sessions:
+        if window <= 0 or not concurrent or others < self._tokens.calibration_coalesce_sessions:
+            await asyncio.sleep(0)
             return
         gate = self._gathering[model] = asyncio.Event()
         try:
