@@ -36,7 +36,7 @@ from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
 from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, PendingAnchor, ViewService
 from contextsvc.engine.worker import PostTurnWorker
-from contextsvc.errors import InvalidArgument, NotFound
+from contextsvc.errors import ContextError, InvalidArgument, NotFound
 from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore, Summarizers
 
 log = logging.getLogger(__name__)
@@ -316,11 +316,9 @@ class Engine:
             session = await self.store.get_session(session_id, caller=_INTERNAL)
         except NotFound:
             return
+        if await self._nothing_to_check(session):
+            return
         profile = await self._profile_for(session, None)
-        if not profile.compression.enabled:
-            return
-        if not session.context_truncated and self.compactor.far_below(profile, session.context_tokens):
-            return
         context = await self.store.load_context(session_id, caller=_INTERNAL)
         # Through the session's view memo: the next build of an unchanged session reuses this view.
         built = self.views.assemble(profile, context, None, EngineState.of(session), session_id=session_id)
@@ -355,17 +353,35 @@ class Engine:
         self, caller: Principal, session_id: str, *, view_id: str, prompt_tokens: int
     ) -> BaselineResult:
         sid = require_session_id(session_id)
+        anchored: list[SessionInfo] = []
 
         async def anchor(pending: PendingAnchor) -> None:
-            await self._anchor(caller, sid, pending)
+            session = await self._anchor(caller, sid, pending)
+            if session is not None:
+                anchored.append(session)
 
         result = await self.views.record_baseline(
             caller, sid, view_id=view_id, prompt_tokens=prompt_tokens, anchor=anchor
         )
-        self.post_turn.schedule(sid)
+        # The post-turn check of a session whose new anchor leaves it far from compaction would
+        # only read it again and say so: judged here, on the session as the anchor wrote it.
+        if not anchored or not await self._nothing_to_check(anchored[-1]):
+            self.post_turn.schedule(sid)
         return result
 
-    async def _anchor(self, caller: Principal, sid: str, pending: PendingAnchor) -> None:
+    async def _nothing_to_check(self, session: SessionInfo) -> bool:
+        """Would the post-turn check of ``session`` stop before reading its context (compression
+        off for it, or not truncated and ``Compactor.far_below``)? False when its profile cannot be
+        resolved: the check then runs, and logs why."""
+        try:
+            profile = await self._profile_for(session, None)
+        except ContextError:
+            return False
+        return not profile.compression.enabled or (
+            not session.context_truncated and self.compactor.far_below(profile, session.context_tokens)
+        )
+
+    async def _anchor(self, caller: Principal, sid: str, pending: PendingAnchor) -> SessionInfo | None:
         """Apply a new baseline under the compaction lock, without waiting behind a compaction.
 
         The baseline is a read-modify-write of the engine state, serialized with compactions (one
@@ -374,12 +390,12 @@ class Engine:
         its summarizer, here or on another replica), RecordBaseline answers at once and the anchor
         is applied after that compaction: if it committed, the view is of an older cycle and the
         anchor is dropped (``apply_anchor``); if it did not, the anchor applies then. Anchors of a
-        session apply in the order they were recorded."""
+        session apply in the order they were recorded. The session as the anchor left it when it
+        was applied at once; None when it was dropped or deferred."""
         if not self.compactor.busy(sid) and sid not in self._anchors:
             try:
                 async with self.compactor.lock(sid, wait=self.settings.hot_path.baseline_wait_seconds):
-                    await self.views.apply_anchor(caller, sid, pending)
-                return
+                    return await self.views.apply_anchor(caller, sid, pending)
             except CompactionBusy:
                 pass
         previous = self._anchors.get(sid)
@@ -394,6 +410,7 @@ class Engine:
         task = asyncio.create_task(later(), name=f"baseline-anchor-{sid}")
         self._anchors[sid] = task
         task.add_done_callback(functools.partial(self._anchor_done, sid))
+        return None
 
     def _anchor_done(self, sid: str, task: asyncio.Task[None]) -> None:
         if self._anchors.get(sid) is task:

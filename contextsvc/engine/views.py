@@ -783,16 +783,16 @@ class ViewService:
             recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
         )
 
-    async def apply_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> bool:
+    async def apply_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> SessionInfo | None:
         """Make ``pending`` the session's baseline if its view is of the session's current
         compaction cycle (a compaction committed since the view was built makes it stale: it is
         dropped). A read-modify-write of the engine state: call it under the compaction lock.
-        True when applied."""
+        The session as written when applied; None when dropped."""
         session = await self._store.get_session(session_id, caller=caller)
         state = EngineState.of(session)
         view = pending.view
         if view.epoch != state.epoch:
-            return False
+            return None
         # Nothing was appended since the view (its newest row is the session's): no context to read.
         newer = (
             []
@@ -804,14 +804,13 @@ class ViewService:
             ]
         )
         context_tokens = pending.tokens + self._accounting.messages_tokens(view.model, newer)
-        await self._store.update_state(
+        return await self._store.update_state(
             session_id,
             caller=caller,
             context_tokens=context_tokens,
             context_truncated=False,
             state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict(),
         )
-        return True
 
     def _truncation(self, prompt_tokens: int, view: ViewRecord, calibration: Calibration) -> tuple[str, int]:
         """Why ``prompt_tokens`` looks silently truncated ("" when it does not), and the lower bound.

@@ -59,3 +59,31 @@ async def test_without_headroom_every_check_is_in_full() -> None:
         assert await _checked_reads(rig, sid) == 1
     finally:
         await rig.close()
+
+
+async def test_a_baseline_schedules_no_check_of_a_session_it_leaves_far_below_and_one_of_a_session_near() -> None:
+    """RecordBaseline judges the session as its anchor wrote it (``Engine._nothing_to_check``):
+    no post-turn check is queued for a session far below every level, one is for a session near
+    them, and one is for every session when the headroom is 0."""
+    for headroom, grow, expect in ((2.0, False, 0), (2.0, True, 1), (0.0, False, 1)):
+        rig = await Rig.start(store=ContextReadingStore, hot_path={"post_turn_headroom": headroom})
+        try:
+            sid = await rig.session()
+            await rig.append(sid, u("hello"), a("hi " + words(20)))
+            if grow:
+                info = await rig.session_info(sid)
+                bounds = rig.engine.compactor.bounds(await rig.engine._profile_for(info, None))
+                k = 0
+                while 2 * (await rig.session_info(sid)).context_tokens < min(bounds.trigger, bounds.limit):
+                    assert k < 500
+                    await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+                    k += 1
+            view = await rig.build(sid)
+            assert await rig.engine.post_turn.drain(5)
+            before = rig.store.context_reads
+            assert (await rig.baseline(sid, view)).recorded
+            queued = sid in rig.engine.post_turn._pending
+            assert await rig.engine.post_turn.drain(5)
+            assert (queued, rig.store.context_reads - before) == (bool(expect), expect), (headroom, grow)
+        finally:
+            await rig.close()
