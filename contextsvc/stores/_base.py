@@ -157,6 +157,11 @@ class RowStore:
         """Make calibration observations (model, observation) durable, in order, before they are
         kept in memory: one write for the whole batch."""
 
+    def _observations_wait_for_disk(self) -> bool:
+        """Does ``_persist_observations`` wait for the disk (an fsync)? Then every write goes
+        through the writer, so that the observations queued meanwhile share the next one."""
+        return False
+
     async def _load_history(self, st: SessionState) -> RecallIndex:
         """The session's history index when it is not in ``_history`` yet (under the session lock)."""
         return RecallIndex()
@@ -487,31 +492,63 @@ class RowStore:
         """Queued for one writer that persists everything queued meanwhile in one write (group
         commit: concurrent baselines share a write and its fsync instead of taking turns behind
         one lock, each with its own). Returns once the observation is durable and kept."""
+        idle = (
+            not self._observations_queued
+            and (self._observations_writer is None or self._observations_writer.done())
+            and not self._observations_wait_for_disk()
+        )
+        first: Coroutine[Any, Any, None] | None = None
+        if idle:
+            # Nothing queued or being written: the write starts in the caller's step, and one that
+            # completes without suspending (the memory store's; a files store that need not fsync)
+            # costs no writer task and no futures.
+            persist = self._persist_observations([(model, observation)])
+            if isinstance(persist, types.CoroutineType):
+                try:
+                    waiting = persist.send(None)
+                except StopIteration:
+                    self._keep_observations([(model, observation)])
+                    return
+                first = _resume(persist, waiting)
+            else:
+                first = _awaited(persist)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._observations_queued.append((model, observation, done))
         if self._observations_writer is None or self._observations_writer.done():
-            writer = asyncio.ensure_future(self._write_observations())
+            writer = asyncio.ensure_future(self._write_observations(first))
             self._observations_writer = writer
             self._inflight.add(writer)
             writer.add_done_callback(_settle)
             writer.add_done_callback(self._inflight.discard)
         await asyncio.shield(done)  # a caller that goes away does not take its write with it
 
-    async def _write_observations(self) -> None:
+    def _keep_observations(self, batch: Sequence[tuple[str, Observation]]) -> None:
+        """Observations made durable, kept in memory (the newest ``observations_kept`` per model)."""
+        for model, obs in batch:
+            kept = self._observations.setdefault(model, [])
+            kept.append(obs)
+            del kept[: -self.observations_kept]
+
+    async def _write_observations(self, first: Coroutine[Any, Any, None] | None = None) -> None:
+        """Persist what is queued, batch after batch. ``first``: the write of the one observation
+        queued so far, already started (``add_calibration_observation``), finished here."""
         while self._observations_queued:
-            batch, self._observations_queued = self._observations_queued, []
+            if first is not None:  # its batch is the one observation queued when it started
+                batch, self._observations_queued = self._observations_queued[:1], self._observations_queued[1:]
+                writing, first = first, None
+            else:
+                batch, self._observations_queued = self._observations_queued, []
+                writing = self._persist_observations([(model, obs) for model, obs, _ in batch])
             try:
-                await self._persist_observations([(model, obs) for model, obs, _ in batch])
+                await writing
             except Exception as exc:  # each waiting caller gets the store's error
                 for _, _, done in batch:
                     if not done.done():
                         done.set_exception(exc)
                         done.add_done_callback(_settle)
                 continue
-            for model, obs, done in batch:
-                kept = self._observations.setdefault(model, [])
-                kept.append(obs)
-                del kept[: -self.observations_kept]
+            self._keep_observations([(model, obs) for model, obs, _ in batch])
+            for _, _, done in batch:
                 if not done.done():
                     done.set_result(None)
 
@@ -632,6 +669,10 @@ class _Resumed:
 
 async def _resume(coro: Coroutine[Any, Any, T], waiting: Any) -> T:
     return cast(T, await _Resumed(coro, waiting))
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
 
 
 def _settle(task: asyncio.Future[Any]) -> None:

@@ -836,12 +836,20 @@ class FilesStore(RowStore):
         only written: they reach the disk with the next fsync of the same file. ``mark``: the
         new highest sequence number, recorded in the mark file once the line is written."""
         sync = self._settings.durability is Durability.FSYNC and not soft
-        log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, mark)
+        if sync:
+            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, mark)
+        else:
+            # No fsync to wait for: a write into the page cache takes microseconds, less than the
+            # hop to a worker thread and back (two wake-ups, the GIL both ways) would cost.
+            log.size = _append_at(log.path, log.size, data, sync, mark)
         if sync:
             self.stats.log_fsyncs += 1
         elif not soft:
             self._dirty.add(log.path)
             self._dirty_event.set()
+
+    def _observations_wait_for_disk(self) -> bool:
+        return self._settings.durability is Durability.FSYNC
 
     async def _persist_observations(self, batch: Sequence[tuple[str, Observation]]) -> None:
         """One append (and, in fsync mode, one fsync) for every observation queued meanwhile."""
