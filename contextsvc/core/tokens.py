@@ -478,9 +478,13 @@ def estimate(
             since = [
                 m for m in (*records, *context) if m.sequence_number == 0 or m.sequence_number > baseline.last_sequence
             ]
-        total = baseline_delta(baseline.tokens, [*since, *incoming], counter, image_fallback=image_fallback)
+        delta = [*since, *incoming]
+        priced, margin_tokens = counter.count_and_margin(delta)
+        # ``baseline_delta``'s total, from the same count (``count_and_margin``'s count is
+        # ``count_messages``'s): the rows are priced once.
+        images_delta = 0 if image_free else image_tokens_of(delta, fallback_tokens=image_fallback)
+        total = baseline.tokens + priced + images_delta
         segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
-        priced, margin_tokens = counter.count_and_margin([*since, *incoming])
         if isinstance(counter, CalibratedCounter):
             base = margin_base(priced, segments.total - segments.images, margin_share)
             margin_tokens += counter.calibration.margin_beyond(base - priced)
@@ -521,6 +525,7 @@ def _scaled(raw: TokenSegments, total: int) -> TokenSegments:
     exact = [v * total / base for v in values]
     floors = [int(x) for x in exact]
     short = total - sum(floors)
-    for i in sorted(range(len(names)), key=lambda i: exact[i] - floors[i], reverse=True)[:short]:
-        floors[i] += 1
+    if short:  # (most totals split evenly: nothing to hand out)
+        for i in sorted(range(len(names)), key=lambda i: exact[i] - floors[i], reverse=True)[:short]:
+            floors[i] += 1
     return TokenSegments(**dict(zip(names, floors, strict=True)))

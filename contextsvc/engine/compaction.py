@@ -208,11 +208,16 @@ class Compactor:
         entry[1] += 1
         try:
             store_lock = self._store.compaction_lock(session_id)
-            if entry[1] == 1 and isinstance(store_lock, contextlib.nullcontext):
+            if entry[1] == 1 and isinstance(store_lock, contextlib.nullcontext) and not entry[0].locked():
                 # Nobody else holds or waits for the session's lock and the store's is a no-op:
-                # both are taken without suspending, so no timer need be armed (a baseline's
-                # anchor takes this path on every turn).
-                wait = None
+                # taken without suspending, so no timer and no exit stack (a baseline's anchor
+                # takes this path on every turn).
+                await entry[0].acquire()
+                try:
+                    yield
+                finally:
+                    entry[0].release()
+                return
             async with contextlib.AsyncExitStack() as held:
                 try:
                     async with asyncio.timeout(wait):

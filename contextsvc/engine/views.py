@@ -803,7 +803,7 @@ class ViewService:
                 if m.sequence_number > view.last_sequence
             ]
         )
-        context_tokens = pending.tokens + self._accounting.messages_tokens(view.model, newer)
+        context_tokens = pending.tokens + (self._accounting.messages_tokens(view.model, newer) if newer else 0)
         return await self._store.update_state(
             session_id,
             caller=caller,

@@ -24,6 +24,14 @@ async def test_a_free_lock_is_taken_at_once_and_its_entry_goes_when_released() -
             assert len(getattr(loop, "_scheduled", ())) == timers  # no timeout armed
         assert not compactor.busy("s")
         assert compactor._locks == {}
+        # Taken at once, it is still released when the holder fails, and taken again after.
+        with pytest.raises(RuntimeError, match="holder failed"):
+            async with compactor.lock("s", wait=5.0):
+                raise RuntimeError("holder failed")
+        assert not compactor.busy("s") and compactor._locks == {}
+        async with compactor.lock("s", wait=0.0):
+            assert compactor.busy("s")
+        assert compactor._locks == {}
     finally:
         await rig.close()
 
