@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -161,12 +162,18 @@ def session_to_pb(s: SessionInfo) -> resources_pb2.Session:
 
 
 def message_to_pb(m: Message, *, truncated_in_view: bool = False) -> resources_pb2.Message:
-    f = m.flags
     pb = resources_pb2.Message(
         sequence_number=m.sequence_number,
         role=_ROLE_TO_PB[m.role],
         content=m.content,
-        images=[
+        flags=_flags_to_pb(m.flags),
+        create_time=timestamp(m.create_time),
+        token_count=m.token_count,
+        truncated_in_view=truncated_in_view,
+    )
+    # Only the fields a row has: each set costs (every new row is encoded once).
+    if m.images:
+        pb.images.extend(
             resources_pb2.Image(
                 blob_id=i.blob_id,
                 mime_type=i.mime_type,
@@ -175,32 +182,38 @@ def message_to_pb(m: Message, *, truncated_in_view: bool = False) -> resources_p
                 token_count=i.token_count,
             )
             for i in m.images
-        ],
-        tool_calls=[
+        )
+    if m.tool_calls:
+        pb.tool_calls.extend(
             resources_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in m.tool_calls
-        ],
-        tool_call_id=m.tool_call_id,
-        name=m.name,
-        thinking=m.thinking,
-        flags=resources_pb2.MessageFlags(
-            is_context=f.is_context,
-            is_display=f.is_display,
-            is_summary=f.is_summary,
-            is_compression=f.is_compression,
-            is_compression_critical=f.is_compression_critical,
-            is_plan=f.is_plan,
-            is_recall=f.is_recall,
-            is_pinned=f.is_pinned,
-        ),
-        create_time=timestamp(m.create_time),
-        token_count=m.token_count,
-        truncated_in_view=truncated_in_view,
-    )
+        )
+    if m.tool_call_id:
+        pb.tool_call_id = m.tool_call_id
+    if m.name:
+        pb.name = m.name
+    if m.thinking:
+        pb.thinking = m.thinking
     if m.metadata:
         pb.metadata.CopyFrom(dict_to_struct(m.metadata))
     if m.replaces is not None:
         pb.replaces.CopyFrom(resources_pb2.SequenceRange(first=m.replaces[0], last=m.replaces[1]))
     return pb
+
+
+@functools.lru_cache(maxsize=256)
+def _flags_to_pb(f: Flags) -> resources_pb2.MessageFlags:
+    """A row's flags on the wire, made once per combination (a handful occur); copied into each
+    message that carries them, never changed."""
+    return resources_pb2.MessageFlags(
+        is_context=f.is_context,
+        is_display=f.is_display,
+        is_summary=f.is_summary,
+        is_compression=f.is_compression,
+        is_compression_critical=f.is_compression_critical,
+        is_plan=f.is_plan,
+        is_recall=f.is_recall,
+        is_pinned=f.is_pinned,
+    )
 
 
 def event_to_pb(e: StoredEvent) -> events_pb2.Event:
