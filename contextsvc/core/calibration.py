@@ -138,6 +138,13 @@ class Calibration:
     #: 0 without recorded residuals. ``margin_beyond`` prices the base past what was priced.
     residual_rate: float = field(default=0.0, compare=False)
     residual_weight: float = field(default=0.0, compare=False)
+    #: each feature's margin times its weight (``margins`` by ``weights``; empty when ``margins``
+    #: does not give one per weight), made once: ``margin_of`` runs on every estimate.
+    margin_prices: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.margins) == len(self.weights):
+            object.__setattr__(self, "margin_prices", tuple(map(mul, self.margins, self.weights)))
 
     def price(self, features: Sequence[float]) -> float:
         """Tokens of something with these ``features`` (unrounded)."""
@@ -149,7 +156,9 @@ class Calibration:
         relative margin (``margins``), or the overall ``margin`` times the price."""
         if len(self.margins) != len(self.weights):
             return self.margin * max(0.0, self.price(features))
-        return sum(m * w * x for m, w, x in zip(self.margins, self.weights, features, strict=False))
+        # (m * w) * x for each feature, as ``m * w * x`` evaluates: the same floats, summed in order.
+        total: float = sum(map(mul, self.margin_prices, features))
+        return total
 
     def margin_beyond(self, tokens: float) -> float:
         """Tokens of margin for ``tokens`` of a ``margin_base`` that the estimate did not price

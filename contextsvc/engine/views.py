@@ -132,7 +132,7 @@ def _column_sums(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     count of whole views is 0, so the sum's is too)."""
     if len(features) == 1:
         return features[0]
-    return tuple([sum(column) for column in zip(*features, strict=True)]) if features else (0,) * N_FEATURES
+    return tuple(map(sum, zip(*features, strict=True))) if features else (0,) * N_FEATURES
 
 
 def _parts_of(
@@ -240,8 +240,8 @@ class _Sums:
             if part and k in (2, 3, 4):  # summaries, pinned, others
                 x = features if len(part) == len(added) else messages_features(part)
                 held = segments[k]
-                segments[k] = x if held is None else tuple([a + b for a, b in zip(held, x, strict=True)])
-        return _Sums(rows=tuple([a + b for a, b in zip(self.rows, features, strict=True)]), segments=tuple(segments))
+                segments[k] = x if held is None else tuple(map(operator.add, held, x))  # (same widths)
+        return _Sums(rows=tuple(map(operator.add, self.rows, features)), segments=tuple(segments))
 
 
 class ViewService:
