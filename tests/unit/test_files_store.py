@@ -417,8 +417,11 @@ async def test_concurrent_calibration_observations_share_writes_and_keep_their_o
     await store.close()
 
 
-async def test_a_failed_calibration_write_fails_only_its_batch(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = await opened(root)
+@pytest.mark.parametrize("durability", [Durability.FSYNC, Durability.BATCH])  # a thread's write, then one inline
+async def test_a_failed_calibration_write_fails_only_its_batch(
+    root: Path, monkeypatch: pytest.MonkeyPatch, durability: Durability
+) -> None:
+    store = await opened(root, durability=durability)
     real = files_module._append_at
     calls = {"n": 0}
 

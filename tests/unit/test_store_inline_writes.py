@@ -16,7 +16,6 @@ from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.session import Principal
-from contextsvc.errors import Unavailable
 from contextsvc.stores.files import FilesStore
 from contextsvc.stores.memory import MemoryStore
 from tests.conformance.helpers import view
@@ -81,25 +80,4 @@ async def test_fsync_durability_still_writes_from_a_worker_thread(
     with pytest.raises(AssertionError, match="worker thread"):
         await store.add_calibration_observation("m", Observation(100, 40))
     monkeypatch.undo()
-    await store.close()
-
-
-async def test_a_failed_inline_write_fails_its_caller_and_keeps_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = await _files(tmp_path / "data", Durability.BATCH)
-    real = files_module._append_at
-    calls = {"n": 0}
-
-    def failing_once(*args: Any, **kw: Any) -> int:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise OSError(28, "No space left on device")
-        return real(*args, **kw)
-
-    monkeypatch.setattr(files_module, "_append_at", failing_once)
-    with pytest.raises(Unavailable):
-        await store.add_calibration_observation("m", Observation(1, 1))
-    await store.add_calibration_observation("m", Observation(2, 2))
-    assert await store.list_calibration_observations("m", limit=10) == [Observation(2, 2)]
     await store.close()
