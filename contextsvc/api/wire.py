@@ -33,8 +33,6 @@ __all__ = ["EncodedResponse", "WireCache", "encode_build_response", "frame", "le
 
 #: Tag of ``BuildContextResponse.messages`` (field 1, wire type 2: length-delimited).
 _MESSAGES_TAG = bytes([(pb.BuildContextResponse.MESSAGES_FIELD_NUMBER << 3) | 2])
-#: Tag of ``BuildContextResponse.view_id`` (field 2, length-delimited).
-_VIEW_ID_TAG = bytes([(pb.BuildContextResponse.VIEW_ID_FIELD_NUMBER << 3) | 2])
 #: What one cache entry costs beyond its bytes (key tuple, OrderedDict node, the entry object).
 ENTRY_OVERHEAD_BYTES = 200
 
@@ -292,8 +290,7 @@ def _fresh(vm: ViewMessage) -> bytes:
 def _view_id_field(view_id: str) -> bytes:
     if not view_id:
         return b""
-    raw = view_id.encode()
-    return _VIEW_ID_TAG + _varint(len(raw)) + raw
+    return length_delimited(pb.BuildContextResponse.VIEW_ID_FIELD_NUMBER, view_id.encode())
 
 
 def _tail(built: BuiltView, entry: _ViewEntry | None) -> bytes:

@@ -395,10 +395,13 @@ def baseline_delta(
     counter: TextCounter,
     *,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    counted: int | None = None,
 ) -> int:
-    """The real count of the last view plus the estimate of what was appended after it."""
+    """The real count of the last view plus the estimate of what was appended after it.
+    ``counted``: ``counter.count_messages`` of those messages, when the caller has it already."""
     since = list(messages_since)
-    return baseline_tokens + counter.count_messages(since) + image_tokens_of(since, fallback_tokens=image_fallback)
+    text = counter.count_messages(since) if counted is None else counted
+    return baseline_tokens + text + image_tokens_of(since, fallback_tokens=image_fallback)
 
 
 def estimate(
@@ -479,11 +482,9 @@ def estimate(
                 m for m in (*records, *context) if m.sequence_number == 0 or m.sequence_number > baseline.last_sequence
             ]
         delta = [*since, *incoming]
+        # Priced once: ``count_and_margin``'s count is ``count_messages``'.
         priced, margin_tokens = counter.count_and_margin(delta)
-        # ``baseline_delta``'s total, from the same count (``count_and_margin``'s count is
-        # ``count_messages``'s): the rows are priced once.
-        images_delta = 0 if image_free else image_tokens_of(delta, fallback_tokens=image_fallback)
-        total = baseline.tokens + priced + images_delta
+        total = baseline_delta(baseline.tokens, delta, counter, image_fallback=image_fallback, counted=priced)
         segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
         if isinstance(counter, CalibratedCounter):
             base = margin_base(priced, segments.total - segments.images, margin_share)

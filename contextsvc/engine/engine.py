@@ -316,9 +316,9 @@ class Engine:
             session = await self.store.get_session(session_id, caller=_INTERNAL)
         except NotFound:
             return
-        if await self._nothing_to_check(session):
+        profile = await self._post_turn_profile(session)
+        if profile is None:
             return
-        profile = await self._profile_for(session, None)
         context = await self.store.load_context(session_id, caller=_INTERNAL)
         # Through the session's view memo: the next build of an unchanged session reuses this view.
         built = self.views.assemble(profile, context, None, EngineState.of(session), session_id=session_id)
@@ -364,22 +364,26 @@ class Engine:
             caller, sid, view_id=view_id, prompt_tokens=prompt_tokens, anchor=anchor
         )
         # The post-turn check of a session whose new anchor leaves it far from compaction would
-        # only read it again and say so: judged here, on the session as the anchor wrote it.
-        if not anchored or not await self._nothing_to_check(anchored[-1]):
+        # only read it again and say so: judged here, on the session as the anchor wrote it. A
+        # profile that cannot be resolved is left to the check, which logs why.
+        try:
+            needed = not anchored or await self._post_turn_profile(anchored[-1]) is not None
+        except ContextError:
+            needed = True
+        if needed:
             self.post_turn.schedule(sid)
         return result
 
-    async def _nothing_to_check(self, session: SessionInfo) -> bool:
-        """Would the post-turn check of ``session`` stop before reading its context (compression
-        off for it, or not truncated and ``Compactor.far_below``)? False when its profile cannot be
-        resolved: the check then runs, and logs why."""
-        try:
-            profile = await self._profile_for(session, None)
-        except ContextError:
-            return False
-        return not profile.compression.enabled or (
+    async def _post_turn_profile(self, session: SessionInfo) -> EffectiveProfile | None:
+        """The profile the post-turn check of ``session`` judges it with, or None when the check
+        would stop before reading its context: compression is off for it, or it is not truncated
+        and ``Compactor.far_below``. Raises when the profile cannot be resolved."""
+        profile = await self._profile_for(session, None)
+        if not profile.compression.enabled or (
             not session.context_truncated and self.compactor.far_below(profile, session.context_tokens)
-        )
+        ):
+            return None
+        return profile
 
     async def _anchor(self, caller: Principal, sid: str, pending: PendingAnchor) -> SessionInfo | None:
         """Apply a new baseline under the compaction lock, without waiting behind a compaction.

@@ -200,18 +200,10 @@ class RowStore:
         caller's step: a mutation that completes without suspending (the memory store's, a
         resident session's) costs no task; one that suspends goes on in a task of its own, which
         the caller awaits through a shield, and which ``_drain`` waits for."""
-        coro = work()
-        if not isinstance(coro, types.CoroutineType):
-
-            async def run() -> T:
-                return await coro
-
-            return await self._in_task(run())
-        try:
-            waiting = coro.send(None)
-        except StopIteration as done:
-            return cast(T, done.value)
-        return await self._in_task(_resume(coro, waiting))
+        rest, value = _begun(work())
+        if rest is None:
+            return cast(T, value)
+        return await self._in_task(rest)
 
     async def _in_task(self, coro: Coroutine[Any, Any, T]) -> T:
         task = asyncio.ensure_future(coro)
@@ -502,16 +494,10 @@ class RowStore:
             # Nothing queued or being written: the write starts in the caller's step, and one that
             # completes without suspending (the memory store's; a files store that need not fsync)
             # costs no writer task and no futures.
-            persist = self._persist_observations([(model, observation)])
-            if isinstance(persist, types.CoroutineType):
-                try:
-                    waiting = persist.send(None)
-                except StopIteration:
-                    self._keep_observations([(model, observation)])
-                    return
-                first = _resume(persist, waiting)
-            else:
-                first = _awaited(persist)
+            first, _ = _begun(self._persist_observations([(model, observation)]))
+            if first is None:
+                self._keep_observations([(model, observation)])
+                return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._observations_queued.append((model, observation, done))
         if self._observations_writer is None or self._observations_writer.done():
@@ -673,6 +659,19 @@ async def _resume(coro: Coroutine[Any, Any, T], waiting: Any) -> T:
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+def _begun(awaitable: Awaitable[T]) -> tuple[Coroutine[Any, Any, T] | None, T | None]:
+    """Run ``awaitable`` in the caller's step up to its first suspension: ``(None, result)`` when
+    it completed without one, else ``(rest, None)``, a coroutine that finishes it wherever it is
+    awaited (a task of its own). An exception it raises before suspending is raised here."""
+    if not isinstance(awaitable, types.CoroutineType):
+        return _awaited(awaitable), None
+    try:
+        waiting = awaitable.send(None)
+    except StopIteration as done:
+        return None, cast(T, done.value)
+    return _resume(awaitable, waiting), None
 
 
 def _settle(task: asyncio.Future[Any]) -> None:

@@ -62,7 +62,7 @@ async def test_without_headroom_every_check_is_in_full() -> None:
 
 
 async def test_a_baseline_schedules_no_check_of_a_session_it_leaves_far_below_and_one_of_a_session_near() -> None:
-    """RecordBaseline judges the session as its anchor wrote it (``Engine._nothing_to_check``):
+    """RecordBaseline judges the session as its anchor wrote it (``Engine._post_turn_profile``):
     no post-turn check is queued for a session far below every level, one is for a session near
     them, and one is for every session when the headroom is 0."""
     for headroom, grow, expect in ((2.0, False, 0), (2.0, True, 1), (0.0, False, 1)):
