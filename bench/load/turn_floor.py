@@ -50,6 +50,7 @@ EXPERIMENTS = ("real-gc", "real-count", "stub-count", "base")
 def _count_loop(counts: dict[str, int]) -> None:
     """Count the event loop's iterations and the callbacks it runs (task steps, gRPC's wake-ups)
     into ``counts`` (an experiment: the counting itself costs CPU)."""
+    import asyncio
     import asyncio.base_events
     import asyncio.events
 
@@ -63,14 +64,28 @@ def _count_loop(counts: dict[str, int]) -> None:
 
     def counted_run(self: Any) -> None:
         counts["callbacks"] += 1
+        began = time.thread_time()
         run(self)
+        # Each callback's thread CPU, by what it runs: a task's step by its coroutine's name,
+        # anything else (gRPC's wake-ups, timers) by the callback's own name.
+        callback = self._callback
+        owner = getattr(callback, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            name = getattr(owner.get_coro(), "__qualname__", "task")
+        else:
+            name = getattr(callback, "__qualname__", type(callback).__name__)
+        key = f"cb_us:{name}"
+        counts[key] = counts.get(key, 0) + int((time.thread_time() - began) * 1e6)
 
     loop_class._run_once = counted_run_once
     asyncio.events.Handle._run = counted_run  # type: ignore[method-assign]
 
     def reset(*_: Any) -> None:  # the turn phase starts: forget what Health/Check and seeding ran
-        for key in counts:
-            counts[key] = 0
+        for key in list(counts):
+            if key.startswith("cb_us:"):
+                del counts[key]
+            else:
+                counts[key] = 0
 
     signal.signal(signal.SIGUSR1, reset)
 
@@ -151,8 +166,15 @@ def _patch(variant: str) -> None:
         WireCache.view_prefix = counted_prefix  # type: ignore[method-assign]
 
         class _Timed:  # the CPU of a handler's own steps (not of the tasks it starts)
-            def __init__(self, coro: Any) -> None:
+            def __init__(self, coro: Any, name: str) -> None:
                 self.coro = coro
+                self.key = f"handler_us:{name}"
+                counts.setdefault(self.key, 0)
+
+            def _spent(self, began: float) -> None:
+                spent = int((time.thread_time() - began) * 1e6)
+                counts["handler_us"] += spent
+                counts[self.key] += spent
 
             def __await__(self) -> Any:
                 value: Any = None
@@ -162,12 +184,12 @@ def _patch(variant: str) -> None:
                     try:
                         step = self.coro.throw(error) if error is not None else self.coro.send(value)
                     except StopIteration as done:
-                        counts["handler_us"] += int((time.thread_time() - began) * 1e6)
+                        self._spent(began)
                         return done.value
                     except BaseException:
-                        counts["handler_us"] += int((time.thread_time() - began) * 1e6)
+                        self._spent(began)
                         raise
-                    counts["handler_us"] += int((time.thread_time() - began) * 1e6)
+                    self._spent(began)
                     try:
                         value, error = (yield step), None
                     except BaseException as exc:
@@ -176,13 +198,13 @@ def _patch(variant: str) -> None:
         for name in ("AppendMessages", "BuildContext", "RecordBaseline"):
             handler = getattr(sv.ContextServicer, name)
 
-            def timed(handler: Any) -> Any:
+            def timed(handler: Any, name: str) -> Any:
                 async def run(self: Any, request: Any, context: Any) -> Any:
-                    return await _Timed(handler(self, request, context))
+                    return await _Timed(handler(self, request, context), name)
 
                 return run
 
-            setattr(sv.ContextServicer, name, timed(handler))
+            setattr(sv.ContextServicer, name, timed(handler, name))
         CalibrationRegistry.load = counted_load  # type: ignore[method-assign]
         TokenAccounting.observe = counted_observe  # type: ignore[method-assign]
         Compactor.run = counted_compact  # type: ignore[method-assign]
@@ -329,7 +351,9 @@ def measure(variant: str, loader: Any, run: Any, config: str, base: Path | None,
         if line.startswith("COUNTS"):
             counted = ast.literal_eval(line.split(" ", 1)[1])
             per_turn = {k: round(v / max(1, m["count"]), 2) for k, v in counted.items()}
-            print(variant, line, "per turn:", per_turn, flush=True)
+            shares = sorted((k for k in per_turn if k.startswith("cb_us:")), key=per_turn.__getitem__, reverse=True)
+            print(variant, "per turn:", {k: v for k, v in per_turn.items() if k not in shares}, flush=True)
+            print(variant, "callback CPU us per turn:", {k[6:]: per_turn[k] for k in shares}, flush=True)
     return {
         "variant": variant,
         "turns": m["count"],

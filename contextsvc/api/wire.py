@@ -90,7 +90,9 @@ class _ViewEntry:
     hands out the same estimate; no compression report)."""
 
     messages: list[ViewMessage]
-    framed: bytes
+    #: the messages' part of the response it was encoded for (a view of that response's bytes:
+    #: the response is written in one copy, and the next view's prefix read from it)
+    framed: bytes | memoryview
     estimate: object = None
     notices: tuple[str, ...] = ()
     rest: bytes | None = None
@@ -188,8 +190,7 @@ class WireCache:
         self.hits += 1
         return entry
 
-    def put_view(self, session_id: str, messages: list[ViewMessage], framed: bytes) -> _ViewEntry:
-        entry = _ViewEntry(messages, framed)
+    def put_view(self, session_id: str, entry: _ViewEntry) -> _ViewEntry:
         dropped: list[str] = []
         self._put(session_id, None, entry, dropped)
         self._tell_dropped(dropped)
@@ -314,8 +315,8 @@ def encode_build_response(
     whole = cache.view(session_id, built.messages)
     if whole is not None:
         tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, whole)
-        return EncodedResponse(whole.framed + tail_bytes)
-    parts: list[bytes] = []
+        return EncodedResponse(b"".join((whole.framed, tail_bytes)))
+    parts: list[bytes | memoryview] = []
     carries_images = False
     # A view extended by rows appended since the last one (``engine.views``' ``_extended``): the
     # last view's framed messages, then the new ones.
@@ -329,8 +330,14 @@ def encode_build_response(
             parts.append(_fresh(vm))
         else:
             parts.append(cache.framed(session_id, m))
-    framed = b"".join(parts)
-    entry = None if carries_images else cache.put_view(session_id, built.messages, framed)
-    cache.told(session_id)
+    entry = None if carries_images else _ViewEntry(built.messages, b"")
     tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, entry)
-    return EncodedResponse(framed + tail_bytes)
+    # One copy of the view's bytes (they are the most of a response): the response is joined
+    # whole, and the entry keeps its messages' part as a view of it.
+    parts.append(tail_bytes)
+    data = b"".join(parts)
+    if entry is not None:
+        entry.framed = memoryview(data)[: len(data) - len(tail_bytes)]
+        cache.put_view(session_id, entry)
+    cache.told(session_id)
+    return EncodedResponse(data)

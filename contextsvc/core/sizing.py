@@ -371,7 +371,8 @@ def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
     if pieces:
         piece_units.cache_clear()
         _inner_units.cache_clear()
-        _inner_split.cache_clear()
+        _inner_packed.cache_clear()
+        _first_packed.cache_clear()
         piece_class.cache_clear()
         _piece_split.cache_clear()
         _cyrillic_family_units.cache_clear()
@@ -481,9 +482,9 @@ def _piece_split(piece: str) -> tuple[tuple[int, int], ...]:
     return tuple((c, u) for (_, c), u in zip(shares, floors, strict=True) if u)
 
 
-@functools.lru_cache(maxsize=1 << 15)
 def _inner_split(piece: str) -> tuple[tuple[int, int], ...]:
-    """``_piece_split`` of a piece that is not the first of its text (``_inner_units``)."""
+    """``_piece_split`` of a piece that is not the first of its text (``_inner_units``); kept
+    packed (``_inner_packed``), where ``feature_units`` reads it."""
     split = _piece_split(piece)
     inner = _inner_units(piece)
     if inner == piece_units(piece):
@@ -506,29 +507,51 @@ def feature_units(text: str) -> tuple[int, ...]:
     memoized split (``_piece_split``), at no cost for a piece that is not one.
 
     Long texts are memoized like ``text_size``: a view's messages are re-measured every turn.
+    The pieces' columns are summed packed (``_packed``): one C-level ``sum`` of one integer per
+    piece instead of a Python loop over the pieces.
     """
     if len(text) >= _MEMO_MIN_CHARS:
         hit = _CLASS_MEMO.get(text)
         if hit is not None:
             return hit
-    units = [0] * N_UNIT_COLUMNS
-    cyrillic: list[str] = []
-    for k, piece in enumerate(_PIECE.findall(text)):
-        split = _piece_split(piece) if k == 0 else _inner_split(piece)
-        if len(split) == 1:
-            c, u = split[0]
-            units[c] += u
-            if c == CYRILLIC:
-                cyrillic.append(piece)
-        else:
-            for c, u in split:
-                units[c] += u
-    if cyrillic:  # the families' columns, summed column by column (``map``/``zip``/``sum``: no loop per piece)
-        units[N_CLASSES:IDENT_PREFIXED] = map(sum, zip(*map(_cyrillic_family_units, cyrillic), strict=True))
+    found = _PIECE.findall(text)
+    if not found:
+        return _NO_UNITS
+    if len(text) > _PACKED_MAX_CHARS:  # a field could overflow (never through gRPC's limits)
+        units = _looped_units(found)
+    else:
+        total = sum(map(_inner_packed, itertools.islice(found, 1, None)), _first_packed(found[0]))
+        units = [(total >> shift) & _FIELD_MASK for shift in _SHIFTS]
+        if total >> _CYRILLIC_SHIFT:  # the families' columns need the Cyrillic pieces themselves
+            units[N_CLASSES:IDENT_PREFIXED] = _family_columns(found)
     out = tuple(units)
     if len(text) >= _MEMO_MIN_CHARS:
         _CLASS_MEMO.put(text, out)
     return out
+
+
+def _split_at(k: int, piece: str) -> tuple[tuple[int, int], ...]:
+    return _piece_split(piece) if k == 0 else _inner_split(piece)
+
+
+def _looped_units(found: list[str]) -> list[int]:
+    """``feature_units`` of a text's pieces, one piece at a time (what the packed sum gives)."""
+    units = [0] * N_UNIT_COLUMNS
+    for k, piece in enumerate(found):
+        for c, u in _split_at(k, piece):
+            units[c] += u
+    if any(len(split) == 1 and split[0][0] == CYRILLIC for split in itertools.starmap(_split_at, enumerate(found))):
+        units[N_CLASSES:IDENT_PREFIXED] = _family_columns(found)
+    return units
+
+
+def _family_columns(found: list[str]) -> list[int]:
+    """The Cyrillic families' columns of a text's pieces: its Cyrillic pieces (a piece whose split
+    is that one class) counted in each family's vocabulary, summed column by column."""
+    cyrillic = [
+        piece for k, piece in enumerate(found) if len(split := _split_at(k, piece)) == 1 and split[0][0] == CYRILLIC
+    ]
+    return list(map(sum, zip(*map(_cyrillic_family_units, cyrillic), strict=True)))
 
 
 # --- Cyrillic in each family's own vocabulary -------------------------------------------------
@@ -551,6 +574,37 @@ IDENT_PREFIXED = len(CLASSES) + len(CYRILLIC_FAMILIES)
 #: Numbers ``feature_units`` returns: the classes, one Cyrillic column per family, the prefixed
 #: identifiers' column.
 N_UNIT_COLUMNS = IDENT_PREFIXED + 1
+
+#: ``feature_units`` adds up a text's pieces as integers: each piece's units per column packed in
+#: fields of ``_FIELD_BITS`` bits (column ``c`` at bit ``c * _FIELD_BITS``), and one more field
+#: counting Cyrillic pieces. A piece is at most ~110 units, so a field holds the sum of 2**33
+#: pieces; texts past ``_PACKED_MAX_CHARS`` (64 times the largest request the server accepts by
+#: default) are looped.
+_FIELD_BITS = 40
+_FIELD_MASK = (1 << _FIELD_BITS) - 1
+_SHIFTS = tuple(range(0, _FIELD_BITS * N_UNIT_COLUMNS, _FIELD_BITS))
+_CYRILLIC_SHIFT = _FIELD_BITS * N_UNIT_COLUMNS
+_PACKED_MAX_CHARS = 1 << 32
+_NO_UNITS = (0,) * N_UNIT_COLUMNS
+
+
+def _packed(split: tuple[tuple[int, int], ...]) -> int:
+    cyrillic = len(split) == 1 and split[0][0] == CYRILLIC
+    return sum(u << (_FIELD_BITS * c) for c, u in split) + (cyrillic << _CYRILLIC_SHIFT)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _first_packed(piece: str) -> int:
+    """``_packed`` split of a text's first piece."""
+    return _packed(_piece_split(piece))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _inner_packed(piece: str) -> int:
+    """``_packed`` split of a piece that is not the first of its text."""
+    return _packed(_inner_split(piece))
+
+
 _CYRILLIC_RANKS: list[dict[str, int]] = []
 _RANKS_LOCK = threading.Lock()
 

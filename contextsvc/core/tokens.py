@@ -97,13 +97,17 @@ def message_features(m: Message) -> tuple[int, ...]:
 
 
 def _features(m: Message) -> tuple[int, ...]:
-    units = [0] * N_FEATURES
-    for part in message_parts(m):
-        for c, u in enumerate(feature_units(part)):
-            units[c] += u
-    units[MESSAGE] = 1
-    units[TOOL_CALL] = len(m.tool_calls)
-    return tuple(units)
+    parts = message_parts(m)
+    if len(parts) == 1:  # most rows: the content alone
+        units = feature_units(parts[0])
+    else:  # column by column, in C (``map``/``zip``/``sum``)
+        units = tuple(map(sum, zip(*map(feature_units, parts), strict=True))) if parts else _NO_UNITS
+    # The columns after the units, in ``priors.FEATURES`` order: MESSAGE, TOOL_CALL, VIEW.
+    return (*units, 1, len(m.tool_calls), 0)
+
+
+_NO_UNITS = (0,) * N_UNITS
+assert (MESSAGE, TOOL_CALL, VIEW, N_FEATURES) == (N_UNITS, N_UNITS + 1, N_UNITS + 2, N_UNITS + 3)
 
 
 _FEATURES: IdentityMemo[tuple[int, ...]] = IdentityMemo()
@@ -518,15 +522,15 @@ def estimate_segments(
 
 def _scaled(raw: TokenSegments, total: int) -> TokenSegments:
     """``raw`` scaled to sum to ``total`` (largest-remainder rounding)."""
-    names = ("system", "records", "summaries", "pinned", "messages", "images", "incoming")
-    values = [getattr(raw, n) for n in names]
+    # ``TokenSegments``' first seven fields, in their order (``recall`` is added to a view later).
+    values = (raw.system, raw.records, raw.summaries, raw.pinned, raw.messages, raw.images, raw.incoming)
     base = sum(values)
     if base <= 0:
         return TokenSegments(messages=total)
     exact = [v * total / base for v in values]
-    floors = [int(x) for x in exact]
+    floors = list(map(int, exact))
     short = total - sum(floors)
     if short:  # (most totals split evenly: nothing to hand out)
-        for i in sorted(range(len(names)), key=lambda i: exact[i] - floors[i], reverse=True)[:short]:
+        for i in sorted(range(len(values)), key=lambda i: exact[i] - floors[i], reverse=True)[:short]:
             floors[i] += 1
-    return TokenSegments(**dict(zip(names, floors, strict=True)))
+    return TokenSegments(*floors)

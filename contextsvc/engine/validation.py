@@ -140,6 +140,8 @@ _NUL = "\x00"
 
 
 def _nul_violations(m: Message, path: str) -> list[FieldViolation]:
+    if not _has_nul(m):  # nearly always: no field names made
+        return []
     fields = {"content": m.content, "thinking": m.thinking, "name": m.name, "tool_call_id": m.tool_call_id}
     for j, call in enumerate(m.tool_calls):
         fields[f"tool_calls[{j}].id"] = call.id
@@ -149,6 +151,17 @@ def _nul_violations(m: Message, path: str) -> list[FieldViolation]:
     if m.metadata and "\\u0000" in json.dumps(m.metadata):
         out.append(FieldViolation(f"{path}.metadata", "contains a NUL character"))
     return out
+
+
+def _has_nul(m: Message) -> bool:
+    return (
+        _NUL in m.content
+        or _NUL in m.thinking
+        or _NUL in m.name
+        or _NUL in m.tool_call_id
+        or any(_NUL in c.id or _NUL in c.name or _NUL in c.arguments_json for c in m.tool_calls)
+        or (bool(m.metadata) and "\\u0000" in json.dumps(m.metadata))
+    )
 
 
 def _message_violations(m: Message, images: Sequence[IncomingImage], limits: Limits, path: str) -> list[FieldViolation]:
