@@ -220,8 +220,14 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         context_tokens: int | None = None,
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
+        durable: bool = True,
     ) -> SessionInfo:
-        """Replace the given counters / engine state (None = unchanged)."""
+        """Replace the given counters / engine state (None = unchanged).
+
+        ``durable=False``: a write the engine can afford to lose in a crash (a baseline's anchor:
+        a measurement, taken again on the next turn). A store that syncs each write to disk
+        may answer before this one is synced; it reaches the disk with the session's next
+        synced write, in order (never a later write without it)."""
         ...
 
     async def commit_compaction(

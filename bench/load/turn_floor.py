@@ -267,7 +267,13 @@ class Server:
     """One server process of a variant; ``address`` and ``pid`` as ``run.py``'s ``StoreServer``."""
 
     def __init__(
-        self, variant: str, workdir: Path, config: str, base: Path | None = None, store: str = "memory"
+        self,
+        variant: str,
+        workdir: Path,
+        config: str,
+        base: Path | None = None,
+        store: str = "memory",
+        durability: str = "batch",
     ) -> None:
         settings = workdir / "settings.toml"
         settings.write_text(config)
@@ -285,7 +291,7 @@ class Server:
             "WARNING",
         ]
         if store != "memory":
-            args += ["--durability", "batch"]
+            args += ["--durability", durability]
         env = dict(os.environ)
         if variant == "real-gc":  # Python's own collector threshold, not hot_path.gc_young_threshold
             env["CONTEXTSVC_HOT_PATH__GC_YOUNG_THRESHOLD"] = "0"
@@ -327,11 +333,13 @@ class Server:
                 self.proc.wait(10)
 
 
-def measure(variant: str, loader: Any, run: Any, config: str, base: Path | None, store: str) -> dict[str, Any]:
+def measure(
+    variant: str, loader: Any, run: Any, config: str, base: Path | None, store: str, durability: str = "batch"
+) -> dict[str, Any]:
     from workload import Seeder
 
     workdir = Path(tempfile.mkdtemp(prefix=f"ctxfloor-{variant}-"))
-    server = Server(variant, workdir, config, base, store)
+    server = Server(variant, workdir, config, base, store, durability)
     try:
         seeder = Seeder(server.address, "bench")
         try:
@@ -377,6 +385,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.0, help="bound of each turn run (default: the scenario's)")
     parser.add_argument("--base", type=Path, help="another checkout, run as variant 'base' (an A/B against 'real')")
     parser.add_argument("--store", default="memory", help="memory | files (the stubs make sense on memory only)")
+    parser.add_argument(
+        "--durability", default="batch", choices=("batch", "fsync"), help="the files store's (serve's default: fsync)"
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS) - set(EXPERIMENTS)
@@ -398,7 +409,8 @@ def main() -> None:
     )
     for i in range(args.rounds):
         for v in variants:
-            res = measure(v, loader, run, suite.SERVER_CONFIG, args.base.resolve() if args.base else None, args.store)
+            base = args.base.resolve() if args.base else None
+            res = measure(v, loader, run, suite.SERVER_CONFIG, base, args.store, args.durability)
             rows.append(res)
             print(
                 f"| {i + 1} | {v} | {res['turns_s']:.0f} | {res['health']:.0f} | {res['ratio']:.3f} "

@@ -804,12 +804,16 @@ class ViewService:
             ]
         )
         context_tokens = pending.tokens + (self._accounting.messages_tokens(view.model, newer) if newer else 0)
+        # Not durable on its own: a crash that loses the anchor leaves the previous one (or none),
+        # and the next baseline anchors again; a files store in fsync mode answers without an
+        # fsync of its own (issue #15: the second fsync of every turn).
         return await self._store.update_state(
             session_id,
             caller=caller,
             context_tokens=context_tokens,
             context_truncated=False,
             state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict(),
+            durable=False,
         )
 
     def _truncation(self, prompt_tokens: int, view: ViewRecord, calibration: Calibration) -> tuple[str, int]:

@@ -442,6 +442,7 @@ class RowStore:
         context_tokens: int | None = None,
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
+        durable: bool = True,
     ) -> SessionInfo:
         st = self._owned(session_id, caller)
         if context_tokens is None and context_truncated is None and state is None:
@@ -449,7 +450,8 @@ class RowStore:
 
         async def work() -> SessionInfo:
             new_state = copy_plain(dict(state)) if state is not None else None
-            await self._commit(st, StateRecord(self._now(), context_tokens, context_truncated, new_state))
+            record = StateRecord(self._now(), context_tokens, context_truncated, new_state, soft=not durable)
+            await self._commit(st, record)
             return self._info(st)
 
         return await self._serialized(st, work)

@@ -61,6 +61,9 @@ class StateRecord:
     context_tokens: int | None = None
     context_truncated: bool | None = None
     state: dict[str, Any] | None = None
+    #: the caller may lose it in a crash (``update_state(durable=False)``): not synced on its own
+    #: (not part of the log line)
+    soft: bool = False
 
 
 @dataclass(slots=True, frozen=True)

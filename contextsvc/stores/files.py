@@ -824,7 +824,11 @@ class FilesStore(RowStore):
         n = record.messages[-1].sequence_number if numbered else st.last_sequence  # type: ignore[union-attr]
         try:
             await self._append(
-                log, _dumps(_encode(record, n)), soft=isinstance(record, SaveViewRecord), mark=n if numbered else None
+                log,
+                _dumps(_encode(record, n)),
+                # Views, and states the engine may lose (an anchor): synced with the next line.
+                soft=isinstance(record, SaveViewRecord) or (isinstance(record, StateRecord) and record.soft),
+                mark=n if numbered else None,
             )
         except OSError as exc:
             raise _unavailable("append to", st.id, exc) from exc
