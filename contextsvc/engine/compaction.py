@@ -191,6 +191,9 @@ class Compactor:
         self._summarizers = summarizers
         # session id -> [lock, holders and waiters]
         self._locks: dict[str, list[Any]] = {}
+        #: the last profile ``bounds`` was asked about (by identity: resolved profiles are shared
+        #: objects) and its bounds; a turn asks about its session's profile three times.
+        self._last_bounds: tuple[EffectiveProfile, Bounds] | None = None
 
     # -- locking ----------------------------------------------------------------------------
 
@@ -282,6 +285,9 @@ class Compactor:
         long turn whose newest tool group cannot shrink may land between the two, which beats a
         hard truncation that would leave it over the budget.
         """
+        last = self._last_bounds
+        if last is not None and last[0] is p:
+            return last[1]
         c = p.compression
         window = p.context_window
         trigger = c.threshold * window
@@ -293,7 +299,9 @@ class Compactor:
             # Automatic runs must reach the lower aim too, or the next trigger would come back
             # after less than (threshold - target) x window of growth: the hysteresis band holds.
             limit = goal
-        return Bounds(trigger=trigger, goal=goal, limit=limit)
+        bounds = Bounds(trigger=trigger, goal=goal, limit=limit)
+        self._last_bounds = (p, bounds)
+        return bounds
 
     def far_below(self, p: EffectiveProfile, context_tokens: int) -> bool:
         """A session whose recorded context size (``context_tokens``: its last real count plus

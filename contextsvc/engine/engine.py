@@ -71,6 +71,8 @@ class Engine:
         #: session id -> its newest baseline anchor waiting for a running compaction (``_anchor``).
         self._anchors: dict[str, asyncio.Task[None]] = {}
         self.recall = RecallService(store=store, settings=settings, accounting=self.accounting)
+        #: the last profile ``_profile_for`` found valid (its summarizer and strategies exist)
+        self._checked_profile: EffectiveProfile | None = None
 
     async def append(
         self,
@@ -95,15 +97,17 @@ class Engine:
             saved = EngineState.of(session).extra.get(_PROFILE_KEY)
             overrides = _overrides_from_dict(saved) if isinstance(saved, dict) else None
         profile = resolve_profile(self.settings, session.profile_id, overrides)
-        if profile.compression.summarizer not in self.summarizers:
-            self.summarizers.get(profile.compression.summarizer)  # raises InvalidArgument naming the field
-        unknown = [name for name in profile.compression.strategies if name not in STRATEGIES]
-        if unknown:
-            # A misspelt strategy would otherwise be skipped in silence (a profile that never summarizes).
-            raise InvalidArgument.field(
-                "profile.compression.strategies",
-                f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}",
-            )
+        if profile is not self._checked_profile:  # (resolved profiles are shared objects)
+            if profile.compression.summarizer not in self.summarizers:
+                self.summarizers.get(profile.compression.summarizer)  # raises InvalidArgument naming the field
+            unknown = [name for name in profile.compression.strategies if name not in STRATEGIES]
+            if unknown:
+                # A misspelt strategy would otherwise be skipped in silence (a profile that never summarizes).
+                raise InvalidArgument.field(
+                    "profile.compression.strategies",
+                    f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}",
+                )
+            self._checked_profile = profile
         await self.accounting.ensure_loaded(profile.model)
         return profile
 
