@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,28 +140,23 @@ _NUL = "\x00"
 
 
 def _nul_violations(m: Message, path: str) -> list[FieldViolation]:
-    if not _has_nul(m):  # nearly always: no field names made
-        return []
-    fields = {"content": m.content, "thinking": m.thinking, "name": m.name, "tool_call_id": m.tool_call_id}
-    for j, call in enumerate(m.tool_calls):
-        fields[f"tool_calls[{j}].id"] = call.id
-        fields[f"tool_calls[{j}].name"] = call.name
-        fields[f"tool_calls[{j}].arguments_json"] = call.arguments_json
-    out = [FieldViolation(f"{path}.{name}", "contains a NUL character") for name, v in fields.items() if _NUL in v]
+    out = [FieldViolation(f"{path}.{name}", "contains a NUL character") for name, v in _text_fields(m) if _NUL in v]
     if m.metadata and "\\u0000" in json.dumps(m.metadata):
         out.append(FieldViolation(f"{path}.metadata", "contains a NUL character"))
     return out
 
 
-def _has_nul(m: Message) -> bool:
-    return (
-        _NUL in m.content
-        or _NUL in m.thinking
-        or _NUL in m.name
-        or _NUL in m.tool_call_id
-        or any(_NUL in c.id or _NUL in c.name or _NUL in c.arguments_json for c in m.tool_calls)
-        or (bool(m.metadata) and "\\u0000" in json.dumps(m.metadata))
-    )
+def _text_fields(m: Message) -> Iterator[tuple[str, str]]:
+    """(field name, text) of each text field of ``m``; the names of tool-call fields are made only
+    for messages that have tool calls (an append checks every message)."""
+    yield "content", m.content
+    yield "thinking", m.thinking
+    yield "name", m.name
+    yield "tool_call_id", m.tool_call_id
+    for j, call in enumerate(m.tool_calls):
+        yield f"tool_calls[{j}].id", call.id
+        yield f"tool_calls[{j}].name", call.name
+        yield f"tool_calls[{j}].arguments_json", call.arguments_json
 
 
 def _message_violations(m: Message, images: Sequence[IncomingImage], limits: Limits, path: str) -> list[FieldViolation]:
