@@ -168,8 +168,11 @@ class TokenSettings(BaseModel):
     #: other sessions recorded a baseline of the model within as long before it (many agents are
     #: recording), so that the model's baselines written meanwhile share one refit (the response
     #: still holds its own observation). Fewer agents, or baselines further apart, refit at once.
-    #: 0 refits at once always (issue #15).
-    calibration_coalesce_seconds: float = Field(0.02, ge=0, le=1)
+    #: 0 refits at once always (issue #15). With 50 agents of one model (the load suite's turn loop)
+    #: 0.02 made 0.08-0.13 refits a turn, 0.05 makes 0.03 (a refit is ~1 ms of CPU, the largest
+    #: step of a baseline); the wait is a quarter of a loaded turn, and RecordBaseline's p99 stays
+    #: under AppendMessages' (bench/RESULTS.md, round 14).
+    calibration_coalesce_seconds: float = Field(0.05, ge=0, le=1)
     #: the other sessions that must have recorded a baseline of the model within that window for a
     #: baseline to wait: with fewer agents a shared refit saves little and the wait shows in
     #: RecordBaseline's latency.

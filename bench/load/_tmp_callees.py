@@ -1,0 +1,164 @@
+"""The agent turn loop in process: the servicer's own code without gRPC, for profiles and A/B.
+
+    python bench/load/turns_inproc.py                       # CPU per turn, this checkout
+    python bench/load/turns_inproc.py --profile 25          # + cProfile, the 25 costliest functions
+    python bench/load/turns_inproc.py --ab ../base --rounds 5   # interleaved against another checkout
+    python bench/load/turns_inproc.py --concurrent              # the sessions' turns overlap, as 50 agents'
+
+Builds ``ContextServicer`` on a memory store with the load suite's ``bench`` profile (run.py
+``SERVER_CONFIG``), seeds ``--sessions`` sessions of ``--messages`` messages, then runs
+``--turns`` turns round-robin over them, each what ``drivers.py turns`` sends over gRPC:
+AppendMessages of 2 messages, BuildContext, RecordBaseline at 1.05x the estimate, and lets the
+post-turn checks the engine scheduled run. Prints the process's CPU per turn (no sockets, no
+gRPC: what is left of a turn's server CPU when the transport is taken away). ``--ab DIR`` runs
+the same loop in a subprocess from another checkout (e.g. a detached worktree of ``main``),
+alternating with this one, and prints both per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def _import_checkout(root: Path) -> None:
+    sys.path.insert(0, str(root))
+    sys.path.insert(1, str(HERE))
+
+
+async def _loop(sessions: int, messages: int, turns: int, profile: int, concurrent: bool = False) -> float:
+    from inproc import CallContext, bench_settings, seed_sessions
+    from workload import turn_messages
+
+    from contextsvc._gen.v1 import context_service_pb2 as pb
+    from contextsvc.api.servicer import ContextServicer
+    from contextsvc.api.wire import serialize
+    from contextsvc.engine.engine import Engine
+    from contextsvc.events.memory_bus import MemoryEventBus
+    from contextsvc.stores.memory import MemoryStore
+    from contextsvc.summarizers.registry import build_summarizers
+
+    settings = bench_settings()
+    from contextsvc import server
+
+    # The collector as ``serve`` sets it (an older checkout without the setting keeps Python's).
+    tune = getattr(server, "tune_collector", None)
+    if tune is not None:
+        tune(settings.hot_path.gc_young_threshold)
+    store = MemoryStore(settings)
+    await store.open()
+    from contextsvc.clock import SystemClock
+
+    engine = Engine(
+        store=store,
+        bus=MemoryEventBus(retention=1000),
+        settings=settings,
+        clock=SystemClock(),
+        summarizers=build_summarizers(settings),
+    )
+    servicer = ContextServicer(engine)
+    ctx: Any = CallContext()
+    prof = cProfile.Profile() if profile else None
+
+    def wire(request: Any) -> Any:
+        return type(request).FromString(request.SerializeToString())
+
+    sids = await seed_sessions(servicer, ctx, sessions, messages)
+
+    profiling: Any = None  # the profiler while the measured turns run
+    client = 0.0  # CPU spent as the client (decoding the view's response), taken off the figure
+
+    async def turn(k: int, t: int, appended: bytes) -> None:
+        nonlocal client
+        sid = sids[k]
+        # Requests parsed and responses serialized as the server would (bytes in, bytes out).
+        serialize(await servicer.AppendMessages(pb.AppendMessagesRequest.FromString(appended), ctx))
+        encoded = serialize(await servicer.BuildContext(wire(pb.BuildContextRequest(session_id=sid)), ctx))
+        began = time.process_time()
+        if profiling:
+            prof.disable()
+        built = pb.BuildContextResponse.FromString(encoded)
+        count = max(1, int(built.estimate.total * 1.05))
+        request = pb.RecordBaselineRequest(
+            session_id=sid, view_id=built.view_id, prompt_tokens=count
+        ).SerializeToString()
+        if profiling:
+            prof.enable()
+        client += time.process_time() - began
+        serialize(await servicer.RecordBaseline(pb.RecordBaselineRequest.FromString(request), ctx))
+        await asyncio.sleep(0)
+
+    def appends(k: int, t: int) -> bytes:
+        return pb.AppendMessagesRequest(session_id=sids[k], messages=turn_messages(k * 100_000 + t)).SerializeToString()
+
+    for k in range(sessions):  # warm: every session built and baselined once
+        await turn(k, 0, appends(k, 0))
+    await asyncio.sleep(0.05)
+    requests = [appends(i % sessions, 1 + i // sessions) for i in range(turns)]
+    client = 0.0
+    start = time.process_time()
+    if prof:
+        profiling = prof
+        prof.enable()
+    if concurrent:  # every session's turn at once, round by round (agents whose turns overlap)
+        for first in range(0, turns, sessions):
+            batch = requests[first : first + sessions]
+            await asyncio.gather(*(turn(k, 1 + first // sessions, r) for k, r in enumerate(batch)))
+    else:
+        for i, appended in enumerate(requests):
+            await turn(i % sessions, 1 + i // sessions, appended)
+    await asyncio.sleep(0)
+    if prof:
+        prof.disable()
+    spent = (time.process_time() - start - client) / turns * 1e3
+    await engine.close()
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
+        pstats.Stats(prof).sort_stats("cumulative").print_callees("accounting.py.*_refresh|calibration.py.*fit|calibration.py.*load|calibration_solve.py.*robust")
+    return spent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--messages", type=int, default=40)
+    parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions")
+    parser.add_argument("--ab", default="", help="another checkout to alternate with")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--concurrent", action="store_true", help="each round runs every session's turn at once (shared refits)"
+    )
+    parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.ab:
+        _import_checkout(Path(args.root))
+        ms = asyncio.run(_loop(args.sessions, args.messages, args.turns, args.profile, args.concurrent))
+        print(f"{ms:.3f} ms CPU per turn ({args.turns} turns, {args.sessions} sessions)")
+        return
+    checkouts = {"this": HERE.parents[1], "other": Path(args.ab).resolve()}
+    figures: dict[str, list[float]] = {name: [] for name in checkouts}
+    for r in range(args.rounds):
+        for name, root in checkouts.items():
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--root", str(root)]
+            cmd += ["--sessions", str(args.sessions), "--messages", str(args.messages), "--turns", str(args.turns)]
+            cmd += ["--concurrent"] if args.concurrent else []
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
+            figures[name].append(float(out.split()[0]))
+        print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} ms/turn", flush=True)
+    from inproc import print_ab
+
+    print_ab(figures, "ms/turn")
+
+
+if __name__ == "__main__":
+    main()
