@@ -263,15 +263,27 @@ def fit(observations: Iterable[Observation], settings: TokenSettings, *, family:
     # that agree with the prior within the text's own noise keep it close (two baselines hardly
     # tell the next message's text apart from the prior); counts far from it (a model mapped to
     # the wrong family, a new vocabulary) widen it so a few baselines can move it all the way.
-    grams = {k: solver.gram(rows, tuple([k * s for s in prior.sigma])) for k in _SCALES}
-    delta, keep, weights, residuals = _robust(rows, left, grams[1.0])
+    # The kernels run over the features some observation of the window has (English text never
+    # shows Han or Cyrillic columns): a column of zeros adds only exact zeros to every product and
+    # sum, and its delta stays 0.0 through every pass, so the fit is the same to the last bit.
+    used = _used_columns(rows)
+    narrow = rows if len(used) == N_FEATURES else [tuple([a[j] for j in used]) for a in rows]
+    sigma = [prior.sigma[j] for j in used]
+    bounds = tuple(_BOUNDS[j] for j in used)
+    grams = {k: solver.gram(narrow, tuple([k * s for s in sigma])) for k in _SCALES}
+    delta, keep, weights, residuals = _robust(narrow, left, grams[1.0], bounds)
     evidence_of = {k: solver.log_evidence(left, keep, weights, grams[k][1], _TEXT_SIGMA**2) for k in _SCALES}
     best = _SCALES[0]
     for k in _SCALES[1:]:  # a wider spread only when the baselines clearly ask for it
         if evidence_of[k] > evidence_of[best] + _BAYES_FACTOR:
             best = k
     if best != 1.0:
-        delta, keep, weights, residuals = _robust(rows, left, grams[best])
+        delta, keep, weights, residuals = _robust(narrow, left, grams[best], bounds)
+    if len(used) < N_FEATURES:
+        full = [0.0] * N_FEATURES
+        for j, d in zip(used, delta, strict=True):
+            full[j] = d
+        delta = full
     fitted = tuple(w * (1.0 + d) for w, d in zip(p, delta, strict=True))
     evidence = tuple(min(1.0, sum(rows[i][j] for i in keep)) for j in range(N_FEATURES))
     # Residuals of the baselines the robust fit kept: a trimmed count (another model's, a bug) says
@@ -328,17 +340,27 @@ def _starting_margin(prior: Prior, evidence: Sequence[float], starts: Sequence[f
 _BOUNDS = tuple(_CLASS_BOUNDS if j < N_UNITS else _OVERHEAD_BOUNDS for j in range(N_FEATURES))
 
 
+def _used_columns(rows: Sequence[tuple[float, ...]]) -> list[int]:
+    """The features some row is non-zero in; every feature when none is (the kernels then keep
+    their float sums, never an empty one)."""
+    used = [j for j, column in enumerate(zip(*rows, strict=True)) if any(column)]
+    return used or list(range(N_FEATURES))
+
+
 def _robust(
-    rows: Sequence[tuple[float, ...]], left: Sequence[float], gram: tuple[list[tuple[float, ...]], list[list[float]]]
+    rows: Sequence[tuple[float, ...]],
+    left: Sequence[float],
+    gram: tuple[list[tuple[float, ...]], list[list[float]]],
+    bounds: Sequence[tuple[float, float]],
 ) -> tuple[list[float], list[int], list[float], list[float]]:
     """The robust MAP deltas (``solver.robust``: Huber reweighting, then a second round without
-    the observations still past ``_TRIM``): the deltas, the kept observations, their weights and
-    residuals."""
+    the observations still past ``_TRIM``) of ``rows`` whose features are held in ``bounds``: the
+    deltas, the kept observations, their weights and residuals."""
     return solver.robust(
         rows,
         left,
         *gram,
-        bounds=_BOUNDS,
+        bounds=bounds,
         obs_var=_OBS_SIGMA**2,
         huber=_HUBER,
         trim=_TRIM,

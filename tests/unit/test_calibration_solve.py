@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextsvc.config import TokenSettings
-from contextsvc.core import calibration_solve
+from contextsvc.core import calibration, calibration_solve
 from contextsvc.core.calibration import Calibration, Observation, _starting_margin, _starting_margins, fit
 from contextsvc.core.priors import CYRILLIC_COLUMNS, MESSAGE, N_CLASSES, N_FEATURES, N_UNITS, TOOL_CALL, VIEW, prior_for
 from contextsvc.core.sizing import CYRILLIC
@@ -257,3 +257,24 @@ def test_solve_matches_elimination_over_whole_rows() -> None:
             ]
             b = [rng.uniform(-5, 5) for _ in range(n)]
             assert calibration_solve.solve([list(r) for r in m], list(b)) == _solve([list(r) for r in m], list(b))
+
+
+@pytest.mark.parametrize("classes", [(0,), (0, 3, 4), tuple(range(N_CLASSES))])
+def test_a_window_that_never_shows_some_features_fits_bitwise_as_over_every_feature(classes: tuple[int, ...]) -> None:
+    """One script's text leaves most columns zero in every baseline; the fit runs its kernels over
+    the others only (``calibration._used_columns``), and must give the full width's numbers."""
+    rng = random.Random(len(classes))
+    window = []
+    for _ in range(S.calibration_window):
+        f = [0.0] * N_FEATURES
+        for j in classes:
+            f[j] = rng.uniform(50, 8000)
+        f[MESSAGE], f[TOOL_CALL], f[VIEW] = rng.randint(1, 300), 0, 1  # never a tool call
+        tokens = max(1, int(sum(f) / 3.2 * rng.uniform(0.95, 1.1)))
+        window.append(Observation(chars=int(sum(f)), tokens=tokens, features=tuple(f), residual=0.01))
+    fitted = fit(window, S, family="o200k")
+    same(fitted, reference_fit(window, "o200k"))
+    unused = [j for j in range(N_FEATURES) if j not in classes and j not in (MESSAGE, VIEW)]
+    prior = prior_for("o200k").weights
+    assert all(fitted.weights[j] == prior[j] for j in unused)  # a feature never seen keeps its prior
+    assert calibration._used_columns([tuple(o.features) for o in window]) == sorted([*classes, MESSAGE, VIEW])
