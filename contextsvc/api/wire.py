@@ -177,15 +177,20 @@ class WireCache:
                 return entry
         return None
 
-    def view_prefix(self, session_id: str, messages: list[ViewMessage]) -> _ViewEntry | None:
+    def view_prefix(
+        self, session_id: str, messages: list[ViewMessage], extends: list[ViewMessage] | None = None
+    ) -> _ViewEntry | None:
         """The session's last view's entry when its messages are the first ones of ``messages``
-        (the very same objects: a view extended by the rows appended since), else None."""
+        (the very same objects: a view extended by the rows appended since), else None.
+        ``extends``: the messages of the view ``messages`` was made from by appending, when known;
+        the entry of that very list needs no comparison of its rows."""
         with self._lock:
             held = self._sessions.get(session_id)
             entry = held.view if held is not None else None
         if entry is None or len(entry.messages) > len(messages) or not entry.messages:
             return None
-        if not all(map(operator.is_, entry.messages, messages)):
+        known = entry.messages is extends and messages[len(extends) - 1] is extends[-1]
+        if not known and not all(map(operator.is_, entry.messages, messages)):
             return None
         self.hits += 1
         return entry
@@ -320,7 +325,7 @@ def encode_build_response(
     carries_images = False
     # A view extended by rows appended since the last one (``engine.views``' ``_extended``): the
     # last view's framed messages, then the new ones.
-    start = cache.view_prefix(session_id, built.messages)
+    start = cache.view_prefix(session_id, built.messages, built.extends)
     if start is not None:
         parts.append(start.framed)
     for vm in built.messages[len(start.messages) :] if start is not None else built.messages:

@@ -187,6 +187,7 @@ class RecallService:
                 notices=[*built.notices, notice],
                 chars=messages_chars(rows),
                 plain=plain,
+                extends=None,  # records sit inside the conversation: no longer an extension
             ),
             ids,
         )

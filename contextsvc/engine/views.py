@@ -68,6 +68,9 @@ class BuiltView:
     compression: Any = None
     #: content hashes of the history chunks recalled into this view (``engine/recall.py``).
     injected_chunk_ids: tuple[str, ...] = ()
+    #: the messages of the view this one extends (``Assembled.extends``): its first rows, the
+    #: same objects, so the API adapter finds that view's encoding without comparing them.
+    extends: list[ViewMessage] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -201,6 +204,9 @@ class Assembled:
     #: with ``parts``: the rows of its records and conversation without a sequence number, in their
     #: order (what every baseline counts as new: ``_since``)
     unnumbered: tuple[Message, ...] = ()
+    #: ``plain`` of the view this one extended (``_extended``): the first rows of ``plain``
+    #: (never changed; one list of references more per session)
+    extends: list[ViewMessage] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -415,6 +421,7 @@ class ViewService:
             parts=new_parts,
             sums=sums,
             unnumbered=unnumbered,
+            extends=plain,
         )
 
     def _estimate(
@@ -589,6 +596,7 @@ class ViewService:
                 estimate=built.estimate,
                 notices=notices,
                 compression=compression,
+                extends=built.extends,
             )
         messages = []
         stored_rows = {id(m) for m in context}

@@ -187,3 +187,22 @@ def test_a_view_extended_by_new_rows_reuses_the_last_views_framed_messages() -> 
     assert got.messages[2].flags.is_pinned
     # A shorter view than the last one is no extension of it either.
     assert encoded(view(first[:3]), cache) == build_response(view(first[:3]))
+
+
+def test_a_view_that_names_the_list_it_extends_reuses_that_encoding_and_a_wrong_name_is_caught() -> None:
+    cache = WireCache(1 << 20)
+    first = [ViewMessage(stored(seq, f"row {seq}"), (), truncated=False, stored=True) for seq in range(1, 6)]
+    encoded(view(first), cache)
+    hits = cache.stats()["hits"]
+    added = [ViewMessage(stored(seq, f"row {seq}"), (), truncated=False, stored=True) for seq in (6, 7)]
+    extended = [*first, *added]
+    named = dataclasses.replace(view(extended), extends=first)
+    assert encoded(named, cache) == build_response(named)
+    assert cache.stats()["hits"] == hits + 1  # the last view's bytes, then the two new rows' misses
+    # A view that names the last list but is not its extension (a row put in at the front, as
+    # recall would) is compared row by row and encoded whole: never the last view's bytes.
+    inserted = ViewMessage(stored(9, "recalled"), (), truncated=False, stored=True)
+    wrong = dataclasses.replace(view([inserted, *extended]), extends=extended)
+    got = encoded(wrong, cache)
+    assert got == build_response(wrong)
+    assert [m.content for m in got.messages][:2] == ["recalled", "row 1"]
