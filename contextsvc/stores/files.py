@@ -90,6 +90,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import orjson
+
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
@@ -823,9 +825,10 @@ class FilesStore(RowStore):
         numbered = isinstance(record, AppendRecord | CompactionRecord) and bool(record.messages)
         n = record.messages[-1].sequence_number if numbered else st.last_sequence  # type: ignore[union-attr]
         try:
+            line = _encode(record, n)
             await self._append(
                 log,
-                _dumps(_encode(record, n)),
+                _dumps_flat(line) if isinstance(record, SaveViewRecord) else _dumps(line),
                 # Views, and states the engine may lose (an anchor): synced with the next line.
                 soft=isinstance(record, SaveViewRecord) or (isinstance(record, StateRecord) and record.soft),
                 mark=n if numbered else None,
@@ -1584,6 +1587,16 @@ def _dumps(obj: dict[str, Any]) -> bytes:
     return frame(body)
 
 
+def _dumps_flat(obj: dict[str, Any]) -> bytes:
+    """``_dumps`` of a record made of strings, integers, finite floats, booleans, lists and
+    string-keyed dicts only (a view record: never a client's metadata, whose NaN orjson would write
+    as null): orjson writes the same JSON ten times faster (one per build)."""
+    try:
+        return frame(orjson.dumps(obj))
+    except TypeError:  # orjson.JSONEncodeError (a lone surrogate in a model name, say)
+        return _dumps(obj)
+
+
 def _loads(raw: bytes) -> Any:
     """The record of a checked line, or of a line written before checksums (unchecked)."""
     return unframe(raw)[0]
@@ -1620,8 +1633,13 @@ def _header(obj: Any, session_id: str) -> SessionState:
     return st
 
 
+_VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(ViewRecord))
+
+
 def _view_to_dict(view: ViewRecord) -> dict[str, Any]:
-    d = dataclasses.asdict(view)
+    # Field by field: ``dataclasses.asdict`` copies every value deeply (~40 us a view, and
+    # BuildContext saves one per build); the values are flat (strings, numbers, the features).
+    d = {name: getattr(view, name) for name in _VIEW_FIELDS}
     d["create_time"] = view.create_time.isoformat()
     return d
 

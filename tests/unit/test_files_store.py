@@ -765,3 +765,23 @@ async def test_other_files_in_the_data_directory_are_left_alone(root: Path) -> N
     assert (root / "tokens.json").read_text() == "{}"
     # The holder's note is gone on release; a clean stop leaves its seal instead (stores/_seal.py).
     assert b'"pid"' not in (root / "lock").read_bytes() and b"clean-shutdown" in (root / "lock").read_bytes()
+
+
+async def test_a_view_record_is_written_by_orjson_and_a_model_name_it_refuses_falls_back(root: Path) -> None:
+    """View records (one per build) are flat: orjson writes them, as json would; a lone surrogate
+    in the model name is refused by orjson and written by the standard library instead. Both
+    read back as saved, after a restart."""
+    store = await opened(root)
+    sid = (await store.create_session(caller=Principal("alice"), profile_id="p")).id
+    await store.append_messages(sid, [user("a")], caller=Principal("alice"))
+    plain = dataclasses.replace(view("plain", last_sequence=1), features=tuple(float(i) for i in range(N_FEATURES)))
+    odd = dataclasses.replace(view("odd", last_sequence=1), model="model-\ud800")
+    await store.save_view(sid, plain, keep=4)
+    await store.save_view(sid, odd, keep=4)
+    line = files_module._encode(files_module.SaveViewRecord(view=plain, keep=4), 1)
+    assert files_module._dumps_flat(line) == files_module._dumps(line)  # the same bytes either way
+    await store.close()
+    store = await opened(root)
+    assert await store.get_view(sid, "plain") == plain
+    assert await store.get_view(sid, "odd") == odd
+    await store.close()
