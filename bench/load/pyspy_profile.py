@@ -2,6 +2,7 @@
 
     python bench/load/pyspy_profile.py                              # BuildContext, 200 messages, memory
     python bench/load/pyspy_profile.py --call AppendMessages --store files --seconds 15
+    python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40 --store files --durability fsync
     python bench/load/pyspy_profile.py --call Health                # the floor, for comparison
     python bench/load/pyspy_profile.py --client opaque              # ghz keeps the view's messages as bytes
     python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40   # the agent turn loop
@@ -76,6 +77,9 @@ def main() -> None:
         "--turn-driver", choices=["auto", "go", "python"], default="auto", help="client of --call turns"
     )
     parser.add_argument("--store", default="memory")
+    parser.add_argument(
+        "--durability", choices=("batch", "fsync"), default="batch", help="the files store's (serve's default: fsync)"
+    )
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -89,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="ctxprof-"))
     ghz, ps = ghz_binary(), (opaque_protoset() if args.client == "opaque" else protoset())
-    server = start_server(args.store, workdir)
+    server = start_server(args.store, workdir, args.durability)
     try:
         seeder = Seeder(server.address, "bench")
         sessions = [seeder.session(args.messages, profile="bench") for _ in range(args.sessions)]
@@ -127,7 +131,7 @@ def main() -> None:
             time.sleep(1.0)
             spy_cmd = [
                 "py-spy", "record", "--pid", str(server.pid), "-r", str(args.rate), "-d", str(int(args.seconds - 2)),
-                "--format", "raw", "-o", str(collapsed), *(["--native"] if args.native else ["--nonblocking"]),
+                "--format", "raw", "-o", str(collapsed), *(["--threads"] if os.environ.get("SPY_THREADS") else []), *(["--native"] if args.native else ["--nonblocking"]),
             ]  # fmt: skip
             spy = subprocess.Popen(spy_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, _, usage = os.wait4(load.pid, 0)

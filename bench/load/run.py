@@ -210,10 +210,10 @@ def rss_mb(pid: int) -> float:
 # --- the server --------------------------------------------------------------------------------
 
 
-def start_server(store: str, workdir: Path) -> StoreServer:
+def start_server(store: str, workdir: Path, durability: str = "batch") -> StoreServer:
     """One ``contextsvc serve`` for one store, stopped by its own pid (the files store batches its
-    fsyncs, as a loaded service would be configured)."""
-    extra = ["--log-level", "WARNING", *(["--durability", "batch"] if store == "files" else [])]
+    fsyncs by default, as a loaded service would be configured)."""
+    extra = ["--log-level", "WARNING", *(["--durability", durability] if store == "files" else [])]
     return StoreServer(store, workdir, SERVER_CONFIG, extra)
 
 

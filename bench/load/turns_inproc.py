@@ -21,8 +21,10 @@ import argparse
 import asyncio
 import cProfile
 import pstats
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,9 @@ def _import_checkout(root: Path) -> None:
     sys.path.insert(1, str(HERE))
 
 
-async def _loop(sessions: int, messages: int, turns: int, profile: int, concurrent: bool = False) -> float:
+async def _loop(
+    sessions: int, messages: int, turns: int, profile: int, concurrent: bool = False, store_kind: str = "memory"
+) -> float:
     from inproc import CallContext, bench_settings, seed_sessions
     from workload import turn_messages
 
@@ -54,7 +58,17 @@ async def _loop(sessions: int, messages: int, turns: int, profile: int, concurre
     tune = getattr(server, "tune_collector", None)
     if tune is not None:
         tune(settings.hot_path.gc_young_threshold)
-    store = MemoryStore(settings)
+    data_dir = None
+    if store_kind == "memory":
+        store: Any = MemoryStore(settings)
+    else:  # files (batched fsyncs, as run.py's server) or files-fsync (serve's default)
+        from contextsvc.config import Durability
+        from contextsvc.stores.files import FilesStore
+
+        durability = Durability.FSYNC if store_kind == "files-fsync" else Durability.BATCH
+        settings = settings.model_copy(update={"durability": durability})
+        data_dir = tempfile.mkdtemp(prefix="ctxturns-")
+        store = FilesStore(data_dir, settings)
     await store.open()
     from contextsvc.clock import SystemClock
 
@@ -121,6 +135,8 @@ async def _loop(sessions: int, messages: int, turns: int, profile: int, concurre
         prof.disable()
     spent = (time.process_time() - start - client) / turns * 1e3
     await engine.close()
+    if data_dir is not None:
+        shutil.rmtree(data_dir, ignore_errors=True)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(profile)
@@ -138,11 +154,12 @@ def main() -> None:
     parser.add_argument(
         "--concurrent", action="store_true", help="each round runs every session's turn at once (shared refits)"
     )
+    parser.add_argument("--store", default="memory", choices=("memory", "files", "files-fsync"))
     parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.ab:
         _import_checkout(Path(args.root))
-        ms = asyncio.run(_loop(args.sessions, args.messages, args.turns, args.profile, args.concurrent))
+        ms = asyncio.run(_loop(args.sessions, args.messages, args.turns, args.profile, args.concurrent, args.store))
         print(f"{ms:.3f} ms CPU per turn ({args.turns} turns, {args.sessions} sessions)")
         return
     checkouts = {"this": HERE.parents[1], "other": Path(args.ab).resolve()}
@@ -152,6 +169,7 @@ def main() -> None:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--root", str(root)]
             cmd += ["--sessions", str(args.sessions), "--messages", str(args.messages), "--turns", str(args.turns)]
             cmd += ["--concurrent"] if args.concurrent else []
+            cmd += ["--store", args.store]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
             figures[name].append(float(out.split()[0]))
         print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} ms/turn", flush=True)
