@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--client", default="decode", help="decode | opaque (see run.py's Run.client)")
     parser.add_argument("--native", action="store_true", help="py-spy --native (C frames of grpc too)")
+    parser.add_argument("--threads", action="store_true", help="py-spy --threads (a frame per thread)")
     parser.add_argument("--no-spy", action="store_true", help="only CPU per call, no sampling")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="ctxprof-"))
@@ -131,7 +132,8 @@ def main() -> None:
             time.sleep(1.0)
             spy_cmd = [
                 "py-spy", "record", "--pid", str(server.pid), "-r", str(args.rate), "-d", str(int(args.seconds - 2)),
-                "--format", "raw", "-o", str(collapsed), *(["--threads"] if os.environ.get("SPY_THREADS") else []), *(["--native"] if args.native else ["--nonblocking"]),
+                "--format", "raw", "-o", str(collapsed), *(["--threads"] if args.threads else []),
+                *(["--native"] if args.native else ["--nonblocking"]),
             ]  # fmt: skip
             spy = subprocess.Popen(spy_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, _, usage = os.wait4(load.pid, 0)
