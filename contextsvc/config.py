@@ -167,13 +167,16 @@ class TokenSettings(BaseModel):
     #: baselines were served during its agent's turn and at least ``calibration_coalesce_sessions``
     #: other sessions recorded a baseline of the model within as long before it (many agents are
     #: recording), so that the model's baselines written meanwhile share one refit (the response
-    #: still holds its own observation). Fewer agents, or baselines further apart, refit at once.
+    #: still holds its own observation). The wait ends early once as many other sessions joined
+    #: as had recorded within the window before it. Fewer agents, or baselines further apart,
+    #: refit at once.
     #: 0 refits at once always (issue #15). With 50 agents of one model (the load suite's turn loop)
     #: 0.02 made 0.08-0.13 refits a turn, 0.05 makes 0.03 (a refit is ~1 ms of CPU, the largest
     #: step of a baseline). But the wait is latency every gathered agent pays: at 0.05 the agents
     #: fell into step (all parked, then all appending at once) and the server sat idle a fifth of
-    #: the run; 0.03 keeps it busy and gave more turns per health check in every interleaved
-    #: round (bench/RESULTS.md, round 15). RecordBaseline's p99 stays under AppendMessages'.
+    #: the run; 0.03, with the early end, keeps it busy and gave more turns per health check in
+    #: every interleaved round (bench/RESULTS.md, round 15). RecordBaseline's p99 stays under
+    #: AppendMessages'.
     calibration_coalesce_seconds: float = Field(0.03, ge=0, le=1)
     #: the other sessions that must have recorded a baseline of the model within that window for a
     #: baseline to wait: with fewer agents a shared refit saves little and the wait shows in

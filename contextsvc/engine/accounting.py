@@ -35,7 +35,7 @@ class TokenAccounting:
         #: for it and reads again only if that read began too early for it.
         self._reads: dict[str, asyncio.Lock] = {}
         #: per model, the open gathering of baselines that will share one refit (``_gather``).
-        self._gathering: dict[str, asyncio.Event] = {}
+        self._gathering: dict[str, _Gathering] = {}
         #: per model, when baselines of different sessions last arrived (the gathering's rule).
         self._arrivals = _Arrivals()
 
@@ -75,7 +75,10 @@ class TokenAccounting:
         its leader's refit reads it: wait for that. Otherwise, when requests were ``concurrent``
         and at least ``calibration_coalesce_sessions`` other sessions recorded a baseline of the
         model within the last ``calibration_coalesce_seconds`` (many agents are recording: more
-        are on their way), open one and wait that long. A lone agent, a few agents, one client
+        are on their way), open one and wait that long, or until as many other sessions joined
+        as had recorded within the window before it (``_Gathering``: the agents recording at
+        this pace have come; waiting on delays them all, and on a busy server agents that wait
+        together come back together and queue). A lone agent, a few agents, one client
         going through sessions one call at a time, or baselines further apart than the window
         refit after one loop iteration (baselines already waiting write theirs, and the first
         refit reads them all): the wait pays only when many refits share it. The rule reads what
@@ -83,22 +86,25 @@ class TokenAccounting:
         split into steps) nor the machine's load."""
         window = self._tokens.calibration_coalesce_seconds
         others = self._arrivals.note(model, source, time.monotonic(), window)
-        gate = self._gathering.get(model) if window > 0 else None
-        if gate is not None:
-            await gate.wait()
+        gathering = self._gathering.get(model) if window > 0 else None
+        if gathering is not None:
+            gathering.join()
+            await gathering.closed.wait()
             return
         if window <= 0 or not concurrent or others < self._tokens.calibration_coalesce_sessions:
             await asyncio.sleep(0)
             return
-        gate = self._gathering[model] = asyncio.Event()
+        gathering = self._gathering[model] = _Gathering(others)
+        timer = asyncio.get_running_loop().call_later(window, gathering.full.set)
         try:
-            await asyncio.sleep(window)
+            await gathering.full.wait()
         finally:
+            timer.cancel()
             # Closed before this baseline's refit: a baseline written from now on opens its own
             # gathering; those waiting here go on to the read lock, which this refit holds first.
-            if self._gathering.get(model) is gate:
+            if self._gathering.get(model) is gathering:
                 del self._gathering[model]
-            gate.set()
+            gathering.closed.set()
 
     def _stale(self, model: str) -> bool:
         loaded = self._loaded_at.get(model)
@@ -152,6 +158,26 @@ class TokenAccounting:
         return self.counter(model).count_messages(rows) + image_tokens_of(
             rows, fallback_tokens=self._tokens.image_tokens_fallback
         )
+
+
+class _Gathering:
+    """Baselines of one model waiting to share a refit: the leader waits until the window ends
+    or as many other sessions joined as had recorded within the window before it opened (the
+    agents recording at this pace have all come: waiting on only delays them)."""
+
+    __slots__ = ("closed", "expected", "full", "joined")
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.joined = 0
+        #: set when the leader may stop waiting; ``closed`` once it did (its refit comes next).
+        self.full = asyncio.Event()
+        self.closed = asyncio.Event()
+
+    def join(self) -> None:
+        self.joined += 1
+        if self.joined >= self.expected:
+            self.full.set()
 
 
 class _Arrivals:

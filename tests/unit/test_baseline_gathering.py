@@ -1,6 +1,7 @@
 """Baselines of one model from many sessions arriving close together share one refit
 (``TokenAccounting._gather``, ``tokens.calibration_coalesce_seconds`` and ``_sessions``): every
-RecordBaseline still gets back a calibration holding its own observation; a lone agent (however
+RecordBaseline still gets back a calibration holding its own observation; a gathering ends once as
+many other sessions joined as had recorded within the window before it; a lone agent (however
 busy the loop), a few agents, one client going through sessions one call at a time, and
 baselines further apart than the window never wait; a gathering whose leader is cancelled leaves
 nobody waiting."""
@@ -165,20 +166,61 @@ async def test_a_baseline_recorded_while_no_other_request_ran_never_waits() -> N
 
 async def test_a_gathering_whose_leader_is_cancelled_leaves_its_followers_a_refit_of_their_own() -> None:
     store, accounting = await _accounting(0.3, sessions=1)
-    await accounting.observe("m", _obs(0), source="a")  # another session's baseline, just now
+    for k, source in enumerate(("a", "a2", "a3")):  # three other sessions' baselines, just now
+        await accounting.observe("m", _obs(k), source=source, concurrent=False)
     store.reads = 0
-    leader = asyncio.ensure_future(accounting.observe("m", _obs(1), source="b"))
+    leader = asyncio.ensure_future(accounting.observe("m", _obs(3), source="b"))  # expects three
     await asyncio.sleep(0.05)
     assert "m" in accounting._gathering  # the leader waits for others
-    followers = [asyncio.ensure_future(accounting.observe("m", _obs(k), source=f"s{k}")) for k in (2, 3)]
+    followers = [asyncio.ensure_future(accounting.observe("m", _obs(k), source=f"s{k}")) for k in (4, 5)]
     await asyncio.sleep(0.05)
+    assert not leader.done()  # two of the three sessions it expects joined
     leader.cancel()
     got = await asyncio.wait_for(asyncio.gather(*followers), 5)
     with pytest.raises(asyncio.CancelledError):
         await leader
-    assert [c.observations for c in got] == [4, 4]  # each holds its own (and the leader's write)
+    assert [c.observations for c in got] == [6, 6]  # each holds its own (and the leader's write)
     assert store.reads == 1  # the first follower's refit served both
     assert accounting._gathering == {}
+
+
+async def test_a_gathering_ends_once_as_many_sessions_joined_as_had_recorded_before_it() -> None:
+    """Agents recording at a steady pace: the leader found three other sessions' baselines within
+    the window before it, so it waits for three joiners, not for the whole window."""
+    store, accounting = await _accounting(1.0, sessions=3)
+    for k, source in enumerate(("a", "b", "c")):
+        await accounting.observe("m", _obs(k), source=source)
+    store.reads = 0
+    started = time.monotonic()
+    leader = asyncio.ensure_future(accounting.observe("m", _obs(3), source="d"))
+    await asyncio.sleep(0.05)
+    assert not leader.done() and "m" in accounting._gathering
+    joined = [
+        asyncio.ensure_future(accounting.observe("m", _obs(k), source=source)) for k, source in ((4, "a"), (5, "b"))
+    ]
+    await asyncio.sleep(0.05)
+    assert not leader.done()  # two of three
+    joined.append(asyncio.ensure_future(accounting.observe("m", _obs(6), source="c")))
+    got = await asyncio.wait_for(asyncio.gather(leader, *joined), 2)
+    assert time.monotonic() - started < 0.5  # the third joiner closed it, not the 1 s window
+    assert [c.observations for c in got] == [7, 7, 7, 7]
+    assert store.reads == 1  # one refit for the four
+    assert accounting._gathering == {}
+
+
+async def test_a_gathering_that_fewer_join_than_expected_lasts_its_window() -> None:
+    store, accounting = await _accounting(0.3, sessions=3)
+    for k, source in enumerate(("a", "b", "c")):
+        await accounting.observe("m", _obs(k), source=source)
+    store.reads = 0
+    started = time.monotonic()
+    leader = asyncio.ensure_future(accounting.observe("m", _obs(3), source="d"))
+    await asyncio.sleep(0.05)
+    follower = asyncio.ensure_future(accounting.observe("m", _obs(4), source="a"))
+    got = await asyncio.wait_for(asyncio.gather(leader, follower), 5)
+    assert time.monotonic() - started >= 0.3  # one of three came: the window ran out
+    assert [c.observations for c in got] == [5, 5]
+    assert store.reads == 1
 
 
 def test_arrivals_count_the_other_sessions_within_the_window() -> None:
@@ -217,8 +259,9 @@ async def test_through_the_engine_a_client_going_through_sessions_one_call_at_a_
 async def test_through_the_engine_interleaved_turns_of_several_sessions_share_a_refit() -> None:
     """Agents whose turns overlap (each session's view built, then the baselines): the second
     baseline finds the first session's just before it and requests served during its turn, so it
-    gathers, and the third joins it."""
-    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=0.2, calibration_coalesce_sessions=1))
+    gathers, and the third joins it, which ends the gathering: as many sessions came as had
+    recorded before it (one), so neither waits for the window."""
+    rig = await Rig.start(tokens=TokenSettings(calibration_coalesce_seconds=1.0, calibration_coalesce_sessions=1))
     try:
         sids = [await rig.session() for _ in range(3)]
         for sid in sids:
@@ -237,7 +280,9 @@ async def test_through_the_engine_interleaved_turns_of_several_sessions_share_a_
         assert reads == 1
         started = time.monotonic()
         rest = await asyncio.gather(*(rig.baseline(sid, view) for sid, view in zip(sids[1:], views[1:], strict=True)))
-        assert time.monotonic() - started >= 0.2  # the second opened a gathering
+        # The second opened a gathering expecting one other session (the first had recorded just
+        # before); the third joined it, which closed it long before its window.
+        assert time.monotonic() - started < 0.5
         assert reads == 2  # one refit for the second and third
         observed = [r.calibration.observations for r in (first, *rest)]
         assert observed == [observed[0], observed[0] + 2, observed[0] + 2]
