@@ -11,10 +11,12 @@ A breadcrumb never holds ``;`` or a line break, so a list of them round-trips th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -29,6 +31,7 @@ __all__ = [
     "extract_entities",
     "format_keys_line",
     "merge_breadcrumbs",
+    "shared_extraction",
     "split_keys_line",
 ]
 
@@ -155,6 +158,39 @@ _JSON_KEY = re.compile(r"[A-Za-z_][\w.-]{1,40}")
 #: JSON documents up to this size are parsed whole; larger ones are scanned as text.
 _JSON_PARSE_CHARS = 200_000
 _TRAILING_PUNCT = ".,:!?'\")]}>"
+
+
+#: within ``shared_extraction``: (text, max_chars, scan_chars) -> the text's entities.
+_SHARED: ContextVar[dict[tuple[str, int, int], tuple[Entity, ...]] | None] = ContextVar(
+    "contextsvc_shared_extraction", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_extraction() -> Iterator[None]:
+    """Within this block (and the tasks it starts), a text's entities are extracted once: one
+    compaction reads the same rows three times (the summary's keys, the breadcrumbs of what it
+    drops, the history index), and extraction is most of its CPU. What is remembered lives as
+    long as the block, so it is bounded by what the block reads; a nested block shares it."""
+    if _SHARED.get() is not None:
+        yield
+        return
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _text_entities(text: str, *, max_chars: int, scan_chars: int) -> Iterable[Entity]:
+    shared = _SHARED.get()
+    if shared is None:
+        return _from_text(text, max_chars=max_chars, scan_chars=scan_chars)
+    key = (text, max_chars, scan_chars)
+    found = shared.get(key)
+    if found is None:
+        found = shared[key] = tuple(_from_text(text, max_chars=max_chars, scan_chars=scan_chars))
+    return found
 
 
 def extract_entities(
@@ -317,14 +353,14 @@ def format_keys_line(keys: Sequence[str]) -> str:
 
 def _from_item(item: Message | str, *, max_chars: int, scan_chars: int) -> Iterator[Entity]:
     if isinstance(item, str):
-        yield from _from_text(item, max_chars=max_chars, scan_chars=scan_chars)
+        yield from _text_entities(item, max_chars=max_chars, scan_chars=scan_chars)
         return
     carried = item.metadata.get("breadcrumbs")
     if isinstance(carried, list):
         for crumb in carried:
             if isinstance(crumb, str) and (text := _clean(crumb, max_chars)):
                 yield Entity(EntityKind.CARRIED, text)
-    yield from _from_text(item.content, max_chars=max_chars, scan_chars=scan_chars)
+    yield from _text_entities(item.content, max_chars=max_chars, scan_chars=scan_chars)
     for call in item.tool_calls:
         yield from _from_arguments(call.arguments_json, max_chars=max_chars, scan_chars=scan_chars)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from contextsvc import telemetry
 from contextsvc.config import Settings
-from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs
+from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs, shared_extraction
 from contextsvc.core.chunking import pieces
 from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool_results, is_placeholder
 from contextsvc.core.compression.formatting import (
@@ -530,7 +530,8 @@ class Compactor:
     async def run(self, s: Situation, *, dry_run: bool = False) -> CompressionReport:
         """Plan and (unless ``dry_run``) carry out a compaction. Forced runs raise
         ``NothingToCompact`` when nothing can be removed; automatic ones report ``compressed=False``."""
-        with telemetry.compaction_span(s.session.id, s.reason.value):
+        # One extraction of each row's entities for the summary, the breadcrumbs and the index.
+        with telemetry.compaction_span(s.session.id, s.reason.value), shared_extraction():
             report = await self._run(s, dry_run=dry_run)
             telemetry.compaction_done(report)
             return report

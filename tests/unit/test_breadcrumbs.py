@@ -203,3 +203,46 @@ def test_output_is_bounded_unique_and_keys_safe(texts: list[str], limit: int, ma
         assert ";" not in crumb and "\n" not in crumb
     # Every list of breadcrumbs survives a trip through one KEYS line.
     assert split_keys_line("summary\n" + format_keys_line(crumbs))[1] == crumbs
+
+
+# --- one extraction per text within a compaction (``shared_extraction``) ---------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_texty, max_size=6), st.integers(0, 20), st.integers(16, 60))
+def test_shared_extraction_gives_what_each_call_gives_alone(texts: list[str], limit: int, max_chars: int) -> None:
+    messages = [Message(role=Role.USER, content=t, sequence_number=i + 1) for i, t in enumerate(texts)]
+    alone = [extract_entities(messages, limit=limit, max_chars=max_chars) for _ in range(2)]
+    alone_texts = extract_breadcrumbs(texts, limit=limit, max_chars=max_chars)
+    with breadcrumbs.shared_extraction():
+        shared = [extract_entities(messages, limit=limit, max_chars=max_chars) for _ in range(2)]
+        shared_texts = extract_breadcrumbs(texts, limit=limit, max_chars=max_chars)
+        # Other bounds over the same texts are their own entries, not the first call's.
+        wider = extract_entities(messages, limit=limit, max_chars=max_chars + 40)
+    assert shared == alone
+    assert shared_texts == alone_texts
+    assert wider == extract_entities(messages, limit=limit, max_chars=max_chars + 40)
+
+
+def test_shared_extraction_reads_each_text_once_and_forgets_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    scanned: list[str] = []
+    real = breadcrumbs._from_text
+
+    def counted(text: str, *, max_chars: int, scan_chars: int) -> object:
+        scanned.append(text)
+        return real(text, max_chars=max_chars, scan_chars=scan_chars)
+
+    monkeypatch.setattr(breadcrumbs, "_from_text", counted)
+    rows = [
+        Message(role=Role.USER, content="edit src/app/main.py and see ABC-123", sequence_number=1),
+        Message(role=Role.ASSISTANT, content="ran `make test` on 10.0.0.12:8080", sequence_number=2),
+    ]
+    with breadcrumbs.shared_extraction():
+        first = extract_breadcrumbs(rows)
+        with breadcrumbs.shared_extraction():  # a nested block shares the outer one's texts
+            again = extract_breadcrumbs(rows[::-1])
+        assert len(scanned) == 2
+    assert first and set(again) == set(first)
+    assert breadcrumbs._SHARED.get() is None  # nothing outlives the block
+    extract_breadcrumbs(rows)
+    assert len(scanned) == 4  # outside a block every call scans
