@@ -133,3 +133,22 @@ def test_the_index_is_unique_by_hash_and_rebuilds_after_an_add() -> None:
     assert index.add([b]) == 1
     assert [s.chunk for s in index.search("beta", 5)] == [b]  # the statistics followed the add
     assert index.chunks == [a, b]
+
+
+_token_chars = st.sampled_from([*"abcxyzABCXYZ0189_./\\:@-", "é", "Ж", "漢", "字", "かな", "ß", "ǅ"])
+
+
+@given(st.lists(_token_chars, min_size=1, max_size=12).map("".join))
+def test_the_plain_word_shortcut_expands_as_the_rules_do(token: str) -> None:
+    from contextsvc.core import recall
+
+    segment_pattern = recall._patterns()[1]
+    assert recall._expand(token, segment_pattern) == recall._expand_rules(token, segment_pattern)
+
+
+@pytest.mark.parametrize("token", ["hello", "HTTP", "2024", "abc123", "ABC123", "HistoryChunk", "a_b", "x.y", "漢字"])
+def test_the_plain_word_shortcut_on_known_tokens(token: str) -> None:
+    from contextsvc.core import recall
+
+    segment_pattern = recall._patterns()[1]
+    assert recall._expand(token, segment_pattern) == recall._expand_rules(token, segment_pattern)
