@@ -184,17 +184,24 @@ async def test_a_gathering_whose_leader_is_cancelled_leaves_its_followers_a_refi
     assert accounting._gathering == {}
 
 
+async def _leader_after_three(store: CountingStore, accounting: TokenAccounting) -> asyncio.Future[Calibration]:
+    """Baselines of sessions a, b and c (each refits alone: fewer than three others before it),
+    then d's, which opens a gathering expecting three joiners; d's pending call."""
+    for k, source in enumerate(("a", "b", "c")):
+        await accounting.observe("m", _obs(k), source=source)
+    store.reads = 0
+    leader = asyncio.ensure_future(accounting.observe("m", _obs(3), source="d"))
+    await asyncio.sleep(0.05)
+    assert not leader.done() and "m" in accounting._gathering
+    return leader
+
+
 async def test_a_gathering_ends_once_as_many_sessions_joined_as_had_recorded_before_it() -> None:
     """Agents recording at a steady pace: the leader found three other sessions' baselines within
     the window before it, so it waits for three joiners, not for the whole window."""
     store, accounting = await _accounting(1.0, sessions=3)
-    for k, source in enumerate(("a", "b", "c")):
-        await accounting.observe("m", _obs(k), source=source)
-    store.reads = 0
     started = time.monotonic()
-    leader = asyncio.ensure_future(accounting.observe("m", _obs(3), source="d"))
-    await asyncio.sleep(0.05)
-    assert not leader.done() and "m" in accounting._gathering
+    leader = await _leader_after_three(store, accounting)
     joined = [
         asyncio.ensure_future(accounting.observe("m", _obs(k), source=source)) for k, source in ((4, "a"), (5, "b"))
     ]
@@ -210,12 +217,8 @@ async def test_a_gathering_ends_once_as_many_sessions_joined_as_had_recorded_bef
 
 async def test_a_gathering_that_fewer_join_than_expected_lasts_its_window() -> None:
     store, accounting = await _accounting(0.3, sessions=3)
-    for k, source in enumerate(("a", "b", "c")):
-        await accounting.observe("m", _obs(k), source=source)
-    store.reads = 0
     started = time.monotonic()
-    leader = asyncio.ensure_future(accounting.observe("m", _obs(3), source="d"))
-    await asyncio.sleep(0.05)
+    leader = await _leader_after_three(store, accounting)
     follower = asyncio.ensure_future(accounting.observe("m", _obs(4), source="a"))
     got = await asyncio.wait_for(asyncio.gather(leader, follower), 5)
     assert time.monotonic() - started >= 0.3  # one of three came: the window ran out
