@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,9 @@ async def _measure(turns: int) -> tuple[int, float, int]:
 
     compaction.Compactor.run = timed  # type: ignore[method-assign]
     await turns_inproc._loop(50, 40, turns, 0, True, "memory")
-    return len(spent), statistics.median(spent) * 1e3 if spent else 0.0, max(rows, default=0)
+    if not spent:
+        raise SystemExit(f"no session compacted in {turns} turns: give more (--turns)")
+    return len(spent), statistics.median(spent) * 1e3, max(rows)
 
 
 def main() -> None:
@@ -61,18 +62,10 @@ def main() -> None:
         count, median_ms, most_rows = asyncio.run(_measure(args.turns))
         print(f"{median_ms:.1f} ms CPU per compaction (median of {count}; contexts of up to {most_rows} rows)")
         return
-    checkouts = {"this": HERE.parents[1], "other": Path(args.ab).resolve()}
-    figures: dict[str, list[float]] = {name: [] for name in checkouts}
-    for r in range(args.rounds):
-        for name, root in checkouts.items():
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--root", str(root), "--turns", str(args.turns)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
-            figures[name].append(float(out.split()[0]))
-        print(f"round {r + 1}: this {figures['this'][-1]:.1f}  other {figures['other'][-1]:.1f} ms per compaction")
     sys.path.insert(0, str(HERE))
-    from inproc import print_ab
+    from inproc import alternate
 
-    print_ab(figures, "ms per compaction")
+    alternate(Path(__file__), args.ab, args.rounds, ["--turns", str(args.turns)], "ms per compaction")
 
 
 if __name__ == "__main__":

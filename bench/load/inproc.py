@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -56,3 +59,18 @@ def print_ab(figures: dict[str, list[float]], unit: str) -> None:
         print(f"{name}: median {statistics.median(values):.3f} {unit}, min {min(values):.3f}")
     print(f"this / other (medians): {statistics.median(figures['this']) / statistics.median(figures['other']):.3f}")
     print(f"load average: {os.getloadavg()[0]:.1f}")
+
+
+def alternate(script: Path, other: str, rounds: int, args: list[str], unit: str) -> None:
+    """An A/B run: ``script --root <checkout> *args`` for this checkout (the one holding
+    ``script``) and ``other`` in turn, ``rounds`` times, each in its own process, whose output
+    starts with its figure in ``unit``; then ``print_ab``."""
+    checkouts = {"this": script.resolve().parents[2], "other": Path(other).resolve()}
+    figures: dict[str, list[float]] = {name: [] for name in checkouts}
+    for r in range(rounds):
+        for name, root in checkouts.items():
+            cmd = [sys.executable, str(script.resolve()), "--root", str(root), *args]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
+            figures[name].append(float(out.split()[0]))
+        print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} {unit}", flush=True)
+    print_ab(figures, unit)

@@ -22,7 +22,6 @@ import asyncio
 import cProfile
 import pstats
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -162,20 +161,12 @@ def main() -> None:
         ms = asyncio.run(_loop(args.sessions, args.messages, args.turns, args.profile, args.concurrent, args.store))
         print(f"{ms:.3f} ms CPU per turn ({args.turns} turns, {args.sessions} sessions)")
         return
-    checkouts = {"this": HERE.parents[1], "other": Path(args.ab).resolve()}
-    figures: dict[str, list[float]] = {name: [] for name in checkouts}
-    for r in range(args.rounds):
-        for name, root in checkouts.items():
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--root", str(root)]
-            cmd += ["--sessions", str(args.sessions), "--messages", str(args.messages), "--turns", str(args.turns)]
-            cmd += ["--concurrent"] if args.concurrent else []
-            cmd += ["--store", args.store]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
-            figures[name].append(float(out.split()[0]))
-        print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} ms/turn", flush=True)
-    from inproc import print_ab
+    sys.path.insert(0, str(HERE))
+    from inproc import alternate
 
-    print_ab(figures, "ms/turn")
+    run = ["--sessions", str(args.sessions), "--messages", str(args.messages), "--turns", str(args.turns)]
+    run += ["--concurrent"] if args.concurrent else []
+    alternate(Path(__file__), args.ab, args.rounds, [*run, "--store", args.store], "ms/turn")
 
 
 if __name__ == "__main__":
