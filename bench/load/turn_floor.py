@@ -383,6 +383,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--seconds", type=float, default=0.0, help="bound of each turn run (default: the scenario's)")
+    parser.add_argument("--agents", type=int, default=0, help="sessions, one agent each (default: the scenario's)")
+    parser.add_argument("--messages", type=int, default=0, help="seeded messages a session (default: the scenario's)")
     parser.add_argument("--base", type=Path, help="another checkout, run as variant 'base' (an A/B against 'real')")
     parser.add_argument("--store", default="memory", help="memory | files (the stubs make sense on memory only)")
     parser.add_argument(
@@ -398,6 +400,10 @@ def main() -> None:
     run = scenario.runs[0]
     if args.seconds:
         run.max_seconds = args.seconds
+    if args.agents:  # another shape than the one the settings were chosen on (a held-out check)
+        run.sessions = run.concurrency = args.agents
+    if args.messages:
+        run.messages = args.messages
     driver = suite.turn_driver_binary("go")
     loader = suite.Loader(
         suite.ghz_binary(), suite.protoset(), Path(tempfile.mkdtemp(prefix="ctxfloor-")), False, driver
