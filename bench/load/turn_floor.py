@@ -15,6 +15,8 @@ on the same process in the same window. Variants:
   the handlers.
 - ``stub-sized``: the same, BuildContext answering a prebuilt view of 60 workload messages
   (~22 KB, a seeded session's view midway through a run): what the bytes of the view add.
+- ``stub-large``: the same with 150 workload messages (~55 KB, about the size of a seeded
+  session's view late in a run of the suite's turn loop).
 - ``stub-bare``: ``stub`` without the server's interceptors (serving gate, decode guard,
   quotas): what they add to the floor.
 
@@ -108,7 +110,7 @@ def _patch(variant: str) -> None:
         from contextsvc.engine.accounting import TokenAccounting
         from contextsvc.engine.compaction import Compactor
 
-        counts = {"fits": 0, "baselines": 0, "compactions": 0}
+        counts = {"fits": 0, "fit_us": 0, "baselines": 0, "compactions": 0}
         _count_loop(counts)
         load, observe, compact = CalibrationRegistry.load, TokenAccounting.observe, Compactor.run
 
@@ -118,7 +120,11 @@ def _patch(variant: str) -> None:
 
         def counted_load(self: Any, *a: Any, **k: Any) -> Any:
             counts["fits"] += 1
-            return load(self, *a, **k)
+            began = time.thread_time()
+            try:
+                return load(self, *a, **k)
+            finally:
+                counts["fit_us"] += int((time.thread_time() - began) * 1e6)
 
         async def counted_observe(self: Any, *a: Any, **k: Any) -> Any:
             counts["baselines"] += 1

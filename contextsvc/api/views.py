@@ -55,10 +55,11 @@ def build_response(built: BuiltView) -> pb.BuildContextResponse:
     return response
 
 
-def response_fields(built: BuiltView) -> pb.BuildContextResponse:
-    """Every field of the response but ``messages`` (``api.wire`` writes those from bytes)."""
+def response_fields(built: BuiltView, *, with_view_id: bool = True) -> pb.BuildContextResponse:
+    """Every field of the response but ``messages`` (``api.wire`` writes those from bytes), and
+    but the view id too without ``with_view_id``."""
     response = pb.BuildContextResponse(
-        view_id=built.view_id,
+        view_id=built.view_id if with_view_id else "",
         estimate=estimate_to_pb(built.estimate),
         notices=built.notices,
         injected_chunk_ids=built.injected_chunk_ids,

@@ -16,7 +16,6 @@ in encoded bytes plus a fixed per-entry allowance); ``stats()`` reports what it 
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import threading
 from collections import OrderedDict
@@ -306,7 +305,7 @@ def _tail(built: BuiltView, entry: _ViewEntry | None) -> bytes:
         return response_fields(built).SerializeToString()
     notices = tuple(built.notices)
     if entry.rest is None or entry.estimate is not built.estimate or entry.notices != notices:
-        rest = response_fields(dataclasses.replace(built, view_id="")).SerializeToString()
+        rest = response_fields(built, with_view_id=False).SerializeToString()
         entry.estimate, entry.notices, entry.rest = built.estimate, notices, rest
     return _view_id_field(built.view_id) + entry.rest
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from datetime import datetime
 from typing import Any
 
@@ -59,9 +60,9 @@ def message_to_dict(m: Message) -> dict[str, Any]:
         value = getattr(m, key)
         if value:
             d[key] = value
-    flags = {n: getattr(m.flags, n) for n in _FLAG_NAMES if getattr(m.flags, n) != getattr(_DEFAULT_FLAGS, n)}
+    flags = _changed_flags(m.flags)
     if flags:
-        d["flags"] = flags
+        d["flags"] = dict(flags)
     if m.metadata:
         d["metadata"] = m.metadata
     if m.create_time is not None:
@@ -76,6 +77,13 @@ def message_to_dict(m: Message) -> dict[str, Any]:
 
 
 _DEFAULT_FLAGS = Flags()
+
+
+@functools.lru_cache(maxsize=256)
+def _changed_flags(flags: Flags) -> tuple[tuple[str, bool], ...]:
+    """The flags that differ from the defaults, by name: worked out once per combination (a
+    handful occur), as every row written is encoded."""
+    return tuple((n, getattr(flags, n)) for n in _FLAG_NAMES if getattr(flags, n) != getattr(_DEFAULT_FLAGS, n))
 
 
 def message_from_dict(d: dict[str, Any]) -> Message:

@@ -197,12 +197,13 @@ class _Log:
     """A log file the store appends to: its path, its size as written, and ``overhead``, the
     flag/header/state/view records since it was last written whole."""
 
-    __slots__ = ("_path", "overhead", "size")
+    __slots__ = ("_mark", "_path", "overhead", "size")
 
     def __init__(self, path: Path | str, size: int, overhead: int = 0) -> None:
         # A str until first used: start-up makes one per session, most never touched, and a
         # Path costs more to build than the rest of an indexed session's start-up.
         self._path = path
+        self._mark: Path | None = None
         self.size = size
         self.overhead = overhead
 
@@ -212,6 +213,14 @@ class _Log:
         if isinstance(path, str):
             path = self._path = Path(path)
         return path
+
+    @property
+    def mark(self) -> Path:
+        """The log's mark file (``_frames.mark_path``), made once: every append of rows writes it."""
+        mark = self._mark
+        if mark is None:
+            mark = self._mark = mark_path(self.path)
+        return mark
 
     def __repr__(self) -> str:
         return f"_Log({str(self._path)!r}, size={self.size}, overhead={self.overhead})"
@@ -828,7 +837,7 @@ class FilesStore(RowStore):
             line = _encode(record, n)
             await self._append(
                 log,
-                _dumps_flat(line) if isinstance(record, SaveViewRecord) else _dumps(line),
+                _dumps_flat(line) if _flat(record) else _dumps(line),
                 # Views, and states the engine may lose (an anchor): synced with the next line.
                 soft=isinstance(record, SaveViewRecord) or (isinstance(record, StateRecord) and record.soft),
                 mark=n if numbered else None,
@@ -844,11 +853,11 @@ class FilesStore(RowStore):
         new highest sequence number, recorded in the mark file once the line is written."""
         sync = self._settings.durability is Durability.FSYNC and not soft
         if sync:
-            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, mark)
+            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, mark, log.mark)
         else:
             # No fsync to wait for: a write into the page cache takes microseconds, less than the
             # hop to a worker thread and back (two wake-ups, the GIL both ways) would cost.
-            log.size = _append_at(log.path, log.size, data, sync, mark)
+            log.size = _append_at(log.path, log.size, data, sync, mark, log.mark)
         if sync:
             self.stats.log_fsyncs += 1
         elif not soft:
@@ -1589,12 +1598,20 @@ def _dumps(obj: dict[str, Any]) -> bytes:
 
 def _dumps_flat(obj: dict[str, Any]) -> bytes:
     """``_dumps`` of a record made of strings, integers, finite floats, booleans, lists and
-    string-keyed dicts only (a view record: never a client's metadata, whose NaN orjson would write
-    as null): orjson writes the same JSON ten times faster (one per build)."""
+    string-keyed dicts only (a view record, rows without metadata: never a client's metadata, whose
+    NaN orjson would write as null): orjson writes the same JSON ten times faster (``_flat``)."""
     try:
         return frame(orjson.dumps(obj))
     except TypeError:  # orjson.JSONEncodeError (a lone surrogate in a model name, say)
         return _dumps(obj)
+
+
+def _flat(record: Record) -> bool:
+    """Can ``_dumps_flat`` write ``record``? A view; rows whose messages carry no metadata (the
+    only free-form JSON a message has: every other field is a string, an integer or a boolean)."""
+    if isinstance(record, SaveViewRecord):
+        return True
+    return isinstance(record, AppendRecord) and not any(m.metadata for m in record.messages)
 
 
 def _loads(raw: bytes) -> Any:
@@ -1754,8 +1771,11 @@ def _decode(d: dict[str, Any]) -> Record:
 # -- blocking file operations (run in a worker thread) --------------------------------------
 
 
-def _append_at(path: Path, expected_size: int, data: bytes, sync: bool, mark: int | None = None) -> int:
-    """Write ``data`` at the log's known end and return the new size.
+def _append_at(
+    path: Path, expected_size: int, data: bytes, sync: bool, mark: int | None = None, mark_file: Path | None = None
+) -> int:
+    """Write ``data`` at the log's known end and return the new size; with ``mark``, record it in
+    the log's mark file (``mark_file``, by default ``mark_path(path)``).
 
     Writing at the known end (not O_APPEND) and cutting anything past it first means a record
     whose write failed half-way (disk full) never ends up in the middle of the log.
@@ -1777,7 +1797,7 @@ def _append_at(path: Path, expected_size: int, data: bytes, sync: bool, mark: in
         os.close(fd)
     if mark is not None:
         try:
-            write_mark_number(mark_path(path), mark)
+            write_mark_number(mark_file or mark_path(path), mark)
         except OSError as exc:
             # The record is in the log: the mark only guards against later damage to it.
             logger.warning("files store: cannot update the sequence mark of %s: %s", path, exc)
@@ -1818,7 +1838,10 @@ def _mark_meta(st: SessionState) -> dict[str, Any]:
 def _rewrite_log(st: SessionState, path: Path) -> int:
     parts = [_dumps(_session_line(st))]
     parts.extend(
-        _dumps({"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}) for row in st.rows
+        (_dumps if row.metadata else _dumps_flat)(
+            {"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}
+        )
+        for row in st.rows
     )
     data = b"".join(parts)
     _write_atomic(path, data)

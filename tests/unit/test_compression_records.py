@@ -159,3 +159,19 @@ def test_a_whole_compaction_reloads_in_the_planned_order() -> None:
     assert after[1].flags.is_pinned and after[2].role is Role.SYSTEM
     restored = {s for first, last in rec.metadata[DEMOTED_RANGES_KEY] for s in range(first, last + 1)}
     assert restored == set(plan.drop_sequences)
+
+
+@pytest.mark.parametrize("bits", range(2 ** len(dataclasses.fields(Flags))))
+def test_every_flag_combination_is_written_and_read_back(bits: int) -> None:
+    """``message_to_dict`` keeps the flags that differ from the defaults (worked out once per
+    combination), and a shared answer is never handed out: changing one dict leaves the next alone."""
+    names = [f.name for f in dataclasses.fields(Flags)]
+    flags = Flags(**{n: bool(bits >> i & 1) for i, n in enumerate(names)})
+    m = Message(Role.USER, "x", sequence_number=1, flags=flags)
+    d = message_to_dict(m)
+    expected = {n: getattr(flags, n) for n in names if getattr(flags, n) != getattr(Flags(), n)}
+    assert d.get("flags", {}) == expected
+    assert message_from_dict(d) == m
+    if "flags" in d:
+        d["flags"].clear()
+        assert message_to_dict(m)["flags"] == expected

@@ -12,12 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import contextsvc.stores.files as files_module
 from contextsvc.config import Durability, FilesSettings, Settings
 from contextsvc.core.calibration import Observation
-from contextsvc.core.messages import Flags, Message, Role
+from contextsvc.core.messages import BufferKind, Flags, Message, Role
 from contextsvc.core.priors import CYRILLIC_FEATURES, LEGACY_FEATURES, N_FEATURES, PREVIOUS_FEATURES
 from contextsvc.core.session import Principal
 from contextsvc.errors import InvalidArgument, NotFound, SessionDamaged, Unavailable
@@ -785,3 +788,52 @@ async def test_a_view_record_is_written_by_orjson_and_a_model_name_it_refuses_fa
     assert await store.get_view(sid, "plain") == plain
     assert await store.get_view(sid, "odd") == odd
     await store.close()
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)) | st.sampled_from(["\ud800", "\n", "\x00", "\u2028", '"']))
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@given(
+    contents=st.lists(_TEXT, min_size=1, max_size=3),
+    request_id=_TEXT,
+    flags=st.builds(Flags, is_context=st.booleans(), is_display=st.booleans(), is_pinned=st.booleans()),
+)
+def test_a_row_line_reads_back_alike_from_orjson_and_json(contents: list[str], request_id: str, flags: Flags) -> None:
+    """Rows without metadata are written by orjson (``_flat``): what the store reads back from the
+    line is what it reads from the standard library's, for any text (control characters, line
+    separators, a lone surrogate, which orjson refuses and the standard library writes)."""
+    rows = tuple(
+        Message(Role.USER, c, sequence_number=i + 1, token_count=3, flags=flags) for i, c in enumerate(contents)
+    )
+    record = files_module.AppendRecord(None, rows, request_id, 7, "fp")
+    assert files_module._flat(record)
+    line = files_module._encode(record, len(rows))
+    flat, standard = files_module._dumps_flat(line), files_module._dumps(line)
+    assert flat.endswith(b"\n") and flat.count(b"\n") == 1  # one line, whatever the text holds
+    assert files_module._loads(flat[:-1]) == files_module._loads(standard[:-1]) == line
+
+
+def test_rows_with_metadata_keep_the_standard_librarys_json() -> None:
+    """A client's metadata is free-form JSON: a row carrying it is written by ``json`` (orjson
+    would write a NaN as null)."""
+    rows = (user("a"), dataclasses.replace(user("b"), metadata={"x": 1.5}))
+    assert not files_module._flat(files_module.AppendRecord(None, rows, "", 0, ""))
+    assert files_module._flat(files_module.AppendRecord(None, rows[:1], "", 0, ""))
+
+
+async def test_rows_of_any_text_and_their_metadata_survive_a_restart_and_a_log_rewrite(root: Path) -> None:
+    store = await opened(root)
+    sid = (await store.create_session(caller=Principal("alice"), profile_id="p")).id
+    texts = ["plain", 'line\nbreak \u2028 \x00 "quoted"', "lone \ud800 surrogate", "кириллица 漢字"]
+    sent = [user(t) for t in texts] + [dataclasses.replace(user("with metadata"), metadata={"k": [1, 2.5, "v"]})]
+    await store.append_messages(sid, sent, caller=Principal("alice"), request_id="r-\ud800")
+    await store.close()
+    for rewrite in (False, True):
+        store = await opened(root)
+        got = await store.list_messages(sid, caller=Principal("alice"), buffer=BufferKind.DISPLAY, limit=10)
+        assert [m.content for m in got] == [m.content for m in sent]
+        assert got[-1].metadata == {"k": [1, 2.5, "v"]}
+        if rewrite:
+            await store.rewrite_log(sid)
+        await store.close()
