@@ -25,7 +25,7 @@ from contextsvc.core.priors import CYRILLIC_FEATURES, LEGACY_FEATURES, N_FEATURE
 from contextsvc.core.session import Principal
 from contextsvc.errors import InvalidArgument, NotFound, SessionDamaged, Unavailable
 from contextsvc.stores._dirlock import DataDirLocked
-from contextsvc.stores._session import LOST_KEY
+from contextsvc.stores._session import LOST_KEY, AppendRecord
 from contextsvc.stores.files import FilesStore
 from tests.conformance.helpers import view
 from tests.support.stores import TickingClock
@@ -790,7 +790,7 @@ async def test_a_view_record_is_written_by_orjson_and_a_model_name_it_refuses_fa
     await store.close()
 
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)) | st.sampled_from(["\ud800", "\n", "\x00", "\u2028", '"']))
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]) | st.sampled_from(["\ud800", "\n", "\x00", "\u2028", '"']))
 
 
 @hypothesis.settings(max_examples=200, deadline=None)
@@ -806,7 +806,7 @@ def test_a_row_line_reads_back_alike_from_orjson_and_json(contents: list[str], r
     rows = tuple(
         Message(Role.USER, c, sequence_number=i + 1, token_count=3, flags=flags) for i, c in enumerate(contents)
     )
-    record = files_module.AppendRecord(None, rows, request_id, 7, "fp")
+    record = AppendRecord(None, rows, request_id, 7, "fp")
     assert files_module._flat(record)
     line = files_module._encode(record, len(rows))
     flat, standard = files_module._dumps_flat(line), files_module._dumps(line)
@@ -818,8 +818,8 @@ def test_rows_with_metadata_keep_the_standard_librarys_json() -> None:
     """A client's metadata is free-form JSON: a row carrying it is written by ``json`` (orjson
     would write a NaN as null)."""
     rows = (user("a"), dataclasses.replace(user("b"), metadata={"x": 1.5}))
-    assert not files_module._flat(files_module.AppendRecord(None, rows, "", 0, ""))
-    assert files_module._flat(files_module.AppendRecord(None, rows[:1], "", 0, ""))
+    assert not files_module._flat(AppendRecord(None, rows, "", 0, ""))
+    assert files_module._flat(AppendRecord(None, rows[:1], "", 0, ""))
 
 
 async def test_rows_of_any_text_and_their_metadata_survive_a_restart_and_a_log_rewrite(root: Path) -> None:
