@@ -64,11 +64,16 @@ def print_ab(figures: dict[str, list[float]], unit: str) -> None:
 def alternate(script: Path, other: str, rounds: int, args: list[str], unit: str) -> None:
     """An A/B run: ``script --root <checkout> *args`` for this checkout (the one holding
     ``script``) and ``other`` in turn, ``rounds`` times, each in its own process, whose output
-    starts with its figure in ``unit``; then ``print_ab``."""
+    starts with its figure in ``unit``; then ``print_ab``.
+
+    The two take turns going first (this, other; other, this; ...): a run pays for some of the
+    one before it (the files store's runs leave their data directory's deletion and writeback to
+    the next), which made whichever went first ~10 % slower on the files store (round 16)."""
     checkouts = {"this": script.resolve().parents[2], "other": Path(other).resolve()}
     figures: dict[str, list[float]] = {name: [] for name in checkouts}
     for r in range(rounds):
-        for name, root in checkouts.items():
+        order = list(checkouts.items()) if r % 2 == 0 else list(reversed(checkouts.items()))
+        for name, root in order:
             cmd = [sys.executable, str(script.resolve()), "--root", str(root), *args]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
             figures[name].append(float(out.split()[0]))
