@@ -214,18 +214,12 @@ class RowStore:
 
     async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True) -> T:
         async def locked() -> T:
-            # ``acquire``/``release`` as ``async with`` calls them, without its two coroutines
-            # (three of these a turn).
-            lock = st.lock
-            await lock.acquire()
-            try:
+            async with st.lock:
                 if st.deleted:
                     raise session_not_found(st.id)
                 if rows:
                     await self._ensure_rows(st)
                 return await work()
-            finally:
-                lock.release()
 
         return await self._shielded(locked)
 

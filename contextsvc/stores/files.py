@@ -852,12 +852,13 @@ class FilesStore(RowStore):
         only written: they reach the disk with the next fsync of the same file. ``mark``: the
         new highest sequence number, recorded in the mark file once the line is written."""
         sync = self._settings.durability is Durability.FSYNC and not soft
+        marked = (log.mark, mark) if mark is not None else None
         if sync:
-            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, mark, log.mark)
+            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, marked)
         else:
             # No fsync to wait for: a write into the page cache takes microseconds, less than the
             # hop to a worker thread and back (two wake-ups, the GIL both ways) would cost.
-            log.size = _append_at(log.path, log.size, data, sync, mark, log.mark)
+            log.size = _append_at(log.path, log.size, data, sync, marked)
         if sync:
             self.stats.log_fsyncs += 1
         elif not soft:
@@ -1607,11 +1608,16 @@ def _dumps_flat(obj: dict[str, Any]) -> bytes:
 
 
 def _flat(record: Record) -> bool:
-    """Can ``_dumps_flat`` write ``record``? A view; rows whose messages carry no metadata (the
-    only free-form JSON a message has: every other field is a string, an integer or a boolean)."""
+    """Can ``_dumps_flat`` write ``record``? A view; rows that are ``_plain``."""
     if isinstance(record, SaveViewRecord):
         return True
-    return isinstance(record, AppendRecord) and not any(m.metadata for m in record.messages)
+    return isinstance(record, AppendRecord) and _plain(record.messages)
+
+
+def _plain(rows: Sequence[Message]) -> bool:
+    """No row carries metadata: the only free-form JSON a message has (every other field is a
+    string, an integer or a boolean), so ``_dumps_flat`` may write them."""
+    return not any(m.metadata for m in rows)
 
 
 def _loads(raw: bytes) -> Any:
@@ -1771,11 +1777,9 @@ def _decode(d: dict[str, Any]) -> Record:
 # -- blocking file operations (run in a worker thread) --------------------------------------
 
 
-def _append_at(
-    path: Path, expected_size: int, data: bytes, sync: bool, mark: int | None = None, mark_file: Path | None = None
-) -> int:
-    """Write ``data`` at the log's known end and return the new size; with ``mark``, record it in
-    the log's mark file (``mark_file``, by default ``mark_path(path)``).
+def _append_at(path: Path, expected_size: int, data: bytes, sync: bool, mark: tuple[Path, int] | None = None) -> int:
+    """Write ``data`` at the log's known end and return the new size; with ``mark`` (the log's
+    mark file and the new highest sequence number), record that number in it.
 
     Writing at the known end (not O_APPEND) and cutting anything past it first means a record
     whose write failed half-way (disk full) never ends up in the middle of the log.
@@ -1797,7 +1801,7 @@ def _append_at(
         os.close(fd)
     if mark is not None:
         try:
-            write_mark_number(mark_file or mark_path(path), mark)
+            write_mark_number(*mark)
         except OSError as exc:
             # The record is in the log: the mark only guards against later damage to it.
             logger.warning("files store: cannot update the sequence mark of %s: %s", path, exc)
@@ -1838,7 +1842,7 @@ def _mark_meta(st: SessionState) -> dict[str, Any]:
 def _rewrite_log(st: SessionState, path: Path) -> int:
     parts = [_dumps(_session_line(st))]
     parts.extend(
-        (_dumps if row.metadata else _dumps_flat)(
+        (_dumps_flat if _plain((row,)) else _dumps)(
             {"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}
         )
         for row in st.rows
