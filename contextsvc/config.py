@@ -477,6 +477,13 @@ class FilesSettings(BaseModel):
     #: records than max(compact_min_records, compact_records_per_row x its rows).
     compact_min_records: int = Field(256, ge=1)
     compact_records_per_row: float = Field(2.0, ge=0)
+    #: when two or more logs wait for the disk at once (the batch flusher's pass; appends of
+    #: several sessions in fsync durability, which share passes), one ``syncfs(2)`` of the data
+    #: directory's filesystem instead of an fsync of each: one journal commit for all. Only on
+    #: Linux 5.8 or later (where syncfs reports write errors; elsewhere each file is fsynced).
+    #: It also writes back other programs' unsynced data on that filesystem: turn it off when
+    #: the data directory shares one with heavy writers.
+    sync_whole_filesystem: bool = True
 
 
 class HotPathSettings(BaseModel):

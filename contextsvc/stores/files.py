@@ -38,9 +38,13 @@ Durability (``settings.durability``):
 * ``fsync`` (the default): a mutation's record is written and fsynced before the call returns.
   An acknowledged append survives a process crash, a kernel crash and a power loss (on a disk
   that honours fsync). A crash can lose only the mutation in flight, which was never
-  acknowledged; its partial line is dropped on the next load.
+  acknowledged; its partial line is dropped on the next load. Writers waiting for the disk at
+  the same time share one sync pass (group commit, ``_disk_sync.GroupCommit``): each writes its
+  line, then returns once a pass that began after the write has made it durable; a pass of two
+  or more logs is one ``syncfs`` of the filesystem (``files.sync_whole_filesystem``).
 * ``batch``: the record is handed to the operating system before the call returns, and a
-  background task fsyncs the written logs at most ``fsync_batch_ms`` (default 50 ms) later. A
+  background task fsyncs the written logs at most ``fsync_batch_ms`` (default 50 ms) later (one
+  ``syncfs`` for them all, as above). A
   process crash (kill -9, out of memory) loses nothing that was acknowledged. A machine crash or
   power loss may lose mutations acknowledged within that last interval.
 
@@ -103,6 +107,7 @@ from contextsvc.errors import Conflict, NotFound, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, ViewRecord
 from contextsvc.stores._base import RowStore, _list_key, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
+from contextsvc.stores._disk_sync import DiskSync, GroupCommit
 from contextsvc.stores._frames import BadFrame, frame, mark_path, read_mark, unframe, write_mark, write_mark_number
 from contextsvc.stores._index import (
     INDEX_NAME,
@@ -153,7 +158,8 @@ _SESSION_BYTES = 4096
 class FilesStoreStats:
     """Counters an operator (or a test) can read to see the store's disk work."""
 
-    #: fsyncs of session logs after appends (fsync mode) or by the batch flusher.
+    #: logs made durable after appends (fsync mode) or by the batch flusher: each counts once
+    #: per pass, whether its pass fsynced it alone or synced the filesystem (``_disk_sync``).
     log_fsyncs: int = 0
     #: passes of the batch flusher that fsynced at least one log.
     batch_flushes: int = 0
@@ -257,6 +263,9 @@ class FilesStore(RowStore):
         self._calibration = _Log(self.root / _CALIBRATION, 0)
         #: files written since their last fsync (batch mode).
         self._dirty: set[Path] = set()
+        #: how written files are made durable, and the group commit of fsync mode's writers.
+        self._disk = DiskSync(self.root, whole_filesystem=self._settings.files.sync_whole_filesystem)
+        self._group = GroupCommit(self._disk.sync)
         self._dirty_event = asyncio.Event()
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._flusher: asyncio.Task[None] | None = None
@@ -316,8 +325,10 @@ class FilesStore(RowStore):
             # One writer per directory, and the lock before anything is read (see ``_dirlock``).
             await asyncio.to_thread(self._lock_dir)
             try:
+                self._disk.open()
                 loaded, observations, calibration = await asyncio.to_thread(self._load_all_unswept)
             except BaseException:
+                self._disk.close()
                 self._dir_lock.release()
                 raise
         self._observations.update(observations)
@@ -361,6 +372,7 @@ class FilesStore(RowStore):
             return
         note = b""
         try:
+            await self._group.drain()
             await self.flush()
             if self._dir_lock.held:
                 try:
@@ -369,6 +381,7 @@ class FilesStore(RowStore):
                 except OSError as exc:
                     logger.warning("files store: cannot write the start-up index: %s", exc)
         finally:
+            self._disk.close()
             self._dir_lock.release(note)
 
     def _seal(self) -> bytes:
@@ -786,7 +799,7 @@ class FilesStore(RowStore):
         self._dirty.clear()
         if not paths:
             return
-        await asyncio.to_thread(_fsync_paths, paths)
+        await asyncio.to_thread(self._disk.sync, paths)
         self.stats.log_fsyncs += len(paths)
         self.stats.batch_flushes += 1
 
@@ -852,16 +865,23 @@ class FilesStore(RowStore):
         only written: they reach the disk with the next fsync of the same file. ``mark``: the
         new highest sequence number, recorded in the mark file once the line is written."""
         sync = self._settings.durability is Durability.FSYNC and not soft
-        marked = (log.mark, mark) if mark is not None else None
         if sync:
-            log.size = await asyncio.to_thread(_append_at, log.path, log.size, data, sync, marked)
-        else:
-            # No fsync to wait for: a write into the page cache takes microseconds, less than the
-            # hop to a worker thread and back (two wake-ups, the GIL both ways) would cost.
-            log.size = _append_at(log.path, log.size, data, sync, marked)
-        if sync:
+            # Written here (a write into the page cache takes microseconds, less than a hop to a
+            # worker thread and back), then made durable by a pass shared with every writer
+            # waiting meanwhile (group commit). The new size and the mark only once it is on
+            # disk: if the sync fails, the next write cuts the line off, as if never written.
+            size = _append_at(log.path, log.size, data)
+            await self._group.durable(log.path)
+            log.size = size
+            if mark is not None:
+                _write_mark(log, mark)
             self.stats.log_fsyncs += 1
-        elif not soft:
+            return
+        # No fsync to wait for: the line goes to the page cache; the flusher syncs it (batch mode).
+        log.size = _append_at(log.path, log.size, data)
+        if mark is not None:
+            _write_mark(log, mark)
+        if not soft:
             self._dirty.add(log.path)
             self._dirty_event.set()
 
@@ -1777,12 +1797,13 @@ def _decode(d: dict[str, Any]) -> Record:
 # -- blocking file operations (run in a worker thread) --------------------------------------
 
 
-def _append_at(path: Path, expected_size: int, data: bytes, sync: bool, mark: tuple[Path, int] | None = None) -> int:
-    """Write ``data`` at the log's known end and return the new size; with ``mark`` (the log's
-    mark file and the new highest sequence number), record that number in it.
+def _append_at(path: Path, expected_size: int, data: bytes) -> int:
+    """Write ``data`` at the log's known end and return the new size (not synced: the caller
+    syncs, ``_disk_sync``).
 
     Writing at the known end (not O_APPEND) and cutting anything past it first means a record
-    whose write failed half-way (disk full) never ends up in the middle of the log.
+    whose write failed half-way (disk full), or whose sync failed, never ends up in the middle of
+    the log.
     """
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -1795,17 +1816,19 @@ def _append_at(path: Path, expected_size: int, data: bytes, sync: bool, mark: tu
         done = 0
         while done < len(view):
             done += os.pwrite(fd, view[done:], expected_size + done)
-        if sync:
-            os.fsync(fd)
     finally:
         os.close(fd)
-    if mark is not None:
-        try:
-            write_mark_number(*mark)
-        except OSError as exc:
-            # The record is in the log: the mark only guards against later damage to it.
-            logger.warning("files store: cannot update the sequence mark of %s: %s", path, exc)
     return expected_size + len(data)
+
+
+def _write_mark(log: _Log, n: int) -> None:
+    """Record ``n``, the log's new highest sequence number, in its mark file (once the record
+    holding it is written and, in fsync mode, durable: the mark claims it was acknowledged)."""
+    try:
+        write_mark_number(log.mark, n)
+    except OSError as exc:
+        # The record is in the log: the mark only guards against later damage to it.
+        logger.warning("files store: cannot update the sequence mark of %s: %s", log.path, exc)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -1899,19 +1922,6 @@ def _remove_temp_files(folder: Path) -> None:
     for path in folder.glob(f".*{_TMP_SUFFIX}"):
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
-
-
-def _fsync_paths(paths: list[Path]) -> None:
-    # fsync through a fresh descriptor flushes the file's dirty pages whichever descriptor wrote them.
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue  # deleted since it was written
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _fsync_dir(folder: Path) -> None:

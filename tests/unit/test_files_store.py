@@ -642,20 +642,20 @@ async def test_a_cancelled_caller_does_not_split_disk_and_memory(root: Path, mon
     store = await opened(root)
     sid = await session_with(store, 1)
     entered, release = threading.Event(), threading.Event()
-    real = files_module._append_at
+    real = store._group._sync
 
-    def slow(*args: Any) -> int:
+    def slow(paths: Any) -> None:  # the append's line is written; its sync pass is under way
         entered.set()
         release.wait(10)
-        return real(*args)
+        real(paths)
 
-    monkeypatch.setattr(files_module, "_append_at", slow)
+    monkeypatch.setattr(store._group, "_sync", slow)
     task = asyncio.ensure_future(store.append_messages(sid, [user("m2")], caller=ALICE))
     await asyncio.to_thread(entered.wait, 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    monkeypatch.setattr(files_module, "_append_at", real)
+    monkeypatch.setattr(store._group, "_sync", real)
     release.set()
     # The write was under way: it completes, in memory and on disk, before anything else runs.
     assert (await store.append_messages(sid, [user("m3")], caller=ALICE)).sequence_numbers == [3]
