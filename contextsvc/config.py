@@ -461,10 +461,13 @@ class FilesSettings(BaseModel):
     #: (``hot_path.wire_cache_mb`` bounds those on its own too). Past it the least recently used
     #: session is dropped from all of them (its summary stays) and read from its log again when
     #: next used; the most recently used session stays even when it alone is larger (a long
-    #: session is not read again at every call). 0 keeps only the sessions in use. 40 MB holds
-    #: ~160 sessions of 100 chat rows (bench/store/memory.py); the sessions' summaries are held
-    #: beside it, whatever it is.
-    cache_mb: float = Field(40.0, ge=0)
+    #: session is not read again at every call). 0 keeps only the sessions in use. 256 MB holds
+    #: ~1,000 sessions of 100 chat rows (40 MB held ~160: bench/store/memory.py); the sessions'
+    #: summaries are held beside it, whatever it is. Agents take their turns in a cycle, so once
+    #: their sessions outgrow the budget the least recently used one is the next one needed and
+    #: every turn reads a log again: 100 agents of ~220 rows (~48 MB) made each turn cost 4x on
+    #: the old default of 40 (bench/RESULTS.md, round 17).
+    cache_mb: float = Field(256.0, ge=0)
     #: how often (seconds) a changed start-up index (``index.jsonl``) is written while serving;
     #: it is also written at a clean stop. A log written after it is read again at the next start.
     index_interval_seconds: float = Field(30.0, gt=0)

@@ -94,10 +94,10 @@ GROWTH_FLAT = 0.20  # DESIGN §7: within 20%
 
 
 DEFAULT_RESERVE = ProfileConfig.model_fields["output_reserve_tokens"].default
-#: the files store's memory budget (``files.cache_mb``, default 40): above the one session's size.
-#: Past ~300 turns this session (20-200 KB tool outputs, screenshots) holds more than the default
-#: 40 MB, and the store then lets it go after every call (it is the least recently used one once
-#: unlocked) and reads its rows and re-indexes its whole history on the next: O(history) per call,
+#: the files store's memory budget (``files.cache_mb``): above the one session's size. Past ~300
+#: turns this session (20-200 KB tool outputs, screenshots) held more than the old default of
+#: 40 MB, and the store then let it go after every call (it is the least recently used one once
+#: unlocked) and read its rows and re-indexed its whole history on the next: O(history) per call,
 #: so the 1,000-turn run took hours. That is the store's memory bound at work, not compression.
 CACHE_MB = 1024.0
 
