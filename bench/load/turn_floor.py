@@ -2,6 +2,7 @@
 
     python bench/load/turn_floor.py                    # 3 interleaved rounds, every variant
     python bench/load/turn_floor.py --rounds 1 --variants stub,real
+    python bench/load/turn_floor.py --rounds 1 --variants real --store files --durability fsync --threads
 
 One ``contextsvc serve`` process per variant (memory store, the same settings, interceptors and
 start-up as ``run.py``'s), the same 50 seeded sessions, Health/Check with ghz then the turn loop
@@ -339,8 +340,45 @@ class Server:
                 self.proc.wait(10)
 
 
+def _thread_times(pid: int) -> dict[tuple[str, str], tuple[int, int]]:
+    """(thread id, name) -> (user, system) clock ticks of every thread of process ``pid``."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[(tid, name)] = (int(fields[11]), int(fields[12]))
+    return out
+
+
+def _per_thread(pid: int, before: dict[tuple[str, str], tuple[int, int]], turns: int) -> str:
+    """Each kind of thread's CPU a turn since ``before``, user + system µs (the event loop's
+    thread is the process's main thread)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kinds: dict[str, list[int]] = {}
+    for (tid, name), (user, system) in _thread_times(pid).items():
+        was = before.get((tid, name), (0, 0))
+        kind = "event loop" if tid == str(pid) else name
+        totals = kinds.setdefault(kind, [0, 0, 0])
+        totals[0] += user - was[0]
+        totals[1] += system - was[1]
+        totals[2] += 1
+    scale = 1e6 / tick / max(1, turns)
+    rows = sorted(kinds.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
+    return ", ".join(f"{k} x{n} {u * scale:.0f}+{s * scale:.0f}" for k, (u, s, n) in rows if u + s)
+
+
 def measure(
-    variant: str, loader: Any, run: Any, config: str, base: Path | None, store: str, durability: str = "batch"
+    variant: str,
+    loader: Any,
+    run: Any,
+    config: str,
+    base: Path | None,
+    store: str,
+    durability: str = "batch",
+    threads: bool = False,
 ) -> dict[str, Any]:
     from workload import Seeder
 
@@ -356,7 +394,10 @@ def measure(
         if variant.endswith("-count"):
             server.proc.send_signal(signal.SIGUSR1)
             time.sleep(0.2)
+        before = _thread_times(server.pid) if threads else {}
         m = loader.driver(server, "turns", sessions, run)
+        if threads:
+            print(f"{variant} threads, µs a turn (user+system): {_per_thread(server.pid, before, m['count'])}")
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -396,6 +437,9 @@ def main() -> None:
     parser.add_argument(
         "--durability", default="batch", choices=("batch", "fsync"), help="the files store's (serve's default: fsync)"
     )
+    parser.add_argument(
+        "--threads", action="store_true", help="print each kind of server thread's CPU a turn (Linux /proc)"
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS) - set(EXPERIMENTS)
@@ -422,7 +466,7 @@ def main() -> None:
     for i in range(args.rounds):
         for v in variants:
             base = args.base.resolve() if args.base else None
-            res = measure(v, loader, run, suite.SERVER_CONFIG, base, args.store, args.durability)
+            res = measure(v, loader, run, suite.SERVER_CONFIG, base, args.store, args.durability, args.threads)
             rows.append(res)
             print(
                 f"| {i + 1} | {v} | {res['turns_s']:.0f} | {res['health']:.0f} | {res['ratio']:.3f} "

@@ -133,6 +133,9 @@ async def _loop(
     if prof:
         prof.disable()
     spent = (time.process_time() - start - client) / turns * 1e3
+    stats: Any = getattr(store, "stats", None)
+    if hasattr(stats, "evictions"):  # the files store: sessions read from their log again past files.cache_mb
+        print(f"files store: {stats.loads} sessions loaded, {stats.evictions} evicted", file=sys.stderr)
     await engine.close()
     if data_dir is not None:
         shutil.rmtree(data_dir, ignore_errors=True)
