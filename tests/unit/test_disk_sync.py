@@ -51,20 +51,6 @@ def test_kernel_release_parsing(release: str, expected: bool) -> None:
     assert kernel_release_at_least(release, (5, 8)) is expected
 
 
-@pytest.fixture
-def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files os.fsync was called on (by path), in order."""
-    calls: list[str] = []
-    real = os.fsync
-
-    def recording(fd: int) -> None:
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
-    return calls
-
-
 def _written(folder: Path, n: int) -> list[Path]:
     paths = []
     for i in range(n):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -149,20 +148,6 @@ async def test_io_errors_are_unavailable_and_leave_the_session_alone(
     monkeypatch.undo()
     assert len(await found(store, sid, "alpha")) == 2
     await store.close()
-
-
-@pytest.fixture
-def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Paths of every file fsynced, in order."""
-    calls: list[str] = []
-    real = os.fsync
-
-    def recording(fd: int) -> None:
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
-    return calls
 
 
 async def test_fsync_mode_fsyncs_every_append(root: Path, fsynced: list[str]) -> None:

@@ -515,20 +515,6 @@ async def test_the_log_is_rewritten_when_overhead_records_pile_up(root: Path) ->
 # -- durability ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Paths of every file fsynced (through any descriptor), in order."""
-    calls: list[str] = []
-    real = os.fsync
-
-    def recording(fd: int) -> None:
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
-    return calls
-
-
 async def test_fsync_mode_fsyncs_the_log_before_an_append_returns(root: Path, fsynced: list[str]) -> None:
     store = await opened(root)
     sid = (await store.create_session(caller=ALICE, profile_id="p")).id
