@@ -21,11 +21,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-from contextsvc.stores._base import _settle
 
 #: the first Linux release whose ``syncfs`` reports write-back errors (per-filesystem errseq).
 SYNCFS_ERRORS_SINCE = (5, 8)
@@ -35,17 +34,8 @@ SYNCFS_MIN_FILES = 2
 
 def kernel_release_at_least(release: str, wanted: tuple[int, int]) -> bool:
     """Whether a ``uname -r`` string (``6.1.0-18-amd64``) is ``wanted`` (major, minor) or later."""
-    parts = []
-    for piece in release.split(".")[:2]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            return False
-        parts.append(int(digits))
-    return len(parts) == 2 and (parts[0], parts[1]) >= wanted
+    found = re.match(r"(\d+)\.(\d+)", release)
+    return found is not None and (int(found[1]), int(found[2])) >= wanted
 
 
 def _load_syncfs() -> Callable[[int], int] | None:
@@ -139,8 +129,8 @@ class GroupCommit:
         self._waiting.append((path, done))
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run(), name="contextsvc-files-group-commit")
-        # A caller that goes away does not take the pass with it (others wait on it too).
-        await asyncio.shield(done)
+        # A writer that goes away cancels only its own future: the pass goes on for the others.
+        await done
 
     async def _run(self) -> None:
         while self._waiting:
@@ -148,28 +138,30 @@ class GroupCommit:
             paths = list(dict.fromkeys(path for path, _ in batch))
             try:
                 await asyncio.to_thread(self._sync, paths)
-            except BaseException as exc:
-                # Every writer of the pass hears of it, whatever it was: none may wait forever.
-                failure = exc if isinstance(exc, Exception) else OSError("the sync pass was stopped")
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(failure)
-                        done.add_done_callback(_settle)  # a writer that went away never reads it
-                if not isinstance(exc, Exception):
-                    for _, done in self._waiting:
-                        if not done.done():
-                            done.set_exception(failure)
-                            done.add_done_callback(_settle)
-                    self._waiting = []
-                    raise
+            except Exception as exc:
+                _settle_all(batch, exc)  # every writer of the pass hears of it: none waits forever
                 continue
+            except BaseException:  # the runner itself is stopped: so is every pass still to come
+                batch += self._waiting
+                self._waiting = []
+                _settle_all(batch, OSError("the sync pass was stopped"))
+                raise
             self.passes += 1
             self.writers += len(batch)
-            for _, done in batch:
-                if not done.done():
-                    done.set_result(None)
+            _settle_all(batch, None)
 
     async def drain(self) -> None:
         """Wait for the passes under way and those already asked for."""
         while self._runner is not None and not self._runner.done():
             await asyncio.shield(self._runner)
+
+
+def _settle_all(batch: list[tuple[Path, asyncio.Future[None]]], failure: Exception | None) -> None:
+    """Tell each writer still waiting (a writer that went away cancelled its own future)."""
+    for _, done in batch:
+        if done.done():
+            continue
+        if failure is None:
+            done.set_result(None)
+        else:
+            done.set_exception(failure)

@@ -865,25 +865,21 @@ class FilesStore(RowStore):
         only written: they reach the disk with the next fsync of the same file. ``mark``: the
         new highest sequence number, recorded in the mark file once the line is written."""
         sync = self._settings.durability is Durability.FSYNC and not soft
+        # Written here: a write into the page cache takes microseconds, less than a hop to a
+        # worker thread and back.
+        size = _append_at(log.path, log.size, data)
         if sync:
-            # Written here (a write into the page cache takes microseconds, less than a hop to a
-            # worker thread and back), then made durable by a pass shared with every writer
-            # waiting meanwhile (group commit). The new size and the mark only once it is on
-            # disk: if the sync fails, the next write cuts the line off, as if never written.
-            size = _append_at(log.path, log.size, data)
+            # Durable by a pass shared with every writer waiting meanwhile (group commit). The
+            # new size and the mark only once it is on disk: if the sync fails, the next write
+            # cuts the line off, as if never written.
             await self._group.durable(log.path)
-            log.size = size
-            if mark is not None:
-                _write_mark(log, mark)
             self.stats.log_fsyncs += 1
-            return
-        # No fsync to wait for: the line goes to the page cache; the flusher syncs it (batch mode).
-        log.size = _append_at(log.path, log.size, data)
-        if mark is not None:
-            _write_mark(log, mark)
-        if not soft:
+        elif not soft:  # batch mode: the flusher syncs it
             self._dirty.add(log.path)
             self._dirty_event.set()
+        log.size = size
+        if mark is not None:
+            _write_mark(log, mark)
 
     def _observations_wait_for_disk(self) -> bool:
         return self._settings.durability is Durability.FSYNC
