@@ -71,6 +71,22 @@ def batches(items: list[r.Message], size: int = SEED_BATCH) -> Iterator[list[r.M
         yield items[i : i + size]
 
 
+def fresh_copy(rows: list[r.Message]) -> list[r.Message]:
+    """Context rows as plain messages to append to a new session: what the service assigned
+    (numbers, times, flags, counts, what a summary replaced) cleared, a stored record made a
+    user message."""
+    fresh = []
+    for m in rows:
+        c = r.Message()
+        c.CopyFrom(m)
+        for field in ("sequence_number", "create_time", "flags", "token_count", "replaces"):
+            c.ClearField(field)
+        if c.role == r.ROLE_SYSTEM:
+            c.role = r.ROLE_USER
+        fresh.append(c)
+    return fresh
+
+
 class Seeder:
     """Creates and fills sessions on a running server (blocking stubs; seeding is not measured)."""
 
@@ -112,19 +128,7 @@ class Seeder:
                 break
             token = page.next_page_token
         sid = self.stub.CreateSession(pb.CreateSessionRequest(profile_id=profile or self.profile, name="copy")).id
-        fresh = []
-        for m in rows:
-            c = r.Message()
-            c.CopyFrom(m)
-            c.ClearField("sequence_number")
-            c.ClearField("create_time")
-            c.ClearField("flags")
-            c.ClearField("token_count")
-            c.ClearField("replaces")
-            if c.role == r.ROLE_SYSTEM:
-                c.role = r.ROLE_USER
-            fresh.append(c)
-        for batch in batches(fresh):
+        for batch in batches(fresh_copy(rows)):
             self.stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
         return sid
 
