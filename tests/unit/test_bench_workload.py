@@ -1,0 +1,41 @@
+"""The load suite's fresh copy of a context (bench/load/workload.fresh_copy): what the service
+assigned is cleared and a stored record becomes a user message, so the copy can be appended to a
+new session as the same conversation."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from contextsvc._gen.v1 import resources_pb2 as r
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "load"))
+from workload import fresh_copy  # (bench/load is not a package)
+
+
+def test_a_fresh_copy_keeps_the_conversation_and_drops_what_the_service_assigned() -> None:
+    summary = r.Message(
+        role=r.ROLE_SYSTEM,
+        content="[summary of #1-#40]",
+        sequence_number=41,
+        token_count=120,
+        flags=r.MessageFlags(is_summary=True),
+        replaces=r.SequenceRange(first=1, last=40),
+    )
+    summary.create_time.FromSeconds(1_700_000_000)
+    call = r.Message(
+        role=r.ROLE_ASSISTANT,
+        content="",
+        sequence_number=42,
+        tool_calls=[r.ToolCall(id="c1", name="grep", arguments_json='{"q": "x"}')],
+    )
+    copied = fresh_copy([summary, call])
+
+    assert [m.role for m in copied] == [r.ROLE_USER, r.ROLE_ASSISTANT]
+    assert copied[0].content == "[summary of #1-#40]"
+    for m in copied:
+        assert m.sequence_number == 0 and m.token_count == 0
+        assert not m.HasField("create_time") and not m.HasField("flags") and not m.HasField("replaces")
+    assert list(copied[1].tool_calls) == list(call.tool_calls)
+    # The rows given are left as they were (the source session's listing).
+    assert summary.role == r.ROLE_SYSTEM and summary.sequence_number == 41 and summary.HasField("replaces")
