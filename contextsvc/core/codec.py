@@ -7,7 +7,7 @@ import functools
 from datetime import datetime
 from typing import Any
 
-from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall, make_message
 from contextsvc.core.session import SessionInfo
 
 _FLAG_NAMES = tuple(Flags.__dataclass_fields__)
@@ -86,20 +86,31 @@ def _changed_flags(flags: Flags) -> tuple[tuple[str, bool], ...]:
     return tuple((n, getattr(flags, n)) for n in _FLAG_NAMES if getattr(flags, n) != getattr(_DEFAULT_FLAGS, n))
 
 
+_ROLES = {role.value: role for role in Role}
+
+
 def message_from_dict(d: dict[str, Any]) -> Message:
+    """The message ``message_to_dict`` wrote (a log's row: once per row read, so each field is
+    made straight, ``make_message``; rows without flags share the one default ``Flags``, which is
+    frozen)."""
+    role = d["role"]
+    images = d.get("images")
+    calls = d.get("tool_calls")
+    flags = d.get("flags")
     replaces = d.get("replaces")
-    return Message(
-        role=Role(d["role"]),
+    time = d.get("time")
+    return make_message(
+        role=_ROLES.get(role) or Role(role),  # (an unknown role raises ValueError, as Role() does)
         content=d.get("content", ""),
-        images=tuple(ImageRef(**i) for i in d.get("images", ())),
-        tool_calls=tuple(ToolCall(**c) for c in d.get("tool_calls", ())),
+        images=tuple(ImageRef(**i) for i in images) if images else (),
+        tool_calls=tuple(ToolCall(**c) for c in calls) if calls else (),
         tool_call_id=d.get("tool_call_id", ""),
         name=d.get("name", ""),
         thinking=d.get("thinking", ""),
-        flags=Flags(**d.get("flags", {})),
+        flags=Flags(**flags) if flags else _DEFAULT_FLAGS,
         metadata=d.get("metadata", {}),
         sequence_number=int(d.get("seq", 0)),
-        create_time=parse_time(d.get("time")),
+        create_time=datetime.fromisoformat(time) if isinstance(time, str) else None,
         token_count=int(d.get("tokens", 0)),
         replaces=(int(replaces[0]), int(replaces[1])) if replaces else None,
         context_anchor=int(d.get("anchor", 0)),

@@ -1,4 +1,5 @@
-"""``Message.copy_with``: what ``dataclasses.replace`` gives, for the rows an append copies."""
+"""``Message.copy_with``: what ``dataclasses.replace`` gives, for the rows an append copies; and
+``make_message``: what the constructor gives, for the rows a store reads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
+from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall, make_message
 
 
 def _row() -> Message:
@@ -44,3 +45,22 @@ def test_a_copy_equals_what_dataclasses_replace_makes_and_shares_the_unchanged_f
 def test_an_unknown_field_is_refused() -> None:
     with pytest.raises(TypeError, match="no field colour"):
         _row().copy_with(colour="red")
+
+
+def test_make_message_equals_the_constructor_given_every_field() -> None:
+    row = _row()
+    fields = {f.name: getattr(row, f.name) for f in dataclasses.fields(Message)}
+    made = make_message(**fields)
+    assert made == row and hash(made.flags) == hash(row.flags) and type(made) is Message
+    weakref.ref(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.content = "x"  # type: ignore[misc]
+
+
+def test_make_message_wants_every_field_and_no_other() -> None:
+    fields = {f.name: getattr(_row(), f.name) for f in dataclasses.fields(Message)}
+    del fields["thinking"]
+    with pytest.raises(TypeError, match="thinking"):
+        make_message(**fields)
+    with pytest.raises(TypeError, match="colour"):
+        make_message(**fields, thinking="", colour="red")
