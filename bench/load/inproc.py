@@ -37,6 +37,26 @@ def bench_settings() -> Any:
         os.unlink(fh.name)
 
 
+async def serve_in_process(store: Any, settings: Any) -> tuple[Any, Any]:
+    """``(engine, servicer)`` on ``store`` (opened here) as ``serve`` wires them: the memory event
+    bus, the system clock, the configured summarizers. The caller closes the engine."""
+    from contextsvc.api.servicer import ContextServicer
+    from contextsvc.clock import SystemClock
+    from contextsvc.engine.engine import Engine
+    from contextsvc.events.memory_bus import MemoryEventBus
+    from contextsvc.summarizers.registry import build_summarizers
+
+    await store.open()
+    engine = Engine(
+        store=store,
+        bus=MemoryEventBus(retention=1000),
+        settings=settings,
+        clock=SystemClock(),
+        summarizers=build_summarizers(settings),
+    )
+    return engine, ContextServicer(engine)
+
+
 async def seed_sessions(servicer: Any, ctx: Any, sessions: int, messages: int) -> list[str]:
     """``sessions`` sessions of the ``bench`` profile, ``messages`` messages each; their ids."""
     from workload import messages as seed_messages

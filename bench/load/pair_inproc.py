@@ -32,30 +32,16 @@ sys.path.insert(1, str(HERE))
 
 
 async def _pair(messages: int, calls: int, rounds: int) -> dict[str, list[float]]:
-    from inproc import CallContext, bench_settings
+    from inproc import CallContext, bench_settings, serve_in_process
     from workload import batches, fresh_copy
     from workload import messages as seed_messages
 
     from contextsvc._gen.v1 import context_service_pb2 as pb
-    from contextsvc.api.servicer import ContextServicer
     from contextsvc.api.wire import serialize
-    from contextsvc.clock import SystemClock
-    from contextsvc.engine.engine import Engine
-    from contextsvc.events.memory_bus import MemoryEventBus
     from contextsvc.stores.memory import MemoryStore
-    from contextsvc.summarizers.registry import build_summarizers
 
     settings = bench_settings()
-    store = MemoryStore(settings)
-    await store.open()
-    engine = Engine(
-        store=store,
-        bus=MemoryEventBus(retention=1000),
-        settings=settings,
-        clock=SystemClock(),
-        summarizers=build_summarizers(settings),
-    )
-    servicer = ContextServicer(engine)
+    engine, servicer = await serve_in_process(MemoryStore(settings), settings)
     ctx: Any = CallContext()
     try:
         long = (await servicer.CreateSession(pb.CreateSessionRequest(profile_id="small", name="long"), ctx)).id

@@ -39,16 +39,12 @@ def _import_checkout(root: Path) -> None:
 async def _loop(
     sessions: int, messages: int, turns: int, profile: int, concurrent: bool = False, store_kind: str = "memory"
 ) -> float:
-    from inproc import CallContext, bench_settings, seed_sessions
+    from inproc import CallContext, bench_settings, seed_sessions, serve_in_process
     from workload import turn_messages
 
     from contextsvc._gen.v1 import context_service_pb2 as pb
-    from contextsvc.api.servicer import ContextServicer
     from contextsvc.api.wire import serialize
-    from contextsvc.engine.engine import Engine
-    from contextsvc.events.memory_bus import MemoryEventBus
     from contextsvc.stores.memory import MemoryStore
-    from contextsvc.summarizers.registry import build_summarizers
 
     settings = bench_settings()
     from contextsvc import server
@@ -68,17 +64,7 @@ async def _loop(
         settings = settings.model_copy(update={"durability": durability})
         data_dir = tempfile.mkdtemp(prefix="ctxturns-")
         store = FilesStore(data_dir, settings)
-    await store.open()
-    from contextsvc.clock import SystemClock
-
-    engine = Engine(
-        store=store,
-        bus=MemoryEventBus(retention=1000),
-        settings=settings,
-        clock=SystemClock(),
-        summarizers=build_summarizers(settings),
-    )
-    servicer = ContextServicer(engine)
+    engine, servicer = await serve_in_process(store, settings)
     ctx: Any = CallContext()
     prof = cProfile.Profile() if profile else None
 
