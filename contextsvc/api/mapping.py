@@ -10,7 +10,7 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from contextsvc._gen.v1 import events_pb2, resources_pb2
-from contextsvc.core.messages import BufferKind, Flags, Message, Role, ToolCall
+from contextsvc.core.messages import DEFAULT_FLAGS, BufferKind, Flags, Message, Role, ToolCall
 from contextsvc.core.profile import NO_OVERRIDES, CompressionOverrides, ProfileOverrides, RecallOverrides
 from contextsvc.core.session import SessionInfo
 from contextsvc.engine.validation import IncomingImage, IncomingMessage
@@ -82,7 +82,7 @@ def incoming_from_pb(pb: resources_pb2.Message, path: str) -> IncomingMessage:
             is_pinned=f.is_pinned,
         )
     else:  # no flags sent (most appends): the defaults, one shared immutable object
-        flags = _DEFAULT_FLAGS
+        flags = DEFAULT_FLAGS
     message = Message(
         role=role,
         content=pb.content,
@@ -99,10 +99,6 @@ def incoming_from_pb(pb: resources_pb2.Message, path: str) -> IncomingMessage:
         return IncomingMessage(message=message)
     images = tuple(IncomingImage(data=i.data, blob_id=i.blob_id) for i in pb.images)
     return IncomingMessage(message=message, images=images)
-
-
-#: ``Flags`` of a message sent without any (frozen, so one object serves every message).
-_DEFAULT_FLAGS = Flags()
 
 
 def profile_from_pb(pb: resources_pb2.Profile | None) -> ProfileOverrides:

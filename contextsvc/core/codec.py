@@ -7,7 +7,7 @@ import functools
 from datetime import datetime
 from typing import Any
 
-from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall, make_message
+from contextsvc.core.messages import DEFAULT_FLAGS, Flags, ImageRef, Message, Role, ToolCall, make_message
 from contextsvc.core.session import SessionInfo
 
 _FLAG_NAMES = tuple(Flags.__dataclass_fields__)
@@ -76,29 +76,24 @@ def message_to_dict(m: Message) -> dict[str, Any]:
     return d
 
 
-_DEFAULT_FLAGS = Flags()
-
-
 @functools.lru_cache(maxsize=256)
 def _changed_flags(flags: Flags) -> tuple[tuple[str, bool], ...]:
     """The flags that differ from the defaults, by name: worked out once per combination (a
     handful occur), as every row written is encoded."""
-    return tuple((n, getattr(flags, n)) for n in _FLAG_NAMES if getattr(flags, n) != getattr(_DEFAULT_FLAGS, n))
+    return tuple((n, getattr(flags, n)) for n in _FLAG_NAMES if getattr(flags, n) != getattr(DEFAULT_FLAGS, n))
 
 
 _ROLES = {role.value: role for role in Role}
 
 
 def message_from_dict(d: dict[str, Any]) -> Message:
-    """The message ``message_to_dict`` wrote (a log's row: once per row read, so each field is
-    made straight, ``make_message``; rows without flags share the one default ``Flags``, which is
-    frozen)."""
+    """The message ``message_to_dict`` wrote (a log's row: made once per row read, so each field
+    is set straight, ``make_message``; rows without flags share ``DEFAULT_FLAGS``)."""
     role = d["role"]
     images = d.get("images")
     calls = d.get("tool_calls")
     flags = d.get("flags")
     replaces = d.get("replaces")
-    time = d.get("time")
     return make_message(
         role=_ROLES.get(role) or Role(role),  # (an unknown role raises ValueError, as Role() does)
         content=d.get("content", ""),
@@ -107,10 +102,10 @@ def message_from_dict(d: dict[str, Any]) -> Message:
         tool_call_id=d.get("tool_call_id", ""),
         name=d.get("name", ""),
         thinking=d.get("thinking", ""),
-        flags=Flags(**flags) if flags else _DEFAULT_FLAGS,
+        flags=Flags(**flags) if flags else DEFAULT_FLAGS,
         metadata=d.get("metadata", {}),
         sequence_number=int(d.get("seq", 0)),
-        create_time=datetime.fromisoformat(time) if isinstance(time, str) else None,
+        create_time=parse_time(d.get("time")),
         token_count=int(d.get("tokens", 0)),
         replaces=(int(replaces[0]), int(replaces[1])) if replaces else None,
         context_anchor=int(d.get("anchor", 0)),

@@ -53,6 +53,10 @@ class Flags:
     is_pinned: bool = False
 
 
+#: The flags of a message given none: frozen, so every such message shares this one object.
+DEFAULT_FLAGS = Flags()
+
+
 @dataclass(slots=True, frozen=True, weakref_slot=True)
 class Message:
     """One stored row. ``sequence_number`` is 0 until the store assigns it.
@@ -71,7 +75,7 @@ class Message:
     tool_call_id: str = ""
     name: str = ""
     thinking: str = ""
-    flags: Flags = field(default_factory=Flags)
+    flags: Flags = DEFAULT_FLAGS
     metadata: dict[str, Any] = field(default_factory=dict)
     sequence_number: int = 0
     create_time: datetime | None = None
