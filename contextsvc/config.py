@@ -468,6 +468,12 @@ class FilesSettings(BaseModel):
     #: every turn reads a log again: 100 agents of ~220 rows (~48 MB) made each turn cost 4x on
     #: the old default of 40 (bench/RESULTS.md, round 17).
     cache_mb: float = Field(256.0, ge=0)
+    #: past ``cache_mb``, before whole sessions go, the rows outside a session's context are let
+    #: go, all but its newest this many (a display page of the latest messages stays in memory):
+    #: a turn reads only the context and appends, so long compressed sessions keep serving turns
+    #: from memory. A read of a row let go (older display pages, a search, a fork, a flag change)
+    #: reads the session's log whole again, as for a session dropped.
+    resident_tail_rows: int = Field(128, ge=0)
     #: how often (seconds) a changed start-up index (``index.jsonl``) is written while serving;
     #: it is also written at a clean stop. A log written after it is read again at the next start.
     index_interval_seconds: float = Field(30.0, gt=0)

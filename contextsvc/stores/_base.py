@@ -36,6 +36,7 @@ from contextsvc.stores._session import (
     FlagsRecord,
     HeaderRecord,
     Record,
+    RowsShed,
     SaveViewRecord,
     SessionState,
     StateRecord,
@@ -169,9 +170,10 @@ class RowStore:
     async def _persist_history(self, st: SessionState, chunks: Sequence[HistoryChunk]) -> None:
         """Make new history chunks durable before they are indexed in memory."""
 
-    async def _ensure_rows(self, st: SessionState) -> None:
+    async def _ensure_rows(self, st: SessionState, *, whole: bool = True) -> None:
         """Make ``st`` hold its rows (under the session lock). The memory store always does; the
-        files store loads a session known by its summary only (``SessionState.resident``)."""
+        files store loads a session known by its summary only (``SessionState.resident``), and,
+        with ``whole``, one that let rows outside its context go (``SessionState.shed_rows``)."""
 
     def _touch(self, st: SessionState) -> None:
         """A resident session was used (the files store keeps its least recently used order)."""
@@ -212,13 +214,18 @@ class RowStore:
         task.add_done_callback(self._inflight.discard)
         return await asyncio.shield(task)
 
-    async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True) -> T:
+    async def _serialized(
+        self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True, whole: bool = True
+    ) -> T:
+        """``work()`` under the session lock, with its rows held (``rows``); ``whole`` False when
+        ``work`` reads no row outside the context (a turn's calls: appends, state, views)."""
+
         async def locked() -> T:
             async with st.lock:
                 if st.deleted:
                     raise session_not_found(st.id)
                 if rows:
-                    await self._ensure_rows(st)
+                    await self._ensure_rows(st, whole=whole)
                 return await work()
 
         return await self._shielded(locked)
@@ -233,10 +240,14 @@ class RowStore:
 
     async def _read(self, st: SessionState, read: Callable[[SessionState], T]) -> T:
         """``read(st)`` over the session's rows: at once when they are in memory, else under the
-        session lock once ``_ensure_rows`` loaded them (so they cannot be evicted meanwhile)."""
+        session lock once ``_ensure_rows`` loaded them whole (so they cannot be evicted meanwhile).
+        A read that reaches a row let go (``RowsShed``) is also made again that way."""
         if st.resident:
             self._touch(st)
-            return read(st)
+            try:
+                return read(st)
+            except RowsShed:
+                pass
 
         async def work() -> T:
             return read(st)
@@ -331,7 +342,7 @@ class RowStore:
             await self._commit(st, HeaderRecord(self._now(), name=name, pinned=pinned, metadata=meta))
             return self._info(st)
 
-        return await self._serialized(st, work)
+        return await self._serialized(st, work, whole=False)
 
     async def delete_session(self, session_id: str, *, caller: Principal) -> None:
         st = self._owned(session_id, caller)
@@ -394,7 +405,7 @@ class RowStore:
             await self._commit(st, record)
             return AppendResult([m.sequence_number for m in record.messages], self._info(st))
 
-        return await self._serialized(st, work)
+        return await self._serialized(st, work, whole=False)
 
     async def list_messages(
         self,
@@ -454,7 +465,7 @@ class RowStore:
             await self._commit(st, record)
             return self._info(st)
 
-        return await self._serialized(st, work)
+        return await self._serialized(st, work, whole=False)
 
     async def commit_compaction(
         self,
@@ -478,7 +489,7 @@ class RowStore:
             await self._commit(st, record)
             return [m.sequence_number for m in record.messages]
 
-        return await self._serialized(st, work)
+        return await self._serialized(st, work, whole=False)
 
     # -- calibration and views (TokenStore) --------------------------------------------------
 
@@ -553,7 +564,7 @@ class RowStore:
         async def work() -> None:
             await self._commit(st, SaveViewRecord(view, keep))
 
-        await self._serialized(st, work)
+        await self._serialized(st, work, whole=False)
 
     async def get_view(self, session_id: str, view_id: str) -> ViewRecord | None:
         st = self._sessions.get(session_id) if isinstance(session_id, str) else None

@@ -96,6 +96,16 @@ class RecordError(ValueError):
     """A record does not fit the session it is applied to (a corrupt log)."""
 
 
+class RowsShed(Exception):
+    """A read needs rows the session let go (``SessionState.shed_rows``): the store reads the
+    session's log whole again and asks once more."""
+
+
+#: stands in for a row let go to save memory (``SessionState.shed_rows``); never handed out: every
+#: read that could reach one checks for it and raises ``RowsShed``.
+SHED = Message(role=Role.SYSTEM, flags=Flags(is_context=False, is_display=False))
+
+
 #: metadata key marking a stand-in for a row lost to log damage (see ``SessionState.fill_lost``).
 LOST_KEY = "contextsvc.lost"
 
@@ -151,6 +161,8 @@ class SessionState:
         "requests",
         "resident",
         "rows",
+        "shed",
+        "shed_scan",
         "state",
         "update_time",
         "user_id",
@@ -196,6 +208,9 @@ class SessionState:
         #: False: a summary only (the files store evicted its rows or has not loaded them yet):
         #: header fields, counters and preview are kept; rows, context, requests and views are not.
         self.resident = True
+        #: rows of ``rows`` that are ``SHED`` now, and how far ``shed_rows`` has looked (an index).
+        self.shed = 0
+        self.shed_scan = 0
         self._stub_ctx = 0
         self._stub_last = 0
 
@@ -258,19 +273,56 @@ class SessionState:
             if len(picked) >= limit:
                 break
             row = self.rows[index]
+            if row is SHED:
+                raise RowsShed(self.id)
             if row.flags.is_display:
                 picked.append(row)
         picked.reverse()
         return picked
 
     def span(self, first: int, last: int) -> list[Message]:
-        return self.rows[max(first, 1) - 1 : max(last, 0)]
+        rows = self.rows[max(first, 1) - 1 : max(last, 0)]
+        if self.shed and any(row is SHED for row in rows):
+            raise RowsShed(self.id)
+        return rows
 
     def matches(self, needle: str) -> bool:
         """Case-insensitive substring over the name and every display row's content."""
         if needle in self.name.lower():
             return True
+        if self.shed:
+            raise RowsShed(self.id)
         return any(row.flags.is_display and needle in row.content.lower() for row in self.rows)
+
+    # -- letting rows go (the files store's memory bound) ------------------------------------
+
+    def shed_rows(self, tail: int) -> list[Message]:
+        """Let go of the rows outside the context, all but the newest ``tail`` rows, and return
+        them. What a turn reads (the context, views, request ids, counters) stays; a read of a
+        row let go raises ``RowsShed`` (the store then reads the log whole again). Rows already
+        looked at are not looked at again until a compaction demotes some of them."""
+        rows = self.rows
+        end = len(rows) - tail
+        gone: list[Message] = []
+        for index in range(self.shed_scan, end):
+            row = rows[index]
+            if row is not SHED and not row.flags.is_context:
+                gone.append(row)
+                rows[index] = SHED
+        self.shed_scan = max(self.shed_scan, end)
+        self.shed += len(gone)
+        return gone
+
+    def restore_rows(self, loaded: Sequence[Message]) -> None:
+        """Put back the rows let go from ``loaded`` (the same session read from its log, with as
+        many rows): only those; the rows held, the context and everything else stay the same
+        objects (the engine's caches know them by identity)."""
+        rows = self.rows
+        for index, row in enumerate(rows):
+            if row is SHED:
+                rows[index] = loaded[index]
+        self.shed = 0
+        self.shed_scan = 0
 
     # -- summaries (the files store's lazy loading) ----------------------------------------
 
@@ -335,6 +387,8 @@ class SessionState:
         st.deleted = False
         st.damage = ""
         st.resident = False
+        st.shed = 0
+        st.shed_scan = 0
         st._stub_ctx = context_count
         st._stub_last = last_sequence
         return st
@@ -353,6 +407,8 @@ class SessionState:
         self.request_fingerprints = {}
         self.views = {}
         self.resident = False
+        self.shed = 0
+        self.shed_scan = 0
 
     def adopt(self, loaded: SessionState) -> None:
         """Take every field of ``loaded`` (the same session read from its log) but the lock and
@@ -461,6 +517,10 @@ class SessionState:
     def _set_context(self, sequence_numbers: Iterable[int], value: bool) -> None:
         for seq in sorted(set(sequence_numbers)):
             row = self.rows[seq - 1]
+            if row is SHED and value:
+                # Never reached: the store reads a session whole before a flag change (a row let go
+                # is outside the context, so a demotion of it changes nothing).
+                raise RowsShed(self.id)
             if row.flags.is_context == value:
                 continue
             if value:
@@ -470,6 +530,7 @@ class SessionState:
             else:
                 self._unindex(row)
                 self.rows[seq - 1] = row.with_flags(is_context=False)
+                self.shed_scan = min(self.shed_scan, seq - 1)  # now outside the context: may go too
 
     def _set_state(self, tokens: int | None, truncated: bool | None, state: Mapping[str, Any] | None) -> None:
         if tokens is not None:

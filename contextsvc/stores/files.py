@@ -21,9 +21,12 @@ and then to memory.
 Bounded memory and fast start (issue #9 item 3): ``open()`` reads the start-up index
 (``index.jsonl``, ``_index``) instead of the logs, and only the logs it has no matching entry for;
 every session starts as a summary (``SessionState.resident`` False: header, counters, preview). A
-session's rows are read from its log on first use, under its lock (``_ensure_rows``), and the least
-recently used sessions' rows are dropped past ``files.cache_mb`` (never a session whose lock is
-held). Logs are rewritten compactly in the background when flag/header/state/view records pile up
+session's rows are read from its log on first use, under its lock (``_ensure_rows``). Past
+``files.cache_mb``, the least recently used sessions first let go of their rows outside the context
+but a tail (``files.resident_tail_rows``, ``_shed``): a turn reads only the context and appends, so
+long compressed sessions keep serving turns from memory, and a read of a row let go reads the log
+whole again. Only if that is not enough are whole sessions' rows dropped (never a session whose
+lock is held). Logs are rewritten compactly in the background when flag/header/state/view records pile up
 (``_compact_loop``; ``rewrite_log`` on demand).
 
 The raw history index of a session (DESIGN §5.6) is a separate append-only file, one chunk per
@@ -175,6 +178,8 @@ class FilesStoreStats:
     loads: int = 0
     #: sessions whose rows were dropped to stay within ``files.cache_mb``.
     evictions: int = 0
+    #: rows outside a context let go to stay within ``files.cache_mb`` (their session stays held).
+    rows_shed: int = 0
     #: logs read whole at ``open()`` because the start-up index had no usable entry for them.
     logs_read_at_open: int = 0
     #: logs whose start-up index entry was used at ``open()``.
@@ -280,6 +285,9 @@ class FilesStore(RowStore):
         self._held_rows: dict[str, int] = {}
         #: bytes counted in ``_lru`` that caches outside the store hold per session (``hold_outside``).
         self._outside: dict[str, int] = {}
+        #: bytes of the rows a session let go (``SessionState.shed_rows``), counted again when it
+        #: reads its log whole.
+        self._shed_bytes: dict[str, int] = {}
         #: start-up index: encoded lines of sessions unchanged since, and sessions changed since.
         self._index_lines: dict[str, bytes] = {}
         self._index_dirty: set[str] = set()
@@ -399,9 +407,10 @@ class FilesStore(RowStore):
 
     # -- lazy loading, the memory bound, the start-up index ------------------------------------
 
-    async def _ensure_rows(self, st: SessionState) -> None:
-        """Load a session known by its summary only (under its lock), then keep within the budget."""
-        if st.resident:
+    async def _ensure_rows(self, st: SessionState, *, whole: bool = True) -> None:
+        """Load a session known by its summary only, or (``whole``) one that let rows go, under
+        its lock; then keep within the budget."""
+        if st.resident and not (whole and st.shed):
             self._touch(st)
             return
         await self._read_whole(st, st.last_sequence)
@@ -427,12 +436,22 @@ class FilesStore(RowStore):
             self._index_stale = True
             raise session_not_found(st.id)
         loaded, log = result
+        if st.resident and st.shed and not loaded.damage and loaded.last_sequence == st.last_sequence:
+            # A session that let rows go (``_shed``): only those come back.
+            st.restore_rows(loaded.rows)
+            self._logs[st.id] = log
+            self.stats.loads += 1
+            self._hold(st.id, self._shed_bytes.pop(st.id, 0))
+            self._evict()
+            return
         if loaded.last_sequence < known:
             # The log lost rows since its summary was taken (the mark was lost too): the numbers
             # the summary counted stay taken.
             lost = loaded.fill_lost(known, "the end of its log was lost", None)
             loaded.damage = loaded.damage or f"{len(lost)} acknowledged message(s) unreadable: {_ranges(lost)}"
         changed = old is None or old.size != log.size or loaded.last_sequence != known or bool(loaded.damage)
+        # A session that let rows go and whose log now reads otherwise (damaged since): whole.
+        regained = self._shed_bytes.pop(st.id, 0) if st.resident else 0
         st.adopt(loaded)
         if st.damage:
             self.damage_changed.set()  # the health service says so now, not at its next poll
@@ -441,6 +460,8 @@ class FilesStore(RowStore):
         if changed:
             self._index_dirty.add(st.id)
         self._count(st)
+        if regained:
+            self._hold(st.id, regained)
         self._evict()
 
     def _load_one(self, path: Path) -> tuple[SessionState, _Log] | None:
@@ -488,7 +509,8 @@ class FilesStore(RowStore):
         return sum(1 for st in list(self._sessions.values()) if st.resident and st.last_sequence)
 
     def _evict(self, keep: str = "") -> None:
-        """Drop the least recently used sessions' rows (and history indexes, and through
+        """While over budget: first let go of the rows outside the contexts (``_shed``), then drop
+        the least recently used sessions' rows (and history indexes, and through
         ``on_evict`` every engine and API cache of them) while over budget; never ``keep``, the
         most recently used session (unless the budget is 0), nor a session whose lock is held (a
         mutation or a load is using it): those are tried again after the next call that held a
@@ -500,6 +522,7 @@ class FilesStore(RowStore):
         # it: dropping it after every call made each call on a long session read and index its
         # whole log again (O(history) per call). 0 keeps only the sessions in use, as documented.
         newest = next(reversed(self._lru), "") if budget > 0 else ""
+        self._shed(budget, (keep, newest))
         for sid in list(self._lru):
             if self._held <= budget:
                 break
@@ -513,9 +536,39 @@ class FilesStore(RowStore):
             if self.on_evict is not None:
                 self.on_evict(sid)
 
-    async def _serialized(self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True) -> T:
+    def _shed(self, budget: int, spared: tuple[str, str]) -> None:
+        """Before whole sessions go: the rows outside each context, but a tail
+        (``files.resident_tail_rows``), least recently used sessions first. Agents take their
+        turns in a cycle, so once their sessions outgrow the budget, dropping whole sessions made
+        every turn read a log again; a turn reads only the context and appends (round 19)."""
+        tail = self._settings.files.resident_tail_rows
+        for sid in list(self._lru):
+            if self._held <= budget:
+                return
+            st = self._sessions.get(sid)
+            if (
+                st is None
+                or not st.resident
+                or sid in spared
+                or st.lock.locked()
+                or st.damage
+                # Looked at in batches of at least ``tail`` rows (one a time would scan every call).
+                or len(st.rows) - tail - st.shed_scan < max(tail, 1)
+            ):
+                continue
+            gone = st.shed_rows(tail)
+            if gone:
+                freed = sum(_row_bytes(m) for m in gone)
+                self._lru[sid] -= freed
+                self._held -= freed
+                self._shed_bytes[sid] = self._shed_bytes.get(sid, 0) + freed
+                self.stats.rows_shed += len(gone)
+
+    async def _serialized(
+        self, st: SessionState, work: Callable[[], Awaitable[T]], *, rows: bool = True, whole: bool = True
+    ) -> T:
         try:
-            return await super()._serialized(st, work, rows=rows)
+            return await super()._serialized(st, work, rows=rows, whole=whole)
         finally:
             self._evict()  # the session is unlocked now: it may go if it is over the budget
 
@@ -542,6 +595,7 @@ class FilesStore(RowStore):
 
     def _forget(self, session_id: str) -> None:
         self._held -= self._lru.pop(session_id, 0)
+        self._shed_bytes.pop(session_id, None)
         self._outside.pop(session_id, None)
         self._held_rows.pop(session_id, None)
         self._history.pop(session_id, None)
@@ -639,7 +693,7 @@ class FilesStore(RowStore):
         log = self._logs.get(st.id)
         if log is None or not self._compaction_due(log, st.last_sequence):
             return
-        if st.resident:
+        if st.resident and not st.shed:
             await self._rewrite(st)
             self.stats.compactions += 1
             return
@@ -690,8 +744,9 @@ class FilesStore(RowStore):
             for st in list(self._sessions.values())
             if not st.deleted and caller.may_read(st.user_id) and (not profile_id or st.profile_id == profile_id)
         ]
-        hits = {st.id for st in visible if needle in st.name.lower() or (st.resident and st.matches(needle))}
-        on_disk = [st.id for st in visible if not st.resident and st.id not in hits]
+        held = {st.id for st in visible if st.resident and not st.shed}  # every row in memory
+        hits = {st.id for st in visible if needle in st.name.lower() or (st.id in held and st.matches(needle))}
+        on_disk = [st.id for st in visible if st.id not in held and st.id not in hits]
         if on_disk:
             try:
                 hits.update(await asyncio.to_thread(self._disk_matches, on_disk, needle))
@@ -1859,6 +1914,8 @@ def _mark_meta(st: SessionState) -> dict[str, Any]:
 
 
 def _rewrite_log(st: SessionState, path: Path) -> int:
+    if st.shed:  # never reached: a log is rewritten from memory only when every row is held
+        raise RuntimeError(f"session {st.id} let rows go; its log cannot be rewritten from memory")
     parts = [_dumps(_session_line(st))]
     parts.extend(
         (_dumps_flat if _plain((row,)) else _dumps)(
