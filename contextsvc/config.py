@@ -524,6 +524,10 @@ class HotPathSettings(BaseModel):
     #: few seconds); at 20,000 most of those views are gone by the time one runs, for at most that
     #: many objects of cyclic garbage held a little longer. 0 keeps Python's default.
     gc_young_threshold: int = Field(20_000, ge=0)
+    #: the ``serve`` process hands the memory its C heap holds free back to the system this often
+    #: (glibc's ``malloc_trim``; elsewhere nothing happens): without it the process keeps much of
+    #: the peak of a burst of load (``contextsvc/heap_trim.py``). 0 = never.
+    heap_trim_interval_seconds: float = Field(30.0, ge=0)
 
 
 class GatewaySettings(BaseModel):

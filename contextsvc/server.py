@@ -34,6 +34,7 @@ from contextsvc.engine.engine import Engine
 from contextsvc.engine.maintenance import maintenance_loop
 from contextsvc.errors import Unavailable
 from contextsvc.events.memory_bus import MemoryEventBus
+from contextsvc.heap_trim import load_malloc_trim, trim_loop
 from contextsvc.ports import EventBus, SessionStore
 from contextsvc.startup import DeferredBus, StartupError, open_store_until_ready
 from contextsvc.store_health import StoreHealthWatcher
@@ -68,6 +69,8 @@ class RunningServer:
     store_health: StoreHealthWatcher | None = None
     #: the periodic store maintenance run (``engine/maintenance.py``).
     maintenance: asyncio.Task[None] | None = None
+    #: hands the C heap's free memory back to the system (``heap_trim.py``; ``serve`` only).
+    heap_trim: asyncio.Task[None] | None = None
 
     def reload_certificates(self) -> None:
         """SIGHUP: read the TLS certificate, key and client CAs again (no-op without TLS)."""
@@ -208,6 +211,11 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         auth_resources=auth_resources,
         gate=gate,
     )
+    trim = load_malloc_trim() if freeze and settings.hot_path.heap_trim_interval_seconds > 0 else None
+    if trim is not None:
+        running.heap_trim = asyncio.create_task(
+            trim_loop(settings.hot_path.heap_trim_interval_seconds, trim), name="contextsvc-heap-trim"
+        )
     if deferred is None or first_error is None:
         await _start_background(running, settings, bus)
         return running
@@ -293,10 +301,11 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
     # The store's health watcher would otherwise turn SERVING back on during the drain.
     if running.store_health is not None:
         await running.store_health.stop()
-    if running.maintenance is not None:
-        running.maintenance.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running.maintenance
+    for task in (running.maintenance, running.heap_trim):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     await _set_health(running.health, health_pb2.HealthCheckResponse.NOT_SERVING)
     if running.opener is not None:
         running.opener.cancel()
