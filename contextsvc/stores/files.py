@@ -522,7 +522,8 @@ class FilesStore(RowStore):
         # it: dropping it after every call made each call on a long session read and index its
         # whole log again (O(history) per call). 0 keeps only the sessions in use, as documented.
         newest = next(reversed(self._lru), "") if budget > 0 else ""
-        self._shed(budget, (keep, newest))
+        if budget > 0:  # at 0 every session not in use goes whole anyway
+            self._shed(budget, (keep, newest))
         for sid in list(self._lru):
             if self._held <= budget:
                 break
