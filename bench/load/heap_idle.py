@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import run as suite
 from workload import Seeder
@@ -30,17 +31,9 @@ VARIANTS = {"trim": None, "none": "0"}
 def measure(variant: str, windows: int, seconds: float, idle: float) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"ctxheap-{variant}-"))
     interval = VARIANTS[variant]
-    saved = os.environ.get("CONTEXTSVC_HOT_PATH__HEAP_TRIM_INTERVAL_SECONDS")
-    if interval is not None:
-        os.environ["CONTEXTSVC_HOT_PATH__HEAP_TRIM_INTERVAL_SECONDS"] = interval
-    try:
+    wanted = {} if interval is None else {"CONTEXTSVC_HOT_PATH__HEAP_TRIM_INTERVAL_SECONDS": interval}
+    with mock.patch.dict(os.environ, wanted):  # the server inherits it; this process keeps its own
         server = suite.start_server("memory", work)
-    finally:
-        if interval is not None:
-            if saved is None:
-                del os.environ["CONTEXTSVC_HOT_PATH__HEAP_TRIM_INTERVAL_SECONDS"]
-            else:
-                os.environ["CONTEXTSVC_HOT_PATH__HEAP_TRIM_INTERVAL_SECONDS"] = saved
     try:
         seeder = Seeder(server.address, "bench")
         sid = seeder.session(200, profile="bench")

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 import _checkout  # noqa: F401 - this checkout's contextsvc, see _checkout.py
+from memory import rss_mb
 from reload import _rows
 
-HERE = Path(__file__).resolve().parent
 VARIANTS = ("lean", "whole")
 
 
@@ -90,17 +90,10 @@ async def _cycle(data: Path, variant: str, turns: int, cache_mb: float) -> dict[
         "rows_shed": store.stats.rows_shed,
         "evictions": store.stats.evictions,
         "held_mb": store.held_bytes / 2**20,
-        "rss_mb": _rss_mb(),
+        "rss_mb": rss_mb(),
     }
     await store.close()
     return out
-
-
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main() -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import ctypes
-import ctypes.util
 import gc
 import os
 import sys
@@ -46,13 +44,13 @@ def rss_mb() -> float:
 
 
 def malloc_trim() -> bool:
-    name = ctypes.util.find_library("c")
-    if not name:
+    """One ``malloc_trim(0)`` as ``serve`` makes them (``contextsvc.heap_trim``); False off glibc."""
+    from contextsvc.heap_trim import load_malloc_trim
+
+    trim = load_malloc_trim()
+    if trim is None:
         return False
-    libc = ctypes.CDLL(name)
-    if not hasattr(libc, "malloc_trim"):
-        return False
-    libc.malloc_trim(0)
+    trim(0)
     return True
 
 
