@@ -189,9 +189,15 @@ def opaque_protoset() -> Path:
 def cpu_seconds(pid: int, thread: int | None = None) -> float:
     """CPU time of process ``pid``, or of its thread ``thread`` (``pid`` itself: the main thread,
     the one that runs the event loop and every handler)."""
+    return sum(cpu_split(pid, thread))
+
+
+def cpu_split(pid: int, thread: int | None = None) -> tuple[float, float]:
+    """``cpu_seconds`` as (user, kernel): the kernel's part is the system calls (a files store's
+    writes and syncs, the sockets)."""
     stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
     fields = stat.read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
 
 
 def children_cpu_seconds() -> float:
@@ -286,16 +292,18 @@ class Loader:
         ]  # fmt: skip
         if kind == "turns" and self.turn_driver:
             cmd = [self.turn_driver, *cmd[3:-2]]  # the same flags, without --watchers
-        before, children = cpu_seconds(server.pid), children_cpu_seconds()
+        (user_before, kernel_before), children = cpu_split(server.pid), children_cpu_seconds()
         loop_before, began = cpu_seconds(server.pid, server.pid), time.monotonic()
         done = subprocess.run(cmd, check=True, timeout=seconds + 120, capture_output=True, text=True)
-        cpu = cpu_seconds(server.pid) - before
+        user, kernel = cpu_split(server.pid)
+        cpu = user - user_before + kernel - kernel_before
         # The event loop's thread busy over the run (driver start and exit included): near 1.0,
         # the server was the bottleneck; well below it, the calls waited on something else.
         loop_busy = (cpu_seconds(server.pid, server.pid) - loop_before) / max(1e-9, time.monotonic() - began)
         out: dict[str, Any] = json.loads(done.stdout)
         out["loop_busy"] = round(loop_busy, 3)
         out["cpu_ms_per_call"] = 1000 * cpu / max(1, out["count"])
+        out["kernel_cpu_ms_per_call"] = 1000 * (kernel - kernel_before) / max(1, out["count"])
         # The driver shares the cores with the server (ghz, for Health/Check, is Go and cheap).
         out["driver_cpu_ms_per_call"] = 1000 * (children_cpu_seconds() - children) / max(1, out["count"])
         return out
@@ -362,6 +370,7 @@ def run_scenario(loader: Loader, server: StoreServer, store: str, sc: Scenario) 
                         "watchers",
                         "events",
                         "driver_cpu_ms_per_call",
+                        "kernel_cpu_ms_per_call",
                         "client",
                         "loop_busy",
                     )
@@ -485,7 +494,8 @@ def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
                         f"{lat.get('BuildContext', {}).get('p99_ms', 0):.1f}, "
                         f"RecordBaseline {rb.get('p50_ms', 0):.1f}/{rb.get('p99_ms', 0):.1f} "
                         f"(target: RecordBaseline p99 <= 2x AppendMessages p99); "
-                        f"CPU ms per turn: server {r.cpu_ms_per_call:.2f}, "
+                        f"CPU ms per turn: server {r.cpu_ms_per_call:.2f} "
+                        f"(of which in the kernel {r.extra.get('kernel_cpu_ms_per_call', 0):.2f}), "
                         f"driver ({r.extra.get('client', 'python')}) {r.extra.get('driver_cpu_ms_per_call', 0):.2f}; "
                         f"the server's event-loop thread busy {r.extra.get('loop_busy', 0):.0%} of the run"
                     )
