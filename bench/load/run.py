@@ -292,18 +292,18 @@ class Loader:
         ]  # fmt: skip
         if kind == "turns" and self.turn_driver:
             cmd = [self.turn_driver, *cmd[3:-2]]  # the same flags, without --watchers
-        (user_before, kernel_before), children = cpu_split(server.pid), children_cpu_seconds()
+        before, children = cpu_split(server.pid), children_cpu_seconds()
         loop_before, began = cpu_seconds(server.pid, server.pid), time.monotonic()
         done = subprocess.run(cmd, check=True, timeout=seconds + 120, capture_output=True, text=True)
-        user, kernel = cpu_split(server.pid)
-        cpu = user - user_before + kernel - kernel_before
+        after = cpu_split(server.pid)
+        cpu, kernel = sum(after) - sum(before), after[1] - before[1]
         # The event loop's thread busy over the run (driver start and exit included): near 1.0,
         # the server was the bottleneck; well below it, the calls waited on something else.
         loop_busy = (cpu_seconds(server.pid, server.pid) - loop_before) / max(1e-9, time.monotonic() - began)
         out: dict[str, Any] = json.loads(done.stdout)
         out["loop_busy"] = round(loop_busy, 3)
         out["cpu_ms_per_call"] = 1000 * cpu / max(1, out["count"])
-        out["kernel_cpu_ms_per_call"] = 1000 * (kernel - kernel_before) / max(1, out["count"])
+        out["kernel_cpu_ms_per_call"] = 1000 * kernel / max(1, out["count"])
         # The driver shares the cores with the server (ghz, for Health/Check, is Go and cheap).
         out["driver_cpu_ms_per_call"] = 1000 * (children_cpu_seconds() - children) / max(1, out["count"])
         return out
