@@ -493,6 +493,11 @@ class FilesSettings(BaseModel):
     #: It also writes back other programs' unsynced data on that filesystem: turn it off when
     #: the data directory shares one with heavy writers.
     sync_whole_filesystem: bool = True
+    #: the calibration log is written again with only the newest observations of each model (the
+    #: store keeps ``4 x tokens.calibration_window`` a model) once it holds this many times as many
+    #: lines: each rewrite costs a JSON line per kept observation and two fsyncs, so a larger factor
+    #: spreads it over more baselines, and a start reads a longer log (~80 KB a model at 8).
+    calibration_log_factor: int = Field(8, ge=2, le=64)
 
 
 class HotPathSettings(BaseModel):

@@ -37,8 +37,9 @@ def parse_time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
 
-def message_to_dict(m: Message) -> dict[str, Any]:
-    """Compact dict: defaults are left out so logs stay small."""
+def message_to_dict(m: Message, *, raw_time: bool = False) -> dict[str, Any]:
+    """Compact dict: defaults are left out so logs stay small. ``raw_time``: ``time`` stays a
+    ``datetime``, for a writer that formats it as ``isoformat`` does, faster (the files store's)."""
     d: dict[str, Any] = {"seq": m.sequence_number, "role": m.role.value}
     if m.content:
         d["content"] = m.content
@@ -66,7 +67,7 @@ def message_to_dict(m: Message) -> dict[str, Any]:
     if m.metadata:
         d["metadata"] = m.metadata
     if m.create_time is not None:
-        d["time"] = _time(m.create_time)
+        d["time"] = m.create_time if raw_time else m.create_time.isoformat()
     if m.token_count:
         d["tokens"] = m.token_count
     if m.replaces is not None:

@@ -906,7 +906,7 @@ class FilesStore(RowStore):
             line = _encode(record, n)
             await self._append(
                 log,
-                _dumps_flat(line) if _flat(record) else _dumps(line),
+                _dumps(line),
                 # Views, and states the engine may lose (an anchor): synced with the next line.
                 soft=isinstance(record, SaveViewRecord) or (isinstance(record, StateRecord) and record.soft),
                 mark=n if numbered else None,
@@ -959,7 +959,8 @@ class FilesStore(RowStore):
             logger.error("files store: cannot append to %s: %s", log.path, exc)
             raise Unavailable("the calibration log could not be written") from exc
         log.overhead += len(batch)
-        if log.overhead > 2 * self.observations_kept * max(1, len(self._observations)):
+        factor = self._settings.files.calibration_log_factor
+        if log.overhead > factor * self.observations_kept * max(1, len(self._observations)):
             kept = {m: list(obs) for m, obs in self._observations.items()}
             for model, observation in batch:
                 kept.setdefault(model, []).append(observation)
@@ -1658,38 +1659,42 @@ def _ranges(seqs: Sequence[int]) -> str:
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
-    """One checked JSON line (``_frames.frame``). JSON escapes newlines inside strings, so a
-    line is always one record."""
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """One checked JSON line (``_frames.frame``); JSON escapes newlines inside strings, so a line
+    is always one record.
+
+    orjson writes it, about ten times faster than ``json`` (a turn writes three or four lines).
+    Where the two could write different values, ``json`` writes it (``_dumps_standard``): orjson
+    refuses a lone surrogate, a key that is not a string and an integer past 64 bits (it raises),
+    and writes a NaN or an infinity as ``null``, so a line in which orjson wrote a ``null`` at all
+    is written again by ``json``. Any other line reads back the same from either (floats keep
+    their value; only the text of some exponents differs). Datetimes (the records' times) are
+    written as ``isoformat`` writes them, by both: orjson's own text is the same for every offset
+    in whole minutes (UTC, which the store and the system clock stamp, or none)."""
+    try:
+        body = orjson.dumps(obj)
+    except TypeError:  # orjson.JSONEncodeError
+        return _dumps_standard(obj)
+    if b"null" in body:  # a NaN, an infinity or a None: the reference's reading of it
+        return _dumps_standard(obj)
+    return frame(body)
+
+
+def _dumps_standard(obj: dict[str, Any]) -> bytes:
+    """``_dumps`` by the standard library: the reference for any value orjson might write otherwise."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_isoformat)
     try:
         body = text.encode()
     except UnicodeEncodeError:
         # A lone surrogate cannot be UTF-8: the ASCII form escapes it and still round-trips.
-        body = json.dumps(obj, separators=(",", ":")).encode()
+        body = json.dumps(obj, separators=(",", ":"), default=_isoformat).encode()
     return frame(body)
 
 
-def _dumps_flat(obj: dict[str, Any]) -> bytes:
-    """``_dumps`` of a record made of strings, integers, finite floats, booleans, lists and
-    string-keyed dicts only (a view record, rows without metadata: never a client's metadata, whose
-    NaN orjson would write as null): orjson writes the same JSON ten times faster (``_flat``)."""
-    try:
-        return frame(orjson.dumps(obj))
-    except TypeError:  # orjson.JSONEncodeError (a lone surrogate in a model name, say)
-        return _dumps(obj)
-
-
-def _flat(record: Record) -> bool:
-    """Can ``_dumps_flat`` write ``record``? A view; rows that are ``_plain``."""
-    if isinstance(record, SaveViewRecord):
-        return True
-    return isinstance(record, AppendRecord) and _plain(record.messages)
-
-
-def _plain(rows: Sequence[Message]) -> bool:
-    """No row carries metadata: the only free-form JSON a message has (every other field is a
-    string, an integer or a boolean), so ``_dumps_flat`` may write them."""
-    return not any(m.metadata for m in rows)
+def _isoformat(value: Any) -> str:
+    """``json``'s writer of the datetimes a record holds (orjson writes the same text itself)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _loads(raw: bytes) -> Any:
@@ -1734,9 +1739,8 @@ _VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(ViewRecord))
 def _view_to_dict(view: ViewRecord) -> dict[str, Any]:
     # Field by field: ``dataclasses.asdict`` copies every value deeply (~40 us a view, and
     # BuildContext saves one per build); the values are flat (strings, numbers, the features).
-    d = {name: getattr(view, name) for name in _VIEW_FIELDS}
-    d["create_time"] = view.create_time.isoformat()
-    return d
+    # ``create_time`` stays a datetime: ``_dumps`` writes it as its isoformat.
+    return {name: getattr(view, name) for name in _VIEW_FIELDS}
 
 
 def _view_from_dict(d: dict[str, Any]) -> ViewRecord:
@@ -1787,7 +1791,7 @@ def _encode(record: Record, n: int) -> dict[str, Any]:
     """The record's JSON form; ``n`` is the session's highest sequence number once it applies."""
     d: dict[str, Any]
     if isinstance(record, AppendRecord):
-        d = {"t": "append", "messages": [message_to_dict(m) for m in record.messages]}
+        d = {"t": "append", "messages": [message_to_dict(m, raw_time=True) for m in record.messages]}
         if record.request_id:
             d["request_id"] = record.request_id
         if record.request_fingerprint:
@@ -1812,13 +1816,13 @@ def _encode(record: Record, n: int) -> dict[str, Any]:
         d = {
             "t": "compaction",
             "demote": list(record.demote),
-            "messages": [message_to_dict(m) for m in record.messages],
+            "messages": [message_to_dict(m, raw_time=True) for m in record.messages],
             "context_tokens": record.context_tokens,
         }
         if record.state is not None:
             d["state"] = record.state
     if record.time is not None:
-        d["time"] = _time(record.time)
+        d["time"] = record.time  # a datetime: ``_dumps`` writes it as its isoformat
     d["n"] = n
     return d
 
@@ -1859,7 +1863,7 @@ def _append_at(path: Path, expected_size: int, data: bytes) -> int:
     """
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        size = os.fstat(fd).st_size
+        size = os.lseek(fd, 0, os.SEEK_END)  # the file's size, without building a stat result
         if size < expected_size:
             raise OSError(f"{path} is shorter than the store wrote ({size} < {expected_size} bytes)")
         if size > expected_size:
@@ -1919,10 +1923,7 @@ def _rewrite_log(st: SessionState, path: Path) -> int:
         raise RuntimeError(f"session {st.id} let rows go; its log cannot be rewritten from memory")
     parts = [_dumps(_session_line(st))]
     parts.extend(
-        (_dumps_flat if _plain((row,)) else _dumps)(
-            {"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}
-        )
-        for row in st.rows
+        _dumps({"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}) for row in st.rows
     )
     data = b"".join(parts)
     _write_atomic(path, data)

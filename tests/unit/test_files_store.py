@@ -6,9 +6,11 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -757,9 +759,9 @@ async def test_other_files_in_the_data_directory_are_left_alone(root: Path) -> N
 
 
 async def test_a_view_record_is_written_by_orjson_and_a_model_name_it_refuses_falls_back(root: Path) -> None:
-    """View records (one per build) are flat: orjson writes them, as json would; a lone surrogate
-    in the model name is refused by orjson and written by the standard library instead. Both
-    read back as saved, after a restart."""
+    """View records (one per build) are written by orjson, byte for byte what json writes; a lone
+    surrogate in the model name is refused by orjson and written by the standard library instead.
+    Both read back as saved, after a restart."""
     store = await opened(root)
     sid = (await store.create_session(caller=Principal("alice"), profile_id="p")).id
     await store.append_messages(sid, [user("a")], caller=Principal("alice"))
@@ -768,7 +770,8 @@ async def test_a_view_record_is_written_by_orjson_and_a_model_name_it_refuses_fa
     await store.save_view(sid, plain, keep=4)
     await store.save_view(sid, odd, keep=4)
     line = files_module._encode(files_module.SaveViewRecord(view=plain, keep=4), 1)
-    assert files_module._dumps_flat(line) == files_module._dumps(line)  # the same bytes either way
+    assert files_module._dumps(line) == files_module._dumps_standard(line)  # the same bytes either way
+    assert b"\\ud800" in files_module._dumps(files_module._encode(files_module.SaveViewRecord(view=odd, keep=4), 1))
     await store.close()
     store = await opened(root)
     assert await store.get_view(sid, "plain") == plain
@@ -777,35 +780,82 @@ async def test_a_view_record_is_written_by_orjson_and_a_model_name_it_refuses_fa
 
 
 _TEXT = st.text(st.characters(exclude_categories=["Cs"]) | st.sampled_from(["\ud800", "\n", "\x00", "\u2028", '"']))
-
-
-@hypothesis.settings(max_examples=200, deadline=None)
-@given(
-    contents=st.lists(_TEXT, min_size=1, max_size=3),
-    request_id=_TEXT,
-    flags=st.builds(Flags, is_context=st.booleans(), is_display=st.booleans(), is_pinned=st.booleans()),
+#: a text that holds "null" (what sends a line to the standard library) without being one
+_NULLISH = st.builds("{}null{}".format, _TEXT, _TEXT)
+_FLOAT = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([1e16, 1e-7, -0.0, 5e-324, 1.7e308])
+_INT = st.integers(min_value=-(2**70), max_value=2**70)
+_JSON = st.recursive(
+    st.none() | st.booleans() | _INT | _FLOAT | _TEXT | _NULLISH,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
 )
-def test_a_row_line_reads_back_alike_from_orjson_and_json(contents: list[str], request_id: str, flags: Flags) -> None:
-    """Rows without metadata are written by orjson (``_flat``): what the store reads back from the
-    line is what it reads from the standard library's, for any text (control characters, line
-    separators, a lone surrogate, which orjson refuses and the standard library writes)."""
-    rows = tuple(
-        Message(Role.USER, c, sequence_number=i + 1, token_count=3, flags=flags) for i, c in enumerate(contents)
-    )
-    record = AppendRecord(None, rows, request_id, 7, "fp")
-    assert files_module._flat(record)
-    line = files_module._encode(record, len(rows))
-    flat, standard = files_module._dumps_flat(line), files_module._dumps(line)
-    assert flat.endswith(b"\n") and flat.count(b"\n") == 1  # one line, whatever the text holds
-    assert files_module._loads(flat[:-1]) == files_module._loads(standard[:-1]) == line
 
 
-def test_rows_with_metadata_keep_the_standard_librarys_json() -> None:
-    """A client's metadata is free-form JSON: a row carrying it is written by ``json`` (orjson
-    would write a NaN as null)."""
+def _same(a: Any, b: Any) -> bool:
+    """Equal, with a NaN equal to a NaN (and -0.0 told from 0.0)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@given(value=_JSON, key=_TEXT)
+def test_a_line_reads_back_as_the_standard_librarys_whatever_it_holds(value: Any, key: str) -> None:
+    """Every line is written by orjson where it writes what ``json`` would, else by ``json``: for
+    any JSON value (NaN and infinities, integers past 64 bits, lone surrogates, control characters,
+    line separators, the text "null"), the line is one line, and reads back as the standard
+    library's line does and as the value itself."""
+    obj = {"t": "state", key: value, "n": 1}
+    line, standard = files_module._dumps(obj), files_module._dumps_standard(obj)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1  # one line, whatever the text holds
+    read = files_module._loads(line[:-1])
+    assert _same(read, files_module._loads(standard[:-1]))
+    assert _same(read, obj)
+
+
+def test_orjson_writes_the_lines_it_can_and_json_the_others() -> None:
+    """The fast path is taken (the same bytes as json's for a plain row), and the values orjson
+    would write differently go to json: a NaN in a client's metadata stays a NaN."""
     rows = (user("a"), dataclasses.replace(user("b"), metadata={"x": 1.5}))
-    assert not files_module._flat(AppendRecord(None, rows, "", 0, ""))
-    assert files_module._flat(AppendRecord(None, rows[:1], "", 0, ""))
+    line = files_module._encode(AppendRecord(None, rows, "", 0, ""), 2)
+    assert files_module._dumps(line) == files_module._dumps_standard(line)
+    odd = files_module._encode(
+        AppendRecord(None, (dataclasses.replace(user("c"), metadata={"x": math.nan}),), "", 0, ""), 3
+    )
+    written = files_module._dumps(odd)
+    assert b"NaN" in written and b"null" not in written
+    assert math.isnan(files_module._loads(written[:-1])["messages"][0]["metadata"]["x"])
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        datetime(2026, 12, 4, 15, 50, 3, 351540, tzinfo=UTC),
+        datetime(2026, 12, 4, 15, 50, 3, tzinfo=UTC),  # no microseconds: isoformat leaves them out
+        datetime(2026, 12, 4, 15, 50, 3, 5),  # naive (a test clock's)
+        datetime(2026, 12, 4, 15, 50, 3, 5, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        datetime(1, 1, 1, tzinfo=UTC),
+    ],
+)
+def test_record_times_are_written_as_isoformat_writes_them(when: datetime) -> None:
+    """Records keep their times as datetimes for orjson to write: the line is byte for byte what
+    the standard library writes with ``isoformat``, and the times read back."""
+    rows = (dataclasses.replace(user("a"), sequence_number=1, create_time=when),)
+    saved = files_module.SaveViewRecord(view=dataclasses.replace(view("v", last_sequence=1), create_time=when), keep=2)
+    for record in (AppendRecord(when, rows, "r", 0, ""), saved):
+        line = files_module._encode(record, 1)
+        written = files_module._dumps(line)
+        assert written == files_module._dumps_standard(line)
+        assert f'"{when.isoformat()}"'.encode() in written
+        read = files_module._decode(files_module._loads(written[:-1]))
+        if isinstance(read, AppendRecord):
+            assert read.time == when and read.messages[0].create_time == when
+        else:
+            assert read.view.create_time == when  # type: ignore[union-attr]
 
 
 async def test_rows_of_any_text_and_their_metadata_survive_a_restart_and_a_log_rewrite(root: Path) -> None:
