@@ -67,7 +67,7 @@ def message_to_dict(m: Message, *, raw_time: bool = False) -> dict[str, Any]:
     if m.metadata:
         d["metadata"] = m.metadata
     if m.create_time is not None:
-        d["time"] = m.create_time if raw_time else m.create_time.isoformat()
+        d["time"] = m.create_time if raw_time else _time(m.create_time)
     if m.token_count:
         d["tokens"] = m.token_count
     if m.replaces is not None:

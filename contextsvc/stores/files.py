@@ -1923,7 +1923,8 @@ def _rewrite_log(st: SessionState, path: Path) -> int:
         raise RuntimeError(f"session {st.id} let rows go; its log cannot be rewritten from memory")
     parts = [_dumps(_session_line(st))]
     parts.extend(
-        _dumps({"t": "append", "messages": [message_to_dict(row)], "n": row.sequence_number}) for row in st.rows
+        _dumps({"t": "append", "messages": [message_to_dict(row, raw_time=True)], "n": row.sequence_number})
+        for row in st.rows
     )
     data = b"".join(parts)
     _write_atomic(path, data)
