@@ -15,8 +15,11 @@ A log's first line is the session header (``{"t": "session", ...}``, fields as i
 token delta), ``flags`` (explicit ``is_context`` changes by sequence number, context-only rows
 included), ``header`` (name / pinned / metadata), ``state`` (counters, engine state) or
 ``compaction`` (demotions + appended rows + counters in one line) or ``view`` (a built view kept
-for RecordBaseline: soft state, written but never fsynced on its own). Writes go to the log first
-and then to memory.
+for RecordBaseline: soft state, never fsynced on its own). Writes go to the log first and then to
+memory. Soft lines (views, a baseline's anchor) and batch mode's calibration observations are
+deferred (``_defer``): written together with the log's next line, or by the flusher within
+``fsync_batch_ms``, one write instead of one each; a crash can lose the newest of them, never an
+acknowledged mutation.
 
 Bounded memory and fast start (issue #9 item 3): ``open()`` reads the start-up index
 (``index.jsonl``, ``_index``) instead of the logs, and only the logs it has no matching entry for;
@@ -205,10 +208,11 @@ class StoreHealth:
 
 
 class _Log:
-    """A log file the store appends to: its path, its size as written, and ``overhead``, the
-    flag/header/state/view records since it was last written whole."""
+    """A log file the store appends to: its path, its size as written, ``overhead``, the
+    flag/header/state/view records since it was last written whole, and ``pending``, lines
+    that wait for the next write to it (``FilesStore._defer``)."""
 
-    __slots__ = ("_mark", "_path", "overhead", "size")
+    __slots__ = ("_mark", "_path", "overhead", "pending", "size")
 
     def __init__(self, path: Path | str, size: int, overhead: int = 0) -> None:
         # A str until first used: start-up makes one per session, most never touched, and a
@@ -217,6 +221,9 @@ class _Log:
         self._mark: Path | None = None
         self.size = size
         self.overhead = overhead
+        #: None, not an empty list, for the many logs that never hold one (start-up makes a _Log
+        #: per session).
+        self.pending: list[bytes] | None = None
 
     @property
     def path(self) -> Path:
@@ -268,6 +275,8 @@ class FilesStore(RowStore):
         self._calibration = _Log(self.root / _CALIBRATION, 0)
         #: files written since their last fsync (batch mode).
         self._dirty: set[Path] = set()
+        #: logs holding lines not yet written (``_defer``): the flusher writes them.
+        self._unwritten: set[_Log] = set()
         #: how written files are made durable, and the group commit of fsync mode's writers.
         self._disk = DiskSync(self.root, whole_filesystem=self._settings.files.sync_whole_filesystem)
         self._group = GroupCommit(self._disk.sync)
@@ -353,7 +362,7 @@ class FilesStore(RowStore):
                 self._want_compaction(sid)
         if self.read_only:
             return
-        if self._settings.durability is Durability.BATCH and self._flusher is None:
+        if self._flusher is None:  # in fsync mode it only writes deferred lines (``_defer``)
             self._flusher = asyncio.create_task(self._flush_loop(), name="contextsvc-files-fsync")
         if not self._tasks:
             self._tasks = [
@@ -422,6 +431,8 @@ class FilesStore(RowStore):
         self._sealed_keys.pop(st.id, None)  # read whole now: nothing left to check (``_seal``)
         path = self._log_path(st.id)
         old = self._logs.get(st.id)
+        if old is not None:
+            self._write_deferred(old)  # the log is read back whole: it must hold all of them
         try:
             result = await asyncio.to_thread(self._load_one, path)
         except OSError as exc:
@@ -699,6 +710,7 @@ class FilesStore(RowStore):
             self.stats.compactions += 1
             return
         default_profile = self._settings.default_profile
+        self._write_deferred(log)  # rewritten from what the disk holds: all of it
 
         def from_disk() -> int | None:
             data = log.path.read_bytes()
@@ -849,8 +861,11 @@ class FilesStore(RowStore):
         self._dir_lock.acquire()
 
     async def flush(self) -> None:
-        """fsync every log written since its last fsync (batch mode; nothing to do in fsync mode)."""
+        """Write the deferred lines (``_defer``), then fsync every log written since its last
+        fsync (batch mode; fsync mode has none)."""
         self._dirty_event.clear()
+        for log in list(self._unwritten):
+            self._write_deferred(log)
         paths = sorted(self._dirty)
         self._dirty.clear()
         if not paths:
@@ -860,7 +875,7 @@ class FilesStore(RowStore):
         self.stats.batch_flushes += 1
 
     async def _flush_loop(self) -> None:
-        # Sleep only while something is dirty: an idle store does not wake up.
+        # Sleep only while something is dirty or deferred: an idle store does not wake up.
         while True:
             await self._dirty_event.wait()
             await self._sleep(self._settings.fsync_batch_ms / 1000)
@@ -918,24 +933,77 @@ class FilesStore(RowStore):
 
     async def _append(self, log: _Log, data: bytes, *, soft: bool = False, mark: int | None = None) -> None:
         """Append one line; fsync it now (fsync mode) or soon (batch mode). ``soft`` lines are
-        only written: they reach the disk with the next fsync of the same file. ``mark``: the
-        new highest sequence number, recorded in the mark file once the line is written."""
-        sync = self._settings.durability is Durability.FSYNC and not soft
+        deferred (``_defer``): written with the log's next line, or by the flusher, and never
+        fsynced on their own. ``mark``: the new highest sequence number, recorded in the mark
+        file once the line is written."""
+        if soft:
+            self._defer(log, data)
+            return
+        sync = self._settings.durability is Durability.FSYNC
+        pending = log.pending
+        if pending:
+            data = b"".join((*pending, data))
         # Written here: a write into the page cache takes microseconds, less than a hop to a
         # worker thread and back.
         size = _append_at(log.path, log.size, data)
+        if pending:
+            log.pending = None
+            self._unwritten.discard(log)
         if sync:
             # Durable by a pass shared with every writer waiting meanwhile (group commit). The
             # new size and the mark only once it is on disk: if the sync fails, the next write
             # cuts the line off, as if never written.
             await self._group.durable(log.path)
             self.stats.log_fsyncs += 1
-        elif not soft:  # batch mode: the flusher syncs it
+        else:  # batch mode: the flusher syncs it
             self._dirty.add(log.path)
             self._dirty_event.set()
         log.size = size
         if mark is not None:
             _write_mark(log, mark)
+
+    def _defer(self, log: _Log, data: bytes) -> None:
+        """Hold ``data`` for the log's next write, or the flusher's pass (``fsync_batch_ms`` at
+        the latest): lines no caller waits for (views, anchors, batch mode's calibration
+        observations) then share a write with the line after them instead of costing a write
+        of their own (four system calls: open, seek, write, close)."""
+        if log.pending is None:
+            log.pending = [data]
+            self._unwritten.add(log)
+        else:
+            log.pending.append(data)
+        self._dirty_event.set()
+
+    def _write_deferred(self, log: _Log) -> None:
+        """Write the log's deferred lines now (before the log is read, or by the flusher). If the
+        disk refuses, a session's lines (views, anchors: kept in memory, and nothing acknowledged
+        depends on them) are dropped; calibration observations wait for the next pass (the
+        calibration log's next rewrite bounds them)."""
+        pending, log.pending = log.pending, None
+        self._unwritten.discard(log)
+        if not pending:
+            return
+        try:
+            log.size = _append_at(log.path, log.size, b"".join(pending))
+        except OSError as exc:
+            if log is self._calibration:
+                log.pending = pending + (log.pending or [])
+                self._unwritten.add(log)
+                logger.warning("files store: cannot write %d calibration observation(s) yet: %s", len(pending), exc)
+            elif not isinstance(exc, FileNotFoundError):  # not found: its session was deleted meanwhile
+                logger.warning("files store: %d deferred line(s) of %s not written: %s", len(pending), log.path, exc)
+            return
+        if log is self._calibration:
+            if self._settings.durability is Durability.BATCH:
+                self._dirty.add(log.path)  # observations are synced like appends, in the same pass
+        else:  # a session log: its start-up index entry names the log's size
+            self._index_dirty.add(log.path.name[: -len(_LOG_SUFFIX)])
+
+    def _drop_deferred(self, log: _Log | None) -> None:
+        """Forget the log's deferred lines (it is being rewritten whole from memory, or removed)."""
+        if log is not None and log.pending is not None:
+            log.pending = None
+            self._unwritten.discard(log)
 
     def _observations_wait_for_disk(self) -> bool:
         return self._settings.durability is Durability.FSYNC
@@ -954,7 +1022,8 @@ class FilesStore(RowStore):
                 line["residual"] = observation.residual
             lines.append(_dumps(line))
         try:
-            await self._append(log, b"".join(lines))
+            # Batch mode: no baseline waits for the disk, so the lines wait for the flusher's pass.
+            await self._append(log, b"".join(lines), soft=not self._observations_wait_for_disk())
         except OSError as exc:
             logger.error("files store: cannot append to %s: %s", log.path, exc)
             raise Unavailable("the calibration log could not be written") from exc
@@ -964,6 +1033,7 @@ class FilesStore(RowStore):
             kept = {m: list(obs) for m, obs in self._observations.items()}
             for model, observation in batch:
                 kept.setdefault(model, []).append(observation)
+            self._drop_deferred(log)  # every one of them is in ``kept``
             log.size = await asyncio.to_thread(_rewrite_calibration, log.path, kept, self.observations_kept)
             log.overhead = sum(min(len(v), self.observations_kept) for v in kept.values())
             self._dirty.discard(log.path)
@@ -977,6 +1047,7 @@ class FilesStore(RowStore):
         self._evict()
 
     async def _persist_delete(self, st: SessionState) -> None:
+        self._drop_deferred(self._logs.get(st.id))
         try:
             # The history first: a crash in between leaves a session without its index, never
             # an index without its session.
@@ -1026,6 +1097,7 @@ class FilesStore(RowStore):
 
     async def _rewrite(self, st: SessionState) -> None:
         log = self._logs[st.id]
+        self._drop_deferred(log)  # the rewrite writes the state they hold (views, anchor) whole
         try:
             log.size = await asyncio.to_thread(_rewrite_log, st, log.path)
         except OSError as exc:

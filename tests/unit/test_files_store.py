@@ -422,11 +422,8 @@ async def test_concurrent_calibration_observations_share_writes_and_keep_their_o
     await store.close()
 
 
-@pytest.mark.parametrize("durability", [Durability.FSYNC, Durability.BATCH])  # a thread's write, then one inline
-async def test_a_failed_calibration_write_fails_only_its_batch(
-    root: Path, monkeypatch: pytest.MonkeyPatch, durability: Durability
-) -> None:
-    store = await opened(root, durability=durability)
+async def test_a_failed_calibration_write_fails_only_its_batch(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await opened(root, durability=Durability.FSYNC)  # baselines wait for the disk
     real = files_module._append_at
     calls = {"n": 0}
 
@@ -442,6 +439,119 @@ async def test_a_failed_calibration_write_fails_only_its_batch(
     await store.add_calibration_observation("m", Observation(2, 2))
     assert await store.list_calibration_observations("m", limit=10) == [Observation(2, 2)]
     await store.close()
+
+
+async def test_batch_mode_observations_wait_for_the_flusher_and_survive_a_refused_write(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await opened(root, durability=Durability.BATCH)
+    calibration = root / "calibration.jsonl"
+    size = calibration.stat().st_size
+    real = files_module._append_at
+    calls = {"n": 0}
+
+    def failing_once(*args: Any, **kw: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(files_module, "_append_at", failing_once)
+    await store.add_calibration_observation("m", Observation(1, 1))  # no baseline waits for the disk
+    await store.add_calibration_observation("m", Observation(2, 2))
+    assert calibration.stat().st_size == size  # deferred: not a write each
+    await store.flush()  # the disk refuses the pass's write: the lines are kept for the next one
+    assert calls["n"] == 1 and calibration.stat().st_size == size
+    await store.add_calibration_observation("m", Observation(3, 3))
+    await store.flush()
+    assert calls["n"] == 2  # all three in one write
+    assert await store.list_calibration_observations("m", limit=10) == [Observation(i, i) for i in (1, 2, 3)]
+    await store.close()
+    store = await opened(root)
+    assert await store.list_calibration_observations("m", limit=10) == [Observation(i, i) for i in (1, 2, 3)]
+    await store.close()
+
+
+# -- deferred lines (views, anchors) ------------------------------------------------------------
+
+
+async def _never(seconds: float) -> None:
+    """A flusher's sleep that never ends: only the test writes deferred lines."""
+    await asyncio.Event().wait()
+
+
+def kinds_of(root: Path, sid: str) -> list[str]:
+    return [line["t"] for line in lines_of(log_of(root, sid))]
+
+
+async def test_soft_lines_share_the_next_lines_write_in_order(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await opened(root, sleep=_never)
+    sid = await session_with(store, 1)
+    await store.save_view(sid, view("v1", last_sequence=1), keep=3)
+    await store.update_state(sid, caller=ALICE, context_tokens=7, state={"anchor": 1}, durable=False)
+    assert kinds_of(root, sid) == ["session", "append"]  # nothing written for them yet
+    writes: list[bytes] = []
+    real = files_module._append_at
+
+    def counted(path: Path, expected: int, data: bytes) -> int:
+        writes.append(data)
+        return real(path, expected, data)
+
+    monkeypatch.setattr(files_module, "_append_at", counted)
+    await store.append_messages(sid, [user("m2")], caller=ALICE, request_id="r2")
+    assert len(writes) == 1  # the view, the anchor and the append: one write
+    assert kinds_of(root, sid) == ["session", "append", "view", "state", "append"]
+    await store.close()
+    again = await opened(root)
+    assert (await again.get_view(sid, "v1")) == view("v1", last_sequence=1)
+    info = await again.get_session(sid, caller=ALICE)
+    assert info.context_tokens == 7 and info.state == {"anchor": 1} and info.last_sequence == 2
+    await again.close()
+
+
+@pytest.mark.parametrize("durability", [Durability.FSYNC, Durability.BATCH])
+async def test_the_flusher_writes_soft_lines_no_line_follows(root: Path, durability: Durability) -> None:
+    store = await opened(root, durability=durability, fsync_batch_ms=1)
+    sid = await session_with(store, 1)
+    await store.save_view(sid, view("v1", last_sequence=1), keep=3)
+    await _until(lambda: "view" in kinds_of(root, sid))
+    # A killed process (no close): the operating system holds what the flusher wrote.
+    store._dir_lock.release()
+    again = await opened(root)
+    assert (await again.get_view(sid, "v1")) == view("v1", last_sequence=1)
+    await again.close()
+    await store.close()
+
+
+async def test_a_log_read_back_whole_first_gets_its_deferred_lines(root: Path) -> None:
+    store = await opened(root, sleep=_never, files=FilesSettings(cache_mb=0))  # only sessions in use stay
+    sid = await session_with(store, 2)
+    await store.save_view(sid, view("v1", last_sequence=2), keep=3)
+    await session_with(store, 1)  # the first session's rows go
+    assert not store._sessions[sid].resident
+    assert await store.get_messages(sid, caller=ALICE, first=1, last=2)  # read whole again
+    assert "view" in kinds_of(root, sid)
+    assert (await store.get_view(sid, "v1")) == view("v1", last_sequence=2)
+    await store.close()
+
+
+async def test_a_deleted_or_rewritten_session_drops_its_deferred_lines(root: Path) -> None:
+    store = await opened(root, sleep=_never)
+    sid = await session_with(store, 1)
+    await store.save_view(sid, view("gone", last_sequence=1), keep=3)
+    await store.delete_session(sid, caller=ALICE)
+    again = await store.create_session(caller=ALICE, profile_id="p", session_id=sid)
+    await store.flush()
+    assert again.id == sid and kinds_of(root, sid) == ["session"]  # not the deleted session's view
+    await store.save_view(sid, view("kept", last_sequence=0), keep=3)
+    await store.rewrite_log(sid)  # written whole from memory: the view is in its header line
+    await store.flush()
+    assert kinds_of(root, sid) == ["session"]
+    assert [v["view_id"] for v in lines_of(log_of(root, sid))[0]["views"]] == ["kept"]
+    await store.close()
+    reopened = await opened(root)
+    assert (await reopened.get_view(sid, "kept")) == view("kept", last_sequence=0)
+    await reopened.close()
 
 
 # -- rewriting a log ----------------------------------------------------------------------------
