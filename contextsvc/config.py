@@ -498,6 +498,11 @@ class FilesSettings(BaseModel):
     #: lines: each rewrite costs a JSON line per kept observation and two fsyncs, so a larger factor
     #: spreads it over more baselines, and a start reads a longer log (~80 KB a model at 8).
     calibration_log_factor: int = Field(8, ge=2, le=64)
+    #: how long a view or anchor line (soft state, nothing acknowledged depends on it) may wait for
+    #: the next line written to its session's log, with which it shares a write, before the flusher
+    #: writes it alone. A killed process loses the soft lines of this last interval (the next
+    #: BuildContext and RecordBaseline make them again); 0 writes them at the next flusher pass.
+    soft_line_wait_ms: int = Field(1000, ge=0, le=60_000)
 
 
 class HotPathSettings(BaseModel):

@@ -215,7 +215,23 @@ def _patch(variant: str) -> None:
         CalibrationRegistry.load = counted_load  # type: ignore[method-assign]
         TokenAccounting.observe = counted_observe  # type: ignore[method-assign]
         Compactor.run = counted_compact  # type: ignore[method-assign]
-        atexit.register(lambda: print(f"COUNTS {counts}", file=sys.stderr, flush=True))
+        # The files store's sync passes in fsync durability, and the writers they served.
+        from contextsvc.stores._disk_sync import GroupCommit
+
+        groups: list[GroupCommit] = []
+        group_init = GroupCommit.__init__
+
+        def registered(self: GroupCommit, *a: Any, **k: Any) -> None:
+            group_init(self, *a, **k)
+            groups.append(self)
+
+        GroupCommit.__init__ = registered  # type: ignore[method-assign]
+
+        def report() -> None:
+            counts.update(sync_passes=sum(g.passes for g in groups), sync_writers=sum(g.writers for g in groups))
+            print(f"COUNTS {counts}", file=sys.stderr, flush=True)
+
+        atexit.register(report)
         return
     if variant == "stub-count":  # an experiment: the stub's loop callbacks, written at exit
         import atexit

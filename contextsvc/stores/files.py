@@ -17,9 +17,9 @@ included), ``header`` (name / pinned / metadata), ``state`` (counters, engine st
 ``compaction`` (demotions + appended rows + counters in one line) or ``view`` (a built view kept
 for RecordBaseline: soft state, never fsynced on its own). Writes go to the log first and then to
 memory. Soft lines (views, a baseline's anchor) and batch mode's calibration observations are
-deferred (``_defer``): written together with the log's next line, or by the flusher within
-``fsync_batch_ms``, one write instead of one each; a crash can lose the newest of them, never an
-acknowledged mutation.
+deferred (``_defer``): written together with the log's next line, or by the flusher once they
+waited ``files.soft_line_wait_ms`` (observations: at its next pass), one write instead of one
+each; a crash can lose the newest of them, never an acknowledged mutation.
 
 Bounded memory and fast start (issue #9 item 3): ``open()`` reads the start-up index
 (``index.jsonl``, ``_index``) instead of the logs, and only the logs it has no matching entry for;
@@ -92,6 +92,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -275,8 +276,9 @@ class FilesStore(RowStore):
         self._calibration = _Log(self.root / _CALIBRATION, 0)
         #: files written since their last fsync (batch mode).
         self._dirty: set[Path] = set()
-        #: logs holding lines not yet written (``_defer``): the flusher writes them.
-        self._unwritten: set[_Log] = set()
+        #: logs holding lines not yet written (``_defer``) -> when the flusher writes them
+        #: (``time.monotonic``) if no other write to the log took them first.
+        self._unwritten: dict[_Log, float] = {}
         #: how written files are made durable, and the group commit of fsync mode's writers.
         self._disk = DiskSync(self.root, whole_filesystem=self._settings.files.sync_whole_filesystem)
         self._group = GroupCommit(self._disk.sync)
@@ -861,11 +863,21 @@ class FilesStore(RowStore):
         self._dir_lock.acquire()
 
     async def flush(self) -> None:
-        """Write the deferred lines (``_defer``), then fsync every log written since its last
+        """Write every deferred line (``_defer``), then fsync every log written since its last
         fsync (batch mode; fsync mode has none)."""
+        await self._flush_pass(every=True)
+
+    async def _flush_pass(self, *, every: bool) -> None:
+        """The flusher's pass: the deferred lines that are due (``every``: all of them), then the
+        fsyncs."""
         self._dirty_event.clear()
-        for log in list(self._unwritten):
-            self._write_deferred(log)
+        if self._unwritten:
+            now = time.monotonic()
+            for log, due in list(self._unwritten.items()):
+                if every or due <= now:
+                    self._write_deferred(log)
+            if self._unwritten:
+                self._dirty_event.set()  # the rest at a later pass
         paths = sorted(self._dirty)
         self._dirty.clear()
         if not paths:
@@ -880,7 +892,7 @@ class FilesStore(RowStore):
             await self._dirty_event.wait()
             await self._sleep(self._settings.fsync_batch_ms / 1000)
             try:
-                await self.flush()
+                await self._flush_pass(every=False)
             except OSError:
                 logger.exception("files store: fsync of session logs failed; recent appends may not be durable")
 
@@ -922,7 +934,7 @@ class FilesStore(RowStore):
             await self._append(
                 log,
                 _dumps(line),
-                # Views, and states the engine may lose (an anchor): synced with the next line.
+                # Views, and states the engine may lose (an anchor): written with the next line.
                 soft=isinstance(record, SaveViewRecord) or (isinstance(record, StateRecord) and record.soft),
                 mark=n if numbered else None,
             )
@@ -937,7 +949,7 @@ class FilesStore(RowStore):
         fsynced on their own. ``mark``: the new highest sequence number, recorded in the mark
         file once the line is written."""
         if soft:
-            self._defer(log, data)
+            self._defer(log, data, self._settings.files.soft_line_wait_ms / 1000)
             return
         sync = self._settings.durability is Durability.FSYNC
         pending = log.pending
@@ -948,7 +960,7 @@ class FilesStore(RowStore):
         size = _append_at(log.path, log.size, data)
         if pending:
             log.pending = None
-            self._unwritten.discard(log)
+            self._unwritten.pop(log, None)
         if sync:
             # Durable by a pass shared with every writer waiting meanwhile (group commit). The
             # new size and the mark only once it is on disk: if the sync fails, the next write
@@ -962,14 +974,14 @@ class FilesStore(RowStore):
         if mark is not None:
             _write_mark(log, mark)
 
-    def _defer(self, log: _Log, data: bytes) -> None:
-        """Hold ``data`` for the log's next write, or the flusher's pass (``fsync_batch_ms`` at
-        the latest): lines no caller waits for (views, anchors, batch mode's calibration
+    def _defer(self, log: _Log, data: bytes, wait: float) -> None:
+        """Hold ``data`` for the log's next write, or for the flusher's first pass after ``wait``
+        seconds: lines no caller waits for (views, anchors, batch mode's calibration
         observations) then share a write with the line after them instead of costing a write
         of their own (four system calls: open, seek, write, close)."""
         if log.pending is None:
             log.pending = [data]
-            self._unwritten.add(log)
+            self._unwritten[log] = time.monotonic() + wait
         else:
             log.pending.append(data)
         self._dirty_event.set()
@@ -980,7 +992,7 @@ class FilesStore(RowStore):
         depends on them) are dropped; calibration observations wait for the next pass (the
         calibration log's next rewrite bounds them)."""
         pending, log.pending = log.pending, None
-        self._unwritten.discard(log)
+        self._unwritten.pop(log, None)
         if not pending:
             return
         try:
@@ -988,7 +1000,7 @@ class FilesStore(RowStore):
         except OSError as exc:
             if log is self._calibration:
                 log.pending = pending + (log.pending or [])
-                self._unwritten.add(log)
+                self._unwritten[log] = 0.0  # at the next pass
                 logger.warning("files store: cannot write %d calibration observation(s) yet: %s", len(pending), exc)
             elif not isinstance(exc, FileNotFoundError):  # not found: its session was deleted meanwhile
                 logger.warning("files store: %d deferred line(s) of %s not written: %s", len(pending), log.path, exc)
@@ -1003,7 +1015,7 @@ class FilesStore(RowStore):
         """Forget the log's deferred lines (it is being rewritten whole from memory, or removed)."""
         if log is not None and log.pending is not None:
             log.pending = None
-            self._unwritten.discard(log)
+            self._unwritten.pop(log, None)
 
     def _observations_wait_for_disk(self) -> bool:
         return self._settings.durability is Durability.FSYNC
@@ -1023,7 +1035,10 @@ class FilesStore(RowStore):
             lines.append(_dumps(line))
         try:
             # Batch mode: no baseline waits for the disk, so the lines wait for the flusher's pass.
-            await self._append(log, b"".join(lines), soft=not self._observations_wait_for_disk())
+            if self._observations_wait_for_disk():
+                await self._append(log, b"".join(lines))
+            else:
+                self._defer(log, b"".join(lines), 0.0)
         except OSError as exc:
             logger.error("files store: cannot append to %s: %s", log.path, exc)
             raise Unavailable("the calibration log could not be written") from exc

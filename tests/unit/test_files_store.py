@@ -511,7 +511,7 @@ async def test_soft_lines_share_the_next_lines_write_in_order(root: Path, monkey
 
 @pytest.mark.parametrize("durability", [Durability.FSYNC, Durability.BATCH])
 async def test_the_flusher_writes_soft_lines_no_line_follows(root: Path, durability: Durability) -> None:
-    store = await opened(root, durability=durability, fsync_batch_ms=1)
+    store = await opened(root, durability=durability, fsync_batch_ms=1, files=FilesSettings(soft_line_wait_ms=0))
     sid = await session_with(store, 1)
     await store.save_view(sid, view("v1", last_sequence=1), keep=3)
     await _until(lambda: "view" in kinds_of(root, sid))
@@ -520,6 +520,17 @@ async def test_the_flusher_writes_soft_lines_no_line_follows(root: Path, durabil
     again = await opened(root)
     assert (await again.get_view(sid, "v1")) == view("v1", last_sequence=1)
     await again.close()
+    await store.close()
+
+
+async def test_a_soft_line_waits_its_time_for_a_line_to_share_a_write_with(root: Path) -> None:
+    store = await opened(root, sleep=_never, files=FilesSettings(soft_line_wait_ms=60_000))
+    sid = await session_with(store, 1)
+    await store.save_view(sid, view("v1", last_sequence=1), keep=3)
+    await store._flush_pass(every=False)  # a flusher's pass before the wait is over
+    assert kinds_of(root, sid) == ["session", "append"]
+    await store.flush()  # every deferred line, whatever its wait (a clean stop flushes)
+    assert kinds_of(root, sid) == ["session", "append", "view"]
     await store.close()
 
 
