@@ -422,8 +422,8 @@ async def test_concurrent_calibration_observations_share_writes_and_keep_their_o
     await store.close()
 
 
-async def test_a_failed_calibration_write_fails_only_its_batch(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = await opened(root, durability=Durability.FSYNC)  # baselines wait for the disk
+def _refuse_first_write(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """The next ``_append_at`` fails as on a full disk, later ones write; ``n`` counts them all."""
     real = files_module._append_at
     calls = {"n": 0}
 
@@ -434,6 +434,12 @@ async def test_a_failed_calibration_write_fails_only_its_batch(root: Path, monke
         return real(*args, **kw)
 
     monkeypatch.setattr(files_module, "_append_at", failing_once)
+    return calls
+
+
+async def test_a_failed_calibration_write_fails_only_its_batch(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await opened(root, durability=Durability.FSYNC)  # baselines wait for the disk
+    _refuse_first_write(monkeypatch)
     with pytest.raises(Unavailable):
         await store.add_calibration_observation("m", Observation(1, 1))
     await store.add_calibration_observation("m", Observation(2, 2))
@@ -447,16 +453,7 @@ async def test_batch_mode_observations_wait_for_the_flusher_and_survive_a_refuse
     store = await opened(root, durability=Durability.BATCH)
     calibration = root / "calibration.jsonl"
     size = calibration.stat().st_size
-    real = files_module._append_at
-    calls = {"n": 0}
-
-    def failing_once(*args: Any, **kw: Any) -> int:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise OSError(28, "No space left on device")
-        return real(*args, **kw)
-
-    monkeypatch.setattr(files_module, "_append_at", failing_once)
+    calls = _refuse_first_write(monkeypatch)
     await store.add_calibration_observation("m", Observation(1, 1))  # no baseline waits for the disk
     await store.add_calibration_observation("m", Observation(2, 2))
     assert calibration.stat().st_size == size  # deferred: not a write each
