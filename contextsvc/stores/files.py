@@ -1005,9 +1005,8 @@ class FilesStore(RowStore):
             elif not isinstance(exc, FileNotFoundError):  # not found: its session was deleted meanwhile
                 logger.warning("files store: %d deferred line(s) of %s not written: %s", len(pending), log.path, exc)
             return
-        if log is self._calibration:
-            if self._settings.durability is Durability.BATCH:
-                self._dirty.add(log.path)  # observations are synced like appends, in the same pass
+        if log is self._calibration:  # deferred in batch mode only
+            self._dirty.add(log.path)  # observations are synced like appends, in the same pass
         else:  # a session log: its start-up index entry names the log's size
             self._index_dirty.add(log.path.name[: -len(_LOG_SUFFIX)])
 
@@ -1021,7 +1020,9 @@ class FilesStore(RowStore):
         return self._settings.durability is Durability.FSYNC
 
     async def _persist_observations(self, batch: Sequence[tuple[str, Observation]]) -> None:
-        """One append (and, in fsync mode, one fsync) for every observation queued meanwhile."""
+        """One line each for the observations queued meanwhile: in fsync mode one write and one
+        fsync before the baselines return; in batch mode none waits for the disk, so the lines
+        wait for the flusher's next pass (``_defer``), which writes and syncs them together."""
         log = self._calibration
         lines = []
         for model, observation in batch:
@@ -1033,15 +1034,15 @@ class FilesStore(RowStore):
             if observation.residual is not None:
                 line["residual"] = observation.residual
             lines.append(_dumps(line))
-        try:
-            # Batch mode: no baseline waits for the disk, so the lines wait for the flusher's pass.
-            if self._observations_wait_for_disk():
-                await self._append(log, b"".join(lines))
-            else:
-                self._defer(log, b"".join(lines), 0.0)
-        except OSError as exc:
-            logger.error("files store: cannot append to %s: %s", log.path, exc)
-            raise Unavailable("the calibration log could not be written") from exc
+        data = b"".join(lines)
+        if not self._observations_wait_for_disk():
+            self._defer(log, data, 0.0)
+        else:
+            try:
+                await self._append(log, data)
+            except OSError as exc:
+                logger.error("files store: cannot append to %s: %s", log.path, exc)
+                raise Unavailable("the calibration log could not be written") from exc
         log.overhead += len(batch)
         factor = self._settings.files.calibration_log_factor
         if log.overhead > factor * self.observations_kept * max(1, len(self._observations)):
