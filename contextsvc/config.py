@@ -503,6 +503,10 @@ class FilesSettings(BaseModel):
     #: writes it alone. A killed process loses the soft lines of this last interval (the next
     #: BuildContext and RecordBaseline make them again); 0 writes them at the next flusher pass.
     soft_line_wait_ms: int = Field(1000, ge=0, le=60_000)
+    #: fsync durability: when writers came while a sync pass ran (appends of several sessions at
+    #: once), the next pass waits this long for more of them before it syncs, so one commit serves
+    #: more appends. A lone writer never waits: the first pass after an idle spell starts at once.
+    group_commit_wait_ms: float = Field(3.0, ge=0, le=1000)
 
 
 class HotPathSettings(BaseModel):

@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE))
 import _checkout  # noqa: E402,F401 - this checkout's contextsvc
 
 VARIANTS = ("real", "stub", "stub-sized", "stub-large", "stub-bare")
-EXPERIMENTS = ("real-gc", "real-count", "stub-count", "base")
+EXPERIMENTS = ("real-gc", "real-count", "stub-count", "base", "real-opts", "stub-opts")
 
 
 def _count_loop(counts: dict[str, int]) -> None:
@@ -102,6 +102,18 @@ def _patch(variant: str) -> None:
     from contextsvc.api import servicer as sv
     from contextsvc.api.wire import EncodedResponse
 
+    if variant.endswith("-opts"):  # an experiment: extra server channel args, JSON in TURN_FLOOR_OPTIONS
+        import json
+
+        extra = [tuple(o) for o in json.loads(os.environ.get("TURN_FLOOR_OPTIONS", "[]"))]
+        plain_server = grpc.aio.server
+
+        def with_options(*args: Any, **kwargs: Any) -> Any:
+            kwargs["options"] = [*kwargs.get("options", []), *extra]
+            return plain_server(*args, **kwargs)
+
+        grpc.aio.server = with_options  # type: ignore[assignment]
+        variant = variant.removesuffix("-opts") or "real"
     if variant == "real":
         return
     if variant == "real-count":  # an experiment: refits per baseline, written to stderr at exit

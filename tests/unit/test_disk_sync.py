@@ -150,6 +150,34 @@ async def test_a_writer_that_comes_during_a_pass_waits_for_the_next(tmp_path: Pa
     assert group.passes == 2
 
 
+@pytest.mark.parametrize(("gather", "expected"), [(0.0, [["a"], ["b"], ["c"]]), (0.5, [["a"], ["b", "c"]])])
+async def test_a_gather_wait_lets_writers_that_come_just_after_a_pass_share_the_next(
+    tmp_path: Path, gather: float, expected: list[list[str]]
+) -> None:
+    """Writers came during a pass (others are writing): the next pass waits ``gather`` for more."""
+    passes = _Passes()
+    passes.release.clear()
+    group = GroupCommit(passes, gather_seconds=gather)
+    first = asyncio.ensure_future(group.durable(tmp_path / "a"))
+    await asyncio.to_thread(passes.entered.wait, 10)
+    second = asyncio.ensure_future(group.durable(tmp_path / "b"))
+    await asyncio.sleep(0.01)
+    passes.release.set()
+    await first
+    third = asyncio.ensure_future(group.durable(tmp_path / "c"))  # just after pass 1 ended
+    await asyncio.gather(second, third)
+    assert passes.calls == expected
+    assert (group.passes, group.writers) == (len(expected), 3)
+
+
+async def test_a_lone_writer_never_waits_for_the_gather(tmp_path: Path) -> None:
+    passes = _Passes()
+    group = GroupCommit(passes, gather_seconds=30.0)
+    for name in "ab":  # one after the other: each finds the group idle
+        await asyncio.wait_for(group.durable(tmp_path / name), 5)
+    assert passes.calls == [["a"], ["b"]]
+
+
 async def test_a_failed_pass_fails_its_writers_and_the_next_pass_works(tmp_path: Path) -> None:
     passes = _Passes()
     passes.fail = OSError(28, "No space left on device")
