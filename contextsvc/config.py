@@ -503,10 +503,14 @@ class FilesSettings(BaseModel):
     #: writes it alone. A killed process loses the soft lines of this last interval (the next
     #: BuildContext and RecordBaseline make them again); 0 writes them at the next flusher pass.
     soft_line_wait_ms: int = Field(1000, ge=0, le=60_000)
-    #: fsync durability: when writers came while a sync pass ran (appends of several sessions at
-    #: once), the next pass waits this long for more of them before it syncs, so one commit serves
+    #: fsync durability: when writers came while a sync pass ran and at least
+    #: ``group_commit_min_logs`` logs were written within the last 0.1 s (many sessions writing at
+    #: once), the next pass waits this long for more writers before it syncs, so one commit serves
     #: more appends. A lone writer never waits: the first pass after an idle spell starts at once.
-    group_commit_wait_ms: float = Field(3.0, ge=0, le=1000)
+    #: The wait is latency: a few agents taking turns back to back only wait longer for each turn.
+    group_commit_wait_ms: float = Field(2.0, ge=0, le=1000)
+    #: ... the logs (sessions, and the calibration log) written within the last 0.1 s for it.
+    group_commit_min_logs: int = Field(8, ge=1)
 
 
 class HotPathSettings(BaseModel):

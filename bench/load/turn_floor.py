@@ -446,6 +446,7 @@ def measure(
         "server_ms": m["cpu_ms_per_call"],
         "driver_ms": m["driver_cpu_ms_per_call"],
         "errors": m.get("errors", {}),
+        "append": m.get("latency", {}).get("AppendMessages", {}),
     }
 
 
@@ -489,7 +490,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     print(
         "| round | variant | turns/s | Health/Check calls/s | ratio | server CPU ms/turn | driver CPU ms/turn "
-        "| errors | load |\n|---|---|---|---|---|---|---|---|---|"
+        "| AppendMessages p50/p99 ms | errors | load |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     for i in range(args.rounds):
         for v in variants:
@@ -498,7 +499,8 @@ def main() -> None:
             rows.append(res)
             print(
                 f"| {i + 1} | {v} | {res['turns_s']:.0f} | {res['health']:.0f} | {res['ratio']:.3f} "
-                f"| {res['server_ms']:.2f} | {res['driver_ms']:.2f} | {res['errors'] or 0} "
+                f"| {res['server_ms']:.2f} | {res['driver_ms']:.2f} "
+                f"| {res['append'].get('p50_ms', 0):.1f}/{res['append'].get('p99_ms', 0):.1f} | {res['errors'] or 0} "
                 f"| {os.getloadavg()[0]:.1f} |",
                 flush=True,
             )

@@ -25,6 +25,8 @@ import ctypes
 import os
 import re
 import sys
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,6 +34,8 @@ from pathlib import Path
 SYNCFS_ERRORS_SINCE = (5, 8)
 #: fewer files than this are fsynced one by one (a single file's fsync writes only that file).
 SYNCFS_MIN_FILES = 2
+#: how far back ``GroupCommit`` looks to count the files being written (whether to gather).
+RECENT_SECONDS = 0.1
 
 
 def kernel_release_at_least(release: str, wanted: tuple[int, int]) -> bool:
@@ -117,9 +121,15 @@ class GroupCommit:
     for the next one (their writes may have missed it). A failed pass fails each of its writers
     with the error; the next pass tries again for those who come after."""
 
-    def __init__(self, sync: Callable[[Sequence[Path]], None], *, gather_seconds: float = 0.0) -> None:
+    def __init__(
+        self, sync: Callable[[Sequence[Path]], None], *, gather_seconds: float = 0.0, gather_files: int = 1
+    ) -> None:
         self._sync = sync
         self._gather = gather_seconds
+        self._gather_files = gather_files
+        #: file -> when a writer last waited for it (``time.monotonic``), oldest first, within
+        #: ``RECENT_SECONDS``: how many files (sessions) are being written now.
+        self._recent: OrderedDict[Path, float] = OrderedDict()
         self._waiting: list[tuple[Path, asyncio.Future[None]]] = []
         self._runner: asyncio.Task[None] | None = None
         #: passes made, and writers they made durable (``writers / passes``: the group's size).
@@ -128,6 +138,8 @@ class GroupCommit:
 
     async def durable(self, path: Path) -> None:
         """Return once a pass that began after this call made ``path`` durable."""
+        if self._gather > 0:
+            self._note(path)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((path, done))
         if self._runner is None or self._runner.done():
@@ -138,10 +150,12 @@ class GroupCommit:
     async def _run(self) -> None:
         first = True
         while self._waiting:
-            if not first and self._gather > 0:
-                # Writers came while the last pass ran: others are writing too, so give them a
-                # moment to join this pass (fewer passes, each one commit for more writers). The
-                # first pass after an idle spell starts at once: a lone writer never waits here.
+            if not first and self._gather > 0 and self._many_writing():
+                # Writers came while the last pass ran and many files are being written: give more
+                # writers a moment to join this pass (fewer passes, each one commit for more of
+                # them). The first pass after an idle spell starts at once (a lone writer never
+                # waits here); so does every pass while few files are written (a few agents
+                # taking turns back to back would only wait longer for each of their turns).
                 await asyncio.sleep(self._gather)
             first = False
             batch, self._waiting = self._waiting, []
@@ -159,6 +173,29 @@ class GroupCommit:
             self.passes += 1
             self.writers += len(batch)
             _settle_all(batch, None)
+
+    def _note(self, path: Path) -> None:
+        now = time.monotonic()
+        recent = self._recent
+        recent[path] = now
+        recent.move_to_end(path)
+        while recent:
+            oldest, when = next(iter(recent.items()))
+            if now - when <= RECENT_SECONDS:
+                break
+            del recent[oldest]
+
+    def _many_writing(self) -> bool:
+        """Whether ``gather_files`` distinct files waited for a pass within ``RECENT_SECONDS``."""
+        if len(self._recent) < self._gather_files:
+            return False
+        now = time.monotonic()
+        for count, when in enumerate(reversed(self._recent.values()), 1):  # newest first
+            if now - when > RECENT_SECONDS:
+                return False
+            if count >= self._gather_files:
+                return True
+        return False
 
     async def drain(self) -> None:
         """Wait for the passes under way and those already asked for."""

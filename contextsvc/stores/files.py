@@ -281,7 +281,11 @@ class FilesStore(RowStore):
         self._unwritten: dict[_Log, float] = {}
         #: how written files are made durable, and the group commit of fsync mode's writers.
         self._disk = DiskSync(self.root, whole_filesystem=self._settings.files.sync_whole_filesystem)
-        self._group = GroupCommit(self._disk.sync, gather_seconds=self._settings.files.group_commit_wait_ms / 1000)
+        self._group = GroupCommit(
+            self._disk.sync,
+            gather_seconds=self._settings.files.group_commit_wait_ms / 1000,
+            gather_files=self._settings.files.group_commit_min_logs,
+        )
         self._dirty_event = asyncio.Event()
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._flusher: asyncio.Task[None] | None = None

@@ -170,6 +170,26 @@ async def test_a_gather_wait_lets_writers_that_come_just_after_a_pass_share_the_
     assert (group.passes, group.writers) == (len(expected), 3)
 
 
+@pytest.mark.parametrize(("files", "expected"), [(3, [["a"], ["b"], ["c"]]), (2, [["a"], ["b", "c"]])])
+async def test_a_pass_waits_only_while_many_files_are_written(
+    tmp_path: Path, files: int, expected: list[list[str]]
+) -> None:
+    """Writers came during a pass, but only two files are being written: with ``gather_files`` 3
+    the next pass starts at once (a few agents would only wait longer), with 2 it gathers."""
+    passes = _Passes()
+    passes.release.clear()
+    group = GroupCommit(passes, gather_seconds=0.5, gather_files=files)
+    first = asyncio.ensure_future(group.durable(tmp_path / "a"))
+    await asyncio.to_thread(passes.entered.wait, 10)
+    second = asyncio.ensure_future(group.durable(tmp_path / "b"))
+    await asyncio.sleep(0.01)
+    passes.release.set()
+    await first
+    third = asyncio.ensure_future(group.durable(tmp_path / "c"))  # a third file, after pass 2 began
+    await asyncio.gather(second, third)
+    assert passes.calls == expected
+
+
 async def test_a_lone_writer_never_waits_for_the_gather(tmp_path: Path) -> None:
     passes = _Passes()
     group = GroupCommit(passes, gather_seconds=30.0)
