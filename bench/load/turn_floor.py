@@ -21,6 +21,11 @@ on the same process in the same window. Variants:
 - ``stub-bare``: ``stub`` without the server's interceptors (serving gate, decode guard,
   quotas): what they add to the floor.
 
+Experiments: ``real-count`` (refits, loop callbacks, handler CPU, sync passes, printed at exit),
+``stub-count``, ``real-gc``, ``base`` (``--base DIR``: another checkout, for an A/B), and
+``real-opts`` / ``stub-opts``: the server built with extra gRPC channel arguments, a JSON list of
+pairs in ``TURN_FLOOR_OPTIONS`` (e.g. ``[["grpc.http2.bdp_probe", 0]]``).
+
 The stubbed server is this file run as ``--serve ARGS...``: it patches the three servicer methods
 and then runs the ordinary ``contextsvc serve ARGS...``. Bench-only; nothing here ships.
 """
