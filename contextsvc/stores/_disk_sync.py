@@ -156,7 +156,12 @@ class GroupCommit:
                 # them). The first pass after an idle spell starts at once (a lone writer never
                 # waits here); so does every pass while few files are written (a few agents
                 # taking turns back to back would only wait longer for each of their turns).
-                await asyncio.sleep(self._gather)
+                try:
+                    await asyncio.sleep(self._gather)
+                except BaseException:  # stopped while gathering: no writer is left waiting
+                    stopped, self._waiting = self._waiting, []
+                    _settle_all(stopped, OSError("the sync pass was stopped"))
+                    raise
             first = False
             batch, self._waiting = self._waiting, []
             paths = list(dict.fromkeys(path for path, _ in batch))

@@ -190,6 +190,26 @@ async def test_a_pass_waits_only_while_many_files_are_written(
     assert passes.calls == expected
 
 
+async def test_writers_gathering_when_the_group_is_stopped_hear_of_it(tmp_path: Path) -> None:
+    passes = _Passes()
+    passes.release.clear()
+    group = GroupCommit(passes, gather_seconds=30.0)
+    first = asyncio.ensure_future(group.durable(tmp_path / "a"))
+    await asyncio.to_thread(passes.entered.wait, 10)
+    second = asyncio.ensure_future(group.durable(tmp_path / "b"))
+    await asyncio.sleep(0.01)
+    passes.release.set()
+    await first
+    await asyncio.sleep(0.05)  # the runner now waits for more writers (30 s)
+    assert not second.done()
+    runner = group._runner
+    assert runner is not None
+    runner.cancel()
+    with pytest.raises(OSError, match="stopped"):
+        await asyncio.wait_for(second, 5)
+    assert passes.calls == [["a"]]
+
+
 async def test_a_lone_writer_never_waits_for_the_gather(tmp_path: Path) -> None:
     passes = _Passes()
     group = GroupCommit(passes, gather_seconds=30.0)
