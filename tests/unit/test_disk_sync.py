@@ -285,6 +285,14 @@ async def test_concurrent_appends_in_fsync_durability_share_passes_and_survive(t
     await reopened.close()
 
 
+async def test_the_files_settings_shape_the_group_commit(tmp_path: Path) -> None:
+    store = await _store(tmp_path / "data", group_commit_wait_ms=5, group_commit_min_logs=3)
+    try:
+        assert (store._group._gather, store._group._gather_files) == (0.005, 3)
+    finally:
+        await store.close()
+
+
 async def test_an_append_whose_sync_fails_is_unavailable_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
