@@ -150,20 +150,26 @@ async def test_a_writer_that_comes_during_a_pass_waits_for_the_next(tmp_path: Pa
     assert group.passes == 2
 
 
-@pytest.mark.parametrize(("gather", "expected"), [(0.0, [["a"], ["b"], ["c"]]), (0.5, [["a"], ["b", "c"]])])
-async def test_a_gather_wait_lets_writers_that_come_just_after_a_pass_share_the_next(
-    tmp_path: Path, gather: float, expected: list[list[str]]
-) -> None:
-    """Writers came during a pass (others are writing): the next pass waits ``gather`` for more."""
-    passes = _Passes()
+async def _one_came_during_a_pass(group: GroupCommit, passes: _Passes, tmp_path: Path) -> asyncio.Future[None]:
+    """Writer "a" starts a pass that is held; "b" comes during it; the pass ends. Returns b's wait."""
     passes.release.clear()
-    group = GroupCommit(passes, gather_seconds=gather)
     first = asyncio.ensure_future(group.durable(tmp_path / "a"))
     await asyncio.to_thread(passes.entered.wait, 10)
     second = asyncio.ensure_future(group.durable(tmp_path / "b"))
     await asyncio.sleep(0.01)
     passes.release.set()
     await first
+    return second
+
+
+@pytest.mark.parametrize(("gather", "expected"), [(0.0, [["a"], ["b"], ["c"]]), (0.5, [["a"], ["b", "c"]])])
+async def test_a_gather_wait_lets_writers_that_come_just_after_a_pass_share_the_next(
+    tmp_path: Path, gather: float, expected: list[list[str]]
+) -> None:
+    """Writers came during a pass (others are writing): the next pass waits ``gather`` for more."""
+    passes = _Passes()
+    group = GroupCommit(passes, gather_seconds=gather)
+    second = await _one_came_during_a_pass(group, passes, tmp_path)
     third = asyncio.ensure_future(group.durable(tmp_path / "c"))  # just after pass 1 ended
     await asyncio.gather(second, third)
     assert passes.calls == expected
@@ -177,14 +183,8 @@ async def test_a_pass_waits_only_while_many_files_are_written(
     """Writers came during a pass, but only two files are being written: with ``gather_files`` 3
     the next pass starts at once (a few agents would only wait longer), with 2 it gathers."""
     passes = _Passes()
-    passes.release.clear()
     group = GroupCommit(passes, gather_seconds=0.5, gather_files=files)
-    first = asyncio.ensure_future(group.durable(tmp_path / "a"))
-    await asyncio.to_thread(passes.entered.wait, 10)
-    second = asyncio.ensure_future(group.durable(tmp_path / "b"))
-    await asyncio.sleep(0.01)
-    passes.release.set()
-    await first
+    second = await _one_came_during_a_pass(group, passes, tmp_path)
     third = asyncio.ensure_future(group.durable(tmp_path / "c"))  # a third file, after pass 2 began
     await asyncio.gather(second, third)
     assert passes.calls == expected
@@ -192,14 +192,8 @@ async def test_a_pass_waits_only_while_many_files_are_written(
 
 async def test_writers_gathering_when_the_group_is_stopped_hear_of_it(tmp_path: Path) -> None:
     passes = _Passes()
-    passes.release.clear()
     group = GroupCommit(passes, gather_seconds=30.0)
-    first = asyncio.ensure_future(group.durable(tmp_path / "a"))
-    await asyncio.to_thread(passes.entered.wait, 10)
-    second = asyncio.ensure_future(group.durable(tmp_path / "b"))
-    await asyncio.sleep(0.01)
-    passes.release.set()
-    await first
+    second = await _one_came_during_a_pass(group, passes, tmp_path)
     await asyncio.sleep(0.05)  # the runner now waits for more writers (30 s)
     assert not second.done()
     runner = group._runner
