@@ -7,6 +7,7 @@ the tools used, the errors seen, the files and commands involved, and a final ``
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -100,7 +101,10 @@ class ExtractiveSummarizer:
         )
 
     async def summarize(self, request: SummaryRequest) -> str:
-        return self.summarize_sync(request)
+        # In a worker thread: a summary of a few hundred rows is ~0.1 s of CPU, which on the event
+        # loop would stall every other session's calls for as long. There it shares the
+        # interpreter with them at the switch interval instead.
+        return await asyncio.to_thread(self.summarize_sync, request)
 
     async def close(self) -> None:
         """Nothing to release."""
