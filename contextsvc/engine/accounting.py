@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from contextsvc.config import Settings
+from contextsvc.core.arrivals import Arrivals
 from contextsvc.core.calibration import Calibration, CalibrationRegistry, Observation
 from contextsvc.core.images import ref_tokens
 from contextsvc.core.messages import ImageRef, Message
@@ -37,7 +38,7 @@ class TokenAccounting:
         #: per model, the open gathering of baselines that will share one refit (``_gather``).
         self._gathering: dict[str, _Gathering] = {}
         #: per model, when baselines of different sessions last arrived (the gathering's rule).
-        self._arrivals = _Arrivals()
+        self._arrivals = Arrivals()  # per model: the sessions recording a baseline
 
     async def ensure_loaded(self, model: str) -> Calibration:
         """The model's calibration, re-read from the store when the cached copy is stale."""
@@ -178,35 +179,3 @@ class _Gathering:
         self.joined += 1
         if self.joined >= self.expected:
             self.full.set()
-
-
-class _Arrivals:
-    """Per model, the sessions whose baselines came within the last window, with when each came
-    last: what tells several agents of the model recording from one client or two. Bounded by
-    the sessions active within one window (older ones are dropped as new baselines come) and
-    forgotten with the model's calibration."""
-
-    __slots__ = ("_recent",)
-
-    def __init__(self) -> None:
-        #: model -> session -> time of its newest baseline, oldest first
-        self._recent: dict[str, OrderedDict[str, float]] = {}
-
-    def note(self, model: str, source: str, now: float, window: float) -> int:
-        """Record a baseline of ``source`` at ``now``; how many other sessions recorded one of the
-        model within ``window`` before it."""
-        recent = self._recent.get(model)
-        if recent is None:
-            recent = self._recent[model] = OrderedDict()
-        while recent:
-            oldest, when = next(iter(recent.items()))
-            if now - when <= window:
-                break
-            del recent[oldest]
-        others = len(recent) - (source in recent)
-        recent[source] = now
-        recent.move_to_end(source)
-        return others
-
-    def forget(self, model: str) -> None:
-        self._recent.pop(model, None)

@@ -26,9 +26,10 @@ import os
 import re
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from contextsvc.core.arrivals import Arrivals
 
 #: the first Linux release whose ``syncfs`` reports write-back errors (per-filesystem errseq).
 SYNCFS_ERRORS_SINCE = (5, 8)
@@ -119,7 +120,11 @@ class GroupCommit:
     begins and makes their files durable with one ``sync`` call in a worker thread (one thread hop
     and, with ``DiskSync``, one ``syncfs`` for all of them); writers that come while it runs wait
     for the next one (their writes may have missed it). A failed pass fails each of its writers
-    with the error; the next pass tries again for those who come after."""
+    with the error; the next pass tries again for those who come after.
+
+    With ``gather_seconds``, a pass after one that writers came during first waits that long for
+    more of them, but only while ``gather_files`` distinct files were written within
+    ``RECENT_SECONDS`` of the newest writer (many sessions at once, not a few taking turns)."""
 
     def __init__(
         self, sync: Callable[[Sequence[Path]], None], *, gather_seconds: float = 0.0, gather_files: int = 1
@@ -127,9 +132,10 @@ class GroupCommit:
         self._sync = sync
         self._gather = gather_seconds
         self._gather_files = gather_files
-        #: file -> when a writer last waited for it (``time.monotonic``), oldest first, within
-        #: ``RECENT_SECONDS``: how many files (sessions) are being written now.
-        self._recent: OrderedDict[Path, float] = OrderedDict()
+        #: the files that waited for a pass lately, and how many did within ``RECENT_SECONDS``
+        #: of the newest writer: how many logs (sessions) are being written now.
+        self._arrivals = Arrivals()
+        self._writing = 0
         self._waiting: list[tuple[Path, asyncio.Future[None]]] = []
         self._runner: asyncio.Task[None] | None = None
         #: passes made, and writers they made durable (``writers / passes``: the group's size).
@@ -139,7 +145,7 @@ class GroupCommit:
     async def durable(self, path: Path) -> None:
         """Return once a pass that began after this call made ``path`` durable."""
         if self._gather > 0:
-            self._note(path)
+            self._writing = 1 + self._arrivals.note(None, path, time.monotonic(), RECENT_SECONDS)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((path, done))
         if self._runner is None or self._runner.done():
@@ -150,7 +156,7 @@ class GroupCommit:
     async def _run(self) -> None:
         first = True
         while self._waiting:
-            if not first and self._gather > 0 and self._many_writing():
+            if not first and self._gather > 0 and self._writing >= self._gather_files:
                 # Writers came while the last pass ran and many files are being written: give more
                 # writers a moment to join this pass (fewer passes, each one commit for more of
                 # them). The first pass after an idle spell starts at once (a lone writer never
@@ -178,29 +184,6 @@ class GroupCommit:
             self.passes += 1
             self.writers += len(batch)
             _settle_all(batch, None)
-
-    def _note(self, path: Path) -> None:
-        now = time.monotonic()
-        recent = self._recent
-        recent[path] = now
-        recent.move_to_end(path)
-        while recent:
-            oldest, when = next(iter(recent.items()))
-            if now - when <= RECENT_SECONDS:
-                break
-            del recent[oldest]
-
-    def _many_writing(self) -> bool:
-        """Whether ``gather_files`` distinct files waited for a pass within ``RECENT_SECONDS``."""
-        if len(self._recent) < self._gather_files:
-            return False
-        now = time.monotonic()
-        for count, when in enumerate(reversed(self._recent.values()), 1):  # newest first
-            if now - when > RECENT_SECONDS:
-                return False
-            if count >= self._gather_files:
-                return True
-        return False
 
     async def drain(self) -> None:
         """Wait for the passes under way and those already asked for."""

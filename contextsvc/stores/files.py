@@ -1003,7 +1003,7 @@ class FilesStore(RowStore):
             log.size = _append_at(log.path, log.size, b"".join(pending))
         except OSError as exc:
             if log is self._calibration:
-                log.pending = pending + (log.pending or [])
+                log.pending = pending
                 self._unwritten[log] = 0.0  # at the next pass
                 logger.warning("files store: cannot write %d calibration observation(s) yet: %s", len(pending), exc)
             elif not isinstance(exc, FileNotFoundError):  # not found: its session was deleted meanwhile

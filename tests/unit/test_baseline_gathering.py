@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from contextsvc.config import ProfileConfig, Settings, TokenSettings
+from contextsvc.core.arrivals import Arrivals
 from contextsvc.core.calibration import Calibration, Observation
 from contextsvc.core.priors import N_FEATURES
-from contextsvc.engine.accounting import TokenAccounting, _Arrivals
+from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.stores.memory import MemoryStore
 from tests.support.compaction_harness import Rig, a, u, words
 
@@ -227,7 +228,7 @@ async def test_a_gathering_that_fewer_join_than_expected_lasts_its_window() -> N
 
 
 def test_arrivals_count_the_other_sessions_within_the_window() -> None:
-    arrivals = _Arrivals()
+    arrivals = Arrivals()
     assert arrivals.note("m", "a", 1.0, 0.5) == 0
     assert arrivals.note("m", "a", 1.1, 0.5) == 0  # the same session is never "another"
     assert arrivals.note("m", "b", 1.2, 0.5) == 1
