@@ -362,6 +362,10 @@ class PostgresSettings(BaseModel):
     append_group_max: int = Field(32, ge=1)
     #: server-side statement_timeout for every pooled connection (0 = none).
     statement_timeout_ms: int = Field(30_000, ge=0)
+    #: contexts built lately, kept per replica so a build reads only the rows added since
+    #: (``stores/postgres/context_cache.py``); least recently built sessions go first. 0 = none:
+    #: every build reads its whole context.
+    context_cache_mb: float = Field(64.0, ge=0)
     #: how long open() waits for another process's migrations (advisory lock).
     migration_lock_timeout_seconds: float = Field(60.0, gt=0)
     #: try ``CREATE EXTENSION pg_trgm`` and build trigram indexes for search; off = plain scans.

@@ -121,6 +121,20 @@ def lost_row(seq: int, note: str, time: datetime | None) -> Message:
     )
 
 
+#: estimated memory of a held row beyond its text: the row itself (~600 B measured with its
+#: decoded fields) and what the engine keeps for it once it was built into a view (per-message
+#: size and feature memos, their values, the reused view's entry: ~1,000 B more), measured with
+#: tracemalloc (tests/unit/test_memory_budget.py, bench/store/memory.py). The API adapter's
+#: encodings of the rows are counted as it reports them (the files store's ``hold_outside``).
+ROW_BYTES = 1700
+
+
+def row_bytes(m: Message) -> int:
+    """Estimated memory of a held row and the engine's caches of it (``ROW_BYTES``): the budget
+    unit of the files store's rows and of the PostgreSQL store's cached contexts."""
+    return ROW_BYTES + len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls)
+
+
 def utc(value: datetime) -> datetime:
     """Aware UTC; a naive value is taken to be UTC already."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -106,7 +106,6 @@ import orjson
 from contextsvc.config import Durability, Settings
 from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
-from contextsvc.core.messages import Message
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import Principal, SessionInfo, SessionPage
@@ -127,6 +126,7 @@ from contextsvc.stores._index import (
 )
 from contextsvc.stores._seal import read_seal, seal_holds, seal_note
 from contextsvc.stores._session import (
+    ROW_BYTES,
     AppendRecord,
     CompactionRecord,
     FlagsRecord,
@@ -136,6 +136,7 @@ from contextsvc.stores._session import (
     SaveViewRecord,
     SessionState,
     StateRecord,
+    row_bytes,
 )
 
 if TYPE_CHECKING:
@@ -151,12 +152,6 @@ _CALIBRATION = "calibration.jsonl"
 _TMP_SUFFIX = ".tmp"
 _MARK_SUFFIX = ".mark"
 _MB = 1024 * 1024
-#: estimated memory of a held row beyond its text: the row itself (~600 B measured with its
-#: decoded fields) and what the engine keeps for it once it was built into a view (per-message
-#: size and feature memos, their values, the reused view's entry: ~1,000 B more), measured with
-#: tracemalloc (tests/unit/test_memory_budget.py, bench/store/memory.py). The API adapter's
-#: encodings of the rows are counted as it reports them (``hold_outside``).
-_ROW_BYTES = 1700
 #: estimated memory of a held session beyond its rows (state, lock, indexes).
 _SESSION_BYTES = 4096
 
@@ -512,7 +507,7 @@ class FilesStore(RowStore):
     def _count(self, st: SessionState) -> None:
         done = self._held_rows.get(st.id, 0)
         rows = st.rows
-        added = sum(_row_bytes(m) for m in rows[done:]) if len(rows) > done else 0
+        added = sum(row_bytes(m) for m in rows[done:]) if len(rows) > done else 0
         self._held_rows[st.id] = len(rows)
         self._hold(st.id, added)
 
@@ -576,7 +571,7 @@ class FilesStore(RowStore):
                 continue
             gone = st.shed_rows(tail)
             if gone:
-                freed = sum(_row_bytes(m) for m in gone)
+                freed = sum(row_bytes(m) for m in gone)
                 self._lru[sid] -= freed
                 self._held -= freed
                 self._shed_bytes[sid] = self._shed_bytes.get(sid, 0) + freed
@@ -1719,14 +1714,9 @@ def _rebuilt_header(
     return SessionState(info)
 
 
-def _row_bytes(m: Message) -> int:
-    """Estimated memory of a held row and the engine's caches of it (``_ROW_BYTES``)."""
-    return _ROW_BYTES + len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls)
-
-
 def _chunk_bytes(chunk: HistoryChunk) -> int:
     """Estimated memory of an indexed history chunk: its text, and its terms about as much again."""
-    return _ROW_BYTES + 2 * len(chunk.text)
+    return ROW_BYTES + 2 * len(chunk.text)
 
 
 def _int(value: Any) -> int:

@@ -76,7 +76,7 @@ async def test_turns_on_long_sessions_over_the_budget_read_no_log(tmp_path: Path
 async def partial(root: Path, *, tail: int = 2, history: int = 100, context: int = 5) -> tuple[FilesStore, list[str]]:
     """Three sessions and a budget that holds one whole and the others' contexts and tails: the
     newest stays whole, the two others let the rest go."""
-    row_bytes = 1700 + 215  # files._row_bytes of these rows, about
+    row_bytes = 1700 + 215  # _session.row_bytes of these rows, about
     whole = (history + context) * row_bytes
     lean = (context + tail) * row_bytes + 4096
     store = await opened(root, cache_mb=(whole + 2 * lean + 30_000) / MB, resident_tail_rows=tail)

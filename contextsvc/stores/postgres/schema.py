@@ -229,6 +229,13 @@ _V7_VIEW_IMAGES = """
 ALTER TABLE views ADD COLUMN image_tokens bigint NOT NULL DEFAULT 0;
 """
 
+# A session's context epoch: bumped by every statement that changes ``is_context`` of a stored
+# row (flag changes, compactions), so a replica's cached context (``context_cache.py``) knows it
+# must read the context again rather than only the rows appended since. 0 for existing sessions.
+_V8_CONTEXT_EPOCH = """
+ALTER TABLE sessions ADD COLUMN context_epoch bigint NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
@@ -237,6 +244,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "calibration residuals", _V5_RESIDUALS),
     Migration(6, "search terms version", _V6_TERMS_VERSION),
     Migration(7, "view image tokens", _V7_VIEW_IMAGES),
+    Migration(8, "context epoch", _V8_CONTEXT_EPOCH),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

@@ -52,6 +52,7 @@ from contextsvc.stores._base import (
 )
 from contextsvc.stores._session import utc
 from contextsvc.stores.postgres.bus import PUBLISH_LOCK, PostgresEventBus
+from contextsvc.stores.postgres.context_cache import ContextCache, ContextVersion, KeyedRow, extended, whole
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
 from contextsvc.stores.postgres.lanes import Group, StatementLanes
 from contextsvc.stores.postgres.pool import migrate_database, open_lock_pool, open_pool, pooled
@@ -107,6 +108,8 @@ class PostgresStore:
         self._append_group = Group(self._append_many, self._pg.append_group_max)
         #: the event buses made on this store's pool (``make_event_bus``): appends may publish for them.
         self._buses: weakref.WeakSet[PostgresEventBus] = weakref.WeakSet()
+        #: contexts read lately: a build reads only the rows added since (``context_cache.py``).
+        self._contexts = ContextCache(int(self._pg.context_cache_mb * 1024 * 1024))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -483,6 +486,7 @@ class PostgresStore:
             await conn.execute("DELETE FROM sessions WHERE session_id = $1", session_id)
 
         await self._write("delete_session", work)
+        self._contexts.forget(session_id)
 
     async def maintenance_candidates(self, busy: Collection[str] = ()) -> tuple[list[Candidate], int]:
         """Every session with the bytes of its rows (hot and archived), for store maintenance
@@ -679,15 +683,37 @@ class PostgresStore:
         return await self._read("list_messages", work)
 
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
-        """Read through the partial ``is_context`` indexes: the cost follows the context size."""
+        """One statement (``_CONTEXT_SQL``): the session's version and its context rows numbered
+        after those this replica holds for it (``context_cache.py``), or all of them; a second
+        one, for all of them, only when the session changed otherwise since (a compaction, a
+        flag change, deleted and created again)."""
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+        cached = self._contexts.get(session_id)
+
+        async def read(conn: Any, after: int) -> tuple[ContextVersion, list[KeyedRow], int]:
+            rows = await conn.fetch(_CONTEXT_SQL, session_id, after)
+            if not rows or not caller.may_read(rows[0]["user_id"]):
+                raise session_not_found(session_id)
+            head = rows[0]
+            version = ContextVersion(head["create_time"], head["context_epoch"], head["last_sequence"])
+            keyed = [((r["context_key"], r["seq"]), message_from_row(r)) for r in rows if r["seq"] is not None]
+            return version, keyed, head["context_count"]
 
         async def work(conn: Any) -> list[Message]:
-            await self._owned(conn, session_id, caller)
-            rows = await conn.fetch(
-                "SELECT * FROM all_messages WHERE session_id = $1 AND is_context ORDER BY context_key, seq",
-                session_id,
-            )
-            return [message_from_row(r) for r in rows]
+            if cached is not None:
+                version, added, count = await read(conn, cached.version.last_sequence)
+                entry = extended(cached, version, added, count)
+                if entry is not None:
+                    self._contexts.put(session_id, entry)
+                    return list(entry.rows)
+            version, keyed, count = await read(conn, 0)
+            entry = whole(version, keyed, count)
+            if entry is None:
+                self._contexts.forget(session_id)
+                return [m for _, m in keyed]
+            self._contexts.put(session_id, entry)
+            return list(entry.rows)
 
         return await self._read("load_context", work)
 
@@ -1150,6 +1176,19 @@ def _listing_filter(caller: Principal, profile_id: str, query: str, args: list[A
     return " AND ".join(conditions) or "true"
 
 
+#: ``load_context``: the session's owner and version, and its context rows numbered after $2 in
+#: context order (one row with NULL row columns when there is none). One statement: one snapshot.
+_CONTEXT_SQL = """
+SELECT s.user_id, s.create_time, s.context_epoch, s.last_sequence, s.context_count,
+       m.seq, m.is_context, m.context_key, m.content, m.body
+  FROM sessions s
+  LEFT JOIN LATERAL (
+       SELECT seq, is_context, context_key, content, body FROM all_messages
+        WHERE session_id = s.session_id AND is_context AND seq > $2) m ON true
+ WHERE s.session_id = $1
+ ORDER BY m.context_key, m.seq
+"""
+
 #: AppendMessages in one statement (``append_messages``). $1 session, $2 request id ('' for none),
 #: $3 rows, $4 display rows, $5 context rows, $6 context tokens, $7 preview (NULL: unchanged),
 #: $8 now, $9/$10 the caller (user, admin), $11 fingerprint, $12 blob ids, $13-$19 the rows'
@@ -1275,11 +1314,15 @@ async def _set_context(conn: Any, session_id: str, sequence_numbers: Sequence[in
         return 0
     changed = 0
     for table in ("messages", "messages_archive"):
+        # A change bumps the session's context epoch: replicas holding its context read it again.
         changed += await conn.fetchval(
             f"""WITH changed AS (
                     UPDATE {table} SET is_context = $3
                      WHERE session_id = $1 AND seq = ANY($2::bigint[]) AND is_context <> $3
-                    RETURNING 1)
+                    RETURNING 1),
+                bumped AS (
+                    UPDATE sessions SET context_epoch = context_epoch + 1
+                     WHERE session_id = $1 AND EXISTS (SELECT 1 FROM changed))
                 SELECT count(*) FROM changed""",
             session_id,
             list(sequence_numbers),
