@@ -16,7 +16,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, ImageRef, Message, Role
 from contextsvc.core.priors import CYRILLIC_FEATURES, LEGACY_FEATURES, PREVIOUS_FEATURES
 from contextsvc.core.session import Principal
-from contextsvc.errors import InvalidArgument
+from contextsvc.errors import InvalidArgument, NotFound
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
 from tests.conformance.helpers import view
 from tests.postgres.conftest import pg_settings
@@ -182,3 +182,19 @@ async def test_features_of_the_third_feature_set_are_mapped(store: PostgresStore
     await store.append_messages(sid, [Message(Role.USER, "a")], caller=ALICE)
     await store.save_view(sid, dataclasses.replace(view("ru", last_sequence=1), features=russian), keep=3)
     assert (await store.get_view(sid, "ru")).features == mapped  # type: ignore[union-attr]
+
+
+async def test_update_state_checks_the_owner_in_its_one_statement(store: PostgresStore) -> None:
+    """A stranger's update is not found and changes nothing; an admin's is applied and audited."""
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.update_state(sid, caller=ALICE, context_tokens=7, state={"k": 1})
+    with pytest.raises(NotFound):
+        await store.update_state(sid, caller=Principal("mallory"), context_tokens=99, state={"k": 2})
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.context_tokens, info.state) == (7, {"k": 1})
+    audited: list[str] = []
+    admin = Principal("root", is_admin=True, on_foreign_read=audited.append)
+    assert (await store.update_state(sid, caller=admin, context_truncated=True)).context_truncated
+    assert audited == ["alice"]
+    with pytest.raises(NotFound):
+        await store.update_state("00000000-0000-4000-8000-000000000000", caller=admin, context_tokens=1)

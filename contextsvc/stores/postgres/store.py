@@ -762,24 +762,32 @@ class PostgresStore:
         if context_tokens is None and context_truncated is None and state is None:
             return await self.get_session(session_id, caller=caller)
 
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+
         async def work(conn: Any) -> SessionInfo:
-            await self._owned(conn, session_id, caller, lock=True)
+            # One statement, the owner checked in it: the UPDATE takes the row lock itself, so a
+            # transaction around a locking read would only add three round trips (every baseline).
             row = await conn.fetchrow(
                 """UPDATE sessions
                       SET context_tokens = COALESCE($2, context_tokens),
                           context_truncated = COALESCE($3, context_truncated),
                           state = COALESCE($4::jsonb, state), update_time = $5
-                    WHERE session_id = $1
+                    WHERE session_id = $1 AND (user_id = $6 OR $7)
                 RETURNING *""",
                 session_id,
                 context_tokens,
                 context_truncated,
                 dict(state) if state is not None else None,
                 self._now(),
+                caller.user_id,
+                caller.is_admin,
             )
+            if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's read is audited
+                raise session_not_found(session_id)
             return self._info(row)
 
-        return await self._write("update_state", work)
+        return await self._write("update_state", work, transaction=False)
 
     async def commit_compaction(
         self,
@@ -947,9 +955,17 @@ class PostgresStore:
         """Shared by every replica; the newest ``postgres.calibration_keep`` per model are kept."""
 
         async def work(conn: Any) -> None:
+            # One statement (one round trip, no BEGIN/COMMIT): the DELETE reads the snapshot from
+            # before the INSERT, so it keeps the newest ``calibration_keep - 1`` rows already there.
             await conn.execute(
-                "INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features,"
-                " residual) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                """WITH added AS (
+                       INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time,
+                                                             features, residual)
+                       VALUES ($1, $2, $3, $4, $5, $6, $7))
+                   DELETE FROM calibration_observations
+                    WHERE model = $1 AND observation_id <= (
+                          SELECT observation_id FROM calibration_observations WHERE model = $1
+                           ORDER BY observation_id DESC OFFSET $8 LIMIT 1)""",
                 model,
                 observation.chars,
                 observation.tokens,
@@ -957,17 +973,10 @@ class PostgresStore:
                 self._now(),
                 list(observation.features),
                 observation.residual,
-            )
-            await conn.execute(
-                """DELETE FROM calibration_observations
-                    WHERE model = $1 AND observation_id < (
-                          SELECT observation_id FROM calibration_observations WHERE model = $1
-                           ORDER BY observation_id DESC OFFSET $2 LIMIT 1)""",
-                model,
                 self._pg.calibration_keep - 1,
             )
 
-        await self._write("add_calibration_observation", work)
+        await self._write("add_calibration_observation", work, transaction=False)
 
     async def list_calibration_observations(self, model: str, *, limit: int) -> list[Observation]:
         if limit <= 0:
