@@ -1,5 +1,6 @@
 // ContextClient against a real `contextsvc serve` process (node's test runner).
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, test } from "node:test";
 import {
   ContextClient,
@@ -89,11 +90,26 @@ test("typed errors carry the ErrorInfo reason", async () => {
 });
 
 test("the deadline is enforced", async () => {
-  await assert.rejects(client.listSessions({}, { timeoutMs: 1 }), (e: unknown) => {
-    assert.ok(e instanceof UnavailableError);
-    assert.equal(e.code, "DEADLINE_EXCEEDED");
-    return true;
-  });
+  // A peer that accepts the connection and never answers: the call can only end by its deadline
+  // (a 1 ms deadline against the real server sometimes lost the race to a warm loopback call).
+  const accepted = new Set<net.Socket>();
+  const silent = net.createServer((socket) => void accepted.add(socket));
+  await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+  const port = (silent.address() as net.AddressInfo).port;
+  const c = new ContextClient(`127.0.0.1:${port}`, { retry: { ...FAST, maxAttempts: 1 } });
+  try {
+    const began = Date.now();
+    await assert.rejects(c.listSessions({}, { timeoutMs: 200 }), (e: unknown) => {
+      assert.ok(e instanceof UnavailableError);
+      assert.equal(e.code, "DEADLINE_EXCEEDED");
+      return true;
+    });
+    assert.ok(Date.now() - began < 5_000);
+  } finally {
+    c.close();
+    for (const socket of accepted) socket.destroy();
+    silent.close();
+  }
 });
 
 test("a bearer token is sent on every call", async () => {
