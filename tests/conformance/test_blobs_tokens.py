@@ -82,6 +82,24 @@ async def test_views_keep_the_newest_and_survive_a_clean_restart(store: SessionS
     assert await store.get_view(sid, "v1") is None
 
 
+async def test_a_view_saved_again_becomes_the_newest_and_exactly_keep_stay(store: SessionStore) -> None:
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [user("a")], caller=ALICE)
+    for i in range(3):
+        await store.save_view(sid, view(f"v{i}", last_sequence=i), keep=3)
+    await store.save_view(sid, view("v0", last_sequence=7), keep=3)  # saved again: now the newest
+    await store.save_view(sid, view("v3", last_sequence=3), keep=3)  # v1 is the oldest now, and goes
+    kept = {f"v{i}": await store.get_view(sid, f"v{i}") for i in range(4)}
+    assert kept == {
+        "v0": view("v0", last_sequence=7),
+        "v1": None,
+        "v2": view("v2", last_sequence=2),
+        "v3": view("v3", last_sequence=3),
+    }
+    await store.save_view(sid, view("v4", last_sequence=4), keep=1)
+    assert [await store.get_view(sid, f"v{i}") is not None for i in range(5)] == [False, False, False, False, True]
+
+
 async def test_residuals_and_priced_tokens_are_shared_through_the_store(store: SessionStore, reopen: Reopen) -> None:
     # The margin is a quantile of the residuals of recent baselines (core/calibration.py): every
     # replica must read them back, with the features, as they were written.

@@ -1007,21 +1007,8 @@ class PostgresStore:
         RecordBaseline then reports as unknown; no acknowledged message depends on it."""
 
         async def work(conn: Any) -> None:
-            await conn.execute("SET LOCAL synchronous_commit = off")
             saved = await conn.fetchval(
-                """INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images,
-                                      last_sequence, create_time, epoch, features, incoming_tokens, priced_tokens,
-                                      image_tokens)
-                   SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 FROM sessions
-                    WHERE session_id = $1
-                   ON CONFLICT (session_id, view_id) DO UPDATE
-                      SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
-                          estimated_tokens = EXCLUDED.estimated_tokens, had_images = EXCLUDED.had_images,
-                          last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
-                          epoch = EXCLUDED.epoch, features = EXCLUDED.features,
-                          incoming_tokens = EXCLUDED.incoming_tokens, priced_tokens = EXCLUDED.priced_tokens,
-                          image_tokens = EXCLUDED.image_tokens
-                   RETURNING saved""",
+                _SAVE_VIEW_SQL,
                 session_id,
                 view.view_id,
                 view.model,
@@ -1035,19 +1022,14 @@ class PostgresStore:
                 view.incoming_tokens,
                 view.priced_tokens,
                 view.image_tokens,
+                max(keep, 1) - 1,
             )
             if saved is None:
                 raise session_not_found(session_id)
-            await conn.execute(
-                """DELETE FROM views WHERE session_id = $1 AND saved < (
-                       SELECT saved FROM views WHERE session_id = $1 ORDER BY saved DESC OFFSET $2 LIMIT 1)""",
-                session_id,
-                max(keep, 1) - 1,
-            )
 
         if not isinstance(session_id, str):
             raise session_not_found(session_id)
-        await self._write("save_view", work)
+        await self._write("save_view", work, transaction=False)
 
     async def get_view(self, session_id: str, view_id: str) -> ViewRecord | None:
         if not isinstance(session_id, str) or not isinstance(view_id, str):
@@ -1184,6 +1166,37 @@ def _listing_filter(caller: Principal, profile_id: str, query: str, args: list[A
         )
     return " AND ".join(conditions) or "true"
 
+
+#: ``save_view`` in one statement (one round trip: no BEGIN, SET LOCAL, DELETE and COMMIT of their
+#: own). ``set_config(..., true)`` holds for the statement's own transaction, its commit included:
+#: it does not wait for the WAL flush. The view is inserted (or, saved again, made the newest); the
+#: other views of the session past the newest ``keep - 1`` ($14) go: the DELETE never touches the
+#: row the INSERT writes (another view id), so the two never modify one row in one statement.
+#: NULL when the session does not exist (nothing is written).
+_SAVE_VIEW_SQL = """
+WITH async_commit AS (SELECT set_config('synchronous_commit', 'off', true)),
+saved AS (
+    INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images, last_sequence,
+                       create_time, epoch, features, incoming_tokens, priced_tokens, image_tokens)
+    SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 FROM sessions, async_commit
+     WHERE session_id = $1
+    ON CONFLICT (session_id, view_id) DO UPDATE
+       SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
+           estimated_tokens = EXCLUDED.estimated_tokens, had_images = EXCLUDED.had_images,
+           last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
+           epoch = EXCLUDED.epoch, features = EXCLUDED.features,
+           incoming_tokens = EXCLUDED.incoming_tokens, priced_tokens = EXCLUDED.priced_tokens,
+           image_tokens = EXCLUDED.image_tokens
+    RETURNING saved
+),
+pruned AS (
+    DELETE FROM views
+     WHERE session_id = $1 AND view_id <> $2 AND EXISTS (SELECT 1 FROM saved) AND saved <= (
+           SELECT saved FROM views WHERE session_id = $1 AND view_id <> $2
+            ORDER BY saved DESC OFFSET $14 LIMIT 1)
+)
+SELECT saved FROM saved
+"""
 
 #: ``load_context``: the session's owner and version, and its context rows numbered after $2 in
 #: context order (one row with NULL row columns when there is none). One statement: one snapshot.
