@@ -202,6 +202,12 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         history: stores keep the context rows indexed."""
         ...
 
+    async def context_and_session(self, session_id: str, *, caller: Principal) -> tuple[SessionInfo, list[Message]]:
+        """The session and its whole context buffer (``load_context``) read at one moment: no
+        mutation committed between the two (a compaction would pair the old baseline with the
+        compacted context). BuildContext reads both for every build."""
+        ...
+
     async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
         """Every stored row with first <= sequence <= last, by sequence (both buffers)."""
         ...

@@ -280,20 +280,12 @@ class Engine:
         return not built.estimate.over_budget
 
     async def _consistent_context(self, session: SessionInfo, caller: Principal) -> tuple[SessionInfo, list[Message]]:
-        """The context and a session state that belong together.
-
-        Two reads: a compaction committed between them (another request's, the post-turn job's,
-        another replica's) would pair the pre-compaction baseline with the compacted context, and
-        baseline + delta would count the dropped turns and their summary both (the soak's
-        CONTEXT_TOO_LARGE). Re-read the session after the context until its state is unchanged.
-        """
-        for _ in range(3):
-            context = await self.store.load_context(session.id, caller=caller)
-            fresh = await self.store.get_session(session.id, caller=caller)
-            if fresh.state == session.state:
-                return fresh, context
-            session = fresh
-        return session, await self.store.load_context(session.id, caller=caller)
+        """The context and a session state that belong together, read at one moment by the store
+        (``context_and_session``): read apart, a compaction committed between the two reads
+        (another request's, the post-turn job's, another replica's) would pair the pre-compaction
+        baseline with the compacted context, and baseline + delta would count the dropped turns
+        and their summary both (the soak's CONTEXT_TOO_LARGE)."""
+        return await self.store.context_and_session(session.id, caller=caller)
 
     async def _compress_automatically(self, s: Situation, *, wait: float | None = None) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:

@@ -430,6 +430,10 @@ class RowStore:
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
         return await self._read(self._owned(session_id, caller), SessionState.context)
 
+    async def context_and_session(self, session_id: str, *, caller: Principal) -> tuple[SessionInfo, list[Message]]:
+        # One read of the held state: nothing runs between taking the two.
+        return await self._read(self._owned(session_id, caller), lambda s: (self._info(s), s.context()))
+
     async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
         return await self._read(self._owned(session_id, caller), lambda s: s.span(first, last))
 

@@ -266,3 +266,19 @@ async def test_an_append_priced_for_another_profile_appends_nothing(store: Sessi
     assert await store.append_messages(
         sid, [user("d")], caller=ALICE, request_id="r1", expected_profile_id="q"
     ) == dataclasses.replace(replay, replayed=True)
+
+
+async def test_the_context_and_its_session_are_read_together(store: SessionStore) -> None:
+    """``context_and_session`` gives what ``get_session`` and ``load_context`` give, of one moment."""
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [user("a"), user("b"), user("c")], caller=ALICE)
+    await store.commit_compaction(
+        sid, caller=ALICE, demote=[1, 2], append=[summary("s", anchor=1, replaces=(1, 2))], context_tokens=9
+    )
+    info, context = await store.context_and_session(sid, caller=ALICE)
+    assert info == await store.get_session(sid, caller=ALICE)
+    assert context == await store.load_context(sid, caller=ALICE)
+    assert [m.content for m in context] == ["s", "c"] and info.context_tokens == 9
+    await store.append_messages(sid, [user("d")], caller=ALICE)
+    info, context = await store.context_and_session(sid, caller=ALICE)
+    assert info.last_sequence == 5 and [m.content for m in context] == ["s", "c", "d"]

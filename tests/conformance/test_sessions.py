@@ -66,6 +66,7 @@ def _every_session_method(store: SessionStore, sid: str) -> dict[str, Callable[[
         "append_messages": lambda who: store.append_messages(sid, [user("intruder")], caller=who),
         "list_messages": lambda who: store.list_messages(sid, caller=who, buffer=BufferKind.DISPLAY),
         "load_context": lambda who: store.load_context(sid, caller=who),
+        "context_and_session": lambda who: store.context_and_session(sid, caller=who),
         "get_messages": lambda who: store.get_messages(sid, caller=who, first=1, last=10),
         "set_context_flags": lambda who: store.set_context_flags(sid, [1], caller=who, is_context=False),
         "update_state": lambda who: store.update_state(sid, caller=who, context_tokens=999),

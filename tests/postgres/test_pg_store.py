@@ -5,6 +5,8 @@ The generic behaviour of every store is the conformance suite's (tests/conforman
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 from datetime import timedelta
@@ -16,7 +18,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Flags, ImageRef, Message, Role
 from contextsvc.core.priors import CYRILLIC_FEATURES, LEGACY_FEATURES, PREVIOUS_FEATURES
 from contextsvc.core.session import Principal
-from contextsvc.errors import InvalidArgument, NotFound
+from contextsvc.errors import Conflict, InvalidArgument, NotFound
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
 from tests.conformance.helpers import view
 from tests.postgres.conftest import pg_settings
@@ -198,3 +200,42 @@ async def test_update_state_checks_the_owner_in_its_one_statement(store: Postgre
     assert audited == ["alice"]
     with pytest.raises(NotFound):
         await store.update_state("00000000-0000-4000-8000-000000000000", caller=admin, context_tokens=1)
+
+
+async def test_lock_pool_connections_come_back_holding_no_lock_without_a_reset(postgres_db: str) -> None:
+    """The lock pool does not reset on release either: after a lock held and released, a lock
+    refused at its timeout and a caller cancelled while it waited, no connection of it holds an
+    advisory lock."""
+    store = await make_postgres_store(postgres_db, pg_settings(compaction_lock_timeout_seconds=0.3))
+    other = await make_postgres_store(postgres_db, pg_settings(compaction_lock_timeout_seconds=0.3))
+    try:
+        sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+        async with store.compaction_lock(sid):
+            pass
+        async with other.compaction_lock(sid):
+            with pytest.raises(Conflict):  # refused at the timeout
+                async with store.compaction_lock(sid):
+                    raise AssertionError("taken twice")
+            waiting = asyncio.create_task(store.compaction_lock(sid).__aenter__())
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+        async with store.compaction_lock(sid):  # free again, and taken at once
+            pass
+        pool = store._lock_pool
+        held = [await pool.acquire() for _ in range(pool.get_size())]
+        try:
+            assert held
+            for conn in held:
+                locks = await conn.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+                )
+                assert locks == 0
+                assert not conn.is_in_transaction()
+        finally:
+            for conn in held:
+                await pool.release(conn)
+    finally:
+        await store.close()
+        await other.close()

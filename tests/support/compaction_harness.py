@@ -181,6 +181,10 @@ class ContextReadingStore(MemoryStore):
         self.context_reads += 1
         return await super().load_context(session_id, caller=caller)
 
+    async def context_and_session(self, session_id: str, *, caller: Any) -> Any:
+        self.context_reads += 1
+        return await super().context_and_session(session_id, caller=caller)
+
 
 class Rig:
     """The engine, its store and bus, and the calls a runtime makes."""

@@ -24,8 +24,8 @@ async def init_connection(conn: Any) -> None:
 
 
 async def keep_session(conn: Any) -> None:
-    """The main pool's release hook: nothing to reset (see ``open_pool``). asyncpg still rolls
-    back a transaction left open and drops listeners before it calls this."""
+    """The pools' release hook: nothing to reset (see ``open_pool``, ``open_lock_pool``). asyncpg
+    still rolls back a transaction left open and drops listeners before it calls this."""
 
 
 async def migrate_database(dsn: str, pg: PostgresSettings) -> MigrationReport:
@@ -49,8 +49,8 @@ async def open_pool(dsn: str, pg: PostgresSettings) -> Any:
     round trip per use (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``), as much as
     the statement of a read, for state nothing on this pool ever leaves behind: its statements
     take transaction-scoped advisory locks only, open no cursors outside a transaction and change
-    no setting. Session-level locks and ``SET`` live on the lock pool (``open_lock_pool``, reset
-    on release), LISTEN on the bus's own connection, migrations on their own connection.
+    no setting. Session-level locks and ``SET`` live on the lock pool (``open_lock_pool``), LISTEN
+    on the bus's own connection, migrations on their own connection.
     """
     return await asyncpg.create_pool(
         dsn,
@@ -81,6 +81,13 @@ async def open_lock_pool(dsn: str, pg: PostgresSettings) -> Any:
     are made when the first lock is taken and kept a while for the next ones.
 
     No statement timeout: the wait for a lock is bounded by ``lock_timeout`` instead.
+
+    Not reset on release either (``keep_session``; asyncpg's reset was one more round trip for
+    every lock, so every baseline): a connection comes back holding no lock, because the store
+    returns it only after its unlock answered or when the lock was refused, and terminates it
+    whenever that is uncertain (``PostgresStore._take_lock``, ``_unlock``). The ``lock_timeout``
+    a lock set stays behind, and is harmless: every statement on this pool is a lock, which sets
+    its own first, or an unlock, which never waits.
     """
     return await asyncpg.create_pool(
         dsn,
@@ -88,6 +95,7 @@ async def open_lock_pool(dsn: str, pg: PostgresSettings) -> Any:
         max_size=pg.pool_max_size,
         timeout=pg.connect_timeout_seconds,
         server_settings={"application_name": LOCK_APPLICATION_NAME, "statement_timeout": "0"},
+        reset=keep_session,
     )
 
 

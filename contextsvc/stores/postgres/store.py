@@ -215,7 +215,7 @@ class PostgresStore:
         conn = await pool.acquire(timeout=min(self._pg.acquire_timeout_seconds, remaining))
         try:
             # One round trip; the literals are our own integers. lock_timeout stays set on this
-            # connection only until it goes back to the pool (whose reset runs RESET ALL).
+            # connection (the lock pool does not reset): the next lock taken on it sets its own.
             await conn.execute(
                 f"SET lock_timeout = '{int(remaining * 1000) + 1}ms'; SELECT pg_advisory_lock({first}, {second})",
                 # Client-side bound in case the server stops answering altogether.
@@ -683,37 +683,41 @@ class PostgresStore:
         return await self._read("list_messages", work)
 
     async def load_context(self, session_id: str, *, caller: Principal) -> list[Message]:
-        """One statement (``_CONTEXT_SQL``): the session's version and its context rows numbered
-        after those this replica holds for it (``context_cache.py``), or all of them; a second
-        one, for all of them, only when the session changed otherwise since (a compaction, a
-        flag change, deleted and created again)."""
+        return (await self.context_and_session(session_id, caller=caller))[1]
+
+    async def context_and_session(self, session_id: str, *, caller: Principal) -> tuple[SessionInfo, list[Message]]:
+        """One statement (``_CONTEXT_SQL``, one snapshot): the session's row and its context rows
+        numbered after those this replica holds for it (``context_cache.py``), or all of them; a
+        second one, for all of them, only when the session changed otherwise since (a compaction,
+        a flag change, deleted and created again)."""
         if not isinstance(session_id, str):
             raise session_not_found(session_id)
         cached = self._contexts.get(session_id)
 
-        async def read(conn: Any, after: int) -> tuple[ContextVersion, list[KeyedRow], int]:
+        async def read(conn: Any, after: int) -> tuple[Any, list[KeyedRow]]:
             rows = await conn.fetch(_CONTEXT_SQL, session_id, after)
             if not rows or not caller.may_read(rows[0]["user_id"]):
                 raise session_not_found(session_id)
-            head = rows[0]
-            version = ContextVersion(head["create_time"], head["context_epoch"], head["last_sequence"])
             keyed = [((r["context_key"], r["seq"]), message_from_row(r)) for r in rows if r["seq"] is not None]
-            return version, keyed, head["context_count"]
+            return rows[0], keyed
 
-        async def work(conn: Any) -> list[Message]:
+        def version(head: Any) -> ContextVersion:
+            return ContextVersion(head["create_time"], head["context_epoch"], head["last_sequence"])
+
+        async def work(conn: Any) -> tuple[SessionInfo, list[Message]]:
             if cached is not None:
-                version, added, count = await read(conn, cached.version.last_sequence)
-                entry = extended(cached, version, added, count)
+                head, added = await read(conn, cached.version.last_sequence)
+                entry = extended(cached, version(head), added, head["context_count"])
                 if entry is not None:
                     self._contexts.put(session_id, entry)
-                    return list(entry.rows)
-            version, keyed, count = await read(conn, 0)
-            entry = whole(version, keyed, count)
+                    return self._info(head), list(entry.rows)
+            head, keyed = await read(conn, 0)
+            entry = whole(version(head), keyed, head["context_count"])
             if entry is None:
                 self._contexts.forget(session_id)
-                return [m for _, m in keyed]
+                return self._info(head), [m for _, m in keyed]
             self._contexts.put(session_id, entry)
-            return list(entry.rows)
+            return self._info(head), list(entry.rows)
 
         return await self._read("load_context", work)
 
@@ -1198,11 +1202,11 @@ pruned AS (
 SELECT saved FROM saved
 """
 
-#: ``load_context``: the session's owner and version, and its context rows numbered after $2 in
-#: context order (one row with NULL row columns when there is none). One statement: one snapshot.
+#: ``context_and_session``: the session's row (its owner and version with it) and its context rows
+#: numbered after $2 in context order (one row with NULL row columns when there is none). One
+#: statement: one snapshot. No column of ``sessions`` is named like one of the row's.
 _CONTEXT_SQL = """
-SELECT s.user_id, s.create_time, s.context_epoch, s.last_sequence, s.context_count,
-       m.seq, m.is_context, m.context_key, m.content, m.body
+SELECT s.*, m.seq, m.is_context, m.context_key, m.content, m.body
   FROM sessions s
   LEFT JOIN LATERAL (
        SELECT seq, is_context, context_key, content, body FROM all_messages
