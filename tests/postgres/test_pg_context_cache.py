@@ -6,7 +6,9 @@ replica (or it) did in between; and it must reuse the rows it holds rather than 
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -21,12 +23,21 @@ ALICE = Principal("alice")
 SID = "00000000-0000-4000-8000-00000000c0de"
 
 
-async def _stores(dsn: str, *, cache_mb: float = 64.0) -> tuple[PostgresStore, PostgresStore, PostgresStore]:
+@contextlib.asynccontextmanager
+async def _replicas(
+    dsn: str, *, cache_mb: float = 64.0
+) -> AsyncIterator[tuple[PostgresStore, PostgresStore, PostgresStore]]:
     """(caching replica, another replica, a reader without the cache) on one database."""
-    cached = await make_postgres_store(dsn, pg_settings(context_cache_mb=cache_mb))
-    other = await make_postgres_store(dsn, pg_settings())
-    plain = await make_postgres_store(dsn, pg_settings(context_cache_mb=0))
-    return cached, other, plain
+    stores = (
+        await make_postgres_store(dsn, pg_settings(context_cache_mb=cache_mb)),
+        await make_postgres_store(dsn, pg_settings()),
+        await make_postgres_store(dsn, pg_settings(context_cache_mb=0)),
+    )
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def _step(rng: random.Random, writer: PostgresStore, sid: str, n: int) -> str:
@@ -64,8 +75,7 @@ async def _step(rng: random.Random, writer: PostgresStore, sid: str, n: int) -> 
 
 
 async def test_a_cached_context_reads_what_an_uncached_reader_reads_after_any_change(postgres_db: str) -> None:
-    cached, other, plain = await _stores(postgres_db)
-    try:
+    async with _replicas(postgres_db) as (cached, other, plain):
         for seed in range(3):
             rng = random.Random(seed)
             sid = (await cached.create_session(caller=ALICE, profile_id="p")).id
@@ -79,15 +89,11 @@ async def test_a_cached_context_reads_what_an_uncached_reader_reads_after_any_ch
             assert await cached.load_context(sid, caller=ALICE) == await plain.load_context(sid, caller=ALICE)
             # Every kind of change came up, each read by the caching replica in between.
             assert done >= {"append", "anchored", "demote", "promote", "compact", "archive"}, done
-    finally:
-        for store in (cached, other, plain):
-            await store.close()
 
 
 async def test_rows_held_come_back_as_the_same_objects(postgres_db: str) -> None:
     """The point of the cache: the engine's per-message caches are keyed by the message object."""
-    cached, other, plain = await _stores(postgres_db)
-    try:
+    async with _replicas(postgres_db) as (cached, other, plain):
         sid = (await cached.create_session(caller=ALICE, profile_id="p")).id
         await other.append_messages(sid, [Message(Role.USER, f"m{i}") for i in range(6)], caller=ALICE)
         first = await cached.load_context(sid, caller=ALICE)
@@ -104,16 +110,12 @@ async def test_rows_held_come_back_as_the_same_objects(postgres_db: str) -> None
         third = await cached.load_context(sid, caller=ALICE)
         assert [m.content for m in third] == ["sum", "m2", "m3", "m4", "m5", "new"]
         assert third == await plain.load_context(sid, caller=ALICE)
-    finally:
-        for store in (cached, other, plain):
-            await store.close()
 
 
 async def test_flags_swapped_elsewhere_are_seen_though_the_count_is_the_same(postgres_db: str) -> None:
     """One row out of the context and another in, by another replica, nothing appended: only the
     context epoch tells the cached rows are stale."""
-    cached, other, plain = await _stores(postgres_db)
-    try:
+    async with _replicas(postgres_db) as (cached, other, plain):
         sid = (await cached.create_session(caller=ALICE, profile_id="p")).id
         rows = [
             Message(Role.USER, "a"),
@@ -126,14 +128,10 @@ async def test_flags_swapped_elsewhere_are_seen_though_the_count_is_the_same(pos
         await other.set_context_flags(sid, [3], caller=ALICE, is_context=True)
         assert [m.content for m in await cached.load_context(sid, caller=ALICE)] == ["b", "c"]
         assert await cached.load_context(sid, caller=ALICE) == await plain.load_context(sid, caller=ALICE)
-    finally:
-        for store in (cached, other, plain):
-            await store.close()
 
 
 async def test_a_session_created_again_under_its_id_is_read_afresh(postgres_db: str) -> None:
-    cached, other, plain = await _stores(postgres_db)
-    try:
+    async with _replicas(postgres_db) as (cached, other, _):
         await cached.create_session(caller=ALICE, profile_id="p", session_id=SID)
         await cached.append_messages(SID, [Message(Role.USER, "old one"), Message(Role.USER, "old two")], caller=ALICE)
         assert len(await cached.load_context(SID, caller=ALICE)) == 2
@@ -142,16 +140,12 @@ async def test_a_session_created_again_under_its_id_is_read_afresh(postgres_db: 
         await other.create_session(caller=ALICE, profile_id="p", session_id=SID)
         await other.append_messages(SID, [Message(Role.USER, "new one"), Message(Role.USER, "new two")], caller=ALICE)
         assert [m.content for m in await cached.load_context(SID, caller=ALICE)] == ["new one", "new two"]
-    finally:
-        for store in (cached, other, plain):
-            await store.close()
 
 
 async def test_a_writer_that_does_not_bump_the_epoch_is_caught_by_the_count(postgres_db: str) -> None:
     """A replica of an older release (no ``context_epoch``) demoting a row in a rolling upgrade:
     its statements keep ``context_count``, so the cached rows no longer add up and are read again."""
-    cached, other, plain = await _stores(postgres_db)
-    try:
+    async with _replicas(postgres_db) as (cached, other, plain):
         sid = (await cached.create_session(caller=ALICE, profile_id="p")).id
         await cached.append_messages(sid, [Message(Role.USER, f"m{i}") for i in range(4)], caller=ALICE)
         assert len(await cached.load_context(sid, caller=ALICE)) == 4
@@ -166,15 +160,11 @@ async def test_a_writer_that_does_not_bump_the_epoch_is_caught_by_the_count(post
         got = await cached.load_context(sid, caller=ALICE)
         assert [m.content for m in got] == ["m0", "m2", "m3", "m4"]
         assert got == await plain.load_context(sid, caller=ALICE)
-    finally:
-        for store in (cached, other, plain):
-            await store.close()
 
 
 async def test_the_cache_stays_within_its_budget_and_zero_keeps_nothing(postgres_db: str) -> None:
     # 12 KB: about five contexts of one ~2 KB row each (``_session.row_bytes`` + the entry).
-    small, other, none = await _stores(postgres_db, cache_mb=12 / 1024)
-    try:
+    async with _replicas(postgres_db, cache_mb=12 / 1024) as (small, other, none):
         sids = []
         for i in range(10):
             sid = (await other.create_session(caller=ALICE, profile_id="p")).id
@@ -186,20 +176,13 @@ async def test_the_cache_stays_within_its_budget_and_zero_keeps_nothing(postgres
         assert 3 <= len(small._contexts) < 10  # the least recently read went first
         assert small._contexts.get(sids[-1]) is not None and small._contexts.get(sids[0]) is None
         assert len(none._contexts) == 0 and none._contexts.held_bytes == 0
-    finally:
-        for store in (small, other, none):
-            await store.close()
 
 
 async def test_a_context_read_by_a_stranger_is_not_found_cached_or_not(postgres_db: str) -> None:
-    cached, other, plain = await _stores(postgres_db)
-    try:
+    async with _replicas(postgres_db) as (cached, _, plain):
         sid = (await cached.create_session(caller=ALICE, profile_id="p")).id
         await cached.append_messages(sid, [Message(Role.USER, "private")], caller=ALICE)
         await cached.load_context(sid, caller=ALICE)
         for store in (cached, plain):
             with pytest.raises(NotFound):
                 await store.load_context(sid, caller=Principal("mallory"))
-    finally:
-        for store in (cached, other, plain):
-            await store.close()
