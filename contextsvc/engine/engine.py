@@ -183,7 +183,12 @@ class Engine:
         effective = await self._profile_for(session, profile)
         session = await self._remember_profile(session, profile)
         message, data = await self.views.prepare_incoming(incoming, "incoming")
-        session, context = await self._consistent_context(session, caller)
+        # The context and the session state it goes with, read at one moment by the store: read
+        # apart, a compaction committed between the two reads (another request's, the post-turn
+        # job's, another replica's) would pair the pre-compaction baseline with the compacted
+        # context, and baseline + delta would count the dropped turns and their summary both
+        # (the soak's CONTEXT_TOO_LARGE).
+        session, context = await self.store.context_and_session(sid, caller=caller)
         built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
         report: CompressionReport | None = None
         reason = Reason.MIDTURN if mid_turn else Reason.PRETURN
@@ -221,10 +226,10 @@ class Engine:
                 # Reload after our compaction, and also when another request compacted while this
                 # one waited for the lock: the view built before it is stale (and may no longer fit).
                 epoch = EngineState.of(session).epoch
-                fresh = await self.store.get_session(sid, caller=caller)
+                fresh, fresh_context = await self.store.context_and_session(sid, caller=caller)
                 if EngineState.of(fresh).epoch == epoch:
                     break
-                session, context = await self._consistent_context(fresh, caller)
+                session, context = fresh, fresh_context
                 built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
                 fits = self._fits_with_margin(built)
                 if report is not None or fits:
@@ -278,14 +283,6 @@ class Engine:
     def _fits_with_margin(built: Assembled) -> bool:
         """Estimate + margin within the size guard's budget: the real count fits too."""
         return not built.estimate.over_budget
-
-    async def _consistent_context(self, session: SessionInfo, caller: Principal) -> tuple[SessionInfo, list[Message]]:
-        """The context and a session state that belong together, read at one moment by the store
-        (``context_and_session``): read apart, a compaction committed between the two reads
-        (another request's, the post-turn job's, another replica's) would pair the pre-compaction
-        baseline with the compacted context, and baseline + delta would count the dropped turns
-        and their summary both (the soak's CONTEXT_TOO_LARGE)."""
-        return await self.store.context_and_session(session.id, caller=caller)
 
     async def _compress_automatically(self, s: Situation, *, wait: float | None = None) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:
