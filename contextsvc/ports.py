@@ -236,6 +236,23 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         synced write, in order (never a later write without it)."""
         ...
 
+    async def update_state_if_unchanged(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        read: SessionInfo,
+        context_tokens: int,
+        state: Mapping[str, Any],
+    ) -> SessionInfo | None:
+        """``update_state(context_tokens=..., context_truncated=False, state=..., durable=False)``,
+        done only if the session is still as ``read`` left it (the same creation, engine state
+        and newest sequence number) and no other process holds its ``compaction_lock``: a
+        baseline's anchor written without taking that lock. None when any of it does not hold
+        (the session changed, is being compacted elsewhere, is gone or is not the caller's):
+        nothing is written, and the caller takes the locked way, which says why."""
+        ...
+
     async def commit_compaction(
         self,
         session_id: str,

@@ -234,6 +234,22 @@ class Compactor:
             if entry[1] == 0 and self._locks.get(session_id) is entry:
                 del self._locks[session_id]
 
+    @contextlib.asynccontextmanager
+    async def local_lock(self, session_id: str) -> AsyncIterator[None]:
+        """The in-process half of ``lock`` alone: for a state write whose store call checks the
+        cross-process half itself (``update_state_if_unchanged``)."""
+        entry = self._locks.get(session_id)
+        if entry is None:
+            entry = self._locks[session_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and self._locks.get(session_id) is entry:
+                del self._locks[session_id]
+
     # -- pricing ------------------------------------------------------------------------------
 
     def counter(self, profile: EffectiveProfile) -> Count:

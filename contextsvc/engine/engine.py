@@ -179,16 +179,17 @@ class Engine:
         auto_compress: bool,
     ) -> BuiltView:
         sid = require_session_id(session_id)
-        session = await self.store.get_session(sid, caller=caller)
-        effective = await self._profile_for(session, profile)
-        session = await self._remember_profile(session, profile)
-        message, data = await self.views.prepare_incoming(incoming, "incoming")
         # The context and the session state it goes with, read at one moment by the store: read
         # apart, a compaction committed between the two reads (another request's, the post-turn
         # job's, another replica's) would pair the pre-compaction baseline with the compacted
         # context, and baseline + delta would count the dropped turns and their summary both
         # (the soak's CONTEXT_TOO_LARGE).
         session, context = await self.store.context_and_session(sid, caller=caller)
+        effective = await self._profile_for(session, profile)
+        remembered = await self._remember_profile(session, profile)
+        if remembered is not session:  # the state was written (or read again): read both again
+            session, context = await self.store.context_and_session(sid, caller=caller)
+        message, data = await self.views.prepare_incoming(incoming, "incoming")
         built = self.views.assemble(effective, context, message, EngineState.of(session), session_id=sid)
         report: CompressionReport | None = None
         reason = Reason.MIDTURN if mid_turn else Reason.PRETURN
@@ -390,6 +391,13 @@ class Engine:
         session apply in the order they were recorded. The session as the anchor left it when it
         was applied at once; None when it was dropped or deferred."""
         if not self.compactor.busy(sid) and sid not in self._anchors:
+            # First without the store's lock: one store call when the session is still as the
+            # baseline read it and no compaction runs anywhere (PostgreSQL: one statement, not
+            # four round trips).
+            async with self.compactor.local_lock(sid):
+                applied = await self.views.try_anchor(caller, sid, pending)
+            if applied is not None:
+                return applied
             try:
                 async with self.compactor.lock(sid, wait=self.settings.hot_path.baseline_wait_seconds):
                     return await self.views.apply_anchor(caller, sid, pending)

@@ -92,6 +92,8 @@ class PendingAnchor:
     view_id: str
     view: ViewRecord
     tokens: int
+    #: the session as the baseline read it (``try_anchor`` writes only if it is still so)
+    read: SessionInfo | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +107,8 @@ class _SavedView:
     #: the session's create time: a session deleted and created again under the same id (by
     #: another replica) lost the record with the old one, even when its rows look the same.
     created: datetime | None
+    #: the record saved under ``view_id``: a baseline of this view reads it here, not from the store
+    record: ViewRecord
     others: int = 0
     #: the service's count of builds and baselines (``ViewService._calls``) once this view was last
     #: served: a baseline of it that finds the count higher was recorded while other requests ran.
@@ -638,27 +642,24 @@ class ViewService:
             saved.calls = self._calls
             return saved.view_id
         view_id = saved.view_id if saved is not None and saved.built is built and saved.epoch == epoch else _new_id()
-        await self._store.save_view(
-            session.id,
-            ViewRecord(
-                view_id=view_id,
-                model=profile.model,
-                chars=built.chars,
-                estimated_tokens=built.estimate.total,
-                had_images=built.had_images,
-                last_sequence=built.last_sequence,
-                create_time=self._clock.now(),
-                epoch=epoch,
-                features=built.features,
-                # Not in the stored context: the incoming message and recalled excerpts.
-                incoming_tokens=built.estimate.segments.incoming + built.estimate.segments.recall,
-                priced_tokens=built.estimate.priced,
-                image_tokens=built.image_tokens,
-            ),
-            keep=keep,
+        record = ViewRecord(
+            view_id=view_id,
+            model=profile.model,
+            chars=built.chars,
+            estimated_tokens=built.estimate.total,
+            had_images=built.had_images,
+            last_sequence=built.last_sequence,
+            create_time=self._clock.now(),
+            epoch=epoch,
+            features=built.features,
+            # Not in the stored context: the incoming message and recalled excerpts.
+            incoming_tokens=built.estimate.segments.incoming + built.estimate.segments.recall,
+            priced_tokens=built.estimate.priced,
+            image_tokens=built.image_tokens,
         )
+        await self._store.save_view(session.id, record, keep=keep)
         if anchor and self._memo.holds(session.id, built):
-            self._saved[session.id] = _SavedView(built, epoch, view_id, session.create_time, calls=self._calls)
+            self._saved[session.id] = _SavedView(built, epoch, view_id, session.create_time, record, calls=self._calls)
             self._saved.move_to_end(session.id)
             while len(self._saved) > max(1, self._settings.hot_path.view_cache_sessions):
                 self._saved.popitem(last=False)
@@ -718,11 +719,19 @@ class ViewService:
             raise InvalidArgument.field("prompt_tokens", "must be positive")
         session = await self._store.get_session(sid, caller=caller)
         saved = self._saved.get(sid)
+        if saved is not None and (
+            saved.view_id != view_id
+            or saved.created != session.create_time
+            or saved.others >= self._settings.tokens.views_kept_per_session  # the store let it go
+        ):
+            saved = None
         # Other builds or baselines served since this view was (a fleet of agents, not one client
         # going through its sessions one call at a time): only then may its refit wait for others.
-        concurrent = saved is not None and saved.view_id == view_id and self._calls > saved.calls
+        concurrent = saved is not None and self._calls > saved.calls
         self._calls += 1
-        view = await self._store.get_view(sid, view_id)
+        # The view this process saved last for the session is the record the store holds under
+        # its id (records are never changed): read here, it costs no store read.
+        view = saved.record if saved is not None else await self._store.get_view(sid, view_id)
         if view is None:
             raise NotFound(
                 f"view {view_id} of session {sid} is unknown or too old; build a new one",
@@ -774,7 +783,7 @@ class ViewService:
         if view.epoch == EngineState.of(session).epoch and not view.had_images:
             # The incoming message the view carried is appended later, newer than the view's last
             # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
-            pending = PendingAnchor(view_id, view, max(1, prompt_tokens - view.incoming_tokens))
+            pending = PendingAnchor(view_id, view, max(1, prompt_tokens - view.incoming_tokens), session)
             await anchor(pending)
         await self._bus.publish(
             session_id=sid,
@@ -789,6 +798,25 @@ class ViewService:
         )
         return BaselineResult(
             recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
+        )
+
+    async def try_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> SessionInfo | None:
+        """``apply_anchor`` without the store's compaction lock, for the common case: nothing was
+        appended since the view, and the session is still as the baseline read it (the store
+        checks that, and that no compaction holds the lock elsewhere). None when not written:
+        the caller then takes the locked way (``apply_anchor``), which decides on a fresh read."""
+        read, view = pending.read, pending.view
+        if read is None or read.last_sequence != view.last_sequence:
+            return None
+        state = EngineState.of(read)
+        if view.epoch != state.epoch:
+            return None
+        return await self._store.update_state_if_unchanged(
+            session_id,
+            caller=caller,
+            read=read,
+            context_tokens=pending.tokens,
+            state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict(),
         )
 
     async def apply_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> SessionInfo | None:

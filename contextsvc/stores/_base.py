@@ -471,6 +471,33 @@ class RowStore:
 
         return await self._serialized(st, work, whole=False)
 
+    async def update_state_if_unchanged(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        read: SessionInfo,
+        context_tokens: int,
+        state: Mapping[str, Any],
+    ) -> SessionInfo | None:
+        # The compaction lock of these stores is the engine's in-process one: the engine holds it.
+        try:
+            st = self._owned(session_id, caller)
+        except NotFound:
+            return None
+
+        async def work() -> SessionInfo | None:
+            if st.create_time != read.create_time or st.last_sequence != read.last_sequence or st.state != read.state:
+                return None
+            record = StateRecord(self._now(), context_tokens, False, copy_plain(dict(state)), soft=True)
+            await self._commit(st, record)
+            return self._info(st)
+
+        try:
+            return await self._serialized(st, work, whole=False)
+        except NotFound:  # deleted while it waited
+            return None
+
     async def commit_compaction(
         self,
         session_id: str,

@@ -9,7 +9,18 @@ import pytest
 from contextsvc.config import Settings
 from contextsvc.errors import Conflict, NotFound
 from contextsvc.ports import SessionStore
-from tests.conformance.helpers import ALICE, Reopen, assistant, compression_record, seqs, snapshot, summary, tool, user
+from tests.conformance.helpers import (
+    ALICE,
+    BOB,
+    Reopen,
+    assistant,
+    compression_record,
+    seqs,
+    snapshot,
+    summary,
+    tool,
+    user,
+)
 from tests.support.stores import Backing, TickingClock
 
 
@@ -57,6 +68,61 @@ async def test_update_state_replaces_only_the_given_values(store: SessionStore, 
     assert (info.context_tokens, info.context_truncated, info.state) == (120, True, {"epoch": 2})
     store = await reopen()
     assert await store.get_session(sid, caller=ALICE) == info
+
+
+async def test_a_state_written_only_if_unchanged_is_written_when_nothing_changed(
+    store: SessionStore, reopen: Reopen
+) -> None:
+    sid = await _session_with(store, 2)
+    read = await store.update_state(sid, caller=ALICE, context_truncated=True, state={"epoch": 3})
+    info = await store.update_state_if_unchanged(
+        sid, caller=ALICE, read=read, context_tokens=77, state={"epoch": 3, "baseline": {"tokens": 70}}
+    )
+    assert info is not None
+    assert (info.context_tokens, info.context_truncated, info.state) == (
+        77,
+        False,
+        {"epoch": 3, "baseline": {"tokens": 70}},
+    )
+    assert info.last_sequence == read.last_sequence == 2
+    assert await store.get_session(sid, caller=ALICE) == info
+    # Against the session it wrote, the next write applies too; against the older read, not.
+    again = await store.update_state_if_unchanged(sid, caller=ALICE, read=info, context_tokens=80, state={"epoch": 4})
+    assert again is not None and (again.context_tokens, again.state) == (80, {"epoch": 4})
+    assert await store.update_state_if_unchanged(sid, caller=ALICE, read=read, context_tokens=1, state={}) is None
+    assert await store.get_session(sid, caller=ALICE) == again
+    # Written like update_state(durable=False): a clean close keeps it.
+    store = await reopen()
+    assert await store.get_session(sid, caller=ALICE) == again
+
+
+async def test_a_state_written_only_if_unchanged_is_refused_after_any_change(store: SessionStore) -> None:
+    sid = await _session_with(store, 2)
+    read = await store.get_session(sid, caller=ALICE)
+
+    async def refused() -> None:
+        got = await store.update_state_if_unchanged(
+            sid, caller=ALICE, read=read, context_tokens=5, state={"baseline": {"tokens": 5}}
+        )
+        assert got is None
+
+    # Another writer's state (a compaction's new cycle, a memory-flush mark, ...).
+    await store.update_state(sid, caller=ALICE, state={"epoch": 1})
+    await refused()
+    read = await store.update_state(sid, caller=ALICE, state={})
+    # The same state again, but a row appended meanwhile (its tokens are not in the anchor).
+    await store.append_messages(sid, [user("late")], caller=ALICE)
+    await refused()
+    read = await store.get_session(sid, caller=ALICE)
+    before = await snapshot(store, sid)
+    # Strangers get nothing written, and no hint that the session exists.
+    assert await store.update_state_if_unchanged(sid, caller=BOB, read=read, context_tokens=5, state={}) is None
+    assert await store.update_state_if_unchanged("no-such", caller=ALICE, read=read, context_tokens=5, state={}) is None
+    assert await snapshot(store, sid) == before
+    assert (await store.get_session(sid, caller=ALICE)).state == read.state
+    # Deleted, then created again under another id: the old read names neither.
+    await store.delete_session(sid, caller=ALICE)
+    await refused()
 
 
 async def test_compaction_places_the_summary_first_and_keeps_pinned_rows(store: SessionStore, reopen: Reopen) -> None:

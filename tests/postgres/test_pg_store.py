@@ -202,6 +202,36 @@ async def test_update_state_checks_the_owner_in_its_one_statement(store: Postgre
         await store.update_state("00000000-0000-4000-8000-000000000000", caller=admin, context_tokens=1)
 
 
+async def test_a_state_written_only_if_unchanged_waits_for_no_compaction_lock(postgres_db: str) -> None:
+    """While another replica holds the session's compaction lock, the one-statement write is
+    refused at once (nothing written, no wait); once the lock is free it writes, and leaves no
+    advisory lock behind on the connection that wrote."""
+    store = await make_postgres_store(postgres_db, pg_settings())
+    other = await make_postgres_store(postgres_db, pg_settings())
+    try:
+        sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+        read = await store.update_state(sid, caller=ALICE, context_tokens=3, state={"epoch": 1})
+        wanted = {"epoch": 1, "baseline": {"tokens": 40}}
+        async with other.compaction_lock(sid):
+            got = await asyncio.wait_for(
+                store.update_state_if_unchanged(sid, caller=ALICE, read=read, context_tokens=40, state=wanted), 5
+            )
+            assert got is None
+            assert await store.get_session(sid, caller=ALICE) == read
+        got = await store.update_state_if_unchanged(sid, caller=ALICE, read=read, context_tokens=40, state=wanted)
+        assert got is not None and (got.context_tokens, got.state) == (40, wanted)
+        # The compaction lock is free again for the next compaction, on any replica.
+        async with other.compaction_lock(sid):
+            pass
+        audited: list[str] = []
+        admin = Principal("root", is_admin=True, on_foreign_read=audited.append)
+        again = await store.update_state_if_unchanged(sid, caller=admin, read=got, context_tokens=41, state={})
+        assert again is not None and again.context_tokens == 41 and audited == ["alice"]
+    finally:
+        await store.close()
+        await other.close()
+
+
 async def test_lock_pool_connections_come_back_holding_no_lock_without_a_reset(postgres_db: str) -> None:
     """The lock pool does not reset on release either: after a lock held and released, a lock
     refused at its timeout and a caller cancelled while it waited, no connection of it holds an

@@ -4,6 +4,7 @@ RecordBaseline never waits behind a compaction (its anchor applies after it, or 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -23,13 +24,33 @@ from tests.support.engines import make_engine
 
 
 class CountingStore(MemoryStore):
-    """A memory store that counts the view records written."""
+    """A memory store that counts the view records written and read, and the state writes."""
 
     saved = 0
+    views_read = 0
+    state_writes = 0
+    unlocked_state_writes = 0
+    #: run once before the next ``update_state_if_unchanged`` (another writer coming first)
+    before_unlocked_write: Any = None
 
     async def save_view(self, session_id: str, view: Any, *, keep: int) -> None:
         self.saved += 1
         await super().save_view(session_id, view, keep=keep)
+
+    async def get_view(self, session_id: str, view_id: str) -> Any:
+        self.views_read += 1
+        return await super().get_view(session_id, view_id)
+
+    async def update_state(self, session_id: str, **kwargs: Any) -> Any:
+        self.state_writes += 1
+        return await super().update_state(session_id, **kwargs)
+
+    async def update_state_if_unchanged(self, session_id: str, **kwargs: Any) -> Any:
+        self.unlocked_state_writes += 1
+        first, self.before_unlocked_write = self.before_unlocked_write, None
+        if first is not None:
+            await first()
+        return await super().update_state_if_unchanged(session_id, **kwargs)
 
 
 def _settings(**hot: Any) -> Settings:
@@ -97,6 +118,57 @@ async def test_a_reused_view_id_is_saved_again_before_the_store_could_let_it_go(
         assert await store.get_view(sid, reused.view_id) is not None
     result = await engine.record_baseline(ANONYMOUS, sid, view_id=reused.view_id, prompt_tokens=400)
     assert result.recorded
+
+
+async def test_a_baseline_of_the_view_just_built_reads_no_view_and_anchors_in_one_store_call() -> None:
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    view = await _build(engine, sid)
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 9)
+    assert result.recorded
+    assert (store.views_read, store.unlocked_state_writes, store.state_writes) == (0, 1, 0)
+    info = await store.get_session(sid, caller=ANONYMOUS)
+    baseline = EngineState.of(info).baseline
+    assert baseline is not None and baseline.view_id == view.view_id
+    assert baseline.tokens == info.context_tokens == view.estimate.total + 9
+    await engine.close()
+
+
+async def test_a_baseline_of_a_view_the_store_let_go_is_not_found_though_this_process_saved_it() -> None:
+    settings = _settings()
+    engine, store = await _engine(settings)
+    sid = await _session(engine)
+    old = await _build(engine, sid)
+    incoming = IncomingMessage(Message(role=Role.USER, content="next"))
+    for _ in range(settings.tokens.views_kept_per_session):  # newer records push it out of the store
+        await _build(engine, sid, incoming)
+    assert await store.get_view(sid, old.view_id) is None
+    with pytest.raises(NotFound) as err:
+        await engine.record_baseline(ANONYMOUS, sid, view_id=old.view_id, prompt_tokens=400)
+    assert err.value.reason == "VIEW_NOT_FOUND"
+    await engine.close()
+
+
+async def test_an_anchor_whose_session_changed_after_the_baseline_read_it_takes_the_locked_way() -> None:
+    """Another writer's state lands between the baseline's read and its anchor: the one-call write
+    is refused, and the locked way anchors on a fresh read, keeping what the other writer wrote."""
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    view = await _build(engine, sid)
+
+    async def other_writer() -> None:
+        fresh = EngineState.of(await store.get_session(sid, caller=ANONYMOUS))
+        marked = dataclasses.replace(fresh, extra={**fresh.extra, "other": 1})
+        await store.update_state(sid, caller=ANONYMOUS, state=marked.to_dict())
+
+    store.before_unlocked_write = other_writer
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    assert result.recorded and store.unlocked_state_writes == 1
+    assert store.state_writes == 2  # the other writer's, then the locked anchor's
+    state = EngineState.of(await store.get_session(sid, caller=ANONYMOUS))
+    assert state.extra.get("other") == 1
+    assert state.baseline is not None and state.baseline.view_id == view.view_id
+    await engine.close()
 
 
 async def test_record_baseline_does_not_wait_behind_a_running_compaction() -> None:

@@ -793,6 +793,49 @@ class PostgresStore:
 
         return await self._write("update_state", work, transaction=False)
 
+    async def update_state_if_unchanged(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        read: SessionInfo,
+        context_tokens: int,
+        state: Mapping[str, Any],
+    ) -> SessionInfo | None:
+        if not isinstance(session_id, str):
+            return None
+        first, second = compaction_lock_keys(session_id)
+
+        async def work(conn: Any) -> SessionInfo | None:
+            # One statement instead of lock, read, write, unlock. The transaction-level try-lock
+            # conflicts with the session-level lock a compaction (or any locked read-modify-write
+            # of the state) holds on another connection: while one runs, nothing is written. The
+            # CASE takes the lock only once the row is as read.
+            row = await conn.fetchrow(
+                """UPDATE sessions
+                      SET context_tokens = $2, context_truncated = false, state = $3::jsonb, update_time = $4
+                    WHERE session_id = $1 AND (user_id = $5 OR $6)
+                      AND CASE WHEN create_time = $7 AND last_sequence = $8 AND state = $9::jsonb
+                               THEN pg_try_advisory_xact_lock($10, $11) ELSE false END
+                RETURNING *""",
+                session_id,
+                context_tokens,
+                dict(state),
+                self._now(),
+                caller.user_id,
+                caller.is_admin,
+                read.create_time,
+                read.last_sequence,
+                dict(read.state),
+                first,
+                second,
+            )
+            if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
+                return None
+            return self._info(row)
+
+        return await self._write("update_state_if_unchanged", work, transaction=False)
+
     async def commit_compaction(
         self,
         session_id: str,
