@@ -43,7 +43,7 @@ async def _measure(turns: int) -> tuple[int, float, int]:
             rows.append(len(s.context))
 
     compaction.Compactor.run = timed  # type: ignore[method-assign]
-    await turns_inproc._loop(50, 40, turns, 0, True, "memory")
+    await turns_inproc._loop(50, 40, turns, 0, True, "memory", compounding=True)
     if not spent:
         raise SystemExit(f"no session compacted in {turns} turns: give more (--turns)")
     return len(spent), statistics.median(spent) * 1e3, max(rows)

@@ -16,7 +16,7 @@ from typing import Any
 
 import _checkout  # noqa: F401 - this checkout's contextsvc
 import grpc
-from workload import turn_messages
+from workload import provider_tokens, turn_messages
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
@@ -57,8 +57,7 @@ async def turns(address: str, sessions: list[str], *, seconds: float, max_turns:
                     t1 = time.perf_counter()
                     built = await stub.BuildContext(pb.BuildContextRequest(session_id=sid))
                     t2 = time.perf_counter()
-                    # A provider's count a little above the estimate: an honest baseline, never a truncation.
-                    count = max(1, int(built.estimate.total * 1.05)) if tokens == 0 else tokens
+                    count = provider_tokens(built.messages) if tokens == 0 else tokens
                     await stub.RecordBaseline(
                         pb.RecordBaselineRequest(session_id=sid, view_id=built.view_id, prompt_tokens=count)
                     )

@@ -8,11 +8,11 @@
 Builds ``ContextServicer`` on a memory store with the load suite's ``bench`` profile (run.py
 ``SERVER_CONFIG``), seeds ``--sessions`` sessions of ``--messages`` messages, then runs
 ``--turns`` turns round-robin over them, each what ``drivers.py turns`` sends over gRPC:
-AppendMessages of 2 messages, BuildContext, RecordBaseline at 1.05x the estimate, and lets the
-post-turn checks the engine scheduled run. Prints the process's CPU per turn (no sockets, no
-gRPC: what is left of a turn's server CPU when the transport is taken away). ``--ab DIR`` runs
-the same loop in a subprocess from another checkout (e.g. a detached worktree of ``main``),
-alternating with this one, and prints both per round.
+AppendMessages of 2 messages, BuildContext, RecordBaseline of the provider's count of the view
+(``workload.provider_tokens``), and lets the post-turn checks the engine scheduled run. Prints
+the process's CPU per turn (no sockets, no gRPC: what is left of a turn's server CPU when the
+transport is taken away). ``--ab DIR`` runs the same loop in a subprocess from another checkout
+(e.g. a detached worktree of ``main``), alternating with this one, and prints both per round.
 """
 
 from __future__ import annotations
@@ -37,10 +37,19 @@ def _import_checkout(root: Path) -> None:
 
 
 async def _loop(
-    sessions: int, messages: int, turns: int, profile: int, concurrent: bool = False, store_kind: str = "memory"
+    sessions: int,
+    messages: int,
+    turns: int,
+    profile: int,
+    concurrent: bool = False,
+    store_kind: str = "memory",
+    compounding: bool = False,
 ) -> float:
+    """``compounding``: each baseline 5 % above the view's estimate, which compounds through
+    baseline + delta until the sessions compact (``compaction_cost.py``); else the provider's
+    count of the view (``workload.provider_tokens``), as the drivers send."""
     from inproc import CallContext, bench_settings, seed_sessions, serve_in_process
-    from workload import turn_messages
+    from workload import provider_tokens, turn_messages
 
     from contextsvc._gen.v1 import context_service_pb2 as pb
     from contextsvc.api.wire import serialize
@@ -86,7 +95,7 @@ async def _loop(
         if profiling:
             prof.disable()
         built = pb.BuildContextResponse.FromString(encoded)
-        count = max(1, int(built.estimate.total * 1.05))
+        count = max(1, int(built.estimate.total * 1.05)) if compounding else provider_tokens(built.messages)
         request = pb.RecordBaselineRequest(
             session_id=sid, view_id=built.view_id, prompt_tokens=count
         ).SerializeToString()

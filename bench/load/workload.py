@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import grpc
 
@@ -64,6 +64,15 @@ def turn_messages(turn: int, *, seed: int = 11) -> list[r.Message]:
         r.Message(role=r.ROLE_USER, content=_text(rng, 30)),
         r.Message(role=r.ROLE_ASSISTANT, content=_text(rng, 40)),
     ]
+
+
+def provider_tokens(messages: Iterable[r.Message]) -> int:
+    """What a provider's tokenizer counts for a view: a fixed function of its text (a token per 4
+    bytes, 4 per message of framing, 3 for the reply's priming), as turndriver's providerTokens.
+    The turn loop records it as each view's baseline. A count derived from the service's own
+    estimate (5 % above it, say) would compound through baseline + delta: the estimate grows 5 % a
+    turn until the session compacts in the middle of the run."""
+    return 3 + sum(len(m.content.encode()) // 4 + 4 for m in messages)
 
 
 def batches(items: list[r.Message], size: int = SEED_BATCH) -> Iterator[list[r.Message]]:

@@ -20,7 +20,7 @@ from tests.support.server import ServerProcess
 
 LOAD = Path(__file__).resolve().parents[2] / "bench" / "load"
 sys.path.insert(0, str(LOAD))
-from workload import turn_messages  # noqa: E402 - bench/load is not a package
+from workload import provider_tokens, turn_messages  # noqa: E402 - bench/load is not a package
 
 pytestmark = pytest.mark.e2e
 
@@ -78,6 +78,12 @@ def test_go_driver_runs_the_loop_like_the_python_one(driver: str, memory_server:
         sent = sent_to(sessions[1])
         assert sent[:2] == [(m.role, m.content) for m in turn_messages(1 * 100_000 + 1)]
         assert sent[2:4] == [(m.role, m.content) for m in turn_messages(1 * 100_000 + 2)]
+        # Each turn ended with a baseline of the provider's count of the view it built (a fixed
+        # function of the text, never the service's estimate scaled): the anchor is that count.
+        for sid in sessions:
+            view = stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+            held = stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_tokens
+            assert held == provider_tokens(view.messages) == view.estimate.total
         # The Python driver on the same sessions: the same JSON object, field for field.
         cmd = [sys.executable, str(LOAD / "drivers.py"), "turns", *flags]
         py = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)

@@ -1,7 +1,7 @@
 // Command turndriver is the agent turn loop of bench/load/drivers.py ("turns") in Go, so the
 // load suite's client costs what ghz costs for Health/Check rather than a Python asyncio client's
 // CPU on the same two cores. Each session is one agent: AppendMessages of workload.turn_messages'
-// two messages, BuildContext, RecordBaseline of a count 5 % above the estimate; repeated until a
+// two messages, BuildContext, RecordBaseline of a provider's count of the view (providerTokens); repeated until a
 // time or turn bound. One connection, GOMAXPROCS 1 (ghz's --cpus 1 --connections 1). Prints the
 // same JSON object as the Python driver (plus "client": "go").
 //
@@ -118,10 +118,9 @@ func (l *loop) agent(ctx context.Context, k int, sid string) {
 			continue
 		}
 		t2 := time.Now()
-		// A provider's count a little above the estimate: an honest baseline, never a truncation.
 		count := l.tokens
 		if count == 0 {
-			count = max(1, int64(float64(built.GetEstimate().GetTotal())*1.05))
+			count = providerTokens(built.GetMessages())
 		}
 		req := &pb.RecordBaselineRequest{SessionId: sid, ViewId: built.GetViewId(), PromptTokens: count}
 		if _, err := l.stub.RecordBaseline(ctx, req); err != nil {
@@ -139,6 +138,18 @@ func (l *loop) agent(ctx context.Context, k int, sid string) {
 		l.lat[name] = append(l.lat[name], mine[i]...)
 	}
 	l.mu.Unlock()
+}
+
+// providerTokens is what a provider's tokenizer counts for the view: a fixed function of its
+// text (a token per 4 bytes, 4 per message of framing, workload.provider_tokens). A count derived
+// from the service's own estimate (say 5 % above it) would compound through baseline + delta,
+// the estimate growing 5 % a turn until the session compacts in the middle of the run.
+func providerTokens(messages []*pb.Message) int64 {
+	var n int64 = 3
+	for _, m := range messages {
+		n += int64(len(m.GetContent()))/4 + 4
+	}
+	return n
 }
 
 func run(address string, sessions []string, seconds float64, maxTurns, tokens int64, window int32) (*report, error) {
@@ -221,7 +232,7 @@ func main() {
 	sessions := flag.String("sessions", "", "comma-separated session ids, one agent each")
 	seconds := flag.Float64("seconds", 10, "time bound")
 	maxCount := flag.Int64("max-count", 10_000, "turn bound (all agents together)")
-	tokens := flag.Int64("prompt-tokens", 0, "prompt tokens to record (0: 5 % above the estimate)")
+	tokens := flag.Int64("prompt-tokens", 0, "prompt tokens to record (0: providerTokens of the view)")
 	cpus := flag.Int("cpus", 1, "GOMAXPROCS")
 	window := flag.Int("window", 0, "fixed HTTP/2 window in bytes (0: grpc-go's dynamic window)")
 	dumpSpec := flag.String("dump", "", "print the messages of AGENT,TURN and exit")
