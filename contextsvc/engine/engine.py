@@ -354,8 +354,14 @@ class Engine:
             if session is not None:
                 anchored.append(session)
 
+        async def quick_anchor(pending: PendingAnchor) -> bool:
+            session = await self._try_anchor(caller, sid, pending)
+            if session is not None:
+                anchored.append(session)
+            return session is not None
+
         result = await self.views.record_baseline(
-            caller, sid, view_id=view_id, prompt_tokens=prompt_tokens, anchor=anchor
+            caller, sid, view_id=view_id, prompt_tokens=prompt_tokens, anchor=anchor, quick_anchor=quick_anchor
         )
         # The post-turn check of a session whose new anchor leaves it far from compaction would
         # only read it again and say so: judged here, on the session as the anchor wrote it. A
@@ -391,11 +397,7 @@ class Engine:
         session apply in the order they were recorded. The session as the anchor left it when it
         was applied at once; None when it was dropped or deferred."""
         if not self.compactor.busy(sid) and sid not in self._anchors:
-            # First without the store's lock: one store call when the session is still as the
-            # baseline read it and no compaction runs anywhere (PostgreSQL: one statement, not
-            # four round trips).
-            async with self.compactor.local_lock(sid):
-                applied = await self.views.try_anchor(caller, sid, pending)
+            applied = await self._try_anchor(caller, sid, pending)
             if applied is not None:
                 return applied
             try:
@@ -416,6 +418,16 @@ class Engine:
         self._anchors[sid] = task
         task.add_done_callback(functools.partial(self._anchor_done, sid))
         return None
+
+    async def _try_anchor(self, caller: Principal, sid: str, pending: PendingAnchor) -> SessionInfo | None:
+        """The anchor written without the store's lock (``ViewService.try_anchor``): one store
+        call when the session is still as ``pending.read`` and no compaction runs, here or
+        elsewhere (PostgreSQL: one statement, not lock, read, write, unlock). None when not
+        written, nothing changed."""
+        if self.compactor.busy(sid) or sid in self._anchors:
+            return None
+        async with self.compactor.local_lock(sid):
+            return await self.views.try_anchor(caller, sid, pending)
 
     def _anchor_done(self, sid: str, task: asyncio.Task[None]) -> None:
         if self._anchors.get(sid) is task:

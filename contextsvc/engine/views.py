@@ -96,6 +96,12 @@ class PendingAnchor:
     read: SessionInfo | None = None
 
 
+def _pending(view_id: str, view: ViewRecord, prompt_tokens: int, read: SessionInfo) -> PendingAnchor:
+    # The incoming message the view carried is appended later, newer than the view's last
+    # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
+    return PendingAnchor(view_id, view, max(1, prompt_tokens - view.incoming_tokens), read)
+
+
 @dataclass(slots=True)
 class _SavedView:
     """The view record saved for a session's reused view, and how many other views of the session
@@ -109,6 +115,8 @@ class _SavedView:
     created: datetime | None
     #: the record saved under ``view_id``: a baseline of this view reads it here, not from the store
     record: ViewRecord
+    #: the session as the build that served the view last read it (``_record_on_saved``)
+    session: SessionInfo
     others: int = 0
     #: the service's count of builds and baselines (``ViewService._calls``) once this view was last
     #: served: a baseline of it that finds the count higher was recorded while other requests ran.
@@ -640,6 +648,7 @@ class ViewService:
         if saved is not None and saved.built is built and saved.epoch == epoch and saved.others < keep - 1:
             self._saved.move_to_end(session.id)
             saved.calls = self._calls
+            saved.session = session
             return saved.view_id
         view_id = saved.view_id if saved is not None and saved.built is built and saved.epoch == epoch else _new_id()
         record = ViewRecord(
@@ -659,7 +668,9 @@ class ViewService:
         )
         await self._store.save_view(session.id, record, keep=keep)
         if anchor and self._memo.holds(session.id, built):
-            self._saved[session.id] = _SavedView(built, epoch, view_id, session.create_time, record, calls=self._calls)
+            self._saved[session.id] = _SavedView(
+                built, epoch, view_id, session.create_time, record, session, calls=self._calls
+            )
             self._saved.move_to_end(session.id)
             while len(self._saved) > max(1, self._settings.hot_path.view_cache_sessions):
                 self._saved.popitem(last=False)
@@ -708,20 +719,24 @@ class ViewService:
         view_id: str,
         prompt_tokens: int,
         anchor: Callable[[PendingAnchor], Awaitable[None]],
+        quick_anchor: Callable[[PendingAnchor], Awaitable[bool]] | None = None,
     ) -> BaselineResult:
         """Record the provider's count of a view: a calibration observation for the view's model,
         and (unless it looks truncated) the session's new anchor, handed to ``anchor``, which
-        applies it under the compaction lock (``apply_anchor``), now or once a compaction ends."""
+        applies it under the compaction lock (``apply_anchor``), now or once a compaction ends.
+
+        ``quick_anchor`` (``try_anchor`` when no compaction of the session runs here; True once
+        written): for the view this process saved last, tried first on the session as that build
+        read it, before anything else is read or written. Written, the session exists, is the
+        caller's and is in the view's cycle, so the baseline needs no read of its own."""
         sid = require_session_id(session_id)
         if not view_id:
             raise InvalidArgument.field("view_id", "is required")
         if prompt_tokens <= 0:
             raise InvalidArgument.field("prompt_tokens", "must be positive")
-        session = await self._store.get_session(sid, caller=caller)
         saved = self._saved.get(sid)
         if saved is not None and (
             saved.view_id != view_id
-            or saved.created != session.create_time
             or saved.others >= self._settings.tokens.views_kept_per_session  # the store let it go
         ):
             saved = None
@@ -729,6 +744,13 @@ class ViewService:
         # going through its sessions one call at a time): only then may its refit wait for others.
         concurrent = saved is not None and self._calls > saved.calls
         self._calls += 1
+        if saved is not None and quick_anchor is not None:
+            done = await self._record_on_saved(sid, saved, prompt_tokens, concurrent, quick_anchor)
+            if done is not None:
+                return done
+        session = await self._store.get_session(sid, caller=caller)
+        if saved is not None and saved.created != session.create_time:
+            saved, concurrent = None, False
         # The view this process saved last for the session is the record the store holds under
         # its id (records are never changed): read here, it costs no store read.
         view = saved.record if saved is not None else await self._store.get_view(sid, view_id)
@@ -764,7 +786,45 @@ class ViewService:
                 truncation_reason=reason,
                 lower_bound=bound,
             )
-        calibration = await self._accounting.observe(
+        calibration = await self._observe(sid, view, prompt_tokens, concurrent)
+        # A view that carried images is no anchor: the provider's count holds those images, and a
+        # later view may leave some out (image budget), so baseline + delta would count them twice.
+        # Such views are priced fresh every time, by the same rules the view's budget used. A view
+        # of an older compaction cycle is no anchor either (checked again where it is applied).
+        if view.epoch == EngineState.of(session).epoch and not view.had_images:
+            await anchor(_pending(view_id, view, prompt_tokens, session))
+        await self._recorded(sid, session.user_id, view_id, view, prompt_tokens)
+        return BaselineResult(
+            recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
+        )
+
+    async def _record_on_saved(
+        self,
+        sid: str,
+        saved: _SavedView,
+        prompt_tokens: int,
+        concurrent: bool,
+        quick_anchor: Callable[[PendingAnchor], Awaitable[bool]],
+    ) -> BaselineResult | None:
+        """``record_baseline`` of the view this process saved last, anchored first on the session
+        as its build read it; None (nothing done) when that is not how it ends: a count that looks
+        truncated, a view that is no anchor, or a session that changed since (the caller then
+        reads the session and goes the usual way)."""
+        view, read = saved.record, saved.session
+        if view.had_images or view.epoch != EngineState.of(read).epoch:
+            return None
+        calibration = await self._accounting.ensure_loaded(view.model)
+        reason, bound = self._truncation(prompt_tokens, view, calibration)
+        if reason or not await quick_anchor(_pending(saved.view_id, view, prompt_tokens, read)):
+            return None
+        calibration = await self._observe(sid, view, prompt_tokens, concurrent)
+        await self._recorded(sid, read.user_id, saved.view_id, view, prompt_tokens)
+        return BaselineResult(
+            recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
+        )
+
+    async def _observe(self, sid: str, view: ViewRecord, prompt_tokens: int, concurrent: bool) -> Calibration:
+        return await self._accounting.observe(
             view.model,
             Observation(
                 chars=view.chars,
@@ -776,18 +836,11 @@ class ViewService:
             source=sid,
             concurrent=concurrent,
         )
-        # A view that carried images is no anchor: the provider's count holds those images, and a
-        # later view may leave some out (image budget), so baseline + delta would count them twice.
-        # Such views are priced fresh every time, by the same rules the view's budget used. A view
-        # of an older compaction cycle is no anchor either (checked again where it is applied).
-        if view.epoch == EngineState.of(session).epoch and not view.had_images:
-            # The incoming message the view carried is appended later, newer than the view's last
-            # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
-            pending = PendingAnchor(view_id, view, max(1, prompt_tokens - view.incoming_tokens), session)
-            await anchor(pending)
+
+    async def _recorded(self, sid: str, user_id: str, view_id: str, view: ViewRecord, prompt_tokens: int) -> None:
         await self._bus.publish(
             session_id=sid,
-            user_id=session.user_id,
+            user_id=user_id,
             kind="baseline_recorded",
             payload={
                 "view_id": view_id,
@@ -795,9 +848,6 @@ class ViewService:
                 "estimated_tokens": view.estimated_tokens,
                 "model": view.model,
             },
-        )
-        return BaselineResult(
-            recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
         )
 
     async def try_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> SessionInfo | None:

@@ -13,7 +13,7 @@ import pytest
 from contextsvc.config import HotPathSettings, ProfileConfig, Settings
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import ProfileOverrides
-from contextsvc.core.session import ANONYMOUS
+from contextsvc.core.session import ANONYMOUS, Principal
 from contextsvc.core.tokens import EstimateMethod
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
@@ -28,14 +28,21 @@ class CountingStore(MemoryStore):
 
     saved = 0
     views_read = 0
+    sessions_read = 0
     state_writes = 0
     unlocked_state_writes = 0
     #: run once before the next ``update_state_if_unchanged`` (another writer coming first)
     before_unlocked_write: Any = None
+    #: answer every ``update_state_if_unchanged`` with None (a compaction elsewhere, say)
+    refuse_unlocked = False
 
     async def save_view(self, session_id: str, view: Any, *, keep: int) -> None:
         self.saved += 1
         await super().save_view(session_id, view, keep=keep)
+
+    async def get_session(self, session_id: str, *, caller: Any) -> Any:
+        self.sessions_read += 1
+        return await super().get_session(session_id, caller=caller)
 
     async def get_view(self, session_id: str, view_id: str) -> Any:
         self.views_read += 1
@@ -50,6 +57,8 @@ class CountingStore(MemoryStore):
         first, self.before_unlocked_write = self.before_unlocked_write, None
         if first is not None:
             await first()
+        if self.refuse_unlocked:
+            return None
         return await super().update_state_if_unchanged(session_id, **kwargs)
 
 
@@ -124,9 +133,13 @@ async def test_a_baseline_of_the_view_just_built_reads_no_view_and_anchors_in_on
     engine, store = await _engine(_settings())
     sid = await _session(engine)
     view = await _build(engine, sid)
+    read = store.sessions_read
     result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 9)
     assert result.recorded
-    assert (store.views_read, store.unlocked_state_writes, store.state_writes) == (0, 1, 0)
+    # The anchor, written on the session as the build read it, is the baseline's one store call
+    # besides its observation: no session read, no view read, no locked write.
+    assert (store.sessions_read - read, store.views_read) == (0, 0)
+    assert (store.unlocked_state_writes, store.state_writes) == (1, 0)
     info = await store.get_session(sid, caller=ANONYMOUS)
     baseline = EngineState.of(info).baseline
     assert baseline is not None and baseline.view_id == view.view_id
@@ -149,9 +162,10 @@ async def test_a_baseline_of_a_view_the_store_let_go_is_not_found_though_this_pr
     await engine.close()
 
 
-async def test_an_anchor_whose_session_changed_after_the_baseline_read_it_takes_the_locked_way() -> None:
-    """Another writer's state lands between the baseline's read and its anchor: the one-call write
-    is refused, and the locked way anchors on a fresh read, keeping what the other writer wrote."""
+async def test_an_anchor_whose_session_changed_after_the_build_read_it_is_written_on_a_fresh_read() -> None:
+    """Another writer's state lands between the build's read and the baseline's anchor: the write
+    on the build's read is refused, and the baseline reads the session and anchors on that,
+    keeping what the other writer wrote."""
     engine, store = await _engine(_settings())
     sid = await _session(engine)
     view = await _build(engine, sid)
@@ -163,11 +177,38 @@ async def test_an_anchor_whose_session_changed_after_the_baseline_read_it_takes_
 
     store.before_unlocked_write = other_writer
     result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
-    assert result.recorded and store.unlocked_state_writes == 1
-    assert store.state_writes == 2  # the other writer's, then the locked anchor's
+    assert result.recorded and result.calibration.observations == 1  # observed once, not per attempt
+    assert (store.unlocked_state_writes, store.state_writes) == (2, 1)  # refused, then written
     state = EngineState.of(await store.get_session(sid, caller=ANONYMOUS))
     assert state.extra.get("other") == 1
     assert state.baseline is not None and state.baseline.view_id == view.view_id
+    await engine.close()
+
+
+async def test_an_anchor_the_store_will_not_write_unlocked_is_written_under_the_lock() -> None:
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    view = await _build(engine, sid)
+    store.refuse_unlocked = True
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 3)
+    assert result.recorded and result.calibration.observations == 1
+    assert store.state_writes == 1  # apply_anchor's, under the compaction lock
+    info = await store.get_session(sid, caller=ANONYMOUS)
+    baseline = EngineState.of(info).baseline
+    assert baseline is not None and baseline.view_id == view.view_id
+    assert info.context_tokens == view.estimate.total + 3
+    await engine.close()
+
+
+async def test_a_strangers_baseline_of_a_view_this_process_saved_changes_nothing() -> None:
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    view = await _build(engine, sid)
+    before = await store.get_session(sid, caller=ANONYMOUS)
+    with pytest.raises(NotFound):
+        await engine.record_baseline(Principal("mallory"), sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    assert await store.get_session(sid, caller=ANONYMOUS) == before
+    assert (await engine.accounting.ensure_loaded("hp")).observations == 0
     await engine.close()
 
 
