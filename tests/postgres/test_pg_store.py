@@ -68,7 +68,8 @@ async def test_text_postgresql_cannot_store_is_invalid_argument(store: PostgresS
 async def test_pooled_connections_come_back_clean_without_a_reset_round_trip(store: PostgresStore) -> None:
     """The main pool skips asyncpg's reset query on release (one round trip per use): that holds
     only while nothing on it leaves session state behind. After every kind of work, each pooled
-    connection holds no advisory lock, no open transaction and default settings."""
+    connection holds no advisory lock, no open transaction and default settings (synchronous commit
+    on again after the statements that commit asynchronously)."""
     sid = (await store.create_session(caller=ALICE, profile_id="p")).id
     await store.append_messages(sid, [Message(Role.USER, f"m{i}") for i in range(4)], caller=ALICE, request_id="r")
     await store.append_messages(sid, [Message(Role.USER, "m0")], caller=ALICE, request_id="r")  # a replay
@@ -77,6 +78,10 @@ async def test_pooled_connections_come_back_clean_without_a_reset_round_trip(sto
             sid, caller=ALICE, demote=[1, 2], append=[Message(Role.SYSTEM, "s", context_anchor=1)], context_tokens=1
         )
     await store.add_calibration_observation("m", Observation(100, 40, features=(1.0,)))
+    # Two statements that commit asynchronously (set_config's ``local``: for their transaction only).
+    await store.save_view(sid, view("v1"), keep=2)
+    read = await store.get_session(sid, caller=ALICE)
+    assert await store.update_state_if_unchanged(sid, caller=ALICE, read=read, context_tokens=5, state={"e": 1})
     bus = store.make_event_bus()
     await bus.publish(session_id=sid, user_id="alice", kind="k", payload={})
     await bus.close()
@@ -89,9 +94,10 @@ async def test_pooled_connections_come_back_clean_without_a_reset_round_trip(sto
         for conn in held:
             row = await conn.fetchrow(
                 """SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
-                          current_setting('lock_timeout'), (SELECT count(*) FROM pg_cursors WHERE name <> '')"""
+                          current_setting('lock_timeout'), (SELECT count(*) FROM pg_cursors WHERE name <> ''),
+                          current_setting('synchronous_commit')"""
             )
-            assert tuple(row) == (0, "0", 0)
+            assert tuple(row) == (0, "0", 0, "on")
             assert not conn.is_in_transaction()
     finally:
         for conn in held:
