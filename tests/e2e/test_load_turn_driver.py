@@ -78,14 +78,27 @@ def test_go_driver_runs_the_loop_like_the_python_one(driver: str, memory_server:
         sent = sent_to(sessions[1])
         assert sent[:2] == [(m.role, m.content) for m in turn_messages(1 * 100_000 + 1)]
         assert sent[2:4] == [(m.role, m.content) for m in turn_messages(1 * 100_000 + 2)]
-        # Each turn ended with a baseline of the provider's count of the view it built (a fixed
-        # function of the text, never the service's estimate scaled): the anchor is that count.
-        for sid in sessions:
-            view = stub.BuildContext(pb.BuildContextRequest(session_id=sid))
-            held = stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_tokens
-            assert held == provider_tokens(view.messages) == view.estimate.total
         # The Python driver on the same sessions: the same JSON object, field for field.
         cmd = [sys.executable, str(LOAD / "drivers.py"), "turns", *flags]
         py = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
         assert py["client"] == "python" and py["count"] > 0 and py["errors"] == {}
         assert _shape(py) == _shape(go)
+
+
+def test_each_baseline_is_the_providers_count_of_its_view(driver: str, memory_server: ServerProcess) -> None:
+    """A fixed function of the view's text, never the service's own estimate scaled (that
+    compounds through baseline + delta until the session compacts mid-run). Few turns: no session
+    comes near compaction, so each session's anchor is its last view's count."""
+    with memory_server.channel() as channel:
+        stub = pb_grpc.ContextServiceStub(channel)
+        sessions = [stub.CreateSession(pb.CreateSessionRequest(name=f"agent {k}")).id for k in range(3)]
+        flags = ["--address", memory_server.address, "--sessions", ",".join(sessions), "--seconds", "30"]
+        go = json.loads(
+            subprocess.run([driver, *flags, "--max-count", "30"], capture_output=True, text=True, check=True).stdout
+        )
+        assert go["count"] >= 30 and go["errors"] == {}
+        for sid in sessions:
+            view = stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+            assert len(view.messages) >= 2
+            held = stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_tokens
+            assert held == provider_tokens(view.messages) == view.estimate.total
