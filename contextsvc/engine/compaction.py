@@ -205,10 +205,7 @@ class Compactor:
 
         ``wait`` bounds the time spent acquiring both locks (``CompactionBusy`` past it); what runs
         under the lock is not bounded by it."""
-        entry = self._locks.get(session_id)
-        if entry is None:
-            entry = self._locks[session_id] = [asyncio.Lock(), 0]
-        entry[1] += 1
+        entry = self._lock_entry(session_id)
         try:
             store_lock = self._store.compaction_lock(session_id)
             if entry[1] == 1 and isinstance(store_lock, contextlib.nullcontext) and not entry[0].locked():
@@ -230,25 +227,31 @@ class Compactor:
                     raise CompactionBusy(f"session {session_id} is compacting; waited {wait:g} s") from None
                 yield
         finally:
-            entry[1] -= 1
-            if entry[1] == 0 and self._locks.get(session_id) is entry:
-                del self._locks[session_id]
+            self._lock_left(session_id, entry)
 
     @contextlib.asynccontextmanager
     async def local_lock(self, session_id: str) -> AsyncIterator[None]:
         """The in-process half of ``lock`` alone: for a state write whose store call checks the
         cross-process half itself (``update_state_if_unchanged``)."""
-        entry = self._locks.get(session_id)
-        if entry is None:
-            entry = self._locks[session_id] = [asyncio.Lock(), 0]
-        entry[1] += 1
+        entry = self._lock_entry(session_id)
         try:
             async with entry[0]:
                 yield
         finally:
-            entry[1] -= 1
-            if entry[1] == 0 and self._locks.get(session_id) is entry:
-                del self._locks[session_id]
+            self._lock_left(session_id, entry)
+
+    def _lock_entry(self, session_id: str) -> list[Any]:
+        """The session's in-process lock and its count of holders and waiters, counting one more."""
+        entry = self._locks.get(session_id)
+        if entry is None:
+            entry = self._locks[session_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        return entry
+
+    def _lock_left(self, session_id: str, entry: list[Any]) -> None:
+        entry[1] -= 1
+        if entry[1] == 0 and self._locks.get(session_id) is entry:
+            del self._locks[session_id]
 
     # -- pricing ------------------------------------------------------------------------------
 

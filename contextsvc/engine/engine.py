@@ -386,7 +386,8 @@ class Engine:
         return profile
 
     async def _anchor(self, caller: Principal, sid: str, pending: PendingAnchor) -> SessionInfo | None:
-        """Apply a new baseline under the compaction lock, without waiting behind a compaction.
+        """Apply a new baseline, without waiting behind a compaction: first unlocked, on the session
+        as the baseline read it (``_try_anchor``, one store call), else under the compaction lock.
 
         The baseline is a read-modify-write of the engine state, serialized with compactions (one
         committed in between would be undone: its epoch, its cleared baseline). When the lock is

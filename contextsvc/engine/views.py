@@ -96,6 +96,14 @@ class PendingAnchor:
     read: SessionInfo | None = None
 
 
+def _anchorable(view: ViewRecord, session: SessionInfo) -> bool:
+    """Whether a baseline of ``view`` may become ``session``'s anchor. A view that carried images
+    is none: the provider's count holds those images, and a later view may leave some out (image
+    budget), so baseline + delta would count them twice; such views are priced fresh every time,
+    by the same rules the view's budget used. A view of an older compaction cycle is none either."""
+    return not view.had_images and view.epoch == EngineState.of(session).epoch
+
+
 def _pending(view_id: str, view: ViewRecord, prompt_tokens: int, read: SessionInfo) -> PendingAnchor:
     # The incoming message the view carried is appended later, newer than the view's last
     # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
@@ -104,8 +112,10 @@ def _pending(view_id: str, view: ViewRecord, prompt_tokens: int, read: SessionIn
 
 @dataclass(slots=True)
 class _SavedView:
-    """The view record saved for a session's reused view, and how many other views of the session
-    were saved since (the store keeps the newest ``views_kept_per_session``)."""
+    """The last view this process saved for a session: what a rebuild compares to reuse it, the
+    record a baseline of it reads instead of the store's, the session as its build read it (the
+    baseline's unlocked anchor writes only on that), and how many other views of the session this
+    process saved since (the store keeps the newest ``views_kept_per_session``)."""
 
     built: Assembled
     epoch: int
@@ -737,7 +747,10 @@ class ViewService:
         saved = self._saved.get(sid)
         if saved is not None and (
             saved.view_id != view_id
-            or saved.others >= self._settings.tokens.views_kept_per_session  # the store let it go
+            # The store let it go. Counted by this process's saves alone: when other replicas
+            # build the session too, the one that built the view may accept it a little longer
+            # than the store holds it (the record is immutable, the anchor checks the same).
+            or saved.others >= self._settings.tokens.views_kept_per_session
         ):
             saved = None
         # Other builds or baselines served since this view was (a fleet of agents, not one client
@@ -787,11 +800,7 @@ class ViewService:
                 lower_bound=bound,
             )
         calibration = await self._observe(sid, view, prompt_tokens, concurrent)
-        # A view that carried images is no anchor: the provider's count holds those images, and a
-        # later view may leave some out (image budget), so baseline + delta would count them twice.
-        # Such views are priced fresh every time, by the same rules the view's budget used. A view
-        # of an older compaction cycle is no anchor either (checked again where it is applied).
-        if view.epoch == EngineState.of(session).epoch and not view.had_images:
+        if _anchorable(view, session):  # the cycle is checked again where the anchor is applied
             await anchor(_pending(view_id, view, prompt_tokens, session))
         await self._recorded(sid, session.user_id, view_id, view, prompt_tokens)
         return BaselineResult(
@@ -809,9 +818,14 @@ class ViewService:
         """``record_baseline`` of the view this process saved last, anchored first on the session
         as its build read it; None (nothing done) when that is not how it ends: a count that looks
         truncated, a view that is no anchor, or a session that changed since (the caller then
-        reads the session and goes the usual way)."""
+        reads the session and goes the usual way).
+
+        The anchor is written before the observation, so that a refused anchor costs no second
+        observation on the usual way. An observation that then fails leaves the anchor (a correct
+        one) and no event; the caller gets the error, and its retry anchors on a fresh read and
+        observes."""
         view, read = saved.record, saved.session
-        if view.had_images or view.epoch != EngineState.of(read).epoch:
+        if not _anchorable(view, read):
             return None
         calibration = await self._accounting.ensure_loaded(view.model)
         reason, bound = self._truncation(prompt_tokens, view, calibration)
@@ -856,11 +870,9 @@ class ViewService:
         checks that, and that no compaction holds the lock elsewhere). None when not written:
         the caller then takes the locked way (``apply_anchor``), which decides on a fresh read."""
         read, view = pending.read, pending.view
-        if read is None or read.last_sequence != view.last_sequence:
+        if read is None or read.last_sequence != view.last_sequence or not _anchorable(view, read):
             return None
         state = EngineState.of(read)
-        if view.epoch != state.epoch:
-            return None
         return await self._store.update_state_if_unchanged(
             session_id,
             caller=caller,

@@ -481,9 +481,8 @@ class RowStore:
         state: Mapping[str, Any],
     ) -> SessionInfo | None:
         # The compaction lock of these stores is the engine's in-process one: the engine holds it.
-        try:
-            st = self._owned(session_id, caller)
-        except NotFound:
+        st = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if st is None or st.deleted or not (st.user_id == caller.user_id or caller.is_admin):
             return None
 
         async def work() -> SessionInfo | None:
@@ -491,6 +490,7 @@ class RowStore:
                 return None
             record = StateRecord(self._now(), context_tokens, False, copy_plain(dict(state)), soft=True)
             await self._commit(st, record)
+            caller.may_read(st.user_id)  # an admin's write is audited once written, as PostgreSQL's
             return self._info(st)
 
         try:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from contextsvc.config import Settings
+from contextsvc.core.session import Principal
 from contextsvc.errors import Conflict, NotFound
 from contextsvc.ports import SessionStore
 from tests.conformance.helpers import (
@@ -113,16 +114,32 @@ async def test_a_state_written_only_if_unchanged_is_refused_after_any_change(sto
     # The same state again, but a row appended meanwhile (its tokens are not in the anchor).
     await store.append_messages(sid, [user("late")], caller=ALICE)
     await refused()
-    read = await store.get_session(sid, caller=ALICE)
+    stale, read = read, await store.get_session(sid, caller=ALICE)
     before = await snapshot(store, sid)
     # Strangers get nothing written, and no hint that the session exists.
     assert await store.update_state_if_unchanged(sid, caller=BOB, read=read, context_tokens=5, state={}) is None
     assert await store.update_state_if_unchanged("no-such", caller=ALICE, read=read, context_tokens=5, state={}) is None
     assert await snapshot(store, sid) == before
     assert (await store.get_session(sid, caller=ALICE)).state == read.state
-    # Deleted, then created again under another id: the old read names neither.
+    # An admin's refused write is not audited (nothing of the session was touched); a written one
+    # is, once.
+    audited: list[str] = []
+    admin = Principal("root", is_admin=True, on_foreign_read=audited.append)
+    assert await store.update_state_if_unchanged(sid, caller=admin, read=stale, context_tokens=5, state={}) is None
+    assert audited == []
+    # Deleted: nothing to write.
     await store.delete_session(sid, caller=ALICE)
     await refused()
+    # Created again under the same id, with the same rows, counters and state as the old read:
+    # only its create time tells it apart, and that refuses the write.
+    again = await store.create_session(caller=ALICE, profile_id="p", session_id=sid)
+    await store.append_messages(sid, [user(f"n{i}") for i in range(read.last_sequence)], caller=ALICE)
+    now = await store.get_session(sid, caller=ALICE)
+    assert (now.last_sequence, now.state) == (read.last_sequence, read.state) and again.create_time != read.create_time
+    await refused()
+    assert (await store.get_session(sid, caller=ALICE)).context_tokens == now.context_tokens
+    written = await store.update_state_if_unchanged(sid, caller=admin, read=now, context_tokens=9, state={})
+    assert written is not None and written.context_tokens == 9 and audited == ["alice"]
 
 
 async def test_compaction_places_the_summary_first_and_keeps_pinned_rows(store: SessionStore, reopen: Reopen) -> None:

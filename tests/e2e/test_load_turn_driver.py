@@ -85,18 +85,22 @@ def test_go_driver_runs_the_loop_like_the_python_one(driver: str, memory_server:
         assert _shape(py) == _shape(go)
 
 
-def test_each_baseline_is_the_providers_count_of_its_view(driver: str, memory_server: ServerProcess) -> None:
+@pytest.mark.parametrize("client", ["go", "python"])
+def test_each_baseline_is_the_providers_count_of_its_view(
+    driver: str, memory_server: ServerProcess, client: str
+) -> None:
     """A fixed function of the view's text, never the service's own estimate scaled (that
-    compounds through baseline + delta until the session compacts mid-run). Few turns: no session
-    comes near compaction, so each session's anchor is its last view's count."""
+    compounds through baseline + delta until the session compacts mid-run), from either driver.
+    Few turns: no session comes near compaction, so each session's anchor is its last view's count."""
     with memory_server.channel() as channel:
         stub = pb_grpc.ContextServiceStub(channel)
         sessions = [stub.CreateSession(pb.CreateSessionRequest(name=f"agent {k}")).id for k in range(3)]
         flags = ["--address", memory_server.address, "--sessions", ",".join(sessions), "--seconds", "30"]
-        go = json.loads(
-            subprocess.run([driver, *flags, "--max-count", "30"], capture_output=True, text=True, check=True).stdout
+        command = [driver] if client == "go" else [sys.executable, str(LOAD / "drivers.py"), "turns"]
+        run = json.loads(
+            subprocess.run([*command, *flags, "--max-count", "30"], capture_output=True, text=True, check=True).stdout
         )
-        assert go["count"] >= 30 and go["errors"] == {}
+        assert run["client"] == client and run["count"] >= 30 and run["errors"] == {}
         for sid in sessions:
             view = stub.BuildContext(pb.BuildContextRequest(session_id=sid))
             assert len(view.messages) >= 2

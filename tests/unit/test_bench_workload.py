@@ -10,7 +10,7 @@ from pathlib import Path
 from contextsvc._gen.v1 import resources_pb2 as r
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "load"))
-from workload import fresh_copy  # (bench/load is not a package)
+from workload import fresh_copy, provider_tokens  # (bench/load is not a package)
 
 
 def test_a_fresh_copy_keeps_the_conversation_and_drops_what_the_service_assigned() -> None:
@@ -39,3 +39,14 @@ def test_a_fresh_copy_keeps_the_conversation_and_drops_what_the_service_assigned
     assert list(copied[1].tool_calls) == list(call.tool_calls)
     # The rows given are left as they were (the source session's listing).
     assert summary.role == r.ROLE_SYSTEM and summary.sequence_number == 41 and summary.HasField("replaces")
+
+
+def test_the_drivers_provider_count_is_a_function_of_the_text_alone() -> None:
+    """The load suite's baselines (``provider_tokens``, the Go driver's ``providerTokens``): a
+    token per 4 bytes of UTF-8, 4 per message, 3 more; what the service assigned or estimated
+    plays no part, so a run cannot feed the service's estimate back to it."""
+    plain = [r.Message(role=r.ROLE_USER, content="a" * 10), r.Message(role=r.ROLE_ASSISTANT, content="é" * 6)]
+    assert provider_tokens(plain) == 3 + (10 // 4 + 4) + (12 // 4 + 4)  # "é" is 2 bytes
+    assert provider_tokens([]) == 3
+    priced = [r.Message(role=m.role, content=m.content, token_count=999, sequence_number=7) for m in plain]
+    assert provider_tokens(priced) == provider_tokens(plain)

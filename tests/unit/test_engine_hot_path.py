@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import time
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from contextsvc.config import HotPathSettings, ProfileConfig, Settings
 from contextsvc.core.messages import Message, Role
@@ -17,7 +19,8 @@ from contextsvc.core.session import ANONYMOUS, Principal
 from contextsvc.core.tokens import EstimateMethod
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
-from contextsvc.engine.validation import IncomingMessage
+from contextsvc.engine.validation import IncomingImage, IncomingMessage
+from contextsvc.engine.views import PendingAnchor
 from contextsvc.errors import NotFound
 from contextsvc.stores.memory import MemoryStore
 from tests.support.engines import make_engine
@@ -212,8 +215,56 @@ async def test_a_strangers_baseline_of_a_view_this_process_saved_changes_nothing
     await engine.close()
 
 
+async def test_a_baseline_of_a_view_with_images_anchors_nothing_on_either_way() -> None:
+    """The provider's count of a view that carried images holds them, and a later view may leave
+    some out: no anchor, neither written unlocked on the build's read nor under the lock."""
+    settings = Settings(
+        profiles={"default": ProfileConfig(model="hp", context_window=200_000, vision=True)}, store="memory"
+    )
+    engine, store = await _engine(settings)
+    s = await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})
+    png = io.BytesIO()
+    Image.new("RGB", (64, 64), (0, 90, 200)).save(png, format="PNG")
+    shot = IncomingMessage(
+        Message(role=Role.USER, content="a screenshot"), images=(IncomingImage(data=png.getvalue()),)
+    )
+    await engine.append(ANONYMOUS, s.id, [shot], request_id="", turn_complete=False)
+    view = await _build(engine, s.id)
+    assert view.estimate.images > 0
+    result = await engine.record_baseline(ANONYMOUS, s.id, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    assert result.recorded  # recorded (an event), but the text calibration learns nothing from it
+    assert (store.unlocked_state_writes, store.state_writes) == (0, 0)
+    assert EngineState.of(await store.get_session(s.id, caller=ANONYMOUS)).baseline is None
+    # The unlocked write itself refuses such a view, whoever hands it one.
+    saved = engine.views._saved[s.id]
+    pending = PendingAnchor(saved.view_id, saved.record, view.estimate.total, saved.session)
+    assert await engine.views.try_anchor(ANONYMOUS, s.id, pending) is None
+    assert store.unlocked_state_writes == 0
+    await engine.close()
+
+
+async def test_a_baseline_of_a_view_of_a_session_deleted_and_created_again_elsewhere_is_not_found() -> None:
+    """Another replica deletes the session and creates it again under its id, with rows that look
+    the same: the view this process saved of the old one is no view of the new one."""
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    view = await _build(engine, sid)
+    old = await store.get_session(sid, caller=ANONYMOUS)
+    await store.delete_session(sid, caller=ANONYMOUS)  # through the store: this engine is not told
+    await store.create_session(caller=ANONYMOUS, profile_id="", session_id=sid)
+    rows = [IncomingMessage(Message(role=Role.USER, content=f"message {i} " * 20)) for i in range(6)]
+    await store.append_messages(sid, [r.message for r in rows], caller=ANONYMOUS)
+    assert (await store.get_session(sid, caller=ANONYMOUS)).last_sequence == old.last_sequence
+    with pytest.raises(NotFound) as err:
+        await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    assert err.value.reason == "VIEW_NOT_FOUND"
+    assert EngineState.of(await store.get_session(sid, caller=ANONYMOUS)).baseline is None
+    assert (await engine.accounting.ensure_loaded("hp")).observations == 0
+    await engine.close()
+
+
 async def test_record_baseline_does_not_wait_behind_a_running_compaction() -> None:
-    engine, _ = await _engine(_settings(baseline_wait_seconds=0.05))
+    engine, store = await _engine(_settings(baseline_wait_seconds=0.05))
     sid = await _session(engine)
     view = await _build(engine, sid)
     release = asyncio.Event()
@@ -229,6 +280,7 @@ async def test_record_baseline_does_not_wait_behind_a_running_compaction() -> No
     started = time.monotonic()
     result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 7)
     assert time.monotonic() - started < 1.0
+    assert store.unlocked_state_writes == 0  # a compaction runs here: no unlocked write is tried
     assert result.recorded and result.calibration.observations == 1  # the observation is in at once
     info = await engine.store.get_session(sid, caller=ANONYMOUS)
     assert EngineState.of(info).baseline is None  # the anchor waits for the compaction

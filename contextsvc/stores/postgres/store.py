@@ -810,14 +810,16 @@ class PostgresStore:
             # One statement instead of lock, read, write, unlock. The transaction-level try-lock
             # conflicts with the session-level lock a compaction (or any locked read-modify-write
             # of the state) holds on another connection: while one runs, nothing is written. The
-            # CASE takes the lock only once the row is as read. Its commit is asynchronous, as
-            # save_view's: an anchor lost in a crash of the database is taken again next turn.
+            # CASE takes the lock only once the row is the caller's and as read (a stranger's
+            # call never holds it). Its commit is asynchronous, as save_view's: an anchor lost in
+            # a crash of the database is taken again next turn.
             row = await conn.fetchrow(
                 """UPDATE sessions
                       SET context_tokens = $2, context_truncated = false, state = $3::jsonb, update_time = $4
                      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-                    WHERE session_id = $1 AND (user_id = $5 OR $6)
-                      AND CASE WHEN create_time = $7 AND last_sequence = $8 AND state = $9::jsonb
+                    WHERE session_id = $1
+                      AND CASE WHEN (user_id = $5 OR $6) AND create_time = $7 AND last_sequence = $8
+                                    AND state = $9::jsonb
                                THEN pg_try_advisory_xact_lock($10, $11) ELSE false END
                 RETURNING sessions.*""",
                 session_id,
