@@ -19,11 +19,18 @@ class Principal:
     on_foreign_read: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def may_read(self, owner: str) -> bool:
+        """``allowed`` for a read that happens now: an admin let into another user's session is
+        audited."""
         if owner == self.user_id:
             return True
         if self.is_admin and self.on_foreign_read is not None:
             self.on_foreign_read(owner)
         return self.is_admin
+
+    def allowed(self, owner: str) -> bool:
+        """Whether this caller may touch ``owner``'s sessions, asked before deciding whether to
+        touch one at all (nothing audited: call ``may_read`` once it is touched)."""
+        return owner == self.user_id or self.is_admin
 
 
 ANONYMOUS = Principal(user_id="anonymous", is_admin=True)

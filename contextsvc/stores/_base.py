@@ -482,7 +482,7 @@ class RowStore:
     ) -> SessionInfo | None:
         # The compaction lock of these stores is the engine's in-process one: the engine holds it.
         st = self._sessions.get(session_id) if isinstance(session_id, str) else None
-        if st is None or st.deleted or not (st.user_id == caller.user_id or caller.is_admin):
+        if st is None or st.deleted or not caller.allowed(st.user_id):
             return None
 
         async def work() -> SessionInfo | None:
