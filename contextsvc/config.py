@@ -357,6 +357,11 @@ class PostgresSettings(BaseModel):
     #: Two suffice since appends waiting together commit together (``append_group_max``), and
     #: fewer lanes make fuller batches: less server CPU per append (bench/RESULTS.md, round 9).
     append_lanes: int = Field(2, ge=1)
+    #: the other single statements of a turn (a build's context read and view save, a baseline's
+    #: anchor, observation and refit read, every single-statement write) run on at most this many
+    #: connections, each kept while such statements wait (no acquire and release per statement);
+    #: capped by pool_max_size.
+    statement_lanes: int = Field(4, ge=1)
     #: appends publishing their event that wait for a lane together run in one transaction, at
     #: most this many (one commit and one WAL flush for all; 1 = each its own; ``lanes.Group``).
     append_group_max: int = Field(32, ge=1)
@@ -389,6 +394,9 @@ class PostgresSettings(BaseModel):
     reconnect_max_seconds: float = Field(5.0, gt=0)
     #: calibration observations kept per model (the fit reads only the newest few).
     calibration_keep: int = Field(256, ge=2)
+    #: a baseline's observation written with its anchor (one statement) leaves the trim to
+    #: ``calibration_keep`` for later: a replica trims once it wrote this many such observations.
+    calibration_trim_every: int = Field(16, ge=1)
     #: longest wait for another replica's compaction of the same session (it may be calling a
     #: summarizer: keep this above ``summarizer.*.total_timeout_seconds``); then ABORTED.
     compaction_lock_timeout_seconds: float = Field(180.0, gt=0)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from contextsvc.core.calibration import Observation
 from contextsvc.core.credentials import ApiToken
@@ -354,11 +354,23 @@ class AppendEvent:
     payload: Mapping[str, Any]
 
 
+@dataclass(slots=True, frozen=True)
+class BaselineWrite:
+    """What a baseline writes besides its anchor (``EventPublishingStore.anchor_baseline``): the
+    calibration observation of the view's model, and the event that says it was recorded."""
+
+    model: str
+    observation: Observation
+    event_kind: str
+    event_payload: Mapping[str, Any]
+
+
 class EventPublishingStore(Protocol):
-    """A store whose appends can publish their event in the append's own statement, on an event
-    bus of the same database (PostgreSQL: one round trip and one commit instead of two; the event
-    is committed exactly when the rows are). The engine uses it only for a bus the store says it
-    publishes to (``publishes_appends_to``); with any other bus it publishes itself."""
+    """A store whose writes can publish their event in their own statement, on an event bus of
+    the same database (PostgreSQL: one round trip and one commit instead of two; the event is
+    committed exactly when the rows are): an append's, and a baseline's with its anchor and
+    observation. The engine uses it only for a bus the store says it publishes to
+    (``publishes_appends_to``); with any other bus it publishes itself."""
 
     def publishes_appends_to(self, bus: EventBus) -> bool: ...
 
@@ -377,6 +389,27 @@ class EventPublishingStore(Protocol):
         """``SessionStore.append_messages``; with ``event``, a new append (not a replay) also
         publishes it, and ``AppendResult.event_id`` is its id."""
         ...
+
+    async def anchor_baseline(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        read: SessionInfo,
+        context_tokens: int,
+        state: Mapping[str, Any],
+        write: BaselineWrite,
+    ) -> SessionInfo | None:
+        """``update_state_if_unchanged``, and with the anchor, in the same transaction, the
+        observation (``add_calibration_observation``) and the event of ``write``: all three or,
+        when the anchor is refused (None), none of them."""
+        ...
+
+
+def statement_publisher(store: object, bus: EventBus) -> EventPublishingStore | None:
+    """``store`` when its statements publish their events on ``bus`` (``EventPublishingStore``)."""
+    publishes = getattr(store, "publishes_appends_to", None)
+    return cast(EventPublishingStore, store) if callable(publishes) and publishes(bus) else None
 
 
 class EventBus(Protocol):

@@ -38,8 +38,9 @@ def bench_settings() -> Any:
 
 
 async def serve_in_process(store: Any, settings: Any) -> tuple[Any, Any]:
-    """``(engine, servicer)`` on ``store`` (opened here) as ``serve`` wires them: the memory event
-    bus, the system clock, the configured summarizers. The caller closes the engine."""
+    """``(engine, servicer)`` on ``store`` (opened here) as ``serve`` wires them: the store's event
+    bus or the memory one, the system clock, the configured summarizers. The caller closes the
+    engine (and the store's bus, ``close_in_process``)."""
     from contextsvc.api.servicer import ContextServicer
     from contextsvc.clock import SystemClock
     from contextsvc.engine.engine import Engine
@@ -47,9 +48,12 @@ async def serve_in_process(store: Any, settings: Any) -> tuple[Any, Any]:
     from contextsvc.summarizers.registry import build_summarizers
 
     await store.open()
+    # The store's own bus where it has one (PostgreSQL), as ``serve`` wires it: its statements
+    # then publish their events themselves.
+    make_bus = getattr(store, "make_event_bus", None)
     engine = Engine(
         store=store,
-        bus=MemoryEventBus(retention=1000),
+        bus=make_bus() if make_bus is not None else MemoryEventBus(retention=1000),
         settings=settings,
         clock=SystemClock(),
         summarizers=build_summarizers(settings),

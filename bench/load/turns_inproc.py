@@ -63,8 +63,15 @@ async def _loop(
     if tune is not None:
         tune(settings.hot_path.gc_young_threshold)
     data_dir = None
+    cluster: Any = None
     if store_kind == "memory":
         store: Any = MemoryStore(settings)
+    elif store_kind == "postgres":  # a private throwaway cluster on loopback, removed at the end
+        from contextsvc.stores.postgres import PostgresStore
+        from tests.support.postgres import PgCluster
+
+        cluster = PgCluster.create()
+        store = PostgresStore(cluster.start(), settings)
     else:  # files (batched fsyncs, as run.py's server) or files-fsync (serve's default)
         from contextsvc.config import Durability
         from contextsvc.stores.files import FilesStore
@@ -132,6 +139,11 @@ async def _loop(
     if hasattr(stats, "evictions"):  # the files store: sessions read from their log again past files.cache_mb
         print(f"files store: {stats.loads} sessions loaded, {stats.evictions} evicted", file=sys.stderr)
     await engine.close()
+    if cluster is not None:
+        await engine.bus.close()
+        await store.close()
+        cluster.stop()
+        cluster.remove()
     if data_dir is not None:
         shutil.rmtree(data_dir, ignore_errors=True)
     if prof:
@@ -151,7 +163,7 @@ def main() -> None:
     parser.add_argument(
         "--concurrent", action="store_true", help="each round runs every session's turn at once (shared refits)"
     )
-    parser.add_argument("--store", default="memory", choices=("memory", "files", "files-fsync"))
+    parser.add_argument("--store", default="memory", choices=("memory", "files", "files-fsync", "postgres"))
     parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.ab:

@@ -49,18 +49,20 @@ class TokenAccounting:
         return self._registry.calibration(model)
 
     async def observe(
-        self, model: str, observation: Observation, *, source: str, concurrent: bool = True
+        self, model: str, observation: Observation, *, source: str, concurrent: bool = True, written: bool = False
     ) -> Calibration:
-        """Persist a baseline observation (of session ``source``) and refit from the store's
-        newest observations. ``concurrent``: other requests were served while the agent's turn was
-        under way (False: it may be the only client, and its refit never waits for others).
+        """Persist a baseline observation (of session ``source``; ``written``: the store already
+        holds it) and refit from the store's newest observations. ``concurrent``: other requests
+        were served while the agent's turn was under way (False: it may be the only client, and
+        its refit never waits for others).
 
         Concurrent baselines of one model share a refit (``_gather``): a baseline waits for any
         read of the model running, and reads (and fits) again only if the cache does not hold a
         read that began after its own write; the calibration it returns always holds its
         observation. Other requests meanwhile price with the calibration as it was before this
         baseline (as if they had come first) rather than each refitting it."""
-        await self._store.add_calibration_observation(model, observation)
+        if not written:
+            await self._store.add_calibration_observation(model, observation)
         self._written += 1
         mine = self._written
         await self._gather(model, mine, source, concurrent)

@@ -37,7 +37,7 @@ from contextsvc.engine.validation import IncomingMessage, require_session_id
 from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, PendingAnchor, ViewService
 from contextsvc.engine.worker import PostTurnWorker
 from contextsvc.errors import ContextError, InvalidArgument, NotFound
-from contextsvc.ports import Clock, EventBus, ScoredChunk, SessionStore, Summarizers
+from contextsvc.ports import BaselineWrite, Clock, EventBus, ScoredChunk, SessionStore, Summarizers
 
 log = logging.getLogger(__name__)
 
@@ -354,8 +354,8 @@ class Engine:
             if session is not None:
                 anchored.append(session)
 
-        async def quick_anchor(pending: PendingAnchor) -> bool:
-            session = await self._try_anchor(caller, sid, pending)
+        async def quick_anchor(pending: PendingAnchor, write: BaselineWrite | None) -> bool:
+            session = await self._try_anchor(caller, sid, pending, write)
             if session is not None:
                 anchored.append(session)
             return session is not None
@@ -420,15 +420,17 @@ class Engine:
         task.add_done_callback(functools.partial(self._anchor_done, sid))
         return None
 
-    async def _try_anchor(self, caller: Principal, sid: str, pending: PendingAnchor) -> SessionInfo | None:
-        """The anchor written without the store's lock (``ViewService.try_anchor``): one store
-        call when the session is still as ``pending.read`` and no compaction runs, here or
-        elsewhere (PostgreSQL: one statement, not lock, read, write, unlock). None when not
-        written, nothing changed."""
+    async def _try_anchor(
+        self, caller: Principal, sid: str, pending: PendingAnchor, write: BaselineWrite | None = None
+    ) -> SessionInfo | None:
+        """The anchor written without the store's lock (``ViewService.try_anchor``, with ``write``
+        when the store writes it too): one store call when the session is still as
+        ``pending.read`` and no compaction runs, here or elsewhere (PostgreSQL: one statement,
+        not lock, read, write, unlock). None when not written, nothing changed."""
         if self.compactor.busy(sid) or sid in self._anchors:
             return None
         async with self.compactor.local_lock(sid):
-            return await self.views.try_anchor(caller, sid, pending)
+            return await self.views.try_anchor(caller, sid, pending, write)
 
     def _anchor_done(self, sid: str, task: asyncio.Task[None]) -> None:
         if self._anchors.get(sid) is task:

@@ -6,7 +6,7 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, ImageRef, Message
@@ -34,6 +34,7 @@ from contextsvc.ports import (
     SessionProfileChanged,
     SessionStore,
     StoredEvent,
+    statement_publisher,
 )
 
 # Metadata key of a compression record listing the sequence ranges it demoted (used by fork).
@@ -88,10 +89,7 @@ class SessionService:
         self._profiles: OrderedDict[str, str] = OrderedDict()
         #: the store, when its appends publish their event for this bus in the same statement
         #: (``ports.EventPublishingStore``: PostgreSQL with its own bus); else the engine publishes.
-        self._publisher: EventPublishingStore | None = None
-        publishes = getattr(store, "publishes_appends_to", None)
-        if callable(publishes) and publishes(bus):
-            self._publisher = cast(EventPublishingStore, store)
+        self._publisher: EventPublishingStore | None = statement_publisher(store, bus)
 
     async def create(
         self, caller: Principal, *, profile_id: str, name: str, metadata: Mapping[str, Any]

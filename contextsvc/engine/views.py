@@ -41,7 +41,7 @@ from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
 from contextsvc.engine.view_memo import ViewMemo
 from contextsvc.errors import InvalidArgument, NotFound
-from contextsvc.ports import Clock, EventBus, SessionStore, ViewRecord
+from contextsvc.ports import BaselineWrite, Clock, EventBus, SessionStore, ViewRecord, statement_publisher
 
 
 class ViewMessage(NamedTuple):
@@ -192,6 +192,23 @@ def _since(state: EngineState, kept: Assembled, added: Sequence[Message]) -> lis
     return [*kept.unnumbered, *(m for m in added if not m.sequence_number or m.sequence_number > last)]
 
 
+#: the event a recorded baseline publishes
+BASELINE_RECORDED = "baseline_recorded"
+
+#: ``quick_anchor(pending, write)`` of ``ViewService.record_baseline``: True once written.
+QuickAnchor = Callable[[PendingAnchor, BaselineWrite | None], Awaitable[bool]]
+
+
+def _recorded(view_id: str, view: ViewRecord, prompt_tokens: int) -> dict[str, Any]:
+    """The payload of ``BASELINE_RECORDED``."""
+    return {
+        "view_id": view_id,
+        "prompt_tokens": prompt_tokens,
+        "estimated_tokens": view.estimated_tokens,
+        "model": view.model,
+    }
+
+
 def _new_id() -> str:
     """A fresh view id: 128 random bits as 32 hex digits (the form ``uuid4().hex`` had)."""
     return os.urandom(16).hex()
@@ -287,6 +304,9 @@ class ViewService:
         self._settings = settings
         self._clock = clock
         self._accounting = accounting
+        #: the store, when it writes a baseline's observation and event with its anchor in one
+        #: statement (``ports.EventPublishingStore``: PostgreSQL with its own bus).
+        self._publisher = statement_publisher(store, bus)
         self._memo: ViewMemo[Assembled] = ViewMemo(settings.hot_path.view_cache_sessions)
         #: session id -> the view record saved for its reused view (``_SavedView``), so a build that
         #: reuses the assembled view also reuses its record instead of writing a new one.
@@ -729,7 +749,7 @@ class ViewService:
         view_id: str,
         prompt_tokens: int,
         anchor: Callable[[PendingAnchor], Awaitable[None]],
-        quick_anchor: Callable[[PendingAnchor], Awaitable[bool]] | None = None,
+        quick_anchor: QuickAnchor | None = None,
     ) -> BaselineResult:
         """Record the provider's count of a view: a calibration observation for the view's model,
         and (unless it looks truncated) the session's new anchor, handed to ``anchor``, which
@@ -738,7 +758,8 @@ class ViewService:
         ``quick_anchor`` (``try_anchor`` when no compaction of the session runs here; True once
         written): for the view this process saved last, tried first on the session as that build
         read it, before anything else is read or written. Written, the session exists, is the
-        caller's and is in the view's cycle, so the baseline needs no read of its own."""
+        caller's and is in the view's cycle, so the baseline needs no read of its own. A store
+        that publishes the events writes the observation and the event with that anchor."""
         sid = require_session_id(session_id)
         if not view_id:
             raise InvalidArgument.field("view_id", "is required")
@@ -813,7 +834,7 @@ class ViewService:
         saved: _SavedView,
         prompt_tokens: int,
         concurrent: bool,
-        quick_anchor: Callable[[PendingAnchor], Awaitable[bool]],
+        quick_anchor: QuickAnchor,
     ) -> BaselineResult | None:
         """``record_baseline`` of the view this process saved last, anchored first on the session
         as its build read it; None (nothing done) when that is not how it ends: a count that looks
@@ -823,62 +844,72 @@ class ViewService:
         The anchor is written before the observation, so that a refused anchor costs no second
         observation on the usual way. An observation that then fails leaves the anchor (a correct
         one) and no event; the caller gets the error, and its retry anchors on a fresh read and
-        observes."""
+        observes. A store that publishes the events (``_publisher``) writes the observation and
+        the event in the anchor's own statement instead: all three, or none when refused."""
         view, read = saved.record, saved.session
         if not _anchorable(view, read):
             return None
         calibration = await self._accounting.ensure_loaded(view.model)
         reason, bound = self._truncation(prompt_tokens, view, calibration)
-        if reason or not await quick_anchor(_pending(saved.view_id, view, prompt_tokens, read)):
+        if reason:
             return None
-        calibration = await self._observe(sid, view, prompt_tokens, concurrent)
-        await self._recorded(sid, read.user_id, saved.view_id, view, prompt_tokens)
+        observation = self._observation(view, prompt_tokens)
+        write = None
+        if self._publisher is not None:
+            payload = _recorded(saved.view_id, view, prompt_tokens)
+            write = BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
+        if not await quick_anchor(_pending(saved.view_id, view, prompt_tokens, read), write):
+            return None
+        calibration = await self._accounting.observe(
+            view.model, observation, source=sid, concurrent=concurrent, written=write is not None
+        )
+        if write is None:
+            await self._recorded(sid, read.user_id, saved.view_id, view, prompt_tokens)
         return BaselineResult(
             recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
         )
 
+    def _observation(self, view: ViewRecord, prompt_tokens: int) -> Observation:
+        return Observation(
+            chars=view.chars,
+            tokens=prompt_tokens,
+            had_images=view.had_images,
+            features=view.features,
+            residual=_residual(prompt_tokens, view, self._settings.tokens.margin_view_share),
+        )
+
     async def _observe(self, sid: str, view: ViewRecord, prompt_tokens: int, concurrent: bool) -> Calibration:
         return await self._accounting.observe(
-            view.model,
-            Observation(
-                chars=view.chars,
-                tokens=prompt_tokens,
-                had_images=view.had_images,
-                features=view.features,
-                residual=_residual(prompt_tokens, view, self._settings.tokens.margin_view_share),
-            ),
-            source=sid,
-            concurrent=concurrent,
+            view.model, self._observation(view, prompt_tokens), source=sid, concurrent=concurrent
         )
 
     async def _recorded(self, sid: str, user_id: str, view_id: str, view: ViewRecord, prompt_tokens: int) -> None:
         await self._bus.publish(
             session_id=sid,
             user_id=user_id,
-            kind="baseline_recorded",
-            payload={
-                "view_id": view_id,
-                "prompt_tokens": prompt_tokens,
-                "estimated_tokens": view.estimated_tokens,
-                "model": view.model,
-            },
+            kind=BASELINE_RECORDED,
+            payload=_recorded(view_id, view, prompt_tokens),
         )
 
-    async def try_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> SessionInfo | None:
+    async def try_anchor(
+        self, caller: Principal, session_id: str, pending: PendingAnchor, write: BaselineWrite | None = None
+    ) -> SessionInfo | None:
         """``apply_anchor`` without the store's compaction lock, for the common case: nothing was
         appended since the view, and the session is still as the baseline read it (the store
         checks that, and that no compaction holds the lock elsewhere). None when not written:
-        the caller then takes the locked way (``apply_anchor``), which decides on a fresh read."""
+        the caller then takes the locked way (``apply_anchor``), which decides on a fresh read.
+        With ``write`` (a store that publishes the events) its observation and event are written
+        with the anchor, or neither."""
         read, view = pending.read, pending.view
         if read is None or read.last_sequence != view.last_sequence or not _anchorable(view, read):
             return None
-        state = EngineState.of(read)
+        state = EngineState.of(read).with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict()
+        if write is not None and self._publisher is not None:
+            return await self._publisher.anchor_baseline(
+                session_id, caller=caller, read=read, context_tokens=pending.tokens, state=state, write=write
+            )
         return await self._store.update_state_if_unchanged(
-            session_id,
-            caller=caller,
-            read=read,
-            context_tokens=pending.tokens,
-            state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict(),
+            session_id, caller=caller, read=read, context_tokens=pending.tokens, state=state
         )
 
     async def apply_anchor(self, caller: Principal, session_id: str, pending: PendingAnchor) -> SessionInfo | None:

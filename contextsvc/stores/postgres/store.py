@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 import weakref
@@ -41,7 +42,15 @@ from contextsvc.core.priors import current_features
 from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
-from contextsvc.ports import AppendEvent, Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
+from contextsvc.ports import (
+    AppendEvent,
+    BaselineWrite,
+    Clock,
+    HistoryChunk,
+    ScoredChunk,
+    SessionProfileChanged,
+    ViewRecord,
+)
 from contextsvc.stores._base import (
     check_blob,
     compaction_conflict,
@@ -104,12 +113,19 @@ class PostgresStore:
         #: appends run on a few connections kept while appends wait (``lanes.py``).
         lanes = min(self._pg.append_lanes, self._pg.pool_max_size)
         self._append_lanes = StatementLanes(self._connection, lanes, self._track)
+        #: the other single statements of a turn, the same way (``_statement``).
+        self._lanes = StatementLanes(
+            self._connection, min(self._pg.statement_lanes, self._pg.pool_max_size), self._track
+        )
         #: appends publishing their event that wait together commit together (``_append_many``).
         self._append_group = Group(self._append_many, self._pg.append_group_max)
         #: the event buses made on this store's pool (``make_event_bus``): appends may publish for them.
         self._buses: weakref.WeakSet[PostgresEventBus] = weakref.WeakSet()
         #: contexts read lately: a build reads only the rows added since (``context_cache.py``).
         self._contexts = ContextCache(int(self._pg.context_cache_mb * 1024 * 1024))
+        #: model -> observations this replica wrote with an anchor (``anchor_baseline``) and has
+        #: not trimmed since.
+        self._untrimmed: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -284,18 +300,29 @@ class PostgresStore:
                 async with self._connection() as conn:
                     return await work(conn)
 
+    async def _statement(self, operation: str, work: Callable[[Any], Awaitable[T]], *, read: bool = False) -> T:
+        """``work(conn)``, one statement (its own transaction), on a statement lane (``lanes.py``):
+        a connection kept while statements wait, no acquire and release each. Shielded as
+        ``_write`` is; a ``read`` runs once more on a fresh connection after a dead one."""
+        with pg_errors(operation):
+            try:
+                return await self._lanes.run(work)
+            except STALE_CONNECTION_ERRORS:
+                if not read:
+                    raise
+                return await self._lanes.run(work)
+
     async def _write(self, operation: str, work: Callable[[Any], Awaitable[T]], *, transaction: bool = True) -> T:
         """One transaction, shielded: a caller cancelled half-way does not abort a commit in
         flight (its outcome would be unknown), and ``close()`` waits for it. ``transaction=False``:
         ``work`` runs single statements, each its own transaction (no BEGIN/COMMIT round trips)."""
+        if not transaction:
+            return await self._statement(operation, work)
 
         async def run() -> T:
             with pg_errors(operation):
-                async with self._connection() as conn:
-                    if not transaction:
-                        return await work(conn)
-                    async with conn.transaction():
-                        return await work(conn)
+                async with self._connection() as conn, conn.transaction():
+                    return await work(conn)
 
         task = asyncio.ensure_future(run())
         self._track(task)
@@ -357,7 +384,7 @@ class PostgresStore:
         async def work(conn: Any) -> SessionInfo:
             return self._info(await self._owned(conn, session_id, caller))
 
-        return await self._read("get_session", work)
+        return await self._statement("get_session", work, read=True)
 
     async def list_sessions(
         self,
@@ -719,7 +746,7 @@ class PostgresStore:
             self._contexts.put(session_id, entry)
             return self._info(head), list(entry.rows)
 
-        return await self._read("load_context", work)
+        return await self._statement("load_context", work, read=True)
 
     async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
         async def work(conn: Any) -> list[Message]:
@@ -804,41 +831,99 @@ class PostgresStore:
     ) -> SessionInfo | None:
         if not isinstance(session_id, str):
             return None
-        first, second = compaction_lock_keys(session_id)
 
         async def work(conn: Any) -> SessionInfo | None:
-            # One statement instead of lock, read, write, unlock. The transaction-level try-lock
-            # conflicts with the session-level lock a compaction (or any locked read-modify-write
-            # of the state) holds on another connection: while one runs, nothing is written. The
-            # CASE takes the lock only once the row is the caller's and as read (a stranger's
-            # call never holds it). Its commit is asynchronous, as save_view's: an anchor lost in
-            # a crash of the database is taken again next turn.
-            row = await conn.fetchrow(
-                """UPDATE sessions
-                      SET context_tokens = $2, context_truncated = false, state = $3::jsonb, update_time = $4
-                     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-                    WHERE session_id = $1
-                      AND CASE WHEN (user_id = $5 OR $6) AND create_time = $7 AND last_sequence = $8
-                                    AND state = $9::jsonb
-                               THEN pg_try_advisory_xact_lock($10, $11) ELSE false END
-                RETURNING sessions.*""",
-                session_id,
-                context_tokens,
-                dict(state),
-                self._now(),
-                caller.user_id,
-                caller.is_admin,
-                read.create_time,
-                read.last_sequence,
-                dict(read.state),
-                first,
-                second,
-            )
+            row = await conn.fetchrow(_ANCHOR_SQL, *self._anchor_args(session_id, caller, read, context_tokens, state))
             if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
                 return None
             return self._info(row)
 
         return await self._write("update_state_if_unchanged", work, transaction=False)
+
+    def _anchor_args(
+        self, session_id: str, caller: Principal, read: SessionInfo, context_tokens: int, state: Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """``_ANCHOR_UPDATE``'s arguments $1-$11."""
+        first, second = compaction_lock_keys(session_id)
+        return (
+            session_id,
+            context_tokens,
+            dict(state),
+            self._now(),
+            caller.user_id,
+            caller.is_admin,
+            read.create_time,
+            read.last_sequence,
+            dict(read.state),
+            first,
+            second,
+        )
+
+    async def anchor_baseline(
+        self,
+        session_id: str,
+        *,
+        caller: Principal,
+        read: SessionInfo,
+        context_tokens: int,
+        state: Mapping[str, Any],
+        write: BaselineWrite,
+    ) -> SessionInfo | None:
+        """``update_state_if_unchanged``, the observation and the event in one statement
+        (``_ANCHOR_BASELINE_SQL``), committed asynchronously as the anchor alone is: a crash of the
+        database may lose the three together, never one without the others.
+
+        The observation's trim to ``calibration_keep`` is left out of the statement (two of them
+        trimming the same rows would wait on each other while one holds the bus's publish lock):
+        this replica trims once it wrote ``calibration_trim_every`` such observations of a model,
+        so a model holds at most that many more per replica for a while. The fit reads only the
+        newest few, so they change no estimate."""
+        if not isinstance(session_id, str):
+            return None
+        observation = write.observation
+
+        async def work(conn: Any) -> SessionInfo | None:
+            row = await conn.fetchrow(
+                _ANCHOR_BASELINE_SQL,
+                *self._anchor_args(session_id, caller, read, context_tokens, state),
+                write.model,
+                observation.chars,
+                observation.tokens,
+                observation.had_images,
+                list(observation.features),
+                observation.residual,
+                PUBLISH_LOCK,
+                write.event_kind,
+                dict(write.event_payload),
+                self._pg.event_channel,
+            )
+            if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
+                return None
+            return self._info(row)
+
+        session = await self._write("anchor_baseline", work, transaction=False)
+        if session is None:
+            return None
+        for bus in list(self._buses):
+            bus.committed()
+        untrimmed = self._untrimmed.get(write.model, 0) + 1
+        if untrimmed < self._pg.calibration_trim_every:
+            self._untrimmed[write.model] = untrimmed
+        else:
+            self._untrimmed[write.model] = 0
+            await self._write("trim_calibration_observations", functools.partial(self._trim, write.model))
+        return session
+
+    async def _trim(self, model: str, conn: Any) -> None:
+        """Keep the newest ``calibration_keep`` observations of ``model``."""
+        await conn.execute(
+            """DELETE FROM calibration_observations
+                WHERE model = $1 AND observation_id <= (
+                      SELECT observation_id FROM calibration_observations WHERE model = $1
+                       ORDER BY observation_id DESC OFFSET $2 LIMIT 1)""",
+            model,
+            self._pg.calibration_keep,
+        )
 
     async def commit_compaction(
         self,
@@ -1047,7 +1132,7 @@ class PostgresStore:
                 for r in reversed(rows)
             ]
 
-        return await self._read("list_calibration_observations", work)
+        return await self._statement("list_calibration_observations", work, read=True)
 
     async def save_view(self, session_id: str, view: ViewRecord, *, keep: int) -> None:
         """Soft state: no session lock and no ``update_time`` change; the newest ``keep`` stay.
@@ -1090,7 +1175,7 @@ class PostgresStore:
             row = await conn.fetchrow("SELECT * FROM views WHERE session_id = $1 AND view_id = $2", session_id, view_id)
             return view_from_row(row) if row is not None else None
 
-        return await self._read("get_view", work)
+        return await self._statement("get_view", work, read=True)
 
     # -- raw history index (HistoryStore) ----------------------------------------------------
 
@@ -1315,6 +1400,39 @@ SELECT s.*, NULL, NULL, true, NULL FROM sessions s
  WHERE $20::text IS NOT NULL AND s.session_id = $1 AND (s.user_id = $9 OR $10) AND s.profile_id <> $20
 """
 _APPEND_SQL = _APPEND_CTES + _APPEND_RESULT.format(event="NULL::bigint")
+# A baseline's anchor (``update_state_if_unchanged``): one statement instead of lock, read, write,
+# unlock. The transaction-level try-lock conflicts with the session-level lock a compaction (or any
+# locked read-modify-write of the state) holds on another connection: while one runs, nothing is
+# written. The CASE takes the lock only once the row is the caller's and as read (a stranger's call
+# never holds it). Its commit is asynchronous, as save_view's: an anchor lost in a crash of the
+# database is taken again next turn.
+_ANCHOR_UPDATE = """
+UPDATE sessions
+   SET context_tokens = $2, context_truncated = false, state = $3::jsonb, update_time = $4
+  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+ WHERE session_id = $1
+   AND CASE WHEN (user_id = $5 OR $6) AND create_time = $7 AND last_sequence = $8 AND state = $9::jsonb
+            THEN pg_try_advisory_xact_lock($10, $11) ELSE false END
+RETURNING sessions.*"""
+_ANCHOR_SQL = _ANCHOR_UPDATE
+# The anchor with the baseline's observation and its event (``anchor_baseline``): no anchor, neither
+# of the others. The event is published as an append's is (``_APPEND_PUBLISH_CTES``): the bus's lock,
+# taken once the session's row is locked, before the event's id is drawn, released by the commit.
+_ANCHOR_BASELINE_SQL = f"""
+WITH anchored AS ({_ANCHOR_UPDATE}),
+observed AS (
+    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
+    SELECT $12, $13, $14, $15, $4, $16, $17 FROM anchored
+),
+locked AS (SELECT pg_advisory_xact_lock($18) FROM anchored),
+published AS (
+    INSERT INTO events (session_id, user_id, kind, payload, time)
+    SELECT $1, anchored.user_id, $19, $20::jsonb, $4 FROM anchored, locked
+    RETURNING event_id
+)
+SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
+  FROM anchored
+"""
 # The same append publishing its ``messages_appended`` event (``ports.AppendEvent``): the bus's
 # publish (``bus.py``) folded into the statement, so an append is one round trip and one commit.
 # The event's order is the bus's: its lock (taken once the session's row is locked by ``upd``, so

@@ -1,0 +1,319 @@
+"""Issue #15 items 5 and 6: on PostgreSQL with the store's own bus, a baseline of the view this
+process just built writes its anchor, its calibration observation and its ``baseline_recorded``
+event in one statement (``PostgresStore.anchor_baseline``): one round trip and one commit instead
+of three.
+
+What a client and a watcher see must not change: the same anchor, observation and event (kind,
+session, owner, payload) as an engine writing them one by one through the bus; all three or none
+(a refused anchor writes neither of the others); event ids gap-free and in order while baselines
+race appends and the bus's own publishes; the id drawn only under the bus's publish lock; and the
+observations of a model still bounded by ``postgres.calibration_keep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from contextsvc.config import Settings
+from contextsvc.core.calibration import Observation
+from contextsvc.core.profile import ProfileOverrides
+from contextsvc.core.session import Principal, SessionInfo
+from contextsvc.engine.views import BaselineResult, BuiltView
+from contextsvc.ports import BaselineWrite
+from contextsvc.stores.postgres import PostgresStore, make_postgres_event_bus, make_postgres_store
+from contextsvc.stores.postgres.bus import PUBLISH_LOCK
+from tests.postgres.conftest import two_profile_settings
+from tests.postgres.test_pg_append_publish import Replica, _rows
+from tests.postgres.test_pg_bus import Collector
+from tests.support.engines import make_engine
+
+ALICE = Principal(user_id="alice")
+BOB = Principal(user_id="bob")
+WRITES = ("anchor_baseline", "update_state_if_unchanged", "add_calibration_observation")
+
+
+def _settings(**postgres: Any) -> Settings:
+    base = two_profile_settings()
+    return base.model_copy(update={"postgres": base.postgres.model_copy(update=postgres)})
+
+
+class Counted(Replica):
+    """A replica that counts its store's calls of the baseline's writes."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.calls: Counter[str] = Counter()
+        for name in WRITES:
+            method = getattr(self.store, name)
+
+            async def counted(*a: Any, _name: str = name, _method: Any = method, **k: Any) -> Any:
+                self.calls[_name] += 1
+                return await _method(*a, **k)
+
+            setattr(self.store, name, counted)
+
+
+async def _replicas(postgres_db: str, settings: Settings) -> list[Counted]:
+    made = []
+    for folded in (True, False):
+        store = await make_postgres_store(postgres_db, settings)
+        bus = store.make_event_bus() if folded else await make_postgres_event_bus(postgres_db, settings)
+        made.append(Counted(store, bus, make_engine(store, settings, bus=bus)))
+    return made
+
+
+@pytest.fixture
+async def replicas(postgres_db: str) -> AsyncIterator[tuple[Counted, Counted]]:
+    made = await _replicas(postgres_db, _settings())
+    try:
+        yield made[0], made[1]
+    finally:
+        for r in made:
+            await r.engine.close()
+            await r.bus.close()
+            await r.store.close()
+
+
+async def _turn(r: Replica, sid: str, text: str, extra: int = 7) -> tuple[BuiltView, BaselineResult]:
+    await r.engine.append(ALICE, sid, _rows(text, "reply"), request_id="", turn_complete=False)
+    view = await r.engine.build_context(
+        ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+    )
+    result = await r.engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + extra)
+    return view, result
+
+
+async def _observations(store: PostgresStore, model: str = "hp") -> list[int]:
+    """The tokens of the model's stored observations, oldest first."""
+    return [o.tokens for o in await store.list_calibration_observations(model, limit=10_000)]
+
+
+async def _last_event_id(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval("SELECT coalesce(max(event_id), 0) FROM events"))
+
+
+async def test_a_baseline_of_the_view_just_built_is_one_store_call_with_the_same_outcome(
+    replicas: tuple[Counted, Counted],
+) -> None:
+    folded, plain = replicas
+    watcher = Collector(plain.bus)
+    await watcher.started()
+    before = await _observations(folded.store)
+    outcomes: dict[str, tuple[Counted, BuiltView, BaselineResult]] = {}
+    for r in (folded, plain):
+        sid = (await r.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        r.calls.clear()
+        r.publishes = 0
+        view, result = await _turn(r, sid, "hello there")
+        outcomes[sid] = (r, view, result)
+    assert folded.calls == {"anchor_baseline": 1} and folded.publishes == 0
+    assert plain.calls == {"update_state_if_unchanged": 1, "add_calibration_observation": 1}
+    assert plain.publishes == 2  # the append's event and the baseline's
+
+    await watcher.wait_for(4)
+    for sid, (r, view, result) in outcomes.items():
+        assert result.recorded and not result.truncated
+        (event,) = [e for e in watcher.events if e.session_id == sid and e.kind == "baseline_recorded"]
+        assert event.user_id == "alice"
+        assert dict(event.payload) == {
+            "view_id": view.view_id,
+            "prompt_tokens": view.estimate.total + 7,
+            "estimated_tokens": view.estimate.total,
+            "model": "hp",
+        }
+        session = await r.store.get_session(sid, caller=ALICE)
+        assert session.context_tokens == view.estimate.total + 7  # the anchor
+        assert session.state["baseline"]["view_id"] == view.view_id
+    totals = [v.estimate.total + 7 for _, v, _ in outcomes.values()]
+    assert await _observations(folded.store) == [*before, *totals]  # one observation each
+    # The folded replica's calibration holds its observation without writing it a second time.
+    assert folded.engine.accounting._written == 1
+    await asyncio.sleep(0.3)  # nothing more, nothing twice
+    assert len([e for e in watcher.events if e.kind == "baseline_recorded"]) == 2
+    await watcher.stop()
+
+
+async def test_a_refused_anchor_writes_no_observation_and_no_event(
+    postgres_db: str, replicas: tuple[Counted, Counted]
+) -> None:
+    folded, plain = replicas
+    store = folded.store
+    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
+    read = await store.get_session(sid, caller=ALICE)
+    write = BaselineWrite("hp", Observation(chars=40, tokens=123, features=()), "baseline_recorded", {"n": 1})
+    state = {**read.state, "baseline": {"tokens": 123}}
+    probe = await asyncpg.connect(postgres_db)
+    try:
+        events, observations = await _last_event_id(probe), await _observations(store)
+
+        async def nothing_written() -> None:
+            assert await _last_event_id(probe) == events
+            assert await _observations(store) == observations
+            assert (await store.get_session(sid, caller=ALICE)).state == read.state
+
+        # A stranger, an unknown session: refused.
+        for caller, session_id in ((BOB, sid), (ALICE, "no-such-session")):
+            got = await store.anchor_baseline(
+                session_id, caller=caller, read=read, context_tokens=123, state=state, write=write
+            )
+            assert got is None
+            await nothing_written()
+        # Another replica holds the session's compaction lock: refused at once.
+        async with plain.store.compaction_lock(sid):
+            async with asyncio.timeout(5):
+                got = await store.anchor_baseline(
+                    sid, caller=ALICE, read=read, context_tokens=123, state=state, write=write
+                )
+            assert got is None
+            await nothing_written()
+        # The session changed since the read (another replica appended): refused.
+        await plain.engine.append(ALICE, sid, _rows("two"), request_id="", turn_complete=False)
+        events = await _last_event_id(probe)
+        got = await store.anchor_baseline(sid, caller=ALICE, read=read, context_tokens=123, state=state, write=write)
+        assert got is None
+        assert await _last_event_id(probe) == events
+        assert await _observations(store) == observations
+        # On the session as it is now: all three, and the event names the session's owner.
+        now = await store.get_session(sid, caller=ALICE)
+        got = await store.anchor_baseline(sid, caller=ALICE, read=now, context_tokens=123, state=state, write=write)
+        assert isinstance(got, SessionInfo) and got.context_tokens == 123 and got.state == state
+        assert await _observations(store) == [*observations, 123]
+        row = await probe.fetchrow("SELECT * FROM events WHERE event_id > $1", events)
+        assert (row["session_id"], row["user_id"], row["kind"]) == (sid, "alice", "baseline_recorded")
+    finally:
+        await probe.close()
+
+
+async def test_baselines_of_a_refused_anchor_go_the_usual_way_and_observe_once(
+    replicas: tuple[Counted, Counted],
+) -> None:
+    folded, plain = replicas
+    watcher = Collector(plain.bus)
+    await watcher.started()
+    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
+    view = await folded.engine.build_context(
+        ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+    )
+    await plain.store.update_state(sid, caller=ALICE, state={"epoch": 0, "other": "writer"})
+    before = await _observations(folded.store)
+    folded.calls.clear()
+    result = await folded.engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=321)
+    assert result.recorded
+    assert folded.calls["anchor_baseline"] == 1  # tried, refused: the session changed
+    assert folded.calls["add_calibration_observation"] == 1  # then observed once, the usual way
+    assert await _observations(folded.store) == [*before, 321]
+    session = await folded.store.get_session(sid, caller=ALICE)
+    assert session.state["other"] == "writer" and session.context_tokens == 321
+    await watcher.wait_for(2)  # the append's event and the baseline's
+    await asyncio.sleep(0.3)
+    assert [e.kind for e in watcher.events if e.session_id == sid] == ["messages_appended", "baseline_recorded"]
+    await watcher.stop()
+
+
+async def test_baselines_racing_appends_and_publishes_arrive_in_order_without_gaps(
+    replicas: tuple[Counted, Counted],
+) -> None:
+    folded, plain = replicas
+    watcher = Collector(plain.bus)
+    await watcher.started()
+    sessions = [
+        (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id for _ in range(6)
+    ]
+
+    async def turns(sid: str) -> list[str]:
+        return [(await _turn(folded, sid, f"{sid} {i}", extra=i))[0].view_id for i in range(5)]
+
+    async def publishes(k: int) -> None:
+        for i in range(8):
+            await plain.bus.publish(session_id=sessions[k], user_id="alice", kind="note", payload={"i": i})
+
+    folded.calls.clear()
+    results = await asyncio.gather(*(turns(s) for s in sessions), *(publishes(k) for k in range(3)))
+    assert folded.calls["anchor_baseline"] >= 1
+    expected = 6 * 5 * 2 + 3 * 8  # an append's and a baseline's event a turn, and the publishes
+    got = await watcher.wait_for(expected)
+    ids = [e.event_id for e in got]
+    assert ids == sorted(ids) and len(set(ids)) == expected
+    assert ids == list(range(ids[0], ids[0] + expected))  # no gap: nothing rolled back here
+    for sid, views in zip(sessions, results[:6], strict=True):
+        mine = [dict(e.payload)["view_id"] for e in got if e.session_id == sid and e.kind == "baseline_recorded"]
+        assert mine == views  # each baseline once, in the session's order
+    await asyncio.sleep(0.3)
+    assert len(watcher.events) == expected
+    await watcher.stop()
+
+
+async def test_a_baseline_draws_its_event_id_only_once_it_holds_the_publish_lock(
+    postgres_db: str, replicas: tuple[Counted, Counted]
+) -> None:
+    folded, _ = replicas
+    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    await folded.engine.append(ALICE, sid, _rows("first"), request_id="", turn_complete=False)
+    view = await folded.engine.build_context(
+        ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+    )
+    observations = await _observations(folded.store)
+    holder = await asyncpg.connect(postgres_db)
+    probe = await asyncpg.connect(postgres_db)
+    try:
+        seq = await holder.fetchval("SELECT pg_get_serial_sequence('events', 'event_id')")
+        before = await holder.fetchval(f"SELECT last_value FROM {seq}")
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+        waiting = asyncio.create_task(
+            folded.engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=222)
+        )
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        assert await probe.fetchval(f"SELECT last_value FROM {seq}") == before
+        # Neither the anchor nor the observation is visible: they commit with the event.
+        state = await probe.fetchval("SELECT state FROM sessions WHERE session_id = $1", sid)
+        assert "222" not in str(state)
+        assert await _observations(folded.store) == observations
+        await tx.commit()
+        async with asyncio.timeout(15):
+            result = await waiting
+        assert result.recorded
+        assert folded.calls["anchor_baseline"] == 1
+        assert await _observations(folded.store) == [*observations, 222]
+        events = await folded.bus._fetch(before, Principal("root", is_admin=True), sid)
+        assert [(e.event_id, e.kind) for e in events] == [(before + 1, "baseline_recorded")]
+    finally:
+        await holder.close()
+        await probe.close()
+
+
+async def test_observations_written_with_anchors_stay_bounded(postgres_db: str) -> None:
+    keep, every = 4, 3
+    settings = _settings(calibration_keep=keep, calibration_trim_every=every)
+    (folded, plain) = await _replicas(postgres_db, settings)
+    try:
+        sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
+        store = folded.store
+        counts = []
+        for i in range(1, 13):
+            read = await store.get_session(sid, caller=ALICE)
+            write = BaselineWrite("hp", Observation(chars=10, tokens=i, features=()), "baseline_recorded", {})
+            got = await store.anchor_baseline(
+                sid, caller=ALICE, read=read, context_tokens=i, state={**read.state, "i": i}, write=write
+            )
+            assert got is not None
+            counts.append(len(await _observations(store)))
+        assert max(counts) <= keep + every - 1 and counts[:keep] == [1, 2, 3, 4]
+        # The twelfth observation was the third since the last trim: trimmed to the newest four.
+        assert await _observations(store) == [9, 10, 11, 12]
+    finally:
+        for r in (folded, plain):
+            await r.engine.close()
+            await r.bus.close()
+            await r.store.close()
