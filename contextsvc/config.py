@@ -362,6 +362,12 @@ class PostgresSettings(BaseModel):
     #: connections, each kept while such statements wait (no acquire and release per statement);
     #: capped by pool_max_size.
     statement_lanes: int = Field(4, ge=1)
+    #: views saved by builds that wait for a statement lane together are saved in one
+    #: transaction and one round trip, at most this many (1 = each its own).
+    view_group_max: int = Field(32, ge=1)
+    #: baselines anchored with their observation and event (``anchor_baseline``) that wait for a
+    #: statement lane together run in one transaction and one round trip, at most this many.
+    anchor_group_max: int = Field(32, ge=1)
     #: appends publishing their event that wait for a lane together run in one transaction, at
     #: most this many (one commit and one WAL flush for all; 1 = each its own; ``lanes.Group``).
     append_group_max: int = Field(32, ge=1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -25,12 +26,13 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.engine.views import BaselineResult, BuiltView
-from contextsvc.ports import BaselineWrite
+from contextsvc.errors import NotFound
+from contextsvc.ports import BaselineWrite, StoredEvent, ViewRecord
 from contextsvc.stores.postgres import PostgresStore, make_postgres_event_bus, make_postgres_store
 from contextsvc.stores.postgres.bus import PUBLISH_LOCK
 from tests.postgres.conftest import two_profile_settings
 from tests.postgres.test_pg_append_publish import Replica, _rows
-from tests.postgres.test_pg_bus import Collector
+from tests.postgres.test_pg_bus import Collector, until
 from tests.support.engines import make_engine
 
 ALICE = Principal(user_id="alice")
@@ -312,6 +314,83 @@ async def test_observations_written_with_anchors_stay_bounded(postgres_db: str) 
         assert max(counts) <= keep + every - 1 and counts[:keep] == [1, 2, 3, 4]
         # The twelfth observation was the third since the last trim: trimmed to the newest four.
         assert await _observations(store) == [9, 10, 11, 12]
+    finally:
+        for r in (folded, plain):
+            await r.engine.close()
+            await r.bus.close()
+            await r.store.close()
+
+
+async def test_baselines_and_views_waiting_together_are_written_together(postgres_db: str) -> None:
+    # One statement lane: while one statement runs, the others wait and are then run as a batch.
+    (folded, plain) = await _replicas(postgres_db, _settings(statement_lanes=1))
+    try:
+        watcher = Collector(plain.bus)
+        await watcher.started()
+        engine, store = folded.engine, folded.store
+        sessions = [
+            (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id for _ in range(12)
+        ]
+        for i, sid in enumerate(sessions):
+            await engine.append(ALICE, sid, _rows(f"turn of {i}"), request_id="", turn_complete=False)
+
+        async def build(sid: str) -> BuiltView:
+            return await engine.build_context(
+                ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+            )
+
+        views = await asyncio.gather(*(build(s) for s in sessions))
+        assert store._view_group.grouped >= 2 and store._view_group.failed == 0
+        for sid, view in zip(sessions, views, strict=True):
+            record = await store.get_view(sid, view.view_id)
+            assert record is not None and record.estimated_tokens == view.estimate.total
+        # Saved together with a view of a session another replica deleted: only that one fails.
+        gone = (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        await plain.engine.sessions.delete(ALICE, gone)
+        now = datetime.now(UTC)
+        saves = [(sid, ViewRecord(f"extra-{k}", "hp", 10, k, False, 1, now)) for k, sid in enumerate(sessions)]
+        saves.insert(5, (gone, ViewRecord("extra-gone", "hp", 10, 99, False, 1, now)))
+        grouped = store._view_group.grouped
+        outcomes = await asyncio.gather(
+            *(store.save_view(sid, record, keep=8) for sid, record in saves), return_exceptions=True
+        )
+        assert store._view_group.grouped >= grouped + 2
+        assert [isinstance(o, NotFound) for o in outcomes] == [sid == gone for sid, _ in saves]
+        for sid, record in saves:
+            if sid != gone:
+                assert await store.get_view(sid, record.view_id) == record
+
+        # Another replica changes one session: its anchor is refused within the batch and taken
+        # the usual way; the others are written together.
+        changed = sessions[3]
+        await plain.store.update_state(changed, caller=ALICE, state={"epoch": 0, "other": "writer"})
+        before = await _observations(store)
+        counts = {sid: 1000 + k for k, sid in enumerate(sessions)}
+        results = await asyncio.gather(
+            *(
+                engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=counts[sid])
+                for sid, view in zip(sessions, views, strict=True)
+            )
+        )
+        assert all(r.recorded for r in results)
+        assert store._anchor_group.grouped >= 2 and store._anchor_group.failed == 0
+        assert sorted(await _observations(store)) == sorted([*before, *counts.values()])  # each once
+        for sid, view in zip(sessions, views, strict=True):
+            session = await store.get_session(sid, caller=ALICE)
+            assert session.context_tokens == counts[sid]
+            assert session.state["baseline"]["view_id"] == view.view_id
+        assert (await store.get_session(changed, caller=ALICE)).state["other"] == "writer"
+
+        def recorded() -> list[StoredEvent]:
+            return [e for e in watcher.events if e.kind == "baseline_recorded"]
+
+        await until(lambda: len(recorded()) >= len(sessions))
+        ids = [e.event_id for e in recorded()]
+        assert ids == list(range(ids[0], ids[0] + len(sessions)))  # in order, no gap
+        assert sorted(dict(e.payload)["prompt_tokens"] for e in recorded()) == sorted(counts.values())
+        await asyncio.sleep(0.3)
+        assert len(recorded()) == len(sessions)  # each once
+        await watcher.stop()
     finally:
         for r in (folded, plain):
             await r.engine.close()

@@ -28,7 +28,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -117,6 +117,10 @@ class PostgresStore:
         self._lanes = StatementLanes(
             self._connection, min(self._pg.statement_lanes, self._pg.pool_max_size), self._track
         )
+        #: baselines anchored while others wait are anchored together (``_anchor_many``).
+        self._anchor_group = Group(self._anchor_many, self._pg.anchor_group_max)
+        #: views saved while others wait are saved together (``_save_views``).
+        self._view_group = Group(self._save_views, self._pg.view_group_max)
         #: appends publishing their event that wait together commit together (``_append_many``).
         self._append_group = Group(self._append_many, self._pg.append_group_max)
         #: the event buses made on this store's pool (``make_event_bus``): appends may publish for them.
@@ -300,17 +304,26 @@ class PostgresStore:
                 async with self._connection() as conn:
                     return await work(conn)
 
-    async def _statement(self, operation: str, work: Callable[[Any], Awaitable[T]], *, read: bool = False) -> T:
+    async def _statement(
+        self,
+        operation: str,
+        work: Callable[[Any], Awaitable[T]],
+        *,
+        read: bool = False,
+        group: Group | None = None,
+        item: Any = None,
+    ) -> T:
         """``work(conn)``, one statement (its own transaction), on a statement lane (``lanes.py``):
-        a connection kept while statements wait, no acquire and release each. Shielded as
+        a connection kept while statements wait, no acquire and release each; with ``group``, it
+        may run as ``item`` in one transaction with the group's others waiting. Shielded as
         ``_write`` is; a ``read`` runs once more on a fresh connection after a dead one."""
         with pg_errors(operation):
             try:
-                return await self._lanes.run(work)
+                return await self._lanes.run(work, group, item)
             except STALE_CONNECTION_ERRORS:
                 if not read:
                     raise
-                return await self._lanes.run(work)
+                return await self._lanes.run(work, group, item)
 
     async def _write(self, operation: str, work: Callable[[Any], Awaitable[T]], *, transaction: bool = True) -> T:
         """One transaction, shielded: a caller cancelled half-way does not abort a commit in
@@ -881,29 +894,28 @@ class PostgresStore:
         if not isinstance(session_id, str):
             return None
         observation = write.observation
+        args = (
+            *self._anchor_args(session_id, caller, read, context_tokens, state),
+            write.model,
+            observation.chars,
+            observation.tokens,
+            observation.had_images,
+            list(observation.features),
+            observation.residual,
+            PUBLISH_LOCK,
+            write.event_kind,
+            dict(write.event_payload),
+            self._pg.event_channel,
+        )
 
-        async def work(conn: Any) -> SessionInfo | None:
-            row = await conn.fetchrow(
-                _ANCHOR_BASELINE_SQL,
-                *self._anchor_args(session_id, caller, read, context_tokens, state),
-                write.model,
-                observation.chars,
-                observation.tokens,
-                observation.had_images,
-                list(observation.features),
-                observation.residual,
-                PUBLISH_LOCK,
-                write.event_kind,
-                dict(write.event_payload),
-                self._pg.event_channel,
-            )
-            if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
-                return None
-            return self._info(row)
+        async def work(conn: Any) -> Any:
+            return await conn.fetchrow(_ANCHOR_BASELINE_SQL, *args)
 
-        session = await self._write("anchor_baseline", work, transaction=False)
-        if session is None:
+        group = self._anchor_group if self._anchor_group.max_size > 1 else None
+        row = await self._statement("anchor_baseline", work, group=group, item=args)
+        if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
             return None
+        session = self._info(row)
         for bus in list(self._buses):
             bus.committed()
         untrimmed = self._untrimmed.get(write.model, 0) + 1
@@ -911,8 +923,18 @@ class PostgresStore:
             self._untrimmed[write.model] = untrimmed
         else:
             self._untrimmed[write.model] = 0
-            await self._write("trim_calibration_observations", functools.partial(self._trim, write.model))
+            await self._statement("trim_calibration_observations", functools.partial(self._trim, write.model))
         return session
+
+    async def _anchor_many(self, conn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
+        """Baselines anchored together (``_ANCHOR_BASELINE_SQL`` arguments), in one transaction
+        and one round trip (``_ANCHOR_GROUP_SQL``), as ``_append_many`` runs appends: a first
+        statement locks every session row of the batch in session id order, so no anchor waits
+        for a row while the batch holds the bus's publish lock (taken by its first event)."""
+        first = (*_NO_ANCHOR, sorted({i[0] for i in items}))
+        rows = await conn.fetchmany(_ANCHOR_GROUP_SQL, [first, *((*i, _NO_ROWS) for i in items)])
+        # One row per statement (``_ANCHOR_GROUP_SQL`` pads an empty result with NULLs).
+        return [None if r["session_id"] is None else r for r in rows[1:]]
 
     async def _trim(self, model: str, conn: Any) -> None:
         """Keep the newest ``calibration_keep`` observations of ``model``."""
@@ -1142,30 +1164,42 @@ class PostgresStore:
         store never fsyncs a view on its own. A crash loses at most a view just built, which
         RecordBaseline then reports as unknown; no acknowledged message depends on it."""
 
-        async def work(conn: Any) -> None:
-            saved = await conn.fetchval(
-                _SAVE_VIEW_SQL,
-                session_id,
-                view.view_id,
-                view.model,
-                view.chars,
-                view.estimated_tokens,
-                view.had_images,
-                view.last_sequence,
-                view.create_time,
-                view.epoch,
-                list(view.features),
-                view.incoming_tokens,
-                view.priced_tokens,
-                view.image_tokens,
-                max(keep, 1) - 1,
-            )
-            if saved is None:
-                raise session_not_found(session_id)
-
         if not isinstance(session_id, str):
             raise session_not_found(session_id)
-        await self._write("save_view", work, transaction=False)
+        args = (
+            session_id,
+            view.view_id,
+            view.model,
+            view.chars,
+            view.estimated_tokens,
+            view.had_images,
+            view.last_sequence,
+            view.create_time,
+            view.epoch,
+            list(view.features),
+            view.incoming_tokens,
+            view.priced_tokens,
+            view.image_tokens,
+            max(keep, 1) - 1,
+        )
+
+        async def work(conn: Any) -> Any:
+            return await conn.fetchval(_SAVE_VIEW_SQL, *args)
+
+        group = self._view_group if self._view_group.max_size > 1 else None
+        if await self._statement("save_view", work, group=group, item=args) is None:
+            raise session_not_found(session_id)
+
+    async def _save_views(self, conn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
+        """Views saved together (``_SAVE_VIEW_SQL`` arguments), in one transaction and one round
+        trip: what each statement returned, in ``items``' order. They run in session id order, so
+        two batches saving views of the same sessions take those rows' locks in one order."""
+        order = sorted(range(len(items)), key=lambda i: items[i][0])
+        rows = await conn.fetchmany(_SAVE_VIEW_SQL, [items[i] for i in order])
+        saved: list[Any] = [None] * len(items)
+        for i, row in zip(order, rows, strict=True):
+            saved[i] = row["saved"]
+        return saved
 
     async def get_view(self, session_id: str, view_id: str) -> ViewRecord | None:
         if not isinstance(session_id, str) or not isinstance(view_id, str):
@@ -1331,7 +1365,7 @@ pruned AS (
            SELECT saved FROM views WHERE session_id = $1 AND view_id <> $2
             ORDER BY saved DESC OFFSET $14 LIMIT 1)
 )
-SELECT saved FROM saved
+SELECT (SELECT saved FROM saved) AS saved
 """
 
 #: ``context_and_session``: the session's row (its owner and version with it) and its context rows
@@ -1433,6 +1467,27 @@ published AS (
 SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
   FROM anchored
 """
+# Anchors of a batch in one transaction (``PostgresStore._anchor_many``, run by asyncpg's
+# ``fetchmany``): the same statement, plus $22, the session ids whose rows it locks first, in id
+# order (the batch's first statement, an anchor of no session, passes all of them; every anchor
+# passes none). Exactly one row per statement: an empty result is padded with NULLs.
+_ANCHOR_GROUP_SQL = f"""
+WITH grp AS (SELECT 1 FROM sessions WHERE session_id = ANY($22::text[]) ORDER BY session_id FOR UPDATE),
+anchored AS ({_ANCHOR_UPDATE}),
+observed AS (
+    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
+    SELECT $12, $13, $14, $15, $4, $16, $17 FROM anchored
+),
+locked AS (SELECT pg_advisory_xact_lock($18) FROM anchored),
+published AS (
+    INSERT INTO events (session_id, user_id, kind, payload, time)
+    SELECT $1, anchored.user_id, $19, $20::jsonb, $4 FROM anchored, locked
+    RETURNING event_id
+)
+SELECT r.* FROM (SELECT count(*) FROM grp) AS g(n) LEFT JOIN (
+    SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
+      FROM anchored) AS r ON true
+"""
 # The same append publishing its ``messages_appended`` event (``ports.AppendEvent``): the bus's
 # publish (``bus.py``) folded into the statement, so an append is one round trip and one commit.
 # The event's order is the bus's: its lock (taken once the session's row is locked by ``upd``, so
@@ -1466,6 +1521,30 @@ _APPEND_PUBLISH_SQL = _APPEND_PUBLISH_CTES + _APPEND_PUBLISH_RESULT
 # all of them; every append passes none). Exactly one row per statement: an empty result is
 # padded with NULLs, so the rows line up with the statements.
 _NO_ROWS: list[str] = []
+# ``_ANCHOR_GROUP_SQL``'s $1-$21 for its first statement, an anchor of no session.
+_NO_ANCHOR: tuple[Any, ...] = (
+    "",
+    0,
+    {},
+    datetime(1970, 1, 1, tzinfo=UTC),
+    "",
+    False,
+    datetime(1970, 1, 1, tzinfo=UTC),
+    0,
+    {},
+    0,
+    0,
+    "",
+    0,
+    0,
+    False,
+    [],
+    None,
+    0,
+    "",
+    {},
+    "",
+)
 _APPEND_GROUP_SQL = (
     _APPEND_PUBLISH_CTES
     + """,
