@@ -26,7 +26,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.engine.views import BaselineResult, BuiltView
-from contextsvc.errors import NotFound
+from contextsvc.errors import Conflict, NotFound
 from contextsvc.ports import BaselineWrite, StoredEvent, ViewRecord
 from contextsvc.stores.postgres import PostgresStore, make_postgres_event_bus, make_postgres_store
 from contextsvc.stores.postgres.bus import PUBLISH_LOCK
@@ -392,6 +392,114 @@ async def test_baselines_and_views_waiting_together_are_written_together(postgre
         assert len(recorded()) == len(sessions)  # each once
         await watcher.stop()
     finally:
+        for r in (folded, plain):
+            await r.engine.close()
+            await r.bus.close()
+            await r.store.close()
+
+
+async def test_trims_racing_each_other_and_observations_never_deadlock(postgres_db: str) -> None:
+    # Every anchored observation trims (trim_every 1) while plain observations trim in their own
+    # statement: the trims' row sets overlap all the time. SKIP LOCKED: none waits for another.
+    keep = 5
+    (folded, plain) = await _replicas(postgres_db, _settings(calibration_keep=keep, calibration_trim_every=1))
+    try:
+        engine, store = folded.engine, folded.store
+        sessions = [
+            (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id for _ in range(8)
+        ]
+        for sid in sessions:
+            await engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
+
+        async def anchors(sid: str) -> None:
+            for i in range(6):
+                read = await store.get_session(sid, caller=ALICE)
+                write = BaselineWrite("hp", Observation(chars=10, tokens=i + 1, features=()), "baseline_recorded", {})
+                state = {**read.state, "i": i}
+                assert await store.anchor_baseline(
+                    sid, caller=ALICE, read=read, context_tokens=i + 1, state=state, write=write
+                )
+
+        async def observations(k: int) -> None:
+            for _ in range(6):
+                await plain.store.add_calibration_observation("hp", Observation(chars=10, tokens=100 + k, features=()))
+
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(anchors(s) for s in sessions), *(observations(k) for k in range(4)))
+        assert len(await _observations(store)) <= keep + 1
+    finally:
+        for r in (folded, plain):
+            await r.engine.close()
+            await r.bus.close()
+            await r.store.close()
+
+
+async def test_a_trim_that_fails_leaves_the_baseline_recorded_and_trims_next_time(
+    postgres_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keep, every = 2, 2
+    (folded, plain) = await _replicas(postgres_db, _settings(calibration_keep=keep, calibration_trim_every=every))
+    try:
+        store = folded.store
+        sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
+        trim = store._trim
+        failures = [Conflict("concurrent update, retry: deadlock detected")]
+
+        async def failing_once(model: str, conn: Any) -> None:
+            if failures:
+                raise failures.pop()
+            await trim(model, conn)
+
+        store._trim = failing_once  # type: ignore[method-assign]
+        for i in range(1, 4):
+            read = await store.get_session(sid, caller=ALICE)
+            write = BaselineWrite("hp", Observation(chars=10, tokens=i, features=()), "baseline_recorded", {})
+            got = await store.anchor_baseline(
+                sid, caller=ALICE, read=read, context_tokens=i, state={**read.state, "i": i}, write=write
+            )
+            assert got is not None and got.context_tokens == i  # recorded, the failed trim or not
+        assert not failures and "not trimmed" in caplog.text
+        # The second write's trim failed; the third tried again.
+        assert await _observations(store) == [2, 3]
+    finally:
+        for r in (folded, plain):
+            await r.engine.close()
+            await r.bus.close()
+            await r.store.close()
+
+
+async def test_a_trim_skips_rows_another_trim_holds_instead_of_waiting(postgres_db: str) -> None:
+    keep = 3
+    (folded, plain) = await _replicas(postgres_db, _settings(calibration_keep=keep, calibration_trim_every=1))
+    holder = await asyncpg.connect(postgres_db)
+    try:
+        store = folded.store
+        await holder.execute(
+            """INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features)
+               SELECT 'hp', 10, g, false, now(), '{}' FROM generate_series(0, 9) AS g"""
+        )
+        sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
+        # Another trim, under way: it holds the two oldest rows it is deleting.
+        tx = holder.transaction()
+        await tx.start()
+        oldest = await holder.fetch(
+            "SELECT observation_id FROM calibration_observations ORDER BY observation_id LIMIT 2 FOR UPDATE"
+        )
+        assert len(oldest) == 2
+        read = await store.get_session(sid, caller=ALICE)
+        write = BaselineWrite("hp", Observation(chars=10, tokens=99, features=()), "baseline_recorded", {})
+        async with asyncio.timeout(5):  # waiting for the holder would be a deadlock waiting to happen
+            got = await store.anchor_baseline(
+                sid, caller=ALICE, read=read, context_tokens=99, state={**read.state, "x": 1}, write=write
+            )
+        assert got is not None
+        # Trimmed to the newest three, but for the two rows the other trim holds (it deletes them).
+        assert await _observations(store) == [0, 1, 8, 9, 99]
+        await tx.rollback()
+    finally:
+        await holder.close()
         for r in (folded, plain):
             await r.engine.close()
             await r.bus.close()

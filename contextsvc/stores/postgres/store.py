@@ -41,7 +41,7 @@ from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
 from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
-from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, Unavailable
+from contextsvc.errors import Conflict, ContextError, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import (
     AppendEvent,
     BaselineWrite,
@@ -923,7 +923,11 @@ class PostgresStore:
             self._untrimmed[write.model] = untrimmed
         else:
             self._untrimmed[write.model] = 0
-            await self._statement("trim_calibration_observations", functools.partial(self._trim, write.model))
+            try:
+                await self._statement("trim_calibration_observations", functools.partial(self._trim, write.model))
+            except ContextError as exc:  # housekeeping: the baseline is recorded; trimmed next time
+                self._untrimmed[write.model] = untrimmed
+                log.warning("calibration observations not trimmed", extra={"model": write.model}, exc_info=exc)
         return session
 
     async def _anchor_many(self, conn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
@@ -938,14 +942,7 @@ class PostgresStore:
 
     async def _trim(self, model: str, conn: Any) -> None:
         """Keep the newest ``calibration_keep`` observations of ``model``."""
-        await conn.execute(
-            """DELETE FROM calibration_observations
-                WHERE model = $1 AND observation_id <= (
-                      SELECT observation_id FROM calibration_observations WHERE model = $1
-                       ORDER BY observation_id DESC OFFSET $2 LIMIT 1)""",
-            model,
-            self._pg.calibration_keep,
-        )
+        await conn.execute(_TRIM_OBSERVATIONS_SQL, model, self._pg.calibration_keep)
 
     async def commit_compaction(
         self,
@@ -1113,17 +1110,9 @@ class PostgresStore:
         """Shared by every replica; the newest ``postgres.calibration_keep`` per model are kept."""
 
         async def work(conn: Any) -> None:
-            # One statement (one round trip, no BEGIN/COMMIT): the DELETE reads the snapshot from
-            # before the INSERT, so it keeps the newest ``calibration_keep - 1`` rows already there.
+            # One statement (one round trip, no BEGIN/COMMIT).
             await conn.execute(
-                """WITH added AS (
-                       INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time,
-                                                             features, residual)
-                       VALUES ($1, $2, $3, $4, $5, $6, $7))
-                   DELETE FROM calibration_observations
-                    WHERE model = $1 AND observation_id <= (
-                          SELECT observation_id FROM calibration_observations WHERE model = $1
-                           ORDER BY observation_id DESC OFFSET $8 LIMIT 1)""",
+                _ADD_OBSERVATION_SQL,
                 model,
                 observation.chars,
                 observation.tokens,
@@ -1434,6 +1423,24 @@ SELECT s.*, NULL, NULL, true, NULL FROM sessions s
  WHERE $20::text IS NOT NULL AND s.session_id = $1 AND (s.user_id = $9 OR $10) AND s.profile_id <> $20
 """
 _APPEND_SQL = _APPEND_CTES + _APPEND_RESULT.format(event="NULL::bigint")
+# The observations of model $1 past the newest {keep} (a parameter), deleted. Rows another trim
+# holds are skipped (that trim deletes them): two trims never wait on each other, so they cannot
+# deadlock whatever order their scans take.
+_TRIM_OBSERVATIONS = """
+DELETE FROM calibration_observations
+ WHERE observation_id IN (
+       SELECT observation_id FROM calibration_observations
+        WHERE model = $1 AND observation_id <= (
+              SELECT observation_id FROM calibration_observations WHERE model = $1
+               ORDER BY observation_id DESC OFFSET {keep} LIMIT 1)
+          FOR UPDATE SKIP LOCKED)"""
+_TRIM_OBSERVATIONS_SQL = _TRIM_OBSERVATIONS.format(keep="$2")
+# An observation added, the model's older ones trimmed: the DELETE reads the snapshot from before
+# the INSERT, so it keeps the newest ``calibration_keep - 1`` ($8) already there.
+_ADD_OBSERVATION_SQL = """
+WITH added AS (
+    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
+    VALUES ($1, $2, $3, $4, $5, $6, $7))""" + _TRIM_OBSERVATIONS.format(keep="$8")
 # A baseline's anchor (``update_state_if_unchanged``): one statement instead of lock, read, write,
 # unlock. The transaction-level try-lock conflicts with the session-level lock a compaction (or any
 # locked read-modify-write of the state) holds on another connection: while one runs, nothing is
