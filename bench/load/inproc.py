@@ -99,7 +99,9 @@ def alternate(script: Path, other: str, rounds: int, args: list[str], unit: str)
         order = list(checkouts.items()) if r % 2 == 0 else list(reversed(checkouts.items()))
         for name, root in order:
             cmd = [sys.executable, str(script.resolve()), "--root", str(root), *args]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
-            figures[name].append(float(out.split()[0]))
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            if done.returncode:  # say why, not only that it failed
+                sys.exit(f"{name} ({root}) failed:\n{done.stderr[-3000:]}")
+            figures[name].append(float(done.stdout.split()[0]))
         print(f"round {r + 1}: this {figures['this'][-1]:.3f}  other {figures['other'][-1]:.3f} {unit}", flush=True)
     print_ab(figures, unit)

@@ -196,19 +196,28 @@ def test_statements_waiting_together_run_as_one_batch_in_order_at_most_max_size(
     asyncio.run(scenario())
 
 
-def test_a_batch_stops_at_a_statement_of_another_group() -> None:
+def test_a_batch_takes_its_group_from_anywhere_in_the_queue_and_the_rest_keep_their_order() -> None:
     async def scenario() -> None:
-        pool, many = _Pool(), _Many()
+        pool, many, other = _Pool(), _Many(), _Many()
         lanes = _lanes(pool, 1)
-        group = Group(many, max_size=32)
+        group, second = Group(many, max_size=3), Group(other, max_size=32)
+        order: list[str] = []
 
-        async def plain(conn: int) -> str:
-            return "plain"
+        def plain(name: str) -> Any:
+            async def run(conn: int) -> str:
+                order.append(name)
+                return name
 
-        calls = [lanes.run(_alone("a"), group, "a"), lanes.run(_alone("b"), group, "b"), lanes.run(plain)]
-        calls += [lanes.run(_alone("c"), group, "c"), lanes.run(_alone("d"), group, "d")]
-        assert await asyncio.gather(*calls) == ["a@1", "b@1", "plain", "c@1", "d@1"]
-        assert many.batches == [["a", "b"], ["c", "d"]]  # first come, first served across groups
+            return run
+
+        calls = [lanes.run(_alone("a"), group, "a"), lanes.run(plain("p1")), lanes.run(_alone("x"), second, "x")]
+        calls += [lanes.run(_alone("b"), group, "b"), lanes.run(plain("p2")), lanes.run(_alone("c"), group, "c")]
+        calls += [lanes.run(_alone("y"), second, "y"), lanes.run(_alone("d"), group, "d")]
+        results = await asyncio.gather(*calls)
+        assert results == ["a@1", "p1", "x@1", "b@1", "p2", "c@1", "y@1", "d alone"]
+        # "a" took "b" and "c" (max 3); "x" took "y"; "d", last of its group, ran alone.
+        assert many.batches == [["a", "b", "c"]] and other.batches == [["x", "y"]]
+        assert order == ["p1", "p2"]  # the plain statements in their order
 
     asyncio.run(scenario())
 

@@ -16,8 +16,9 @@ then the pool replaces its connections (``pooled``) and the next statements get 
 no connection can be had (the pool's acquire timeout, a closed pool) every waiting statement
 gets that error, as each would have had on its own.
 
-Grouped commits: statements run with the same ``Group`` that wait together are handed to the
-group's ``run_many`` at once (at most ``Group.max_size``), which runs them in one transaction
+Grouped commits: statements run with the same ``Group`` that wait together (anywhere in the
+queue: the first waiting takes the others of its group with it) are handed to the group's
+``run_many`` at once (at most ``Group.max_size``), which runs them in one transaction
 and one round trip (``store.AppendGroup``: one commit, so one WAL flush, for all of them). If
 that transaction fails, nothing of it was committed, and each statement then runs alone, as it
 would have without the group, so each caller gets its own statement's outcome.
@@ -83,11 +84,8 @@ class StatementLanes:
                         acquired = True
                         while self._waiting:
                             work, future, group, item = self._waiting.popleft()
-                            if group is not None and self._waiting and self._waiting[0][2] is group:
-                                batch = [(work, future, item)]
-                                while self._waiting and self._waiting[0][2] is group and len(batch) < group.max_size:
-                                    more = self._waiting.popleft()
-                                    batch.append((more[0], more[1], more[3]))
+                            batch = self._batch(group, (work, future, item))
+                            if group is not None and len(batch) > 1:
                                 await self._run_group(conn, group, batch)
                             else:
                                 await _run_one(conn, work, future)
@@ -100,6 +98,25 @@ class StatementLanes:
             self._running -= 1
             while self._waiting and not self._running:  # cancelled (the loop ends) with statements left
                 self._waiting.popleft()[1].cancel()
+
+    def _batch(self, group: Group | None, first: tuple[Work, asyncio.Future[Any], Any]) -> list[Any]:
+        """``first`` and the statements of its group waiting anywhere behind it, at most
+        ``group.max_size``, in their order; the others keep theirs. Statements of several kinds
+        share the statement lanes (a build's view save, a baseline's anchor): a batch takes every
+        one of its kind that waits, not only those right behind the first."""
+        batch = [first]
+        if group is None or not self._waiting:
+            return batch
+        others: deque[_Waiting] = deque()
+        while self._waiting and len(batch) < group.max_size:
+            waiting = self._waiting.popleft()
+            if waiting[2] is group:
+                batch.append((waiting[0], waiting[1], waiting[3]))
+            else:
+                others.append(waiting)
+        others.extend(self._waiting)
+        self._waiting = others
+        return batch
 
     @staticmethod
     async def _run_group(conn: Any, group: Group, batch: list[tuple[Work, asyncio.Future[Any], Any]]) -> None:
