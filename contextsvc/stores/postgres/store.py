@@ -846,7 +846,9 @@ class PostgresStore:
             return None
 
         async def work(conn: Any) -> SessionInfo | None:
-            row = await conn.fetchrow(_ANCHOR_SQL, *self._anchor_args(session_id, caller, read, context_tokens, state))
+            row = await conn.fetchrow(
+                _ANCHOR_UPDATE, *self._anchor_args(session_id, caller, read, context_tokens, state)
+            )
             if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
                 return None
             return self._info(row)
@@ -1455,31 +1457,11 @@ UPDATE sessions
    AND CASE WHEN (user_id = $5 OR $6) AND create_time = $7 AND last_sequence = $8 AND state = $9::jsonb
             THEN pg_try_advisory_xact_lock($10, $11) ELSE false END
 RETURNING sessions.*"""
-_ANCHOR_SQL = _ANCHOR_UPDATE
+
 # The anchor with the baseline's observation and its event (``anchor_baseline``): no anchor, neither
 # of the others. The event is published as an append's is (``_APPEND_PUBLISH_CTES``): the bus's lock,
 # taken once the session's row is locked, before the event's id is drawn, released by the commit.
-_ANCHOR_BASELINE_SQL = f"""
-WITH anchored AS ({_ANCHOR_UPDATE}),
-observed AS (
-    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
-    SELECT $12, $13, $14, $15, $4, $16, $17 FROM anchored
-),
-locked AS (SELECT pg_advisory_xact_lock($18) FROM anchored),
-published AS (
-    INSERT INTO events (session_id, user_id, kind, payload, time)
-    SELECT $1, anchored.user_id, $19, $20::jsonb, $4 FROM anchored, locked
-    RETURNING event_id
-)
-SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
-  FROM anchored
-"""
-# Anchors of a batch in one transaction (``PostgresStore._anchor_many``, run by asyncpg's
-# ``fetchmany``): the same statement, plus $22, the session ids whose rows it locks first, in id
-# order (the batch's first statement, an anchor of no session, passes all of them; every anchor
-# passes none). Exactly one row per statement: an empty result is padded with NULLs.
-_ANCHOR_GROUP_SQL = f"""
-WITH grp AS (SELECT 1 FROM sessions WHERE session_id = ANY($22::text[]) ORDER BY session_id FOR UPDATE),
+_ANCHOR_BASELINE_CTES = f"""
 anchored AS ({_ANCHOR_UPDATE}),
 observed AS (
     INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
@@ -1490,11 +1472,22 @@ published AS (
     INSERT INTO events (session_id, user_id, kind, payload, time)
     SELECT $1, anchored.user_id, $19, $20::jsonb, $4 FROM anchored, locked
     RETURNING event_id
+)"""
+_ANCHOR_BASELINE_RESULT = """
+SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
+  FROM anchored"""
+_ANCHOR_BASELINE_SQL = "WITH" + _ANCHOR_BASELINE_CTES + _ANCHOR_BASELINE_RESULT
+# Anchors of a batch in one transaction (``PostgresStore._anchor_many``, run by asyncpg's
+# ``fetchmany``): the same statement, plus $22, the session ids whose rows it locks first, in id
+# order (the batch's first statement, an anchor of no session, passes all of them; every anchor
+# passes none). Exactly one row per statement: an empty result is padded with NULLs.
+_ANCHOR_GROUP_SQL = (
+    "WITH grp AS (SELECT 1 FROM sessions WHERE session_id = ANY($22::text[]) ORDER BY session_id FOR UPDATE),"
+    + _ANCHOR_BASELINE_CTES
+    + "\nSELECT r.* FROM (SELECT count(*) FROM grp) AS g(n) LEFT JOIN ("
+    + _ANCHOR_BASELINE_RESULT
+    + ") AS r ON true"
 )
-SELECT r.* FROM (SELECT count(*) FROM grp) AS g(n) LEFT JOIN (
-    SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
-      FROM anchored) AS r ON true
-"""
 # The same append publishing its ``messages_appended`` event (``ports.AppendEvent``): the bus's
 # publish (``bus.py``) folded into the statement, so an append is one round trip and one commit.
 # The event's order is the bus's: its lock (taken once the session's row is locked by ``upd``, so
