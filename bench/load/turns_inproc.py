@@ -44,6 +44,7 @@ async def _loop(
     concurrent: bool = False,
     store_kind: str = "memory",
     compounding: bool = False,
+    dsn: str = "",
 ) -> float:
     """``compounding``: each baseline 5 % above the view's estimate, which compounds through
     baseline + delta until the sessions compact (``compaction_cost.py``); else the provider's
@@ -63,15 +64,12 @@ async def _loop(
     if tune is not None:
         tune(settings.hot_path.gc_young_threshold)
     data_dir = None
-    cluster: Any = None
     if store_kind == "memory":
         store: Any = MemoryStore(settings)
-    elif store_kind == "postgres":  # a private throwaway cluster on loopback, removed at the end
+    elif store_kind == "postgres":  # ``dsn``: the throwaway cluster ``main`` started
         from contextsvc.stores.postgres import PostgresStore
-        from tests.support.postgres import PgCluster
 
-        cluster = PgCluster.create()
-        store = PostgresStore(cluster.start(), settings)
+        store = PostgresStore(dsn, settings)
     else:  # files (batched fsyncs, as run.py's server) or files-fsync (serve's default)
         from contextsvc.config import Durability
         from contextsvc.stores.files import FilesStore
@@ -139,11 +137,9 @@ async def _loop(
     if hasattr(stats, "evictions"):  # the files store: sessions read from their log again past files.cache_mb
         print(f"files store: {stats.loads} sessions loaded, {stats.evictions} evicted", file=sys.stderr)
     await engine.close()
-    if cluster is not None:
+    if store_kind == "postgres":
         await engine.bus.close()
         await store.close()
-        cluster.stop()
-        cluster.remove()
     if data_dir is not None:
         shutil.rmtree(data_dir, ignore_errors=True)
     if prof:
@@ -168,7 +164,19 @@ def main() -> None:
     args = parser.parse_args()
     if not args.ab:
         _import_checkout(Path(args.root))
-        ms = asyncio.run(_loop(args.sessions, args.messages, args.turns, args.profile, args.concurrent, args.store))
+        cluster: Any = None
+        if args.store == "postgres":  # a private cluster on loopback, removed even when the run fails
+            from tests.support.postgres import PgCluster
+
+            cluster = PgCluster.create()
+        try:
+            dsn = cluster.start() if cluster is not None else ""
+            run = (args.sessions, args.messages, args.turns, args.profile, args.concurrent, args.store)
+            ms = asyncio.run(_loop(*run, dsn=dsn))
+        finally:
+            if cluster is not None:
+                cluster.stop()
+                cluster.remove()
         print(f"{ms:.3f} ms CPU per turn ({args.turns} turns, {args.sessions} sessions)")
         return
     sys.path.insert(0, str(HERE))
