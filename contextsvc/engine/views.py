@@ -199,7 +199,7 @@ BASELINE_RECORDED = "baseline_recorded"
 QuickAnchor = Callable[[PendingAnchor, BaselineWrite | None], Awaitable[bool]]
 
 
-def _recorded(view_id: str, view: ViewRecord, prompt_tokens: int) -> dict[str, Any]:
+def _recorded_payload(view_id: str, view: ViewRecord, prompt_tokens: int) -> dict[str, Any]:
     """The payload of ``BASELINE_RECORDED``."""
     return {
         "view_id": view_id,
@@ -856,7 +856,7 @@ class ViewService:
         observation = self._observation(view, prompt_tokens)
         write = None
         if self._publisher is not None:
-            payload = _recorded(saved.view_id, view, prompt_tokens)
+            payload = _recorded_payload(saved.view_id, view, prompt_tokens)
             write = BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
         if not await quick_anchor(_pending(saved.view_id, view, prompt_tokens, read), write):
             return None
@@ -888,7 +888,7 @@ class ViewService:
             session_id=sid,
             user_id=user_id,
             kind=BASELINE_RECORDED,
-            payload=_recorded(view_id, view, prompt_tokens),
+            payload=_recorded_payload(view_id, view, prompt_tokens),
         )
 
     async def try_anchor(

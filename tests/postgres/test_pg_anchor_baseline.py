@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,19 +62,16 @@ class Counted(Replica):
             setattr(self.store, name, counted)
 
 
-async def _replicas(postgres_db: str, settings: Settings) -> list[Counted]:
-    made = []
-    for folded in (True, False):
-        store = await make_postgres_store(postgres_db, settings)
-        bus = store.make_event_bus() if folded else await make_postgres_event_bus(postgres_db, settings)
-        made.append(Counted(store, bus, make_engine(store, settings, bus=bus)))
-    return made
-
-
-@pytest.fixture
-async def replicas(postgres_db: str) -> AsyncIterator[tuple[Counted, Counted]]:
-    made = await _replicas(postgres_db, _settings())
+@asynccontextmanager
+async def _replicas(postgres_db: str, settings: Settings) -> AsyncIterator[tuple[Counted, Counted]]:
+    """Two replicas on one database: one whose engine uses the store's own bus (``folded``: its
+    statements publish the events) and one with a bus of its own (the engine publishes)."""
+    made: list[Counted] = []
     try:
+        for folded in (True, False):
+            store = await make_postgres_store(postgres_db, settings)
+            bus = store.make_event_bus() if folded else await make_postgres_event_bus(postgres_db, settings)
+            made.append(Counted(store, bus, make_engine(store, settings, bus=bus)))
         yield made[0], made[1]
     finally:
         for r in made:
@@ -82,11 +80,21 @@ async def replicas(postgres_db: str) -> AsyncIterator[tuple[Counted, Counted]]:
             await r.store.close()
 
 
-async def _turn(r: Replica, sid: str, text: str, extra: int = 7) -> tuple[BuiltView, BaselineResult]:
-    await r.engine.append(ALICE, sid, _rows(text, "reply"), request_id="", turn_complete=False)
-    view = await r.engine.build_context(
+@pytest.fixture
+async def replicas(postgres_db: str) -> AsyncIterator[tuple[Counted, Counted]]:
+    async with _replicas(postgres_db, _settings()) as both:
+        yield both
+
+
+async def _build(r: Replica, sid: str) -> BuiltView:
+    return await r.engine.build_context(
         ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
     )
+
+
+async def _turn(r: Replica, sid: str, text: str, extra: int = 7) -> tuple[BuiltView, BaselineResult]:
+    await r.engine.append(ALICE, sid, _rows(text, "reply"), request_id="", turn_complete=False)
+    view = await _build(r, sid)
     result = await r.engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + extra)
     return view, result
 
@@ -201,9 +209,7 @@ async def test_baselines_of_a_refused_anchor_go_the_usual_way_and_observe_once(
     await watcher.started()
     sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
     await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
-    view = await folded.engine.build_context(
-        ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
-    )
+    view = await _build(folded, sid)
     await plain.store.update_state(sid, caller=ALICE, state={"epoch": 0, "other": "writer"})
     before = await _observations(folded.store)
     folded.calls.clear()
@@ -259,9 +265,7 @@ async def test_a_baseline_draws_its_event_id_only_once_it_holds_the_publish_lock
     folded, _ = replicas
     sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
     await folded.engine.append(ALICE, sid, _rows("first"), request_id="", turn_complete=False)
-    view = await folded.engine.build_context(
-        ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
-    )
+    view = await _build(folded, sid)
     observations = await _observations(folded.store)
     holder = await asyncpg.connect(postgres_db)
     probe = await asyncpg.connect(postgres_db)
@@ -297,8 +301,7 @@ async def test_a_baseline_draws_its_event_id_only_once_it_holds_the_publish_lock
 async def test_observations_written_with_anchors_stay_bounded(postgres_db: str) -> None:
     keep, every = 4, 3
     settings = _settings(calibration_keep=keep, calibration_trim_every=every)
-    (folded, plain) = await _replicas(postgres_db, settings)
-    try:
+    async with _replicas(postgres_db, settings) as (folded, _plain):
         sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
         await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
         store = folded.store
@@ -314,17 +317,11 @@ async def test_observations_written_with_anchors_stay_bounded(postgres_db: str) 
         assert max(counts) <= keep + every - 1 and counts[:keep] == [1, 2, 3, 4]
         # The twelfth observation was the third since the last trim: trimmed to the newest four.
         assert await _observations(store) == [9, 10, 11, 12]
-    finally:
-        for r in (folded, plain):
-            await r.engine.close()
-            await r.bus.close()
-            await r.store.close()
 
 
 async def test_baselines_and_views_waiting_together_are_written_together(postgres_db: str) -> None:
     # One statement lane: while one statement runs, the others wait and are then run as a batch.
-    (folded, plain) = await _replicas(postgres_db, _settings(statement_lanes=1))
-    try:
+    async with _replicas(postgres_db, _settings(statement_lanes=1)) as (folded, plain):
         watcher = Collector(plain.bus)
         await watcher.started()
         engine, store = folded.engine, folded.store
@@ -333,13 +330,7 @@ async def test_baselines_and_views_waiting_together_are_written_together(postgre
         ]
         for i, sid in enumerate(sessions):
             await engine.append(ALICE, sid, _rows(f"turn of {i}"), request_id="", turn_complete=False)
-
-        async def build(sid: str) -> BuiltView:
-            return await engine.build_context(
-                ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
-            )
-
-        views = await asyncio.gather(*(build(s) for s in sessions))
+        views = await asyncio.gather(*(_build(folded, s) for s in sessions))
         assert store._view_group.grouped >= 2 and store._view_group.failed == 0
         for sid, view in zip(sessions, views, strict=True):
             record = await store.get_view(sid, view.view_id)
@@ -391,19 +382,14 @@ async def test_baselines_and_views_waiting_together_are_written_together(postgre
         await asyncio.sleep(0.3)
         assert len(recorded()) == len(sessions)  # each once
         await watcher.stop()
-    finally:
-        for r in (folded, plain):
-            await r.engine.close()
-            await r.bus.close()
-            await r.store.close()
 
 
 async def test_trims_racing_each_other_and_observations_never_deadlock(postgres_db: str) -> None:
     # Every anchored observation trims (trim_every 1) while plain observations trim in their own
     # statement: the trims' row sets overlap all the time. SKIP LOCKED: none waits for another.
     keep = 5
-    (folded, plain) = await _replicas(postgres_db, _settings(calibration_keep=keep, calibration_trim_every=1))
-    try:
+    settings = _settings(calibration_keep=keep, calibration_trim_every=1)
+    async with _replicas(postgres_db, settings) as (folded, plain):
         engine, store = folded.engine, folded.store
         sessions = [
             (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id for _ in range(8)
@@ -427,19 +413,14 @@ async def test_trims_racing_each_other_and_observations_never_deadlock(postgres_
         async with asyncio.timeout(30):
             await asyncio.gather(*(anchors(s) for s in sessions), *(observations(k) for k in range(4)))
         assert len(await _observations(store)) <= keep + 1
-    finally:
-        for r in (folded, plain):
-            await r.engine.close()
-            await r.bus.close()
-            await r.store.close()
 
 
 async def test_a_trim_that_fails_leaves_the_baseline_recorded_and_trims_next_time(
     postgres_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     keep, every = 2, 2
-    (folded, plain) = await _replicas(postgres_db, _settings(calibration_keep=keep, calibration_trim_every=every))
-    try:
+    settings = _settings(calibration_keep=keep, calibration_trim_every=every)
+    async with _replicas(postgres_db, settings) as (folded, _plain):
         store = folded.store
         sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
         await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
@@ -462,16 +443,16 @@ async def test_a_trim_that_fails_leaves_the_baseline_recorded_and_trims_next_tim
         assert not failures and "not trimmed" in caplog.text
         # The second write's trim failed; the third tried again.
         assert await _observations(store) == [2, 3]
-    finally:
-        for r in (folded, plain):
-            await r.engine.close()
-            await r.bus.close()
-            await r.store.close()
 
 
 async def test_a_trim_skips_rows_another_trim_holds_instead_of_waiting(postgres_db: str) -> None:
     keep = 3
-    (folded, plain) = await _replicas(postgres_db, _settings(calibration_keep=keep, calibration_trim_every=1))
+    settings = _settings(calibration_keep=keep, calibration_trim_every=1)
+    async with _replicas(postgres_db, settings) as (folded, _plain):
+        await _trim_skipping(postgres_db, folded)
+
+
+async def _trim_skipping(postgres_db: str, folded: Counted) -> None:
     holder = await asyncpg.connect(postgres_db)
     try:
         store = folded.store
@@ -500,7 +481,3 @@ async def test_a_trim_skips_rows_another_trim_holds_instead_of_waiting(postgres_
         await tx.rollback()
     finally:
         await holder.close()
-        for r in (folded, plain):
-            await r.engine.close()
-            await r.bus.close()
-            await r.store.close()

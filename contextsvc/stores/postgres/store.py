@@ -341,6 +341,11 @@ class PostgresStore:
         self._track(task)
         return await asyncio.shield(task)
 
+    def _events_committed(self) -> None:
+        """A statement of this store committed an event for its buses (``PostgresEventBus.committed``)."""
+        for bus in list(self._buses):
+            bus.committed()
+
     def _track(self, task: asyncio.Future[Any]) -> None:
         """``close()`` waits for ``task``; its outcome is fetched even when nobody awaits it."""
         self._inflight.add(task)
@@ -640,8 +645,7 @@ class PostgresStore:
         last = row["last_sequence"]
         event_id = row["event_id"] or 0
         if event_id:
-            for bus in list(self._buses):
-                bus.committed()
+            self._events_committed()
         return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row), event_id=event_id)
 
     async def _append_many(self, conn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
@@ -918,8 +922,7 @@ class PostgresStore:
         if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
             return None
         session = self._info(row)
-        for bus in list(self._buses):
-            bus.committed()
+        self._events_committed()
         untrimmed = self._untrimmed.get(write.model, 0) + 1
         if untrimmed < self._pg.calibration_trim_every:
             self._untrimmed[write.model] = untrimmed
