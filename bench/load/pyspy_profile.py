@@ -6,6 +6,7 @@
     python bench/load/pyspy_profile.py --call Health                # the floor, for comparison
     python bench/load/pyspy_profile.py --client opaque              # ghz keeps the view's messages as bytes
     python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40   # the agent turn loop
+    python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40 --profile small  # compressing
 
 Starts the server like ``run.py`` does, seeds one session (or ``--sessions``), warms it, then runs
 ghz (``--cpus 1 --connections 1``, 50 concurrent) for ``--seconds`` while ``py-spy record`` samples
@@ -82,6 +83,9 @@ def main() -> None:
     )
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--sessions", type=int, default=1)
+    parser.add_argument(
+        "--profile", default="bench", help="the seeded sessions' profile (run.py SERVER_CONFIG; small: 8,192 tokens)"
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
@@ -97,7 +101,7 @@ def main() -> None:
     server = start_server(args.store, workdir, args.durability)
     try:
         seeder = Seeder(server.address, "bench")
-        sessions = [seeder.session(args.messages, profile="bench") for _ in range(args.sessions)]
+        sessions = [seeder.session(args.messages, profile=args.profile) for _ in range(args.sessions)]
         seeder.warm(sessions)
         seeder.close()
         call = "BuildContext" if args.call == "turns" else args.call

@@ -45,6 +45,7 @@ async def _loop(
     store_kind: str = "memory",
     compounding: bool = False,
     dsn: str = "",
+    session_profile: str = "bench",
 ) -> float:
     """``compounding``: each baseline 5 % above the view's estimate, which compounds through
     baseline + delta until the sessions compact (``compaction_cost.py``); else the provider's
@@ -85,7 +86,7 @@ async def _loop(
     def wire(request: Any) -> Any:
         return type(request).FromString(request.SerializeToString())
 
-    sids = await seed_sessions(servicer, ctx, sessions, messages)
+    sids = await seed_sessions(servicer, ctx, sessions, messages, session_profile)
 
     profiling: Any = None  # the profiler while the measured turns run
     client = 0.0  # CPU spent as the client (decoding the view's response), taken off the figure
@@ -160,6 +161,9 @@ def main() -> None:
         "--concurrent", action="store_true", help="each round runs every session's turn at once (shared refits)"
     )
     parser.add_argument("--store", default="memory", choices=("memory", "files", "files-fsync", "postgres"))
+    parser.add_argument(
+        "--session-profile", default="bench", help="the sessions' profile (bench: 4 M tokens; default: 32,768)"
+    )
     parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.ab:
@@ -172,7 +176,7 @@ def main() -> None:
         try:
             dsn = cluster.start() if cluster is not None else ""
             run = (args.sessions, args.messages, args.turns, args.profile, args.concurrent, args.store)
-            ms = asyncio.run(_loop(*run, dsn=dsn))
+            ms = asyncio.run(_loop(*run, dsn=dsn, session_profile=args.session_profile))
         finally:
             if cluster is not None:
                 cluster.stop()
@@ -184,6 +188,7 @@ def main() -> None:
 
     run = ["--sessions", str(args.sessions), "--messages", str(args.messages), "--turns", str(args.turns)]
     run += ["--concurrent"] if args.concurrent else []
+    run += ["--session-profile", args.session_profile] if args.session_profile != "bench" else []
     alternate(Path(__file__), args.ab, args.rounds, [*run, "--store", args.store], "ms/turn")
 
 

@@ -160,6 +160,30 @@ def _column_sums(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(map(sum, zip(*features, strict=True))) if features else (0,) * N_FEATURES
 
 
+def _column_max(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """Each column's largest value over ``features`` (zeros for none): a message with these
+    features costs at least what any one of them costs, under any calibration whose weights are
+    non-negative (``_additive``), since every feature is a non-negative count."""
+    return tuple(map(max, zip(*features, strict=True))) if features else (0,) * N_FEATURES
+
+
+def _cap_of(
+    messages: Sequence[Message], segments: Sequence[Segment], features: Sequence[tuple[int, ...]]
+) -> tuple[int, ...]:
+    """``_column_max`` of the rows ``truncate_for_view`` may cut: not the system prompt, not a
+    pinned row (both are sent whole)."""
+    system = Segment.SYSTEM
+    rows = zip(messages, segments, features, strict=True)
+    return _column_max([f for m, seg, f in rows if seg is not system and not m.flags.is_pinned])
+
+
+def _none_cut(counter: TextCounter, cap: tuple[int, ...] | None, budget: int) -> bool:
+    """Does no row of a view whose rows' ``_cap_of`` is ``cap`` exceed ``budget`` alone (so
+    ``truncate_for_view`` keeps every row as it is)? A calibrated counter prices the cap once
+    (it bounds every row's own price); without a cap, the caller checks another way."""
+    return cap is not None and isinstance(counter, CalibratedCounter) and counter.count_features(cap) <= budget
+
+
 def _parts_of(
     rows: list[Message], segments: Sequence[Segment]
 ) -> tuple[str, list[Message], list[Message], list[Message]]:
@@ -246,6 +270,9 @@ class Assembled:
     #: ``plain`` of the view this one extended (``_extended``): the first rows of ``plain``
     #: (never changed; one list of references more per session)
     extends: list[ViewMessage] | None = None
+    #: with ``sums``: each feature's largest value over the rows the view could cut (``_cap_of``),
+    #: so any calibration can tell in one price that it cuts none of them (``_none_cut``)
+    cap: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -383,20 +410,21 @@ class ViewService:
         baseline, or None when the new price could change which rows the view holds.
 
         When nothing was cut and no message carries an image, the rows depend on the counter only
-        through one check: the whole view fits one message's budget (then no message is cut). If it
-        still does, the rows, segments, notices, sizes and the messages to send are ``kept``'s, and
-        only the estimate is priced again: a baseline refits the calibration, and the post-turn
-        check (or the next build) need not assemble the view again (issue #15)."""
+        through one check: no row alone exceeds one message's budget (``_none_cut``; without the
+        features of a calibrated counter, the whole view fits it). If that still holds, the rows,
+        segments, notices, sizes and the messages to send are ``kept``'s, and only the estimate is
+        priced again: a baseline refits the calibration, and the post-turn check (or the next
+        build) need not assemble the view again (issue #15)."""
         parts = kept.parts
         if parts is None or not _additive(counter):
             return None
         sums = None
+        budget = profile.per_message_budget
         if isinstance(counter, CalibratedCounter) and kept.sums is not None:
             sums = kept.sums
-            whole = counter.count_features(sums.rows)
-        else:
-            whole = counter.count_messages(kept.rows)
-        if whole > profile.per_message_budget:
+            if not _none_cut(counter, kept.cap, budget):
+                return None
+        elif counter.count_messages(kept.rows) > budget:
             return None
         since = _since(state, kept, ())
         # Kept parts hold no image (``_assemble``).
@@ -419,8 +447,10 @@ class ViewService:
         records, carry no image and are legal on their own (``build_view`` keeps them unchanged),
         and the kept context's last conversation row is no assistant with calls (the pending call
         that a newer row would leave unanswered), the legal view of the whole is the kept view
-        followed by the added rows (``core.legal``). Nothing is cut when the whole still fits one
-        message's budget. Then only the added rows are measured, and the view is priced again."""
+        followed by the added rows (``core.legal``). Nothing is cut when no row alone exceeds one
+        message's budget (``_none_cut``: the largest features of the kept rows and the added ones
+        priced once; without a calibrated counter, when the whole fits it). Then only the added
+        rows are measured, and the view is priced again."""
         parts = kept.parts
         if parts is None or not added or not _additive(counter) or added[0].role is not Role.USER:
             return None
@@ -434,15 +464,20 @@ class ViewService:
         if len(tail.messages) != len(added) or not all(map(operator.is_, tail.messages, added)):
             return None
         rows = [*kept.rows, *added]
-        features = messages_features(added)
         sums = None
-        if isinstance(counter, CalibratedCounter) and kept.sums is not None:
+        cap = None
+        budget = profile.per_message_budget
+        if isinstance(counter, CalibratedCounter) and kept.sums is not None and kept.cap is not None:
+            each = each_message_features(added)
+            features = _column_sums(each)
+            cap = _column_max([kept.cap, *(f for m, f in zip(added, each, strict=True) if not m.flags.is_pinned)])
+            if not _none_cut(counter, cap, budget):
+                return None
             sums = kept.sums.extended(added, features)
-            whole = counter.count_features(sums.rows)
         else:
-            whole = counter.count_messages(rows)
-        if whole > profile.per_message_budget:
-            return None
+            features = messages_features(added)
+            if counter.count_messages(rows) > budget:
+                return None
         new_parts = (system, records, [*conversation, *added], incoming)
         unnumbered = (*kept.unnumbered, *(m for m in added if not m.sequence_number))
         since = _since(state, kept, added)
@@ -464,6 +499,7 @@ class ViewService:
             sums=sums,
             unnumbered=unnumbered,
             extends=plain,
+            cap=cap,
         )
 
     def _estimate(
@@ -522,21 +558,25 @@ class ViewService:
         # A calibrated counter prices features: each row's are read once here, and the whole
         # count, the segment sums and the size all come from them (sums of integers: the same
         # figures as a pass over the rows for each).
-        # When the whole view fits one message's budget, no message alone can exceed it (counts
-        # are sums of non-negative per-message parts): one count instead of one per message.
+        # When no message alone can exceed one message's budget, none is cut: with a calibrated
+        # counter, when the largest features of the rows it may cut fit (``_none_cut``); else when
+        # the whole view fits (counts are sums of non-negative per-message parts). One count
+        # instead of one per message.
         features: list[tuple[int, ...]] | None = None
         total: tuple[int, ...] = ()
+        cap = None
         whole = None
         if isinstance(counter, CalibratedCounter):
             features = each_message_features(view.messages)
             total = _column_sums(features)
             if _additive(counter):
                 whole = counter.count_features(total)
+                cap = _cap_of(view.messages, view.segments, features)
         elif _additive(counter):
             whole = counter.count_messages(view.messages)
-        whole_fits = whole is not None and whole <= budget
+        uncut = whole is not None and (whole <= budget or _none_cut(counter, cap, budget))
         any_images = any(m.images for m in view.messages)
-        if whole_fits:
+        if uncut:
             rows = list(view.messages)
             truncated = [False] * len(rows)
         else:
@@ -547,8 +587,8 @@ class ViewService:
                 if cut is not m:
                     where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
                     notices.append(f"{where} was cut to fit the per-message budget of {budget} tokens")
-        # Nothing was cut when the whole fitted: the rows are the view's messages, already counted.
-        text_tokens = (whole if whole_fits and whole is not None else counter.count_messages(rows)) + counter.overhead
+        # Nothing was cut: the rows are the view's messages, already counted.
+        text_tokens = (whole if uncut and whole is not None else counter.count_messages(rows)) + counter.overhead
         plan = budget_images(
             rows,
             window=profile.context_window,
@@ -563,9 +603,9 @@ class ViewService:
         notices.extend(plan.notices)
         segments = list(view.segments)
         parts = _parts_of(rows, segments)
-        # Re-priceable (``_repriced``): the whole view fitted the per-message budget, so nothing
-        # was cut, and no message carries an image (the image budget changed nothing).
-        repriceable = whole_fits and not any_images
+        # Re-priceable (``_repriced``): no row was cut to the per-message budget, and no message
+        # carries an image (the image budget changed nothing).
+        repriceable = uncut and not any_images
         # Re-priceable rows are the view's messages themselves (nothing cut, no image left out).
         sums = None
         if repriceable and features is not None:
@@ -598,6 +638,7 @@ class ViewService:
             parts=parts if repriceable else None,
             sums=sums,
             unnumbered=tuple(m for m in (*parts[1], *parts[2]) if not m.sequence_number) if repriceable else (),
+            cap=cap if sums is not None else None,
         )
 
     async def finish(

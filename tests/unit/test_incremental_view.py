@@ -37,6 +37,8 @@ PROFILES = [
     ProfileOverrides(),
     ProfileOverrides(system_prompt="You are terse.", message_token_budget=60),
     ProfileOverrides(system_prompt="Другой промпт", context_window=4096),
+    # Views far larger than one message's budget, most rows within it and long ones cut.
+    ProfileOverrides(message_token_budget=300),
 ]
 
 ops = st.one_of(
@@ -259,6 +261,57 @@ def test_an_extended_view_prices_the_rows_its_baseline_did_not_count_as_a_full_p
                 assert grown.unnumbered == (loose,)
             # The newest-row baseline's new rows found without a pass; the older one's by the pass.
             assert found == [[loose, *added], None]
+            await world.close()
+
+    asyncio.run(run())
+
+
+def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_it() -> None:
+    """A session's view is many times one message's budget (the default profile's budget is a
+    sixth of the window), yet no row alone exceeds it: builds after an append extend the kept
+    view instead of assembling it again, and give what a build from scratch gives. A row over
+    the budget is cut, as from scratch, and the view is assembled again."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            world = World(Path(tmp))
+            engine = await world.open()
+            world.sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
+            session = await engine.store.get_session(world.sid, caller=ANONYMOUS)
+            effective = await engine._profile_for(session, ProfileOverrides(message_token_budget=200))
+            counter = engine.accounting.counter(effective.model)
+            short = [Message(role=Role.USER if i % 2 else Role.ASSISTANT, content=f"turn {i} " * 20) for i in range(41)]
+            rows = [dataclasses.replace(m, sequence_number=i + 1) for i, m in enumerate(short)]
+            state = EngineState()
+            extended = 0
+            original = views_module.ViewService._extended
+
+            def counting(self: Any, *args: Any) -> Any:
+                nonlocal extended
+                out = original(self, *args)
+                extended += out is not None
+                return out
+
+            views_module.ViewService._extended = counting  # type: ignore[method-assign]
+            try:
+                kept = engine.views.assemble(effective, rows[:39], None, state, session_id=world.sid)
+                assert counter.count_messages(kept.rows) > 5 * effective.per_message_budget
+                assert not any(kept.truncated) and kept.parts is not None
+                grown = engine.views.assemble(effective, rows, None, state, session_id=world.sid)
+                assert extended == 1  # the two rows appended (a question, its answer) were measured alone
+                fresh = engine.views._assemble(effective, rows, None, state, counter)
+                assert grown.rows == fresh.rows and grown.estimate == fresh.estimate
+                assert grown.truncated == fresh.truncated and not any(fresh.truncated)
+                assert len(grown.rows) == len(kept.rows) + 2
+
+                long = Message(role=Role.USER, content="a long tool output line " * 200, sequence_number=42)
+                cut = engine.views.assemble(effective, [*rows, long], None, state, session_id=world.sid)
+                assert extended == 1  # not extended: the new row is over the budget
+                fresh = engine.views._assemble(effective, [*rows, long], None, state, counter)
+                assert cut.truncated == fresh.truncated == [False] * len(grown.rows) + [True]
+                assert cut.rows == fresh.rows and cut.notices == fresh.notices and cut.estimate == fresh.estimate
+            finally:
+                views_module.ViewService._extended = original  # type: ignore[method-assign]
             await world.close()
 
     asyncio.run(run())
