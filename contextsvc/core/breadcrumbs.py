@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from contextsvc.config import SummarizerSettings
+from contextsvc.core.lazy_re import DIGIT, may_match
 from contextsvc.core.messages import Message
 
 __all__ = [
@@ -83,20 +84,38 @@ _UNITS = (
 
 
 @functools.cache
-def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str]], ...]:
+def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str, ...] | None], ...]:
     """The entity patterns, compiled on first use: ~10 ms of compiling that a server start would
-    otherwise pay for the first compaction (issue #9, start-up time)."""
+    otherwise pay for the first compaction (issue #9, start-up time). Each with what it cannot
+    match without (``lazy_re.may_match``: one of these substrings, or a digit; None: nothing)."""
     return (
-        (EntityKind.URL, re.compile(r"\b(?:https?|ftp|wss?|grpcs?|s3|file)://[^\s<>\"'`|\\{}\[\]()]+", re.I)),
-        (EntityKind.EMAIL, re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")),
+        (
+            EntityKind.URL,
+            re.compile(r"\b(?:https?|ftp|wss?|grpcs?|s3|file)://[^\s<>\"'`|\\{}\[\]()]+", re.I),
+            ("://",),
+        ),
+        (
+            EntityKind.EMAIL,
+            re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
+            ("@",),
+        ),
         (
             EntityKind.UUID,
             re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),
+            ("-",),
         ),
         # Windows paths, absolute / home / dot-relative POSIX paths, relative paths with a file name.
-        (EntityKind.PATH, re.compile(r"\b[A-Za-z]:\\(?:[^\\\s:*?\"<>|;]+\\)*[^\\\s:*?\"<>|;,]+")),
-        (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:~|\.{1,2})?/(?:[\w.@+%=-]+/)*[\w.@+%=-]*[\w@+%=-]")),
-        (EntityKind.PATH, re.compile(_NOT_AFTER_WORD + r"(?:[\w.@+-]+/)+[\w@+-]*\.[A-Za-z][A-Za-z0-9]{0,7}\b")),
+        (EntityKind.PATH, re.compile(r"\b[A-Za-z]:\\(?:[^\\\s:*?\"<>|;]+\\)*[^\\\s:*?\"<>|;,]+"), (":\\",)),
+        (
+            EntityKind.PATH,
+            re.compile(_NOT_AFTER_WORD + r"(?:~|\.{1,2})?/(?:[\w.@+%=-]+/)*[\w.@+%=-]*[\w@+%=-]"),
+            ("/",),
+        ),
+        (
+            EntityKind.PATH,
+            re.compile(_NOT_AFTER_WORD + r"(?:[\w.@+-]+/)+[\w@+-]*\.[A-Za-z][A-Za-z0-9]{0,7}\b"),
+            ("/",),
+        ),
         (
             EntityKind.PATH,
             re.compile(
@@ -104,25 +123,36 @@ def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str]], ...]:
                 r"|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|sh|bash|zsh|ps1|sql|proto|html|css|scss|vue"
                 r"|csv|tsv|xml|lock|log|pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|webp|svg|zip|tar|gz|tgz|whl)\b",
             ),
+            (".",),
         ),
-        (EntityKind.TICKET, re.compile(r"\b[A-Z][A-Z0-9]{1,9}(?:-\d+)+\b")),
-        (EntityKind.ADDRESS, re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b")),
-        (EntityKind.ADDRESS, re.compile(r"\blocalhost:\d{1,5}\b")),
+        (EntityKind.TICKET, re.compile(r"\b[A-Z][A-Z0-9]{1,9}(?:-\d+)+\b"), ("-",)),
+        (EntityKind.ADDRESS, re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b"), (".",)),
+        (EntityKind.ADDRESS, re.compile(r"\blocalhost:\d{1,5}\b"), ("localhost:",)),
         (
             EntityKind.VERSION,
             re.compile(r"(?<![\w.])v\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?\b|\b\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]+)?\b"),
+            (".",),
         ),
-        (EntityKind.HASH, re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b")),
+        (EntityKind.HASH, re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"), (DIGIT,)),
         # Identifiers: CamelCase / lowerCamel, snake_case, UPPER_SNAKE, dotted.names.of.things.
         (
             EntityKind.IDENTIFIER,
             re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+\b"),
+            None,
         ),
-        (EntityKind.IDENTIFIER, re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b")),
-        (EntityKind.IDENTIFIER, re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b")),
-        (EntityKind.AMOUNT, re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b")),
-        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?%")),
-        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I)),
+        (EntityKind.IDENTIFIER, re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b"), ("_",)),
+        (EntityKind.IDENTIFIER, re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b"), (".",)),
+        (
+            EntityKind.AMOUNT,
+            re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b"),
+            ("$", "€", "£", "¥", "₽"),
+        ),
+        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?%"), ("%",)),
+        (
+            EntityKind.QUANTITY,
+            re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I),
+            (DIGIT,),
+        ),
     )
 
 
@@ -139,6 +169,9 @@ def _quoted() -> re.Pattern[str]:
         r"|(?<![\w'])'([^'\n;]{2,60})'(?![\w'])"
     )
 
+
+#: what a quoted name opens with (``_quoted``)
+_QUOTES = ("`", '"', "“", "«", "'")
 
 _SHELL_PROMPT_ONLY = re.compile(r"^[ \t]*\$[ \t]+(\S.*)$", re.M)
 #: tool-call argument keys whose value is a shell command / a file path.
@@ -463,17 +496,19 @@ def _from_text(text: str, *, max_chars: int, scan_chars: int) -> Iterator[Entity
     if not text:
         return
     spans: list[tuple[int, int, EntityKind, str]] = []
-    for match in _SHELL_PROMPT_ONLY.finditer(text):
+    for match in _SHELL_PROMPT_ONLY.finditer(text) if "$" in text else ():
         for command in _split_commands(match.group(1)):
             spans.append((match.start(1), match.end(1), EntityKind.COMMAND, command))
-    for kind, pattern in _patterns():
+    for kind, pattern, needs in _patterns():
+        if not may_match(text, needs):
+            continue
         for match in pattern.finditer(text):
             value = match.group(0)
             if kind is EntityKind.URL or kind is EntityKind.PATH:
                 value = value.rstrip(_TRAILING_PUNCT)
             if _accept(kind, value):
                 spans.append((match.start(), match.start() + len(value), kind, value))
-    for match in _quoted().finditer(text):
+    for match in _quoted().finditer(text) if may_match(text, _QUOTES) else ():
         index = next(i for i in range(1, 6) if match.group(i) is not None)
         value = match.group(index).strip()
         if _accept(EntityKind.QUOTED, value):

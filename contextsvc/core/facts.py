@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from contextsvc.core.lazy_re import LazyPattern, lazy
+from contextsvc.core.lazy_re import DIGIT, LazyPattern, lazy, may_match
 from contextsvc.core.messages import Message, Role
 
 __all__ = ["FACTS_HEADER", "anchor_kinds", "carried_facts", "fact_lines", "facts_block", "strip_facts"]
@@ -53,6 +53,16 @@ _ANCHORS: dict[str, LazyPattern] = {
     "name": lazy(rf"(?<=[{_LOWER},;:] )(?:[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*)"),
     "error": lazy(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b", re.I),
 }
+#: What each anchor cannot match without (``lazy_re.may_match``); a kind not named needs nothing.
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "url": ("://",),
+    "path": ("/",),
+    "file_line": (":",),
+    "host": (".",),
+    "email": ("@",),
+    "date": (DIGIT,),
+    "quantity": (DIGIT,),
+}
 _PREFERENCE = lazy(
     r"\b(?:prefer|preferred|always|never|must|don't|do not|dont|should(?:n't)?|remember|from now on|make sure"
     r"|decided|decision|we will|agreed|my name is|call me)\b",
@@ -76,6 +86,8 @@ class _Candidate:
 def _anchors(sentence: str) -> set[str]:
     found: set[str] = set()
     for kind, pattern in _ANCHORS.items():
+        if not may_match(sentence, _NEEDS.get(kind)):
+            continue
         for match in pattern.finditer(sentence):
             value = match.group(0).strip(".,;:")
             if kind == "name" and value in _COMMON_NAMES:
@@ -97,7 +109,7 @@ def anchor_kinds(text: str) -> set[str]:
     Search adds a word per kind to a chunk's terms, so "which IP address" finds a line with one."""
     found: set[str] = set()
     for kind, pattern in _ANCHORS.items():
-        if kind == "error":
+        if kind == "error" or not may_match(text, _NEEDS.get(kind)):
             continue
         for match in pattern.finditer(text):
             value = match.group(0).strip(".,;:")

@@ -67,6 +67,30 @@ class LazyPattern:
         return f"lazy({self._source!r})"
 
 
+#: A ``may_match`` need: any decimal digit, as ``\\d`` matches one (Unicode digits too).
+DIGIT = "\\d"
+_DIGIT = re.compile(r"\d")
+
+
+def may_match(text: str, needs: tuple[str, ...] | None) -> bool:
+    """Whether ``text`` holds one of ``needs`` (literal substrings, or ``DIGIT``): a pattern that
+    cannot match without one of them is not run over a text that holds none (its scan finds
+    nothing there: skipping it changes no result). None: the pattern needs nothing in particular.
+
+    Each need is a C-level substring search (one for ``DIGIT``), far cheaper than a pattern's scan
+    in ``re``: most prose holds no ``://``, ``@`` or ``%`` (issue #15: a compaction's entity,
+    fact and recall scans)."""
+    if needs is None:
+        return True
+    for need in needs:
+        if need is DIGIT:
+            if _DIGIT.search(text) is not None:
+                return True
+        elif need in text:
+            return True
+    return False
+
+
 def lazy(source: str, flags: int | re.RegexFlag = 0) -> LazyPattern:
     """``re.compile(source, flags)``, done at the first search, match, sub, split or findall."""
     return LazyPattern(source, flags)
