@@ -61,8 +61,11 @@ async def serve_in_process(store: Any, settings: Any) -> tuple[Any, Any]:
     return engine, ContextServicer(engine)
 
 
-async def seed_sessions(servicer: Any, ctx: Any, sessions: int, messages: int, profile: str = "bench") -> list[str]:
-    """``sessions`` sessions of ``profile`` (run.py ``SERVER_CONFIG``), ``messages`` messages each; their ids."""
+async def seed_sessions(
+    servicer: Any, ctx: Any, sessions: int, messages: int, profile: str = "bench", long_every: int = 0
+) -> list[str]:
+    """``sessions`` sessions of ``profile`` (run.py ``SERVER_CONFIG``), ``messages`` messages each
+    (one tool result in every ``long_every`` long: ``workload.messages``); their ids."""
     from workload import messages as seed_messages
 
     from contextsvc._gen.v1 import context_service_pb2 as pb
@@ -71,7 +74,7 @@ async def seed_sessions(servicer: Any, ctx: Any, sessions: int, messages: int, p
     for _ in range(sessions):
         created = await servicer.CreateSession(pb.CreateSessionRequest(profile_id=profile, name="bench"), ctx)
         await servicer.AppendMessages(
-            pb.AppendMessagesRequest(session_id=created.id, messages=seed_messages(messages)), ctx
+            pb.AppendMessagesRequest(session_id=created.id, messages=seed_messages(messages, long_every=long_every)), ctx
         )
         sids.append(created.id)
     return sids

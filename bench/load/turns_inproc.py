@@ -46,6 +46,7 @@ async def _loop(
     compounding: bool = False,
     dsn: str = "",
     session_profile: str = "bench",
+    long_every: int = 0,
 ) -> float:
     """``compounding``: each baseline 5 % above the view's estimate, which compounds through
     baseline + delta until the sessions compact (``compaction_cost.py``); else the provider's
@@ -86,7 +87,7 @@ async def _loop(
     def wire(request: Any) -> Any:
         return type(request).FromString(request.SerializeToString())
 
-    sids = await seed_sessions(servicer, ctx, sessions, messages, session_profile)
+    sids = await seed_sessions(servicer, ctx, sessions, messages, session_profile, long_every)
 
     profiling: Any = None  # the profiler while the measured turns run
     client = 0.0  # CPU spent as the client (decoding the view's response), taken off the figure
@@ -164,6 +165,9 @@ def main() -> None:
     parser.add_argument(
         "--session-profile", default="bench", help="the sessions' profile (bench: 4 M tokens; default: 32,768)"
     )
+    parser.add_argument(
+        "--long-every", type=int, default=0, help="every N seeded tool results, one of ~8,000 tokens"
+    )
     parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.ab:
@@ -176,7 +180,7 @@ def main() -> None:
         try:
             dsn = cluster.start() if cluster is not None else ""
             run = (args.sessions, args.messages, args.turns, args.profile, args.concurrent, args.store)
-            ms = asyncio.run(_loop(*run, dsn=dsn, session_profile=args.session_profile))
+            ms = asyncio.run(_loop(*run, dsn=dsn, session_profile=args.session_profile, long_every=args.long_every))
         finally:
             if cluster is not None:
                 cluster.stop()
@@ -189,6 +193,7 @@ def main() -> None:
     run = ["--sessions", str(args.sessions), "--messages", str(args.messages), "--turns", str(args.turns)]
     run += ["--concurrent"] if args.concurrent else []
     run += ["--session-profile", args.session_profile] if args.session_profile != "bench" else []
+    run += ["--long-every", str(args.long_every)] if args.long_every else []
     alternate(Path(__file__), args.ab, args.rounds, [*run, "--store", args.store], "ms/turn")
 
 

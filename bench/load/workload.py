@@ -25,14 +25,19 @@ _SENTENCES = (
 WORDS = tuple(_SENTENCES.split())
 #: Messages per AppendMessages while seeding (the server allows 500).
 SEED_BATCH = 250
+#: Words of a long tool result (``messages(long_every=)``): ~8,000 tokens, past one message's
+#: budget on ``serve``'s default profile (32,768 ÷ 6 = 5,461), so the view cuts it.
+LONG_TOOL_WORDS = 6_000
 
 
 def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def messages(count: int, *, seed: int = 7, start: int = 0) -> list[r.Message]:
-    """``count`` messages of an agent loop; ``start`` continues a loop already that long (legal order)."""
+def messages(count: int, *, seed: int = 7, start: int = 0, long_every: int = 0) -> list[r.Message]:
+    """``count`` messages of an agent loop; ``start`` continues a loop already that long (legal order).
+    ``long_every``: every that many tool results, one is ``LONG_TOOL_WORDS`` long (a file read),
+    which a view with a smaller per-message budget cuts."""
     rng = random.Random(seed * 1_000_003 + start)
     out: list[r.Message] = []
     for i in range(start, start + count):
@@ -49,7 +54,8 @@ def messages(count: int, *, seed: int = 7, start: int = 0) -> list[r.Message]:
                 )
             )
         elif step == 2:
-            m = r.Message(role=r.ROLE_TOOL, tool_call_id=f"call_{i - 1}", content=_text(rng, 90))
+            words = LONG_TOOL_WORDS if long_every and (i // 4) % long_every == long_every - 1 else 90
+            m = r.Message(role=r.ROLE_TOOL, tool_call_id=f"call_{i - 1}", content=_text(rng, words))
             m.metadata.update({"source": "tool", "bytes": 540})
             out.append(m)
         else:

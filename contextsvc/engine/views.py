@@ -8,7 +8,7 @@ import math
 import operator
 import os
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -30,6 +30,7 @@ from contextsvc.core.tokens import (
     estimate_segments,
     features_size,
     image_tokens_of,
+    message_features,
     messages_chars,
     messages_features,
 )
@@ -168,12 +169,20 @@ def _column_max(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def _cap_of(
-    messages: Sequence[Message], segments: Sequence[Segment], features: Sequence[tuple[int, ...]]
+    messages: Sequence[Message],
+    segments: Sequence[Segment],
+    features: Sequence[tuple[int, ...]],
+    skip: Collection[int] = (),
 ) -> tuple[int, ...]:
     """``_column_max`` of the rows ``truncate_for_view`` may cut: not the system prompt, not a
-    pinned row (both are sent whole)."""
+    pinned row (both are sent whole), not a row whose index is in ``skip`` (priced on its own)."""
     system = Segment.SYSTEM
     rows = zip(messages, segments, features, strict=True)
+    if skip:
+        cuttable = (
+            f for i, (m, seg, f) in enumerate(rows) if seg is not system and not m.flags.is_pinned and i not in skip
+        )
+        return _column_max(list(cuttable))
     return _column_max([f for m, seg, f in rows if seg is not system and not m.flags.is_pinned])
 
 
@@ -182,6 +191,34 @@ def _none_cut(counter: TextCounter, cap: tuple[int, ...] | None, budget: int) ->
     ``truncate_for_view`` keeps every row as it is)? A calibrated counter prices the cap once
     (it bounds every row's own price); without a cap, the caller checks another way."""
     return cap is not None and isinstance(counter, CalibratedCounter) and counter.count_features(cap) <= budget
+
+
+def _over_of(
+    messages: Sequence[Message],
+    segments: Sequence[Segment],
+    features: Sequence[tuple[int, ...]],
+    truncated: Sequence[bool],
+    counter: TextCounter,
+    budget: int,
+) -> tuple[tuple[tuple[int, Message], ...], tuple[int, ...] | None]:
+    """For a view some of whose ``messages`` were cut (``truncated``): ``Assembled.over`` and
+    ``cap`` when the rows cut are the only ones over the budget (the others' cap fits it: each
+    later counter prices that cap once and cuts only those rows again), else ``((), None)``.
+    A row cut must be a stored one (numbered), as ``_since`` finds the rows a baseline missed
+    by number."""
+    cut_at = [i for i, t in enumerate(truncated) if t]
+    if not cut_at or not all(messages[i].sequence_number for i in cut_at):
+        return (), None
+    cap = _cap_of(messages, segments, features, skip=set(cut_at))
+    if not _none_cut(counter, cap, budget):
+        return (), None
+    return tuple((i, messages[i]) for i in cut_at), cap
+
+
+def _cut_notice(m: Message, budget: int) -> str:
+    """The notice of a view whose row ``m`` was cut to one message's ``budget``."""
+    where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
+    return f"{where} was cut to fit the per-message budget of {budget} tokens"
 
 
 def _parts_of(
@@ -270,9 +307,15 @@ class Assembled:
     #: ``plain`` of the view this one extended (``_extended``): the first rows of ``plain``
     #: (never changed; one list of references more per session)
     extends: list[ViewMessage] | None = None
-    #: with ``sums``: each feature's largest value over the rows the view could cut (``_cap_of``),
-    #: so any calibration can tell in one price that it cuts none of them (``_none_cut``)
+    #: with ``sums``: each feature's largest value over the rows the view could cut but ``over``'s
+    #: (``_cap_of``), so any calibration can tell in one price that it cuts none of them (``_none_cut``)
     cap: tuple[int, ...] | None = None
+    #: with ``sums``: the rows priced one by one, each over one message's budget when it joined the
+    #: view, as (row index, the stored message) in row order: the row is ``truncate_for_view`` of
+    #: the message by ``cut_by``, and another counter cuts it again (``_recut``)
+    over: tuple[tuple[int, Message], ...] = ()
+    #: with ``over``: the counter its rows were cut by
+    cut_by: TextCounter | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -314,6 +357,61 @@ class _Sums:
                 held = segments[k]
                 segments[k] = x if held is None else tuple(map(operator.add, held, x))  # (same widths)
         return _Sums(rows=tuple(map(operator.add, self.rows, features)), segments=tuple(segments))
+
+
+def _recut(kept: Assembled, counter: CalibratedCounter, budget: int) -> Assembled:
+    """``kept`` (with ``sums``) with each row of ``kept.over`` cut by ``counter``, as a build from
+    scratch cuts it (a new fit moves where a cut falls): O(rows cut), not O(rows). A cut that comes
+    out the same keeps its object (its features and its encoding are reused)."""
+    before = kept.cut_by
+    # A cut depends on the counter only through its prices (a baseline that refits nothing makes
+    # a new counter with the same weights).
+    if not kept.over or (
+        isinstance(before, CalibratedCounter) and before.calibration.weights == counter.calibration.weights
+    ):
+        return kept
+    assert kept.sums is not None and kept.plain is not None
+    rows = list(kept.rows)
+    changed = []
+    for i, m in kept.over:
+        old = rows[i]
+        new = truncate_for_view(m, budget, counter)
+        if new is old or (
+            new is not m and old is not m and new.content == old.content and new.thinking == old.thinking
+        ):
+            continue
+        rows[i] = new
+        changed.append((i, m, old, new))
+    if not changed:
+        return dataclasses.replace(kept, cut_by=counter)
+    segments = kept.segments
+    total = kept.sums.rows
+    parts = list(kept.sums.segments)
+    truncated = list(kept.truncated)
+    plain = list(kept.plain)
+    for i, m, old, new in changed:
+        gone, came = message_features(old), message_features(new)
+        k = _SEGMENT_PARTS[segments[i]]
+        held = parts[k]
+        assert held is not None  # it holds ``old``
+        parts[k] = tuple(a - b + c for a, b, c in zip(held, gone, came, strict=True))
+        total = tuple(a - b + c for a, b, c in zip(total, gone, came, strict=True))
+        truncated[i] = new is not m
+        plain[i] = ViewMessage(message=new, image_data=(), truncated=new is not m, stored=new is m)
+    sums = _Sums(rows=total, segments=tuple(parts))
+    return dataclasses.replace(
+        kept,
+        rows=rows,
+        truncated=truncated,
+        notices=[_cut_notice(m, budget) for i, m in kept.over if rows[i] is not m],
+        chars=features_size(sums.rows),
+        features=_as_view(sums.rows),
+        plain=plain,
+        parts=_parts_of(rows, segments),
+        sums=sums,
+        extends=None,
+        cut_by=counter,
+    )
 
 
 class ViewService:
@@ -409,23 +507,27 @@ class ViewService:
         """``kept`` (assembled from the same rows and profile) priced with another counter or
         baseline, or None when the new price could change which rows the view holds.
 
-        When nothing was cut and no message carries an image, the rows depend on the counter only
-        through one check: no row alone exceeds one message's budget (``_none_cut``; without the
-        features of a calibrated counter, the whole view fits it). If that still holds, the rows,
-        segments, notices, sizes and the messages to send are ``kept``'s, and only the estimate is
-        priced again: a baseline refits the calibration, and the post-turn check (or the next
-        build) need not assemble the view again (issue #15)."""
+        When no message carries an image, the rows depend on the counter only through one check
+        and the rows it cut: no other row alone exceeds one message's budget (``_none_cut``;
+        without the features of a calibrated counter, nothing was cut and the whole view fits
+        it), and the cut rows (``Assembled.over``) are cut again by the new counter (``_recut``).
+        If the check still holds, the other rows, segments, sizes and messages to send are
+        ``kept``'s, and only the estimate is priced again: a baseline refits the calibration, and
+        the post-turn check (or the next build) need not assemble the view again (issue #15)."""
         parts = kept.parts
         if parts is None or not _additive(counter):
             return None
         sums = None
         budget = profile.per_message_budget
         if isinstance(counter, CalibratedCounter) and kept.sums is not None:
-            sums = kept.sums
             if not _none_cut(counter, kept.cap, budget):
                 return None
-        elif counter.count_messages(kept.rows) > budget:
+            kept = _recut(kept, counter, budget)
+            parts = kept.parts
+            sums = kept.sums
+        elif kept.over or counter.count_messages(kept.rows) > budget:
             return None
+        assert parts is not None
         since = _since(state, kept, ())
         # Kept parts hold no image (``_assemble``).
         estimate = self._estimate(profile, parts, state, counter, sums, since, image_free=True)
@@ -447,14 +549,14 @@ class ViewService:
         records, carry no image and are legal on their own (``build_view`` keeps them unchanged),
         and the kept context's last conversation row is no assistant with calls (the pending call
         that a newer row would leave unanswered), the legal view of the whole is the kept view
-        followed by the added rows (``core.legal``). Nothing is cut when no row alone exceeds one
-        message's budget (``_none_cut``: the largest features of the kept rows and the added ones
-        priced once; without a calibrated counter, when the whole fits it). Then only the added
-        rows are measured, and the view is priced again."""
-        parts = kept.parts
-        if parts is None or not added or not _additive(counter) or added[0].role is not Role.USER:
+        followed by the added rows (``core.legal``). No kept row is cut anew when none alone
+        exceeds one message's budget (``_none_cut``: the largest features of the kept rows and the
+        added ones priced once; else the added ones priced one by one, and those over the budget
+        cut as ``_assemble`` cuts them: a long tool result). Without a calibrated counter, nothing
+        is cut and the whole fits it. Then only the added rows (and the rows cut before, when the
+        counter changed: ``_recut``) are measured, and the view is priced again."""
+        if kept.parts is None or not added or not _additive(counter) or added[0].role is not Role.USER:
             return None
-        system, records, conversation, incoming = parts
         last = next((m for m in reversed(before) if m.role is not Role.SYSTEM), None)
         if last is not None and last.tool_calls:
             return None
@@ -463,43 +565,69 @@ class ViewService:
         tail = build_view("", (), added)
         if len(tail.messages) != len(added) or not all(map(operator.is_, tail.messages, added)):
             return None
-        rows = [*kept.rows, *added]
+        budget = profile.per_message_budget
         sums = None
         cap = None
-        budget = profile.per_message_budget
+        over = kept.over
+        shown: list[Message] = list(added)  # the added rows as the view shows them (cut when over)
         if isinstance(counter, CalibratedCounter) and kept.sums is not None and kept.cap is not None:
             each = each_message_features(added)
-            features = _column_sums(each)
-            cap = _column_max([kept.cap, *(f for m, f in zip(added, each, strict=True) if not m.flags.is_pinned)])
+            cuttable = [(j, f) for j, (m, f) in enumerate(zip(added, each, strict=True)) if not m.flags.is_pinned]
+            cap = _column_max([kept.cap, *(f for _, f in cuttable)])
             if not _none_cut(counter, cap, budget):
-                return None
-            sums = kept.sums.extended(added, features)
+                # An added row may be over the budget (a long tool result): the kept rows by
+                # their cap, the added ones priced one by one; those over it are cut and join
+                # ``over``, so later builds cut them again only when the counter changes.
+                long = {j for j, f in cuttable if counter.count_features(f) > budget}
+                cap = _column_max([kept.cap, *(f for j, f in cuttable if j not in long)])
+                if not _none_cut(counter, cap, budget) or any(not added[j].sequence_number for j in long):
+                    return None
+                each = list(each)
+                for j in sorted(long):
+                    shown[j] = truncate_for_view(added[j], budget, counter)
+                    each[j] = message_features(shown[j])
+                    over = (*over, (len(kept.rows) + j, added[j]))
+            kept = _recut(kept, counter, budget)
+            features = _column_sums(each)
+            assert kept.sums is not None
+            sums = kept.sums.extended(shown, features)
         else:
             features = messages_features(added)
-            if counter.count_messages(rows) > budget:
+            if kept.over or counter.count_messages([*kept.rows, *added]) > budget:
                 return None
-        new_parts = (system, records, [*conversation, *added], incoming)
-        unnumbered = (*kept.unnumbered, *(m for m in added if not m.sequence_number))
-        since = _since(state, kept, added)
+        assert kept.parts is not None
+        system, records, conversation, incoming = kept.parts
+        new_parts = (system, records, [*conversation, *shown], incoming)
+        unnumbered = (*kept.unnumbered, *(m for m in shown if not m.sequence_number))
+        since = _since(state, kept, shown)
         plain = kept.plain
+        cut = [r is not m for m, r in zip(added, shown, strict=True)]
         return Assembled(
-            rows=rows,
+            rows=[*kept.rows, *shown],
             segments=[*kept.segments, *tail.segments],
-            truncated=[*kept.truncated, *([False] * len(added))],
+            truncated=[*kept.truncated, *cut],
             estimate=self._estimate(profile, new_parts, state, counter, sums, since, image_free=True),
-            notices=list(kept.notices),
-            chars=kept.chars + messages_chars(added),
+            notices=[*kept.notices, *(_cut_notice(m, budget) for m, c in zip(added, cut, strict=True) if c)],
+            chars=kept.chars + messages_chars(shown),
             features=tuple(map(operator.add, kept.features, map(float, features))),  # a + float(b), as _as_view
             last_sequence=max(kept.last_sequence, *(m.sequence_number for m in added)),
             had_images=False,
             plain=None
             if plain is None
-            else [*plain, *(ViewMessage(message=m, image_data=(), truncated=False, stored=True) for m in added)],
+            else [
+                *plain,
+                *(
+                    ViewMessage(message=r, image_data=(), truncated=c, stored=not c)
+                    for r, c in zip(shown, cut, strict=True)
+                ),
+            ],
             parts=new_parts,
             sums=sums,
             unnumbered=unnumbered,
             extends=plain,
             cap=cap,
+            over=over,
+            cut_by=counter,
         )
 
     def _estimate(
@@ -576,6 +704,7 @@ class ViewService:
             whole = counter.count_messages(view.messages)
         uncut = whole is not None and (whole <= budget or _none_cut(counter, cap, budget))
         any_images = any(m.images for m in view.messages)
+        over: tuple[tuple[int, Message], ...] = ()
         if uncut:
             rows = list(view.messages)
             truncated = [False] * len(rows)
@@ -585,8 +714,14 @@ class ViewService:
                 rows.append(cut)
                 truncated.append(cut is not m)
                 if cut is not m:
-                    where = f"message #{m.sequence_number}" if m.sequence_number else "the incoming message"
-                    notices.append(f"{where} was cut to fit the per-message budget of {budget} tokens")
+                    notices.append(_cut_notice(m, budget))
+            if features is not None and whole is not None and not any_images:
+                over, cap = _over_of(view.messages, view.segments, features, truncated, counter, budget)
+                if over:  # the sums and the size are the rows', cut ones included
+                    features = list(features)
+                    for i, _ in over:
+                        features[i] = message_features(rows[i])
+                    total = _column_sums(features)
         # Nothing was cut: the rows are the view's messages, already counted.
         text_tokens = (whole if uncut and whole is not None else counter.count_messages(rows)) + counter.overhead
         plan = budget_images(
@@ -603,10 +738,10 @@ class ViewService:
         notices.extend(plan.notices)
         segments = list(view.segments)
         parts = _parts_of(rows, segments)
-        # Re-priceable (``_repriced``): no row was cut to the per-message budget, and no message
-        # carries an image (the image budget changed nothing).
-        repriceable = uncut and not any_images
-        # Re-priceable rows are the view's messages themselves (nothing cut, no image left out).
+        # Re-priceable (``_repriced``): no row was cut to the per-message budget but ``over``'s,
+        # and no message carries an image (the image budget changed nothing). Its rows are the
+        # view's messages themselves, the cut ones excepted (their features are the cuts').
+        repriceable = (uncut or bool(over)) and not any_images
         sums = None
         if repriceable and features is not None:
             sums = _Sums.of_rows(features, view.segments, total)
@@ -639,6 +774,8 @@ class ViewService:
             sums=sums,
             unnumbered=tuple(m for m in (*parts[1], *parts[2]) if not m.sequence_number) if repriceable else (),
             cap=cap if sums is not None else None,
+            over=over if sums is not None else (),
+            cut_by=counter,
         )
 
     async def finish(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import operator
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from contextsvc.config import ProfileConfig, Settings
 from contextsvc.core.messages import Message, Role, ToolCall
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
+from contextsvc.core.tokens import CalibratedCounter
 from contextsvc.engine import views as views_module
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
@@ -123,9 +125,12 @@ class World:
         counter = engine.accounting.counter(effective.model)
         fresh = engine.views._assemble(effective, context, None, EngineState.of(session), counter)
         again = engine.views.assemble(effective, context, None, EngineState.of(session), session_id=self.sid)
-        for field in ("segments", "truncated", "estimate", "notices", "chars", "last_sequence", "had_images"):
+        fields = ("segments", "truncated", "estimate", "notices", "chars", "features", "last_sequence", "had_images")
+        for field in fields:
             assert getattr(again, field) == getattr(fresh, field), field
         assert [m for m in again.rows] == [m for m in fresh.rows]
+        # What the wire cache may reuse of the view it extends is its first rows, the very objects.
+        assert again.extends is None or all(map(operator.is_, again.extends, again.plain or []))
         assert built.estimate == fresh.estimate
         expected = build_response(dataclasses.replace(built, messages=fresh.plain or []))
         encoded = encode_build_response(built, self.sid, self.wire, response_fields(built))
@@ -270,7 +275,8 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
     """A session's view is many times one message's budget (the default profile's budget is a
     sixth of the window), yet no row alone exceeds it: builds after an append extend the kept
     view instead of assembling it again, and give what a build from scratch gives. A row over
-    the budget is cut, as from scratch, and the view is assembled again."""
+    the budget (a long tool result) is cut as from scratch, and the view still grows by extension;
+    another calibration cuts it again where a build from scratch would."""
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -280,7 +286,8 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
             session = await engine.store.get_session(world.sid, caller=ANONYMOUS)
             effective = await engine._profile_for(session, ProfileOverrides(message_token_budget=200))
             counter = engine.accounting.counter(effective.model)
-            short = [Message(role=Role.USER if i % 2 else Role.ASSISTANT, content=f"turn {i} " * 20) for i in range(41)]
+            assert isinstance(counter, CalibratedCounter)
+            short = [Message(role=Role.USER if i % 2 else Role.ASSISTANT, content=f"turn {i} " * 20) for i in range(45)]
             rows = [dataclasses.replace(m, sequence_number=i + 1) for i, m in enumerate(short)]
             state = EngineState()
             extended = 0
@@ -292,24 +299,55 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
                 extended += out is not None
                 return out
 
+            def same(got: Any, want: Any) -> None:
+                for field in ("rows", "truncated", "notices", "estimate", "chars", "features", "segments"):
+                    assert getattr(got, field) == getattr(want, field), field
+                assert [vm.message for vm in got.plain] == [vm.message for vm in want.plain]
+                assert [(vm.truncated, vm.stored) for vm in got.plain] == [
+                    (vm.truncated, vm.stored) for vm in want.plain
+                ]
+                assert got.extends is None or all(map(operator.is_, got.extends, got.plain))
+
             views_module.ViewService._extended = counting  # type: ignore[method-assign]
             try:
                 kept = engine.views.assemble(effective, rows[:39], None, state, session_id=world.sid)
                 assert counter.count_messages(kept.rows) > 5 * effective.per_message_budget
                 assert not any(kept.truncated) and kept.parts is not None
-                grown = engine.views.assemble(effective, rows, None, state, session_id=world.sid)
+                grown = engine.views.assemble(effective, rows[:41], None, state, session_id=world.sid)
                 assert extended == 1  # the two rows appended (a question, its answer) were measured alone
-                fresh = engine.views._assemble(effective, rows, None, state, counter)
-                assert grown.rows == fresh.rows and grown.estimate == fresh.estimate
-                assert grown.truncated == fresh.truncated and not any(fresh.truncated)
-                assert len(grown.rows) == len(kept.rows) + 2
+                same(grown, engine.views._assemble(effective, rows[:41], None, state, counter))
+                assert not any(grown.truncated) and len(grown.rows) == len(kept.rows) + 2
 
                 long = Message(role=Role.USER, content="a long tool output line " * 200, sequence_number=42)
-                cut = engine.views.assemble(effective, [*rows, long], None, state, session_id=world.sid)
-                assert extended == 1  # not extended: the new row is over the budget
-                fresh = engine.views._assemble(effective, [*rows, long], None, state, counter)
+                with_long = [*rows[:41], long]
+                cut = engine.views.assemble(effective, with_long, None, state, session_id=world.sid)
+                assert extended == 2  # extended: the new row alone was priced, and cut
+                fresh = engine.views._assemble(effective, with_long, None, state, counter)
                 assert cut.truncated == fresh.truncated == [False] * len(grown.rows) + [True]
-                assert cut.rows == fresh.rows and cut.notices == fresh.notices and cut.estimate == fresh.estimate
+                same(cut, fresh)
+                after = [
+                    *with_long,
+                    *(dataclasses.replace(m, sequence_number=43 + i) for i, m in enumerate(short[1:3])),
+                ]
+                later = engine.views.assemble(effective, after, None, state, session_id=world.sid)
+                assert extended == 3 and later.rows[len(cut.rows) - 1] is cut.rows[-1]  # the cut kept as it was
+                same(later, engine.views._assemble(effective, after, None, state, counter))
+
+                # A new fit (dearer text) moves where the long row's cut falls: an extension or a
+                # re-pricing under it cuts that row again, exactly as a build from scratch does.
+                calibration = counter.calibration
+                dearer = CalibratedCounter(
+                    dataclasses.replace(calibration, weights=tuple(w * 1.3 for w in calibration.weights))
+                )
+                again = engine.views._repriced(effective, later, state, dearer)
+                assert again is not None
+                want = engine.views._assemble(effective, after, None, state, dearer)
+                same(again, want)
+                assert again.rows[len(cut.rows) - 1] != later.rows[len(cut.rows) - 1]
+                more = [*after, *(dataclasses.replace(m, sequence_number=45 + i) for i, m in enumerate(short[3:5]))]
+                grown_again = engine.views._extended(effective, later, after, more[len(after) :], state, dearer)
+                assert grown_again is not None
+                same(grown_again, engine.views._assemble(effective, more, None, state, dearer))
             finally:
                 views_module.ViewService._extended = original  # type: ignore[method-assign]
             await world.close()
