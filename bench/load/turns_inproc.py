@@ -165,9 +165,7 @@ def main() -> None:
     parser.add_argument(
         "--session-profile", default="bench", help="the sessions' profile (bench: 4 M tokens; default: 32,768)"
     )
-    parser.add_argument(
-        "--long-every", type=int, default=0, help="every N seeded tool results, one of ~8,000 tokens"
-    )
+    parser.add_argument("--long-every", type=int, default=0, help="every N seeded tool results, one of ~8,000 tokens")
     parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.ab:
