@@ -79,6 +79,8 @@ class Run:
     append: int = 2  # messages per AppendMessages call
     watchers: int = 50
     profile: str = "bench"
+    #: one seeded tool result in every ``long_every`` is ~8,000 tokens (``workload.messages``)
+    long_every: int = 0
     #: "decode": ghz decodes each response into a dynamic message (the contract's protoset);
     #: "opaque": the view's messages stay bytes (bench/load/opaque/), so the client's decoding
     #: (~5 ms of ghz CPU per 75 KB view) does not cap what is measured of the server.
@@ -314,7 +316,7 @@ def seed(seeder: Seeder, run: Run, previous: list[str]) -> list[str]:
         return [seeder.compressed(run.messages, profile=run.profile)]
     if run.seed == "copy":
         return [seeder.copy_context(previous[0], profile=run.profile)]
-    return [seeder.session(run.messages, profile=run.profile) for _ in range(run.sessions)]
+    return [seeder.session(run.messages, profile=run.profile, long_every=run.long_every) for _ in range(run.sessions)]
 
 
 def call_data(run: Run, sessions: list[str]) -> list[dict[str, Any]]:

@@ -115,9 +115,9 @@ class Seeder:
     def close(self) -> None:
         self.channel.close()
 
-    def session(self, count: int, *, profile: str = "", name: str = "bench") -> str:
+    def session(self, count: int, *, profile: str = "", name: str = "bench", long_every: int = 0) -> str:
         sid = self.stub.CreateSession(pb.CreateSessionRequest(profile_id=profile or self.profile, name=name)).id
-        for batch in batches(messages(count)):
+        for batch in batches(messages(count, long_every=long_every)):
             self.stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
         return sid
 

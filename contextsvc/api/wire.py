@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import operator
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc.api.mapping import message_to_pb
@@ -92,6 +93,8 @@ class _ViewEntry:
     #: the messages' part of the response it was encoded for (a view of that response's bytes:
     #: the response is written in one copy, and the next view's prefix read from it)
     framed: bytes | memoryview
+    #: where each message's bytes end in ``framed`` (so a run of the messages can be copied alone)
+    ends: array[int] = field(default_factory=lambda: array("q"))
     estimate: object = None
     notices: tuple[str, ...] = ()
     rest: bytes | None = None
@@ -110,7 +113,8 @@ class _Session:
 
 
 def _cost(entry: _Entry | _ViewEntry) -> int:
-    return len(entry.framed) + ENTRY_OVERHEAD_BYTES
+    ends = entry.ends.itemsize * len(entry.ends) if isinstance(entry, _ViewEntry) else 0
+    return len(entry.framed) + ends + ENTRY_OVERHEAD_BYTES
 
 
 class WireCache:
@@ -193,6 +197,12 @@ class WireCache:
             return None
         self.hits += 1
         return entry
+
+    def last_view(self, session_id: str) -> _ViewEntry | None:
+        """The entry of the session's last view encoded, whatever its messages."""
+        with self._lock:
+            held = self._sessions.get(session_id)
+            return held.view if held is not None else None
 
     def put_view(self, session_id: str, entry: _ViewEntry) -> _ViewEntry:
         dropped: list[str] = []
@@ -322,18 +332,50 @@ def encode_build_response(
         return EncodedResponse(b"".join((whole.framed, tail_bytes)))
     parts: list[bytes | memoryview] = []
     carries_images = False
+    messages = built.messages
     # A view extended by rows appended since the last one (``engine.views``' ``_extended``): the
     # last view's framed messages, then the new ones.
-    start = cache.view_prefix(session_id, built.messages, built.extends)
+    start = cache.view_prefix(session_id, messages, built.extends)
     if start is not None:
         parts.append(start.framed)
-    for vm in built.messages[len(start.messages) :] if start is not None else built.messages:
+        ends = array("q", start.ends)
+        first = len(start.messages)
+        same: list[bool] = []
+        held = None
+    else:
+        # Else the rows the last view holds at the same places (the very same objects: a view one
+        # of whose cut rows was cut again) are copied from its bytes in runs; the others framed.
+        ends = array("q")
+        first = 0
+        held = cache.last_view(session_id)
+        same = list(map(operator.is_, held.messages, messages)) if held is not None else []
+    pos = len(parts[0]) if parts else 0
+    i = first
+    n = len(messages)
+    while i < n:
+        if i < len(same) and same[i]:
+            assert held is not None
+            try:
+                j = same.index(False, i)
+            except ValueError:
+                j = len(same)
+            base = held.ends[i - 1] if i else 0
+            parts.append(held.framed[base : held.ends[j - 1]])
+            ends.extend(map((pos - base).__add__, held.ends[i:j]))
+            pos = ends[-1]
+            i = j
+            continue
+        vm = messages[i]
         m = vm.message
         if vm.truncated or m.images or not m.sequence_number or not vm.stored:
             carries_images = carries_images or bool(vm.image_data)
-            parts.append(_fresh(vm))
+            framed = _fresh(vm)
         else:
-            parts.append(cache.framed(session_id, m))
+            framed = cache.framed(session_id, m)
+        parts.append(framed)
+        pos += len(framed)
+        ends.append(pos)
+        i += 1
     entry = None if carries_images else _ViewEntry(built.messages, b"")
     tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, entry)
     # One copy of the view's bytes (they are the most of a response): the response is joined
@@ -342,6 +384,7 @@ def encode_build_response(
     data = b"".join(parts)
     if entry is not None:
         entry.framed = memoryview(data)[: len(data) - len(tail_bytes)]
+        entry.ends = ends
         cache.put_view(session_id, entry)
     cache.told(session_id)
     return EncodedResponse(data)

@@ -23,18 +23,6 @@ _CUT_ROUNDS = 8
 #: kept differs from the whole's (a dense JSON head, a sparse prose tail), so aiming exactly at
 #: the budget can miss it by a token, round after round.
 _CUT_MARGIN = 0.02
-#: A cut keeps a number of characters with this many significant binary digits (rounded down: at
-#: most 1/64 fewer than aimed at). The aim follows the counter, and every baseline moves a fitted
-#: counter a little: on a grid, the cut stays where it was until the aim moves past a step, so
-#: the view's text (the provider's cached prompt prefix), and the measures and encoding the
-#: service keeps for it, stay the same from turn to turn instead of moving by a few characters.
-_CUT_GRID_BITS = 7
-
-
-def _on_grid(chars: int) -> int:
-    """``chars`` rounded down to ``_CUT_GRID_BITS`` significant binary digits."""
-    drop = chars.bit_length() - _CUT_GRID_BITS
-    return chars if drop <= 0 else chars >> drop << drop
 
 
 def cut_marker(chars: int) -> str:
@@ -63,7 +51,7 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
     original = (m.content, m.thinking)
     # Aim by the message's own density (tokens per char), then re-measure: neither a tokenizer
     # nor the size measure is linear in characters, so a few rounds tighten the cut until it fits.
-    allowed = _on_grid(chars * budget // tokens)
+    allowed = chars * budget // tokens
     target = budget - int(budget * _CUT_MARGIN)
     cut = m
     for _ in range(_CUT_ROUNDS):
@@ -76,7 +64,7 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
             break
         # Keep strictly less each round, so the rounds cannot stall just over the budget.
         aim = text_chars(cut) * target // now - len(cut_marker(chars))
-        allowed = _on_grid(max(0, min(allowed - 1, aim)))
+        allowed = max(0, min(allowed - 1, aim))
     return cut
 
 

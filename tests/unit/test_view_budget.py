@@ -124,25 +124,6 @@ def test_a_cut_message_fits_its_budget(size: int, budget: int) -> None:
         assert MARKER.search(cut.content)
 
 
-def _scaled(counter: CalibratedCounter, by: float) -> CalibratedCounter:
-    c = counter.calibration
-    return CalibratedCounter(Calibration(tuple(w * by for w in c.weights), c.observations + 1, c.fitted, c.margin))
-
-
-def test_a_cut_stays_where_it_was_while_the_counter_moves_a_little() -> None:
-    """Every baseline moves a fitted counter a little: the cut keeps the same characters until the
-    aim moves past a step of its grid (a stable prompt prefix), and moves once the prices do."""
-    words = " ".join(f"line {i} of the tool output" for i in range(6_000))
-    m = tool_result(words)
-    cuts = [truncate_for_view(m, BUDGET, _scaled(LINE, 1 + k / 2000)).content for k in range(6)]
-    assert all(MARKER.search(c) for c in cuts)
-    assert len(set(cuts)) <= 2  # six counters within 0.25 % of each other: one cut, or one step
-    dearer = truncate_for_view(m, BUDGET, _scaled(LINE, 1.1)).content
-    assert len(dearer) < min(map(len, cuts))  # a price 10 % higher keeps fewer characters
-    for k, cut in enumerate(cuts):  # each still fits the budget by its own counter
-        assert _scaled(LINE, 1 + k / 2000).count_messages([tool_result(cut)]) <= BUDGET
-
-
 _KINDS = {
     "prose": "The build failed because the database tests timed out again. ",
     "json": '{"id": "9f86d081884c", "status": "failed", "ms": 812.5}, ',

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from datetime import UTC, datetime
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from contextsvc._gen.v1 import context_service_pb2 as pb
+from contextsvc.api import wire as wire_module
 from contextsvc.api.views import build_response, response_fields
 from contextsvc.api.wire import (
     ENTRY_OVERHEAD_BYTES,
@@ -206,3 +212,60 @@ def test_a_view_that_names_the_list_it_extends_reuses_that_encoding_and_a_wrong_
     got = encoded(wrong, cache)
     assert got == build_response(wrong)
     assert [m.content for m in got.messages][:2] == ["recalled", "row 1"]
+
+
+def test_a_view_whose_cut_row_was_cut_again_copies_the_rows_around_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new calibration cuts a long row again and leaves every other row the same object: only
+    that row is encoded, the rows before and after it are copied from the last view's bytes."""
+    cache = WireCache(1 << 20)
+    rows = [ViewMessage(stored(seq, f"row {seq}"), (), truncated=False, stored=True) for seq in range(1, 9)]
+    long = stored(4, "z" * 4000)
+    rows[3] = ViewMessage(dataclasses.replace(long, content="z" * 40 + "[cut]"), (), truncated=True)
+    assert encoded(view(rows), cache) == build_response(view(rows))
+    fresh: list[Message] = []
+    original = wire_module._fresh
+
+    def counting(vm: ViewMessage) -> bytes:
+        fresh.append(vm.message)
+        return original(vm)
+
+    monkeypatch.setattr(wire_module, "_fresh", counting)
+    misses = cache.stats()["misses"]
+    recut = [
+        *rows[:3],
+        ViewMessage(dataclasses.replace(long, content="z" * 38 + "[cut]"), (), truncated=True),
+        *rows[4:],
+    ]
+    got = encoded(view(recut), cache)
+    assert got == build_response(view(recut))
+    assert got.messages[3].content == "z" * 38 + "[cut]" and got.messages[3].truncated_in_view
+    assert [m.content for m in fresh] == ["z" * 38 + "[cut]"]  # the one row cut again
+    assert cache.stats()["misses"] == misses  # no stored row framed again
+    # And the next view, extended from that one, still equals the message built whole.
+    more = [*recut, ViewMessage(stored(9, "row 9"), (), truncated=False, stored=True)]
+    assert encoded(dataclasses.replace(view(more), extends=recut), cache) == build_response(view(more))
+    # Cut a third time: the rows after it come from bytes that were themselves copied at a shift.
+    third = [*more[:3], ViewMessage(dataclasses.replace(long, content="z" * 90 + "[cut]"), (), truncated=True)]
+    third += more[4:]
+    assert encoded(view(third), cache) == build_response(view(third))
+    assert len(fresh) == 2 and cache.stats()["misses"] == misses + 1  # that row, and row 9 once
+
+
+_POOL = [ViewMessage(stored(seq, f"row {seq} " * (seq % 5)), (), truncated=False, stored=True) for seq in range(1, 13)]
+_CUTS = [ViewMessage(stored(seq, f"cut {seq}"), (), truncated=True) for seq in range(1, 13)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 23), max_size=12), min_size=1, max_size=8))
+def test_any_sequence_of_views_encodes_as_the_message_built_whole(views: list[list[int]]) -> None:
+    """Views that keep, drop, move, replace and add rows against the last one: every response is
+    the message built whole, whatever the last view's bytes offered."""
+    cache = WireCache(1 << 20)
+    last: list[ViewMessage] | None = None
+    for picks in views:
+        messages = [(_POOL + _CUTS)[k] for k in picks]
+        # ``extends`` names the last view only when it is one (the engine's promise).
+        prefix = last is not None and len(last) <= len(messages) and all(map(operator.is_, last, messages))
+        built = dataclasses.replace(view(messages), extends=last if prefix else None)
+        assert encoded(built, cache) == build_response(built)
+        last = messages
