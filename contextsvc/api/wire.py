@@ -320,6 +320,49 @@ def _tail(built: BuiltView, entry: _ViewEntry | None) -> bytes:
     return _view_id_field(built.view_id) + entry.rest
 
 
+def _framed_row(cache: WireCache, session_id: str, vm: ViewMessage) -> bytes:
+    """One view message framed: a stored row the view did not change from ``cache``, else fresh."""
+    m = vm.message
+    if vm.truncated or m.images or not m.sequence_number or not vm.stored:
+        return _fresh(vm)
+    return cache.framed(session_id, m)
+
+
+def _spliced(
+    cache: WireCache, session_id: str, messages: list[ViewMessage], parts: list[bytes | memoryview]
+) -> tuple[array[int], bool]:
+    """``messages`` framed onto ``parts``, copying from the session's last view's bytes each run of
+    rows it holds at the same places (the very same objects: a view one of whose cut rows was cut
+    again by a new calibration); the row ends, and whether a row carries image bytes."""
+    held = cache.last_view(session_id)
+    same = list(map(operator.is_, held.messages, messages)) if held is not None else []
+    ends = array("q")
+    carries_images = False
+    pos = 0
+    i = 0
+    while i < len(messages):
+        if i < len(same) and same[i]:
+            assert held is not None
+            try:
+                j = same.index(False, i)
+            except ValueError:
+                j = len(same)
+            base = held.ends[i - 1] if i else 0
+            parts.append(held.framed[base : held.ends[j - 1]])
+            ends.extend(map((pos - base).__add__, held.ends[i:j]))  # the same bytes, now at ``pos``
+            pos = ends[-1]
+            i = j
+            continue
+        vm = messages[i]
+        carries_images = carries_images or bool(vm.image_data)
+        framed = _framed_row(cache, session_id, vm)
+        parts.append(framed)
+        pos += len(framed)
+        ends.append(pos)
+        i += 1
+    return ends, carries_images
+
+
 def encode_build_response(
     built: BuiltView, session_id: str, cache: WireCache, tail: pb.BuildContextResponse | None = None
 ) -> EncodedResponse:
@@ -331,51 +374,23 @@ def encode_build_response(
         tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, whole)
         return EncodedResponse(b"".join((whole.framed, tail_bytes)))
     parts: list[bytes | memoryview] = []
-    carries_images = False
     messages = built.messages
+    carries_images = False
     # A view extended by rows appended since the last one (``engine.views``' ``_extended``): the
     # last view's framed messages, then the new ones.
     start = cache.view_prefix(session_id, messages, built.extends)
     if start is not None:
         parts.append(start.framed)
         ends = array("q", start.ends)
-        first = len(start.messages)
-        same: list[bool] = []
-        held = None
-    else:
-        # Else the rows the last view holds at the same places (the very same objects: a view one
-        # of whose cut rows was cut again) are copied from its bytes in runs; the others framed.
-        ends = array("q")
-        first = 0
-        held = cache.last_view(session_id)
-        same = list(map(operator.is_, held.messages, messages)) if held is not None else []
-    pos = len(parts[0]) if parts else 0
-    i = first
-    n = len(messages)
-    while i < n:
-        if i < len(same) and same[i]:
-            assert held is not None
-            try:
-                j = same.index(False, i)
-            except ValueError:
-                j = len(same)
-            base = held.ends[i - 1] if i else 0
-            parts.append(held.framed[base : held.ends[j - 1]])
-            ends.extend(map((pos - base).__add__, held.ends[i:j]))
-            pos = ends[-1]
-            i = j
-            continue
-        vm = messages[i]
-        m = vm.message
-        if vm.truncated or m.images or not m.sequence_number or not vm.stored:
+        pos = len(start.framed)
+        for vm in messages[len(start.messages) :]:
             carries_images = carries_images or bool(vm.image_data)
-            framed = _fresh(vm)
-        else:
-            framed = cache.framed(session_id, m)
-        parts.append(framed)
-        pos += len(framed)
-        ends.append(pos)
-        i += 1
+            framed = _framed_row(cache, session_id, vm)
+            parts.append(framed)
+            pos += len(framed)
+            ends.append(pos)
+    else:
+        ends, carries_images = _spliced(cache, session_id, messages, parts)
     entry = None if carries_images else _ViewEntry(built.messages, b"")
     tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, entry)
     # One copy of the view's bytes (they are the most of a response): the response is joined

@@ -569,7 +569,7 @@ class ViewService:
         sums = None
         cap = None
         over = kept.over
-        shown: list[Message] = list(added)  # the added rows as the view shows them (cut when over)
+        shown: Sequence[Message] = added  # the added rows as the view shows them (a copy when one is cut)
         if isinstance(counter, CalibratedCounter) and kept.sums is not None and kept.cap is not None:
             each = each_message_features(added)
             cuttable = [(j, f) for j, (m, f) in enumerate(zip(added, each, strict=True)) if not m.flags.is_pinned]
@@ -583,6 +583,7 @@ class ViewService:
                 if not _none_cut(counter, cap, budget) or any(not added[j].sequence_number for j in long):
                     return None
                 each = list(each)
+                shown = list(added)
                 for j in sorted(long):
                     shown[j] = truncate_for_view(added[j], budget, counter)
                     each[j] = message_features(shown[j])
@@ -601,13 +602,18 @@ class ViewService:
         unnumbered = (*kept.unnumbered, *(m for m in shown if not m.sequence_number))
         since = _since(state, kept, shown)
         plain = kept.plain
-        cut = [r is not m for m, r in zip(added, shown, strict=True)]
+        if shown is added:  # nothing cut (most turns)
+            cut = [False] * len(added)
+            notices = list(kept.notices)
+        else:
+            cut = [r is not m for m, r in zip(added, shown, strict=True)]
+            notices = [*kept.notices, *(_cut_notice(m, budget) for m, c in zip(added, cut, strict=True) if c)]
         return Assembled(
             rows=[*kept.rows, *shown],
             segments=[*kept.segments, *tail.segments],
             truncated=[*kept.truncated, *cut],
             estimate=self._estimate(profile, new_parts, state, counter, sums, since, image_free=True),
-            notices=[*kept.notices, *(_cut_notice(m, budget) for m, c in zip(added, cut, strict=True) if c)],
+            notices=notices,
             chars=kept.chars + messages_chars(shown),
             features=tuple(map(operator.add, kept.features, map(float, features))),  # a + float(b), as _as_view
             last_sequence=max(kept.last_sequence, *(m.sequence_number for m in added)),
