@@ -74,7 +74,9 @@ async def seed_sessions(
     for _ in range(sessions):
         created = await servicer.CreateSession(pb.CreateSessionRequest(profile_id=profile, name="bench"), ctx)
         await servicer.AppendMessages(
-            pb.AppendMessagesRequest(session_id=created.id, messages=seed_messages(messages, long_every=long_every)),
+            pb.AppendMessagesRequest(
+                session_id=created.id, messages=seed_messages(messages, long_every=long_every, salt=created.id)
+            ),
             ctx,
         )
         sids.append(created.id)

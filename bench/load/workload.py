@@ -34,10 +34,12 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def messages(count: int, *, seed: int = 7, start: int = 0, long_every: int = 0) -> list[r.Message]:
+def messages(count: int, *, seed: int = 7, start: int = 0, long_every: int = 0, salt: str = "") -> list[r.Message]:
     """``count`` messages of an agent loop; ``start`` continues a loop already that long (legal order).
     ``long_every``: every that many tool results, one is ``LONG_TOOL_WORDS`` long (a file read),
-    which a view with a smaller per-message budget cuts."""
+    which a view with a smaller per-message budget cuts; ``salt`` starts each long one, so two
+    sessions' long results are different texts (as two agents' file reads are: the service
+    measures a text it saw before for free)."""
     rng = random.Random(seed * 1_000_003 + start)
     out: list[r.Message] = []
     for i in range(start, start + count):
@@ -54,8 +56,9 @@ def messages(count: int, *, seed: int = 7, start: int = 0, long_every: int = 0) 
                 )
             )
         elif step == 2:
-            words = LONG_TOOL_WORDS if long_every and (i // 4) % long_every == long_every - 1 else 90
-            m = r.Message(role=r.ROLE_TOOL, tool_call_id=f"call_{i - 1}", content=_text(rng, words))
+            long = long_every and (i // 4) % long_every == long_every - 1
+            content = f"{salt} {_text(rng, LONG_TOOL_WORDS)}" if long else _text(rng, 90)
+            m = r.Message(role=r.ROLE_TOOL, tool_call_id=f"call_{i - 1}", content=content)
             m.metadata.update({"source": "tool", "bytes": 540})
             out.append(m)
         else:
@@ -117,7 +120,7 @@ class Seeder:
 
     def session(self, count: int, *, profile: str = "", name: str = "bench", long_every: int = 0) -> str:
         sid = self.stub.CreateSession(pb.CreateSessionRequest(profile_id=profile or self.profile, name=name)).id
-        for batch in batches(messages(count, long_every=long_every)):
+        for batch in batches(messages(count, long_every=long_every, salt=sid)):
             self.stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
         return sid
 

@@ -70,6 +70,13 @@ class IdentityMemo(Generic[T]):
             out.append(entry.value if entry is not None and entry() is m else self.get(m, compute))  # type: ignore[arg-type]
         return out
 
+    def put(self, m: Message, value: T) -> None:
+        """Remember ``value`` for ``m`` (measured another way than ``compute``, to the same result)."""
+        entry = _Entry(m, self._drop)
+        entry.key = id(m)
+        entry.value = value
+        self._entries[entry.key] = entry
+
     def carry(self, src: Message, dst: Message) -> None:
         """Give ``dst`` the value remembered for ``src`` (nothing when there is none): for a copy
         made by the stores or the engine that changes none of what ``compute`` reads."""

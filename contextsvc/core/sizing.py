@@ -21,11 +21,16 @@ new baselines replace them, ``calibration_window`` at a time).
 from __future__ import annotations
 
 import base64
+import bisect
 import functools
 import itertools
+import operator
 import threading
 import zlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, NamedTuple, TypeVar
 
 from contextsvc.core import _cjk_costs
 from contextsvc.core.lazy_re import lazy_global
@@ -43,6 +48,7 @@ __all__ = [
     "SizeWeights",
     "class_units",
     "clear_caches",
+    "cut_feature_units",
     "cyrillic_family_tokens",
     "feature_units",
     "piece_class",
@@ -368,6 +374,7 @@ def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
     if texts:
         _MEMO.clear()
         _CLASS_MEMO.clear()
+        _INDEX_MEMO.clear()
     if pieces:
         piece_units.cache_clear()
         _inner_units.cache_clear()
@@ -410,7 +417,10 @@ _SINGLE_HUMP = lazy_global(globals(), "_SINGLE_HUMP", r"[A-Z]?[a-z]+|[A-Z]{1,4}"
 #: is a word to every vocabulary measured (0.47-0.49 tokens per unit, like words), while ``_name``
 #: and ``.attr`` run 0.5 in three vocabularies and 0.97 in Claude's: one ``ident`` ratio for both
 #: overpriced camelCase-heavy JSON for Claude (bench/fidelity, fit split, round 9).
-_CAMEL = lazy_global(globals(), "_CAMEL", r"(?:[A-Z]?[a-z]+)+")
+#: Written as one first hump and then humps that start upper-case: the same strings as
+#: ``(?:[A-Z]?[a-z]+)+``, whose nested repeat split a lower-case run every possible way before
+#: failing (``"a" * 30 + "AB"``: minutes of the event loop for one 32-letter piece).
+_CAMEL = lazy_global(globals(), "_CAMEL", r"[A-Z]?[a-z]+(?:[A-Z][a-z]+)*")
 
 
 def _cjk_script(ch: str) -> int:
@@ -517,17 +527,108 @@ def feature_units(text: str) -> tuple[int, ...]:
     found = _PIECE.findall(text)
     if not found:
         return _NO_UNITS
-    if len(text) > _PACKED_MAX_CHARS:  # a field could overflow (never through gRPC's limits)
-        units = _looped_units(found)
-    else:
-        total = sum(map(_inner_packed, itertools.islice(found, 1, None)), _first_packed(found[0]))
-        units = [(total >> shift) & _FIELD_MASK for shift in _SHIFTS]
-        if total >> _CYRILLIC_SHIFT:  # the families' columns need the Cyrillic pieces themselves
-            units[N_CLASSES:IDENT_PREFIXED] = _family_columns(found)
-    out = tuple(units)
+    # Past ``_PACKED_MAX_CHARS`` a packed field could overflow (never through gRPC's limits).
+    out = tuple(_looped_units(found)) if len(text) > _PACKED_MAX_CHARS else _units_of(found)
     if len(text) >= _MEMO_MIN_CHARS:
         _CLASS_MEMO.put(text, out)
     return out
+
+
+def _units_of(found: Sequence[str], *, first: bool = True) -> tuple[int, ...]:
+    """``feature_units`` of consecutive pieces of a text (not past ``_PACKED_MAX_CHARS``);
+    ``first``: they start the text (its first piece is priced as one)."""
+    if not found:
+        return _NO_UNITS
+    lead = _first_packed(found[0]) if first else _inner_packed(found[0])
+    total = sum(map(_inner_packed, itertools.islice(found, 1, None)), lead)
+    units = [(total >> shift) & _FIELD_MASK for shift in _SHIFTS]
+    if total >> _CYRILLIC_SHIFT:  # the families' columns need the Cyrillic pieces themselves
+        units[N_CLASSES:IDENT_PREFIXED] = _family_columns(found, first=first)
+    return tuple(units)
+
+
+def _plus(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    return tuple(map(operator.add, a, b))
+
+
+def _minus(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    return tuple(map(operator.sub, a, b))
+
+
+# --- a cut text's units from the whole one's ------------------------------------------------
+
+#: How far past a piece's start ``_PIECE`` reads: its longest piece is 2 x ``_MAX_PIECE`` + 1
+#: characters, and no alternative reads more than one character past that (a lookahead, a repeat
+#: that fails); with room to spare. The pattern reads nothing before a piece's start, so a piece
+#: starting this far before a cut is the same piece with or without the cut, and so is every
+#: piece before it.
+_PIECE_REACH = 2 * _MAX_PIECE + 8
+#: Pieces between two entries of a text's cut index (``_CutIndex``): a cut splits about this
+#: many pieces again on either side, and the index costs ~0.6 bytes a character of text.
+_INDEX_STEP = 32
+
+
+class _CutIndex(NamedTuple):
+    """Every ``_INDEX_STEP``-th piece's start in a text (then the text's length), and the units
+    of the pieces before each, ``N_UNIT_COLUMNS`` numbers an entry (the whole text's last)."""
+
+    starts: array[int]
+    before: array[int]
+
+    def units_before(self, k: int) -> tuple[int, ...]:
+        return tuple(self.before[k * N_UNIT_COLUMNS : (k + 1) * N_UNIT_COLUMNS])
+
+
+def _cut_index(text: str) -> _CutIndex | None:
+    """``text``'s cut index (remembered for long texts), or None when its pieces do not cover it
+    end to end (the cut's units are then measured whole)."""
+    held = _INDEX_MEMO.get(text)
+    if held is not None:
+        return held
+    found = _PIECE.findall(text)
+    if sum(map(len, found)) != len(text) or len(text) > _PACKED_MAX_CHARS:
+        return None
+    starts, before = array("q", [0]), array("q", _NO_UNITS)
+    units = _NO_UNITS
+    for k in range(0, len(found), _INDEX_STEP):
+        chunk = found[k : k + _INDEX_STEP]
+        starts.append(starts[-1] + sum(map(len, chunk)))
+        units = _plus(units, _units_of(chunk, first=k == 0))
+        before.extend(units)
+    index = _CutIndex(starts, before)
+    _INDEX_MEMO.put(text, index)
+    return index
+
+
+def cut_feature_units(text: str, cut: str, head: int, tail: int) -> tuple[int, ...]:
+    """``feature_units(cut)`` of ``cut == text[:head] + marker + text[tail:]`` (a view's cut of a
+    long field), the same numbers, without splitting all of ``cut`` into pieces: the pieces of
+    ``text`` are indexed once (``_CutIndex``), those well before ``head`` and from a piece of the
+    tail on which the cut's own pieces land again are the text's, and only the pieces between
+    are split. A cut again at another place (each new calibration moves it) splits a few hundred
+    characters, not the whole field."""
+    index = _cut_index(text) if 0 <= head <= tail <= len(text) else None
+    if index is None:
+        return feature_units(cut)
+    starts = index.starts
+    last = len(starts) - 1
+    a = max(0, bisect.bisect_right(starts, head - _PIECE_REACH) - 1)
+    shift = len(cut) - len(text)  # a tail position in ``cut`` is its position in ``text`` + shift
+    b = bisect.bisect_left(starts, tail)
+    ahead = starts[b] + shift  # the next indexed start of the tail, in ``cut``
+    middle: list[str] = []
+    for match in _PIECE.finditer(cut, starts[a]):
+        at = match.start()
+        while at > ahead and b < last:
+            b += 1
+            ahead = starts[b] + shift
+        if at == ahead:  # the cut's pieces are the text's own from here on
+            after = _minus(index.units_before(last), index.units_before(b))
+            break
+        middle.append(match.group())
+    else:
+        after = _NO_UNITS
+    return _plus(_plus(index.units_before(a), _units_of(middle, first=a == 0)), after)
 
 
 def _split_at(k: int, piece: str) -> tuple[tuple[int, int], ...]:
@@ -545,11 +646,14 @@ def _looped_units(found: list[str]) -> list[int]:
     return units
 
 
-def _family_columns(found: list[str]) -> list[int]:
+def _family_columns(found: Sequence[str], *, first: bool = True) -> list[int]:
     """The Cyrillic families' columns of a text's pieces: its Cyrillic pieces (a piece whose split
-    is that one class) counted in each family's vocabulary, summed column by column."""
+    is that one class) counted in each family's vocabulary, summed column by column. ``first``:
+    the pieces start the text."""
     cyrillic = [
-        piece for k, piece in enumerate(found) if len(split := _split_at(k, piece)) == 1 and split[0][0] == CYRILLIC
+        piece
+        for k, piece in enumerate(found, start=0 if first else 1)
+        if len(split := _split_at(k, piece)) == 1 and split[0][0] == CYRILLIC
     ]
     return list(map(sum, zip(*map(_cyrillic_family_units, cyrillic), strict=True)))
 
@@ -681,21 +785,24 @@ def _cyrillic_family_units(piece: str) -> tuple[int, ...]:
     return tuple(max(1, round(upt * t)) for t in cyrillic_family_tokens(piece))
 
 
-class _ClassMemo:
-    """``class_units`` of recently measured long texts (same bound and policy as ``_SizeMemo``)."""
+T = TypeVar("T")
+
+
+class _TextMemo(Generic[T]):
+    """What was measured of recently seen long texts (same bound and policy as ``_SizeMemo``)."""
 
     __slots__ = ("_chars", "_lock", "_max_chars", "_units")
 
     def __init__(self, max_chars: int) -> None:
-        self._units: dict[str, tuple[int, ...]] = {}
+        self._units: dict[str, T] = {}
         self._chars = 0
         self._max_chars = max_chars
         self._lock = threading.Lock()
 
-    def get(self, text: str) -> tuple[int, ...] | None:
+    def get(self, text: str) -> T | None:
         return self._units.get(text)
 
-    def put(self, text: str, units: tuple[int, ...]) -> None:
+    def put(self, text: str, units: T) -> None:
         cost = len(text) + _MEMO_ENTRY_CHARS
         if cost > self._max_chars:
             return
@@ -715,4 +822,7 @@ class _ClassMemo:
             self._chars = 0
 
 
-_CLASS_MEMO = _ClassMemo(_MEMO_MAX_CHARS)
+#: ``feature_units`` of long texts
+_CLASS_MEMO: _TextMemo[tuple[int, ...]] = _TextMemo(_MEMO_MAX_CHARS)
+#: cut indexes (``_cut_index``) of the texts views cut: one entry per ``_INDEX_STEP`` pieces
+_INDEX_MEMO: _TextMemo[_CutIndex] = _TextMemo(_MEMO_MAX_CHARS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -24,7 +25,7 @@ from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import MESSAGE, N_CLASSES, N_FEATURES, N_UNITS, TOOL_CALL, VIEW
-from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, feature_units
+from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, cut_feature_units, feature_units
 
 _DEFAULTS = TokenSettings()
 
@@ -143,6 +144,20 @@ def carry_measures(src: Message, dst: Message) -> Message:
         _SIZES.carry(src, dst)
         _FEATURES.carry(src, dst)
     return dst
+
+
+def remember_cut(original: Message, cut: Message, spans: Sequence[tuple[str, int, int]]) -> None:
+    """Give ``cut`` its ``message_features`` from ``original``'s: ``cut`` is ``original`` with
+    the fields named in ``spans`` cut, each to its text's first ``head`` characters, a marker, and
+    its text from ``tail`` on (``core.view_budget``). The same numbers as measuring ``cut`` whole
+    (``sizing.cut_feature_units``), at the cost of the pieces around each cut: a view cuts a long
+    row again whenever the calibration moves, and measuring the cut whole cost ~0.8 ms per 20 KB."""
+    features = list(message_features(original))
+    for name, head, tail in spans:
+        text, now = getattr(original, name), getattr(cut, name)
+        delta = map(operator.sub, cut_feature_units(text, now, head, tail), feature_units(text))
+        features[:N_UNITS] = map(operator.add, features[:N_UNITS], delta)
+    _FEATURES.put(cut, tuple(features))
 
 
 def text_features(text: str) -> tuple[int, ...]:

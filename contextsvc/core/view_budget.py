@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from contextsvc.config import TokenSettings
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.messages import ImageRef, Message
-from contextsvc.core.tokens import TextCounter, output_reserve, text_chars
+from contextsvc.core.tokens import TextCounter, output_reserve, remember_cut, text_chars
 from contextsvc.errors import ContextTooLarge
 
 #: Share of the kept characters taken from the head of a cut field; the rest is its tail.
@@ -55,10 +55,11 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
     target = budget - int(budget * _CUT_MARGIN)
     cut = m
     for _ in range(_CUT_ROUNDS):
-        content, thinking = _cut_fields(original, excess=chars - allowed)
-        if (content, thinking) == original:
+        content, thinking, spans = _cut_fields(original, excess=chars - allowed)
+        if not spans:
             return m  # nothing cuttable (e.g. the size is in tool-call arguments)
         cut = dataclasses.replace(m, content=content, thinking=thinking)
+        remember_cut(m, cut, spans)
         now = counter.count_messages([cut])
         if now <= budget:
             break
@@ -68,9 +69,15 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
     return cut
 
 
-def _cut_fields(fields: tuple[str, str], *, excess: int) -> tuple[str, str]:
-    """Remove ``excess`` characters (plus room for the markers), largest field first."""
+#: The fields ``_cut_fields`` cuts, in ``fields`` order.
+_CUT_FIELDS = ("content", "thinking")
+
+
+def _cut_fields(fields: tuple[str, str], *, excess: int) -> tuple[str, str, list[tuple[str, int, int]]]:
+    """Remove ``excess`` characters (plus room for the markers), largest field first; the fields,
+    and where each one cut was made (its name, the head kept, where the tail kept starts)."""
     out = list(fields)
+    spans: list[tuple[str, int, int]] = []
     for i in sorted(range(len(fields)), key=lambda i: len(fields[i]), reverse=True):
         text = fields[i]
         if excess <= 0 or not text:
@@ -81,9 +88,11 @@ def _cut_fields(fields: tuple[str, str], *, excess: int) -> tuple[str, str]:
         if removed <= marker_room:
             continue  # cutting would not make it shorter
         head = int(keep * HEAD_SHARE)
-        out[i] = text[:head] + cut_marker(removed) + text[len(text) - (keep - head) :]
+        tail = len(text) - (keep - head)
+        out[i] = text[:head] + cut_marker(removed) + text[tail:]
+        spans.append((_CUT_FIELDS[i], head, tail))
         excess -= removed - marker_room
-    return out[0], out[1]
+    return out[0], out[1], spans
 
 
 def truncate_view(messages: Sequence[Message], budget: int, counter: TextCounter) -> list[Message]:
