@@ -113,7 +113,9 @@ def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str, ...] | No
         ),
         (
             EntityKind.PATH,
-            re.compile(_NOT_AFTER_WORD + r"(?:[\w.@+-]+/)+[\w@+-]*\.[A-Za-z][A-Za-z0-9]{0,7}\b"),
+            # ``+`` in the look-behind too: a match never starts inside a run of the first part's
+            # characters, and the part takes its run whole (else every ``+`` restarts the scan).
+            re.compile(r"(?<![\w@/.+\-])(?:[\w.@+-]++/)+[\w@+-]*\.[A-Za-z][A-Za-z0-9]{0,7}\b"),
             ("/",),
         ),
         (
@@ -147,10 +149,13 @@ def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str, ...] | No
             re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b"),
             ("$", "€", "£", "¥", "₽"),
         ),
-        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?%"), ("%",)),
+        # A quantity starts where its run of digits and commas starts (not after ``1,``), and takes
+        # the run whole: "1,1,1,..." (a row of CSV) was scanned again from every comma, the unit
+        # list tried at each step back (~60 s for 20,000 characters).
+        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])(?<![\d,],)-?\d[\d,]*+(?:\.\d+)?\s?%"), ("%",)),
         (
             EntityKind.QUANTITY,
-            re.compile(r"(?<![\w./])-?\d[\d,]*(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I),
+            re.compile(r"(?<![\w./])(?<![\d,],)-?\d[\d,]*+(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I),
             (DIGIT,),
         ),
     )
@@ -358,9 +363,10 @@ def _leading_bullets(lines: Sequence[str]) -> list[str]:
 
 
 # A marker after the colon closes a bold label (``**KEYS:** a``); only then, and only as a whole
-# token, so ``KEYS: __`` and ``**KEYS**: __init__`` keep their keys.
+# token, so ``KEYS: __`` and ``**KEYS**: __init__`` keep their keys. Each run of spaces is taken
+# whole (``\s*+``): three optional runs in a row split a long blank line every way (cubic).
 _KEYS_LINE = re.compile(
-    r"^\s*(?:[-*•>]+\s*)?#*\s*(?P<bold>\*\*|__)?\s*(?P<word>keys)\s*(?:\*\*|__)?\s*[:\uff1a]\s*(?(bold)(?:(?:\*\*|__)(?=\s|$))?)\s*"
+    r"^\s*+(?:[-*•>]+\s*+)?#*\s*+(?P<bold>\*\*|__)?\s*+(?P<word>keys)\s*+(?:\*\*|__)?\s*+[:\uff1a]\s*+(?(bold)(?:(?:\*\*|__)(?=\s|$))?)\s*+"
     r"(?P<rest>.*)$",
     re.IGNORECASE,
 )
@@ -370,7 +376,8 @@ _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(?P<item>.*)$")
 # `*args`), and so does a quote that is part of a command (`echo "hi"`).
 _LIST_PUNCT = " \t;,"
 _PAIRS = "\"'`*"
-_BOLD_EDGES = re.compile(r"^\*{2,}|\*{2,}$")
+#: (The trailing run starts where a run of ``*`` starts: else a long run was tried from each star.)
+_BOLD_EDGES = re.compile(r"^\*{2,}|(?<!\*)\*{2,}$")
 
 
 def format_keys_line(keys: Sequence[str]) -> str:

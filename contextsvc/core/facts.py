@@ -30,12 +30,29 @@ FACTS_HEADER = "Facts:"
 #: Letters a name is written in: Latin (with accents) and Cyrillic, as escapes.
 _UPPER = r"A-Z\u00c0-\u00d6\u00d8-\u00de\u0410-\u042f\u0401"
 _LOWER = r"a-z\u00df-\u00f6\u00f8-\u00ff\u0430-\u044f\u0451"
+
+
+def _run_start(run: str, separators: str) -> str:
+    """A zero-width start for a pattern whose first part is a run of ``[run]`` characters: at a word
+    character that starts such a run, or follows at most three of its ``separators`` that do. A
+    search otherwise tries again from every character inside a long run (``a.a.a.…``: quadratic,
+    seconds for one 20,000-character sentence), where a match can only start at the run's head."""
+    after = [rf"(?<=[{separators}]{{{i}}})(?<![{run}][{separators}]{{{i}}})" for i in range(1, 4)]
+    return "(?:" + "|".join([rf"(?<![{run}])", *after]) + r")(?=\w)"
+
+
+# ``host`` and ``id`` start where their run starts for the same reason (``(?<![a-z0-9][.-])``).
 _ANCHORS: dict[str, LazyPattern] = {
     "url": lazy(r"\bhttps?://[^\s<>\"')\]]+"),
-    "path": lazy(r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|\b[\w.-]+/[\w./-]*\w\.\w{1,5}\b"),
-    "file_line": lazy(r"\b[\w./-]+\.\w{1,5}:\d+\b"),
-    "host": lazy(r"\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b", re.I),
-    "email": lazy(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"),
+    "path": lazy(
+        r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|" + _run_start(r"\w.-", ".-") + r"[\w.-]+/[\w./-]*\w\.\w{1,5}\b"
+    ),
+    "file_line": lazy(_run_start(r"\w./-", "./-") + r"[\w./-]+\.\w{1,5}:\d+\b"),
+    "host": lazy(
+        r"\b(?<![a-z0-9][.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b",
+        re.I,
+    ),
+    "email": lazy(_run_start(r"\w.+-", ".+-") + r"[\w.+-]+@[\w-]+\.[\w.-]+\b"),
     "date": lazy(
         r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
         r" \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b",
@@ -48,7 +65,7 @@ _ANCHORS: dict[str, LazyPattern] = {
     ),
     "id": lazy(
         r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
-        r"|\b[0-9a-f]{7,40}\b(?=[^\w]|$)|\b[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?\b|\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w+\b"
+        r"|\b[0-9a-f]{7,40}\b(?=[^\w]|$)|\b(?<![a-z]-)[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?\b|\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w+\b"
     ),
     "name": lazy(rf"(?<=[{_LOWER},;:] )(?:[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*)"),
     "error": lazy(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b", re.I),

@@ -138,7 +138,8 @@ def _expand_rules(token: str, segment_pattern: re.Pattern[str]) -> list[str]:
     out = [token]
     words = [w for w in _SEPARATORS.split(token) if w]
     if len(words) > 1 and _OUTER_SEPARATORS.search(token):
-        out.extend(s for s in segment_pattern.findall(token) if s not in words)
+        known = set(words)  # a list's ``in`` made this quadratic in a long token's words
+        out.extend(s for s in segment_pattern.findall(token) if s not in known)
     if len(words) > 1:
         out.extend(words)
     for word in words:
@@ -238,7 +239,8 @@ _TICKET = lazy(r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b")
 #: what makes an id an id for search: letters and digits mixed (``acct_9f3k2x``, ``b7e4c1d9a2``)
 #: in a token of 5+ characters. A snake_case or camelCase name alone (``run_command``) is code, not
 #: an id someone asks for: facts.py keeps it as an anchor, search does not call it an "id".
-_ID_TOKEN = lazy(r"\b(?=[\w-]*[a-z])(?=[\w-]*\d)[\w-]{5,}\b", re.I)
+#: (Starting where a run of ``[\w-]`` starts: the two look-aheads re-read the run from every character.)
+_ID_TOKEN = lazy(r"(?<![\w-])-*+\b(?=[\w-]*[a-z])(?=[\w-]*\d)[\w-]{5,}\b", re.I)
 
 
 def kind_terms(text: str) -> list[str]:
