@@ -181,6 +181,16 @@ class World:
             await self.open()
 
 
+async def _one_session(root: Path, overrides: ProfileOverrides) -> tuple[World, Any, Any]:
+    """An open world with one empty session; its effective profile for ``overrides`` and counter."""
+    world = World(root)
+    engine = await world.open()
+    world.sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
+    session = await engine.store.get_session(world.sid, caller=ANONYMOUS)
+    effective = await engine._profile_for(session, overrides)
+    return world, effective, engine.accounting.counter(effective.model)
+
+
 def built_rows(built: BuiltView) -> list[Message]:
     return [vm.message for vm in built.messages]
 
@@ -238,12 +248,9 @@ def test_an_extended_view_prices_the_rows_its_baseline_did_not_count_as_a_full_p
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            world = World(Path(tmp))
-            engine = await world.open()
-            world.sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
-            session = await engine.store.get_session(world.sid, caller=ANONYMOUS)
-            effective = await engine._profile_for(session, ProfileOverrides())
-            counter = engine.accounting.counter(effective.model)
+            world, effective, counter = await _one_session(Path(tmp), ProfileOverrides())
+            engine = world.engine
+            assert engine is not None
             numbered = [
                 Message(role=Role.USER if i % 2 else Role.ASSISTANT, content=f"turn {i} " * 9, sequence_number=i)
                 for i in range(1, 9)
@@ -280,12 +287,9 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            world = World(Path(tmp))
-            engine = await world.open()
-            world.sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
-            session = await engine.store.get_session(world.sid, caller=ANONYMOUS)
-            effective = await engine._profile_for(session, ProfileOverrides(message_token_budget=200))
-            counter = engine.accounting.counter(effective.model)
+            world, effective, counter = await _one_session(Path(tmp), ProfileOverrides(message_token_budget=200))
+            engine = world.engine
+            assert engine is not None
             assert isinstance(counter, CalibratedCounter)
             short = [Message(role=Role.USER if i % 2 else Role.ASSISTANT, content=f"turn {i} " * 20) for i in range(45)]
             rows = [dataclasses.replace(m, sequence_number=i + 1) for i, m in enumerate(short)]

@@ -8,26 +8,10 @@ from __future__ import annotations
 import json
 import random
 import re
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from contextsvc.core import breadcrumbs, facts, recall
 from contextsvc.core.messages import Message, Role, ToolCall
-
-
-@contextmanager
-def deadline(seconds: int = 5) -> Iterator[None]:
-    def expired(signum: int, frame: object) -> None:
-        raise AssertionError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+from tests.support.deadline import deadline
 
 
 def user(text: str) -> Message:

@@ -6,30 +6,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from contextsvc.core import sizing
+from tests.support.deadline import deadline
 
 #: The camelCase pattern as first written: the language the rewrite must keep.
 NESTED_CAMEL = re.compile(r"(?:[A-Z]?[a-z]+)+")
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail instead of hanging: the old pattern took minutes on these inputs."""
-
-    def expired(signum: int, frame: object) -> None:
-        raise AssertionError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_the_camel_pattern_accepts_exactly_the_strings_the_nested_one_did() -> None:
