@@ -304,7 +304,7 @@ def _units(found: list[str]) -> int:
 def text_size(text: str) -> int:
     """Size units of ``text``: the sum of its pieces' units. 0 for the empty string.
 
-    Texts of ``_MEMO_MIN_CHARS`` or more are memoized (``_SizeMemo``): a view is rebuilt and
+    Texts of ``_MEMO_MIN_CHARS`` or more are memoized (``_TextMemo``): a view is rebuilt and
     re-measured every turn from the same stored messages, and splitting them again each time
     would cost 40-90 ms a megabyte (bench/RESULTS.md).
     """
@@ -326,46 +326,51 @@ _MEMO_MAX_CHARS = 8_000_000
 _MEMO_ENTRY_CHARS = 100
 
 
-class _SizeMemo:
-    """Sizes of recently measured long texts, keyed by the text itself, oldest dropped first.
+T = TypeVar("T")
+
+
+class _TextMemo(Generic[T]):
+    """What was measured of recently seen long texts (a size, units, a cut index), keyed by the
+    text itself, oldest dropped first.
 
     A ``str`` caches its own hash, so a hit on the same object is a dict lookup; an equal copy
     costs one hash and one compare, both far cheaper than the regex pass. A lock keeps it
     consistent if a thread (not only the event loop) measures text.
     """
 
-    __slots__ = ("_chars", "_lock", "_max_chars", "_sizes")
+    __slots__ = ("_chars", "_lock", "_max_chars", "_values")
 
     def __init__(self, max_chars: int) -> None:
-        self._sizes: dict[str, int] = {}
+        self._values: dict[str, T] = {}
         self._chars = 0
         self._max_chars = max_chars
         self._lock = threading.Lock()
 
-    def get(self, text: str) -> int | None:
-        return self._sizes.get(text)
+    def get(self, text: str) -> T | None:
+        return self._values.get(text)
 
-    def put(self, text: str, size: int) -> None:
+    def put(self, text: str, value: T) -> None:
         cost = len(text) + _MEMO_ENTRY_CHARS
         if cost > self._max_chars:
             return
         with self._lock:
-            if text in self._sizes:
+            if text in self._values:
                 return
-            while self._chars + cost > self._max_chars and self._sizes:
-                oldest = next(iter(self._sizes))
-                del self._sizes[oldest]
+            while self._chars + cost > self._max_chars and self._values:
+                oldest = next(iter(self._values))
+                del self._values[oldest]
                 self._chars -= len(oldest) + _MEMO_ENTRY_CHARS
-            self._sizes[text] = size
+            self._values[text] = value
             self._chars += cost
 
     def clear(self) -> None:
         with self._lock:
-            self._sizes.clear()
+            self._values.clear()
             self._chars = 0
 
 
-_MEMO = _SizeMemo(_MEMO_MAX_CHARS)
+#: sizes of long texts (``text_size``)
+_MEMO: _TextMemo[int] = _TextMemo(_MEMO_MAX_CHARS)
 
 
 def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
@@ -783,43 +788,6 @@ def _cyrillic_family_units(piece: str) -> tuple[int, ...]:
     """``cyrillic_family_tokens`` of a piece in size units (at least 1 each), memoized."""
     upt = WEIGHTS.units_per_token
     return tuple(max(1, round(upt * t)) for t in cyrillic_family_tokens(piece))
-
-
-T = TypeVar("T")
-
-
-class _TextMemo(Generic[T]):
-    """What was measured of recently seen long texts (same bound and policy as ``_SizeMemo``)."""
-
-    __slots__ = ("_chars", "_lock", "_max_chars", "_units")
-
-    def __init__(self, max_chars: int) -> None:
-        self._units: dict[str, T] = {}
-        self._chars = 0
-        self._max_chars = max_chars
-        self._lock = threading.Lock()
-
-    def get(self, text: str) -> T | None:
-        return self._units.get(text)
-
-    def put(self, text: str, units: T) -> None:
-        cost = len(text) + _MEMO_ENTRY_CHARS
-        if cost > self._max_chars:
-            return
-        with self._lock:
-            if text in self._units:
-                return
-            while self._chars + cost > self._max_chars and self._units:
-                oldest = next(iter(self._units))
-                del self._units[oldest]
-                self._chars -= len(oldest) + _MEMO_ENTRY_CHARS
-            self._units[text] = units
-            self._chars += cost
-
-    def clear(self) -> None:
-        with self._lock:
-            self._units.clear()
-            self._chars = 0
 
 
 #: ``feature_units`` of long texts

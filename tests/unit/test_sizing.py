@@ -262,7 +262,7 @@ def test_long_texts_are_remembered_and_copies_hit() -> None:
 
 
 def test_the_memo_keeps_a_bounded_number_of_characters() -> None:
-    memo = sizing._SizeMemo(max_chars=1000)
+    memo = sizing._TextMemo[int](max_chars=1000)
     texts = [f"{i:04d}" + "x" * 300 for i in range(5)]
     for i, text in enumerate(texts):
         memo.put(text, i)
