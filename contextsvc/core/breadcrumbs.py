@@ -149,13 +149,15 @@ def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str, ...] | No
             re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b"),
             ("$", "€", "£", "¥", "₽"),
         ),
-        # A quantity starts where its run of digits and commas starts (not after ``1,``), and takes
-        # the run whole: "1,1,1,..." (a row of CSV) was scanned again from every comma, the unit
-        # list tried at each step back (~60 s for 20,000 characters).
-        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])(?<![\d,],)-?\d[\d,]*+(?:\.\d+)?\s?%"), ("%",)),
+        # A quantity's number is taken whole and a number without its unit is matched too, as a
+        # match ``_from_text`` drops (no ``unit`` group): the scan goes on after the number instead
+        # of again from each of its commas ("1,1,1,...", a row of CSV: the unit list was tried at
+        # each step back, ~60 s for 20,000 characters). No quantity starts inside a number: from
+        # any of its digits the number runs to the same end.
+        (EntityKind.QUANTITY, re.compile(r"(?<![\w./])-?\d[\d,]*+(?:\.\d+)?+(?P<unit>\s?%)?"), ("%",)),
         (
             EntityKind.QUANTITY,
-            re.compile(r"(?<![\w./])(?<![\d,],)-?\d[\d,]*+(?:\.\d+)?\s?(?:" + _UNITS + r")(?![\w/])", re.I),
+            re.compile(r"(?<![\w./])-?\d[\d,]*+(?:\.\d+)?+(?P<unit>\s?(?:" + _UNITS + r")(?![\w/]))?", re.I),
             (DIGIT,),
         ),
     )
@@ -510,6 +512,8 @@ def _from_text(text: str, *, max_chars: int, scan_chars: int) -> Iterator[Entity
         if not may_match(text, needs):
             continue
         for match in pattern.finditer(text):
+            if "unit" in pattern.groupindex and match.group("unit") is None:
+                continue  # a number without its unit (see the quantity patterns)
             value = match.group(0)
             if kind is EntityKind.URL or kind is EntityKind.PATH:
                 value = value.rstrip(_TRAILING_PUNCT)

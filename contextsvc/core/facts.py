@@ -33,26 +33,32 @@ _LOWER = r"a-z\u00df-\u00f6\u00f8-\u00ff\u0430-\u044f\u0451"
 
 
 def _run_start(run: str, separators: str) -> str:
-    """A zero-width start for a pattern whose first part is a run of ``[run]`` characters: at a word
-    character that starts such a run, or follows at most three of its ``separators`` that do. A
-    search otherwise tries again from every character inside a long run (``a.a.a.…``: quadratic,
-    seconds for one 20,000-character sentence), where a match can only start at the run's head."""
-    after = [rf"(?<=[{separators}]{{{i}}})(?<![{run}][{separators}]{{{i}}})" for i in range(1, 4)]
-    return "(?:" + "|".join([rf"(?<![{run}])", *after]) + r")(?=\w)"
+    """The start of a pattern whose value (group ``v``) is a run of ``[run]`` characters from its
+    first word character: the run's head, then its leading ``separators`` taken whole. A search
+    otherwise tries again from every character inside a long run (``a.a.a.…``: quadratic,
+    seconds for one 20,000-character sentence); from any of them the run ends at the same place."""
+    return rf"(?<![{run}])[{separators}]*+"
+
+
+def _value(match: re.Match[str]) -> str:
+    """A match's value: its ``v`` group when the pattern has one and it took part, else all of it."""
+    return (match.group("v") if "v" in match.re.groupindex else None) or match.group(0)
 
 
 # ``host`` and ``id`` start where their run starts for the same reason (``(?<![a-z0-9][.-])``).
 _ANCHORS: dict[str, LazyPattern] = {
     "url": lazy(r"\bhttps?://[^\s<>\"')\]]+"),
     "path": lazy(
-        r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|" + _run_start(r"\w.-", ".-") + r"[\w.-]+/[\w./-]*\w\.\w{1,5}\b"
+        r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|"
+        + _run_start(r"\w.-", ".-")
+        + r"(?P<v>\w[\w.-]*/[\w./-]*\w\.\w{1,5}\b)"
     ),
-    "file_line": lazy(_run_start(r"\w./-", "./-") + r"[\w./-]+\.\w{1,5}:\d+\b"),
+    "file_line": lazy(_run_start(r"\w./-", "./-") + r"(?P<v>\w[\w./-]*\.\w{1,5}:\d+\b)"),
     "host": lazy(
         r"\b(?<![a-z0-9][.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b",
         re.I,
     ),
-    "email": lazy(_run_start(r"\w.+-", ".+-") + r"[\w.+-]+@[\w-]+\.[\w.-]+\b"),
+    "email": lazy(_run_start(r"\w.+-", ".+-") + r"(?P<v>\w[\w.+-]*@[\w-]+\.[\w.-]+\b)"),
     "date": lazy(
         r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
         r" \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b",
@@ -106,7 +112,7 @@ def _anchors(sentence: str) -> set[str]:
         if not may_match(sentence, _NEEDS.get(kind)):
             continue
         for match in pattern.finditer(sentence):
-            value = match.group(0).strip(".,;:")
+            value = _value(match).strip(".,;:")
             if kind == "name" and value in _COMMON_NAMES:
                 continue
             if kind == "error":
@@ -129,7 +135,7 @@ def anchor_kinds(text: str) -> set[str]:
         if kind == "error" or not may_match(text, _NEEDS.get(kind)):
             continue
         for match in pattern.finditer(text):
-            value = match.group(0).strip(".,;:")
+            value = _value(match).strip(".,;:")
             if len(value) < 3 or (kind == "name" and value in _COMMON_NAMES):
                 continue
             found.add("ip" if kind == "host" and _IPV4.fullmatch(value) else kind)

@@ -338,10 +338,11 @@ class _TextMemo(Generic[T]):
     consistent if a thread (not only the event loop) measures text.
     """
 
-    __slots__ = ("_chars", "_lock", "_max_chars", "_values")
+    __slots__ = ("_chars", "_costs", "_lock", "_max_chars", "_values")
 
     def __init__(self, max_chars: int) -> None:
         self._values: dict[str, T] = {}
+        self._costs: dict[str, int] = {}
         self._chars = 0
         self._max_chars = max_chars
         self._lock = threading.Lock()
@@ -349,8 +350,10 @@ class _TextMemo(Generic[T]):
     def get(self, text: str) -> T | None:
         return self._values.get(text)
 
-    def put(self, text: str, value: T) -> None:
-        cost = len(text) + _MEMO_ENTRY_CHARS
+    def put(self, text: str, value: T, extra: int = 0) -> None:
+        """Remember ``value`` for ``text``; ``extra``: what the value holds beyond a few numbers
+        (counted as characters against the bound, next to the text it keeps alive)."""
+        cost = len(text) + _MEMO_ENTRY_CHARS + extra
         if cost > self._max_chars:
             return
         with self._lock:
@@ -359,13 +362,15 @@ class _TextMemo(Generic[T]):
             while self._chars + cost > self._max_chars and self._values:
                 oldest = next(iter(self._values))
                 del self._values[oldest]
-                self._chars -= len(oldest) + _MEMO_ENTRY_CHARS
+                self._chars -= self._costs.pop(oldest)
             self._values[text] = value
+            self._costs[text] = cost
             self._chars += cost
 
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
+            self._costs.clear()
             self._chars = 0
 
 
@@ -569,7 +574,8 @@ def _minus(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
 #: piece before it.
 _PIECE_REACH = 2 * _MAX_PIECE + 8
 #: Pieces between two entries of a text's cut index (``_CutIndex``): a cut splits about this
-#: many pieces again on either side, and the index costs ~0.6 bytes a character of text.
+#: many pieces again on either side, and the index costs ~1 byte a character of prose (up to ~4
+#: for digits and punctuation, whose pieces are short), counted against ``_INDEX_MEMO``'s bound.
 _INDEX_STEP = 32
 
 
@@ -601,7 +607,7 @@ def _cut_index(text: str) -> _CutIndex | None:
         units = _plus(units, _units_of(chunk, first=k == 0))
         before.extend(units)
     index = _CutIndex(starts, before)
-    _INDEX_MEMO.put(text, index)
+    _INDEX_MEMO.put(text, index, extra=starts.itemsize * (len(starts) + len(before)))
     return index
 
 
@@ -619,7 +625,7 @@ def cut_feature_units(text: str, cut: str, head: int, tail: int) -> tuple[int, .
     last = len(starts) - 1
     a = max(0, bisect.bisect_right(starts, head - _PIECE_REACH) - 1)
     shift = len(cut) - len(text)  # a tail position in ``cut`` is its position in ``text`` + shift
-    b = bisect.bisect_left(starts, tail)
+    b = max(1, bisect.bisect_left(starts, tail))  # (the text priced its first piece as a first)
     ahead = starts[b] + shift  # the next indexed start of the tail, in ``cut``
     middle: list[str] = []
     for match in _PIECE.finditer(cut, starts[a]):
@@ -627,7 +633,9 @@ def cut_feature_units(text: str, cut: str, head: int, tail: int) -> tuple[int, .
         while at > ahead and b < last:
             b += 1
             ahead = starts[b] + shift
-        if at == ahead:  # the cut's pieces are the text's own from here on
+        # From here on the cut's pieces are the text's own (unless this is the cut's first piece,
+        # which the text priced as an inner one, and the cut prices as a first).
+        if at == ahead and (middle or a):
             after = _minus(index.units_before(last), index.units_before(b))
             break
         middle.append(match.group())

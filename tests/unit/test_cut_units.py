@@ -110,3 +110,27 @@ def test_a_truncated_message_carries_the_features_it_would_be_measured_with(
     m = Message(role=Role.TOOL, content=content * repeat, thinking=thinking * (repeat // 2), tool_call_id="c1")
     cut = truncate_for_view(m, budget, LINE)
     assert message_features(cut) == tokens._features(cut)  # what it carries == measured whole
+
+
+@pytest.mark.parametrize(
+    ("text", "cut", "head", "tail"),
+    [
+        ("123" * 32 + "привет мир", "привет мир", 0, 96),  # the cut starts on a tail piece of the text
+        ("привет всем", "\nпривет всем", 0, 0),  # noqa: RUF001
+        ("abc def", "abc def", 0, 0),
+    ],
+)
+def test_a_cut_whose_first_piece_is_one_of_the_texts_inner_pieces(text: str, cut: str, head: int, tail: int) -> None:
+    """The text priced that piece as an inner one; the cut prices it as its first."""
+    assert cut == text[:head] + cut[head : len(cut) - (len(text) - tail)] + text[tail:]
+    assert sizing.cut_feature_units(text, cut, head, tail) == sizing.feature_units(cut)
+
+
+def test_the_index_memo_counts_what_the_indexes_hold() -> None:
+    digits = "1, " * 20_000  # short pieces: a large index for its characters
+    sizing.cut_feature_units(digits, digits[:10] + "…" + digits[-10:], 10, len(digits) - 10)
+    index = sizing._INDEX_MEMO.get(digits)
+    assert index is not None
+    held = index.starts.itemsize * (len(index.starts) + len(index.before))
+    assert held > len(digits)  # more than the text itself
+    assert sizing._INDEX_MEMO._chars >= len(digits) + held

@@ -66,3 +66,15 @@ def test_recall_terms_of_one_long_token_are_found_at_once() -> None:
     with deadline():
         recall.terms("a.b/" * 25_000)
         recall.kind_terms("a-" * 20_000)
+
+
+def test_what_the_rewritten_patterns_find_is_what_they_found() -> None:
+    """Runs that start with separators, numbers next to numbers: the linear patterns keep these."""
+    anchors = facts._anchors(
+        "make: ../../src/parser.c:142:7: error, see |----src/main.py:9, mail ----john.doe@example.com"
+    )
+    assert {"src/parser.c:142", "src/main.py:9", "john.doe@example.com"} <= anchors
+    assert "file_line" in facts.anchor_kinds("../../lib/util.c:42: warning")
+    text = "Conversion rate by week: 0.25,12% and p50 latency 1.5,20 ms, size,1.5,200kb, 1,250 ms, x1,5ms"
+    found = [e.text for e in breadcrumbs.extract_entities([user(text)])]
+    assert {"12%", "20 ms", "200kb", "1,250 ms", "5ms"} <= set(found)
