@@ -329,13 +329,23 @@ def _framed_row(cache: WireCache, session_id: str, vm: ViewMessage) -> bytes:
 
 
 def _spliced(
-    cache: WireCache, session_id: str, messages: list[ViewMessage], parts: list[bytes | memoryview]
+    cache: WireCache,
+    session_id: str,
+    messages: list[ViewMessage],
+    extends: list[ViewMessage] | None,
+    parts: list[bytes | memoryview],
 ) -> tuple[array[int], bool]:
-    """``messages`` framed onto ``parts``, copying from the session's last view's bytes each run of
-    rows it holds at the same places (the very same objects: a view one of whose cut rows was cut
-    again by a new calibration); the row ends, and whether a row carries image bytes."""
-    held = cache.last_view(session_id)
-    same = list(map(operator.is_, held.messages, messages)) if held is not None else []
+    """``messages`` framed onto ``parts``, each run of rows the session's last view holds at the
+    same places (the very same objects) copied from its bytes, the others framed one by one; the
+    row ends, and whether a row carries image bytes. A view extended by rows appended since the
+    last one (``engine.views``' ``_extended``: ``extends``) is one run and the new rows, known
+    without comparing its rows; a view one of whose cut rows was cut again by a new calibration, two runs and it."""
+    held = cache.view_prefix(session_id, messages, extends)
+    if held is not None:
+        same = [True] * len(held.messages)
+    else:
+        held = cache.last_view(session_id)
+        same = list(map(operator.is_, held.messages, messages)) if held is not None else []
     ends = array("q")
     carries_images = False
     pos = 0
@@ -374,23 +384,7 @@ def encode_build_response(
         tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, whole)
         return EncodedResponse(b"".join((whole.framed, tail_bytes)))
     parts: list[bytes | memoryview] = []
-    messages = built.messages
-    carries_images = False
-    # A view extended by rows appended since the last one (``engine.views``' ``_extended``): the
-    # last view's framed messages, then the new ones.
-    start = cache.view_prefix(session_id, messages, built.extends)
-    if start is not None:
-        parts.append(start.framed)
-        ends = array("q", start.ends)
-        pos = len(start.framed)
-        for vm in messages[len(start.messages) :]:
-            carries_images = carries_images or bool(vm.image_data)
-            framed = _framed_row(cache, session_id, vm)
-            parts.append(framed)
-            pos += len(framed)
-            ends.append(pos)
-    else:
-        ends, carries_images = _spliced(cache, session_id, messages, parts)
+    ends, carries_images = _spliced(cache, session_id, built.messages, built.extends, parts)
     entry = None if carries_images else _ViewEntry(built.messages, b"")
     tail_bytes = tail.SerializeToString() if tail is not None else _tail(built, entry)
     # One copy of the view's bytes (they are the most of a response): the response is joined
