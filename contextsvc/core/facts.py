@@ -45,7 +45,9 @@ def _value(match: re.Match[str]) -> str:
     return (match.group("v") if "v" in match.re.groupindex else None) or match.group(0)
 
 
-# ``host`` and ``id`` start where their run starts for the same reason (``(?<![a-z0-9][.-])``).
+# ``host`` and ``id`` start where their run starts for the same reason (``(?<![a-z0-9_][.-])``);
+# their first label or word may hold underscores (``_dmarc.mail.example.com``, ``my_app-worker-3``),
+# so the run's head matches and nothing inside it needs another try.
 _ANCHORS: dict[str, LazyPattern] = {
     "url": lazy(r"\bhttps?://[^\s<>\"')\]]+"),
     "path": lazy(
@@ -55,7 +57,7 @@ _ANCHORS: dict[str, LazyPattern] = {
     ),
     "file_line": lazy(_run_start(r"\w./-", "./-") + r"(?P<v>\w[\w./-]*\.\w{1,5}:\d+\b)"),
     "host": lazy(
-        r"\b(?<![a-z0-9][.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b",
+        r"\b(?<![a-z0-9_][.-])(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b",
         re.I,
     ),
     "email": lazy(_run_start(r"\w.+-", ".+-") + r"(?P<v>\w[\w.+-]*@[\w-]+\.[\w.-]+\b)"),
@@ -71,7 +73,7 @@ _ANCHORS: dict[str, LazyPattern] = {
     ),
     "id": lazy(
         r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
-        r"|\b[0-9a-f]{7,40}\b(?=[^\w]|$)|\b(?<![a-z]-)[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?\b|\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w+\b"
+        r"|\b[0-9a-f]{7,40}\b(?=[^\w]|$)|\b(?<![a-z0-9_]-)[a-z][a-z0-9_]*(?:-[a-z0-9]+)*-\d+[a-z]?\b|\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w+\b"
     ),
     "name": lazy(rf"(?<=[{_LOWER},;:] )(?:[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*)"),
     "error": lazy(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b", re.I),

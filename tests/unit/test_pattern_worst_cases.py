@@ -58,6 +58,7 @@ def test_rows_of_numbers_percentages_and_plus_paths_are_scanned_at_once() -> Non
 def test_one_long_sentence_of_separators_is_scanned_for_facts_at_once() -> None:
     with deadline():
         facts.fact_lines([user("@:/ " + "a." * 25_000), user("a-" * 25_000), user(": " + "a." * 25_000)])
+        facts.fact_lines([user("_" + "a_." * 20_000), user("a_-" * 20_000), user("x_" + "a-" * 25_000)])
     lines = facts.fact_lines([user("We deploy to api.example.com from src/app/main.py:42 as ops-team-7, mail a@b.io.")])
     assert lines and "api.example.com" in lines[0]
 
@@ -75,6 +76,10 @@ def test_what_the_rewritten_patterns_find_is_what_they_found() -> None:
     )
     assert {"src/parser.c:142", "src/main.py:9", "john.doe@example.com"} <= anchors
     assert "file_line" in facts.anchor_kinds("../../lib/util.c:42: warning")
+    # A first label or word with an underscore: the whole name, not nothing (nor a part of it).
+    named = facts._anchors("Set _dmarc.mail.example.com, restart my_app-worker-3 on db_primary.internal.net.")
+    assert {"_dmarc.mail.example.com", "my_app-worker-3", "db_primary.internal.net"} <= named
+    assert "host" in facts.anchor_kinds("see _sip._tcp.example.org")
     text = "Conversion rate by week: 0.25,12% and p50 latency 1.5,20 ms, size,1.5,200kb, 1,250 ms, x1,5ms"
     found = [e.text for e in breadcrumbs.extract_entities([user(text)])]
     assert {"12%", "20 ms", "200kb", "1,250 ms", "5ms"} <= set(found)
