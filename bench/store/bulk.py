@@ -24,8 +24,8 @@ from synth import Generator
 
 from contextsvc.config import PostgresSettings, Settings
 from contextsvc.core.codec import message_to_dict
+from contextsvc.stores._log_records import _dumps, _session_line
 from contextsvc.stores._session import SessionState
-from contextsvc.stores.files import _dumps, _session_line
 from contextsvc.stores.postgres import make_postgres_store
 from contextsvc.stores.postgres.rows import message_columns, newest_preview
 

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import contextsvc.stores._log_records as log_records
 import contextsvc.stores.files as files_module
 from contextsvc.config import Durability, FilesSettings, Settings
 from contextsvc.core.calibration import Observation
@@ -887,9 +888,9 @@ async def test_a_view_record_is_written_by_orjson_and_a_model_name_it_refuses_fa
     odd = dataclasses.replace(view("odd", last_sequence=1), model="model-\ud800")
     await store.save_view(sid, plain, keep=4)
     await store.save_view(sid, odd, keep=4)
-    line = files_module._encode(files_module.SaveViewRecord(view=plain, keep=4), 1)
-    assert files_module._dumps(line) == files_module._dumps_standard(line)  # the same bytes either way
-    assert b"\\ud800" in files_module._dumps(files_module._encode(files_module.SaveViewRecord(view=odd, keep=4), 1))
+    line = log_records._encode(log_records.SaveViewRecord(view=plain, keep=4), 1)
+    assert log_records._dumps(line) == log_records._dumps_standard(line)  # the same bytes either way
+    assert b"\\ud800" in log_records._dumps(log_records._encode(log_records.SaveViewRecord(view=odd, keep=4), 1))
     await store.close()
     store = await opened(root)
     assert await store.get_view(sid, "plain") == plain
@@ -928,10 +929,10 @@ def test_a_line_reads_back_as_the_standard_librarys_whatever_it_holds(value: Any
     line separators, the text "null"), the line is one line, and reads back as the standard
     library's line does and as the value itself."""
     obj = {"t": "state", key: value, "n": 1}
-    line, standard = files_module._dumps(obj), files_module._dumps_standard(obj)
+    line, standard = log_records._dumps(obj), log_records._dumps_standard(obj)
     assert line.endswith(b"\n") and line.count(b"\n") == 1  # one line, whatever the text holds
-    read = files_module._loads(line[:-1])
-    assert _same(read, files_module._loads(standard[:-1]))
+    read = log_records._loads(line[:-1])
+    assert _same(read, log_records._loads(standard[:-1]))
     assert _same(read, obj)
 
 
@@ -939,14 +940,14 @@ def test_orjson_writes_the_lines_it_can_and_json_the_others() -> None:
     """The fast path is taken (the same bytes as json's for a plain row), and the values orjson
     would write differently go to json: a NaN in a client's metadata stays a NaN."""
     rows = (user("a"), dataclasses.replace(user("b"), metadata={"x": 1.5}))
-    line = files_module._encode(AppendRecord(None, rows, "", 0, ""), 2)
-    assert files_module._dumps(line) == files_module._dumps_standard(line)
-    odd = files_module._encode(
+    line = log_records._encode(AppendRecord(None, rows, "", 0, ""), 2)
+    assert log_records._dumps(line) == log_records._dumps_standard(line)
+    odd = log_records._encode(
         AppendRecord(None, (dataclasses.replace(user("c"), metadata={"x": math.nan}),), "", 0, ""), 3
     )
-    written = files_module._dumps(odd)
+    written = log_records._dumps(odd)
     assert b"NaN" in written and b"null" not in written
-    assert math.isnan(files_module._loads(written[:-1])["messages"][0]["metadata"]["x"])
+    assert math.isnan(log_records._loads(written[:-1])["messages"][0]["metadata"]["x"])
 
 
 @pytest.mark.parametrize(
@@ -963,13 +964,13 @@ def test_record_times_are_written_as_isoformat_writes_them(when: datetime) -> No
     """Records keep their times as datetimes for orjson to write: the line is byte for byte what
     the standard library writes with ``isoformat``, and the times read back."""
     rows = (dataclasses.replace(user("a"), sequence_number=1, create_time=when),)
-    saved = files_module.SaveViewRecord(view=dataclasses.replace(view("v", last_sequence=1), create_time=when), keep=2)
+    saved = log_records.SaveViewRecord(view=dataclasses.replace(view("v", last_sequence=1), create_time=when), keep=2)
     for record in (AppendRecord(when, rows, "r", 0, ""), saved):
-        line = files_module._encode(record, 1)
-        written = files_module._dumps(line)
-        assert written == files_module._dumps_standard(line)
+        line = log_records._encode(record, 1)
+        written = log_records._dumps(line)
+        assert written == log_records._dumps_standard(line)
         assert f'"{when.isoformat()}"'.encode() in written
-        read = files_module._decode(files_module._loads(written[:-1]))
+        read = log_records._decode(log_records._loads(written[:-1]))
         if isinstance(read, AppendRecord):
             assert read.time == when and read.messages[0].create_time == when
         else:
