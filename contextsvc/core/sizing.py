@@ -45,10 +45,12 @@ __all__ = [
     "N_UNIT_COLUMNS",
     "TOOL_CALL_FRAME_UNITS",
     "WEIGHTS",
+    "CutIndex",
     "SizeWeights",
     "class_units",
     "clear_caches",
     "cut_feature_units",
+    "cut_index",
     "cyrillic_family_tokens",
     "feature_units",
     "piece_class",
@@ -330,8 +332,8 @@ T = TypeVar("T")
 
 
 class _TextMemo(Generic[T]):
-    """What was measured of recently seen long texts (a size, units, a cut index), keyed by the
-    text itself, oldest dropped first.
+    """What was measured of recently seen long texts (a size, units), keyed by the text itself,
+    oldest dropped first.
 
     A ``str`` caches its own hash, so a hit on the same object is a dict lookup; an equal copy
     costs one hash and one compare, both far cheaper than the regex pass. A lock keeps it
@@ -350,10 +352,9 @@ class _TextMemo(Generic[T]):
     def get(self, text: str) -> T | None:
         return self._values.get(text)
 
-    def put(self, text: str, value: T, extra: int = 0) -> None:
-        """Remember ``value`` for ``text``; ``extra``: what the value holds beyond a few numbers
-        (counted as characters against the bound, next to the text it keeps alive)."""
-        cost = len(text) + _MEMO_ENTRY_CHARS + extra
+    def put(self, text: str, value: T) -> None:
+        """Remember ``value`` for ``text`` (a few numbers: counted as the text it keeps alive)."""
+        cost = len(text) + _MEMO_ENTRY_CHARS
         if cost > self._max_chars:
             return
         with self._lock:
@@ -384,7 +385,6 @@ def clear_caches(*, texts: bool = True, pieces: bool = True) -> None:
     if texts:
         _MEMO.clear()
         _CLASS_MEMO.clear()
-        _INDEX_MEMO.clear()
     if pieces:
         piece_units.cache_clear()
         _inner_units.cache_clear()
@@ -573,15 +573,19 @@ def _minus(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
 #: starting this far before a cut is the same piece with or without the cut, and so is every
 #: piece before it.
 _PIECE_REACH = 2 * _MAX_PIECE + 8
-#: Pieces between two entries of a text's cut index (``_CutIndex``): a cut splits about this
-#: many pieces again on either side, and the index costs ~1 byte a character of prose (up to ~4
-#: for digits and punctuation, whose pieces are short), counted against ``_INDEX_MEMO``'s bound.
+#: Pieces between two entries of a text's cut index (``CutIndex``): a cut splits about this
+#: many pieces again on either side.
 _INDEX_STEP = 32
 
 
-class _CutIndex(NamedTuple):
+class CutIndex(NamedTuple):
     """Every ``_INDEX_STEP``-th piece's start in a text (then the text's length), and the units
-    of the pieces before each, ``N_UNIT_COLUMNS`` numbers an entry (the whole text's last)."""
+    of the pieces before each, ``N_UNIT_COLUMNS`` numbers an entry (the whole text's last).
+
+    Kept per message by its caller (``tokens.remember_cut``: dropped with the message), not in a
+    text memo: a fleet's long rows are re-cut in turn, and a bounded memo cycled through more of
+    them than it held rebuilt every index (issue #15). In 32-bit numbers when they fit
+    (~0.3 bytes a character of prose, ~1 for digits and punctuation, whose pieces are short)."""
 
     starts: array[int]
     before: array[int]
@@ -589,38 +593,52 @@ class _CutIndex(NamedTuple):
     def units_before(self, k: int) -> tuple[int, ...]:
         return tuple(self.before[k * N_UNIT_COLUMNS : (k + 1) * N_UNIT_COLUMNS])
 
+    def whole(self) -> tuple[int, ...]:
+        """``feature_units`` of the whole text."""
+        return self.units_before(len(self.starts) - 1)
 
-def _cut_index(text: str) -> _CutIndex | None:
-    """``text``'s cut index (remembered for long texts), or None when its pieces do not cover it
-    end to end (the cut's units are then measured whole)."""
-    held = _INDEX_MEMO.get(text)
-    if held is not None:
-        return held
+    @property
+    def nbytes(self) -> int:
+        return self.starts.itemsize * len(self.starts) + self.before.itemsize * len(self.before)
+
+
+#: Numbers an ``array("i")`` holds (a text's offsets and cumulative units, when they fit).
+_INT32_MAX = 2**31 - 1
+
+
+def cut_index(text: str) -> CutIndex | None:
+    """``text``'s cut index (one pass over its pieces), or None when its pieces do not cover it
+    end to end (a cut's units are then measured whole)."""
     found = _PIECE.findall(text)
     if sum(map(len, found)) != len(text) or len(text) > _PACKED_MAX_CHARS:
         return None
-    starts, before = array("q", [0]), array("q", _NO_UNITS)
+    starts, before = [0], list(_NO_UNITS)
     units = _NO_UNITS
     for k in range(0, len(found), _INDEX_STEP):
         chunk = found[k : k + _INDEX_STEP]
         starts.append(starts[-1] + sum(map(len, chunk)))
         units = _plus(units, _units_of(chunk, first=k == 0))
         before.extend(units)
-    index = _CutIndex(starts, before)
-    _INDEX_MEMO.put(text, index, extra=starts.itemsize * (len(starts) + len(before)))
-    return index
+    # Offsets and units only grow: the last of each is the largest.
+    return CutIndex(
+        array("i" if len(text) <= _INT32_MAX else "q", starts),
+        array("i" if max(units) <= _INT32_MAX else "q", before),
+    )
 
 
-def cut_feature_units(text: str, cut: str, head: int, tail: int) -> tuple[int, ...]:
+def cut_feature_units(text: str, cut: str, head: int, tail: int, index: CutIndex | None = None) -> tuple[int, ...]:
     """``feature_units(cut)`` of ``cut == text[:head] + marker + text[tail:]`` (a view's cut of a
     long field), the same numbers, without splitting all of ``cut`` into pieces: the pieces of
-    ``text`` are indexed once (``_CutIndex``), those well before ``head`` and from a piece of the
-    tail on which the cut's own pieces land again are the text's, and only the pieces between
-    are split. A cut again at another place (each new calibration moves it) splits a few hundred
-    characters, not the whole field."""
-    index = _cut_index(text) if 0 <= head <= tail <= len(text) else None
-    if index is None:
+    ``text`` are indexed once (``index``, ``cut_index(text)``: made here when not given), those
+    well before ``head`` and from a piece of the tail on which the cut's own pieces land again
+    are the text's, and only the pieces between are split. A cut again at another place (each new
+    calibration moves it) splits a few hundred characters, not the whole field."""
+    if not 0 <= head <= tail <= len(text):
         return feature_units(cut)
+    if index is None:
+        index = cut_index(text)
+        if index is None:
+            return feature_units(cut)
     starts = index.starts
     last = len(starts) - 1
     a = max(0, bisect.bisect_right(starts, head - _PIECE_REACH) - 1)
@@ -800,5 +818,3 @@ def _cyrillic_family_units(piece: str) -> tuple[int, ...]:
 
 #: ``feature_units`` of long texts
 _CLASS_MEMO: _TextMemo[tuple[int, ...]] = _TextMemo(_MEMO_MAX_CHARS)
-#: cut indexes (``_cut_index``) of the texts views cut: one entry per ``_INDEX_STEP`` pieces
-_INDEX_MEMO: _TextMemo[_CutIndex] = _TextMemo(_MEMO_MAX_CHARS)

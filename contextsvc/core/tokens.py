@@ -25,7 +25,14 @@ from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import MESSAGE, N_CLASSES, N_FEATURES, N_UNITS, TOOL_CALL, VIEW
-from contextsvc.core.sizing import MESSAGE_FRAME_UNITS, TOOL_CALL_FRAME_UNITS, cut_feature_units, feature_units
+from contextsvc.core.sizing import (
+    MESSAGE_FRAME_UNITS,
+    TOOL_CALL_FRAME_UNITS,
+    CutIndex,
+    cut_feature_units,
+    cut_index,
+    feature_units,
+)
 
 _DEFAULTS = TokenSettings()
 
@@ -146,6 +153,11 @@ def carry_measures(src: Message, dst: Message) -> Message:
     return dst
 
 
+#: The cut indexes (``sizing.cut_index``) of a message's fields that views cut, by field name (None:
+#: a text the index cannot cover): made at the first cut, dropped with the message.
+_CUT_INDEXES: IdentityMemo[dict[str, CutIndex | None]] = IdentityMemo()
+
+
 def remember_cut(original: Message, cut: Message, spans: Sequence[tuple[str, int, int]]) -> None:
     """Give ``cut`` its ``message_features`` from ``original``'s: ``cut`` is ``original`` with
     the fields named in ``spans`` cut, each to its text's first ``head`` characters, a marker, and
@@ -153,11 +165,22 @@ def remember_cut(original: Message, cut: Message, spans: Sequence[tuple[str, int
     (``sizing.cut_feature_units``), at the cost of the pieces around each cut: a view cuts a long
     row again whenever the calibration moves, and measuring the cut whole cost ~0.8 ms per 20 KB."""
     features = list(message_features(original))
+    indexes = _CUT_INDEXES.get(original, _no_indexes)
     for name, head, tail in spans:
         text, now = getattr(original, name), getattr(cut, name)
-        delta = map(operator.sub, cut_feature_units(text, now, head, tail), feature_units(text))
-        features[:N_UNITS] = map(operator.add, features[:N_UNITS], delta)
+        if name not in indexes:
+            indexes[name] = cut_index(text)
+        index = indexes[name]
+        if index is None:
+            units, whole = feature_units(now), feature_units(text)
+        else:
+            units, whole = cut_feature_units(text, now, head, tail, index), index.whole()
+        features[:N_UNITS] = map(operator.add, features[:N_UNITS], map(operator.sub, units, whole))
     _FEATURES.put(cut, tuple(features))
+
+
+def _no_indexes(_: Message) -> dict[str, CutIndex | None]:
+    return {}
 
 
 def text_features(text: str) -> tuple[int, ...]:

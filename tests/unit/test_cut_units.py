@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import random
+import weakref
 
 import pytest
 from hypothesis import example, given, settings
@@ -48,8 +51,10 @@ def test_a_cut_measured_from_its_texts_pieces_is_the_cut_measured_whole(
     old = sizing._INDEX_STEP
     sizing._INDEX_STEP = step  # the index's entries every piece, every other one, or sparse
     try:
-        assert sizing.cut_feature_units(text, cut, head, tail) == whole
-        assert sizing.cut_feature_units(text, cut, head, tail) == whole  # the index remembered
+        assert sizing.cut_feature_units(text, cut, head, tail) == whole  # its own index
+        index = sizing.cut_index(text)
+        assert index is not None and index.whole() == sizing.feature_units(text)
+        assert sizing.cut_feature_units(text, cut, head, tail, index) == whole  # a kept one
     finally:
         sizing._INDEX_STEP = old
 
@@ -126,11 +131,32 @@ def test_a_cut_whose_first_piece_is_one_of_the_texts_inner_pieces(text: str, cut
     assert sizing.cut_feature_units(text, cut, head, tail) == sizing.feature_units(cut)
 
 
-def test_the_index_memo_counts_what_the_indexes_hold() -> None:
-    digits = "1, " * 20_000  # short pieces: a large index for its characters
-    sizing.cut_feature_units(digits, digits[:10] + "…" + digits[-10:], 10, len(digits) - 10)
-    index = sizing._INDEX_MEMO.get(digits)
-    assert index is not None
-    held = index.starts.itemsize * (len(index.starts) + len(index.before))
-    assert held > len(digits)  # more than the text itself
-    assert sizing._INDEX_MEMO._chars >= len(digits) + held
+def test_a_messages_cut_index_is_made_once_and_dropped_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-cut in turn (each new calibration), a fleet's long rows are indexed once each, however
+    many there are (a bounded text memo cycled through more than it held rebuilt every index),
+    and an index goes with its message."""
+    made: list[str] = []
+
+    def counted(text: str) -> sizing.CutIndex | None:
+        made.append(text)
+        return sizing.cut_index(text)
+
+    monkeypatch.setattr(tokens, "cut_index", counted)
+    rows = [
+        Message(role=Role.TOOL, content=f"row {i}: " + "word, another; " * 4_000, tool_call_id=f"c{i}")
+        for i in range(40)
+    ]
+    for scale in (1.0, 1.01, 1.02):  # three calibrations: every row cut at another place each time
+        counter = CalibratedCounter(
+            dataclasses.replace(LINE.calibration, weights=tuple(w * scale for w in LINE.calibration.weights))
+        )
+        for m in rows:
+            cut = truncate_for_view(m, 2_000, counter)
+            assert cut is not m and message_features(cut) == tokens._features(cut)
+    assert len(made) == len(rows)  # one index a row, not one a cut
+    index = tokens._CUT_INDEXES.get(rows[0], lambda _: {})["content"]
+    assert index is not None and index.starts.itemsize == 4 and index.nbytes < len(rows[0].content)
+    probe, held = weakref.ref(rows[0]), len(tokens._CUT_INDEXES._entries)
+    del rows, m, cut
+    gc.collect()
+    assert probe() is None and len(tokens._CUT_INDEXES._entries) == held - 40
