@@ -19,6 +19,7 @@ Server CPU per call comes from the server process's own CPU time (/proc) over th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -32,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -81,6 +83,10 @@ class Run:
     profile: str = "bench"
     #: one seeded tool result in every ``long_every`` is ~8,000 tokens (``workload.messages``)
     long_every: int = 0
+    #: soak: the same call run this long, unmeasured, before the "before" sample, so that the soak
+    #: measures growth from the server's working set under that load (50 streams of 75 KB
+    #: responses: ~3 MB of buffers the first seconds allocate), not from the idle server's.
+    warmup_seconds: float = 0.0
     #: "decode": ghz decodes each response into a dynamic message (the contract's protoset);
     #: "opaque": the view's messages stay bytes (bench/load/opaque/), so the client's decoding
     #: (~5 ms of ghz CPU per 75 KB view) does not cap what is measured of the server.
@@ -206,6 +212,31 @@ def children_cpu_seconds() -> float:
     """CPU time of this process's finished children (a driver run is one)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+class RssPeak:
+    """The highest RSS of a process while a ``with`` block runs, read every ``every`` seconds by
+    a thread (a soak's end reading alone could land on a low or a high of its working set)."""
+
+    def __init__(self, pid: int, every: float = 5.0) -> None:
+        self.pid, self.every, self.mb = pid, every, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                self.mb = max(self.mb, rss_mb(self.pid))
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def rss_mb(pid: int) -> float:
@@ -353,12 +384,24 @@ def run_scenario(loader: Loader, server: StoreServer, store: str, sc: Scenario) 
             if run.call == "BuildContext" and sc.driver == "ghz":
                 seeder.warm(sessions)  # one build each first: a cold first build is not the steady cost
             health = loader.health(server, run)
+            warmed = 0.0
+            if sc.derive == "soak" and run.warmup_seconds > 0:
+                warmup = dataclasses.replace(run, max_seconds=run.warmup_seconds)
+                warmed = loader.bounds(warmup)[1]
+                loader.ghz_run(server, f"{SERVICE}.{run.call}", call_data(run, sessions), warmup)
             rss_before = rss_mb(server.pid)
             if sc.driver == "ghz":
-                m = loader.ghz_run(server, f"{SERVICE}.{run.call}", call_data(run, sessions), run)
+                with RssPeak(server.pid) as peak:
+                    m = loader.ghz_run(server, f"{SERVICE}.{run.call}", call_data(run, sessions), run)
                 extra: dict[str, Any] = {}
                 if sc.derive == "soak":
-                    extra = {"rss_before_mb": rss_before, "rss_after_mb": rss_mb(server.pid)}
+                    after = rss_mb(server.pid)
+                    extra = {
+                        "rss_before_mb": rss_before,
+                        "rss_after_mb": after,
+                        "rss_peak_mb": max(peak.mb, after),
+                        "warmup_seconds": warmed,
+                    }
             else:
                 m = loader.driver(server, sc.driver, sessions, run)
                 extra = {
@@ -481,9 +524,13 @@ def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
             elif sc.derive == "soak":
                 for r in rs:
                     before, after = r.extra["rss_before_mb"], r.extra["rss_after_mb"]
+                    warm = r.extra.get("warmup_seconds", 0)
                     lines.append(
                         f"- {sc.name} ({store}, {r.label}): server RSS {before:.1f} -> {after:.1f} MB "
-                        f"({100 * (after - before) / before:+.1f}%) over {r.count} calls (target < 5%)"
+                        f"({100 * (after - before) / before:+.1f}%) over {r.count} calls, highest "
+                        f"{r.extra.get('rss_peak_mb', after):.1f} MB"
+                        + (f", after {warm:g} s of the same load unmeasured" if warm else "")
+                        + " (target < 5%)"
                     )
             elif sc.driver == "turns":
                 for r in rs:
