@@ -350,17 +350,11 @@ def _encode(record: Record, n: int) -> dict[str, Any]:
     elif isinstance(record, FlagsRecord):
         d = {"t": "flags", "seqs": list(record.sequence_numbers), "is_context": record.is_context}
     elif isinstance(record, HeaderRecord):
-        d = {"t": "header"}
-        for key in ("name", "pinned", "metadata"):
-            if getattr(record, key) is not None:
-                d[key] = getattr(record, key)
+        d = {"t": "header", **_given(record, ("name", "pinned", "metadata"))}
     elif isinstance(record, SaveViewRecord):
         d = {"t": "view", "view": _view_to_dict(record.view), "keep": record.keep}
     elif isinstance(record, StateRecord):
-        d = {"t": "state"}
-        for key in ("context_tokens", "context_truncated", "state"):
-            if getattr(record, key) is not None:
-                d[key] = getattr(record, key)
+        d = {"t": "state", **_given(record, ("context_tokens", "context_truncated", "state"))}
     else:
         d = {
             "t": "compaction",
@@ -374,6 +368,11 @@ def _encode(record: Record, n: int) -> dict[str, Any]:
         d["time"] = record.time  # a datetime: ``_dumps`` writes it as its isoformat
     d["n"] = n
     return d
+
+
+def _given(record: HeaderRecord | StateRecord, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The record's fields named in ``keys`` that are set (None: left as they were)."""
+    return {key: value for key in keys if (value := getattr(record, key)) is not None}
 
 
 def _decode(d: dict[str, Any]) -> Record:
