@@ -54,10 +54,7 @@ class IdentityMemo(Generic[T]):
         if entry is not None and entry() is m:
             return entry.value  # type: ignore[return-value]
         value = compute(m)
-        entry = _Entry(m, self._drop)
-        entry.key = key
-        entry.value = value
-        self._entries[key] = entry
+        self.put(m, value)
         return value
 
     def get_each(self, messages: Iterable[Message], compute: Callable[[Message], T]) -> list[T]:

@@ -602,18 +602,13 @@ class ViewService:
         unnumbered = (*kept.unnumbered, *(m for m in shown if not m.sequence_number))
         since = _since(state, kept, shown)
         plain = kept.plain
-        if shown is added:  # nothing cut (most turns)
-            cut = [False] * len(added)
-            notices = list(kept.notices)
-        else:
-            cut = [r is not m for m, r in zip(added, shown, strict=True)]
-            notices = [*kept.notices, *(_cut_notice(m, budget) for m, c in zip(added, cut, strict=True) if c)]
+        cut = [r is not m for m, r in zip(added, shown, strict=True)]
         return Assembled(
             rows=[*kept.rows, *shown],
             segments=[*kept.segments, *tail.segments],
             truncated=[*kept.truncated, *cut],
             estimate=self._estimate(profile, new_parts, state, counter, sums, since, image_free=True),
-            notices=notices,
+            notices=[*kept.notices, *(_cut_notice(m, budget) for m, c in zip(added, cut, strict=True) if c)],
             chars=kept.chars + messages_chars(shown),
             features=tuple(map(operator.add, kept.features, map(float, features))),  # a + float(b), as _as_view
             last_sequence=max(kept.last_sequence, *(m.sequence_number for m in added)),

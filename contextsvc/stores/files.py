@@ -700,7 +700,7 @@ class FilesStore(RowStore):
                 try:
                     await self._serialized(st, functools.partial(self._compact, st), rows=False)
                 except (NotFound, Unavailable):
-                    pass  # deleted meanwhile; or the disk refused (logged), retried when due again
+                    continue  # deleted meanwhile; or the disk refused (logged), retried when due again
                 except Exception:
                     logger.exception("files store: background compaction of session %s failed", sid)
                 finally:
@@ -780,7 +780,7 @@ class FilesStore(RowStore):
 
     def _disk_matches(self, session_ids: list[str], needle: str) -> set[str]:
         # A cheap test on the log's text first: JSON escapes only quotes, backslashes and control
-        # characters (and, for text that is not valid UTF-8, everything beyond ASCII as \uXXXX), so
+        # characters (and, for text that is not valid UTF-8, everything beyond ASCII as a \u escape), so
         # unless the needle or the log has those, a needle absent from the log's lowered text is in
         # no row. Otherwise, and for every candidate, the log is replayed and its rows checked.
         plain = not any(c in needle for c in '"\\') and all(c >= " " for c in needle)
