@@ -359,7 +359,10 @@ def _spliced(
                 j = len(same)
             base = held.ends[i - 1] if i else 0
             parts.append(held.framed[base : held.ends[j - 1]])
-            ends.extend(map((pos - base).__add__, held.ends[i:j]))  # the same bytes, now at ``pos``
+            if pos == base:  # a run from the view's start (an extended view): copied as they are
+                ends.extend(held.ends[i:j])
+            else:  # the same bytes, now at ``pos``
+                ends.extend(map((pos - base).__add__, held.ends[i:j]))
             pos = ends[-1]
             i = j
             continue
