@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import operator
@@ -58,6 +59,11 @@ class ViewMessage(NamedTuple):
     image_data: tuple[bytes, ...]
     truncated: bool
     stored: bool = False
+
+
+#: ``ViewMessage._make`` without its Python frame (the tuples come from a ``zip`` of the four
+#: fields): a from-scratch view makes one per row, ~0.2 µs each through ``_make``.
+_view_message_of = functools.partial(tuple.__new__, ViewMessage)
 
 
 @dataclass(slots=True, frozen=True)
@@ -760,7 +766,7 @@ class ViewService:
             stored_rows = {id(m) for m in context}
             stored = map(stored_rows.__contains__, map(id, rows))
             plain = list(
-                map(ViewMessage._make, zip(rows, itertools.repeat((), len(rows)), truncated, stored, strict=True))
+                map(_view_message_of, zip(rows, itertools.repeat((), len(rows)), truncated, stored, strict=True))
             )
         return Assembled(
             rows=rows,
