@@ -14,6 +14,8 @@ bounded in calls and seconds. Ratios compare figures of the same server in the s
 loads use their own clients: agent turns the Go driver in ``turndriver/`` (when ``go`` is on PATH;
 ``--turn-driver python`` picks the asyncio one in ``drivers.py``), event fan-out ``drivers.py``.
 Server CPU per call comes from the server process's own CPU time (/proc) over the measured window.
+The whole suite (no ``--scenario`` or ``--store``) also runs ``langchain_compare.py``, the in-process
+target, and adds its ratios to the notes (``--no-langchain`` skips it).
 """
 
 from __future__ import annotations
@@ -594,6 +596,32 @@ def record(label: str, command: str, table: list[str], notes: list[str]) -> None
     path.write_text(text[:start] + section.rstrip("\n") + "\n" + ("\n" + text[end:] if end < len(text) else ""))
 
 
+def langchain_note(quick: bool) -> str:
+    """The in-process target beside the served ones (issue #15): a 200-message view built again
+    (warm) against LangChain's ``trim_messages``, timed in one run by ``langchain_compare.py`` (which
+    makes its own environment for LangChain); one line for the notes. It ran apart from the suite
+    and drifted past its target unseen for four rounds, so the whole suite measures it too."""
+    rounds, calls = ("3", "10") if quick else ("15", "30")
+    cmd = [sys.executable, str(HERE / "langchain_compare.py"), "--rounds", rounds, "--calls", calls]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+    micros: dict[str, float] = {}
+    for line in done.stdout.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 4 or not cells[2].replace(",", "").isdigit():
+            continue
+        name = "langchain" if cells[1].startswith("LangChain") else cells[1].split(",")[-1].split("(")[0].strip()
+        micros[name] = float(cells[2].replace(",", ""))
+    if done.returncode != 0 or not {"langchain", "warm", "extended"} <= micros.keys():
+        why = (done.stderr.strip().splitlines() or ["no table"])[-1]
+        return f"- in process vs LangChain `trim_messages`: not measured ({why})"
+    lc = micros["langchain"]
+    return (
+        f"- in process (`python bench/load/langchain_compare.py --rounds {rounds} --calls {calls}`): a 200-message "
+        f"view built again {micros['warm']:,.0f} µs against LangChain's `trim_messages` {lc:,.0f} µs, "
+        f"{micros['warm'] / lc:.2f}x (target <= 1.0); extended by one agent step {micros['extended'] / lc:.2f}x"
+    )
+
+
 def git_head() -> str:
     cmd = ["git", "rev-parse", "--short", "HEAD"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
@@ -607,6 +635,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short bounds (checks the suite, not the service)")
     parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--label", default="latest", help="subsection of '## Load' that --record rewrites")
+    parser.add_argument(
+        "--no-langchain",
+        action="store_true",
+        help="skip the in-process comparison with LangChain that the whole suite (no --scenario) runs",
+    )
     parser.add_argument(
         "--turn-driver",
         choices=["auto", "go", "python"],
@@ -636,6 +669,8 @@ def main() -> None:
             server.stop()
             shutil.rmtree(workdir, ignore_errors=True)
     notes = derived(scenarios, results)
+    if not args.scenario and not args.store and not args.no_langchain:
+        notes.append(langchain_note(args.quick))
     print("\n".join(notes))
     if args.record:
         command = shlex.join(["python", "bench/load/run.py", *sys.argv[1:]])
