@@ -596,6 +596,19 @@ def record(label: str, command: str, table: list[str], notes: list[str]) -> None
     path.write_text(text[:start] + section.rstrip("\n") + "\n" + ("\n" + text[end:] if end < len(text) else ""))
 
 
+def langchain_micros(table: str) -> dict[str, float]:
+    """µs per call by row of ``langchain_compare.py``'s table: ``langchain``, then our states by
+    name (``cold``, ``warm``, ``extended``, ``reused``)."""
+    micros: dict[str, float] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 4 or not cells[2].replace(",", "").isdigit():
+            continue
+        name = "langchain" if cells[1].startswith("LangChain") else cells[1].split(",")[-1].split("(")[0].strip()
+        micros[name] = float(cells[2].replace(",", ""))
+    return micros
+
+
 def langchain_note(quick: bool) -> str:
     """The in-process target beside the served ones (issue #15): a 200-message view built again
     (warm) against LangChain's ``trim_messages``, timed in one run by ``langchain_compare.py`` (which
@@ -604,13 +617,7 @@ def langchain_note(quick: bool) -> str:
     rounds, calls = ("3", "10") if quick else ("15", "30")
     cmd = [sys.executable, str(HERE / "langchain_compare.py"), "--rounds", rounds, "--calls", calls]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
-    micros: dict[str, float] = {}
-    for line in done.stdout.splitlines():
-        cells = [c.strip() for c in line.split("|")]
-        if len(cells) < 4 or not cells[2].replace(",", "").isdigit():
-            continue
-        name = "langchain" if cells[1].startswith("LangChain") else cells[1].split(",")[-1].split("(")[0].strip()
-        micros[name] = float(cells[2].replace(",", ""))
+    micros = langchain_micros(done.stdout)
     if done.returncode != 0 or not {"langchain", "warm", "extended"} <= micros.keys():
         why = (done.stderr.strip().splitlines() or ["no table"])[-1]
         return f"- in process vs LangChain `trim_messages`: not measured ({why})"

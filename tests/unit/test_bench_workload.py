@@ -50,3 +50,20 @@ def test_the_drivers_provider_count_is_a_function_of_the_text_alone() -> None:
     assert provider_tokens([]) == 3
     priced = [r.Message(role=m.role, content=m.content, token_count=999, sequence_number=7) for m in plain]
     assert provider_tokens(priced) == provider_tokens(plain)
+
+
+def test_the_suite_reads_the_langchain_comparisons_table() -> None:
+    import run  # bench/load/run.py: the whole suite adds these figures to its notes
+
+    table = "\n".join(
+        [
+            "| what | µs per call | / LangChain trim_messages |",
+            "|---|---|---|",
+            "| LangChain 1.8.3 `trim_messages` + `count_tokens_approximately` (201 kept) | 1,250 | 1.00 |",
+            "| contextsvc `assemble`, cold (201 rows) | 1,271 | 5.08 |",
+            "| contextsvc `assemble`, warm (201 rows) | 301 | 1.20 |",
+            "| contextsvc `assemble`, extended (201 rows) | 57 | 0.23 |",
+        ]
+    )
+    assert run.langchain_micros(table) == {"langchain": 1250.0, "cold": 1271.0, "warm": 301.0, "extended": 57.0}
+    assert run.langchain_micros("Traceback (most recent call last):\n  pip failed") == {}
