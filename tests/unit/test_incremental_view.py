@@ -357,3 +357,63 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
             await world.close()
 
     asyncio.run(run())
+
+
+def test_a_view_growing_past_one_message_budget_is_extended_all_the_way() -> None:
+    """While the whole view fits one message's budget, a build takes the view's total as the bound
+    of every row's features (no per-column maxima); extensions carry that bound on with the rows
+    they add, so the view is extended on every append, also past the point where the whole no
+    longer fits. Every build gives what a build from scratch gives."""
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            world, effective, counter = await _one_session(Path(tmp), ProfileOverrides(message_token_budget=200))
+            engine = world.engine
+            assert engine is not None
+            assert isinstance(counter, CalibratedCounter)
+            rows = [
+                Message(
+                    role=Role.USER if i % 2 == 0 else Role.ASSISTANT,
+                    content=f"step {i} of the plan " * (8 if i < 2 else 1),  # the first two rows longest
+                    sequence_number=i + 1,
+                )
+                for i in range(40)
+            ]
+            state = EngineState()
+            extended: list[bool] = []
+            original = views_module.ViewService._extended
+
+            def counting(self: Any, *args: Any) -> Any:
+                out = original(self, *args)
+                extended.append(out is not None)
+                return out
+
+            views_module.ViewService._extended = counting  # type: ignore[method-assign]
+            try:
+                fits: list[bool] = []
+                for n in range(2, len(rows) + 1, 2):  # a question and its answer at a time
+                    got = engine.views.assemble(effective, rows[:n], None, state, session_id=world.sid)
+                    want = engine.views._assemble(effective, rows[:n], None, state, counter)
+                    for field in ("rows", "truncated", "notices", "estimate", "chars", "features", "segments"):
+                        assert getattr(got, field) == getattr(want, field), (n, field)
+                    assert not any(got.truncated)
+                    fits.append(counter.count_messages(got.rows) <= effective.per_message_budget)
+                # The bound covers the first rows too, for any later calibration: one that prices
+                # them (not the later, shorter ones) over the budget re-prices nothing as it was.
+                calibration = counter.calibration
+                dearer = CalibratedCounter(
+                    dataclasses.replace(calibration, weights=tuple(w * 6 for w in calibration.weights))
+                )
+                want = engine.views._assemble(effective, rows, None, state, dearer)
+                assert want.truncated[:2] == [True, True] and not any(want.truncated[2:])
+                again = engine.views._repriced(effective, got, state, dearer)
+                assert again is None or again.rows == want.rows
+            finally:
+                views_module.ViewService._extended = original  # type: ignore[method-assign]
+            crossed = fits.index(False)  # the first build whose whole no longer fits
+            assert crossed >= 2 and not any(fits[crossed:])
+            # The first build has nothing to extend; every later one extends, across the crossing.
+            assert len(extended) == len(fits) - 1 and all(extended)
+            await world.close()
+
+    asyncio.run(run())
