@@ -35,6 +35,7 @@ import functools
 import heapq
 import math
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -171,16 +172,25 @@ def _stemmers() -> dict[str, Any]:
     return {"english": snowballstemmer.stemmer("english"), "russian": snowballstemmer.stemmer("russian")}
 
 
+#: A Snowball stemmer keeps the word it works on in the instance: two threads stemming at once
+#: (a history indexed in a worker thread while the event loop reads a query) would mix words.
+_STEM_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
     """The Snowball stem of a case-folded word of letters (English or Russian); other words as they are."""
     if len(word) <= 3:
         return word
     if _ASCII_WORD.fullmatch(word):
-        return str(_stemmers()["english"].stemWord(word)) or word
-    if _CYRILLIC_WORD.fullmatch(word):
-        return str(_stemmers()["russian"].stemWord(word)) or word
-    return word
+        language = "english"
+    elif _CYRILLIC_WORD.fullmatch(word):
+        language = "russian"
+    else:
+        return word
+    stemmer = _stemmers()[language]
+    with _STEM_LOCK:
+        return str(stemmer.stemWord(word)) or word
 
 
 def terms(text: str) -> list[str]:
@@ -315,14 +325,21 @@ class RecallIndex:
     ``BM25Okapi`` with the Lucene IDF, bit for bit (the same operations in the same order: per
     query term, in the query's order, ``idf x tf (k1 + 1) / (tf + k1 (1 - b + b dl / avgdl))``
     added to the chunk's sum); ``tests/unit/test_recall_incremental.py`` compares them with a
-    model built fresh."""
+    model built fresh.
+
+    A chunk's terms are found when a search first needs them, not when it is added: finding them
+    is most of the index's cost (~5 MB of text a second), every compaction adds chunks, and a
+    session whose views are built without an incoming message (``RecallSettings``) may never be
+    searched. Chunks are indexed in the order added, so the statistics, and every score, are those
+    of indexing each as it came."""
 
     __slots__ = ("_chunks", "_df", "_freqs", "_hashes", "_lengths", "_postings", "_total")
 
     def __init__(self, chunks: Iterable[HistoryChunk] = ()) -> None:
         self._chunks: list[HistoryChunk] = []
         self._hashes: set[str] = set()
-        #: per chunk: term -> occurrences; and its number of terms.
+        #: per indexed chunk (the first ``len(_freqs)`` of ``_chunks``): term -> occurrences; and
+        #: its number of terms. The chunks after them wait for ``index_pending``.
         self._freqs: list[dict[str, int]] = []
         self._lengths: list[int] = []
         self._total = 0
@@ -350,28 +367,40 @@ class RecallIndex:
         return out
 
     def add(self, chunks: Iterable[HistoryChunk]) -> int:
-        """Index the fresh chunks (their terms and the statistics they change); returns how many
-        there were."""
+        """Keep the fresh chunks (their terms are found by the next search: ``index_pending``);
+        returns how many there were."""
         new = self.fresh(chunks)
-        for chunk in new:
-            position = len(self._chunks)
-            found = document_terms(chunk)
+        self._chunks.extend(new)
+        self._hashes.update(chunk.content_hash for chunk in new)
+        return len(new)
+
+    @property
+    def pending(self) -> bool:
+        """Whether chunks wait for their terms (``index_pending``)."""
+        return len(self._freqs) < len(self._chunks)
+
+    def index_pending(self) -> None:
+        """Find the terms of the chunks added since the last search, and update the statistics.
+
+        Not thread-safe against ``add`` or a search of the same index: a caller that runs it in
+        a worker thread keeps both out meanwhile. A chunk's term counts are stored last, so
+        ``pending`` turns false only once every statistic holds the last chunk."""
+        for position in range(len(self._freqs), len(self._chunks)):
+            found = document_terms(self._chunks[position])
             freqs: dict[str, int] = {}
             for term in found:
                 freqs[term] = freqs.get(term, 0) + 1
-            self._chunks.append(chunk)
-            self._hashes.add(chunk.content_hash)
-            self._freqs.append(freqs)
             self._lengths.append(len(found))
             self._total += len(found)
             for term in freqs:
                 self._df[term] = self._df.get(term, 0) + 1
                 self._postings.setdefault(term, []).append(position)
-        return len(new)
+            self._freqs.append(freqs)
 
     def scores(self, wanted: Sequence[str]) -> dict[int, float]:
         """BM25 score of every chunk holding a term of ``wanted`` (repeated terms count once per
         repetition), by position; chunks holding none score 0 and are left out."""
+        self.index_pending()
         n = len(self._chunks)
         if not n or not self._total:
             return {}
@@ -393,7 +422,7 @@ class RecallIndex:
         wanted = weighted_query_terms(query)
         if not wanted or limit <= 0 or not self._chunks:
             return []
-        scores = self.scores(wanted)
+        scores = self.scores(wanted)  # indexes the chunks still pending
         chunks = self._chunks
         best = heapq.nsmallest(
             limit,

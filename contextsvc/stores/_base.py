@@ -630,12 +630,24 @@ class RowStore:
         if st is None or st.deleted or limit <= 0:
             return []
         index = self._history.get(st.id)
-        if index is None:
+        if index is None or index.pending:
             try:
-                index = await self._serialized(st, lambda: self._history_of(st), rows=False)
+                index = await self._serialized(st, lambda: self._indexed_history(st), rows=False)
             except NotFound:  # deleted while we waited for the lock
                 return []
         return index.search(query, limit)
+
+    async def _indexed_history(self, st: SessionState) -> RecallIndex:
+        """The session's history index with every chunk's terms found (under the session lock).
+
+        Compactions add chunks without their terms (``RecallIndex.add``); the first search after
+        them finds the terms here, in a worker thread, so a long history (a whole log read back
+        after a restart) never holds the event loop. The lock keeps adds out meanwhile; searches
+        read the index without it only once nothing is pending."""
+        index = await self._history_of(st)
+        if index.pending:
+            await asyncio.to_thread(index.index_pending)
+        return index
 
     async def _history_of(self, st: SessionState) -> RecallIndex:
         index = self._history.get(st.id)

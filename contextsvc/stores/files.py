@@ -1091,7 +1091,7 @@ class FilesStore(RowStore):
     async def _load_history(self, st: SessionState) -> RecallIndex:
         def read() -> tuple[RecallIndex, _Log | None]:
             chunks, log = self._read_history(st.id)
-            # Indexing tokenizes every chunk (~5 MB of text a second): off the event loop too.
+            # Read and parsed off the event loop; the chunks' terms wait for the first search.
             return RecallIndex(chunks), log
 
         try:

@@ -3,6 +3,7 @@ with its session, durable. Word forms are stemmed alike by every store (core/rec
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -187,3 +188,39 @@ async def test_every_store_ranks_identifiers_and_reports_rarity_alike(store: Ses
     assert [s.rarest_df for s in found[1:]] == [4, 4, 4]  # their rarest match, "acct", is in four
     # Stemmed: "restart" finds "restarted", "replica" finds "replicas".
     assert texts(await store.search_history(sid, "replica restart", limit=5)) == ["the replicas were restarted"]
+
+
+async def test_searches_racing_compactions_rank_as_one_index_of_every_chunk(store: SessionStore) -> None:
+    """Chunks added while searches run (a compaction's chunks, an incoming message's recall): each
+    search sees whole chunks only, and once all are in, the ranking is that of every chunk at once.
+    (The in-process stores find a chunk's terms at the first search after it came, in a worker
+    thread, with adds kept out meanwhile.)"""
+    sid = await session(store)
+    batches = [
+        [
+            chunk(f"deploy step {b}-{i} rolled back on host node-{b}{i} after error E{b}{i}", 10 * b + i)
+            for i in range(6)
+        ]
+        for b in range(8)
+    ]
+
+    async def add(batch: list[HistoryChunk]) -> None:
+        await store.add_history_chunks(sid, batch)
+
+    async def search(q: str) -> list[ScoredChunk]:
+        return await store.search_history(sid, q, limit=5)
+
+    queries = ["deploy rolled back", "node-37 error", "E52"]
+    during = await asyncio.gather(*(add(b) for b in batches), *(search(q) for q in queries * 4))
+    for found in during[len(batches) :]:
+        assert isinstance(found, list)
+        assert all(s.chunk.text.startswith("deploy step") and s.score > 0 for s in found)
+    at_once = await session(store)
+    await store.add_history_chunks(at_once, [c for b in batches for c in b])
+    for q in queries:
+        want = await store.search_history(at_once, q, limit=5)
+        got = await search(q)
+        assert want and texts(got) == texts(want)
+        assert [(s.score, s.rarest_df, s.chunk_count) for s in got] == [
+            (s.score, s.rarest_df, s.chunk_count) for s in want
+        ]

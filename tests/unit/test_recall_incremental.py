@@ -127,3 +127,32 @@ def test_a_search_costs_the_postings_not_the_history() -> None:
     index = RecallIndex([*filler, *rare])
     assert set(index.scores(weighted_query_terms("zygote"))) == {2000, 2001, 2002}
     assert [s.chunk.last_sequence for s in index.search("zygote", 5)] == [3002, 3001, 3000]
+
+
+def test_a_chunks_terms_are_found_by_the_first_search_after_it_came(monkeypatch: Any) -> None:
+    """Adding keeps chunks (compactions add them to sessions that may never be searched); the first
+    search finds the terms of every chunk added since, once each, and ranks as a fresh model."""
+    import contextsvc.core.recall as recall_module
+
+    seen: list[str] = []
+    real = recall_module.document_terms
+
+    def counted(c: HistoryChunk) -> list[str]:
+        seen.append(c.content_hash)
+        return real(c)
+
+    monkeypatch.setattr(recall_module, "document_terms", counted)
+    chunks = [_chunk(i, " ".join(WORDS[i : i + 4]), i + 1, []) for i in range(len(WORDS))]
+    index = RecallIndex(chunks[:3])
+    index.add(chunks[3:6])
+    index.add(chunks[2:8])  # two already kept: added once
+    assert seen == [] and index.pending and len(index) == 8
+    first = index.search("deploy error", 5)
+    assert first and first == fresh_ranking(chunks[:8], "deploy error", 5)
+    assert seen == [c.content_hash for c in chunks[:8]] and not index.pending
+    index.search("сервер", 5)
+    index.add(chunks[8:])
+    assert len(seen) == 8  # nothing new until the next search
+    last = index.search("сервер", 5)
+    assert last and last == fresh_ranking(chunks, "сервер", 5)
+    assert seen == [c.content_hash for c in chunks]
