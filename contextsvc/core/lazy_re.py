@@ -72,19 +72,24 @@ DIGIT = "\\d"
 _DIGIT = re.compile(r"\d")
 
 
-def may_match(text: str, needs: tuple[str, ...] | None) -> bool:
-    """Whether ``text`` holds one of ``needs`` (literal substrings, or ``DIGIT``): a pattern that
-    cannot match without one of them is not run over a text that holds none (its scan finds
-    nothing there: skipping it changes no result). None: the pattern needs nothing in particular.
+def may_match(text: str, needs: tuple[str | LazyPattern, ...] | None) -> bool:
+    """Whether ``text`` holds one of ``needs`` (literal substrings, ``DIGIT``, or a gate: a simple
+    pattern found in every text the guarded pattern matches): a pattern that cannot match without
+    one of them is not run over a text that holds none (its scan finds nothing there: skipping it
+    changes no result). None: the pattern needs nothing in particular.
 
     Each need is a C-level substring search (one for ``DIGIT``), far cheaper than a pattern's scan
     in ``re``: most prose holds no ``://``, ``@`` or ``%`` (issue #15: a compaction's entity,
-    fact and recall scans)."""
+    fact and recall scans). A gate is one scan of a pattern without alternatives that backtrack
+    over whole words; list it after the substrings, which are cheaper."""
     if needs is None:
         return True
     for need in needs:
         if need is DIGIT:
             if _DIGIT.search(text) is not None:
+                return True
+        elif isinstance(need, LazyPattern):
+            if need.search(text) is not None:
                 return True
         elif need in text:
             return True

@@ -30,6 +30,11 @@ PIECES = [
     "2.10.0-rc1",
     "3f2a9bc1",
     "deadbeef",
+    "abcdef0",  # the shortest hex run an id is (the id gate's second half)
+    "cafe12",  # one short of it
+    "defaced",  # hex letters only: an id too
+    "xYz",  # the shortest camelCase word (the gate's first half)
+    "Xy",
     "HttpServer",
     "getValue",
     "MAX_RETRIES",
