@@ -191,6 +191,31 @@ async def _one_session(root: Path, overrides: ProfileOverrides) -> tuple[World, 
     return world, effective, engine.accounting.counter(effective.model)
 
 
+async def _budgeted_session(root: Path) -> tuple[World, Engine, Any, CalibratedCounter]:
+    """``_one_session`` on a profile whose one message's budget is 200 tokens."""
+    world, effective, counter = await _one_session(root, ProfileOverrides(message_token_budget=200))
+    assert world.engine is not None and isinstance(counter, CalibratedCounter)
+    return world, world.engine, effective, counter
+
+
+@contextlib.contextmanager
+def _extensions() -> Any:
+    """Each ``ViewService._extended`` call meanwhile, as whether it extended the kept view."""
+    extended: list[bool] = []
+    original = views_module.ViewService._extended
+
+    def counting(self: Any, *args: Any) -> Any:
+        out = original(self, *args)
+        extended.append(out is not None)
+        return out
+
+    views_module.ViewService._extended = counting  # type: ignore[method-assign]
+    try:
+        yield extended
+    finally:
+        views_module.ViewService._extended = original  # type: ignore[method-assign]
+
+
 def built_rows(built: BuiltView) -> list[Message]:
     return [vm.message for vm in built.messages]
 
@@ -287,21 +312,10 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            world, effective, counter = await _one_session(Path(tmp), ProfileOverrides(message_token_budget=200))
-            engine = world.engine
-            assert engine is not None
-            assert isinstance(counter, CalibratedCounter)
+            world, engine, effective, counter = await _budgeted_session(Path(tmp))
             short = [Message(role=Role.USER if i % 2 else Role.ASSISTANT, content=f"turn {i} " * 20) for i in range(45)]
             rows = [dataclasses.replace(m, sequence_number=i + 1) for i, m in enumerate(short)]
             state = EngineState()
-            extended = 0
-            original = views_module.ViewService._extended
-
-            def counting(self: Any, *args: Any) -> Any:
-                nonlocal extended
-                out = original(self, *args)
-                extended += out is not None
-                return out
 
             def same(got: Any, want: Any) -> None:
                 for field in ("rows", "truncated", "notices", "estimate", "chars", "features", "segments"):
@@ -312,20 +326,19 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
                 ]
                 assert got.extends is None or all(map(operator.is_, got.extends, got.plain))
 
-            views_module.ViewService._extended = counting  # type: ignore[method-assign]
-            try:
+            with _extensions() as extensions:
                 kept = engine.views.assemble(effective, rows[:39], None, state, session_id=world.sid)
                 assert counter.count_messages(kept.rows) > 5 * effective.per_message_budget
                 assert not any(kept.truncated) and kept.parts is not None
                 grown = engine.views.assemble(effective, rows[:41], None, state, session_id=world.sid)
-                assert extended == 1  # the two rows appended (a question, its answer) were measured alone
+                assert sum(extensions) == 1  # the two rows appended (a question, its answer) were measured alone
                 same(grown, engine.views._assemble(effective, rows[:41], None, state, counter))
                 assert not any(grown.truncated) and len(grown.rows) == len(kept.rows) + 2
 
                 long = Message(role=Role.USER, content="a long tool output line " * 200, sequence_number=42)
                 with_long = [*rows[:41], long]
                 cut = engine.views.assemble(effective, with_long, None, state, session_id=world.sid)
-                assert extended == 2  # extended: the new row alone was priced, and cut
+                assert sum(extensions) == 2  # extended: the new row alone was priced, and cut
                 fresh = engine.views._assemble(effective, with_long, None, state, counter)
                 assert cut.truncated == fresh.truncated == [False] * len(grown.rows) + [True]
                 same(cut, fresh)
@@ -334,7 +347,7 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
                     *(dataclasses.replace(m, sequence_number=43 + i) for i, m in enumerate(short[1:3])),
                 ]
                 later = engine.views.assemble(effective, after, None, state, session_id=world.sid)
-                assert extended == 3 and later.rows[len(cut.rows) - 1] is cut.rows[-1]  # the cut kept as it was
+                assert sum(extensions) == 3 and later.rows[len(cut.rows) - 1] is cut.rows[-1]  # the cut kept as it was
                 same(later, engine.views._assemble(effective, after, None, state, counter))
 
                 # A new fit (dearer text) moves where the long row's cut falls: an extension or a
@@ -352,8 +365,6 @@ def test_a_view_larger_than_one_message_budget_is_extended_while_no_row_exceeds_
                 grown_again = engine.views._extended(effective, later, after, more[len(after) :], state, dearer)
                 assert grown_again is not None
                 same(grown_again, engine.views._assemble(effective, more, None, state, dearer))
-            finally:
-                views_module.ViewService._extended = original  # type: ignore[method-assign]
             await world.close()
 
     asyncio.run(run())
@@ -367,10 +378,7 @@ def test_a_view_growing_past_one_message_budget_is_extended_all_the_way() -> Non
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            world, effective, counter = await _one_session(Path(tmp), ProfileOverrides(message_token_budget=200))
-            engine = world.engine
-            assert engine is not None
-            assert isinstance(counter, CalibratedCounter)
+            world, engine, effective, counter = await _budgeted_session(Path(tmp))
             rows = [
                 Message(
                     role=Role.USER if i % 2 == 0 else Role.ASSISTANT,
@@ -380,16 +388,7 @@ def test_a_view_growing_past_one_message_budget_is_extended_all_the_way() -> Non
                 for i in range(40)
             ]
             state = EngineState()
-            extended: list[bool] = []
-            original = views_module.ViewService._extended
-
-            def counting(self: Any, *args: Any) -> Any:
-                out = original(self, *args)
-                extended.append(out is not None)
-                return out
-
-            views_module.ViewService._extended = counting  # type: ignore[method-assign]
-            try:
+            with _extensions() as extended:
                 fits: list[bool] = []
                 for n in range(2, len(rows) + 1, 2):  # a question and its answer at a time
                     got = engine.views.assemble(effective, rows[:n], None, state, session_id=world.sid)
@@ -408,8 +407,6 @@ def test_a_view_growing_past_one_message_budget_is_extended_all_the_way() -> Non
                 assert want.truncated[:2] == [True, True] and not any(want.truncated[2:])
                 again = engine.views._repriced(effective, got, state, dearer)
                 assert again is None or again.rows == want.rows
-            finally:
-                views_module.ViewService._extended = original  # type: ignore[method-assign]
             crossed = fits.index(False)  # the first build whose whole no longer fits
             assert crossed >= 2 and not any(fits[crossed:])
             # The first build has nothing to extend; every later one extends, across the crossing.
