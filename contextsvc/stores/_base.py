@@ -630,20 +630,26 @@ class RowStore:
         if st is None or st.deleted or limit <= 0:
             return []
         index = self._history.get(st.id)
-        if index is None or index.pending:
-            try:
-                index = await self._serialized(st, lambda: self._indexed_history(st), rows=False)
-            except NotFound:  # deleted while we waited for the lock
-                return []
-        return index.search(query, limit)
+        if index is not None and not index.pending:
+            return index.search(query, limit)
+
+        async def work() -> list[ScoredChunk]:
+            return (await self._indexed_history(st)).search(query, limit)
+
+        try:
+            return await self._serialized(st, work, rows=False)
+        except NotFound:  # deleted while we waited for the lock
+            return []
 
     async def _indexed_history(self, st: SessionState) -> RecallIndex:
         """The session's history index with every chunk's terms found (under the session lock).
 
         Compactions add chunks without their terms (``RecallIndex.add``); the first search after
         them finds the terms here, in a worker thread, so a long history (a whole log read back
-        after a restart) never holds the event loop. The lock keeps adds out meanwhile; searches
-        read the index without it only once nothing is pending."""
+        after a restart) never holds the event loop. The lock keeps adds and other such searches
+        out meanwhile, and the caller searches before letting it go (once it is let go, an add
+        may make chunks pending again); a search reads the index without the lock only when
+        nothing is pending, in one step of the event loop."""
         index = await self._history_of(st)
         if index.pending:
             await asyncio.to_thread(index.index_pending)
