@@ -481,3 +481,25 @@ def test_the_planning_numbers_come_from_settings() -> None:
     assert swapped.swapped_in
     no_fillers = SummarizerSettings(filler_turn_chars=0)
     assert plan(_swap_context(IMPORTANT_TURNS[0].values[0]), keep_recent=4, settings=no_fillers).swapped_in == ()  # type: ignore[arg-type]
+
+
+def test_a_rows_text_signals_are_read_once_across_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction plans more than once over the same stored rows, and the next one over most of
+    them again: whether a row reports an error or records a correction is read from its text once
+    per message, and the plans are the same."""
+    from contextsvc.core.compression import importance
+
+    read: list[int] = []
+    for name in ("_is_error_result", "_is_correction"):
+        real = getattr(importance, name)
+        monkeypatch.setattr(importance, name, lambda m, real=real: read.append(m.sequence_number) or real(m))
+    ctx = _swap_context([user("no, use tabs for indentation from now on"), assistant("noted")])
+    first = plan(ctx, keep_recent=4)
+    assert first.swapped_in == (1,)  # the correction made its turn important
+    once = sorted(read)
+    assert once and len(once) == len(set(once))
+    again = plan(ctx, keep_recent=4)
+    assert sorted(read) == once and again == first
+    changed = [dataclasses.replace(m) if m.sequence_number == 1 else m for m in ctx]  # a new object
+    assert plan(changed, keep_recent=4).swapped_in == (1,)
+    assert sorted(read) == sorted([*once, 1])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 
+from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
 
 _ERROR_FIRST_LINE = re.compile(r"^\W*(error|exception|traceback|fatal|failed|failure)\b", re.IGNORECASE)
@@ -55,8 +56,19 @@ def is_critical(m: Message, names: Mapping[str, str], critical_tool_names: Colle
     return m.role is Role.TOOL and bool(critical_tool_names) and tool_name(m, names) in critical_tool_names
 
 
+#: Each message's two text signals, found once per message object: every compaction plans more
+#: than once and scores every older turn, over the same stored rows, and the correction pattern
+#: scans up to ``_SCAN_CHARS`` of each user message.
+_ERRORS: IdentityMemo[bool] = IdentityMemo()
+_CORRECTIONS: IdentityMemo[bool] = IdentityMemo()
+
+
 def is_error_result(m: Message) -> bool:
     """A tool result that reports a failure (see the module docstring)."""
+    return m.role is Role.TOOL and _ERRORS.get(m, _is_error_result)
+
+
+def _is_error_result(m: Message) -> bool:
     if m.role is not Role.TOOL:
         return False
     if m.metadata.get("is_error") is True:
@@ -67,7 +79,11 @@ def is_error_result(m: Message) -> bool:
 
 def is_correction(m: Message) -> bool:
     """A user message that corrects the assistant or records a decision."""
-    return m.role is Role.USER and not m.flags.is_summary and bool(_CORRECTION.search(m.content[:_SCAN_CHARS]))
+    return m.role is Role.USER and not m.flags.is_summary and _CORRECTIONS.get(m, _is_correction)
+
+
+def _is_correction(m: Message) -> bool:
+    return bool(_CORRECTION.search(m.content[:_SCAN_CHARS]))
 
 
 def turn_importance(rows: Sequence[Message], names: Mapping[str, str], critical_tool_names: Collection[str]) -> int:
