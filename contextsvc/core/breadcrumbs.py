@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from contextsvc.config import SummarizerSettings
-from contextsvc.core.lazy_re import DIGIT, may_match
+from contextsvc.core.lazy_re import DIGIT, LazyPattern, lazy, may_match
 from contextsvc.core.messages import Message
 
 __all__ = [
@@ -84,10 +84,14 @@ _UNITS = (
 
 
 @functools.cache
-def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str, ...] | None], ...]:
+def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str | LazyPattern, ...] | None], ...]:
     """The entity patterns, compiled on first use: ~10 ms of compiling that a server start would
     otherwise pay for the first compaction (issue #9, start-up time). Each with what it cannot
-    match without (``lazy_re.may_match``: one of these substrings, or a digit; None: nothing)."""
+    match without (``lazy_re.may_match``: one of these substrings, a digit, or a gate pattern
+    found wherever the pattern matches; None: nothing). A gate starts with a literal or a class
+    (a fast scan in ``re``): a full stop ends most sentences of prose, but a dotted name needs a
+    letter after its dot, a version or an IPv4 address a digit, a file name its extension's
+    letter; a camelCase name needs an upper-case letter right after a lower-case one or a digit."""
     return (
         (
             EntityKind.URL,
@@ -102,7 +106,7 @@ def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str, ...] | No
         (
             EntityKind.UUID,
             re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),
-            ("-",),
+            (lazy(r"-[0-9a-f]", re.I),),
         ),
         # Windows paths, absolute / home / dot-relative POSIX paths, relative paths with a file name.
         (EntityKind.PATH, re.compile(r"\b[A-Za-z]:\\(?:[^\\\s:*?\"<>|;]+\\)*[^\\\s:*?\"<>|;,]+"), (":\\",)),
@@ -125,25 +129,25 @@ def _patterns() -> tuple[tuple[EntityKind, re.Pattern[str], tuple[str, ...] | No
                 r"|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|sh|bash|zsh|ps1|sql|proto|html|css|scss|vue"
                 r"|csv|tsv|xml|lock|log|pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|webp|svg|zip|tar|gz|tgz|whl)\b",
             ),
-            (".",),
+            (lazy(r"\.[a-z]"),),
         ),
-        (EntityKind.TICKET, re.compile(r"\b[A-Z][A-Z0-9]{1,9}(?:-\d+)+\b"), ("-",)),
-        (EntityKind.ADDRESS, re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b"), (".",)),
+        (EntityKind.TICKET, re.compile(r"\b[A-Z][A-Z0-9]{1,9}(?:-\d+)+\b"), (lazy(r"-\d"),)),
+        (EntityKind.ADDRESS, re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b"), (lazy(r"\.\d"),)),
         (EntityKind.ADDRESS, re.compile(r"\blocalhost:\d{1,5}\b"), ("localhost:",)),
         (
             EntityKind.VERSION,
             re.compile(r"(?<![\w.])v\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?\b|\b\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]+)?\b"),
-            (".",),
+            (lazy(r"\.\d"),),
         ),
         (EntityKind.HASH, re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"), (DIGIT,)),
         # Identifiers: CamelCase / lowerCamel, snake_case, UPPER_SNAKE, dotted.names.of.things.
         (
             EntityKind.IDENTIFIER,
             re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+\b"),
-            None,
+            (lazy(r"[A-Z](?<=[a-z0-9][A-Z])"),),
         ),
         (EntityKind.IDENTIFIER, re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b"), ("_",)),
-        (EntityKind.IDENTIFIER, re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b"), (".",)),
+        (EntityKind.IDENTIFIER, re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b"), (lazy(r"\.[A-Za-z_]"),)),
         (
             EntityKind.AMOUNT,
             re.compile(r"(?<![\w.])[$€£¥₽]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn|million|billion))?\b"),

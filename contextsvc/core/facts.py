@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from contextsvc.core.lazy_re import DIGIT, LazyPattern, lazy, may_match
+from contextsvc.core.lazy_re import DIGIT, LazyPattern, folded, lazy, may_match
 from contextsvc.core.messages import Message, Role
 
 __all__ = ["FACTS_HEADER", "anchor_kinds", "carried_facts", "fact_lines", "facts_block", "strip_facts"]
@@ -76,29 +76,36 @@ _ANCHORS: dict[str, LazyPattern] = {
         r"|\b[0-9a-f]{7,40}\b(?=[^\w]|$)|\b(?<![a-z0-9_]-)[a-z][a-z0-9_]*(?:-[a-z0-9]+)*-\d+[a-z]?\b|\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w+\b"
     ),
     "name": lazy(rf"(?<=[{_LOWER},;:] )(?:[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*)"),
-    "error": lazy(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b", re.I),
 }
+#: An error word: the sentence is an error line (in a tool's output), whichever word it is.
+_ERROR = folded(r"\b(?:error|exception|traceback|failed|fatal|denied|refused|timed out)\b")
 #: What each anchor cannot match without (``lazy_re.may_match``); a kind not named needs nothing.
 #: An id is one of: a key or a UUID or a word numbered with ``-`` (``ABC-12``, ``worker-3``), a
 #: snake_case word, a camelCase word (a lower-case letter right before an upper-case one), or a
 #: run of 7 or more hex digits. Its scan tries several of them at every word (~20 µs a sentence of
-#: prose); the gate finds the last two in one pass.
+#: prose); the gates find the last two. A gate that starts with a literal (or a class, then a
+#: look-behind) is a fast scan in ``re``: a host needs a dot before a label's character (a
+#: sentence's full stop alone is no host), a file line a colon before its digits, a name an upper-
+#: case letter after a lower-case one or punctuation and a space (where ``name`` starts), a
+#: camelCase id an upper-case letter right after a lower-case one.
 _NEEDS: dict[str, tuple[str | LazyPattern, ...]] = {
     "url": ("://",),
     "path": ("/",),
-    "file_line": (":",),
-    "host": (".",),
+    "file_line": (lazy(r":\d"),),
+    "host": (lazy(r"\.\w"),),
     "email": ("@",),
     "date": (DIGIT,),
     "quantity": (DIGIT,),
-    "id": ("-", "_", lazy(r"[a-z][A-Z]|[0-9a-f]{7}")),
+    "id": ("-", "_", lazy(r"[A-Z](?<=[a-z][A-Z])"), lazy(r"[0-9a-f]{7}")),
+    "name": (lazy(rf"[{_UPPER}](?<=[{_LOWER},;:] [{_UPPER}])"),),
 }
-_PREFERENCE = lazy(
+_PREFERENCE = folded(
     r"\b(?:prefer|preferred|always|never|must|don't|do not|dont|should(?:n't)?|remember|from now on|make sure"
-    r"|decided|decision|we will|agreed|my name is|call me)\b",
-    re.I,
+    r"|decided|decision|we will|agreed|my name is|call me)\b"
 )
 _SENTENCE = lazy(r"(?<=[.!?])\s+|\n+")
+#: What ``_SENTENCE`` splits at needs (its look-behind's scan at every character is ~6 µs a line).
+_SENTENCE_ENDS = (".", "!", "?", "\n")
 _SPACES = lazy(r"\s+")
 _COMMON_NAMES = frozenset({"I", "The", "This", "That", "It", "We", "You", "OK", "Yes", "No"})
 
@@ -122,11 +129,10 @@ def _anchors(sentence: str) -> set[str]:
             value = _value(match).strip(".,;:")
             if kind == "name" and value in _COMMON_NAMES:
                 continue
-            if kind == "error":
-                found.add("error:" + sentence[:60].casefold())
-                continue
             if len(value) >= 3:
                 found.add(value.casefold())
+    if _ERROR.search(sentence):
+        found.add("error:" + sentence[:60].casefold())
     return found
 
 
@@ -139,7 +145,7 @@ def anchor_kinds(text: str) -> set[str]:
     Search adds a word per kind to a chunk's terms, so "which IP address" finds a line with one."""
     found: set[str] = set()
     for kind, pattern in _ANCHORS.items():
-        if kind == "error" or not may_match(text, _NEEDS.get(kind)):
+        if not may_match(text, _NEEDS.get(kind)):
             continue
         for match in pattern.finditer(text):
             value = _value(match).strip(".,;:")
@@ -153,6 +159,8 @@ def _sentences(m: Message) -> list[str]:
     text = m.content[:50_000]
     if m.role is Role.TOOL:
         return [line.strip() for line in text.splitlines() if line.strip()]
+    if not may_match(text, _SENTENCE_ENDS):
+        return [text.strip()] if text.strip() else []  # what the split gives: nothing to split at
     return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
 
 

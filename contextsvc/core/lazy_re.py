@@ -72,6 +72,14 @@ DIGIT = "\\d"
 _DIGIT = re.compile(r"\d")
 
 
+def has_digit(text: str) -> bool:
+    """Whether ``\\d`` finds a digit in ``text``. In ASCII text the only digits are ``0-9``, and
+    ten C-level substring searches take a third of the time of one ``\\d`` scan in ``re``."""
+    if text.isascii():
+        return any(digit in text for digit in "0123456789")
+    return _DIGIT.search(text) is not None
+
+
 def may_match(text: str, needs: tuple[str | LazyPattern, ...] | None) -> bool:
     """Whether ``text`` holds one of ``needs`` (literal substrings, ``DIGIT``, or a gate: a simple
     pattern found in every text the guarded pattern matches): a pattern that cannot match without
@@ -86,7 +94,7 @@ def may_match(text: str, needs: tuple[str | LazyPattern, ...] | None) -> bool:
         return True
     for need in needs:
         if need is DIGIT:
-            if _DIGIT.search(text) is not None:
+            if has_digit(text):
                 return True
         elif isinstance(need, LazyPattern):
             if need.search(text) is not None:
@@ -94,6 +102,44 @@ def may_match(text: str, needs: tuple[str | LazyPattern, ...] | None) -> bool:
         elif need in text:
             return True
     return False
+
+
+class FoldedPattern:
+    """A pattern searched without regard to case, the cheap way where that finds the same.
+
+    ``re.I`` makes ``re`` fold every character it compares, so an alternation of words scans 2-4x
+    slower than without it. Over ASCII text, the pattern (written in lower case) searched without
+    ``re.I`` in the text lower-cased finds a match exactly where the ``re.I`` search does: ASCII
+    folding is lower-casing, and lower-casing moves no position and changes no word character.
+    Other text is searched with ``re.I`` as written: Unicode folding also lets the dotless i
+    (U+0131), the long s (U+017F) and the Kelvin sign (U+212A) match ``i``, ``s`` and ``k``, which
+    lower-casing does not do. A match found the cheap way is a match in the lower-cased text (its
+    groups are lower case)."""
+
+    __slots__ = ("_cased", "_folded")
+
+    def __init__(self, source: str) -> None:
+        if any(c.isupper() for c in re.sub(r"\\.", "", source)):
+            raise ValueError(f"a folded pattern is written in lower case (escapes aside): {source!r}")
+        self._cased = LazyPattern(source)
+        self._folded = LazyPattern(source, re.I)
+
+    @property
+    def pattern(self) -> str:
+        return self._cased.pattern
+
+    def search(self, string: str) -> re.Match[str] | None:
+        if string.isascii():
+            return self._cased.search(string.lower())
+        return self._folded.search(string)
+
+    def __repr__(self) -> str:
+        return f"folded({self.pattern!r})"
+
+
+def folded(source: str) -> FoldedPattern:
+    """``lazy(source, re.I)`` for ``search``, faster over ASCII text (``FoldedPattern``)."""
+    return FoldedPattern(source)
 
 
 def lazy(source: str, flags: int | re.RegexFlag = 0) -> LazyPattern:

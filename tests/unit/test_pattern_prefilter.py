@@ -1,5 +1,6 @@
-"""A pattern is skipped over a text that holds none of what it needs (``lazy_re.may_match``): the
-entities, fact anchors and anchor kinds found are exactly those of running every pattern."""
+"""A pattern is skipped over a text that holds none of what it needs (``lazy_re.may_match``), and a
+case-free pattern searches ASCII text lower-cased (``lazy_re.folded``): the entities, fact anchors,
+anchor kinds and fact lines found are exactly those of running every pattern with ``re.I``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextsvc.core import breadcrumbs, facts
-from contextsvc.core.lazy_re import DIGIT, may_match
+from contextsvc.core.lazy_re import DIGIT, folded, has_digit, lazy, may_match
+from contextsvc.core.messages import Message, Role
+
+# Letters ``re.I`` matches to ASCII ones (i, s, k) though lower-casing does not make them those.
+DOTLESS_I, LONG_S, KELVIN, DOTTED_I = "\u0131", "\u017f", "\u212a", "\u0130"
 
 # Pieces that make the patterns match (and nearly match), joined by separators that matter to them.
 PIECES = [
@@ -54,8 +59,20 @@ PIECES = [
     "$ ls -la; pwd",
     "error",
     "Timed out",
+    "ERROR",
+    f"fa{DOTLESS_I}led",
+    f"tracebac{KELVIN}",
+    f"you mu{LONG_S}t",
+    "We MUST keep it",
+    "I prefer tabs",
+    "Call me Ana",
+    "don't",
+    "decided.",
     "Alice Smith",
     "said, Bob Jones",
+    "met Zoë",
+    "и Иван Петров",
+    "x Y",
     "٣ days",  # a digit \\d matches though it is not ASCII
     "plain",
     "words",
@@ -70,23 +87,27 @@ PIECES = [
     "$",
     "'",
 ]
-SEPARATORS = [" ", ", ", "; ", ". ", "\n", "\n$ ", ": ", "/", "", '"', "(", ")"]
+SEPARATORS = [" ", ", ", "; ", ". ", "! ", "? ", ".", "\n", "\n$ ", ": ", "/", "", '"', "(", ")", "-", "_"]
 texts = st.lists(st.tuples(st.sampled_from(PIECES), st.sampled_from(SEPARATORS)), max_size=24).map(
     lambda parts: "".join(p + s for p, s in parts)
 )
 
 
 def _everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run every pattern whatever the text holds."""
+    """Run every pattern whatever the text holds, the case-free ones with ``re.I``."""
     monkeypatch.setattr(breadcrumbs, "may_match", lambda text, needs: True)
     monkeypatch.setattr(facts, "may_match", lambda text, needs: True)
+    monkeypatch.setattr(facts, "_ERROR", lazy(facts._ERROR.pattern, re.I))
+    monkeypatch.setattr(facts, "_PREFERENCE", lazy(facts._PREFERENCE.pattern, re.I))
 
 
 def _found(text: str) -> tuple[object, ...]:
+    rows = [Message(role=role, content=text) for role in (Role.USER, Role.ASSISTANT, Role.TOOL)]
     return (
         tuple(breadcrumbs._from_text(text, max_chars=200, scan_chars=20_000)),
         facts._anchors(text),
         facts.anchor_kinds(text),
+        facts.fact_lines(rows),
     )
 
 
@@ -115,6 +136,52 @@ def test_each_pattern_matches_only_where_its_needs_are() -> None:
         matched = [p for p in PIECES if facts._ANCHORS[kind].search(p)]
         assert matched, kind
         assert all(may_match(p, needs) for p in matched), kind
+
+
+def test_gates_that_are_patterns_find_exactly_where_their_pattern_can_start() -> None:
+    """A gate scans a text once, a character class first (fast in ``re``): it must hold wherever
+    its pattern matches, and fail on the texts each gate was written to pass over."""
+    gates = {kind: needs for kind, needs in facts._NEEDS.items()}
+    assert not may_match("the build failed. we retried.", gates["host"])  # a full stop is no host
+    assert may_match("db1.prod.example.org", gates["host"])
+    assert not may_match("note: see below", gates["file_line"]) and may_match("a.py:3", gates["file_line"])
+    assert not may_match("Bob left. Ana stayed", gates["name"])  # capitals starting sentences
+    assert may_match("then, Bob left", gates["name"])
+    assert not may_match("Plain Prose Here", gates["id"]) and may_match("getValue", gates["id"])
+    camel = next(needs for kind, p, needs in breadcrumbs._patterns() if "[A-Z][a-z0-9]+" in p.pattern)
+    assert camel is not None and not may_match("Prose With Capitals", camel) and may_match("v2Api", camel)
+
+
+# Words of the folded patterns, spelt with the letters Unicode folding matches, and others.
+FOLDED_WORDS = [
+    *("kit", "Kit", f"{KELVIN}it", f"{LONG_S}it", f"s{DOTLESS_I}t", "KIT", f"S{DOTTED_I}T"),
+    *("error", f"fa{DOTLESS_I}led", "Failed", f"mu{LONG_S}t", "MUST", "must"),
+]
+folded_texts = st.lists(
+    st.tuples(st.sampled_from([*FOLDED_WORDS, "x", DOTTED_I, "don't", DOTLESS_I]), st.sampled_from([" ", "-", ". "])),
+    max_size=8,
+).map(lambda parts: "".join(w + sep for w, sep in parts))
+
+
+@settings(max_examples=300, deadline=None)
+@given(folded_texts)
+def test_a_folded_pattern_finds_what_re_i_finds(text: str) -> None:
+    for source in (facts._ERROR.pattern, facts._PREFERENCE.pattern, r"\b(?:kit|sit)\b"):
+        cheap, exact = folded(source).search(text), re.search(source, text, re.I)
+        assert (cheap is None) == (exact is None), source
+        if cheap is not None and exact is not None:
+            assert cheap.span() == exact.span()
+
+
+def test_a_folded_pattern_is_written_in_lower_case() -> None:
+    with pytest.raises(ValueError, match="lower case"):
+        folded(r"\bError\b")
+    assert folded(r"\bnot\S+\b").search("NOTE") is not None  # escapes may be upper case
+
+
+@given(st.text(alphabet=st.sampled_from("ab 09٣੭x\n"), max_size=30))
+def test_has_digit_is_what_re_finds(text: str) -> None:
+    assert has_digit(text) == (re.search(r"\d", text) is not None)
 
 
 def test_may_match() -> None:
