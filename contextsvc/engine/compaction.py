@@ -13,7 +13,8 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -37,7 +38,7 @@ from contextsvc.core.history import HistoryChunk
 from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
-from contextsvc.core.tokens import image_tokens_of
+from contextsvc.core.tokens import CalibratedCounter, TextCounter, image_tokens_of
 from contextsvc.core.view_budget import budget_images, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
@@ -61,6 +62,41 @@ REPLACED_RANGES_KEY = "replaced_ranges"
 # Engine-state keys (kept in the session's opaque state mapping).
 _LAST_AFTER = "last_compaction_tokens"
 _FLUSH_EPOCH = "memory_flush_epoch"
+
+
+#: Within one compaction (``_shared_shown``): each row as the view shows it, per counter and view
+#: rules. A compaction plans more than once (the plan, a wider one, the clearing, the checks of
+#: progress), each over the same rows: ~5 passes of ``truncate_for_view`` over a 500-row context.
+_SHOWN: ContextVar[dict[tuple[int, int, bool, int], tuple[object, dict[int, tuple[Message, Message]]]] | None] = (
+    ContextVar("contextsvc_shown_rows", default=None)
+)
+
+
+@contextlib.contextmanager
+def _shared_shown() -> Iterator[None]:
+    """Rows are cut for the view once per counter within this block (``Compactor.counter``); what
+    is remembered lives as long as the block, so it is bounded by the rows one compaction reads."""
+    token = _SHOWN.set({})
+    try:
+        yield
+    finally:
+        _SHOWN.reset(token)
+
+
+def _shown_cache(text: TextCounter, budget: int, vision: bool, window: int) -> dict[int, tuple[Message, Message]]:
+    """The rows shown by ``text`` under these view rules so far in this compaction (a new dict
+    outside one). Keyed by the calibration a counter prices with (each call of ``counter`` makes a
+    new counter of the cached calibration), held with it: a refit during the compaction (a
+    baseline recorded while the summarizer runs) is another calibration, and cuts anew."""
+    shared = _SHOWN.get()
+    if shared is None:
+        return {}
+    prices = text.calibration if isinstance(text, CalibratedCounter) else text
+    key = (id(prices), budget, vision, window)
+    entry = shared.get(key)
+    if entry is None or entry[0] is not prices:
+        entry = shared[key] = (prices, {})
+    return entry[1]
 
 
 class Reason(StrEnum):
@@ -267,18 +303,18 @@ class Compactor:
         text = self._accounting.counter(profile.model)
         budget = profile.per_message_budget
         fallback = self._settings.tokens.image_tokens_fallback
-        cache: dict[int, Message] = {}
+        cache = _shown_cache(text, budget, profile.vision, profile.context_window)
 
         def shown(m: Message) -> Message:
             key = id(m)
             got = cache.get(key)
             if got is None:
-                got = truncate_for_view(m, budget, text)
-                if got.images and not profile.vision:
+                cut = truncate_for_view(m, budget, text)
+                if cut.images and not profile.vision:
                     # The view's copy: no images, a notice naming them (per message, so additive).
-                    got = budget_images([got], window=profile.context_window, text_tokens=0, vision=False).messages[0]
-                cache[key] = got
-            return got
+                    cut = budget_images([cut], window=profile.context_window, text_tokens=0, vision=False).messages[0]
+                got = cache[key] = (m, cut)  # ``m`` held: its id names no other row while cached
+            return got[1]
 
         def count(rows: Sequence[Message]) -> int:
             # Sizes summed first and rounded once, as the view's estimate does: rounding each row
@@ -550,7 +586,7 @@ class Compactor:
         """Plan and (unless ``dry_run``) carry out a compaction. Forced runs raise
         ``NothingToCompact`` when nothing can be removed; automatic ones report ``compressed=False``."""
         # One extraction of each row's entities for the summary, the breadcrumbs and the index.
-        with telemetry.compaction_span(s.session.id, s.reason.value), shared_extraction():
+        with telemetry.compaction_span(s.session.id, s.reason.value), shared_extraction(), _shared_shown():
             report = await self._run(s, dry_run=dry_run)
             telemetry.compaction_done(report)
             return report
