@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextsvc.core import breadcrumbs, facts
+from contextsvc.core.compression import importance
 from contextsvc.core.lazy_re import DIGIT, folded, has_digit, lazy, may_match
 from contextsvc.core.messages import Message, Role
 
@@ -156,6 +157,7 @@ def test_gates_that_are_patterns_find_exactly_where_their_pattern_can_start() ->
 FOLDED_WORDS = [
     *("kit", "Kit", f"{KELVIN}it", f"{LONG_S}it", f"s{DOTLESS_I}t", "KIT", f"S{DOTTED_I}T"),
     *("error", f"fa{DOTLESS_I}led", "Failed", f"mu{LONG_S}t", "MUST", "must"),
+    *("no,", "No!", f"in{LONG_S}tead", "INSTEAD", "Don't", "ACTUALLY", "let's go with"),
 ]
 folded_texts = st.lists(
     st.tuples(st.sampled_from([*FOLDED_WORDS, "x", DOTTED_I, "don't", DOTLESS_I]), st.sampled_from([" ", "-", ". "])),
@@ -166,7 +168,7 @@ folded_texts = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(folded_texts)
 def test_a_folded_pattern_finds_what_re_i_finds(text: str) -> None:
-    for source in (facts._ERROR.pattern, facts._PREFERENCE.pattern, r"\b(?:kit|sit)\b"):
+    for source in (facts._ERROR.pattern, facts._PREFERENCE.pattern, importance._CORRECTION.pattern, r"\b(?:kit|sit)\b"):
         cheap, exact = folded(source).search(text), re.search(source, text, re.I)
         assert (cheap is None) == (exact is None), source
         if cheap is not None and exact is not None:

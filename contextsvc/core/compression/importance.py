@@ -20,15 +20,16 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 
+from contextsvc.core.lazy_re import folded
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import Message, Role
 
 _ERROR_FIRST_LINE = re.compile(r"^\W*(error|exception|traceback|fatal|failed|failure)\b", re.IGNORECASE)
-_CORRECTION = re.compile(
+#: Searched lower-cased in ASCII text (``folded``: a third of the time of ``re.I``, the same finds).
+_CORRECTION = folded(
     r"^\s*no\b[\s,.!]"
     r"|\b(don'?t|do not|never|always|instead|actually|wrong|incorrect|not what i|from now on|remember"
-    r"|decided|decision|let'?s go with|correction)\b",
-    re.IGNORECASE,
+    r"|decided|decision|let'?s go with|correction)\b"
 )
 #: an error is recognized in the head of a result only: scanning a megabyte is not worth it.
 _SCAN_CHARS = 2000
