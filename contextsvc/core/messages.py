@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,6 +58,13 @@ class Flags:
 DEFAULT_FLAGS = Flags()
 
 
+@functools.lru_cache(maxsize=256)
+def _flags_with(flags: Flags, **changes: bool) -> Flags:
+    """``flags`` with ``changes``, one object per combination: a compaction changes the same flag
+    of hundreds of rows, and ``dataclasses.replace`` walks the fields' definitions each time."""
+    return dataclasses.replace(flags, **changes)
+
+
 @dataclass(slots=True, frozen=True, weakref_slot=True)
 class Message:
     """One stored row. ``sequence_number`` is 0 until the store assigns it.
@@ -84,7 +92,7 @@ class Message:
     context_anchor: int = 0
 
     def with_flags(self, **changes: bool) -> Message:
-        return dataclasses.replace(self, flags=dataclasses.replace(self.flags, **changes))
+        return _copy_with(self, flags=_flags_with(self.flags, **changes))
 
     def copy_with(self, **changes: Any) -> Message:
         """``dataclasses.replace(self, **changes)``, without its walk over the fields' definitions

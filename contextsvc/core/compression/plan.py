@@ -307,7 +307,8 @@ def _by_turns(lay: _Layout, budget: int, keep_recent: int, filler_chars: int) ->
     fillers = [
         t for t in conv[-k:-1] if is_filler(lay.turn_rows(t), lay.names, lay.critical, filler_chars)
     ]  # never the newest turn; oldest first
-    scored = [(turn_importance(lay.turn_rows(t), lay.names, lay.critical), t) for t in conv[:-k]]
+    # The older turns are scored only when a filler could make room for one (a few hundred turns).
+    scored = [(turn_importance(lay.turn_rows(t), lay.names, lay.critical), t) for t in conv[:-k]] if fillers else []
     important = [t for s, t in sorted(scored, key=lambda st: (-st[0], -st[1].start)) if s > 0]
     for t in important:
         if not fillers:
