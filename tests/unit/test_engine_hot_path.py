@@ -637,3 +637,29 @@ def test_an_append_to_a_known_session_reads_no_session_and_a_recreated_one_is_pr
         await engine.close()
 
     asyncio.run(run())
+
+
+async def test_a_compaction_cuts_each_row_for_the_view_once_however_often_it_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compaction plans more than once over the same rows (its plan, a wider one, the clearing,
+    the checks of progress); each row is cut to the view's budget once per calibration."""
+    from contextsvc.engine import compaction
+
+    engine, _ = await _engine(_settings())
+    sid = await _session(engine, n=60)
+    cut: list[int] = []
+    real = compaction.truncate_for_view
+
+    def counting(m: Message, budget: int, counter: Any) -> Message:
+        cut.append(m.sequence_number)
+        return real(m, budget, counter)
+
+    monkeypatch.setattr(compaction, "truncate_for_view", counting)
+    report = await engine.compress(ANONYMOUS, sid, profile=ProfileOverrides(), note="", dry_run=False)
+    assert report.compressed
+    assert len(cut) == len(set(cut)) and set(range(1, 61)) <= set(cut)  # each row once (and the summary)
+    cut.clear()
+    await engine.compress(ANONYMOUS, sid, profile=ProfileOverrides(), note="", dry_run=True)
+    assert cut  # another compaction cuts again: nothing is kept past the one that read the rows
+    await engine.close()
