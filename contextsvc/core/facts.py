@@ -120,7 +120,8 @@ class _Candidate:
     carried: bool = False
 
 
-def _anchors(sentence: str) -> set[str]:
+def _anchors(sentence: str, *, errors: bool = True) -> set[str]:
+    """The anchors ``sentence`` holds; with ``errors``, an ``error:`` one when it has an error word."""
     found: set[str] = set()
     for kind, pattern in _ANCHORS.items():
         if not may_match(sentence, _NEEDS.get(kind)):
@@ -131,7 +132,7 @@ def _anchors(sentence: str) -> set[str]:
                 continue
             if len(value) >= 3:
                 found.add(value.casefold())
-    if _ERROR.search(sentence):
+    if errors and _ERROR.search(sentence):
         found.add("error:" + sentence[:60].casefold())
     return found
 
@@ -221,10 +222,8 @@ def fact_lines(
             continue
         per_tool: list[_Candidate] = []
         for sentence in _sentences(m):
-            anchors = frozenset(_anchors(sentence))
-            if m.role is not Role.TOOL:
-                # An error word in conversation is chatter; an error line in tool output is a fact.
-                anchors = frozenset(x for x in anchors if not x.startswith("error:"))
+            # An error word in conversation is chatter; an error line in tool output is a fact.
+            anchors = frozenset(_anchors(sentence, errors=m.role is Role.TOOL))
             preference = m.role is Role.USER and bool(_PREFERENCE.search(sentence))
             refs.update(anchors)
             if not anchors and not preference:
