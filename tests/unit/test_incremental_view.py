@@ -137,6 +137,38 @@ class World:
         assert pb.BuildContextResponse.FromString(encoded.data) == expected
         # And a second encoding of the very same view (the whole-view hit) is the same bytes.
         assert encode_build_response(built, self.sid, self.wire, response_fields(built)).data == encoded.data
+        await self.check_incoming(effective, context, EngineState.of(session), counter)
+
+    async def check_incoming(self, effective: Any, context: list[Message], state: EngineState, counter: Any) -> None:
+        """A build with the user's next message (added to the stored rows' view) equals one from
+        scratch; some of those messages exceed one message's budget (assembled whole, cut)."""
+        engine = self.engine
+        assert engine is not None
+        words = (len(context) * 37) % 300
+        text = " ".join(f"q{i % 89}" for i in range(words))
+        incoming = Message(role=Role.USER, content=f"next {len(context)} {text}")
+        fresh = engine.views._assemble(effective, context, incoming, state, counter)
+        again = engine.views.assemble(effective, context, incoming, state, session_id=self.sid)
+        fields = ("segments", "truncated", "estimate", "notices", "chars", "features", "last_sequence", "had_images")
+        for field in fields:
+            assert getattr(again, field) == getattr(fresh, field), field
+        assert again.rows == fresh.rows
+        assert again.extends is None or all(map(operator.is_, again.extends, again.plain or []))
+        try:
+            built = await engine.build_context(
+                ANONYMOUS,
+                self.sid,
+                profile=self.profile,
+                incoming=IncomingMessage(incoming),
+                mid_turn=False,
+                auto_compress=False,
+            )
+        except ContextError:
+            return
+        assert built.estimate == fresh.estimate
+        expected = build_response(dataclasses.replace(built, messages=fresh.plain or []))
+        encoded = encode_build_response(built, self.sid, self.wire, response_fields(built))
+        assert pb.BuildContextResponse.FromString(encoded.data) == expected
 
     async def step(self, op: tuple[str, int, Any], k: int) -> None:
         engine = self.engine
