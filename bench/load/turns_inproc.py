@@ -4,6 +4,7 @@
     python bench/load/turns_inproc.py --profile 25          # + cProfile, the 25 costliest functions
     python bench/load/turns_inproc.py --ab ../base --rounds 5   # interleaved against another checkout
     python bench/load/turns_inproc.py --concurrent              # the sessions' turns overlap, as 50 agents'
+    python bench/load/turns_inproc.py --incoming                # the user message sent with BuildContext
 
 Builds ``ContextServicer`` on a memory store with the load suite's ``bench`` profile (run.py
 ``SERVER_CONFIG``), seeds ``--sessions`` sessions of ``--messages`` messages, then runs
@@ -47,10 +48,13 @@ async def _loop(
     dsn: str = "",
     session_profile: str = "bench",
     long_every: int = 0,
+    incoming: bool = False,
 ) -> float:
     """``compounding``: each baseline 5 % above the view's estimate, which compounds through
     baseline + delta until the sessions compact (``compaction_cost.py``); else the provider's
-    count of the view (``workload.provider_tokens``), as the drivers send."""
+    count of the view (``workload.provider_tokens``), as the drivers send. ``incoming``: each turn
+    sends its user message with BuildContext (``incoming``) and appends it with the answer after
+    the baseline, as an agent that builds before it stores does."""
     from inproc import CallContext, bench_settings, seed_sessions, serve_in_process
     from workload import provider_tokens, turn_messages
 
@@ -96,8 +100,13 @@ async def _loop(
         nonlocal client
         sid = sids[k]
         # Requests parsed and responses serialized as the server would (bytes in, bytes out).
-        serialize(await servicer.AppendMessages(pb.AppendMessagesRequest.FromString(appended), ctx))
-        encoded = serialize(await servicer.BuildContext(wire(pb.BuildContextRequest(session_id=sid)), ctx))
+        append = pb.AppendMessagesRequest.FromString(appended)
+        if incoming:
+            build = pb.BuildContextRequest(session_id=sid, incoming=append.messages[0])
+        else:
+            serialize(await servicer.AppendMessages(append, ctx))
+            build = pb.BuildContextRequest(session_id=sid)
+        encoded = serialize(await servicer.BuildContext(wire(build), ctx))
         began = time.process_time()
         if profiling:
             prof.disable()
@@ -110,6 +119,8 @@ async def _loop(
             prof.enable()
         client += time.process_time() - began
         serialize(await servicer.RecordBaseline(pb.RecordBaselineRequest.FromString(request), ctx))
+        if incoming:
+            serialize(await servicer.AppendMessages(pb.AppendMessagesRequest.FromString(appended), ctx))
         await asyncio.sleep(0)
 
     def appends(k: int, t: int) -> bytes:
@@ -166,6 +177,9 @@ def main() -> None:
         "--session-profile", default="bench", help="the sessions' profile (bench: 4 M tokens; default: 32,768)"
     )
     parser.add_argument("--long-every", type=int, default=0, help="every N seeded tool results, one of ~8,000 tokens")
+    parser.add_argument(
+        "--incoming", action="store_true", help="the user message goes with BuildContext, appended after the baseline"
+    )
     parser.add_argument("--root", default=str(HERE.parents[1]), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.ab:
@@ -178,7 +192,15 @@ def main() -> None:
         try:
             dsn = cluster.start() if cluster is not None else ""
             run = (args.sessions, args.messages, args.turns, args.profile, args.concurrent, args.store)
-            ms = asyncio.run(_loop(*run, dsn=dsn, session_profile=args.session_profile, long_every=args.long_every))
+            ms = asyncio.run(
+                _loop(
+                    *run,
+                    dsn=dsn,
+                    session_profile=args.session_profile,
+                    long_every=args.long_every,
+                    incoming=args.incoming,
+                )
+            )
         finally:
             if cluster is not None:
                 cluster.stop()
@@ -192,6 +214,7 @@ def main() -> None:
     run += ["--concurrent"] if args.concurrent else []
     run += ["--session-profile", args.session_profile] if args.session_profile != "bench" else []
     run += ["--long-every", str(args.long_every)] if args.long_every else []
+    run += ["--incoming"] if args.incoming else []
     alternate(Path(__file__), args.ab, args.rounds, [*run, "--store", args.store], "ms/turn")
 
 
