@@ -35,8 +35,11 @@ def quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
-async def turns(address: str, sessions: list[str], *, seconds: float, max_turns: int, tokens: int) -> dict[str, Any]:
-    """Each session is one agent: append 2 messages, build, record a baseline; repeat until a bound."""
+async def turns(
+    address: str, sessions: list[str], *, seconds: float, max_turns: int, tokens: int, incoming: bool = False
+) -> dict[str, Any]:
+    """Each session is one agent: append 2 messages, build, record a baseline; repeat until a bound.
+    ``incoming``: the user message goes with BuildContext, and both are appended after the baseline."""
     lat: dict[str, list[float]] = {"AppendMessages": [], "BuildContext": [], "RecordBaseline": []}
     errors: dict[str, int] = {}
     done = 0
@@ -47,25 +50,32 @@ async def turns(address: str, sessions: list[str], *, seconds: float, max_turns:
         async def agent(k: int, sid: str) -> None:
             nonlocal done
             turn = 0
+
+            async def store(messages: list[Any]) -> float:
+                began = time.perf_counter()
+                await stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=messages))
+                return time.perf_counter() - began
+
             while time.monotonic() < deadline and done < max_turns:
                 turn += 1
+                messages = turn_messages(k * 100_000 + turn)
                 try:
-                    t0 = time.perf_counter()
-                    await stub.AppendMessages(
-                        pb.AppendMessagesRequest(session_id=sid, messages=turn_messages(k * 100_000 + turn))
-                    )
+                    appended = 0.0 if incoming else await store(messages)
                     t1 = time.perf_counter()
-                    built = await stub.BuildContext(pb.BuildContextRequest(session_id=sid))
+                    build = pb.BuildContextRequest(session_id=sid, incoming=messages[0] if incoming else None)
+                    built = await stub.BuildContext(build)
                     t2 = time.perf_counter()
                     count = provider_tokens(built.messages) if tokens == 0 else tokens
                     await stub.RecordBaseline(
                         pb.RecordBaselineRequest(session_id=sid, view_id=built.view_id, prompt_tokens=count)
                     )
                     t3 = time.perf_counter()
+                    if incoming:  # both messages stored once the model answered
+                        appended = await store(messages)
                 except grpc.aio.AioRpcError as exc:
                     errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                     continue
-                lat["AppendMessages"].append(t1 - t0)
+                lat["AppendMessages"].append(appended)
                 lat["BuildContext"].append(t2 - t1)
                 lat["RecordBaseline"].append(t3 - t2)
                 done += 1
@@ -176,12 +186,14 @@ def main() -> None:
     parser.add_argument("--max-count", type=int, default=10_000)
     parser.add_argument("--watchers", type=int, default=50)
     parser.add_argument("--prompt-tokens", type=int, default=0)
+    parser.add_argument(
+        "--incoming", action="store_true", help="turns: the user message goes with BuildContext, appended after"
+    )
     args = parser.parse_args()
     sessions = args.sessions.split(",")
     if args.driver == "turns":
-        out = asyncio.run(
-            turns(args.address, sessions, seconds=args.seconds, max_turns=args.max_count, tokens=args.prompt_tokens)
-        )
+        bounds = {"seconds": args.seconds, "max_turns": args.max_count, "tokens": args.prompt_tokens}
+        out = asyncio.run(turns(args.address, sessions, **bounds, incoming=args.incoming))
     else:
         out = asyncio.run(
             stream(args.address, sessions[0], watchers=args.watchers, events=args.max_count, seconds=args.seconds)

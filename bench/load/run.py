@@ -85,6 +85,9 @@ class Run:
     profile: str = "bench"
     #: one seeded tool result in every ``long_every`` is ~8,000 tokens (``workload.messages``)
     long_every: int = 0
+    #: turns: the user message goes with BuildContext (``incoming``), and both messages are
+    #: appended after the baseline (an agent that builds before it stores)
+    incoming: bool = False
     #: soak: the same call run this long, unmeasured, before the "before" sample, so that the soak
     #: measures growth from the server's working set under that load (50 streams of 75 KB
     #: responses: ~3 MB of buffers the first seconds allocate), not from the idle server's.
@@ -327,6 +330,8 @@ class Loader:
         ]  # fmt: skip
         if kind == "turns" and self.turn_driver:
             cmd = [self.turn_driver, *cmd[3:-2]]  # the same flags, without --watchers
+        if kind == "turns" and run.incoming:
+            cmd.append("--incoming")
         before, children = cpu_split(server.pid), children_cpu_seconds()
         loop_before, began = cpu_seconds(server.pid, server.pid), time.monotonic()
         done = subprocess.run(cmd, check=True, timeout=seconds + 120, capture_output=True, text=True)

@@ -4,13 +4,17 @@ driver (``drivers.py turns``) reports, in the same JSON shape."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
@@ -106,3 +110,49 @@ def test_each_baseline_is_the_providers_count_of_its_view(
             assert len(view.messages) >= 2
             held = stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_tokens
             assert held == provider_tokens(view.messages) == view.estimate.total
+
+
+@pytest.mark.parametrize("client", ["go", "python"])
+def test_with_incoming_the_user_message_goes_with_the_build_and_both_are_stored_after(
+    driver: str, memory_server: ServerProcess, client: str
+) -> None:
+    """``--incoming``: each build's view ends with the turn's user message, not yet stored, and
+    every counted turn stored its two messages after its baseline."""
+    with memory_server.channel() as channel:
+        stub = pb_grpc.ContextServiceStub(channel)
+        sessions = [stub.CreateSession(pb.CreateSessionRequest(name=f"agent {k}")).id for k in range(2)]
+        # What the session's events say happened first: its first baseline, before any append.
+        events = stub.StreamEvents(pb.StreamEventsRequest(session_id=sessions[1]), timeout=60)
+        order: list[str] = []
+
+        def watch() -> None:
+            with contextlib.suppress(grpc.RpcError):
+                for event in events:
+                    kind = event.WhichOneof("payload")
+                    if kind in ("baseline_recorded", "messages_appended"):
+                        order.append(kind)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        time.sleep(0.5)  # the stream is live before the first call
+        flags = ["--address", memory_server.address, "--sessions", ",".join(sessions), "--seconds", "30"]
+        command = [driver] if client == "go" else [sys.executable, str(LOAD / "drivers.py"), "turns"]
+        done = subprocess.run([*command, *flags, "--max-count", "10", "--incoming"], capture_output=True, text=True)
+        time.sleep(0.5)
+        events.cancel()
+        watcher.join(10)
+        assert order[:2] == ["baseline_recorded", "messages_appended"], order[:4]
+        run = json.loads(done.stdout)
+        assert run["count"] >= 10 and run["errors"] == {}
+        assert all(run["latency"][name]["p50_ms"] > 0 for name in ("AppendMessages", "BuildContext", "RecordBaseline"))
+        page = stub.ListMessages(pb.ListMessagesRequest(session_id=sessions[1], page_size=1000))
+        stored = [(m.role, m.content) for m in page.messages]
+        turns = len(stored) // 2
+        assert turns >= 1 and len(stored) == 2 * turns
+        want = [(m.role, m.content) for t in range(1, turns + 1) for m in turn_messages(1 * 100_000 + t)]
+        assert stored == want
+        # The next turn's build, as the driver sends it: the stored rows, then the user message.
+        nxt = turn_messages(1 * 100_000 + turns + 1)
+        view = stub.BuildContext(pb.BuildContextRequest(session_id=sessions[1], incoming=nxt[0]))
+        assert [(m.role, m.content) for m in view.messages] == [*want, (nxt[0].role, nxt[0].content)]
+        assert view.estimate.segments.incoming > 0

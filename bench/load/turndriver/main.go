@@ -2,8 +2,9 @@
 // load suite's client costs what ghz costs for Health/Check rather than a Python asyncio client's
 // CPU on the same two cores. Each session is one agent: AppendMessages of workload.turn_messages'
 // two messages, BuildContext, RecordBaseline of a provider's count of the view (providerTokens); repeated until a
-// time or turn bound. One connection, GOMAXPROCS 1 (ghz's --cpus 1 --connections 1). Prints the
-// same JSON object as the Python driver (plus "client": "go").
+// time or turn bound. With --incoming, the user message goes with BuildContext and both are
+// appended after the baseline. One connection, GOMAXPROCS 1 (ghz's --cpus 1 --connections 1).
+// Prints the same JSON object as the Python driver (plus "client": "go").
 //
 //	turndriver --address 127.0.0.1:50051 --sessions s1,s2 --seconds 10 --max-count 5000
 //	turndriver --dump 7,3   # the messages of agent 7's turn 3, as JSON (to compare with Python)
@@ -90,6 +91,9 @@ type loop struct {
 	deadline time.Time
 	maxTurns int64
 	tokens   int64
+	// incoming: the user message goes with BuildContext, and both messages are appended after
+	// the baseline (an agent that builds before it stores)
+	incoming bool
 	done     atomic.Int64
 	mu       sync.Mutex
 	lat      map[string][]float64
@@ -105,14 +109,23 @@ func (l *loop) fail(err error) {
 func (l *loop) agent(ctx context.Context, k int, sid string) {
 	var mine [3][]float64
 	for turn := uint64(1); time.Now().Before(l.deadline) && l.done.Load() < l.maxTurns; turn++ {
-		t0 := time.Now()
 		msgs := turnMessages(uint64(k)*100_000 + turn)
-		if _, err := l.stub.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: sid, Messages: msgs}); err != nil {
+		store := func() (float64, error) {
+			t := time.Now()
+			_, err := l.stub.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: sid, Messages: msgs})
+			return time.Since(t).Seconds(), err
+		}
+		build := &pb.BuildContextRequest{SessionId: sid}
+		var appended float64
+		var err error
+		if l.incoming {
+			build.Incoming = msgs[0]
+		} else if appended, err = store(); err != nil {
 			l.fail(err)
 			continue
 		}
 		t1 := time.Now()
-		built, err := l.stub.BuildContext(ctx, &pb.BuildContextRequest{SessionId: sid})
+		built, err := l.stub.BuildContext(ctx, build)
 		if err != nil {
 			l.fail(err)
 			continue
@@ -128,7 +141,13 @@ func (l *loop) agent(ctx context.Context, k int, sid string) {
 			continue
 		}
 		t3 := time.Now()
-		mine[0] = append(mine[0], t1.Sub(t0).Seconds())
+		if l.incoming { // both messages stored once the model answered
+			if appended, err = store(); err != nil {
+				l.fail(err)
+				continue
+			}
+		}
+		mine[0] = append(mine[0], appended)
 		mine[1] = append(mine[1], t2.Sub(t1).Seconds())
 		mine[2] = append(mine[2], t3.Sub(t2).Seconds())
 		l.done.Add(1)
@@ -152,7 +171,7 @@ func providerTokens(messages []*pb.Message) int64 {
 	return n
 }
 
-func run(address string, sessions []string, seconds float64, maxTurns, tokens int64, window int32) (*report, error) {
+func run(address string, sessions []string, seconds float64, maxTurns, tokens int64, window int32, incoming bool) (*report, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
@@ -169,6 +188,7 @@ func run(address string, sessions []string, seconds float64, maxTurns, tokens in
 		stub:     pb.NewContextServiceClient(conn),
 		deadline: time.Now().Add(time.Duration(seconds * float64(time.Second))),
 		maxTurns: maxTurns,
+		incoming: incoming,
 		tokens:   tokens,
 		lat:      map[string][]float64{appendCall: nil, buildCall: nil, baselineCall: nil},
 		errors:   map[string]int{},
@@ -236,6 +256,7 @@ func main() {
 	cpus := flag.Int("cpus", 1, "GOMAXPROCS")
 	window := flag.Int("window", 0, "fixed HTTP/2 window in bytes (0: grpc-go's dynamic window)")
 	dumpSpec := flag.String("dump", "", "print the messages of AGENT,TURN and exit")
+	incoming := flag.Bool("incoming", false, "send the user message with BuildContext; append both after the baseline")
 	flag.Parse()
 	if *dumpSpec != "" {
 		if err := dump(*dumpSpec); err != nil {
@@ -249,7 +270,7 @@ func main() {
 		os.Exit(2)
 	}
 	runtime.GOMAXPROCS(*cpus)
-	out, err := run(*address, strings.Split(*sessions, ","), *seconds, *maxCount, *tokens, int32(*window))
+	out, err := run(*address, strings.Split(*sessions, ","), *seconds, *maxCount, *tokens, int32(*window), *incoming)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "turndriver:", err)
 		os.Exit(1)
