@@ -444,6 +444,9 @@ class ViewService:
         #: session id -> the view record saved for its reused view (``_SavedView``), so a build that
         #: reuses the assembled view also reuses its record instead of writing a new one.
         self._saved: OrderedDict[str, _SavedView] = OrderedDict()
+        #: per session, the last view made of its reusable one for one build (the user's incoming
+        #: message added, recalled excerpts): a baseline of it reads the record here too
+        self._single: OrderedDict[str, _SavedView] = OrderedDict()
         #: builds and baselines this process served, of every session: a baseline that finds its
         #: view's count (``_SavedView.calls``) behind it was not the only request under way.
         self._calls = 0
@@ -745,6 +748,7 @@ class ViewService:
         sessions' rows stayed alive."""
         self._memo.forget(session_id)
         self._saved.pop(session_id, None)
+        self._single.pop(session_id, None)
 
     def _assemble(
         self,
@@ -955,15 +959,21 @@ class ViewService:
             image_tokens=built.image_tokens,
         )
         await self._store.save_view(session.id, record, keep=keep)
-        if anchor and self._memo.holds(session.id, built):
-            self._saved[session.id] = _SavedView(
-                built, epoch, view_id, session.create_time, record, session, calls=self._calls
-            )
-            self._saved.move_to_end(session.id)
-            while len(self._saved) > max(1, self._settings.hot_path.view_cache_sessions):
-                self._saved.popitem(last=False)
-        elif saved is not None:
-            saved.others += 1
+        # A view made for one build (not the session's reusable one) is kept apart, so the reusable
+        # one keeps its id for the builds that reuse it. Both count the views saved after them.
+        reusable = self._memo.holds(session.id, built)
+        slot, other = (self._saved, self._single) if reusable else (self._single, self._saved)
+        previous = other.get(session.id)
+        if previous is not None:
+            previous.others += 1
+        if anchor:
+            kept = _SavedView(built, epoch, view_id, session.create_time, record, session, calls=self._calls)
+            slot[session.id] = kept
+            slot.move_to_end(session.id)
+            while len(slot) > max(1, self._settings.hot_path.view_cache_sessions):
+                slot.popitem(last=False)
+        elif slot.get(session.id) is not None:
+            slot[session.id].others += 1
         return view_id
 
     async def estimate_messages(
@@ -1024,6 +1034,8 @@ class ViewService:
         if prompt_tokens <= 0:
             raise InvalidArgument.field("prompt_tokens", "must be positive")
         saved = self._saved.get(sid)
+        if saved is None or saved.view_id != view_id:
+            saved = self._single.get(sid) or saved  # a view made for one build (an incoming message)
         if saved is not None and (
             saved.view_id != view_id
             # The store let it go. Counted by this process's saves alone: when other replicas

@@ -150,6 +150,27 @@ async def test_a_baseline_of_the_view_just_built_reads_no_view_and_anchors_in_on
     await engine.close()
 
 
+async def test_a_baseline_of_a_view_built_with_the_incoming_message_takes_the_same_one_store_call() -> None:
+    """An agent that sends its user's message with BuildContext: the baseline of that view reads
+    no session and no view either (the reusable view keeping its id: the test above)."""
+    engine, store = await _engine(_settings())
+    sid = await _session(engine)
+    plain = await _build(engine, sid)
+    incoming = IncomingMessage(Message(role=Role.USER, content="and what about the retry budget?"))
+    view = await _build(engine, sid, incoming)
+    assert view.view_id != plain.view_id and view.messages[-1].message.content == incoming.message.content
+    read = store.sessions_read
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 9)
+    assert result.recorded
+    assert (store.sessions_read - read, store.views_read) == (0, 0)
+    assert (store.unlocked_state_writes, store.state_writes) == (1, 0)
+    baseline = EngineState.of(await store.get_session(sid, caller=ANONYMOUS)).baseline
+    # Anchored on the stored rows: the incoming message is not stored yet.
+    assert baseline is not None and baseline.view_id == view.view_id
+    assert baseline.tokens == view.estimate.total + 9 - view.estimate.segments.incoming
+    await engine.close()
+
+
 async def test_a_baseline_of_a_view_the_store_let_go_is_not_found_though_this_process_saved_it() -> None:
     settings = _settings()
     engine, store = await _engine(settings)
