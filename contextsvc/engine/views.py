@@ -35,7 +35,7 @@ from contextsvc.core.tokens import (
     messages_chars,
     messages_features,
 )
-from contextsvc.core.view import Segment, build_view
+from contextsvc.core.view import Segment, View, build_view
 from contextsvc.core.view_budget import budget_images, too_large, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
@@ -367,6 +367,25 @@ class _Sums:
         return _Sums(rows=tuple(map(operator.add, self.rows, features)), segments=tuple(segments))
 
 
+def _legal_tail(before: Sequence[Message], added: Sequence[Message]) -> View | None:
+    """The view of ``added`` alone when the legal view of ``before`` followed by ``added`` is the
+    legal view of ``before`` followed by ``added`` unchanged, else None (``core.legal``): a user
+    message ends every tool-call run, so added rows that start with one, are no records, carry no
+    image and are legal on their own, after rows whose last conversation row leaves no call
+    unanswered, change nothing before them and are kept as they are."""
+    if not added or added[0].role is not Role.USER:
+        return None
+    last = next((m for m in reversed(before) if m.role is not Role.SYSTEM), None)
+    if last is not None and last.tool_calls:
+        return None
+    if any(m.role is Role.SYSTEM or m.images for m in added):
+        return None
+    tail = build_view("", (), added)
+    if len(tail.messages) != len(added) or not all(map(operator.is_, tail.messages, added)):
+        return None
+    return tail
+
+
 def _recut(kept: Assembled, counter: CalibratedCounter, budget: int) -> Assembled:
     """``kept`` (with ``sums``) with each row of ``kept.over`` cut by ``counter``, as a build from
     scratch cuts it (a new fit moves where a cut falls): O(rows cut), not O(rows). A cut that comes
@@ -561,25 +580,17 @@ class ViewService:
         """``kept`` (the view of ``before``) with the rows ``added`` to its context since, or None
         when they could change what the view holds of the rows before them.
 
-        A user message ends every tool-call run, so when the added rows start with one, are not
-        records, carry no image and are legal on their own (``build_view`` keeps them unchanged),
-        and the kept context's last conversation row is no assistant with calls (the pending call
-        that a newer row would leave unanswered), the legal view of the whole is the kept view
-        followed by the added rows (``core.legal``). No kept row is cut anew when none alone
+        When the added rows follow the kept ones legally as they are (``_legal_tail``), the legal
+        view of the whole is the kept view followed by them. No kept row is cut anew when none alone
         exceeds one message's budget (``_none_cut``: the largest features of the kept rows and the
         added ones priced once; else the added ones priced one by one, and those over the budget
         cut as ``_assemble`` cuts them: a long tool result). Without a calibrated counter, nothing
         is cut and the whole fits it. Then only the added rows (and the rows cut before, when the
         counter changed: ``_recut``) are measured, and the view is priced again."""
-        if kept.parts is None or not added or not _additive(counter) or added[0].role is not Role.USER:
+        if kept.parts is None or not _additive(counter):
             return None
-        last = next((m for m in reversed(before) if m.role is not Role.SYSTEM), None)
-        if last is not None and last.tool_calls:
-            return None
-        if any(m.role is Role.SYSTEM or m.images for m in added):
-            return None
-        tail = build_view("", (), added)
-        if len(tail.messages) != len(added) or not all(map(operator.is_, tail.messages, added)):
+        tail = _legal_tail(before, added)
+        if tail is None:
             return None
         budget = profile.per_message_budget
         sums = None
@@ -661,22 +672,13 @@ class ViewService:
 
         An agent that sends its user's new message with BuildContext (appending it with the
         answer) had every such build assembled from scratch: ~15x a build of the stored rows alone
-        for 200 of them. As for rows appended (``_extended``): a user message without calls or
-        images, after a context whose last conversation row leaves no call unanswered, is the
-        legal view's last row as it is, and the rows before it are the stored rows' view. It is
-        priced in the incoming segment, and must fit one message's budget alone (a longer one is
-        cut by the whole assembly)."""
-        if (
-            kept.parts is None
-            or kept.sums is None
-            or not isinstance(counter, CalibratedCounter)
-            or incoming.role is not Role.USER
-            or incoming.tool_calls
-            or incoming.images
-        ):
+        for 200 of them. As for rows appended (``_extended``, ``_legal_tail``): a message that
+        follows the stored rows legally as it is leaves their view as it is. It is priced in the
+        incoming segment, and must fit one message's budget alone (a longer one is cut by the whole
+        assembly)."""
+        if kept.parts is None or kept.sums is None or not isinstance(counter, CalibratedCounter):
             return None
-        last = next((m for m in reversed(context) if m.role is not Role.SYSTEM), None)
-        if last is not None and last.tool_calls:
+        if _legal_tail(context, (incoming,)) is None:
             return None
         features = message_features(incoming)
         if counter.count_features(features) > profile.per_message_budget:

@@ -70,8 +70,6 @@ def is_error_result(m: Message) -> bool:
 
 
 def _is_error_result(m: Message) -> bool:
-    if m.role is not Role.TOOL:
-        return False
     if m.metadata.get("is_error") is True:
         return True
     head = m.content[:_SCAN_CHARS]
