@@ -7,6 +7,7 @@
     python bench/load/pyspy_profile.py --client opaque              # ghz keeps the view's messages as bytes
     python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40   # the agent turn loop
     python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40 --profile small  # compressing
+    python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40 --profile default --incoming
 
 Starts the server like ``run.py`` does, seeds one session (or ``--sessions``), warms it, then runs
 ghz (``--cpus 1 --connections 1``, 50 concurrent) for ``--seconds`` while ``py-spy record`` samples
@@ -86,6 +87,8 @@ def main() -> None:
     parser.add_argument(
         "--profile", default="bench", help="the seeded sessions' profile (run.py SERVER_CONFIG; small: 8,192 tokens)"
     )
+    parser.add_argument("--long-every", type=int, default=0, help="one tool result in N is long (Run.long_every)")
+    parser.add_argument("--incoming", action="store_true", help="turns: the user message goes with BuildContext")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
@@ -101,7 +104,10 @@ def main() -> None:
     server = start_server(args.store, workdir, args.durability)
     try:
         seeder = Seeder(server.address, "bench")
-        sessions = [seeder.session(args.messages, profile=args.profile) for _ in range(args.sessions)]
+        sessions = [
+            seeder.session(args.messages, profile=args.profile, long_every=args.long_every)
+            for _ in range(args.sessions)
+        ]
         seeder.warm(sessions)
         seeder.close()
         call = "BuildContext" if args.call == "turns" else args.call
@@ -124,6 +130,7 @@ def main() -> None:
             cmd = [
                 sys.executable, str(Path(__file__).parent / "drivers.py"), "turns", "--address", server.address,
                 "--sessions", ",".join(sessions), "--seconds", str(args.seconds), "--max-count", "1000000",
+                *(["--incoming"] if args.incoming else []),
             ]  # fmt: skip
             go_driver = turn_driver_binary(args.turn_driver)
             if go_driver:  # the same loop from the Go driver (run.py's default client)

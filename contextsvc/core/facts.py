@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from contextsvc.core.lazy_re import DIGIT, LazyPattern, folded, lazy, may_match
+from contextsvc.core.lazy_re import DIGIT, FoldedPattern, LazyPattern, folded, lazy, may_match
 from contextsvc.core.messages import Message, Role
 
 __all__ = ["FACTS_HEADER", "anchor_kinds", "carried_facts", "fact_lines", "facts_block", "strip_facts"]
@@ -48,7 +48,7 @@ def _value(match: re.Match[str]) -> str:
 # ``host`` and ``id`` start where their run starts for the same reason (``(?<![a-z0-9_][.-])``);
 # their first label or word may hold underscores (``_dmarc.mail.example.com``, ``my_app-worker-3``),
 # so the run's head matches and nothing inside it needs another try.
-_ANCHORS: dict[str, LazyPattern] = {
+_ANCHORS: dict[str, LazyPattern | FoldedPattern] = {
     "url": lazy(r"\bhttps?://[^\s<>\"')\]]+"),
     "path": lazy(
         r"(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+|"
@@ -56,20 +56,17 @@ _ANCHORS: dict[str, LazyPattern] = {
         + r"(?P<v>\w[\w.-]*/[\w./-]*\w\.\w{1,5}\b)"
     ),
     "file_line": lazy(_run_start(r"\w./-", "./-") + r"(?P<v>\w[\w./-]*\.\w{1,5}:\d+\b)"),
-    "host": lazy(
-        r"\b(?<![a-z0-9_][.-])(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b",
-        re.I,
+    "host": folded(
+        r"\b(?<![a-z0-9_][.-])(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.){2,}[a-z]{2,}\b|\b(?:\d{1,3}\.){3}\d{1,3}\b"
     ),
     "email": lazy(_run_start(r"\w.+-", ".+-") + r"(?P<v>\w[\w.+-]*@[\w-]+\.[\w.-]+\b)"),
-    "date": lazy(
+    "date": folded(
         r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
-        r" \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b",
-        re.I,
+        r" \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b"
     ),
-    "quantity": lazy(
+    "quantity": folded(
         r"\b\d+(?:[.,]\d+)?\s?(?:ms|s|sec|seconds?|minutes?|min|h|hours?|days?|kb|mb|gb|tb|kib|mib|gib|%|px|tokens?"
-        r"|cores?|rps|qps|usd|eur|\$)\b",
-        re.I,
+        r"|cores?|rps|qps|usd|eur|\$)\b"
     ),
     "id": lazy(
         r"\b[A-Z][A-Z0-9]{1,9}-\d{2,}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
@@ -148,11 +145,17 @@ def anchor_kinds(text: str) -> set[str]:
     for kind, pattern in _ANCHORS.items():
         if not may_match(text, _NEEDS.get(kind)):
             continue
+        # One anchor is enough to name its kind: the rest of the text's anchors of it are not
+        # read (a chunk holds dozens of names). ``host`` yields two kinds, so it reads on until both.
+        wanted = 2 if kind == "host" else 1
+        before = len(found)
         for match in pattern.finditer(text):
             value = _value(match).strip(".,;:")
             if len(value) < 3 or (kind == "name" and value in _COMMON_NAMES):
                 continue
             found.add("ip" if kind == "host" and _IPV4.fullmatch(value) else kind)
+            if len(found) - before == wanted:
+                break
     return found
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import datetime
 
 
@@ -27,3 +28,6 @@ class ScoredChunk:
     #: many chunks the session has: recall takes only chunks matched on a distinctive term.
     rarest_df: int = 0
     chunk_count: int = 0
+    #: the chunk's search terms when the store has them at hand (``core.recall.document_terms``,
+    #: distinct), so recall's coverage check does not find them again; None: not known.
+    terms: Collection[str] | None = field(default=None, compare=False)

@@ -133,6 +133,11 @@ class FoldedPattern:
             return self._cased.search(string.lower())
         return self._folded.search(string)
 
+    def finditer(self, string: str) -> Iterator[re.Match[str]]:
+        if string.isascii():
+            return self._cased.finditer(string.lower())
+        return self._folded.finditer(string)
+
     def __repr__(self) -> str:
         return f"folded({self.pattern!r})"
 

@@ -106,7 +106,7 @@ class RecallService:
         chosen: list[ScoredChunk] = []
         for hit in found:
             c = hit.chunk
-            if covers_any(c, in_view) or term_coverage(wanted, c) < cfg.min_score:
+            if covers_any(c, in_view) or term_coverage(wanted, c, hit.terms) < cfg.min_score:
                 continue
             if hit.chunk_count and hit.rarest_df > max(1.0, cfg.distinctive_share * hit.chunk_count):
                 continue

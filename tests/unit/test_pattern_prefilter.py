@@ -1,6 +1,7 @@
 """A pattern is skipped over a text that holds none of what it needs (``lazy_re.may_match``), and a
 case-free pattern searches ASCII text lower-cased (``lazy_re.folded``): the entities, fact anchors,
-anchor kinds and fact lines found are exactly those of running every pattern with ``re.I``."""
+anchor kinds, fact lines and search terms found are exactly those of running every pattern with
+``re.I``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextsvc.core import breadcrumbs, facts
+from contextsvc.core import breadcrumbs, facts, recall
 from contextsvc.core.compression import importance
-from contextsvc.core.lazy_re import DIGIT, folded, has_digit, lazy, may_match
+from contextsvc.core.history import HistoryChunk
+from contextsvc.core.lazy_re import DIGIT, FoldedPattern, folded, has_digit, lazy, may_match
 from contextsvc.core.messages import Message, Role
 
 # Letters ``re.I`` matches to ASCII ones (i, s, k) though lower-casing does not make them those.
@@ -52,6 +54,18 @@ PIECES = [
     "3 tokens",
     "2026-03-04",
     "Mar 4th, 2026",
+    f"{LONG_S}ep 9",  # Unicode folding makes it a month: the date is found in non-ASCII text only
+    "DEC. 12",
+    "3 MS",
+    "us-southeast-1",  # a cloud region (recall's kind words), and near misses
+    "EU-WEST-2",
+    "ap-gov-north-1",
+    f"us-ea{LONG_S}t-1",
+    "sa-east-x",
+    "INC-4411",  # a ticket
+    "INC-4",
+    "acct_9f3k2x",  # an id for search: letters and digits in one word
+    "run_command",
     "db1.prod.example.org",
     "`build`",
     '"release notes"',
@@ -100,6 +114,9 @@ def _everything(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(facts, "may_match", lambda text, needs: True)
     monkeypatch.setattr(facts, "_ERROR", lazy(facts._ERROR.pattern, re.I))
     monkeypatch.setattr(facts, "_PREFERENCE", lazy(facts._PREFERENCE.pattern, re.I))
+    monkeypatch.setattr(recall, "may_match", lambda text, needs: True)
+    anchors = {kind: lazy(p.pattern, re.I) if isinstance(p, FoldedPattern) else p for kind, p in facts._ANCHORS.items()}
+    monkeypatch.setattr(facts, "_ANCHORS", anchors)
 
 
 def _found(text: str) -> tuple[object, ...]:
@@ -109,6 +126,8 @@ def _found(text: str) -> tuple[object, ...]:
         facts._anchors(text),
         facts.anchor_kinds(text),
         facts.fact_lines(rows),
+        recall.kind_terms(text),
+        recall.document_terms(HistoryChunk("h", text, 1, 1, None, None, (text[:40],))),
     )
 
 
@@ -151,6 +170,9 @@ def test_gates_that_are_patterns_find_exactly_where_their_pattern_can_start() ->
     assert not may_match("Plain Prose Here", gates["id"]) and may_match("getValue", gates["id"])
     camel = next(needs for kind, p, needs in breadcrumbs._patterns() if "[A-Z][a-z0-9]+" in p.pattern)
     assert camel is not None and not may_match("Prose With Capitals", camel) and may_match("v2Api", camel)
+    assert not may_match("a well-known north-east wind", recall._REGION_NEEDS)
+    assert may_match("in us-southeast-1", recall._REGION_NEEDS) and may_match("EU-WEST-2", recall._REGION_NEEDS)
+    assert not may_match("a well-known fact", recall._TICKET_NEEDS) and may_match("INC-4411", recall._TICKET_NEEDS)
 
 
 # Words of the folded patterns, spelt with the letters Unicode folding matches, and others.

@@ -1297,6 +1297,8 @@ class PostgresStore:
                     float(r["score"]),
                     rarest_df=int(r["rarest_df"] or 0),
                     chunk_count=int(r["chunk_count"] or 0),
+                    # Terms of an older version are found again by the engine (reindex.py).
+                    terms=frozenset(r["terms"]) if r["terms_version"] == TERMS_VERSION else None,
                 )
                 for r in rows
             ]
