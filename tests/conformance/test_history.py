@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from contextsvc.core.recall import document_terms, term_coverage
 from contextsvc.core.session import Principal
 from contextsvc.errors import NotFound
 from contextsvc.ports import HistoryChunk, ScoredChunk, SessionStore
@@ -88,6 +89,23 @@ async def test_breadcrumbs_are_searched_with_the_text(store: SessionStore) -> No
     await store.add_history_chunks(sid, [crumbed, chunk("ran the linter", 9)])
     assert [s.chunk for s in await store.search_history(sid, "apollo", limit=5)] == [crumbed]
     assert texts(await store.search_history(sid, "schema", limit=5)) == [crumbed.text]
+
+
+async def test_a_found_chunks_terms_are_its_search_terms(store: SessionStore) -> None:
+    """Recall checks a found chunk's coverage of the query with the terms the store gives
+    (``ScoredChunk.terms``): they must be exactly the ones it would find in the chunk itself."""
+    sid = await session(store)
+    crumbed = chunk("Deployed build 42 to db1.prod.example.org; the parser failed", 1, crumbs=("apollo rollout",))
+    plain = chunk("Ана проверила ParserError в src/app/main.py:17", 2)
+    await store.add_history_chunks(sid, [crumbed, plain])
+    found = await store.search_history(sid, "parser apollo Ана", limit=5)
+    assert {s.chunk for s in found} == {crumbed, plain}
+    for hit in found:
+        assert hit.terms is not None
+        assert set(hit.terms) == set(document_terms(hit.chunk))
+        assert term_coverage(["parser", "apollo"], hit.chunk, hit.terms) == term_coverage(
+            ["parser", "apollo"], hit.chunk
+        )
 
 
 async def test_limit_and_score_bounds(store: SessionStore) -> None:
