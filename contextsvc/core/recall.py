@@ -38,6 +38,7 @@ import math
 import re
 import threading
 import unicodedata
+from array import array
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -347,7 +348,9 @@ class RecallIndex:
     searched. Chunks are indexed in the order added, so the statistics, and every score, are those
     of indexing each as it came."""
 
-    __slots__ = ("_chunks", "_df", "_freqs", "_hashes", "_lengths", "_norms", "_postings", "_total")
+    __slots__ = (
+        "_chunks", "_df", "_freqs", "_hashes", "_lengths", "_norms", "_positions", "_tfs", "_total", "_weights"
+    )  # fmt: skip
 
     def __init__(self, chunks: Iterable[HistoryChunk] = ()) -> None:
         self._chunks: list[HistoryChunk] = []
@@ -357,13 +360,17 @@ class RecallIndex:
         self._freqs: list[dict[str, int]] = []
         self._lengths: list[int] = []
         self._total = 0
-        #: term -> number of chunks holding it; term -> those chunks' positions, in order added,
-        #: each with the term's occurrences there (the scoring loop reads no chunk's dict).
+        #: term -> number of chunks holding it; term -> those chunks' positions, in order added
+        #: (the postings), and the term's occurrences in each (so scoring reads no chunk's dict).
         self._df: dict[str, int] = {}
-        self._postings: dict[str, list[tuple[int, int]]] = {}
-        #: per indexed chunk, BM25's length part of the denominator, ``k1 (1 - b + b dl / avgdl)``:
-        #: the same for every term until chunks are indexed (a search reads each ~12 times).
+        self._positions: dict[str, array[int]] = {}
+        self._tfs: dict[str, array[int]] = {}
+        #: per indexed chunk, BM25's length part of the denominator, ``k1 (1 - b + b dl / avgdl)``;
+        #: and per term searched, its postings' ``tf (k1 + 1) / (tf + that)``: BM25 without the
+        #: IDF. Both hold until chunks are indexed (the average length moves), and a session's
+        #: searches between two compactions ask for many of the same words.
         self._norms: list[float] = []
+        self._weights: dict[str, array[float]] = {}
         self.add(chunks)
 
     def __len__(self) -> int:
@@ -412,7 +419,12 @@ class RecallIndex:
             self._total += len(found)
             for term, tf in freqs.items():
                 self._df[term] = self._df.get(term, 0) + 1
-                self._postings.setdefault(term, []).append((position, tf))
+                positions = self._positions.get(term)
+                if positions is None:
+                    self._positions[term], self._tfs[term] = array("i", (position,)), array("i", (tf,))
+                else:
+                    positions.append(position)
+                    self._tfs[term].append(tf)
             self._freqs.append(freqs)
 
     def scores(self, wanted: Sequence[str]) -> dict[int, float]:
@@ -423,10 +435,11 @@ class RecallIndex:
         if not n or not self._total:
             return {}
         k1, b = BM25_K1, BM25_B
-        norms = self._norms
+        norms, weights = self._norms, self._weights
         if len(norms) != n:  # chunks were indexed since: the average length moved
             avgdl = self._total / n
             norms[:] = [k1 * (1 - b + b * length / avgdl) for length in self._lengths]
+            weights.clear()
         saturation = k1 + 1
         # Summed in a list (0.0 + x is x, so each sum is the dict's of the same additions); a
         # chunk holding a term scores > 0, and ``compress`` keeps those in C.
@@ -436,8 +449,18 @@ class RecallIndex:
             if df is None:
                 continue
             idf = bm25_idf(n, df)
-            for i, tf in self._postings[term]:
-                sums[i] += idf * (tf * saturation / (tf + norms[i]))
+            positions = self._positions[term]
+            parts = weights.get(term)
+            if parts is not None:
+                for i, part in zip(positions, parts, strict=True):
+                    sums[i] += idf * part
+                continue
+            found = []
+            for i, tf in zip(positions, self._tfs[term], strict=True):
+                part = tf * saturation / (tf + norms[i])
+                found.append(part)
+                sums[i] += idf * part
+            weights[term] = array("d", found)
         held = list(itertools.compress(range(n), sums))
         return dict(zip(held, map(sums.__getitem__, held), strict=True))
 
