@@ -140,6 +140,26 @@ def test_skipping_patterns_finds_what_running_them_all_finds(text: str) -> None:
         assert _found(text) == skipped
 
 
+def _every_anchor_kind(text: str) -> set[str]:
+    """``facts.anchor_kinds`` the long way: every match of every pattern (with ``re.I`` where the
+    pattern is case-free), none skipped, and none left unread once its kind is known."""
+    found: set[str] = set()
+    for kind, pattern in facts._ANCHORS.items():
+        scan = lazy(pattern.pattern, re.I) if isinstance(pattern, FoldedPattern) else pattern
+        for match in scan.finditer(text):
+            value = facts._value(match).strip(".,;:")
+            if len(value) < 3 or (kind == "name" and value in facts._COMMON_NAMES):
+                continue
+            found.add("ip" if kind == "host" and facts._IPV4.fullmatch(value) else kind)
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts)
+def test_anchor_kinds_are_those_of_every_anchor(text: str) -> None:
+    assert facts.anchor_kinds(text) == _every_anchor_kind(text)
+
+
 def _kept(match: re.Match[str]) -> bool:
     """A match ``breadcrumbs`` keeps: a quantity's number without its unit is not one."""
     return "unit" not in match.re.groupindex or match.group("unit") is not None
