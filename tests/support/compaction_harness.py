@@ -171,11 +171,17 @@ def overrides(**compression: Any) -> ProfileOverrides:
 
 class ContextReadingStore(MemoryStore):
     """A memory store counting its context reads (``context_reads``): how tests see that a path
-    priced a view, or did not, without timing it."""
+    priced a view, or did not, without timing it; and its reads of a session alone
+    (``session_reads``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.context_reads = 0
+        self.session_reads = 0
+
+    async def get_session(self, session_id: str, *, caller: Any) -> Any:
+        self.session_reads += 1
+        return await super().get_session(session_id, caller=caller)
 
     async def load_context(self, session_id: str, *, caller: Any) -> Any:
         self.context_reads += 1

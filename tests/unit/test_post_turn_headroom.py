@@ -87,3 +87,31 @@ async def test_a_baseline_schedules_no_check_of_a_session_it_leaves_far_below_an
             assert (queued, rig.store.context_reads - before) == (bool(expect), expect), (headroom, grow)
         finally:
             await rig.close()
+
+
+async def test_a_check_queued_by_a_baseline_near_a_level_reads_the_session_with_its_context() -> None:
+    """The baseline found the session near a level, so its check reads both in one store call
+    (one statement on PostgreSQL); a check queued otherwise reads the session alone first."""
+    rig = await Rig.start(store=ContextReadingStore)
+    try:
+        sid = await rig.session()
+        info = await rig.session_info(sid)
+        bounds = rig.engine.compactor.bounds(await rig.engine._profile_for(info, None))
+        k = 0
+        while 2 * (await rig.session_info(sid)).context_tokens < min(bounds.trigger, bounds.limit):
+            assert k < 500
+            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+            k += 1
+        view = await rig.build(sid)
+        assert await rig.engine.post_turn.drain(5)
+        assert (await rig.baseline(sid, view)).recorded
+        before = (rig.store.context_reads, rig.store.session_reads)
+        assert await rig.engine.post_turn.drain(5)
+        assert (rig.store.context_reads - before[0], rig.store.session_reads - before[1]) == (1, 0)
+        # Queued by anything else (an append that completes a turn): the session first, then the context.
+        before = (rig.store.context_reads, rig.store.session_reads)
+        rig.engine.post_turn.schedule(sid)
+        assert await rig.engine.post_turn.drain(5)
+        assert (rig.store.context_reads - before[0], rig.store.session_reads - before[1]) == (1, 1)
+    finally:
+        await rig.close()
