@@ -17,6 +17,17 @@ async def _checked_reads(rig: Rig, sid: str) -> int:
     return int(rig.store.context_reads - before)
 
 
+async def _grow_near_a_level(rig: Rig, sid: str) -> None:
+    """Append turns until the session is past half its lowest compaction level."""
+    info = await rig.session_info(sid)
+    bounds = rig.engine.compactor.bounds(await rig.engine._profile_for(info, None))
+    k = 0
+    while 2 * (await rig.session_info(sid)).context_tokens < min(bounds.trigger, bounds.limit):
+        assert k < 500
+        await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
+        k += 1
+
+
 async def test_a_session_far_below_every_level_is_skipped_and_one_near_them_is_checked() -> None:
     rig = await Rig.start(store=ContextReadingStore)
     try:
@@ -29,12 +40,7 @@ async def test_a_session_far_below_every_level_is_skipped_and_one_near_them_is_c
         assert rig.engine.compactor.far_below(profile, info.context_tokens)
         assert await _checked_reads(rig, sid) == 0  # nothing read: the check stopped at once
         # Grow it past half the lowest level: the check reads and prices its view again.
-        bounds = rig.engine.compactor.bounds(profile)
-        k = 0
-        while 2 * (await rig.session_info(sid)).context_tokens < min(bounds.trigger, bounds.limit):
-            assert k < 500
-            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
-            k += 1
+        await _grow_near_a_level(rig, sid)
         assert await _checked_reads(rig, sid) == 1
     finally:
         await rig.close()
@@ -71,13 +77,7 @@ async def test_a_baseline_schedules_no_check_of_a_session_it_leaves_far_below_an
             sid = await rig.session()
             await rig.append(sid, u("hello"), a("hi " + words(20)))
             if grow:
-                info = await rig.session_info(sid)
-                bounds = rig.engine.compactor.bounds(await rig.engine._profile_for(info, None))
-                k = 0
-                while 2 * (await rig.session_info(sid)).context_tokens < min(bounds.trigger, bounds.limit):
-                    assert k < 500
-                    await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
-                    k += 1
+                await _grow_near_a_level(rig, sid)
             view = await rig.build(sid)
             assert await rig.engine.post_turn.drain(5)
             before = rig.store.context_reads
@@ -95,13 +95,7 @@ async def test_a_check_queued_by_a_baseline_near_a_level_reads_the_session_with_
     rig = await Rig.start(store=ContextReadingStore)
     try:
         sid = await rig.session()
-        info = await rig.session_info(sid)
-        bounds = rig.engine.compactor.bounds(await rig.engine._profile_for(info, None))
-        k = 0
-        while 2 * (await rig.session_info(sid)).context_tokens < min(bounds.trigger, bounds.limit):
-            assert k < 500
-            await rig.append(sid, u(f"ask {k}"), a(f"answer {k} " + words(60)))
-            k += 1
+        await _grow_near_a_level(rig, sid)
         view = await rig.build(sid)
         assert await rig.engine.post_turn.drain(5)
         assert (await rig.baseline(sid, view)).recorded
