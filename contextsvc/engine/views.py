@@ -254,10 +254,20 @@ def _since(state: EngineState, kept: Assembled, added: Sequence[Message]) -> lis
     over every row, found without one. None when the baseline is older than rows of ``kept``
     (its numbered rows are at most ``kept.last_sequence``), or there is none."""
     baseline = state.baseline
-    if baseline is None or baseline.last_sequence < kept.last_sequence:
+    if baseline is None:
         return None
     last = baseline.last_sequence
-    return [*kept.unnumbered, *(m for m in added if not m.sequence_number or m.sequence_number > last)]
+    if last >= kept.last_sequence:
+        held: Sequence[Message] = kept.unnumbered
+    else:
+        # The baseline's view is older than ``kept``: ``kept`` may have found the rows when it
+        # was made by extending a view that baseline had counted (the build of an incoming
+        # message right after its session's appended rows), for those very parts.
+        found = kept.since
+        if found is None or found[0] != last or found[1] is not kept.parts:
+            return None
+        held = found[2]
+    return [*held, *(m for m in added if not m.sequence_number or m.sequence_number > last)]
 
 
 #: the event a recorded baseline publishes
@@ -324,6 +334,9 @@ class Assembled:
     over: tuple[tuple[int, Message], ...] = ()
     #: with ``over``: the counter its rows were cut by
     cut_by: TextCounter | None = None
+    #: ``_since`` of this view for a baseline older than its last rows, when the view found them
+    #: (``_extended``): (that baseline's ``last_sequence``, the ``parts`` they are of, the rows)
+    since: tuple[int, object, tuple[Message, ...]] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -656,6 +669,9 @@ class ViewService:
             cap=cap,
             over=over,
             cut_by=counter,
+            since=None
+            if since is None or state.baseline is None
+            else (state.baseline.last_sequence, new_parts, tuple(since)),
         )
 
     def _with_incoming(
