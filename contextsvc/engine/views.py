@@ -251,8 +251,9 @@ def _as_view(rows: Sequence[int]) -> tuple[float, ...]:
 def _since(state: EngineState, kept: Assembled, added: Sequence[Message]) -> list[Message] | None:
     """The rows of ``kept``'s records and conversation, then of ``added`` (appended after them),
     that the session's baseline did not count, in that order: what ``estimate`` finds by a pass
-    over every row, found without one. None when the baseline is older than rows of ``kept``
-    (its numbered rows are at most ``kept.last_sequence``), or there is none."""
+    over every row, found without one. None when there is no baseline, or when it is older than
+    rows of ``kept`` (its numbered rows are at most ``kept.last_sequence``) and ``kept`` did not
+    keep the rows it left uncounted (``Assembled.since``)."""
     baseline = state.baseline
     if baseline is None:
         return None
