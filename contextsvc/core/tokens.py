@@ -179,6 +179,12 @@ def remember_cut(original: Message, cut: Message, spans: Sequence[tuple[str, int
     _FEATURES.put(cut, tuple(features))
 
 
+def remember_features(m: Message, features: tuple[int, ...]) -> None:
+    """Give ``m`` the ``message_features`` measured for a message with the same fields (a cut
+    made again the same way: ``view_budget``)."""
+    _FEATURES.put(m, features)
+
+
 def _no_indexes(_: Message) -> dict[str, CutIndex | None]:
     return {}
 

@@ -6,13 +6,23 @@ Everything here works on copies: the stored message is never touched, the view i
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contextsvc.config import TokenSettings
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
+from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import ImageRef, Message
-from contextsvc.core.tokens import TextCounter, output_reserve, remember_cut, text_chars
+from contextsvc.core.tokens import (
+    CalibratedCounter,
+    TextCounter,
+    message_features,
+    output_reserve,
+    remember_cut,
+    remember_features,
+    text_chars,
+)
 from contextsvc.errors import ContextTooLarge
 
 #: Share of the kept characters taken from the head of a cut field; the rest is its tail.
@@ -23,6 +33,15 @@ _CUT_ROUNDS = 8
 #: kept differs from the whole's (a dense JSON head, a sparse prose tail), so aiming exactly at
 #: the budget can miss it by a token, round after round.
 _CUT_MARGIN = 0.02
+#: A cut keeps a whole number of grid steps of its message's characters, this many steps to the
+#: whole: a new fit moves a long row's cut by a few characters (median ~0.02 % of the row in the
+#: long-tool-results turn loop, issue #15), so on a grid of ~0.8 % most fits cut where the last
+#: one did. The row's view copy, its features and its encoding are then the ones already made,
+#: and a provider's prompt cache keeps its prefix through the row. It keeps less than 1/128 of a
+#: row's characters fewer than the budget allows.
+_CUT_GRID = 128
+#: Cuts kept per message (by how much each cut, weakly: a cut lives while a view shows it).
+_CUTS_KEPT = 4
 
 
 def cut_marker(chars: int) -> str:
@@ -49,24 +68,78 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
     budget = max(budget, 0)
     chars = text_chars(m)
     original = (m.content, m.thinking)
+    grid = max(1, chars // _CUT_GRID)
     # Aim by the message's own density (tokens per char), then re-measure: neither a tokenizer
     # nor the size measure is linear in characters, so a few rounds tighten the cut until it fits.
-    allowed = chars * budget // tokens
+    allowed = _on_grid(chars * budget // tokens, grid)
     target = budget - int(budget * _CUT_MARGIN)
-    cut = m
+    made = _CUTS.get(m, _no_cuts)
+    # A calibrated counter prices a cut from its features alone: a cut made before, at the same
+    # place, is priced without its text (the one kept is made again only if its copy is gone).
+    priced = counter.count_features if isinstance(counter, CalibratedCounter) else None
+    cut: Message | None = m
     for _ in range(_CUT_ROUNDS):
-        content, thinking, spans = _cut_fields(original, excess=chars - allowed)
-        if not spans:
-            return m  # nothing cuttable (e.g. the size is in tool-call arguments)
-        cut = dataclasses.replace(m, content=content, thinking=thinking)
-        remember_cut(m, cut, spans)
-        now = counter.count_messages([cut])
+        excess = chars - allowed
+        known = made.get(excess)
+        if known is None:
+            content, thinking, spans = _cut_fields(original, excess=excess)
+            if not spans:
+                return m  # nothing cuttable (e.g. the size is in tool-call arguments)
+            cut = dataclasses.replace(m, content=content, thinking=thinking)
+            remember_cut(m, cut, spans)
+            if len(made) >= _CUTS_KEPT:
+                del made[next(iter(made))]
+            known = made[excess] = _Cut(message_features(cut), text_chars(cut), weakref.ref(cut))
+            now = counter.count_messages([cut])
+        elif priced is not None:
+            cut, now = None, priced(known.features)
+        else:
+            cut = _remade(m, known, excess)
+            now = counter.count_messages([cut])
         if now <= budget:
             break
         # Keep strictly less each round, so the rounds cannot stall just over the budget.
-        aim = text_chars(cut) * target // now - len(cut_marker(chars))
-        allowed = max(0, min(allowed - 1, aim))
+        aim = known.chars * target // now - len(cut_marker(chars))
+        allowed = _on_grid(max(0, min(allowed - 1, aim)), grid)
+    if cut is None:  # the last round priced a known cut by its features: the cut itself is needed
+        assert known is not None
+        cut = _remade(m, known, excess)
     return cut
+
+
+@dataclass(slots=True)
+class _Cut:
+    """A cut ``truncate_for_view`` made of a message: what pricing it needs, and the cut itself
+    while something holds it (a view showing it)."""
+
+    features: tuple[int, ...]
+    chars: int
+    ref: weakref.ref[Message]
+
+
+#: The cuts ``truncate_for_view`` made of a message, by the characters each removed (``_CUT_GRID``).
+_CUTS: IdentityMemo[dict[int, _Cut]] = IdentityMemo()
+
+
+def _no_cuts(_: Message) -> dict[int, _Cut]:
+    return {}
+
+
+def _remade(m: Message, known: _Cut, excess: int) -> Message:
+    """The cut of ``m`` by ``excess`` characters that ``known`` describes: the kept copy, or the
+    same fields cut again, given the features already measured."""
+    cut = known.ref()
+    if cut is None:
+        content, thinking, _spans = _cut_fields((m.content, m.thinking), excess=excess)
+        cut = dataclasses.replace(m, content=content, thinking=thinking)
+        remember_features(cut, known.features)
+        known.ref = weakref.ref(cut)
+    return cut
+
+
+def _on_grid(chars: int, grid: int) -> int:
+    """``chars`` rounded down to a whole number of ``grid`` steps."""
+    return chars - chars % grid
 
 
 #: The fields ``_cut_fields`` cuts, in ``fields`` order.
