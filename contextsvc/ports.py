@@ -208,6 +208,13 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         compacted context). BuildContext reads both for every build."""
         ...
 
+    def context_as_read(self, session: SessionInfo) -> list[Message] | None:
+        """The context buffer as it was when this store returned ``session`` from a baseline's
+        anchor (``update_state_if_unchanged``, ``anchor_baseline``), when the store holds exactly
+        that version without a read; else None (read it: ``context_and_session``). The post-turn
+        check after a baseline judges the session as that baseline left it."""
+        ...
+
     async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
         """Every stored row with first <= sequence <= last, by sequence (both buffers)."""
         ...

@@ -68,8 +68,9 @@ class Engine:
             store=store, bus=bus, settings=settings, accounting=self.accounting, summarizers=self.summarizers
         )
         self.post_turn = PostTurnWorker(self._post_turn_check)
-        #: sessions whose queued post-turn check follows a baseline that found them near a level
-        self._near: set[str] = set()
+        #: sessions whose queued post-turn check follows a baseline that found them near a level,
+        #: each as that baseline's anchor wrote it
+        self._near: dict[str, SessionInfo] = {}
         #: session id -> its newest baseline anchor waiting for a running compaction (``_anchor``).
         self._anchors: dict[str, asyncio.Task[None]] = {}
         self.recall = RecallService(store=store, settings=settings, accounting=self.accounting)
@@ -308,16 +309,21 @@ class Engine:
     async def _post_turn_check(self, session_id: str) -> None:
         """After a turn (or a baseline): compress if over the threshold, or unconditionally when
         the last prompt was silently truncated."""
-        # A check RecordBaseline scheduled for a session it found near a level (``_near``) reads
-        # the session and its context at once: one statement on PostgreSQL instead of two (~0.5
-        # such checks a turn in the 20 s turn loop, of ~4.7 statements). Any other check reads the
-        # session alone first, and stops there when the session is far below every level.
-        near = session_id in self._near
-        self._near.discard(session_id)
+        # A check RecordBaseline scheduled for a session it found near a level (``_near``) judges
+        # the session as the baseline's anchor wrote it, with the context of that version when the
+        # store holds it (PostgreSQL: the context the view's build read; no statement), else both
+        # read at once (one statement). Any other check reads the session alone first, and stops
+        # there when the session is far below every level. A change committed since is judged by
+        # the next check or build, and a compaction reads the session again under its lock.
+        anchored = self._near.pop(session_id, None)
         context: list[Message] | None = None
         try:
-            if near:
-                session, context = await self.store.context_and_session(session_id, caller=_INTERNAL)
+            if anchored is not None:
+                context = self.store.context_as_read(anchored)
+                if context is not None:
+                    session = anchored
+                else:
+                    session, context = await self.store.context_and_session(session_id, caller=_INTERNAL)
             else:
                 session = await self.store.get_session(session_id, caller=_INTERNAL)
         except NotFound:
@@ -385,7 +391,7 @@ class Engine:
             needed = True
         else:
             if anchored and needed:
-                self._near.add(sid)
+                self._near[sid] = anchored[-1]
         if needed:
             self.post_turn.schedule(sid)
         return result

@@ -13,6 +13,7 @@ observations of a model still bounded by ``postgres.calibration_keep``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -418,6 +419,8 @@ async def test_trims_racing_each_other_and_observations_never_deadlock(postgres_
 async def test_a_trim_that_fails_leaves_the_baseline_recorded_and_trims_next_time(
     postgres_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Whatever level an earlier test left the root logger at (``logs.configure``), the warning is seen.
+    caplog.set_level(logging.WARNING)
     keep, every = 2, 2
     settings = _settings(calibration_keep=keep, calibration_trim_every=every)
     async with _replicas(postgres_db, settings) as (folded, _plain):

@@ -94,3 +94,32 @@ def test_a_context_larger_than_the_whole_budget_is_not_kept() -> None:
     none = ContextCache(budget_bytes=0)
     none.put("a", big)
     assert len(none) == 0
+
+
+def test_a_session_vouched_for_gets_the_held_context_of_its_version_only() -> None:
+    """``vouch``/``as_read``: the post-turn check after a baseline reads nothing when the anchor's
+    row is of the held context's very version, and reads when anything differs."""
+    from contextsvc.core.session import SessionInfo
+
+    cache = ContextCache(1 << 20)
+    held = whole(version(), rows(1, 2, 3), 3)
+    assert held is not None
+    cache.put("s", held)
+    session = SessionInfo(id="s", user_id="u", profile_id="p", last_sequence=3)
+    assert cache.as_read(session) is None  # not vouched for
+    cache.vouch(session, version(last=4), 3)  # another version: not vouched
+    cache.vouch(session, version(epoch=1), 3)
+    cache.vouch(session, version(born=BORN + timedelta(seconds=1)), 3)
+    cache.vouch(session, version(), 4)  # another count
+    assert cache.as_read(session) is None
+    cache.vouch(session, version(), 3)
+    assert cache.as_read(session) == held.rows
+    other = SessionInfo(id="s", user_id="u", profile_id="p", last_sequence=3)  # an equal, other object
+    assert cache.as_read(other) is None
+    assert cache.held_bytes == held.nbytes  # vouching costs no budget of its own
+    grown = extended(held, version(last=5), rows(4, 5), 5)
+    assert grown is not None
+    cache.put("s", grown)  # a newer build's read: the vouch went with the older entry
+    assert cache.as_read(session) is None
+    cache.vouch(SessionInfo(id="t", user_id="u", profile_id="p"), version(), 3)  # nothing held: nothing kept
+    assert len(cache) == 1

@@ -22,12 +22,14 @@ store reads, this decides what it may reuse.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from contextsvc.core.messages import Message
+from contextsvc.core.session import SessionInfo
 from contextsvc.stores._session import row_bytes
 
 #: a context row with its position in context order, ``(context_key, seq)`` as the table sorts it.
@@ -53,6 +55,9 @@ class CachedContext:
     #: ``(context_key, seq)`` of the last row in context order; ``(0, 0)`` when there is none.
     last_key: tuple[int, int]
     nbytes: int
+    #: the session as a row of this very version read it, when this replica wrote that row
+    #: (``ContextCache.vouch``): its context needs no read (``ContextCache.as_read``)
+    session: SessionInfo | None = None
 
 
 def whole(version: ContextVersion, rows: Sequence[KeyedRow], context_count: int) -> CachedContext | None:
@@ -132,6 +137,19 @@ class ContextCache:
         while self._held > self._budget:
             _, dropped = self._entries.popitem(last=False)
             self._held -= dropped.nbytes
+
+    def vouch(self, session: SessionInfo, version: ContextVersion, context_count: int) -> None:
+        """Note that ``session`` (a row of ``version`` holding ``context_count`` context rows, which
+        a statement of this replica returned) goes with the held context of its session, when that
+        context is of this very version and holds that many rows: ``as_read`` then gives it."""
+        entry = self._entries.get(session.id)
+        if entry is not None and entry.version == version and len(entry.rows) == context_count:
+            self._entries[session.id] = dataclasses.replace(entry, session=session)  # (its place kept)
+
+    def as_read(self, session: SessionInfo) -> tuple[Message, ...] | None:
+        """The context that goes with ``session`` (``vouch``), or None when it is not held (read it)."""
+        entry = self._entries.get(session.id)
+        return entry.rows if entry is not None and entry.session is session else None
 
     def forget(self, session_id: str) -> None:
         old = self._entries.pop(session_id, None)

@@ -855,9 +855,24 @@ class PostgresStore:
             )
             if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
                 return None
-            return self._info(row)
+            return self._anchored(row)
 
         return await self._write("update_state_if_unchanged", work, transaction=False)
+
+    def _anchored(self, row: Any) -> SessionInfo:
+        """The session a baseline's anchor wrote (``row``), vouched for with this replica's cached
+        context of the same version (``context_as_read``)."""
+        session = self._info(row)
+        version = ContextVersion(row["create_time"], row["context_epoch"], row["last_sequence"])
+        self._contexts.vouch(session, version, row["context_count"])
+        return session
+
+    def context_as_read(self, session: SessionInfo) -> list[Message] | None:
+        """The context of the version a baseline's anchor wrote ``session`` at, when this replica
+        holds it (the build that made the view read it): the post-turn check that follows reads
+        nothing (one statement a turn)."""
+        rows = self._contexts.as_read(session)
+        return list(rows) if rows is not None else None
 
     def _anchor_args(
         self, session_id: str, caller: Principal, read: SessionInfo, context_tokens: int, state: Mapping[str, Any]
@@ -921,7 +936,7 @@ class PostgresStore:
         row = await self._statement("anchor_baseline", work, group=group, item=args)
         if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
             return None
-        session = self._info(row)
+        session = self._anchored(row)
         self._events_committed()
         untrimmed = self._untrimmed.get(write.model, 0) + 1
         if untrimmed < self._pg.calibration_trim_every:
