@@ -87,8 +87,8 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
                 return m  # nothing cuttable (e.g. the size is in tool-call arguments)
             cut = dataclasses.replace(m, content=content, thinking=thinking)
             remember_cut(m, cut, spans)
-            if len(made) >= _CUTS_KEPT:
-                del made[next(iter(made))]
+            for oldest in list(made)[: len(made) - _CUTS_KEPT + 1]:  # (a copy of the keys: taken at once)
+                made.pop(oldest, None)
             known = made[excess] = _Cut(message_features(cut), text_chars(cut), weakref.ref(cut))
             now = counter.count_messages([cut])
         elif priced is not None:

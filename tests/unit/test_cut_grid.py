@@ -122,3 +122,13 @@ def test_whatever_the_memo_holds_a_cut_is_what_cutting_afresh_gives(
         if drop:
             del cut, alone
             gc.collect()
+
+
+def test_a_message_keeps_a_few_cuts_the_newest() -> None:
+    m = row(PROSE)
+    for k in range(12):  # fits far apart: each cuts the row at another place
+        truncate_for_view(m, 2_000, scaled(1.0 + 0.05 * k))
+    made = view_budget._CUTS.get(m, view_budget._no_cuts)
+    assert 0 < len(made) <= view_budget._CUTS_KEPT
+    newest = truncate_for_view(m, 2_000, scaled(1.0 + 0.05 * 11))
+    assert any(cut.ref() is newest for cut in made.values())  # the last fit's cut is among them
