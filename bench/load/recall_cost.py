@@ -87,10 +87,12 @@ def _row(kind: str, rng: random.Random, passes: int) -> str:
         for hit in index.search(q, 20):
             ranked.update(f"{hit.chunk.content_hash}:{hit.score!r}:{hit.rarest_df};".encode())
     weights = getattr(index, "_weights", {})  # per-term weights (round 33): kept until chunks come
+    vectors = getattr(index, "_vectors", {})  # the same as numpy arrays (round 35)
 
     def search_first() -> None:
         for q in queries:
             weights.clear()
+            vectors.clear()
             index.search(q, 20)
 
     def search_again() -> None:

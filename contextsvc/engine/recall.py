@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 
 from contextsvc.config import Settings
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _Count = Callable[[Iterable[Message]], int]
 
+_SEQUENCE = operator.attrgetter("sequence_number")
 #: below this many tokens of room an excerpt says too little to be worth a record.
 _MIN_EXCERPT_TOKENS = 24
 
@@ -102,7 +104,8 @@ class RecallService:
         found: Sequence[ScoredChunk], wanted: list[str], built: Assembled, profile: EffectiveProfile
     ) -> list[ScoredChunk]:
         cfg = profile.recall
-        in_view = sorted({m.sequence_number for m in built.rows if m.sequence_number > 0})
+        # the view's stored rows' sequence numbers (0: unstored), read in C: a view holds hundreds of rows
+        in_view = sorted(set(filter((0).__lt__, map(_SEQUENCE, built.rows))))
         chosen: list[ScoredChunk] = []
         for hit in found:
             c = hit.chunk
