@@ -1263,7 +1263,12 @@ class PostgresStore:
         ``terms`` finds the candidate chunks, and the per-session statistics (chunk count,
         average length, document frequencies) make scores and order those of the in-process
         stores (``contextsvc.core.recall``), identifier terms weighted the same way (a repeated
-        query term is summed once per repetition). Ties go to the newest chunk."""
+        query term is summed once per repetition). Ties go to the newest chunk.
+
+        Each candidate's terms are read once and counted per query term; document frequencies
+        come from those counts. (Reading a chunk's terms once per query term, and counting each
+        term's chunks apart, cost the database ~O(chunks x query terms x chunk terms) a search:
+        the busiest statement of a fleet whose builds recall.)"""
         wanted = weighted_query_terms(query) if isinstance(query, str) else []
         if not wanted or limit <= 0 or not isinstance(session_id, str):
             return []
@@ -1273,28 +1278,37 @@ class PostgresStore:
                 """WITH stats AS (
                        SELECT count(*)::float8 AS n, avg(term_count)::float8 AS avgdl
                          FROM history_chunks WHERE session_id = $1),
-                   idf AS (
-                       SELECT q.term, d.df, ln(1 + (stats.n - d.df + 0.5) / (d.df + 0.5)) AS idf
-                         FROM unnest($2::text[]) AS q(term)
-                        CROSS JOIN stats
-                        CROSS JOIN LATERAL (
-                              SELECT count(*)::float8 AS df FROM history_chunks c
-                               WHERE c.session_id = $1 AND c.terms @> ARRAY[q.term]) d
-                        WHERE d.df > 0),
-                   scored AS (
-                       SELECT c.chunk_id,
-                              sum(idf.idf * tf.tf * ($3 + 1)
-                                  / (tf.tf + $3 * (1 - $4 + $4 * c.term_count / stats.avgdl))) AS score,
-                              min(idf.df) FILTER (WHERE tf.tf > 0) AS rarest_df,
-                              min(stats.n) AS chunk_count
+                   wanted AS (SELECT DISTINCT term FROM unnest($2::text[]) AS w(term)),
+                   tf AS (
+                       -- each chunk holding a query term (the GIN index), its terms read once,
+                       -- counted per query term
+                       SELECT c.chunk_id, c.term_count, t.term, count(*)::float8 AS tf
                          FROM history_chunks c
-                        CROSS JOIN stats
-                        CROSS JOIN idf
-                        CROSS JOIN LATERAL (
-                              SELECT count(*)::float8 AS tf FROM unnest(c.terms) AS t(term)
-                               WHERE t.term = idf.term) tf
+                        CROSS JOIN LATERAL unnest(c.terms) AS t(term)
+                         JOIN wanted ON wanted.term = t.term
                         WHERE c.session_id = $1 AND c.terms && $2::text[]
-                        GROUP BY c.chunk_id)
+                        GROUP BY c.chunk_id, c.term_count, t.term),
+                   df AS (
+                       -- every chunk holding a term is among those: its document frequency
+                       SELECT term, count(*)::float8 AS df FROM tf GROUP BY term),
+                   params AS (
+                       -- typed: left to inference, ``$3 + 1`` made k1 an integer (1.5 sent as 1,
+                       -- b 0.75 as 0), and the database ranked unlike the in-process stores
+                       SELECT $3::float8 AS k1, $4::float8 AS b),
+                   scored AS (
+                       -- joined with the query as written, so a repeated term adds once per repetition
+                       SELECT tf.chunk_id,
+                              sum(ln(1 + (stats.n - df.df + 0.5) / (df.df + 0.5)) * tf.tf * (params.k1 + 1)
+                                  / (tf.tf + params.k1 * (1 - params.b + params.b * tf.term_count / stats.avgdl)))
+                                  AS score,
+                              min(df.df) AS rarest_df,
+                              min(stats.n) AS chunk_count
+                         FROM tf
+                         JOIN df ON df.term = tf.term
+                         JOIN unnest($2::text[]) AS q(term) ON q.term = tf.term
+                        CROSS JOIN stats
+                        CROSS JOIN params
+                        GROUP BY tf.chunk_id)
                    SELECT c.*, s.score, s.rarest_df, s.chunk_count
                      FROM scored s JOIN history_chunks c ON c.session_id = $1 AND c.chunk_id = s.chunk_id
                     WHERE s.score > 0
