@@ -693,18 +693,18 @@ class Compactor:
     async def _summarize(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
         """Summarize; on failure retry once with a wider keep window. None when both failed."""
         c = s.profile.compression
-        attempts = [plan]
+        report = await self._try_summary(s, plan)
+        if report is not None:
+            return report
+        # Planned only now: the first attempt commits in nearly every compaction, and a plan
+        # prices the whole context again.
         wider = self.plan(
             s,
             keep_recent=c.keep_recent * 2,
             keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
         )
         if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
-            attempts.append(wider)
-        for attempt in attempts:
-            report = await self._try_summary(s, attempt)
-            if report is not None:
-                return report
+            return await self._try_summary(s, wider)
         return None
 
     async def _try_summary(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
