@@ -71,7 +71,7 @@ TERMS_VERSION = 2
 #: A search adds its terms' BM25 parts to the chunks' sums with numpy when its terms hold at least
 #: this many postings each on average. numpy's cost is mostly fixed (~10 µs a search, under 1 µs a
 #: term), the Python loop's ~60 ns a posting: on held-out text of 5 to 160 chunks the two cost the
-#: same at ~4 postings a term, and numpy is ~2x faster at ~50 (a session's common words).
+#: same at ~4 postings a term, numpy 1.6-2.0x faster at ~50 (a session's common words).
 _VECTOR_MIN_POSTINGS = 8
 
 # English: articles, pronouns, auxiliaries, prepositions, conjunctions.
