@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import operator
 from collections.abc import Callable, Iterable, Sequence
 
 from contextsvc.config import Settings
@@ -41,14 +40,13 @@ from contextsvc.core.tokens import messages_chars
 from contextsvc.core.view import Segment
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
-from contextsvc.engine.views import Assembled, ViewMessage
+from contextsvc.engine.views import Assembled, ViewMessage, stored_sequences
 from contextsvc.ports import ScoredChunk, SessionStore
 
 log = logging.getLogger(__name__)
 
 _Count = Callable[[Iterable[Message]], int]
 
-_SEQUENCE = operator.attrgetter("sequence_number")
 #: below this many tokens of room an excerpt says too little to be worth a record.
 _MIN_EXCERPT_TOKENS = 24
 
@@ -104,8 +102,7 @@ class RecallService:
         found: Sequence[ScoredChunk], wanted: list[str], built: Assembled, profile: EffectiveProfile
     ) -> list[ScoredChunk]:
         cfg = profile.recall
-        # the view's stored rows' sequence numbers (0: unstored), read in C: a view holds hundreds of rows
-        in_view = sorted(set(filter((0).__lt__, map(_SEQUENCE, built.rows))))
+        in_view = built.sequences if built.sequences is not None else stored_sequences(built.rows)
         chosen: list[ScoredChunk] = []
         for hit in found:
             c = hit.chunk

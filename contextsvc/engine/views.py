@@ -9,7 +9,7 @@ import math
 import operator
 import os
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -44,6 +44,8 @@ from contextsvc.engine.validation import IncomingMessage, check_messages, requir
 from contextsvc.engine.view_memo import ViewMemo
 from contextsvc.errors import InvalidArgument, NotFound
 from contextsvc.ports import BaselineWrite, Clock, EventBus, SessionStore, ViewRecord, statement_publisher
+
+_SEQUENCE = operator.attrgetter("sequence_number")
 
 
 class ViewMessage(NamedTuple):
@@ -338,6 +340,10 @@ class Assembled:
     #: ``_since`` of this view for a baseline older than its last rows, when the view found them
     #: (``_extended``): (that baseline's ``last_sequence``, the ``parts`` they are of, the rows)
     since: tuple[int, object, tuple[Message, ...]] | None = None
+    #: the distinct sequence numbers of the stored rows in ``rows``, ascending (``stored_sequences``):
+    #: which messages the view holds, kept as rows are added so that recall, which asks on every
+    #: build with a user's message, does not read a view of a thousand rows each time (None: not kept)
+    sequences: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -379,6 +385,24 @@ class _Sums:
                 held = segments[k]
                 segments[k] = x if held is None else tuple(map(operator.add, held, x))  # (same widths)
         return _Sums(rows=tuple(map(operator.add, self.rows, features)), segments=tuple(segments))
+
+
+def stored_sequences(rows: Iterable[Message]) -> tuple[int, ...]:
+    """The distinct sequence numbers of the stored messages in ``rows`` (0: unstored), ascending."""
+    return tuple(sorted(set(filter((0).__lt__, map(_SEQUENCE, rows)))))
+
+
+def _sequences_after(held: tuple[int, ...] | None, added: Sequence[Message]) -> tuple[int, ...] | None:
+    """``stored_sequences`` of a view's rows ``held`` and ``added`` after them: appended rows are
+    newer than every stored row, so their numbers only extend the tuple (else it is sorted again)."""
+    if held is None:
+        return None
+    new = [n for n in map(_SEQUENCE, added) if n > 0]
+    if not new:
+        return held
+    if (not held or new[0] > held[-1]) and all(a < b for a, b in itertools.pairwise(new)):
+        return (*held, *new)
+    return tuple(sorted({*held, *new}))
 
 
 def _legal_tail(before: Sequence[Message], added: Sequence[Message]) -> View | None:
@@ -673,6 +697,7 @@ class ViewService:
             since=None
             if since is None or state.baseline is None
             else (state.baseline.last_sequence, new_parts, tuple(since)),
+            sequences=_sequences_after(kept.sequences, shown),
         )
 
     def _with_incoming(
@@ -879,6 +904,7 @@ class ViewService:
             cap=cap if sums is not None else None,
             over=over if sums is not None else (),
             cut_by=counter,
+            sequences=stored_sequences(rows),
         )
 
     async def finish(

@@ -28,12 +28,25 @@ from contextsvc.engine import views as views_module
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage
-from contextsvc.engine.views import BuiltView
+from contextsvc.engine.views import BuiltView, stored_sequences
 from contextsvc.errors import ContextError
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.files import FilesStore
 from contextsvc.summarizers.registry import build_summarizers
 from tests.support.stores import TickingClock
+
+#: what an assembled view says of itself, compared field by field with one built from scratch
+_FIELDS = (
+    "segments",
+    "truncated",
+    "estimate",
+    "notices",
+    "chars",
+    "features",
+    "last_sequence",
+    "had_images",
+    "sequences",
+)
 
 PROFILES = [
     ProfileOverrides(),
@@ -125,10 +138,11 @@ class World:
         counter = engine.accounting.counter(effective.model)
         fresh = engine.views._assemble(effective, context, None, EngineState.of(session), counter)
         again = engine.views.assemble(effective, context, None, EngineState.of(session), session_id=self.sid)
-        fields = ("segments", "truncated", "estimate", "notices", "chars", "features", "last_sequence", "had_images")
-        for field in fields:
+        for field in _FIELDS:
             assert getattr(again, field) == getattr(fresh, field), field
         assert [m for m in again.rows] == [m for m in fresh.rows]
+        # Which stored messages the view holds (recall's question), kept as rows were added.
+        assert again.sequences == stored_sequences(again.rows)
         # What the wire cache may reuse of the view it extends is its first rows, the very objects.
         assert again.extends is None or all(map(operator.is_, again.extends, again.plain or []))
         assert built.estimate == fresh.estimate
@@ -149,8 +163,7 @@ class World:
         incoming = Message(role=Role.USER, content=f"next {len(context)} {text}")
         fresh = engine.views._assemble(effective, context, incoming, state, counter)
         again = engine.views.assemble(effective, context, incoming, state, session_id=self.sid)
-        fields = ("segments", "truncated", "estimate", "notices", "chars", "features", "last_sequence", "had_images")
-        for field in fields:
+        for field in _FIELDS:
             assert getattr(again, field) == getattr(fresh, field), field
         assert again.rows == fresh.rows
         assert again.extends is None or all(map(operator.is_, again.extends, again.plain or []))
