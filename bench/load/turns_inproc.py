@@ -49,6 +49,7 @@ async def _loop(
     session_profile: str = "bench",
     long_every: int = 0,
     incoming: bool = False,
+    profile_out: str = "",
 ) -> float:
     """``compounding``: each baseline 5 % above the view's estimate, which compounds through
     baseline + delta until the sessions compact (``compaction_cost.py``); else the provider's
@@ -156,6 +157,8 @@ async def _loop(
     if data_dir is not None:
         shutil.rmtree(data_dir, ignore_errors=True)
     if prof:
+        if profile_out:
+            prof.dump_stats(profile_out)
         pstats.Stats(prof).sort_stats("tottime").print_stats(profile)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(profile)
     return spent
@@ -167,6 +170,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=40)
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's N costliest functions")
+    parser.add_argument("--profile-out", default="", help="with --profile: also keep cProfile's stats in this file")
     parser.add_argument("--ab", default="", help="another checkout to alternate with")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
@@ -199,6 +203,7 @@ def main() -> None:
                     session_profile=args.session_profile,
                     long_every=args.long_every,
                     incoming=args.incoming,
+                    profile_out=args.profile_out,
                 )
             )
         finally:

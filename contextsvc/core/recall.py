@@ -401,7 +401,8 @@ class RecallIndex:
         self._norms: list[float] = []
         self._weights: dict[str, array[float]] = {}
         #: the same per term for searches summed with numpy (``_VECTOR_MIN_POSTINGS``): the
-        #: postings' positions and their BM25 parts without the IDF, as arrays numpy indexes with.
+        #: postings' positions and their BM25 parts times the term's IDF (which holds as long as
+        #: the parts: both move only when chunks are indexed), as arrays numpy indexes with.
         self._vectors: dict[str, tuple[NDArray[np.int32], NDArray[np.float64]]] = {}
         #: every chunk's ``last_sequence``, in the order added (ties in a ranking go to the newest).
         self._sequences: array[int] = array("q")
@@ -514,13 +515,13 @@ class RecallIndex:
     def _vector_sums(self, found: list[tuple[str, int]], n: int) -> NDArray[np.float64]:
         """``_sums`` with numpy: every term's parts times its IDF, in the query's order, added up
         per position by one ``bincount``, which adds its weights to their bins in the order given,
-        from 0.0: to each chunk, the loop's additions in the loop's order."""
+        from 0.0: to each chunk, the loop's additions in the loop's order. A term's products are
+        kept (``_vectors``): each is the loop's ``idf * part``, the same float64 multiplication."""
         numpy = _numpy()
         norms: NDArray[np.float64] | None = None
         saturation = BM25_K1 + 1
         positions: list[NDArray[np.int32]] = []
-        parts: list[NDArray[np.float64]] = []
-        idfs: list[float] = []
+        scaled: list[NDArray[np.float64]] = []
         for term, df in found:
             vector = self._vectors.get(term)
             if vector is None:
@@ -534,13 +535,10 @@ class RecallIndex:
                     tfs = numpy.array(self._tfs[term], dtype=numpy.float64)  # exact: small integers
                     # as the loop computes it: tf x saturation, then / (tf + the chunk's norm)
                     weights = tfs * saturation / (tfs + norms[held])
-                vector = self._vectors[term] = (held, weights)
+                vector = self._vectors[term] = (held, bm25_idf(n, df) * weights)
             positions.append(vector[0])
-            parts.append(vector[1])
-            idfs.append(bm25_idf(n, df))
-        lengths = [len(p) for p in positions]
-        scaled = numpy.repeat(numpy.array(idfs), lengths) * numpy.concatenate(parts)
-        sums = numpy.bincount(numpy.concatenate(positions), scaled, n)  # float64: it was given weights
+            scaled.append(vector[1])
+        sums = numpy.bincount(numpy.concatenate(positions), numpy.concatenate(scaled), n)  # float64: given weights
         return cast("NDArray[np.float64]", sums)
 
     def search(self, query: str, limit: int) -> list[ScoredChunk]:
