@@ -14,8 +14,10 @@ from contextsvc.config import TokenSettings
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.message_memo import IdentityMemo
 from contextsvc.core.messages import ImageRef, Message
+from contextsvc.core.priors import N_FEATURES
 from contextsvc.core.tokens import (
     CalibratedCounter,
+    ExactCounter,
     TextCounter,
     message_features,
     output_reserve,
@@ -50,6 +52,32 @@ def cut_marker(chars: int) -> str:
 
 
 # --- per-message truncation ----------------------------------------------------------------
+
+
+def additive(counter: TextCounter) -> bool:
+    """A list's count is at least each member's: exact counts (sums of per-part counts) and
+    calibrated prices whose weights are all non-negative (linear in non-negative features)."""
+    if isinstance(counter, ExactCounter):
+        return True
+    return isinstance(counter, CalibratedCounter) and min(counter.calibration.weights, default=0.0) >= 0
+
+
+def column_max(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """Each column's largest value over ``features`` (zeros for none): a message with these
+    features costs at least what any one of them costs, under any calibration whose weights are
+    non-negative (``additive``), since every feature is a non-negative count."""
+    return tuple(map(max, zip(*features, strict=True))) if features else (0,) * N_FEATURES
+
+
+def none_cut(counter: TextCounter, features: Sequence[tuple[int, ...]], budget: int) -> bool:
+    """Does ``truncate_for_view`` keep every message whose ``message_features`` are ``features``
+    as it is? Told by one price for a calibrated counter with non-negative weights: their column
+    maximum costs at least any one of them. False when that cannot tell (each is then priced)."""
+    return (
+        isinstance(counter, CalibratedCounter)
+        and additive(counter)
+        and counter.count_features(column_max(features)) <= budget
+    )
 
 
 def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:

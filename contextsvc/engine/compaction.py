@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import logging
+import operator
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -38,8 +40,8 @@ from contextsvc.core.history import HistoryChunk
 from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
-from contextsvc.core.tokens import CalibratedCounter, TextCounter, image_tokens_of
-from contextsvc.core.view_budget import budget_images, truncate_for_view
+from contextsvc.core.tokens import CalibratedCounter, TextCounter, each_message_features, image_tokens_of
+from contextsvc.core.view_budget import budget_images, none_cut, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
 from contextsvc.errors import Conflict, NothingToCompact, SessionDamaged
@@ -316,7 +318,26 @@ class Compactor:
                 got = cache[key] = (m, cut)  # ``m`` held: its id names no other row while cached
             return got[1]
 
+        def seed(rows: Sequence[Message]) -> None:
+            # The rows not shown yet that the view keeps as they are, told at once: the first
+            # count of a compaction cut every row of the context alone (~10 µs a row). When the
+            # largest of their features fit one message's budget none is cut (``none_cut``);
+            # else each is priced from its features, and only those over it are cut one by one.
+            if not isinstance(text, CalibratedCounter):
+                return
+            fresh = [m for m in rows if not m.images and id(m) not in cache]
+            if len(fresh) < 2:
+                return
+            each = each_message_features(fresh)
+            pinned = [m.flags.is_pinned for m in fresh]  # (a pinned row is never cut)
+            if not none_cut(text, list(itertools.compress(each, map(operator.not_, pinned))), budget):
+                price = text.count_features
+                fresh = [m for m, f, p in zip(fresh, each, pinned, strict=True) if p or price(f) <= budget]
+            for m in fresh:
+                cache[id(m)] = (m, m)
+
         def count(rows: Sequence[Message]) -> int:
+            seed(rows)
             # Sizes summed first and rounded once, as the view's estimate does: rounding each row
             # drifted from the estimate by up to half a token per row on long contexts.
             cut = [shown(m) for m in rows]

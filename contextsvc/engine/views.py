@@ -23,7 +23,6 @@ from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import (
     Baseline,
     CalibratedCounter,
-    ExactCounter,
     TextCounter,
     TokenEstimate,
     each_message_features,
@@ -36,7 +35,7 @@ from contextsvc.core.tokens import (
     messages_features,
 )
 from contextsvc.core.view import Segment, View, build_view
-from contextsvc.core.view_budget import budget_images, too_large, truncate_for_view
+from contextsvc.core.view_budget import additive, budget_images, column_max, too_large, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.state import EngineState
@@ -142,14 +141,6 @@ class _SavedView:
     calls: int = 0
 
 
-def _additive(counter: TextCounter) -> bool:
-    """A list's count is at least each member's: exact counts (sums of per-part counts) and
-    calibrated prices whose weights are all non-negative (linear in non-negative features)."""
-    if isinstance(counter, ExactCounter):
-        return True
-    return isinstance(counter, CalibratedCounter) and min(counter.calibration.weights, default=0.0) >= 0
-
-
 #: A view segment's place among ``estimate_segments``' parts.
 _SEGMENT_PARTS = {
     Segment.SYSTEM: 0,
@@ -169,20 +160,13 @@ def _column_sums(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(map(sum, zip(*features, strict=True))) if features else (0,) * N_FEATURES
 
 
-def _column_max(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    """Each column's largest value over ``features`` (zeros for none): a message with these
-    features costs at least what any one of them costs, under any calibration whose weights are
-    non-negative (``_additive``), since every feature is a non-negative count."""
-    return tuple(map(max, zip(*features, strict=True))) if features else (0,) * N_FEATURES
-
-
 def _cap_of(
     messages: Sequence[Message],
     segments: Sequence[Segment],
     features: Sequence[tuple[int, ...]],
     skip: Collection[int] = (),
 ) -> tuple[int, ...]:
-    """``_column_max`` of the rows ``truncate_for_view`` may cut: not the system prompt, not a
+    """``column_max`` of the rows ``truncate_for_view`` may cut: not the system prompt, not a
     pinned row (both are sent whole), not a row whose index is in ``skip`` (priced on its own)."""
     system = Segment.SYSTEM
     rows = zip(messages, segments, features, strict=True)
@@ -190,8 +174,8 @@ def _cap_of(
         cuttable = (
             f for i, (m, seg, f) in enumerate(rows) if seg is not system and not m.flags.is_pinned and i not in skip
         )
-        return _column_max(list(cuttable))
-    return _column_max([f for m, seg, f in rows if seg is not system and not m.flags.is_pinned])
+        return column_max(list(cuttable))
+    return column_max([f for m, seg, f in rows if seg is not system and not m.flags.is_pinned])
 
 
 def _none_cut(counter: TextCounter, cap: tuple[int, ...] | None, budget: int) -> bool:
@@ -588,7 +572,7 @@ class ViewService:
         ``kept``'s, and only the estimate is priced again: a baseline refits the calibration, and
         the post-turn check (or the next build) need not assemble the view again (issue #15)."""
         parts = kept.parts
-        if parts is None or not _additive(counter):
+        if parts is None or not additive(counter):
             return None
         sums = None
         budget = profile.per_message_budget
@@ -625,7 +609,7 @@ class ViewService:
         cut as ``_assemble`` cuts them: a long tool result). Without a calibrated counter, nothing
         is cut and the whole fits it. Then only the added rows (and the rows cut before, when the
         counter changed: ``_recut``) are measured, and the view is priced again."""
-        if kept.parts is None or not _additive(counter):
+        if kept.parts is None or not additive(counter):
             return None
         tail = _legal_tail(before, added)
         if tail is None:
@@ -638,13 +622,13 @@ class ViewService:
         if isinstance(counter, CalibratedCounter) and kept.sums is not None and kept.cap is not None:
             each = each_message_features(added)
             cuttable = [(j, f) for j, (m, f) in enumerate(zip(added, each, strict=True)) if not m.flags.is_pinned]
-            cap = _column_max([kept.cap, *(f for _, f in cuttable)])
+            cap = column_max([kept.cap, *(f for _, f in cuttable)])
             if not _none_cut(counter, cap, budget):
                 # An added row may be over the budget (a long tool result): the kept rows by
                 # their cap, the added ones priced one by one; those over it are cut and join
                 # ``over``, so later builds cut them again only when the counter changes.
                 long = {j for j, f in cuttable if counter.count_features(f) > budget}
-                cap = _column_max([kept.cap, *(f for j, f in cuttable if j not in long)])
+                cap = column_max([kept.cap, *(f for j, f in cuttable if j not in long)])
                 if not _none_cut(counter, cap, budget) or any(not added[j].sequence_number for j in long):
                     return None
                 each = list(each)
@@ -734,7 +718,7 @@ class ViewService:
         sums = _Sums(rows=tuple(map(operator.add, kept.sums.rows, features)), segments=tuple(segments))
         cap = kept.cap
         if cap is not None and not incoming.flags.is_pinned:
-            cap = _column_max([cap, features])
+            cap = column_max([cap, features])
         plain = kept.plain
         return dataclasses.replace(
             kept,
@@ -822,13 +806,13 @@ class ViewService:
         if isinstance(counter, CalibratedCounter):
             features = each_message_features(view.messages)
             total = _column_sums(features)
-            if _additive(counter):
+            if additive(counter):
                 whole = counter.count_features(total)
                 # While the whole view fits one message's budget, its total bounds every row's
                 # features (non-negative counts), so it serves as the cap: the rows' own column
                 # maxima (~60 µs for 200 rows) are taken only once the whole no longer fits.
                 cap = total if whole <= budget else _cap_of(view.messages, view.segments, features)
-        elif _additive(counter):
+        elif additive(counter):
             whole = counter.count_messages(view.messages)
         uncut = whole is not None and (whole <= budget or _none_cut(counter, cap, budget))
         any_images = any(m.images for m in view.messages)
