@@ -69,15 +69,13 @@ def column_max(features: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(map(max, zip(*features, strict=True))) if features else (0,) * N_FEATURES
 
 
-def none_cut(counter: TextCounter, features: Sequence[tuple[int, ...]], budget: int) -> bool:
-    """Does ``truncate_for_view`` keep every message whose ``message_features`` are ``features``
-    as it is? Told by one price for a calibrated counter with non-negative weights: their column
-    maximum costs at least any one of them. False when that cannot tell (each is then priced)."""
-    return (
-        isinstance(counter, CalibratedCounter)
-        and additive(counter)
-        and counter.count_features(column_max(features)) <= budget
-    )
+def none_cut(counter: TextCounter, cap: tuple[int, ...] | None, budget: int) -> bool:
+    """Does no message whose features ``cap`` bounds column by column (``column_max`` of theirs,
+    or a larger bound) exceed ``budget`` alone, so that ``truncate_for_view`` keeps each as it is?
+    A calibrated counter whose weights are non-negative (``additive``: the caller checks it)
+    prices the cap once, which bounds every message's own price; without a cap (or with another
+    counter), the caller checks another way."""
+    return cap is not None and isinstance(counter, CalibratedCounter) and counter.count_features(cap) <= budget
 
 
 def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:

@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import logging
-import operator
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -41,7 +39,7 @@ from contextsvc.core.messages import Message
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import CalibratedCounter, TextCounter, each_message_features, image_tokens_of
-from contextsvc.core.view_budget import budget_images, none_cut, truncate_for_view
+from contextsvc.core.view_budget import additive, budget_images, column_max, none_cut, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
 from contextsvc.errors import Conflict, NothingToCompact, SessionDamaged
@@ -329,10 +327,10 @@ class Compactor:
             if len(fresh) < 2:
                 return
             each = each_message_features(fresh)
-            pinned = [m.flags.is_pinned for m in fresh]  # (a pinned row is never cut)
-            if not none_cut(text, list(itertools.compress(each, map(operator.not_, pinned))), budget):
+            cuttable = [f for m, f in zip(fresh, each, strict=True) if not m.flags.is_pinned]  # (pinned: never cut)
+            if not (additive(text) and none_cut(text, column_max(cuttable), budget)):
                 price = text.count_features
-                fresh = [m for m, f, p in zip(fresh, each, pinned, strict=True) if p or price(f) <= budget]
+                fresh = [m for m, f in zip(fresh, each, strict=True) if m.flags.is_pinned or price(f) <= budget]
             for m in fresh:
                 cache[id(m)] = (m, m)
 

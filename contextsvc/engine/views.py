@@ -35,7 +35,7 @@ from contextsvc.core.tokens import (
     messages_features,
 )
 from contextsvc.core.view import Segment, View, build_view
-from contextsvc.core.view_budget import additive, budget_images, column_max, too_large, truncate_for_view
+from contextsvc.core.view_budget import additive, budget_images, column_max, none_cut, too_large, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.state import EngineState
@@ -178,14 +178,6 @@ def _cap_of(
     return column_max([f for m, seg, f in rows if seg is not system and not m.flags.is_pinned])
 
 
-def _none_cut(counter: TextCounter, cap: tuple[int, ...] | None, budget: int) -> bool:
-    """Does no row of a view whose rows' features ``cap`` bounds column by column (``_cap_of``,
-    or a larger bound) exceed ``budget`` alone (so ``truncate_for_view`` keeps every row as it
-    is)? A calibrated counter prices the cap once (it bounds every row's own price); without a
-    cap, the caller checks another way."""
-    return cap is not None and isinstance(counter, CalibratedCounter) and counter.count_features(cap) <= budget
-
-
 def _over_of(
     messages: Sequence[Message],
     segments: Sequence[Segment],
@@ -203,7 +195,7 @@ def _over_of(
     if not cut_at or not all(messages[i].sequence_number for i in cut_at):
         return (), None
     cap = _cap_of(messages, segments, features, skip=set(cut_at))
-    if not _none_cut(counter, cap, budget):
+    if not none_cut(counter, cap, budget):
         return (), None
     return tuple((i, messages[i]) for i in cut_at), cap
 
@@ -313,7 +305,7 @@ class Assembled:
     extends: list[ViewMessage] | None = None
     #: with ``sums``: a bound, feature by feature, of the rows the view could cut but ``over``'s:
     #: their largest values (``_cap_of``), or the view's total while the whole fits one message's
-    #: budget; any calibration can tell in one price that it cuts none of them (``_none_cut``)
+    #: budget; any calibration can tell in one price that it cuts none of them (``none_cut``)
     cap: tuple[int, ...] | None = None
     #: with ``sums``: the rows priced one by one, each over one message's budget when it joined the
     #: view, as (row index, the stored message) in row order: the row is ``truncate_for_view`` of
@@ -565,7 +557,7 @@ class ViewService:
         baseline, or None when the new price could change which rows the view holds.
 
         When no message carries an image, the rows depend on the counter only through one check
-        and the rows it cut: no other row alone exceeds one message's budget (``_none_cut``;
+        and the rows it cut: no other row alone exceeds one message's budget (``none_cut``;
         without the features of a calibrated counter, nothing was cut and the whole view fits
         it), and the cut rows (``Assembled.over``) are cut again by the new counter (``_recut``).
         If the check still holds, the other rows, segments, sizes and messages to send are
@@ -577,7 +569,7 @@ class ViewService:
         sums = None
         budget = profile.per_message_budget
         if isinstance(counter, CalibratedCounter) and kept.sums is not None:
-            if not _none_cut(counter, kept.cap, budget):
+            if not none_cut(counter, kept.cap, budget):
                 return None
             kept = _recut(kept, counter, budget)
             parts = kept.parts
@@ -604,7 +596,7 @@ class ViewService:
 
         When the added rows follow the kept ones legally as they are (``_legal_tail``), the legal
         view of the whole is the kept view followed by them. No kept row is cut anew when none alone
-        exceeds one message's budget (``_none_cut``: the largest features of the kept rows and the
+        exceeds one message's budget (``none_cut``: the largest features of the kept rows and the
         added ones priced once; else the added ones priced one by one, and those over the budget
         cut as ``_assemble`` cuts them: a long tool result). Without a calibrated counter, nothing
         is cut and the whole fits it. Then only the added rows (and the rows cut before, when the
@@ -623,13 +615,13 @@ class ViewService:
             each = each_message_features(added)
             cuttable = [(j, f) for j, (m, f) in enumerate(zip(added, each, strict=True)) if not m.flags.is_pinned]
             cap = column_max([kept.cap, *(f for _, f in cuttable)])
-            if not _none_cut(counter, cap, budget):
+            if not none_cut(counter, cap, budget):
                 # An added row may be over the budget (a long tool result): the kept rows by
                 # their cap, the added ones priced one by one; those over it are cut and join
                 # ``over``, so later builds cut them again only when the counter changes.
                 long = {j for j, f in cuttable if counter.count_features(f) > budget}
                 cap = column_max([kept.cap, *(f for j, f in cuttable if j not in long)])
-                if not _none_cut(counter, cap, budget) or any(not added[j].sequence_number for j in long):
+                if not none_cut(counter, cap, budget) or any(not added[j].sequence_number for j in long):
                     return None
                 each = list(each)
                 shown = list(added)
@@ -796,7 +788,7 @@ class ViewService:
         # count, the segment sums and the size all come from them (sums of integers: the same
         # figures as a pass over the rows for each).
         # When no message alone can exceed one message's budget, none is cut: with a calibrated
-        # counter, when the largest features of the rows it may cut fit (``_none_cut``); else when
+        # counter, when the largest features of the rows it may cut fit (``none_cut``); else when
         # the whole view fits (counts are sums of non-negative per-message parts). One count
         # instead of one per message.
         features: list[tuple[int, ...]] | None = None
@@ -814,7 +806,7 @@ class ViewService:
                 cap = total if whole <= budget else _cap_of(view.messages, view.segments, features)
         elif additive(counter):
             whole = counter.count_messages(view.messages)
-        uncut = whole is not None and (whole <= budget or _none_cut(counter, cap, budget))
+        uncut = whole is not None and (whole <= budget or none_cut(counter, cap, budget))
         any_images = any(m.images for m in view.messages)
         over: tuple[tuple[int, Message], ...] = ()
         if uncut:

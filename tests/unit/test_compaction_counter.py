@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.tokens import TextCounter, each_message_features, image_tokens_of
-from contextsvc.core.view_budget import budget_images, none_cut, truncate_for_view
+from contextsvc.core.view_budget import additive, budget_images, column_max, none_cut, truncate_for_view
 from contextsvc.engine.compaction import _shared_shown
 from tests.support.compaction_harness import Rig, words
 
@@ -86,10 +86,10 @@ async def test_rows_over_the_budget_are_still_cut_and_rows_under_it_are_not() ->
         short = _rows(rng, 50, long_every=0, budget_words=budget_words)
         long = _rows(rng, 50, long_every=9, budget_words=budget_words)
         # The check the counter relies on tells the two apart...
-        assert none_cut(
-            text, each_message_features([m for m in short if not m.flags.is_pinned]), profile.per_message_budget
-        )
-        assert not none_cut(text, each_message_features(long), profile.per_message_budget)
+        budget = profile.per_message_budget
+        assert additive(text)
+        assert none_cut(text, column_max(each_message_features([m for m in short if not m.flags.is_pinned])), budget)
+        assert not none_cut(text, column_max(each_message_features(long)), budget)
         # ... and the long rows are priced cut: less than they cost whole.
         count = rig.engine.compactor.counter(profile)
         assert count(long) < text.count_messages(long)
