@@ -360,11 +360,16 @@ class PostgresSettings(BaseModel):
     #: the other single statements of a turn (a build's context read and view save, a baseline's
     #: anchor, observation and refit read, every single-statement write) run on at most this many
     #: connections, each kept while such statements wait (no acquire and release per statement);
-    #: capped by pool_max_size.
-    statement_lanes: int = Field(4, ge=1)
+    #: capped by pool_max_size. Two rather than four: statements of a kind that wait together go
+    #: in one round trip (the ``*_group_max`` below), and served, with four lanes most of them
+    #: found a free lane and went alone (bench/RESULTS.md, round 37).
+    statement_lanes: int = Field(2, ge=1)
     #: views saved by builds that wait for a statement lane together are saved in one
     #: transaction and one round trip, at most this many (1 = each its own).
     view_group_max: int = Field(32, ge=1)
+    #: builds' context reads that wait for a statement lane together are read in one statement
+    #: and one round trip, at most this many (1 = each its own).
+    read_group_max: int = Field(32, ge=1)
     #: baselines anchored with their observation and event (``anchor_baseline``) that wait for a
     #: statement lane together run in one transaction and one round trip, at most this many.
     anchor_group_max: int = Field(32, ge=1)

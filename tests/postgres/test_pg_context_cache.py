@@ -6,6 +6,7 @@ replica (or it) did in between; and it must reuse the rows it holds rather than 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
@@ -186,3 +187,39 @@ async def test_a_context_read_by_a_stranger_is_not_found_cached_or_not(postgres_
         for store in (cached, plain):
             with pytest.raises(NotFound):
                 await store.load_context(sid, caller=Principal("mallory"))
+
+
+async def test_reads_waiting_together_are_one_statement_and_each_gets_its_own(postgres_db: str) -> None:
+    """Builds of many sessions that wait for a statement lane read in one statement
+    (``_read_contexts``): each gets what it would have read alone, cached or whole, and an unknown
+    or foreign session is not found without failing the others."""
+    grouped = await make_postgres_store(postgres_db, pg_settings(statement_lanes=1))
+    try:
+        async with _replicas(postgres_db) as (_, other, plain):
+            sids = []
+            for i in range(6):
+                sid = (await other.create_session(caller=ALICE, profile_id="p")).id
+                await other.append_messages(sid, [Message(Role.USER, f"s{i} m{j}") for j in range(3)], caller=ALICE)
+                sids.append(sid)
+            for sid in sids[:4]:  # cached on the grouping replica: the next read is of rows after
+                await grouped.load_context(sid, caller=ALICE)
+            await other.append_messages(sids[0], [Message(Role.ASSISTANT, "added")], caller=ALICE)
+            summary = Message(Role.USER, "sum", flags=Flags(is_display=False, is_summary=True), context_anchor=1)
+            await other.commit_compaction(sids[1], caller=ALICE, demote=[1, 2], append=[summary], context_tokens=5)
+            before = grouped._read_group.grouped
+            unknown = "00000000-0000-4000-8000-00000000dead"
+            calls = [
+                *(grouped.load_context(sid, caller=ALICE) for sid in sids),
+                grouped.load_context(unknown, caller=ALICE),
+                grouped.load_context(sids[2], caller=Principal("mallory")),
+                grouped.load_context(sids[0], caller=ALICE),  # the same session twice
+            ]
+            got = await asyncio.gather(*calls, return_exceptions=True)
+            assert grouped._read_group.grouped - before >= len(calls) - 1 and grouped._read_group.failed == 0
+            for sid, context in zip([*sids, sids[0]], [*got[: len(sids)], got[-1]], strict=True):
+                assert context == await plain.load_context(sid, caller=ALICE)
+            assert [m.content for m in got[0]] == ["s0 m0", "s0 m1", "s0 m2", "added"]  # type: ignore[union-attr]
+            assert [m.content for m in got[1]] == ["sum", "s1 m2"]  # type: ignore[union-attr]
+            assert isinstance(got[len(sids)], NotFound) and isinstance(got[len(sids) + 1], NotFound)
+    finally:
+        await grouped.close()

@@ -121,6 +121,8 @@ class PostgresStore:
         self._anchor_group = Group(self._anchor_many, self._pg.anchor_group_max)
         #: views saved while others wait are saved together (``_save_views``).
         self._view_group = Group(self._save_views, self._pg.view_group_max)
+        #: builds' context reads that wait for a statement lane together: one statement (``_read_contexts``).
+        self._read_group = Group(self._read_contexts, self._pg.read_group_max)
         #: appends publishing their event that wait together commit together (``_append_many``).
         self._append_group = Group(self._append_many, self._pg.append_group_max)
         #: the event buses made on this store's pool (``make_event_bus``): appends may publish for them.
@@ -730,16 +732,24 @@ class PostgresStore:
         return (await self.context_and_session(session_id, caller=caller))[1]
 
     async def context_and_session(self, session_id: str, *, caller: Principal) -> tuple[SessionInfo, list[Message]]:
-        """One statement (``_CONTEXT_SQL``, one snapshot): the session's row and its context rows
+        """One statement (``_CONTEXTS_SQL``, one snapshot): the session's row and its context rows
         numbered after those this replica holds for it (``context_cache.py``), or all of them; a
         second one, for all of them, only when the session changed otherwise since (a compaction,
-        a flag change, deleted and created again)."""
+        a flag change, deleted and created again). Builds of other sessions that wait for a
+        statement lane meanwhile are read in the same statement (``_read_contexts``)."""
         if not isinstance(session_id, str):
             raise session_not_found(session_id)
         cached = self._contexts.get(session_id)
 
-        async def read(conn: Any, after: int) -> tuple[Any, list[KeyedRow]]:
-            rows = await conn.fetch(_CONTEXT_SQL, session_id, after)
+        async def read(after: int) -> tuple[Any, list[KeyedRow]]:
+            item = (session_id, after)
+            rows = await self._statement(
+                "load_context",
+                functools.partial(self._read_context, item),
+                read=True,
+                group=self._read_group if self._read_group.max_size > 1 else None,
+                item=item,
+            )
             if not rows or not caller.may_read(rows[0]["user_id"]):
                 raise session_not_found(session_id)
             keyed = [((r["context_key"], r["seq"]), message_from_row(r)) for r in rows if r["seq"] is not None]
@@ -748,22 +758,33 @@ class PostgresStore:
         def version(head: Any) -> ContextVersion:
             return ContextVersion(head["create_time"], head["context_epoch"], head["last_sequence"])
 
-        async def work(conn: Any) -> tuple[SessionInfo, list[Message]]:
-            if cached is not None:
-                head, added = await read(conn, cached.version.last_sequence)
-                entry = extended(cached, version(head), added, head["context_count"])
-                if entry is not None:
-                    self._contexts.put(session_id, entry)
-                    return self._info(head), list(entry.rows)
-            head, keyed = await read(conn, 0)
-            entry = whole(version(head), keyed, head["context_count"])
-            if entry is None:
-                self._contexts.forget(session_id)
-                return self._info(head), [m for _, m in keyed]
-            self._contexts.put(session_id, entry)
-            return self._info(head), list(entry.rows)
+        if cached is not None:
+            head, added = await read(cached.version.last_sequence)
+            entry = extended(cached, version(head), added, head["context_count"])
+            if entry is not None:
+                self._contexts.put(session_id, entry)
+                return self._info(head), list(entry.rows)
+        head, keyed = await read(0)
+        entry = whole(version(head), keyed, head["context_count"])
+        if entry is None:
+            self._contexts.forget(session_id)
+            return self._info(head), [m for _, m in keyed]
+        self._contexts.put(session_id, entry)
+        return self._info(head), list(entry.rows)
 
-        return await self._statement("load_context", work, read=True)
+    async def _read_context(self, item: tuple[str, int], conn: Any) -> list[Any]:
+        """``_read_contexts`` of one session: its rows (none when it does not exist)."""
+        return (await self._read_contexts(conn, [item]))[0]
+
+    async def _read_contexts(self, conn: Any, items: list[tuple[str, int]]) -> list[list[Any]]:
+        """The rows of ``_CONTEXTS_SQL`` for each ``(session id, after)`` of ``items``, in their
+        order: one statement and one round trip for all (a turn's only read; ~one round trip a
+        turn before, the rest of its statements being grouped already)."""
+        rows = await conn.fetch(_CONTEXTS_SQL, [i[0] for i in items], [i[1] for i in items])
+        out: list[list[Any]] = [[] for _ in items]
+        for r in rows:
+            out[r["item"] - 1].append(r)
+        return out
 
     async def get_messages(self, session_id: str, *, caller: Principal, first: int, last: int) -> list[Message]:
         async def work(conn: Any) -> list[Message]:
@@ -1393,17 +1414,18 @@ pruned AS (
 SELECT (SELECT saved FROM saved) AS saved
 """
 
-#: ``context_and_session``: the session's row (its owner and version with it) and its context rows
-#: numbered after $2 in context order (one row with NULL row columns when there is none). One
-#: statement: one snapshot. No column of ``sessions`` is named like one of the row's.
-_CONTEXT_SQL = """
-SELECT s.*, m.seq, m.is_context, m.context_key, m.content, m.body
-  FROM sessions s
+#: ``_read_contexts``: for each session id of $1 (``item``: its place, from 1) the session's row
+#: (its owner and version with it) and its context rows numbered after the same place of $2, in
+#: context order (one row with NULL row columns when there is none; no row for an unknown
+#: session). One statement: one snapshot. No column of ``sessions`` is named like one of the row's.
+_CONTEXTS_SQL = """
+SELECT q.n AS item, s.*, m.seq, m.is_context, m.context_key, m.content, m.body
+  FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS q(session_id, after_seq, n)
+  JOIN sessions s ON s.session_id = q.session_id
   LEFT JOIN LATERAL (
        SELECT seq, is_context, context_key, content, body FROM all_messages
-        WHERE session_id = s.session_id AND is_context AND seq > $2) m ON true
- WHERE s.session_id = $1
- ORDER BY m.context_key, m.seq
+        WHERE session_id = q.session_id AND is_context AND seq > q.after_seq) m ON true
+ ORDER BY q.n, m.context_key, m.seq
 """
 
 #: AppendMessages in one statement (``append_messages``). $1 session, $2 request id ('' for none),
