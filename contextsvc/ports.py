@@ -412,6 +412,12 @@ class EventPublishingStore(Protocol):
         when the anchor is refused (None), none of them."""
         ...
 
+    async def observe_baseline(self, session_id: str, *, user_id: str, write: BaselineWrite) -> None:
+        """The observation (``add_calibration_observation``) and the event of ``write`` about
+        session ``session_id`` of ``user_id``, in one statement: both or neither. For a baseline
+        whose anchor is applied (or deferred) on its own."""
+        ...
+
 
 def statement_publisher(store: object, bus: EventBus) -> EventPublishingStore | None:
     """``store`` when its statements publish their events on ``bus`` (``EventPublishingStore``)."""

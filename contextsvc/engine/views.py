@@ -1111,6 +1111,21 @@ class ViewService:
                 truncation_reason=reason,
                 lower_bound=bound,
             )
+        if self._publisher is not None:
+            # The observation and the event in one statement, after the anchor (applied, or
+            # deferred behind a compaction), as the quick way orders them.
+            if _anchorable(view, session):
+                await anchor(_pending(view_id, view, prompt_tokens, session))
+            observation = self._observation(view, prompt_tokens)
+            payload = _recorded_payload(view_id, view, prompt_tokens)
+            write = BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
+            await self._publisher.observe_baseline(sid, user_id=session.user_id, write=write)
+            calibration = await self._accounting.observe(
+                view.model, observation, source=sid, concurrent=concurrent, written=True
+            )
+            return BaselineResult(
+                recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
+            )
         calibration = await self._observe(sid, view, prompt_tokens, concurrent)
         if _anchorable(view, session):  # the cycle is checked again where the anchor is applied
             await anchor(_pending(view_id, view, prompt_tokens, session))

@@ -28,7 +28,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.engine.views import BaselineResult, BuiltView
-from contextsvc.errors import Conflict, NotFound
+from contextsvc.errors import Conflict, InvalidArgument, NotFound
 from contextsvc.ports import BaselineWrite, StoredEvent, ViewRecord
 from contextsvc.stores.postgres import PostgresStore, make_postgres_event_bus, make_postgres_store
 from contextsvc.stores.postgres.bus import PUBLISH_LOCK
@@ -39,7 +39,7 @@ from tests.support.engines import make_engine
 
 ALICE = Principal(user_id="alice")
 BOB = Principal(user_id="bob")
-WRITES = ("anchor_baseline", "update_state_if_unchanged", "add_calibration_observation")
+WRITES = ("anchor_baseline", "update_state_if_unchanged", "add_calibration_observation", "observe_baseline")
 
 
 def _settings(**postgres: Any) -> Settings:
@@ -217,7 +217,8 @@ async def test_baselines_of_a_refused_anchor_go_the_usual_way_and_observe_once(
     result = await folded.engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=321)
     assert result.recorded
     assert folded.calls["anchor_baseline"] == 1  # tried, refused: the session changed
-    assert folded.calls["add_calibration_observation"] == 1  # then observed once, the usual way
+    # then anchored the usual way, and observed once, with its event, in one statement
+    assert folded.calls["observe_baseline"] == 1 and folded.calls["add_calibration_observation"] == 0
     assert await _observations(folded.store) == [*before, 321]
     session = await folded.store.get_session(sid, caller=ALICE)
     assert session.state["other"] == "writer" and session.context_tokens == 321
@@ -225,6 +226,73 @@ async def test_baselines_of_a_refused_anchor_go_the_usual_way_and_observe_once(
     await asyncio.sleep(0.3)
     assert [e.kind for e in watcher.events if e.session_id == sid] == ["messages_appended", "baseline_recorded"]
     await watcher.stop()
+
+
+async def test_a_baseline_while_its_session_compacts_writes_observation_and_event_in_one_statement(
+    replicas: tuple[Counted, Counted],
+) -> None:
+    """A compaction of the session runs here: the anchor waits for it, and the baseline is its
+    session read and one statement (the observation with the event), not three; the anchor
+    applies once the compaction lets go of the session."""
+    folded, plain = replicas
+    watcher = Collector(plain.bus)
+    await watcher.started()
+    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
+    view = await _build(folded, sid)
+    before = await _observations(folded.store)
+    folded.calls.clear()
+    folded.publishes = 0
+    async with folded.engine.compactor.lock(sid):
+        result = await folded.engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=333)
+        assert result.recorded and not result.truncated
+        assert folded.calls == {"observe_baseline": 1} and folded.publishes == 0
+        assert await _observations(folded.store) == [*before, 333]
+        assert (await folded.store.get_session(sid, caller=ALICE)).context_tokens != 333  # deferred
+        await watcher.wait_for(2)
+        (event,) = [e for e in watcher.events if e.kind == "baseline_recorded"]
+        assert (event.session_id, event.user_id) == (sid, "alice")
+        assert dict(event.payload) == {
+            "view_id": view.view_id,
+            "prompt_tokens": 333,
+            "estimated_tokens": view.estimate.total,
+            "model": "hp",
+        }
+    assert await folded.engine.anchors_applied(5.0)
+    session = await folded.store.get_session(sid, caller=ALICE)
+    assert session.context_tokens == 333 and session.state["baseline"]["view_id"] == view.view_id
+    assert folded.engine.accounting._written == 1  # refit from the stored observation, not written twice
+    await asyncio.sleep(0.3)
+    assert [e.kind for e in watcher.events if e.session_id == sid] == ["messages_appended", "baseline_recorded"]
+    await watcher.stop()
+
+
+async def test_an_observation_with_its_event_is_both_or_neither(
+    postgres_db: str, replicas: tuple[Counted, Counted]
+) -> None:
+    folded, _ = replicas
+    store = folded.store
+    probe = await asyncpg.connect(postgres_db)
+    try:
+        events, observations = await _last_event_id(probe), await _observations(store)
+        write = BaselineWrite("hp", Observation(chars=40, tokens=77, features=()), "baseline_recorded", {"n": 1})
+        await store.observe_baseline("s-1", user_id="alice", write=write)
+        assert await _observations(store) == [*observations, 77]
+        row = await probe.fetchrow("SELECT * FROM events WHERE event_id > $1", events)
+        assert (row["session_id"], row["user_id"], row["kind"], row["payload"]) == (
+            "s-1",
+            "alice",
+            "baseline_recorded",
+            '{"n": 1}',
+        )
+        # A payload the event column refuses (NUL is no jsonb text): the observation goes too.
+        bad = BaselineWrite("hp", Observation(chars=40, tokens=78, features=()), "baseline_recorded", {"n": "\x00"})
+        with pytest.raises(InvalidArgument):
+            await store.observe_baseline("s-1", user_id="alice", write=bad)
+        assert await _observations(store) == [*observations, 77]
+        assert await _last_event_id(probe) == row["event_id"]
+    finally:
+        await probe.close()
 
 
 async def test_baselines_racing_appends_and_publishes_arrive_in_order_without_gaps(

@@ -959,17 +959,53 @@ class PostgresStore:
             return None
         session = self._anchored(row)
         self._events_committed()
-        untrimmed = self._untrimmed.get(write.model, 0) + 1
-        if untrimmed < self._pg.calibration_trim_every:
-            self._untrimmed[write.model] = untrimmed
-        else:
-            self._untrimmed[write.model] = 0
-            try:
-                await self._statement("trim_calibration_observations", functools.partial(self._trim, write.model))
-            except ContextError as exc:  # housekeeping: the baseline is recorded; trimmed next time
-                self._untrimmed[write.model] = untrimmed
-                log.warning("calibration observations not trimmed", extra={"model": write.model}, exc_info=exc)
+        await self._observed(write.model)
         return session
+
+    async def observe_baseline(self, session_id: str, *, user_id: str, write: BaselineWrite) -> None:
+        """The observation and the event of ``write`` in one statement (``_OBSERVE_PUBLISH_SQL``),
+        committed together: a baseline whose anchor goes its own way (a compaction of the session
+        runs, the session changed since the build) in two statements, its session read and this,
+        rather than three. Trimmed as ``anchor_baseline``'s observations are."""
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+        observation = write.observation
+        args = (
+            session_id,
+            user_id,
+            write.model,
+            observation.chars,
+            observation.tokens,
+            observation.had_images,
+            self._now(),
+            list(observation.features),
+            observation.residual,
+            PUBLISH_LOCK,
+            write.event_kind,
+            dict(write.event_payload),
+            self._pg.event_channel,
+        )
+
+        async def work(conn: Any) -> Any:
+            return await conn.fetchval(_OBSERVE_PUBLISH_SQL, *args)
+
+        await self._statement("observe_baseline", work)
+        self._events_committed()
+        await self._observed(write.model)
+
+    async def _observed(self, model: str) -> None:
+        """Count an observation of ``model`` written without its trim; trim once there were
+        ``calibration_trim_every`` of them."""
+        untrimmed = self._untrimmed.get(model, 0) + 1
+        if untrimmed < self._pg.calibration_trim_every:
+            self._untrimmed[model] = untrimmed
+            return
+        self._untrimmed[model] = 0
+        try:
+            await self._statement("trim_calibration_observations", functools.partial(self._trim, model))
+        except ContextError as exc:  # housekeeping: the baseline is recorded; trimmed next time
+            self._untrimmed[model] = untrimmed
+            log.warning("calibration observations not trimmed", extra={"model": model}, exc_info=exc)
 
     async def _anchor_many(self, conn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
         """Baselines anchored together (``_ANCHOR_BASELINE_SQL`` arguments), in one transaction
@@ -1533,6 +1569,21 @@ _ANCHOR_BASELINE_RESULT = """
 SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
   FROM anchored"""
 _ANCHOR_BASELINE_SQL = "WITH" + _ANCHOR_BASELINE_CTES + _ANCHOR_BASELINE_RESULT
+# A baseline's observation and its event without its anchor (``observe_baseline``): $1 session,
+# $2 its owner, $3-$9 the observation, $10 the bus's lock, $11/$12 the event, $13 the channel. The
+# event is published as the bus publishes (``bus.py``): its lock before its id, released by the commit.
+_OBSERVE_PUBLISH_SQL = """
+WITH observed AS (
+    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
+    VALUES ($3, $4, $5, $6, $7, $8, $9)
+),
+locked AS (SELECT pg_advisory_xact_lock($10)),
+published AS (
+    INSERT INTO events (session_id, user_id, kind, payload, time)
+    SELECT $1, $2, $11, $12::jsonb, $7 FROM locked
+    RETURNING event_id
+)
+SELECT e.event_id FROM published e, pg_notify($13, e.event_id::text)"""
 # Anchors of a batch in one transaction (``PostgresStore._anchor_many``, run by asyncpg's
 # ``fetchmany``): the same statement, plus $22, the session ids whose rows it locks first, in id
 # order (the batch's first statement, an anchor of no session, passes all of them; every anchor
