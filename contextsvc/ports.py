@@ -412,10 +412,13 @@ class EventPublishingStore(Protocol):
         when the anchor is refused (None), none of them."""
         ...
 
-    async def observe_baseline(self, session_id: str, *, user_id: str, write: BaselineWrite) -> None:
+    async def observe_baseline(
+        self, session_id: str, *, caller: Principal, write: BaselineWrite, created: datetime | None = None
+    ) -> bool:
         """The observation (``add_calibration_observation``) and the event of ``write`` about
-        session ``session_id`` of ``user_id``, in one statement: both or neither. For a baseline
-        whose anchor is applied (or deferred) on its own."""
+        session ``session_id``, in one statement, when that session is ``caller``'s (and, with
+        ``created``, was created then): both, or neither and False. For a baseline whose anchor
+        is applied (or deferred) on its own."""
         ...
 
 

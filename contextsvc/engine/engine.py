@@ -373,7 +373,9 @@ class Engine:
             if session is not None:
                 anchored.append(session)
 
-        async def quick_anchor(pending: PendingAnchor, write: BaselineWrite | None) -> bool:
+        async def quick_anchor(pending: PendingAnchor, write: BaselineWrite | None) -> bool | None:
+            if self.compactor.busy(sid) or sid in self._anchors:
+                return None  # the anchor waits for the compaction (``_anchor``)
             session = await self._try_anchor(caller, sid, pending, write)
             if session is not None:
                 anchored.append(session)

@@ -252,8 +252,10 @@ def _since(state: EngineState, kept: Assembled, added: Sequence[Message]) -> lis
 #: the event a recorded baseline publishes
 BASELINE_RECORDED = "baseline_recorded"
 
-#: ``quick_anchor(pending, write)`` of ``ViewService.record_baseline``: True once written.
-QuickAnchor = Callable[[PendingAnchor, BaselineWrite | None], Awaitable[bool]]
+#: ``quick_anchor(pending, write)`` of ``ViewService.record_baseline``: True once written, False
+#: when refused, None when not tried because a compaction of the session runs here (the anchor
+#: must wait for it).
+QuickAnchor = Callable[[PendingAnchor, BaselineWrite | None], Awaitable[bool | None]]
 
 
 def _recorded_payload(view_id: str, view: ViewRecord, prompt_tokens: int) -> dict[str, Any]:
@@ -1070,7 +1072,7 @@ class ViewService:
         concurrent = saved is not None and self._calls > saved.calls
         self._calls += 1
         if saved is not None and quick_anchor is not None:
-            done = await self._record_on_saved(sid, saved, prompt_tokens, concurrent, quick_anchor)
+            done = await self._record_on_saved(caller, sid, saved, prompt_tokens, concurrent, quick_anchor, anchor)
             if done is not None:
                 return done
         session = await self._store.get_session(sid, caller=caller)
@@ -1119,7 +1121,9 @@ class ViewService:
             observation = self._observation(view, prompt_tokens)
             payload = _recorded_payload(view_id, view, prompt_tokens)
             write = BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
-            await self._publisher.observe_baseline(sid, user_id=session.user_id, write=write)
+            if not await self._publisher.observe_baseline(sid, caller=caller, write=write):
+                # Deleted since it was read: the answer of an unknown session (stores' too).
+                raise NotFound("session not found", metadata={"session_id": sid})
             calibration = await self._accounting.observe(
                 view.model, observation, source=sid, concurrent=concurrent, written=True
             )
@@ -1136,11 +1140,13 @@ class ViewService:
 
     async def _record_on_saved(
         self,
+        caller: Principal,
         sid: str,
         saved: _SavedView,
         prompt_tokens: int,
         concurrent: bool,
         quick_anchor: QuickAnchor,
+        anchor: Callable[[PendingAnchor], Awaitable[None]],
     ) -> BaselineResult | None:
         """``record_baseline`` of the view this process saved last, anchored first on the session
         as its build read it; None (nothing done) when that is not how it ends: a count that looks
@@ -1151,7 +1157,10 @@ class ViewService:
         observation on the usual way. An observation that then fails leaves the anchor (a correct
         one) and no event; the caller gets the error, and its retry anchors on a fresh read and
         observes. A store that publishes the events (``_publisher``) writes the observation and
-        the event in the anchor's own statement instead: all three, or none when refused."""
+        the event in the anchor's own statement instead: all three, or none when refused. While a
+        compaction of the session runs here, the anchor waits for it (``anchor``), and that store
+        writes the other two in one statement at once, checked against the session as the build
+        read it (its owner, its creation): the baseline reads nothing."""
         view, read = saved.record, saved.session
         if not _anchorable(view, read):
             return None
@@ -1164,7 +1173,13 @@ class ViewService:
         if self._publisher is not None:
             payload = _recorded_payload(saved.view_id, view, prompt_tokens)
             write = BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
-        if not await quick_anchor(_pending(saved.view_id, view, prompt_tokens, read), write):
+        pending = _pending(saved.view_id, view, prompt_tokens, read)
+        written = await quick_anchor(pending, write)
+        if written is None and write is not None and self._publisher is not None:
+            if not await self._publisher.observe_baseline(sid, caller=caller, write=write, created=read.create_time):
+                return None
+            await anchor(pending)
+        elif not written:
             return None
         calibration = await self._accounting.observe(
             view.model, observation, source=sid, concurrent=concurrent, written=write is not None

@@ -17,7 +17,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -228,12 +228,12 @@ async def test_baselines_of_a_refused_anchor_go_the_usual_way_and_observe_once(
     await watcher.stop()
 
 
-async def test_a_baseline_while_its_session_compacts_writes_observation_and_event_in_one_statement(
+async def test_a_baseline_while_its_session_compacts_is_one_statement_of_observation_and_event(
     replicas: tuple[Counted, Counted],
 ) -> None:
-    """A compaction of the session runs here: the anchor waits for it, and the baseline is its
-    session read and one statement (the observation with the event), not three; the anchor
-    applies once the compaction lets go of the session."""
+    """A compaction of the session runs here: the anchor waits for it, and the baseline is one
+    statement (the observation with the event, checked against the session as the build read
+    it), not a read and three writes; the anchor applies once the compaction lets go of it."""
     folded, plain = replicas
     watcher = Collector(plain.bus)
     await watcher.started()
@@ -243,10 +243,24 @@ async def test_a_baseline_while_its_session_compacts_writes_observation_and_even
     before = await _observations(folded.store)
     folded.calls.clear()
     folded.publishes = 0
+    reads = Counter[str]()
+    get_session = folded.store.get_session
+
+    async def counted_read(*a: Any, **k: Any) -> SessionInfo:
+        reads["get_session"] += 1
+        return await get_session(*a, **k)
+
+    folded.store.get_session = counted_read  # type: ignore[method-assign]
     async with folded.engine.compactor.lock(sid):
         result = await folded.engine.record_baseline(ALICE, sid, view_id=view.view_id, prompt_tokens=333)
         assert result.recorded and not result.truncated
-        assert folded.calls == {"observe_baseline": 1} and folded.publishes == 0
+        # One statement: the session as the build read it vouches for the owner; nothing read.
+        assert folded.calls == {"observe_baseline": 1} and folded.publishes == 0 and reads == {}
+        folded.store.get_session = get_session  # type: ignore[method-assign]
+        # A stranger's baseline of that view writes nothing and is not found.
+        with pytest.raises(NotFound):
+            await folded.engine.record_baseline(BOB, sid, view_id=view.view_id, prompt_tokens=334)
+        assert folded.calls == {"observe_baseline": 2}
         assert await _observations(folded.store) == [*before, 333]
         assert (await folded.store.get_session(sid, caller=ALICE)).context_tokens != 333  # deferred
         await watcher.wait_for(2)
@@ -272,25 +286,40 @@ async def test_an_observation_with_its_event_is_both_or_neither(
 ) -> None:
     folded, _ = replicas
     store = folded.store
+    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    created = (await store.get_session(sid, caller=ALICE)).create_time
     probe = await asyncpg.connect(postgres_db)
     try:
         events, observations = await _last_event_id(probe), await _observations(store)
+
+        async def nothing_written() -> None:
+            assert await _last_event_id(probe) == events
+            assert await _observations(store) == observations
+
         write = BaselineWrite("hp", Observation(chars=40, tokens=77, features=()), "baseline_recorded", {"n": 1})
-        await store.observe_baseline("s-1", user_id="alice", write=write)
-        assert await _observations(store) == [*observations, 77]
-        row = await probe.fetchrow("SELECT * FROM events WHERE event_id > $1", events)
-        assert (row["session_id"], row["user_id"], row["kind"], row["payload"]) == (
-            "s-1",
-            "alice",
-            "baseline_recorded",
-            '{"n": 1}',
-        )
+        # A stranger, an unknown session, the session as created at another time: neither.
+        for session_id, caller, when in (
+            (sid, BOB, None),
+            ("no-such-session", ALICE, None),
+            (sid, ALICE, created + timedelta(seconds=1)),
+        ):
+            assert not await store.observe_baseline(session_id, caller=caller, write=write, created=when)
+            await nothing_written()
         # A payload the event column refuses (NUL is no jsonb text): the observation goes too.
         bad = BaselineWrite("hp", Observation(chars=40, tokens=78, features=()), "baseline_recorded", {"n": "\x00"})
         with pytest.raises(InvalidArgument):
-            await store.observe_baseline("s-1", user_id="alice", write=bad)
-        assert await _observations(store) == [*observations, 77]
-        assert await _last_event_id(probe) == row["event_id"]
+            await store.observe_baseline(sid, caller=ALICE, write=bad)
+        await nothing_written()
+        # The owner's, and an admin's: both, the event naming the session's owner.
+        admin = Principal(user_id="root", is_admin=True)
+        for caller, tokens in ((ALICE, 77), (admin, 79)):
+            write = BaselineWrite("hp", Observation(chars=40, tokens=tokens, features=()), "baseline_recorded", {})
+            assert await store.observe_baseline(sid, caller=caller, write=write, created=created)
+            assert (await _observations(store))[-1] == tokens
+            row = await probe.fetchrow("SELECT * FROM events WHERE event_id > $1", events)
+            assert (row["session_id"], row["user_id"], row["kind"]) == (sid, "alice", "baseline_recorded")
+            events = row["event_id"]
+        assert await _observations(store) == [*observations, 77, 79]
     finally:
         await probe.close()
 

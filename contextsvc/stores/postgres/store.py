@@ -962,17 +962,23 @@ class PostgresStore:
         await self._observed(write.model)
         return session
 
-    async def observe_baseline(self, session_id: str, *, user_id: str, write: BaselineWrite) -> None:
+    async def observe_baseline(
+        self, session_id: str, *, caller: Principal, write: BaselineWrite, created: datetime | None = None
+    ) -> bool:
         """The observation and the event of ``write`` in one statement (``_OBSERVE_PUBLISH_SQL``),
-        committed together: a baseline whose anchor goes its own way (a compaction of the session
-        runs, the session changed since the build) in two statements, its session read and this,
-        rather than three. Trimmed as ``anchor_baseline``'s observations are."""
+        committed together, when the session is the caller's (and was created at ``created``):
+        a baseline whose anchor goes its own way (it waits for a compaction of the session, or
+        the session changed since the build) writes both without a round trip of its own for
+        each. False, nothing written, for an unknown or foreign session. Trimmed as
+        ``anchor_baseline``'s observations are."""
         if not isinstance(session_id, str):
-            raise session_not_found(session_id)
+            return False
         observation = write.observation
         args = (
             session_id,
-            user_id,
+            caller.user_id,
+            caller.is_admin,
+            created,
             write.model,
             observation.chars,
             observation.tokens,
@@ -987,11 +993,14 @@ class PostgresStore:
         )
 
         async def work(conn: Any) -> Any:
-            return await conn.fetchval(_OBSERVE_PUBLISH_SQL, *args)
+            return await conn.fetchrow(_OBSERVE_PUBLISH_SQL, *args)
 
-        await self._statement("observe_baseline", work)
+        row = await self._statement("observe_baseline", work)
+        if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
+            return False
         self._events_committed()
         await self._observed(write.model)
+        return True
 
     async def _observed(self, model: str) -> None:
         """Count an observation of ``model`` written without its trim; trim once there were
@@ -1570,20 +1579,27 @@ SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_i
   FROM anchored"""
 _ANCHOR_BASELINE_SQL = "WITH" + _ANCHOR_BASELINE_CTES + _ANCHOR_BASELINE_RESULT
 # A baseline's observation and its event without its anchor (``observe_baseline``): $1 session,
-# $2 its owner, $3-$9 the observation, $10 the bus's lock, $11/$12 the event, $13 the channel. The
-# event is published as the bus publishes (``bus.py``): its lock before its id, released by the commit.
+# $2/$3 the caller (user, admin), $4 its create time (NULL: any), $5-$11 the observation, $12 the
+# bus's lock, $13/$14 the event, $15 the channel. Neither is written for a session that is not the
+# caller's. The event is published as the bus publishes (``bus.py``): its lock before its id is
+# drawn, released by the commit. No row lock: the session's row is only read.
 _OBSERVE_PUBLISH_SQL = """
-WITH observed AS (
-    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
-    VALUES ($3, $4, $5, $6, $7, $8, $9)
+WITH owned AS (
+    SELECT user_id FROM sessions
+     WHERE session_id = $1 AND (user_id = $2 OR $3) AND ($4::timestamptz IS NULL OR create_time = $4)
 ),
-locked AS (SELECT pg_advisory_xact_lock($10)),
+observed AS (
+    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
+    SELECT $5, $6, $7, $8, $9, $10, $11 FROM owned
+),
+locked AS (SELECT pg_advisory_xact_lock($12) FROM owned),
 published AS (
     INSERT INTO events (session_id, user_id, kind, payload, time)
-    SELECT $1, $2, $11, $12::jsonb, $7 FROM locked
+    SELECT $1, owned.user_id, $13, $14::jsonb, $9 FROM owned, locked
     RETURNING event_id
 )
-SELECT e.event_id FROM published e, pg_notify($13, e.event_id::text)"""
+SELECT owned.user_id, (SELECT e.event_id FROM published e, pg_notify($15, e.event_id::text)) AS event_id
+  FROM owned"""
 # Anchors of a batch in one transaction (``PostgresStore._anchor_many``, run by asyncpg's
 # ``fetchmany``): the same statement, plus $22, the session ids whose rows it locks first, in id
 # order (the batch's first statement, an anchor of no session, passes all of them; every anchor
