@@ -360,10 +360,11 @@ class PostgresSettings(BaseModel):
     #: the other single statements of a turn (a build's context read and view save, a baseline's
     #: anchor, observation and refit read, every single-statement write) run on at most this many
     #: connections, each kept while such statements wait (no acquire and release per statement);
-    #: capped by pool_max_size. Two rather than four: statements of a kind that wait together go
-    #: in one round trip (the ``*_group_max`` below), and served, with four lanes most of them
-    #: found a free lane and went alone (bench/RESULTS.md, round 37).
-    statement_lanes: int = Field(2, ge=1)
+    #: capped by pool_max_size. Fewer lanes make fuller batches (the ``*_group_max`` below): two
+    #: served ~15 % more PostgreSQL turns a second than four, but a baseline's statements then
+    #: queued behind a compaction's, and RecordBaseline p99 went past 2x AppendMessages p99 in
+    #: the compacting runs (bench/RESULTS.md, round 37).
+    statement_lanes: int = Field(4, ge=1)
     #: views saved by builds that wait for a statement lane together are saved in one
     #: transaction and one round trip, at most this many (1 = each its own).
     view_group_max: int = Field(32, ge=1)
