@@ -109,6 +109,11 @@ async def _last_event_id(conn: asyncpg.Connection) -> int:
     return int(await conn.fetchval("SELECT coalesce(max(event_id), 0) FROM events"))
 
 
+async def _writes(conn: asyncpg.Connection, store: PostgresStore) -> tuple[int, list[int]]:
+    """The newest event's id and the stored observations: what a write refused leaves as it was."""
+    return await _last_event_id(conn), await _observations(store)
+
+
 async def test_a_baseline_of_the_view_just_built_is_one_store_call_with_the_same_outcome(
     replicas: tuple[Counted, Counted],
 ) -> None:
@@ -290,12 +295,8 @@ async def test_an_observation_with_its_event_is_both_or_neither(
     created = (await store.get_session(sid, caller=ALICE)).create_time
     probe = await asyncpg.connect(postgres_db)
     try:
-        events, observations = await _last_event_id(probe), await _observations(store)
-
-        async def nothing_written() -> None:
-            assert await _last_event_id(probe) == events
-            assert await _observations(store) == observations
-
+        before = await _writes(probe, store)
+        events, observations = before
         write = BaselineWrite("hp", Observation(chars=40, tokens=77, features=()), "baseline_recorded", {"n": 1})
         # A stranger, an unknown session, the session as created at another time: neither.
         for session_id, caller, when in (
@@ -304,12 +305,12 @@ async def test_an_observation_with_its_event_is_both_or_neither(
             (sid, ALICE, created + timedelta(seconds=1)),
         ):
             assert not await store.observe_baseline(session_id, caller=caller, write=write, created=when)
-            await nothing_written()
+            assert await _writes(probe, store) == before
         # A payload the event column refuses (NUL is no jsonb text): the observation goes too.
         bad = BaselineWrite("hp", Observation(chars=40, tokens=78, features=()), "baseline_recorded", {"n": "\x00"})
         with pytest.raises(InvalidArgument):
             await store.observe_baseline(sid, caller=ALICE, write=bad)
-        await nothing_written()
+        assert await _writes(probe, store) == before
         # The owner's, and an admin's: both, the event naming the session's owner.
         admin = Principal(user_id="root", is_admin=True)
         for caller, tokens in ((ALICE, 77), (admin, 79)):

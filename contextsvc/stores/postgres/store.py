@@ -935,20 +935,7 @@ class PostgresStore:
         newest few, so they change no estimate."""
         if not isinstance(session_id, str):
             return None
-        observation = write.observation
-        args = (
-            *self._anchor_args(session_id, caller, read, context_tokens, state),
-            write.model,
-            observation.chars,
-            observation.tokens,
-            observation.had_images,
-            list(observation.features),
-            observation.residual,
-            PUBLISH_LOCK,
-            write.event_kind,
-            dict(write.event_payload),
-            self._pg.event_channel,
-        )
+        args = (*self._anchor_args(session_id, caller, read, context_tokens, state), *self._write_args(write))
 
         async def work(conn: Any) -> Any:
             return await conn.fetchrow(_ANCHOR_BASELINE_SQL, *args)
@@ -973,24 +960,7 @@ class PostgresStore:
         ``anchor_baseline``'s observations are."""
         if not isinstance(session_id, str):
             return False
-        observation = write.observation
-        args = (
-            session_id,
-            caller.user_id,
-            caller.is_admin,
-            created,
-            write.model,
-            observation.chars,
-            observation.tokens,
-            observation.had_images,
-            self._now(),
-            list(observation.features),
-            observation.residual,
-            PUBLISH_LOCK,
-            write.event_kind,
-            dict(write.event_payload),
-            self._pg.event_channel,
-        )
+        args = (session_id, caller.user_id, caller.is_admin, created, self._now(), *self._write_args(write))
 
         async def work(conn: Any) -> Any:
             return await conn.fetchrow(_OBSERVE_PUBLISH_SQL, *args)
@@ -1001,6 +971,23 @@ class PostgresStore:
         self._events_committed()
         await self._observed(write.model)
         return True
+
+    def _write_args(self, write: BaselineWrite) -> tuple[Any, ...]:
+        """A baseline's observation and event as its statements take them, in this order: model,
+        chars, tokens, had_images, features, residual, the bus's lock, kind, payload, channel."""
+        observation = write.observation
+        return (
+            write.model,
+            observation.chars,
+            observation.tokens,
+            observation.had_images,
+            list(observation.features),
+            observation.residual,
+            PUBLISH_LOCK,
+            write.event_kind,
+            dict(write.event_payload),
+            self._pg.event_channel,
+        )
 
     async def _observed(self, model: str) -> None:
         """Count an observation of ``model`` written without its trim; trim once there were
@@ -1562,42 +1549,42 @@ RETURNING sessions.*"""
 # The anchor with the baseline's observation and its event (``anchor_baseline``): no anchor, neither
 # of the others. The event is published as an append's is (``_APPEND_PUBLISH_CTES``): the bus's lock,
 # taken once the session's row is locked, before the event's id is drawn, released by the commit.
-_ANCHOR_BASELINE_CTES = f"""
-anchored AS ({_ANCHOR_UPDATE}),
+
+
+def _observed_and_published(source: str, first: int, now: int) -> str:
+    """The CTEs writing a baseline's observation and event once for each row of the CTE
+    ``source`` (the session's ``user_id`` in it; no row, nothing written): the parameters from
+    ``$first`` are ``PostgresStore._write_args`` but the channel, ``$now`` the time, $1 the session."""
+    p = [f"${first + i}" for i in range(9)]
+    return f"""
 observed AS (
     INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
-    SELECT $12, $13, $14, $15, $4, $16, $17 FROM anchored
+    SELECT {p[0]}, {p[1]}, {p[2]}, {p[3]}, ${now}, {p[4]}, {p[5]} FROM {source}
 ),
-locked AS (SELECT pg_advisory_xact_lock($18) FROM anchored),
+locked AS (SELECT pg_advisory_xact_lock({p[6]}) FROM {source}),
 published AS (
     INSERT INTO events (session_id, user_id, kind, payload, time)
-    SELECT $1, anchored.user_id, $19, $20::jsonb, $4 FROM anchored, locked
+    SELECT $1, {source}.user_id, {p[7]}, {p[8]}::jsonb, ${now} FROM {source}, locked
     RETURNING event_id
 )"""
+
+
+_ANCHOR_BASELINE_CTES = f"""
+anchored AS ({_ANCHOR_UPDATE}),{_observed_and_published("anchored", 12, 4)}"""
 _ANCHOR_BASELINE_RESULT = """
 SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
   FROM anchored"""
 _ANCHOR_BASELINE_SQL = "WITH" + _ANCHOR_BASELINE_CTES + _ANCHOR_BASELINE_RESULT
 # A baseline's observation and its event without its anchor (``observe_baseline``): $1 session,
-# $2/$3 the caller (user, admin), $4 its create time (NULL: any), $5-$11 the observation, $12 the
-# bus's lock, $13/$14 the event, $15 the channel. Neither is written for a session that is not the
-# caller's. The event is published as the bus publishes (``bus.py``): its lock before its id is
-# drawn, released by the commit. No row lock: the session's row is only read.
-_OBSERVE_PUBLISH_SQL = """
+# $2/$3 the caller (user, admin), $4 its create time (NULL: any), $5 now, $6-$11 the observation,
+# $12 the bus's lock, $13/$14 the event, $15 the channel (``_write_args``). Neither is written for
+# a session that is not the caller's. The event is published as the bus publishes (``bus.py``): its
+# lock before its id is drawn, released by the commit. No row lock: the session's row is only read.
+_OBSERVE_PUBLISH_SQL = f"""
 WITH owned AS (
     SELECT user_id FROM sessions
      WHERE session_id = $1 AND (user_id = $2 OR $3) AND ($4::timestamptz IS NULL OR create_time = $4)
-),
-observed AS (
-    INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features, residual)
-    SELECT $5, $6, $7, $8, $9, $10, $11 FROM owned
-),
-locked AS (SELECT pg_advisory_xact_lock($12) FROM owned),
-published AS (
-    INSERT INTO events (session_id, user_id, kind, payload, time)
-    SELECT $1, owned.user_id, $13, $14::jsonb, $9 FROM owned, locked
-    RETURNING event_id
-)
+),{_observed_and_published("owned", 6, 5)}
 SELECT owned.user_id, (SELECT e.event_id FROM published e, pg_notify($15, e.event_id::text)) AS event_id
   FROM owned"""
 # Anchors of a batch in one transaction (``PostgresStore._anchor_many``, run by asyncpg's
