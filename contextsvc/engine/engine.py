@@ -374,8 +374,8 @@ class Engine:
                 anchored.append(session)
 
         async def quick_anchor(pending: PendingAnchor, write: BaselineWrite | None) -> bool | None:
-            if self.compactor.busy(sid) or sid in self._anchors:
-                return None  # the anchor waits for the compaction (``_anchor``)
+            if self._anchor_waits(sid):
+                return None  # not tried: the anchor waits for the compaction (``_anchor``)
             session = await self._try_anchor(caller, sid, pending, write)
             if session is not None:
                 anchored.append(session)
@@ -421,7 +421,7 @@ class Engine:
         anchor is dropped (``apply_anchor``); if it did not, the anchor applies then. Anchors of a
         session apply in the order they were recorded. The session as the anchor left it when it
         was applied at once; None when it was dropped or deferred."""
-        if not self.compactor.busy(sid) and sid not in self._anchors:
+        if not self._anchor_waits(sid):
             applied = await self._try_anchor(caller, sid, pending)
             if applied is not None:
                 return applied
@@ -444,6 +444,11 @@ class Engine:
         task.add_done_callback(functools.partial(self._anchor_done, sid))
         return None
 
+    def _anchor_waits(self, sid: str) -> bool:
+        """Whether a new anchor of ``sid`` must wait: a compaction of it runs here, or an anchor
+        deferred behind one is still to be applied (anchors apply in the order recorded)."""
+        return self.compactor.busy(sid) or sid in self._anchors
+
     async def _try_anchor(
         self, caller: Principal, sid: str, pending: PendingAnchor, write: BaselineWrite | None = None
     ) -> SessionInfo | None:
@@ -451,7 +456,7 @@ class Engine:
         when the store writes it too): one store call when the session is still as
         ``pending.read`` and no compaction runs, here or elsewhere (PostgreSQL: one statement,
         not lock, read, write, unlock). None when not written, nothing changed."""
-        if self.compactor.busy(sid) or sid in self._anchors:
+        if self._anchor_waits(sid):
             return None
         async with self.compactor.local_lock(sid):
             return await self.views.try_anchor(caller, sid, pending, write)

@@ -1118,14 +1118,12 @@ class ViewService:
             # deferred behind a compaction), as the quick way orders them.
             if _anchorable(view, session):
                 await anchor(_pending(view_id, view, prompt_tokens, session))
-            observation = self._observation(view, prompt_tokens)
-            payload = _recorded_payload(view_id, view, prompt_tokens)
-            write = BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
+            write = self._baseline_write(view_id, view, prompt_tokens, self._observation(view, prompt_tokens))
             if not await self._publisher.observe_baseline(sid, caller=caller, write=write):
                 # Deleted since it was read: the answer of an unknown session (stores' too).
                 raise NotFound("session not found", metadata={"session_id": sid})
             calibration = await self._accounting.observe(
-                view.model, observation, source=sid, concurrent=concurrent, written=True
+                view.model, write.observation, source=sid, concurrent=concurrent, written=True
             )
             return BaselineResult(
                 recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
@@ -1171,8 +1169,7 @@ class ViewService:
         observation = self._observation(view, prompt_tokens)
         write = None
         if self._publisher is not None:
-            payload = _recorded_payload(saved.view_id, view, prompt_tokens)
-            write = BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
+            write = self._baseline_write(saved.view_id, view, prompt_tokens, observation)
         pending = _pending(saved.view_id, view, prompt_tokens, read)
         written = await quick_anchor(pending, write)
         if written is None and write is not None and self._publisher is not None:
@@ -1189,6 +1186,13 @@ class ViewService:
         return BaselineResult(
             recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
         )
+
+    @staticmethod
+    def _baseline_write(view_id: str, view: ViewRecord, prompt_tokens: int, observation: Observation) -> BaselineWrite:
+        """What a store that publishes the events writes for a recorded baseline besides its
+        anchor: its ``observation`` and the ``BASELINE_RECORDED`` event."""
+        payload = _recorded_payload(view_id, view, prompt_tokens)
+        return BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
 
     def _observation(self, view: ViewRecord, prompt_tokens: int) -> Observation:
         return Observation(

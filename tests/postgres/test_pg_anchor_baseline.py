@@ -87,6 +87,11 @@ async def replicas(postgres_db: str) -> AsyncIterator[tuple[Counted, Counted]]:
         yield both
 
 
+async def _session(engine: Any) -> str:
+    """A new session of ALICE's on the "small" profile."""
+    return (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+
+
 async def _build(r: Replica, sid: str) -> BuiltView:
     return await r.engine.build_context(
         ALICE, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
@@ -123,7 +128,7 @@ async def test_a_baseline_of_the_view_just_built_is_one_store_call_with_the_same
     before = await _observations(folded.store)
     outcomes: dict[str, tuple[Counted, BuiltView, BaselineResult]] = {}
     for r in (folded, plain):
-        sid = (await r.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        sid = await _session(r.engine)
         r.calls.clear()
         r.publishes = 0
         view, result = await _turn(r, sid, "hello there")
@@ -160,7 +165,7 @@ async def test_a_refused_anchor_writes_no_observation_and_no_event(
 ) -> None:
     folded, plain = replicas
     store = folded.store
-    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    sid = await _session(folded.engine)
     await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
     read = await store.get_session(sid, caller=ALICE)
     write = BaselineWrite("hp", Observation(chars=40, tokens=123, features=()), "baseline_recorded", {"n": 1})
@@ -213,7 +218,7 @@ async def test_baselines_of_a_refused_anchor_go_the_usual_way_and_observe_once(
     folded, plain = replicas
     watcher = Collector(plain.bus)
     await watcher.started()
-    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    sid = await _session(folded.engine)
     await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
     view = await _build(folded, sid)
     await plain.store.update_state(sid, caller=ALICE, state={"epoch": 0, "other": "writer"})
@@ -242,7 +247,7 @@ async def test_a_baseline_while_its_session_compacts_is_one_statement_of_observa
     folded, plain = replicas
     watcher = Collector(plain.bus)
     await watcher.started()
-    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    sid = await _session(folded.engine)
     await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
     view = await _build(folded, sid)
     before = await _observations(folded.store)
@@ -291,7 +296,7 @@ async def test_an_observation_with_its_event_is_both_or_neither(
 ) -> None:
     folded, _ = replicas
     store = folded.store
-    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    sid = await _session(folded.engine)
     created = (await store.get_session(sid, caller=ALICE)).create_time
     probe = await asyncpg.connect(postgres_db)
     try:
@@ -331,9 +336,7 @@ async def test_baselines_racing_appends_and_publishes_arrive_in_order_without_ga
     folded, plain = replicas
     watcher = Collector(plain.bus)
     await watcher.started()
-    sessions = [
-        (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id for _ in range(6)
-    ]
+    sessions = [await _session(folded.engine) for _ in range(6)]
 
     async def turns(sid: str) -> list[str]:
         return [(await _turn(folded, sid, f"{sid} {i}", extra=i))[0].view_id for i in range(5)]
@@ -362,7 +365,7 @@ async def test_a_baseline_draws_its_event_id_only_once_it_holds_the_publish_lock
     postgres_db: str, replicas: tuple[Counted, Counted]
 ) -> None:
     folded, _ = replicas
-    sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+    sid = await _session(folded.engine)
     await folded.engine.append(ALICE, sid, _rows("first"), request_id="", turn_complete=False)
     view = await _build(folded, sid)
     observations = await _observations(folded.store)
@@ -401,7 +404,7 @@ async def test_observations_written_with_anchors_stay_bounded(postgres_db: str) 
     keep, every = 4, 3
     settings = _settings(calibration_keep=keep, calibration_trim_every=every)
     async with _replicas(postgres_db, settings) as (folded, _plain):
-        sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        sid = await _session(folded.engine)
         await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
         store = folded.store
         counts = []
@@ -424,9 +427,7 @@ async def test_baselines_and_views_waiting_together_are_written_together(postgre
         watcher = Collector(plain.bus)
         await watcher.started()
         engine, store = folded.engine, folded.store
-        sessions = [
-            (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id for _ in range(12)
-        ]
+        sessions = [await _session(engine) for _ in range(12)]
         for i, sid in enumerate(sessions):
             await engine.append(ALICE, sid, _rows(f"turn of {i}"), request_id="", turn_complete=False)
         views = await asyncio.gather(*(_build(folded, s) for s in sessions))
@@ -435,7 +436,7 @@ async def test_baselines_and_views_waiting_together_are_written_together(postgre
             record = await store.get_view(sid, view.view_id)
             assert record is not None and record.estimated_tokens == view.estimate.total
         # Saved together with a view of a session another replica deleted: only that one fails.
-        gone = (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        gone = await _session(engine)
         await plain.engine.sessions.delete(ALICE, gone)
         now = datetime.now(UTC)
         saves = [(sid, ViewRecord(f"extra-{k}", "hp", 10, k, False, 1, now)) for k, sid in enumerate(sessions)]
@@ -490,9 +491,7 @@ async def test_trims_racing_each_other_and_observations_never_deadlock(postgres_
     settings = _settings(calibration_keep=keep, calibration_trim_every=1)
     async with _replicas(postgres_db, settings) as (folded, plain):
         engine, store = folded.engine, folded.store
-        sessions = [
-            (await engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id for _ in range(8)
-        ]
+        sessions = [await _session(engine) for _ in range(8)]
         for sid in sessions:
             await engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
 
@@ -523,7 +522,7 @@ async def test_a_trim_that_fails_leaves_the_baseline_recorded_and_trims_next_tim
     settings = _settings(calibration_keep=keep, calibration_trim_every=every)
     async with _replicas(postgres_db, settings) as (folded, _plain):
         store = folded.store
-        sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        sid = await _session(folded.engine)
         await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
         trim = store._trim
         failures = [Conflict("concurrent update, retry: deadlock detected")]
@@ -561,7 +560,7 @@ async def _trim_skipping(postgres_db: str, folded: Counted) -> None:
             """INSERT INTO calibration_observations (model, chars, tokens, had_images, create_time, features)
                SELECT 'hp', 10, g, false, now(), '{}' FROM generate_series(0, 9) AS g"""
         )
-        sid = (await folded.engine.sessions.create(ALICE, profile_id="small", name="", metadata={})).id
+        sid = await _session(folded.engine)
         await folded.engine.append(ALICE, sid, _rows("one"), request_id="", turn_complete=False)
         # Another trim, under way: it holds the two oldest rows it is deleting.
         tx = holder.transaction()

@@ -1546,10 +1546,6 @@ UPDATE sessions
             THEN pg_try_advisory_xact_lock($10, $11) ELSE false END
 RETURNING sessions.*"""
 
-# The anchor with the baseline's observation and its event (``anchor_baseline``): no anchor, neither
-# of the others. The event is published as an append's is (``_APPEND_PUBLISH_CTES``): the bus's lock,
-# taken once the session's row is locked, before the event's id is drawn, released by the commit.
-
 
 def _observed_and_published(source: str, first: int, now: int) -> str:
     """The CTEs writing a baseline's observation and event once for each row of the CTE
@@ -1569,6 +1565,9 @@ published AS (
 )"""
 
 
+# The anchor with the baseline's observation and its event (``anchor_baseline``): no anchor, neither
+# of the others. The event is published as an append's is (``_APPEND_PUBLISH_CTES``): the bus's lock,
+# taken once the session's row is locked, before the event's id is drawn, released by the commit.
 _ANCHOR_BASELINE_CTES = f"""
 anchored AS ({_ANCHOR_UPDATE}),{_observed_and_published("anchored", 12, 4)}"""
 _ANCHOR_BASELINE_RESULT = """
