@@ -213,6 +213,29 @@ def cpu_split(pid: int, thread: int | None = None) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
 
 
+def database_cpu_seconds(server: StoreServer) -> float | None:
+    """CPU time of the PostgreSQL cluster behind ``server`` (None for the other stores): its
+    postmaster, every process it started (backends, WAL writer, checkpointer, autovacuum), and
+    those already gone. It shares the machine's cores with the server and the driver."""
+    if server.cluster is None:
+        return None
+    postmaster = server.cluster.postmaster_pid()
+    total = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone since the listing
+            continue
+        pid, parent = int(entry.name), int(fields[1])
+        if pid == postmaster:  # its own time and its finished children's (cutime, cstime)
+            total += sum(int(f) for f in fields[11:15]) / CLK_TCK
+        elif parent == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
 def children_cpu_seconds() -> float:
     """CPU time of this process's finished children (a driver run is one)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -332,7 +355,7 @@ class Loader:
             cmd = [self.turn_driver, *cmd[3:-2]]  # the same flags, without --watchers
         if kind == "turns" and run.incoming:
             cmd.append("--incoming")
-        before, children = cpu_split(server.pid), children_cpu_seconds()
+        before, children, database = cpu_split(server.pid), children_cpu_seconds(), database_cpu_seconds(server)
         loop_before, began = cpu_seconds(server.pid, server.pid), time.monotonic()
         done = subprocess.run(cmd, check=True, timeout=seconds + 120, capture_output=True, text=True)
         after = cpu_split(server.pid)
@@ -346,6 +369,10 @@ class Loader:
         out["kernel_cpu_ms_per_call"] = 1000 * kernel / max(1, out["count"])
         # The driver shares the cores with the server (ghz, for Health/Check, is Go and cheap).
         out["driver_cpu_ms_per_call"] = 1000 * (children_cpu_seconds() - children) / max(1, out["count"])
+        if database is not None:  # PostgreSQL's own work for these calls, on the same cores
+            out["database_cpu_ms_per_call"] = (
+                1000 * ((database_cpu_seconds(server) or 0.0) - database) / max(1, out["count"])
+            )
         return out
 
 
@@ -422,6 +449,7 @@ def run_scenario(loader: Loader, server: StoreServer, store: str, sc: Scenario) 
                         "watchers",
                         "events",
                         "driver_cpu_ms_per_call",
+                        "database_cpu_ms_per_call",
                         "kernel_cpu_ms_per_call",
                         "client",
                         "loop_busy",
@@ -552,7 +580,13 @@ def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
                         f"(target: RecordBaseline p99 <= 2x AppendMessages p99); "
                         f"CPU ms per turn: server {r.cpu_ms_per_call:.2f} "
                         f"(of which in the kernel {r.extra.get('kernel_cpu_ms_per_call', 0):.2f}), "
-                        f"driver ({r.extra.get('client', 'python')}) {r.extra.get('driver_cpu_ms_per_call', 0):.2f}; "
+                        f"driver ({r.extra.get('client', 'python')}) {r.extra.get('driver_cpu_ms_per_call', 0):.2f}"
+                        + (
+                            f", PostgreSQL {r.extra['database_cpu_ms_per_call']:.2f}"
+                            if "database_cpu_ms_per_call" in r.extra
+                            else ""
+                        )
+                        + "; "
                         f"the server's event-loop thread busy {r.extra.get('loop_busy', 0):.0%} of the run"
                     )
     stream = {r.store: r for r in results if r.scenario.startswith("stream")}

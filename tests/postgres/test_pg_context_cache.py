@@ -223,3 +223,38 @@ async def test_reads_waiting_together_are_one_statement_and_each_gets_its_own(po
             assert isinstance(got[len(sids)], NotFound) and isinstance(got[len(sids) + 1], NotFound)
     finally:
         await grouped.close()
+
+
+async def test_a_connection_keeps_the_plans_of_both_context_reads(postgres_db: str) -> None:
+    """The reads of cached contexts (a few rows past the last one held, in sessions of hundreds)
+    are planned once per connection, not at every run: given the values, PostgreSQL would price
+    such a read far below the plan kept for any value and plan it again each time (ten times the
+    cost of running it), which both statements avoid by reading their values through a subquery."""
+    from contextsvc.stores.postgres.store import _CONTEXT_SQL, _CONTEXTS_SQL
+
+    async with _replicas(postgres_db) as (store, _, _):
+        sids = []
+        for _i in range(10):
+            sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+            await store.append_messages(sid, [Message(Role.USER, f"m{j}") for j in range(300)], caller=ALICE)
+            sids.append(sid)
+        conn = await asyncpg.connect(postgres_db)
+        try:
+            await conn.execute("ANALYZE")  # the statistics a long-running database has
+            for after in range(286, 298):
+                one = await conn.fetch(_CONTEXT_SQL, sids[0], after)
+                both = await conn.fetch(_CONTEXTS_SQL, sids[:2], [after, after + 1])
+                assert [r["seq"] for r in one] == list(range(after + 1, 301))
+                assert [(r["item"], r["seq"]) for r in both] == [
+                    *((1, n) for n in range(after + 1, 301)),
+                    *((2, n) for n in range(after + 2, 301)),
+                ]
+            plans = {
+                r["statement"]: (r["generic_plans"], r["custom_plans"])
+                for r in await conn.fetch("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+            }
+        finally:
+            await conn.close()
+        for sql in (_CONTEXT_SQL, _CONTEXTS_SQL):
+            generic, custom = plans[sql]
+            assert generic >= 6 and custom <= 6, (sql, generic, custom)

@@ -70,6 +70,10 @@ class PgCluster:
     def stop(self) -> None:
         self._run("stop")
 
+    def postmaster_pid(self) -> int:
+        """The running cluster's postmaster (the first line of its ``postmaster.pid``)."""
+        return int((self.directory / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
+
     def remove(self) -> None:
         try:
             self.stop()

@@ -773,8 +773,9 @@ class PostgresStore:
         return self._info(head), list(entry.rows)
 
     async def _read_context(self, item: tuple[str, int], conn: Any) -> list[Any]:
-        """``_read_contexts`` of one session: its rows (none when it does not exist)."""
-        return (await self._read_contexts(conn, [item]))[0]
+        """``_read_contexts`` of one session (most reads of a served turn loop run alone): its
+        rows (none when it does not exist), by the simpler statement of the two."""
+        return list(await conn.fetch(_CONTEXT_SQL, *item))
 
     async def _read_contexts(self, conn: Any, items: list[tuple[str, int]]) -> list[list[Any]]:
         """The rows of ``_CONTEXTS_SQL`` for each ``(session id, after)`` of ``items``, in their
@@ -1446,13 +1447,31 @@ pruned AS (
 SELECT (SELECT saved FROM saved) AS saved
 """
 
+#: ``_read_context``: ``_CONTEXTS_SQL`` of the one session $1 after $2, without ``item``.
+#:
+#: Both read their numbers through a subquery (``(SELECT $2::bigint)``), which the planner does
+#: not look into, so it prices a plan made with the values as it prices one made without them
+#: and a connection keeps the latter after its first runs. Given the values, it priced a cached
+#: session's read (a few rows past the last one it holds) far below the plan for any value (a
+#: third of the session's rows; ten sessions for an unnest) and planned again at every run: ~0.3
+#: ms of the database's CPU for a read that runs in ~0.1 (bench/RESULTS.md, round 38).
+_CONTEXT_SQL = """
+SELECT s.*, m.seq, m.is_context, m.context_key, m.content, m.body
+  FROM sessions s
+  LEFT JOIN LATERAL (
+       SELECT seq, is_context, context_key, content, body FROM all_messages
+        WHERE session_id = s.session_id AND is_context AND seq > (SELECT $2::bigint)) m ON true
+ WHERE s.session_id = $1
+ ORDER BY m.context_key, m.seq
+"""
+
 #: ``_read_contexts``: for each session id of $1 (``item``: its place, from 1) the session's row
 #: (its owner and version with it) and its context rows numbered after the same place of $2, in
 #: context order (one row with NULL row columns when there is none; no row for an unknown
 #: session). One statement: one snapshot. No column of ``sessions`` is named like one of the row's.
 _CONTEXTS_SQL = """
 SELECT q.n AS item, s.*, m.seq, m.is_context, m.context_key, m.content, m.body
-  FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS q(session_id, after_seq, n)
+  FROM unnest((SELECT $1::text[]), (SELECT $2::bigint[])) WITH ORDINALITY AS q(session_id, after_seq, n)
   JOIN sessions s ON s.session_id = q.session_id
   LEFT JOIN LATERAL (
        SELECT seq, is_context, context_key, content, body FROM all_messages
