@@ -36,6 +36,7 @@ from run import (
     Run,
     call_data,
     cpu_seconds,
+    drivers_command,
     ghz_binary,
     opaque_protoset,
     protoset,
@@ -127,11 +128,7 @@ def main() -> None:
             "--duration-stop", "ignore", server.address,
         ]  # fmt: skip
         if args.call == "turns":  # the agent turn loop of drivers.py (one client process)
-            cmd = [
-                sys.executable, str(Path(__file__).parent / "drivers.py"), "turns", "--address", server.address,
-                "--sessions", ",".join(sessions), "--seconds", str(args.seconds), "--max-count", "1000000",
-                *(["--incoming"] if args.incoming else []),
-            ]  # fmt: skip
+            cmd = drivers_command(server.address, sessions, args.seconds, 1_000_000, incoming=args.incoming)
             go_driver = turn_driver_binary(args.turn_driver)
             if go_driver:  # the same loop from the Go driver (run.py's default client)
                 cmd = [go_driver, *cmd[3:]]

@@ -45,6 +45,7 @@ from typing import Any
 import _checkout  # noqa: F401 - this checkout's contextsvc
 from workload import Seeder
 
+from tests.support.postgres import PgCluster
 from tests.support.server import StoreServer
 
 HERE = Path(__file__).resolve().parent
@@ -213,13 +214,13 @@ def cpu_split(pid: int, thread: int | None = None) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
 
 
-def database_cpu_seconds(server: StoreServer) -> float | None:
-    """CPU time of the PostgreSQL cluster behind ``server`` (None for the other stores): its
+def database_cpu_seconds(cluster: PgCluster | None) -> float | None:
+    """CPU time of a running PostgreSQL ``cluster`` (None for none: the other stores): its
     postmaster, every process it started (backends, WAL writer, checkpointer, autovacuum), and
     those already gone. It shares the machine's cores with the server and the driver."""
-    if server.cluster is None:
+    if cluster is None:
         return None
-    postmaster = server.cluster.postmaster_pid()
+    postmaster = cluster.postmaster_pid()
     total = 0.0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -234,6 +235,18 @@ def database_cpu_seconds(server: StoreServer) -> float | None:
         elif parent == postmaster:
             total += (int(fields[11]) + int(fields[12])) / CLK_TCK
     return total
+
+
+def drivers_command(
+    address: str, sessions: list[str], seconds: float, max_count: int, *, kind: str = "turns", incoming: bool = False
+) -> list[str]:
+    """``drivers.py``'s command for a load of ``kind`` on ``sessions``; from the fourth item on,
+    the flags the Go turn driver takes too (``[driver, *cmd[3:]]``)."""
+    cmd = [
+        sys.executable, str(HERE / "drivers.py"), kind, "--address", address,
+        "--sessions", ",".join(sessions), "--seconds", str(seconds), "--max-count", str(max_count),
+    ]  # fmt: skip
+    return [*cmd, "--incoming"] if incoming else cmd
 
 
 def children_cpu_seconds() -> float:
@@ -346,16 +359,14 @@ class Loader:
 
     def driver(self, server: StoreServer, kind: str, sessions: list[str], run: Run) -> dict[str, Any]:
         calls, seconds = self.bounds(run)
-        cmd = [
-            sys.executable, str(HERE / "drivers.py"), kind, "--address", server.address,
-            "--sessions", ",".join(sessions), "--seconds", str(seconds), "--max-count", str(calls),
-            "--watchers", str(run.watchers),
-        ]  # fmt: skip
+        cmd = drivers_command(server.address, sessions, seconds, calls, kind=kind)
         if kind == "turns" and self.turn_driver:
-            cmd = [self.turn_driver, *cmd[3:-2]]  # the same flags, without --watchers
+            cmd = [self.turn_driver, *cmd[3:]]  # the same flags
         if kind == "turns" and run.incoming:
             cmd.append("--incoming")
-        before, children, database = cpu_split(server.pid), children_cpu_seconds(), database_cpu_seconds(server)
+        if kind != "turns":
+            cmd += ["--watchers", str(run.watchers)]
+        before, children, database = cpu_split(server.pid), children_cpu_seconds(), database_cpu_seconds(server.cluster)
         loop_before, began = cpu_seconds(server.pid, server.pid), time.monotonic()
         done = subprocess.run(cmd, check=True, timeout=seconds + 120, capture_output=True, text=True)
         after = cpu_split(server.pid)
@@ -371,7 +382,7 @@ class Loader:
         out["driver_cpu_ms_per_call"] = 1000 * (children_cpu_seconds() - children) / max(1, out["count"])
         if database is not None:  # PostgreSQL's own work for these calls, on the same cores
             out["database_cpu_ms_per_call"] = (
-                1000 * ((database_cpu_seconds(server) or 0.0) - database) / max(1, out["count"])
+                1000 * ((database_cpu_seconds(server.cluster) or 0.0) - database) / max(1, out["count"])
             )
         return out
 

@@ -193,7 +193,7 @@ async def test_reads_waiting_together_are_one_statement_and_each_gets_its_own(po
     """Builds of many sessions that wait for a statement lane read in one statement
     (``_read_contexts``): each gets what it would have read alone, cached or whole, and an unknown
     or foreign session is not found without failing the others."""
-    grouped = await make_postgres_store(postgres_db, pg_settings(statement_lanes=1))
+    grouped = await make_postgres_store(postgres_db, pg_settings(statement_lanes=1, read_group_max=32))
     try:
         async with _replicas(postgres_db) as (_, other, plain):
             sids = []
