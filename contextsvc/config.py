@@ -369,12 +369,10 @@ class PostgresSettings(BaseModel):
     #: transaction and one round trip, at most this many (1 = each its own).
     view_group_max: int = Field(32, ge=1)
     #: builds' context reads that wait for a statement lane together are read in one statement
-    #: and one round trip, at most this many (1 = each its own, the default). Served, few wait
-    #: together, and PostgreSQL ran the grouped statement ~10x slower per session (~1.1-1.4 ms
-    #: and 100-140 buffers for two or three sessions, against ~0.1 ms and 10 buffers alone:
-    #: bench/load/pg_statements.py, bench/RESULTS.md round 38): one round trip saved costs more
-    #: of the database's CPU than it spares of the server's.
-    read_group_max: int = Field(1, ge=1)
+    #: and one round trip, at most this many (1 = each its own). Served, with reads alone by
+    #: default the server spent ~11 % more CPU a turn and PostgreSQL ~7 % less, and the server
+    #: is what bounds a turn loop on one machine (bench/RESULTS.md, round 38).
+    read_group_max: int = Field(32, ge=1)
     #: baselines anchored with their observation and event (``anchor_baseline``) that wait for a
     #: statement lane together run in one transaction and one round trip, at most this many.
     anchor_group_max: int = Field(32, ge=1)

@@ -1447,14 +1447,14 @@ pruned AS (
 SELECT (SELECT saved FROM saved) AS saved
 """
 
-#: ``_read_context``: ``_CONTEXTS_SQL`` of the one session $1 after $2, without ``item``.
-#:
-#: Both read their numbers through a subquery (``(SELECT $2::bigint)``), which the planner does
-#: not look into, so it prices a plan made with the values as it prices one made without them
-#: and a connection keeps the latter after its first runs. Given the values, it priced a cached
-#: session's read (a few rows past the last one it holds) far below the plan for any value (a
-#: third of the session's rows; ten sessions for an unnest) and planned again at every run: ~0.3
-#: ms of the database's CPU for a read that runs in ~0.1 (bench/RESULTS.md, round 38).
+#: ``_read_context``: ``_CONTEXTS_SQL`` of the one session $1 after $2, without ``item``, and
+#: with $2 read through a subquery (``(SELECT $2::bigint)``), which the planner does not look
+#: into: it then prices a plan made with the value as one made without it, and a connection
+#: keeps the latter after its first runs. Given the value, it priced a cached session's read (a
+#: few rows past the last one held) far below the plan for any value (a third of the session's
+#: rows) and planned again at every run: ~0.4 ms of the database's CPU for a read that runs in
+#: ~0.1 (bench/RESULTS.md, round 38). ``_CONTEXTS_SQL`` is still planned at every run: its plan
+#: for any arrays ran ~1.1-1.4 ms for two or three sessions, against ~0.5 ms planned each time.
 _CONTEXT_SQL = """
 SELECT s.*, m.seq, m.is_context, m.context_key, m.content, m.body
   FROM sessions s
@@ -1471,7 +1471,7 @@ SELECT s.*, m.seq, m.is_context, m.context_key, m.content, m.body
 #: session). One statement: one snapshot. No column of ``sessions`` is named like one of the row's.
 _CONTEXTS_SQL = """
 SELECT q.n AS item, s.*, m.seq, m.is_context, m.context_key, m.content, m.body
-  FROM unnest((SELECT $1::text[]), (SELECT $2::bigint[])) WITH ORDINALITY AS q(session_id, after_seq, n)
+  FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS q(session_id, after_seq, n)
   JOIN sessions s ON s.session_id = q.session_id
   LEFT JOIN LATERAL (
        SELECT seq, is_context, context_key, content, body FROM all_messages
