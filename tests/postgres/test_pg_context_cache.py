@@ -41,6 +41,17 @@ async def _replicas(
             await store.close()
 
 
+async def _sessions(store: PostgresStore, count: int, rows: int) -> list[str]:
+    """``count`` new sessions of ALICE's through ``store``, each with ``rows`` user messages
+    ``s{session} m{row}`` (numbers from 0)."""
+    sids = []
+    for i in range(count):
+        sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+        await store.append_messages(sid, [Message(Role.USER, f"s{i} m{j}") for j in range(rows)], caller=ALICE)
+        sids.append(sid)
+    return sids
+
+
 async def _step(rng: random.Random, writer: PostgresStore, sid: str, n: int) -> str:
     """One random change of the session through ``writer``; returns what it did."""
     info = await writer.get_session(sid, caller=ALICE)
@@ -196,11 +207,7 @@ async def test_reads_waiting_together_are_one_statement_and_each_gets_its_own(po
     grouped = await make_postgres_store(postgres_db, pg_settings(statement_lanes=1))
     try:
         async with _replicas(postgres_db) as (_, other, plain):
-            sids = []
-            for i in range(6):
-                sid = (await other.create_session(caller=ALICE, profile_id="p")).id
-                await other.append_messages(sid, [Message(Role.USER, f"s{i} m{j}") for j in range(3)], caller=ALICE)
-                sids.append(sid)
+            sids = await _sessions(other, 6, 3)
             for sid in sids[:4]:  # cached on the grouping replica: the next read is of rows after
                 await grouped.load_context(sid, caller=ALICE)
             await other.append_messages(sids[0], [Message(Role.ASSISTANT, "added")], caller=ALICE)
@@ -233,11 +240,7 @@ async def test_a_connection_keeps_the_plan_of_a_lone_context_read(postgres_db: s
     from contextsvc.stores.postgres.store import _CONTEXT_SQL
 
     async with _replicas(postgres_db) as (store, _, _):
-        sids = []
-        for _i in range(10):
-            sid = (await store.create_session(caller=ALICE, profile_id="p")).id
-            await store.append_messages(sid, [Message(Role.USER, f"m{j}") for j in range(300)], caller=ALICE)
-            sids.append(sid)
+        sids = await _sessions(store, 10, 300)
         conn = await asyncpg.connect(postgres_db)
         try:
             await conn.execute("ANALYZE")  # the statistics a long-running database has
