@@ -369,9 +369,9 @@ class PostgresSettings(BaseModel):
     #: transaction and one round trip, at most this many (1 = each its own).
     view_group_max: int = Field(32, ge=1)
     #: builds' context reads that wait for a statement lane together are read in one statement
-    #: and one round trip, at most this many (1 = each its own). Served, with reads alone by
-    #: default the server spent ~11 % more CPU a turn and PostgreSQL ~7 % less, and the server
-    #: is what bounds a turn loop on one machine (bench/RESULTS.md, round 38).
+    #: and one round trip, at most this many (1 = each its own). With every read alone, the
+    #: served turn loop's server spent ~11 % more CPU a turn and PostgreSQL ~7 % less, and the
+    #: server is what bounds that loop on one machine (bench/RESULTS.md, round 38).
     read_group_max: int = Field(32, ge=1)
     #: baselines anchored with their observation and event (``anchor_baseline``) that wait for a
     #: statement lane together run in one transaction and one round trip, at most this many.
