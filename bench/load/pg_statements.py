@@ -17,7 +17,6 @@ changed, the WAL it wrote and the shared buffers it touched. Then the tables' in
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import subprocess
@@ -25,14 +24,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import _checkout  # noqa: F401 - this checkout's contextsvc
-import asyncpg
 from run import SERVER_CONFIG, cpu_seconds, database_cpu_seconds, drivers_command, turn_driver_binary
 from workload import Seeder
 
-from tests.support.postgres import PgCluster
+from tests.support.postgres import PgCluster, query
 from tests.support.server import ServerProcess
 
 STATEMENTS = """
@@ -48,24 +45,16 @@ SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, pg_total_relatio
   FROM pg_stat_user_tables WHERE n_tup_ins + n_tup_upd + n_tup_del > 0 ORDER BY relname"""
 
 
-async def _sql(url: str, query: str, *args: Any) -> list[Any]:
-    conn = await asyncpg.connect(url)
-    try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
-
-
 def _with_statements(cluster: PgCluster) -> str:
     """Start ``cluster`` with pg_stat_statements loaded (a restart: it must be preloaded)."""
     url = cluster.start()
-    asyncio.run(_sql(url, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"))
+    query(url, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
     cluster.stop()
     url = cluster.start()
     # Known only once the library is loaded; connections opened after the reload plan with it.
-    asyncio.run(_sql(url, "ALTER SYSTEM SET pg_stat_statements.track_planning = on"))
-    asyncio.run(_sql(url, "SELECT pg_reload_conf()"))
-    asyncio.run(_sql(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+    query(url, "ALTER SYSTEM SET pg_stat_statements.track_planning = on")
+    query(url, "SELECT pg_reload_conf()")
+    query(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     return url
 
 
@@ -93,7 +82,7 @@ def main() -> None:
         sessions = [seeder.session(args.messages, profile=args.profile) for _ in range(args.sessions)]
         seeder.warm(sessions)
         seeder.close()
-        asyncio.run(_sql(url, "SELECT pg_stat_statements_reset()"))
+        query(url, "SELECT pg_stat_statements_reset()")
         cmd = drivers_command(server.address, sessions, args.seconds, 10_000_000, incoming=args.incoming)
         driver = turn_driver_binary(args.turn_driver)
         if driver:
@@ -111,7 +100,7 @@ def main() -> None:
             "| calls | running ms | planning ms | plans | µs a turn | rows a call | WAL bytes a call | buffers a call "
             "| statement |\n|---|---|---|---|---|---|---|---|---|"
         )
-        for r in asyncio.run(_sql(url, STATEMENTS, args.top)):
+        for r in query(url, STATEMENTS, args.top):
             calls = max(1, r["calls"])
             print(
                 f"| {r['calls']} | {r['total_exec_time']:.0f} | {r['total_plan_time']:.0f} | {r['plans']} "
@@ -120,7 +109,7 @@ def main() -> None:
                 f"| `{r['query'][: args.width]}` |"
             )
         print("\n| table | inserts | updates | of which HOT | deletes | size (kB) |\n|---|---|---|---|---|---|")
-        for r in asyncio.run(_sql(url, TABLES)):
+        for r in query(url, TABLES):
             print(
                 f"| {r['relname']} | {r['n_tup_ins']} | {r['n_tup_upd']} | {r['n_tup_hot_upd']} "
                 f"| {r['n_tup_del']} | {r['bytes'] // 1024} |"

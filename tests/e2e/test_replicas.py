@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 import grpc
 import pytest
 
@@ -31,7 +30,7 @@ from contextsvc._gen.v1 import resources_pb2 as r
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
 from contextsvc.stores.postgres.schema import MIGRATIONS
 from tests.support.fake_llm import FakeLLM
-from tests.support.postgres import PgCluster, create_database, drop_database, postgres_dsn
+from tests.support.postgres import PgCluster, create_database, drop_database, postgres_dsn, query
 from tests.support.rpc import all_messages, assistant, tool, user
 from tests.support.server import ServerProcess
 
@@ -57,19 +56,6 @@ PG_ENV = {
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
-
-
-async def _query(dsn: str, sql: str, *args: Any) -> list[Any]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return list(await conn.fetch(sql, *args))
-    finally:
-        await conn.close()
-
-
-def query(dsn: str, sql: str, *args: Any) -> list[Any]:
-    """Rows of one statement, read straight from the database (the tests' ground truth)."""
-    return run(_query(dsn, sql, *args))
 
 
 @pytest.fixture

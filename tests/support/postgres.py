@@ -21,6 +21,7 @@ postgres_dsn``. ``make_postgres`` is the conformance suite's ``StoreKind`` facto
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -130,6 +132,20 @@ def with_database(dsn: str, database: str, *, user: str | None = None) -> str:
     if user is not None:
         netloc = f"{user}@{netloc.rpartition('@')[2]}"
     return urlunsplit((parts.scheme, netloc, f"/{database}", parts.query, parts.fragment))
+
+
+async def fetch_rows(dsn: str, sql: str, *args: Any) -> list[Any]:
+    """The rows of one statement on a connection of its own (opened and closed here)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+def query(dsn: str, sql: str, *args: Any) -> list[Any]:
+    """``fetch_rows`` from synchronous code (a test's ground truth, a benchmark's setup)."""
+    return asyncio.run(fetch_rows(dsn, sql, *args))
 
 
 async def create_database(admin_dsn: str) -> str:
