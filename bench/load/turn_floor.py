@@ -306,6 +306,8 @@ def serve(variant: str, args: list[str]) -> int:
 class Server:
     """One server process of a variant; ``address`` and ``pid`` as ``run.py``'s ``StoreServer``."""
 
+    cluster = None  # never PostgreSQL: run.py's driver reads a cluster's CPU when there is one
+
     def __init__(
         self,
         variant: str,
