@@ -491,9 +491,16 @@ def main() -> None:
     if args.messages:
         run.messages = args.messages
     driver = suite.turn_driver_binary("go")
-    loader = suite.Loader(
-        suite.ghz_binary(), suite.protoset(), Path(tempfile.mkdtemp(prefix="ctxfloor-")), False, driver
-    )
+    workdir = Path(tempfile.mkdtemp(prefix="ctxfloor-"))
+    try:
+        loader = suite.Loader(suite.ghz_binary(), suite.protoset(), workdir, False, driver)
+        _rounds(args, variants, run, loader, suite.SERVER_CONFIG)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _rounds(args: argparse.Namespace, variants: list[str], run: Any, loader: Any, config: str) -> None:
+    """Every variant once a round, interleaved, then each variant's medians."""
     rows: list[dict[str, Any]] = []
     print(
         "| round | variant | turns/s | Health/Check calls/s | ratio | server CPU ms/turn | driver CPU ms/turn "
@@ -502,7 +509,7 @@ def main() -> None:
     for i in range(args.rounds):
         for v in variants:
             base = args.base.resolve() if args.base else None
-            res = measure(v, loader, run, suite.SERVER_CONFIG, base, args.store, args.durability, args.threads)
+            res = measure(v, loader, run, config, base, args.store, args.durability, args.threads)
             rows.append(res)
             print(
                 f"| {i + 1} | {v} | {res['turns_s']:.0f} | {res['health']:.0f} | {res['ratio']:.3f} "
