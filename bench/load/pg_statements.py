@@ -83,10 +83,10 @@ def main() -> None:
         seeder.warm(sessions)
         seeder.close()
         query(url, "SELECT pg_stat_statements_reset()")
-        cmd = drivers_command(server.address, sessions, args.seconds, 10_000_000, incoming=args.incoming)
         driver = turn_driver_binary(args.turn_driver)
-        if driver:
-            cmd = [driver, *cmd[3:]]
+        cmd = drivers_command(
+            server.address, sessions, args.seconds, 10_000_000, incoming=args.incoming, turn_driver=driver
+        )
         server_before, database_before, began = cpu_seconds(server.proc.pid), database_cpu_seconds(cluster), time.time()
         done = subprocess.run(cmd, check=True, timeout=args.seconds + 120, capture_output=True, text=True)
         server_cpu = cpu_seconds(server.proc.pid) - server_before

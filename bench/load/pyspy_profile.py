@@ -127,11 +127,11 @@ def main() -> None:
             # caller): leave them out, as run.py does.
             "--duration-stop", "ignore", server.address,
         ]  # fmt: skip
-        if args.call == "turns":  # the agent turn loop of drivers.py (one client process)
-            cmd = drivers_command(server.address, sessions, args.seconds, 1_000_000, incoming=args.incoming)
-            go_driver = turn_driver_binary(args.turn_driver)
-            if go_driver:  # the same loop from the Go driver (run.py's default client)
-                cmd = [go_driver, *cmd[3:]]
+        if args.call == "turns":  # the agent turn loop (one client process; Go's unless told otherwise)
+            driver = turn_driver_binary(args.turn_driver)
+            cmd = drivers_command(
+                server.address, sessions, args.seconds, 1_000_000, incoming=args.incoming, turn_driver=driver
+            )
         collapsed = args.raw or workdir / "collapsed.txt"
         before = cpu_seconds(server.pid)
         load = subprocess.Popen(cmd, stdout=subprocess.PIPE if args.call == "turns" else None)

@@ -238,15 +238,24 @@ def database_cpu_seconds(cluster: PgCluster | None) -> float | None:
 
 
 def drivers_command(
-    address: str, sessions: list[str], seconds: float, max_count: int, *, kind: str = "turns", incoming: bool = False
+    address: str,
+    sessions: list[str],
+    seconds: float,
+    max_count: int,
+    *,
+    kind: str = "turns",
+    incoming: bool = False,
+    turn_driver: str | None = None,
 ) -> list[str]:
-    """``drivers.py``'s command for a load of ``kind`` on ``sessions``; from the fourth item on,
-    the flags the Go turn driver takes too (``[driver, *cmd[3:]]``)."""
-    cmd = [
-        sys.executable, str(HERE / "drivers.py"), kind, "--address", address,
-        "--sessions", ",".join(sessions), "--seconds", str(seconds), "--max-count", str(max_count),
+    """The command for a load of ``kind`` on ``sessions``: ``drivers.py``'s, or for the turn loop
+    the Go driver ``turn_driver`` when given (``turn_driver_binary``), which takes the same flags."""
+    python = [sys.executable, str(HERE / "drivers.py"), kind]
+    program = [turn_driver] if turn_driver and kind == "turns" else python
+    flags = [
+        "--address", address, "--sessions", ",".join(sessions), "--seconds", str(seconds),
+        "--max-count", str(max_count), *(["--incoming"] if incoming else []),
     ]  # fmt: skip
-    return [*cmd, "--incoming"] if incoming else cmd
+    return [*program, *flags]
 
 
 def children_cpu_seconds() -> float:
@@ -359,11 +368,10 @@ class Loader:
 
     def driver(self, server: StoreServer, kind: str, sessions: list[str], run: Run) -> dict[str, Any]:
         calls, seconds = self.bounds(run)
-        cmd = drivers_command(server.address, sessions, seconds, calls, kind=kind)
-        if kind == "turns" and self.turn_driver:
-            cmd = [self.turn_driver, *cmd[3:]]  # the same flags
-        if kind == "turns" and run.incoming:
-            cmd.append("--incoming")
+        incoming = kind == "turns" and run.incoming
+        cmd = drivers_command(
+            server.address, sessions, seconds, calls, kind=kind, incoming=incoming, turn_driver=self.turn_driver
+        )
         if kind != "turns":
             cmd += ["--watchers", str(run.watchers)]
         before, children, database = cpu_split(server.pid), children_cpu_seconds(), database_cpu_seconds(server.cluster)
