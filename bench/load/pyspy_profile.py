@@ -8,6 +8,7 @@
     python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40   # the agent turn loop
     python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40 --profile small  # compressing
     python bench/load/pyspy_profile.py --call turns --sessions 50 --messages 40 --profile default --incoming
+    python bench/load/pyspy_profile.py --call stream --store postgres --messages 4   # 50 watchers' fan-out
 
 Starts the server like ``run.py`` does, seeds one session (or ``--sessions``), warms it, then runs
 ghz (``--cpus 1 --connections 1``, 50 concurrent) for ``--seconds`` while ``py-spy record`` samples
@@ -75,7 +76,9 @@ def summarize(collapsed: Path, top: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--call", default="BuildContext", help="BuildContext | AppendMessages | Health")
+    parser.add_argument(
+        "--call", default="BuildContext", help="BuildContext | AppendMessages | Health | turns | stream"
+    )
     parser.add_argument(
         "--turn-driver", choices=["auto", "go", "python"], default="auto", help="client of --call turns"
     )
@@ -111,7 +114,7 @@ def main() -> None:
         ]
         seeder.warm(sessions)
         seeder.close()
-        call = "BuildContext" if args.call == "turns" else args.call
+        call = "BuildContext" if args.call in ("turns", "stream") else args.call
         run = Run(label="profile", call=call, messages=args.messages, concurrency=args.concurrency)
         method = HEALTH if args.call == "Health" else f"{SERVICE}.{args.call}"
         data = {} if args.call == "Health" else call_data(run, sessions)
@@ -127,14 +130,18 @@ def main() -> None:
             # caller): leave them out, as run.py does.
             "--duration-stop", "ignore", server.address,
         ]  # fmt: skip
+        driven = args.call in ("turns", "stream")  # a client of drivers.py's shape, not ghz
         if args.call == "turns":  # the agent turn loop (one client process; Go's unless told otherwise)
             driver = turn_driver_binary(args.turn_driver)
             cmd = drivers_command(
                 server.address, sessions, args.seconds, 1_000_000, incoming=args.incoming, turn_driver=driver
             )
+        elif args.call == "stream":  # 50 watchers (``--concurrency``) of the first session, one producer
+            cmd = drivers_command(server.address, sessions[:1], args.seconds, 1_000_000, kind="stream")
+            cmd += ["--watchers", str(args.concurrency)]
         collapsed = args.raw or workdir / "collapsed.txt"
         before = cpu_seconds(server.pid)
-        load = subprocess.Popen(cmd, stdout=subprocess.PIPE if args.call == "turns" else None)
+        load = subprocess.Popen(cmd, stdout=subprocess.PIPE if driven else None)
         spy = None
         if not args.no_spy:
             time.sleep(1.0)
@@ -149,11 +156,11 @@ def main() -> None:
         cpu = cpu_seconds(server.pid) - before
         if spy is not None:
             spy.wait(timeout=60)
-        if args.call == "turns":
+        if driven:
             assert load.stdout is not None
             report = json.loads(load.stdout.read())
-            report["statusCodeDistribution"] = report.pop("errors")
-            print(json.dumps(report["latency"]))
+            report["statusCodeDistribution"] = report.pop("errors", {})
+            print(json.dumps(report.get("latency", {k: report[k] for k in ("lost", "ordered") if k in report})))
         else:
             report = json.loads(out.read_text())
         calls = report["count"]

@@ -10,7 +10,9 @@ store a scenario names, the suite starts ONE ``contextsvc serve`` (memory, files
 directory, or PostgreSQL in a private throwaway cluster), seeds sessions through the public API,
 then for every run measures ``grpc.health.v1.Health/Check`` and the scenario's call back to back
 with the same client settings (ghz ``--cpus 1 --connections 1``, 50 concurrent by default), each
-bounded in calls and seconds. Ratios compare figures of the same server in the same run. Multi-RPC
+bounded in calls and seconds. Ratios compare figures of the same server in the same run; a scenario
+that compares stores (``derive = "across"``: the StreamEvents fan-out) starts a server for each of
+them side by side after the others and measures them in turn. Multi-RPC
 loads use their own clients: agent turns the Go driver in ``turndriver/`` (when ``go`` is on PATH;
 ``--turn-driver python`` picks the asyncio one in ``drivers.py``), event fan-out ``drivers.py``.
 Server CPU per call comes from the server process's own CPU time (/proc) over the measured window.
@@ -107,7 +109,7 @@ class Scenario:
     stores: list[str]
     target: str
     runs: list[Run]
-    derive: str = ""  # growth | pair | ""
+    derive: str = ""  # growth | pair | soak | across | ""
     default: bool = True
     order: int = 100
 
@@ -526,6 +528,67 @@ def run_pair(loader: Loader, server: StoreServer, store: str, sc: Scenario) -> l
     return results
 
 
+#: Rounds of an "across" scenario: its stores measured in turn, A B B A A B, both servers up for
+#: the whole scenario. In the whole suite the memory store's fan-out ran ~15 minutes before
+#: PostgreSQL's, on a server of its own; a machine that slowed in between moved the ratio from
+#: 0.62-0.67 (the scenario alone) to 0.48 (round 39).
+ACROSS_ORDER = (0, 1, 1, 0, 0, 1)
+
+
+def run_across(loader: Loader, stores: list[str], sc: Scenario) -> list[Result]:
+    """Each store's server started, then the scenario's single run measured on them in turn
+    (``ACROSS_ORDER``), each round on sessions seeded for it and after its own Health/Check;
+    each store's figures are the medians of its rounds (counts, losses and errors summed)."""
+    (run,) = sc.runs
+    servers: list[StoreServer] = []
+    workdirs: list[Path] = []
+    rounds: dict[str, list[tuple[float, int, dict[str, Any]]]] = {s: [] for s in stores}
+    try:
+        for store in stores:
+            workdirs.append(Path(tempfile.mkdtemp(prefix=f"ctxload-{store}-")))
+            servers.append(start_server(store, workdirs[-1]))
+        order = ACROSS_ORDER if len(stores) == 2 else tuple(k for k in range(len(stores)) for _ in range(3))
+        for k in order:
+            server, store = servers[k], stores[k]
+            seeder = Seeder(server.address, "bench")
+            try:
+                sessions = seed(seeder, run, [])
+                view = seeder.context_count(sessions[0])
+            finally:
+                seeder.close()
+            health = loader.health(server, run)
+            rounds[store].append((health, view, loader.driver(server, sc.driver, sessions, run)))
+    finally:
+        for server in servers:
+            server.stop()
+        for workdir in workdirs:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results = []
+    for store in stores:
+        ms = [m for _, _, m in rounds[store]]
+        errors: dict[str, int] = {}
+        for m in ms:
+            for code, n in m.get("errors", {}).items():
+                errors[code] = errors.get(code, 0) + n
+        res = Result(
+            scenario=sc.name, store=store, label=f"{run.label}, median of {len(ms)} rounds",
+            call=sc.driver, count=sum(m["count"] for m in ms), rps=statistics.median(m["rps"] for m in ms),
+            p50_ms=statistics.median(m.get("p50_ms", 0.0) for m in ms),
+            p99_ms=statistics.median(m.get("p99_ms", 0.0) for m in ms),
+            health_rps=statistics.median(h for h, _, _ in rounds[store]),
+            cpu_ms_per_call=statistics.median(m["cpu_ms_per_call"] for m in ms),
+            view_messages=rounds[store][0][1], errors=errors,
+            extra={
+                "lost": sum(m.get("lost", 0) for m in ms),
+                "ordered": all(m.get("ordered", True) for m in ms),
+                "rounds_rps": [m["rps"] for m in ms],
+            },
+        )  # fmt: skip
+        print(row(res), flush=True)
+        results.append(res)
+    return results
+
+
 # --- reporting -----------------------------------------------------------------------------------
 
 LOAD_INTRO = (
@@ -610,9 +673,13 @@ def derived(scenarios: list[Scenario], results: list[Result]) -> list[str]:
                     )
     stream = {r.store: r for r in results if r.scenario.startswith("stream")}
     if "memory" in stream and "postgres" in stream:
+        pg, mem = stream["postgres"], stream["memory"]
+        # Round by round: each PostgreSQL round against the memory round measured next to it.
+        pairs = list(zip(mem.extra.get("rounds_rps", []), pg.extra.get("rounds_rps", []), strict=False))
         lines.append(
-            f"- StreamEvents fan-out: PostgreSQL delivers {stream['postgres'].rps / stream['memory'].rps:.2f}x the "
-            "memory store's events/s (target >= 0.5)"
+            f"- StreamEvents fan-out: PostgreSQL delivers {pg.rps / mem.rps:.2f}x the memory store's events/s "
+            "(target >= 0.5)"
+            + (f"; round by round {', '.join(f'{b / a:.2f}' for a, b in pairs)}" if len(pairs) > 1 else "")
         )
     return lines
 
@@ -717,9 +784,9 @@ def main() -> None:
     ghz = ghz_binary()
     ps = protoset()
     turn_driver = turn_driver_binary(args.turn_driver) if any(sc.driver == "turns" for sc in scenarios) else None
-    stores = [s for s in ("memory", "files", "postgres") if any(s in sc.stores for sc in scenarios)]
-    if args.store:
-        stores = [s for s in stores if s in args.store]
+    wanted = [s for s in ("memory", "files", "postgres") if not args.store or s in args.store]
+    # One server a store for the scenarios measured store by store; "across" ones start their own.
+    stores = [s for s in wanted if any(s in sc.stores for sc in scenarios if sc.derive != "across")]
     results: list[Result] = []
     print(HEADER, flush=True)
     for store in stores:
@@ -728,11 +795,20 @@ def main() -> None:
         try:
             loader = Loader(ghz, ps, workdir, args.quick, turn_driver)
             for sc in scenarios:
-                if store in sc.stores:
+                if store in sc.stores and sc.derive != "across":
                     results += run_scenario(loader, server, store, sc)
         finally:
             server.stop()
             shutil.rmtree(workdir, ignore_errors=True)
+    for sc in scenarios:
+        if sc.derive == "across":
+            chosen = [s for s in sc.stores if s in wanted]
+            if chosen:
+                workdir = Path(tempfile.mkdtemp(prefix="ctxload-across-"))
+                try:
+                    results += run_across(Loader(ghz, ps, workdir, args.quick, turn_driver), chosen, sc)
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
     notes = derived(scenarios, results)
     if not args.scenario and not args.store and not args.no_langchain:
         notes.append(langchain_note(args.quick))
