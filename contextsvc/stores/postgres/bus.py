@@ -21,18 +21,26 @@ replica the feed idles (no query per append or notification) and drops its windo
 is a contiguous range of ids (``_floor``, ``_head``]; a watcher positioned before it (a resume
 from an older id, or one that fell behind while the feed could not read) reads the table itself
 until it reaches the window.
+
+A notification carries its event whole (``notice``: the row as JSON, or only its id when that would
+pass PostgreSQL's payload limit). One whose id directly follows the window's newest joins the
+window as it is: ids are committed in the order they are drawn, so nothing can come between.
+Then no replica reads the table for it; the feed reads only on a gap (a rolled-back id, a
+notification lost in a reconnect, an event too large to carry), on a poll, or on a commit of
+this replica whose notification has not arrived yet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import weakref
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -52,9 +60,35 @@ log = logging.getLogger(__name__)
 PUBLISH_LOCK = lock_key("contextsvc:events:publish")
 LISTEN_APPLICATION_NAME = "contextsvc-listen"
 
-_COLUMNS = "event_id, session_id, user_id, kind, payload, time"
+EVENT_COLUMNS = "event_id, session_id, user_id, kind, payload, time"
+#: The largest notification payload sent whole: PostgreSQL refuses one of 8,000 bytes or more.
+NOTICE_BYTES = 7_900
 
-__all__ = ["PostgresEventBus", "make_postgres_event_bus"]
+
+def notice(row: str) -> str:
+    """SQL for the NOTIFY payload of the event in ``row`` (an alias with the ``events`` columns):
+    the event as JSON when it fits ``NOTICE_BYTES``, else its id (``PostgresEventBus._on_notify``)."""
+    whole = (
+        f"json_build_object('event_id', {row}.event_id, 'session_id', {row}.session_id, 'user_id', "
+        f"{row}.user_id, 'kind', {row}.kind, 'payload', {row}.payload, 'time', {row}.time)::text"
+    )
+    return (
+        f"(SELECT CASE WHEN octet_length(n.j) <= {NOTICE_BYTES} THEN n.j ELSE {row}.event_id::text END "
+        f"FROM (SELECT {whole} AS j) AS n)"
+    )
+
+
+__all__ = ["EVENT_COLUMNS", "NOTICE_BYTES", "PostgresEventBus", "make_postgres_event_bus", "notice"]
+
+# One statement, its own transaction: the lock (a CTE with a volatile function is evaluated first,
+# never inlined) is taken before the id is drawn and released after the commit made the row
+# visible, so ids are committed in the order they are handed out (see the module docstring).
+_PUBLISH_SQL = f"""
+WITH locked AS (SELECT pg_advisory_xact_lock($7)),
+     added AS (
+    INSERT INTO events (session_id, user_id, kind, payload, time)
+    SELECT $1, $2, $3, $4, $5 FROM locked RETURNING {EVENT_COLUMNS})
+SELECT event_id FROM added, pg_notify($6, {notice("added")})"""
 
 
 async def make_postgres_event_bus(
@@ -140,16 +174,9 @@ class PostgresEventBus:
         async def run() -> int:
             with pg_errors("publish"):
                 async with self._acquire() as conn:
-                    # One statement, its own transaction: the lock (a CTE with a volatile function is
-                    # evaluated first, never inlined) is taken before the id is drawn and released
-                    # after the commit made the row visible, so ids are committed in the order they
-                    # are handed out (see the module docstring). One round trip instead of four.
+                    # Lock, insert, notify and commit: one round trip instead of four.
                     event_id: int = await conn.fetchval(
-                        """WITH locked AS (SELECT pg_advisory_xact_lock($7)),
-                                added AS (
-                               INSERT INTO events (session_id, user_id, kind, payload, time)
-                               SELECT $1, $2, $3, $4, $5 FROM locked RETURNING event_id)
-                           SELECT event_id FROM added, pg_notify($6, event_id::text)""",
+                        _PUBLISH_SQL,
                         session_id,
                         user_id,
                         kind,
@@ -166,17 +193,49 @@ class PostgresEventBus:
         task.add_done_callback(self._inflight.discard)
         task.add_done_callback(_settle)
         event_id = await asyncio.shield(task)
-        self.committed()
+        self.committed(event_id)
         return StoredEvent(
             event_id=event_id, session_id=session_id, user_id=user_id, time=time, kind=kind, payload=body
         )
 
-    def committed(self) -> None:
+    def committed(self, event_id: int | None = None) -> None:
         """An event of this bus was committed (by ``publish``, or by the store's append statement,
         ``PostgresStore.append_messages``): local subscribers need not wait for the
-        notification's round trip; retention runs from now on."""
-        self._wake_all()
+        notification's round trip; retention runs from now on. ``event_id``: its id, when known;
+        an event its notification already brought into the window needs no read."""
+        if event_id is None or not self._holds(event_id):
+            self._wake_all()
         self._start_pruner()
+
+    def _holds(self, event_id: int) -> bool:
+        """Whether the feed's window holds every event up to ``event_id`` (watchers were woken for
+        them when they joined it)."""
+        head = self._head
+        return self._feed_ok and head is not None and bool(self._subscriptions) and event_id <= head
+
+    def _took(self, event: StoredEvent) -> bool:
+        """``event`` (from its notification) joined the window, or was in it already; False when
+        the feed must read the table (it does not directly follow the window's newest)."""
+        if self._holds(event.event_id):
+            return True
+        head = self._head
+        if not self._feed_ok or head is None or not self._subscriptions or event.event_id != head + 1:
+            return False
+        self._hold([event])
+        self._wake_watchers()
+        return True
+
+    def _hold(self, rows: list[StoredEvent]) -> None:
+        """Add ``rows`` (ids after ``_head``, in order) to the window, keeping its newest
+        ``event_fanout_events`` once it holds twice that."""
+        cap = self._pg.event_fanout_events
+        self._window.extend(rows)
+        self._window_ids.extend(e.event_id for e in rows)
+        self._head = rows[-1].event_id
+        if len(self._window) > 2 * cap:
+            drop = len(self._window) - cap
+            self._floor = self._window_ids[drop - 1]
+            del self._window[:drop], self._window_ids[:drop]
 
     @property
     def pool(self) -> Any:
@@ -251,7 +310,6 @@ class PostgresEventBus:
         """Fetch what was committed after ``_head`` whenever woken; keep the newest
         ``event_fanout_events`` in the window; wake the watchers. On an error the watchers are
         woken too: they then read the table themselves (and get the error), as before the feed."""
-        cap = self._pg.event_fanout_events
         self._feed_wake.set()
         while not self._closed:
             await self._feed_wake.wait()
@@ -268,16 +326,14 @@ class PostgresEventBus:
                 if self._head is None:
                     self._head = self._floor = await self._current_id()
                 while True:
-                    rows = await self._fetch(self._head, _FEED, "")
+                    after = self._head
+                    rows = await self._fetch(after, _FEED, "")
                     self.feed_fetches += 1
-                    if rows:
-                        self._window.extend(rows)
-                        self._window_ids.extend(e.event_id for e in rows)
-                        self._head = rows[-1].event_id
-                        if len(self._window) > 2 * cap:
-                            drop = len(self._window) - cap
-                            self._floor = self._window_ids[drop - 1]
-                            del self._window[:drop], self._window_ids[:drop]
+                    # Notifications may have brought some of them into the window meanwhile.
+                    head = self._head if self._head is not None else after
+                    newer = [e for e in rows if e.event_id > head]
+                    if newer:
+                        self._hold(newer)
                     self._feed_ok = True
                     if len(rows) < self._pg.event_batch:
                         break
@@ -328,7 +384,7 @@ class PostgresEventBus:
             args.append(caller.user_id)
             where += f" AND user_id = ${len(args)}"
         args.append(self._pg.event_batch)
-        sql = f"SELECT {_COLUMNS} FROM events WHERE {where} ORDER BY event_id LIMIT ${len(args)}"
+        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE {where} ORDER BY event_id LIMIT ${len(args)}"
         rows = await self._read("fetch events", sql, *args)
         return [
             StoredEvent(
@@ -349,7 +405,17 @@ class PostgresEventBus:
 
     # -- background tasks --------------------------------------------------------------------
 
-    def _on_notify(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        # The event whole (``notice``), or its id when it was too large to carry.
+        if payload.startswith("{"):
+            try:
+                event = _noticed(payload)
+            except (ValueError, KeyError, TypeError):
+                event = None
+            if event is not None and self._took(event):
+                return
+        elif payload.isdigit() and self._holds(int(payload)):
+            return
         self._wake_all()
 
     async def _listen(self) -> None:
@@ -522,3 +588,16 @@ def _setter(event: asyncio.Event) -> Any:
 def _settle(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _noticed(payload: str) -> StoredEvent:
+    """The event a notification carries (``notice``), as a read of the table would give it."""
+    row = json.loads(payload)
+    return StoredEvent(
+        event_id=int(row["event_id"]),
+        session_id=row["session_id"],
+        user_id=row["user_id"],
+        time=utc(datetime.fromisoformat(row["time"])),
+        kind=row["kind"],
+        payload=row["payload"],
+    )

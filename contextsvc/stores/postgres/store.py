@@ -60,7 +60,7 @@ from contextsvc.stores._base import (
     session_not_found,
 )
 from contextsvc.stores._session import utc
-from contextsvc.stores.postgres.bus import PUBLISH_LOCK, PostgresEventBus
+from contextsvc.stores.postgres.bus import EVENT_COLUMNS, PUBLISH_LOCK, PostgresEventBus, notice
 from contextsvc.stores.postgres.context_cache import ContextCache, ContextVersion, KeyedRow, extended, whole
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
 from contextsvc.stores.postgres.lanes import Group, StatementLanes
@@ -343,10 +343,11 @@ class PostgresStore:
         self._track(task)
         return await asyncio.shield(task)
 
-    def _events_committed(self) -> None:
-        """A statement of this store committed an event for its buses (``PostgresEventBus.committed``)."""
+    def _events_committed(self, event_id: int | None) -> None:
+        """A statement of this store committed event ``event_id`` for its buses
+        (``PostgresEventBus.committed``)."""
         for bus in list(self._buses):
-            bus.committed()
+            bus.committed(event_id or None)
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         """``close()`` waits for ``task``; its outcome is fetched even when nobody awaits it."""
@@ -647,7 +648,7 @@ class PostgresStore:
         last = row["last_sequence"]
         event_id = row["event_id"] or 0
         if event_id:
-            self._events_committed()
+            self._events_committed(event_id)
         return AppendResult(list(range(last - len(messages) + 1, last + 1)), self._info(row), event_id=event_id)
 
     async def _append_many(self, conn: Any, items: list[tuple[Any, ...]]) -> list[Any]:
@@ -946,7 +947,7 @@ class PostgresStore:
         if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
             return None
         session = self._anchored(row)
-        self._events_committed()
+        self._events_committed(row["event_id"])
         await self._observed(write.model)
         return session
 
@@ -969,7 +970,7 @@ class PostgresStore:
         row = await self._statement("observe_baseline", work)
         if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's write is audited
             return False
-        self._events_committed()
+        self._events_committed(row["event_id"])
         await self._observed(write.model)
         return True
 
@@ -1580,7 +1581,7 @@ locked AS (SELECT pg_advisory_xact_lock({p[6]}) FROM {source}),
 published AS (
     INSERT INTO events (session_id, user_id, kind, payload, time)
     SELECT $1, {source}.user_id, {p[7]}, {p[8]}::jsonb, ${now} FROM {source}, locked
-    RETURNING event_id
+    RETURNING {EVENT_COLUMNS}
 )"""
 
 
@@ -1589,8 +1590,8 @@ published AS (
 # taken once the session's row is locked, before the event's id is drawn, released by the commit.
 _ANCHOR_BASELINE_CTES = f"""
 anchored AS ({_ANCHOR_UPDATE}),{_observed_and_published("anchored", 12, 4)}"""
-_ANCHOR_BASELINE_RESULT = """
-SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, e.event_id::text)) AS event_id
+_ANCHOR_BASELINE_RESULT = f"""
+SELECT anchored.*, (SELECT e.event_id FROM published e, pg_notify($21, {notice("e")})) AS event_id
   FROM anchored"""
 _ANCHOR_BASELINE_SQL = "WITH" + _ANCHOR_BASELINE_CTES + _ANCHOR_BASELINE_RESULT
 # A baseline's observation and its event without its anchor (``observe_baseline``): $1 session,
@@ -1603,7 +1604,7 @@ WITH owned AS (
     SELECT user_id FROM sessions
      WHERE session_id = $1 AND (user_id = $2 OR $3) AND ($4::timestamptz IS NULL OR create_time = $4)
 ),{_observed_and_published("owned", 6, 5)}
-SELECT owned.user_id, (SELECT e.event_id FROM published e, pg_notify($15, e.event_id::text)) AS event_id
+SELECT owned.user_id, (SELECT e.event_id FROM published e, pg_notify($15, {notice("e")})) AS event_id
   FROM owned"""
 # Anchors of a batch in one transaction (``PostgresStore._anchor_many``, run by asyncpg's
 # ``fetchmany``): the same statement, plus $22, the session ids whose rows it locks first, in id
@@ -1624,7 +1625,7 @@ _ANCHOR_GROUP_SQL = (
 # (a replay, another profile, an unknown session): no lock, no event.
 _APPEND_PUBLISH_CTES = (
     _APPEND_CTES
-    + """,
+    + f""",
 locked AS (SELECT pg_advisory_xact_lock($21) FROM upd),
 published AS (
     INSERT INTO events (session_id, user_id, kind, payload, time)
@@ -1635,12 +1636,12 @@ published AS (
                'context_tokens', upd.context_tokens),
            $8
       FROM upd, locked
-    RETURNING event_id
+    RETURNING {EVENT_COLUMNS}
 )
 """
 )
 _APPEND_PUBLISH_RESULT = _APPEND_RESULT.format(
-    event="(SELECT e.event_id FROM published e, pg_notify($24, e.event_id::text))"
+    event=f"(SELECT e.event_id FROM published e, pg_notify($24, {notice('e')}))"
 )
 _APPEND_PUBLISH_SQL = _APPEND_PUBLISH_CTES + _APPEND_PUBLISH_RESULT
 # Appends of a batch in one transaction (``PostgresStore._append_many``, run by asyncpg's
