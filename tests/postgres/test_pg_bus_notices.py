@@ -12,11 +12,12 @@ import asyncpg
 import pytest
 
 from contextsvc.config import Settings
+from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.session import Principal
-from contextsvc.ports import AppendEvent, StoredEvent
+from contextsvc.ports import AppendEvent, BaselineWrite, StoredEvent
 from contextsvc.stores.postgres import PostgresEventBus, PostgresStore, make_postgres_event_bus, make_postgres_store
-from contextsvc.stores.postgres.bus import NOTICE_BYTES
+from contextsvc.stores.postgres.bus import NOTICE_BYTES, PUBLISH_LOCK
 from tests.postgres.conftest import pg_settings
 from tests.postgres.test_pg_bus import ADMIN, Collector
 
@@ -59,18 +60,21 @@ def _rows(*texts: str) -> list[Message]:
     return [Message(role=Role.USER, content=t) for t in texts]
 
 
-async def _table(bus: PostgresEventBus, after: int, count: int) -> list[StoredEvent]:
-    """``count`` events after ``after`` as a resumed stream reads them: from the table."""
+async def _table(postgres_db: str, settings: Settings, after: int, count: int) -> list[StoredEvent]:
+    """``count`` events after ``after``, read from the table: a resumed stream on a replica of its
+    own, whose window starts at "now" (the watched replica would serve them from its window)."""
     assert after > 0  # 0 would mean "live only"
-    resumed = Collector(bus, caller=ADMIN, after_event_id=after)
+    reader = await make_postgres_event_bus(postgres_db, settings)
+    resumed = Collector(reader, caller=ADMIN, after_event_id=after)
     try:
         return list(await resumed.wait_for(count))[:count]
     finally:
         await resumed.stop()
+        await reader.close()
 
 
 async def test_another_replicas_appends_reach_watchers_from_their_notifications_alone(
-    store: PostgresStore, watched_bus: PostgresEventBus
+    store: PostgresStore, watched_bus: PostgresEventBus, postgres_db: str, settings: Settings
 ) -> None:
     sid = (await store.create_session(caller=ALICE, profile_id="default")).id
     watcher = Collector(watched_bus, session_id=sid)
@@ -86,58 +90,84 @@ async def test_another_replicas_appends_reach_watchers_from_their_notifications_
     got = await watcher.wait_for(appends + 1)
     polls = (time.monotonic() - began) / POLL + 1
     assert watched_bus.feed_fetches - before <= polls  # one read an append before notices
-    assert got == await _table(watched_bus, got[0].event_id - 1, appends + 1)
+    assert got == await _table(postgres_db, settings, got[0].event_id - 1, appends + 1)
     await watcher.stop()
 
 
-async def test_a_baseline_event_and_a_published_one_carry_the_same_as_the_table(
-    store: PostgresStore, watched_bus: PostgresEventBus
+async def test_every_publishing_statement_notifies_its_event_as_the_table_holds_it(
+    store: PostgresStore, watched_bus: PostgresEventBus, postgres_db: str, settings: Settings
 ) -> None:
-    """Every statement that publishes notifies with the event whole: the bus's own publish, with
-    odd text and nested values in its payload, and an append's computed payload."""
+    """The bus's own publish (odd text and nested values in its payload), an append (its payload
+    computed in SQL), a baseline's observation alone and a baseline with its anchor: each event
+    reaches the watching replica from its notification, equal to what the table holds."""
     sid = (await store.create_session(caller=ALICE, profile_id="default")).id
     everything = Collector(watched_bus)
     await everything.started()
     await watched_bus.wait_listening()
+    await store.append_messages(sid, _rows("first"), caller=ALICE, event=_event())
+    await everything.wait_for(1)  # the window now ends at the newest event
     publisher = store.make_event_bus()
+    before, began = watched_bus.feed_fetches, time.monotonic()
     try:
         payload = {"text": 'quote " and \\ and \u2028 and é', "nested": {"a": [1, 2.5, None, True]}, "n": 10**15}
         sent = await publisher.publish(session_id=sid, user_id="alice", kind="context_compressed", payload=payload)
         await store.append_messages(sid, _rows("a", "b", "c"), caller=ALICE, event=_event())
-        got = await everything.wait_for(2)
+        observed = BaselineWrite("hp", Observation(chars=40, tokens=77, features=()), "baseline_recorded", {"n": 1})
+        assert await store.observe_baseline(sid, caller=ALICE, write=observed)
+        read = await store.get_session(sid, caller=ALICE)
+        anchored = BaselineWrite("hp", Observation(chars=40, tokens=99, features=()), "baseline_recorded", {"n": 2})
+        state = {**read.state, "baseline": {"tokens": 99}}
+        assert (
+            await store.anchor_baseline(sid, caller=ALICE, read=read, context_tokens=99, state=state, write=anchored)
+            is not None
+        )
+        got = (await everything.wait_for(5))[1:]
     finally:
         await publisher.close()
+    polls = (time.monotonic() - began) / POLL + 1
+    assert watched_bus.feed_fetches - before <= polls
     assert got[0] == sent
-    assert dict(got[1].payload)["sequence_numbers"] == [1, 2, 3]
-    assert got == await _table(watched_bus, got[0].event_id - 1, 2)
+    assert [e.kind for e in got] == [
+        "context_compressed",
+        "messages_appended",
+        "baseline_recorded",
+        "baseline_recorded",
+    ]
+    assert dict(got[1].payload)["sequence_numbers"] == [2, 3, 4]
+    assert got == await _table(postgres_db, settings, got[0].event_id - 1, 4)
     await everything.stop()
 
 
-async def test_an_id_left_by_a_rolled_back_publish_makes_the_feed_read_and_nothing_is_lost(
-    store: PostgresStore, watched_bus: PostgresEventBus, postgres_db: str
+async def test_an_event_that_does_not_follow_the_window_makes_the_feed_read_and_nothing_is_lost(
+    store: PostgresStore, watched_bus: PostgresEventBus, postgres_db: str, settings: Settings
 ) -> None:
+    """Two gaps before a notified event: an id drawn by a rolled-back insert (never visible) and an
+    event committed under the publish lock without a notification (visible, announced by
+    nobody). The notified event does not follow the window, so the feed reads the table: the
+    silent event is delivered, in order, with the notified one."""
     sid = (await store.create_session(caller=ALICE, profile_id="default")).id
     watcher = Collector(watched_bus, session_id=sid)
     await watcher.started()
     await watched_bus.wait_listening()
     await store.append_messages(sid, _rows("before"), caller=ALICE, event=_event())
     await watcher.wait_for(1)
+    insert = "INSERT INTO events (session_id, user_id, kind, payload, time) VALUES ($1, 'alice', $2, '{}', now())"
     conn = await asyncpg.connect(postgres_db)
-    try:  # an event id drawn and never committed: the next notification does not follow the window
-        tx = conn.transaction()
-        await tx.start()
-        await conn.execute(
-            "INSERT INTO events (session_id, user_id, kind, payload, time) VALUES ($1, 'alice', 'x', '{}', now())", sid
-        )
-        await tx.rollback()
+    try:
+        rolled_back = conn.transaction()
+        await rolled_back.start()
+        await conn.execute(insert, sid, "rolled_back")
+        await rolled_back.rollback()
+        async with conn.transaction():  # as a publisher does, minus the notification
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+            await conn.execute(insert, sid, "silent")
     finally:
         await conn.close()
-    before = watched_bus.feed_fetches
     await store.append_messages(sid, _rows("after"), caller=ALICE, event=_event())
-    got = await watcher.wait_for(2)
-    assert watched_bus.feed_fetches > before
-    assert got[1].event_id == got[0].event_id + 2
-    assert got == await _table(watched_bus, got[0].event_id - 1, 2)
+    got = await watcher.wait_for(3)
+    assert [e.kind for e in got] == ["messages_appended", "silent", "messages_appended"]
+    assert got[1].event_id == got[0].event_id + 2 and got[2].event_id == got[1].event_id + 1
+    assert got == await _table(postgres_db, settings, got[0].event_id - 1, 3)
     await watcher.stop()
 
 

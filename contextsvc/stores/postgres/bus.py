@@ -1,10 +1,9 @@
 """The event bus of many replicas: an ``events`` table plus LISTEN/NOTIFY (DESIGN §5.8).
 
-``publish`` inserts a row and NOTIFYs the channel with the new id. Each subscriber remembers the
-last id it delivered and, whenever woken, fetches the rows after it in id order. Notifications
-only wake: a coalesced or lost notification (a reconnect) costs latency, never an event, because
-subscribers are also woken after every (re)connect of the listening connection and every
-``event_poll_seconds``.
+``publish`` inserts a row and NOTIFYs the channel with the new event (below). Each subscriber
+remembers the last id it delivered and, whenever woken, fetches the rows after it in id order. A
+lost notification (a reconnect) costs latency, never an event, because subscribers are also
+woken after every (re)connect of the listening connection and every ``event_poll_seconds``.
 
 Gap-free ids need one more thing. A bigserial id is taken at INSERT but becomes visible at
 COMMIT, so two concurrent publishers could commit ids 11 then 10 and a reader that already moved
@@ -406,6 +405,8 @@ class PostgresEventBus:
     # -- background tasks --------------------------------------------------------------------
 
     def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if not self._subscriptions:
+            return  # nobody watching here: nothing to read or hold
         # The event whole (``notice``), or its id when it was too large to carry.
         if payload.startswith("{"):
             try:
