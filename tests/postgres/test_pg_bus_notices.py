@@ -16,7 +16,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.session import Principal
 from contextsvc.ports import AppendEvent, BaselineWrite, StoredEvent
-from contextsvc.stores.postgres import PostgresEventBus, PostgresStore, make_postgres_event_bus, make_postgres_store
+from contextsvc.stores.postgres import PostgresEventBus, PostgresStore, make_postgres_event_bus
 from contextsvc.stores.postgres.bus import NOTICE_BYTES, PUBLISH_LOCK
 from tests.postgres.conftest import pg_settings
 from tests.postgres.test_pg_bus import ADMIN, Collector
@@ -28,18 +28,6 @@ POLL = 0.3  # pg_settings' event_poll_seconds: each poll may read once
 @pytest.fixture
 def settings() -> Settings:
     return pg_settings(event_retention_count=100_000)
-
-
-@pytest.fixture
-async def store(postgres_db: str, settings: Settings) -> AsyncIterator[PostgresStore]:
-    made = await make_postgres_store(postgres_db, settings)
-    try:
-        # One event first, so the tests' first id is > 1 (a resume from 0 would mean "live only").
-        warm = (await made.create_session(caller=ALICE, profile_id="default")).id
-        await made.append_messages(warm, _rows("warm"), caller=ALICE, event=_event())
-        yield made
-    finally:
-        await made.close()
 
 
 @pytest.fixture
@@ -73,15 +61,27 @@ async def _table(postgres_db: str, settings: Settings, after: int, count: int) -
         await reader.close()
 
 
+async def _watching(
+    store: PostgresStore, bus: PostgresEventBus, *, every_session: bool = False
+) -> tuple[str, Collector]:
+    """A new session, watched on ``bus`` (or all sessions, ``every_session``), after its first
+    event reached the watcher: the window now ends at that event. An event of another session
+    comes first, so the first event's id is > 1 (a resume from just before it reads it)."""
+    warm = (await store.create_session(caller=ALICE, profile_id="default")).id
+    await store.append_messages(warm, _rows("warm"), caller=ALICE, event=_event())
+    sid = (await store.create_session(caller=ALICE, profile_id="default")).id
+    watcher = Collector(bus) if every_session else Collector(bus, session_id=sid)
+    await watcher.started()
+    await bus.wait_listening()
+    await store.append_messages(sid, _rows("first"), caller=ALICE, event=_event())
+    await watcher.wait_for(1)
+    return sid, watcher
+
+
 async def test_another_replicas_appends_reach_watchers_from_their_notifications_alone(
     store: PostgresStore, watched_bus: PostgresEventBus, postgres_db: str, settings: Settings
 ) -> None:
-    sid = (await store.create_session(caller=ALICE, profile_id="default")).id
-    watcher = Collector(watched_bus, session_id=sid)
-    await watcher.started()
-    await watched_bus.wait_listening()
-    await store.append_messages(sid, _rows("first"), caller=ALICE, event=_event())
-    await watcher.wait_for(1)  # the window now ends at the newest event
+    sid, watcher = await _watching(store, watched_bus)
     appends = 30
     before, began = watched_bus.feed_fetches, time.monotonic()
     for i in range(appends):
@@ -100,12 +100,7 @@ async def test_every_publishing_statement_notifies_its_event_as_the_table_holds_
     """The bus's own publish (odd text and nested values in its payload), an append (its payload
     computed in SQL), a baseline's observation alone and a baseline with its anchor: each event
     reaches the watching replica from its notification, equal to what the table holds."""
-    sid = (await store.create_session(caller=ALICE, profile_id="default")).id
-    everything = Collector(watched_bus)
-    await everything.started()
-    await watched_bus.wait_listening()
-    await store.append_messages(sid, _rows("first"), caller=ALICE, event=_event())
-    await everything.wait_for(1)  # the window now ends at the newest event
+    sid, everything = await _watching(store, watched_bus, every_session=True)
     publisher = store.make_event_bus()
     before, began = watched_bus.feed_fetches, time.monotonic()
     try:
@@ -145,12 +140,7 @@ async def test_an_event_that_does_not_follow_the_window_makes_the_feed_read_and_
     event committed under the publish lock without a notification (visible, announced by
     nobody). The notified event does not follow the window, so the feed reads the table: the
     silent event is delivered, in order, with the notified one."""
-    sid = (await store.create_session(caller=ALICE, profile_id="default")).id
-    watcher = Collector(watched_bus, session_id=sid)
-    await watcher.started()
-    await watched_bus.wait_listening()
-    await store.append_messages(sid, _rows("before"), caller=ALICE, event=_event())
-    await watcher.wait_for(1)
+    sid, watcher = await _watching(store, watched_bus)
     insert = "INSERT INTO events (session_id, user_id, kind, payload, time) VALUES ($1, 'alice', $2, '{}', now())"
     conn = await asyncpg.connect(postgres_db)
     try:
@@ -174,12 +164,7 @@ async def test_an_event_that_does_not_follow_the_window_makes_the_feed_read_and_
 async def test_an_event_too_large_to_carry_is_notified_by_id_and_read_from_the_table(
     store: PostgresStore, watched_bus: PostgresEventBus
 ) -> None:
-    sid = (await store.create_session(caller=ALICE, profile_id="default")).id
-    watcher = Collector(watched_bus, session_id=sid)
-    await watcher.started()
-    await watched_bus.wait_listening()
-    await store.append_messages(sid, _rows("small"), caller=ALICE, event=_event())
-    await watcher.wait_for(1)
+    sid, watcher = await _watching(store, watched_bus)
     publisher = store.make_event_bus()
     try:
         before = watched_bus.feed_fetches
