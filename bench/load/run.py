@@ -511,21 +511,32 @@ def run_pair(loader: Loader, server: StoreServer, store: str, sc: Scenario) -> l
         rounds[k].append((health, loader.ghz_run(server, f"{SERVICE}.{run.call}", call_data(run, sessions[k]), part)))
     results = []
     for k, run in enumerate(sc.runs):
-        ms = [m for _, m in rounds[k]]
-        errors: dict[str, int] = {}
-        for m in ms:
-            for code, n in m["errors"].items():
-                errors[code] = errors.get(code, 0) + n
         res = Result(
-            scenario=sc.name, store=store, label=run.label, call=run.call, count=sum(m["count"] for m in ms),
-            rps=statistics.median(m["rps"] for m in ms), p50_ms=statistics.median(m["p50_ms"] for m in ms),
-            p99_ms=statistics.median(m["p99_ms"] for m in ms), health_rps=statistics.median(h for h, _ in rounds[k]),
-            cpu_ms_per_call=statistics.median(m["cpu_ms_per_call"] for m in ms), view_messages=views[k],
-            errors=errors, extra={},
+            scenario=sc.name, store=store, label=run.label, call=run.call, view_messages=views[k],
+            extra={}, **_medians(rounds[k]),
         )  # fmt: skip
         print(row(res), flush=True)
         results.append(res)
     return results
+
+
+def _medians(rounds: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """A run's figures over its rounds (each its Health/Check calls/s and its measurement): the
+    medians, and the counts and errors summed."""
+    ms = [m for _, m in rounds]
+    errors: dict[str, int] = {}
+    for m in ms:
+        for code, n in m.get("errors", {}).items():
+            errors[code] = errors.get(code, 0) + n
+    return {
+        "count": sum(m["count"] for m in ms),
+        "rps": statistics.median(m["rps"] for m in ms),
+        "p50_ms": statistics.median(m.get("p50_ms", 0.0) for m in ms),
+        "p99_ms": statistics.median(m.get("p99_ms", 0.0) for m in ms),
+        "health_rps": statistics.median(h for h, _ in rounds),
+        "cpu_ms_per_call": statistics.median(m["cpu_ms_per_call"] for m in ms),
+        "errors": errors,
+    }
 
 
 #: Rounds of an "across" scenario: its stores measured in turn, A B B A A B, both servers up for
@@ -542,7 +553,8 @@ def run_across(loader: Loader, stores: list[str], sc: Scenario) -> list[Result]:
     (run,) = sc.runs
     servers: list[StoreServer] = []
     workdirs: list[Path] = []
-    rounds: dict[str, list[tuple[float, int, dict[str, Any]]]] = {s: [] for s in stores}
+    rounds: dict[str, list[tuple[float, dict[str, Any]]]] = {s: [] for s in stores}
+    views: dict[str, int] = {}
     try:
         for store in stores:
             workdirs.append(Path(tempfile.mkdtemp(prefix=f"ctxload-{store}-")))
@@ -557,7 +569,8 @@ def run_across(loader: Loader, stores: list[str], sc: Scenario) -> list[Result]:
             finally:
                 seeder.close()
             health = loader.health(server, run)
-            rounds[store].append((health, view, loader.driver(server, sc.driver, sessions, run)))
+            views[store] = view
+            rounds[store].append((health, loader.driver(server, sc.driver, sessions, run)))
     finally:
         for server in servers:
             server.stop()
@@ -565,19 +578,10 @@ def run_across(loader: Loader, stores: list[str], sc: Scenario) -> list[Result]:
             shutil.rmtree(workdir, ignore_errors=True)
     results = []
     for store in stores:
-        ms = [m for _, _, m in rounds[store]]
-        errors: dict[str, int] = {}
-        for m in ms:
-            for code, n in m.get("errors", {}).items():
-                errors[code] = errors.get(code, 0) + n
+        ms = [m for _, m in rounds[store]]
         res = Result(
-            scenario=sc.name, store=store, label=f"{run.label}, median of {len(ms)} rounds",
-            call=sc.driver, count=sum(m["count"] for m in ms), rps=statistics.median(m["rps"] for m in ms),
-            p50_ms=statistics.median(m.get("p50_ms", 0.0) for m in ms),
-            p99_ms=statistics.median(m.get("p99_ms", 0.0) for m in ms),
-            health_rps=statistics.median(h for h, _, _ in rounds[store]),
-            cpu_ms_per_call=statistics.median(m["cpu_ms_per_call"] for m in ms),
-            view_messages=rounds[store][0][1], errors=errors,
+            scenario=sc.name, store=store, label=f"{run.label}, median of {len(ms)} rounds", call=sc.driver,
+            view_messages=views[store], **_medians(rounds[store]),
             extra={
                 "lost": sum(m.get("lost", 0) for m in ms),
                 "ordered": all(m.get("ordered", True) for m in ms),

@@ -206,22 +206,26 @@ class PostgresEventBus:
             self._wake_all()
         self._start_pruner()
 
+    def _window_head(self) -> int | None:
+        """The newest id of a window that watchers read (every committed id up to it is in it), or
+        None when there is none to rely on (no watcher here, the feed idle or its last read failed)."""
+        return self._head if self._feed_ok and self._subscriptions else None
+
     def _holds(self, event_id: int) -> bool:
-        """Whether the feed's window holds every event up to ``event_id`` (watchers were woken for
-        them when they joined it)."""
-        head = self._head
-        return self._feed_ok and head is not None and bool(self._subscriptions) and event_id <= head
+        """Whether the window holds every event up to ``event_id`` (watchers were woken for them
+        when they joined it)."""
+        head = self._window_head()
+        return head is not None and event_id <= head
 
     def _took(self, event: StoredEvent) -> bool:
         """``event`` (from its notification) joined the window, or was in it already; False when
         the feed must read the table (it does not directly follow the window's newest)."""
-        if self._holds(event.event_id):
-            return True
-        head = self._head
-        if not self._feed_ok or head is None or not self._subscriptions or event.event_id != head + 1:
+        head = self._window_head()
+        if head is None or event.event_id > head + 1:
             return False
-        self._hold([event])
-        self._wake_watchers()
+        if event.event_id == head + 1:
+            self._hold([event])
+            self._wake_watchers()
         return True
 
     def _hold(self, rows: list[StoredEvent]) -> None:
