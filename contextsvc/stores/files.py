@@ -16,7 +16,7 @@ token delta), ``flags`` (explicit ``is_context`` changes by sequence number, con
 included), ``header`` (name / pinned / metadata), ``state`` (counters, engine state) or
 ``compaction`` (demotions + appended rows + counters in one line) or ``view`` (a built view kept
 for RecordBaseline: soft state, never fsynced on its own). Writes go to the log first and then to
-memory. Soft lines (views, a baseline's anchor) and batch mode's calibration observations are
+memory. Soft lines (views, a baseline's anchor) and calibration observations are
 deferred (``_defer``): written together with the log's next line, or by the flusher once they
 waited ``files.soft_line_wait_ms`` (observations: at its next pass), one write instead of one
 each; a crash can lose the newest of them, never an acknowledged mutation.
@@ -276,7 +276,7 @@ class FilesStore(RowStore):
         #: history files of the sessions whose index is loaded (no entry: no file yet).
         self._history_logs: dict[str, _Log] = {}
         self._calibration = _Log(self.root / _CALIBRATION, 0)
-        #: files written since their last fsync (batch mode).
+        #: files written since their last fsync (batch mode; the calibration log in both modes).
         self._dirty: set[Path] = set()
         #: logs holding lines not yet written (``_defer``) -> when the flusher writes them
         #: (``time.monotonic``) if no other write to the log took them first.
@@ -333,7 +333,7 @@ class FilesStore(RowStore):
 
     @property
     def pending_fsync(self) -> int:
-        """Files written but not yet fsynced (batch mode)."""
+        """Files written but not yet fsynced (batch mode; the calibration log in both modes)."""
         return len(self._dirty)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -870,7 +870,7 @@ class FilesStore(RowStore):
 
     async def flush(self) -> None:
         """Write every deferred line (``_defer``), then fsync every log written since its last
-        fsync (batch mode; fsync mode has none)."""
+        fsync (batch mode's logs; in both modes, the calibration log's deferred observations)."""
         await self._flush_pass(every=True)
 
     async def _flush_pass(self, *, every: bool) -> None:
@@ -982,9 +982,9 @@ class FilesStore(RowStore):
 
     def _defer(self, log: _Log, data: bytes, wait: float) -> None:
         """Hold ``data`` for the log's next write, or for the flusher's first pass after ``wait``
-        seconds: lines no caller waits for (views, anchors, batch mode's calibration
-        observations) then share a write with the line after them instead of costing a write
-        of their own (four system calls: open, seek, write, close)."""
+        seconds: lines no caller waits for (views, anchors, calibration observations) then
+        share a write with the line after them instead of costing a write of their own (four
+        system calls: open, seek, write, close)."""
         if log.pending is None:
             log.pending = [data]
             self._unwritten[log] = time.monotonic() + wait
@@ -1011,8 +1011,8 @@ class FilesStore(RowStore):
             elif not isinstance(exc, FileNotFoundError):  # not found: its session was deleted meanwhile
                 logger.warning("files store: %d deferred line(s) of %s not written: %s", len(pending), log.path, exc)
             return
-        if log is self._calibration:  # deferred in batch mode only
-            self._dirty.add(log.path)  # observations are synced like appends, in the same pass
+        if log is self._calibration:
+            self._dirty.add(log.path)  # synced by the flusher's pass that wrote them
         else:  # a session log: its start-up index entry names the log's size
             self._index_dirty.add(log.path.name[: -len(_LOG_SUFFIX)])
 
@@ -1022,13 +1022,13 @@ class FilesStore(RowStore):
             log.pending = None
             self._unwritten.pop(log, None)
 
-    def _observations_wait_for_disk(self) -> bool:
-        return self._settings.durability is Durability.FSYNC
-
     async def _persist_observations(self, batch: Sequence[tuple[str, Observation]]) -> None:
-        """One line each for the observations queued meanwhile: in fsync mode one write and one
-        fsync before the baselines return; in batch mode none waits for the disk, so the lines
-        wait for the flusher's next pass (``_defer``), which writes and syncs them together."""
+        """One line each for the observations queued meanwhile, deferred (``_defer``) for the
+        flusher's next pass, which writes and syncs them together: no baseline waits for the disk,
+        in either durability. An observation is one sample among the model's hundreds, not an
+        acknowledged mutation, so a crash losing the newest few costs the fit nothing it cannot
+        learn again (as the baseline's anchor, a soft line too); waiting for an fsync cost every
+        baseline a suspension, a writer task and a share of a sync pass."""
         log = self._calibration
         lines = []
         for model, observation in batch:
@@ -1041,14 +1041,7 @@ class FilesStore(RowStore):
                 line["residual"] = observation.residual
             lines.append(_dumps(line))
         data = b"".join(lines)
-        if not self._observations_wait_for_disk():
-            self._defer(log, data, 0.0)
-        else:
-            try:
-                await self._append(log, data)
-            except OSError as exc:
-                logger.error("files store: cannot append to %s: %s", log.path, exc)
-                raise Unavailable("the calibration log could not be written") from exc
+        self._defer(log, data, 0.0)
         log.overhead += len(batch)
         factor = self._settings.files.calibration_log_factor
         if log.overhead > factor * self.observations_kept * max(1, len(self._observations)):

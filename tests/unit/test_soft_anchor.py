@@ -4,6 +4,7 @@ every agent turn). It reaches the disk with the session's next synced line, in l
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from contextsvc.config import Durability, ProfileConfig, Settings
@@ -58,14 +59,19 @@ async def test_the_memory_store_takes_a_state_that_is_not_durable() -> None:
     assert info.context_tokens == 5
 
 
-async def test_a_recorded_baseline_anchors_the_session_with_one_fsync_its_observations(tmp_path: Path) -> None:
-    """Per RecordBaseline in fsync durability: the calibration log's write is synced (the
-    observation is what the fit learns from), the anchor is not."""
+async def _never(seconds: float) -> None:
+    await asyncio.Event().wait()
+
+
+async def test_a_recorded_baseline_waits_for_no_fsync_and_its_observation_reaches_the_disk(tmp_path: Path) -> None:
+    """Per RecordBaseline in fsync durability: neither the anchor nor the calibration observation
+    waits for an fsync (an observation is one sample of the fit's hundreds); the flusher's next
+    pass writes and syncs the observation, and a restart reads it."""
     root = tmp_path / "data"
     settings = Settings(
         profiles={"default": ProfileConfig(model="m")}, store=f"files:{root}", durability=Durability.FSYNC
     )
-    store = FilesStore(root, settings=settings)
+    store = FilesStore(root, settings=settings, sleep=_never)  # the flusher's pass runs when the test says
     await store.open()
     engine = make_engine(store, settings)
     sid = (await engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})).id
@@ -80,8 +86,16 @@ async def test_a_recorded_baseline_anchors_the_session_with_one_fsync_its_observ
         ANONYMOUS, sid, view_id=built.view_id, prompt_tokens=int(built.estimate.total * 1.02)
     )
     assert result.recorded
-    assert store.stats.log_fsyncs - before == 1
+    assert store.stats.log_fsyncs - before == 0
     anchored = EngineState.of(await store.get_session(sid, caller=ANONYMOUS)).baseline
     assert anchored is not None and anchored.view_id == built.view_id
+    observed = await store.list_calibration_observations("m", limit=10)
+    assert len(observed) == 1
+    await store.flush()
+    assert store.stats.log_fsyncs - before == 1  # the calibration log, at the flusher's pass
     await engine.close()
+    await store.close()
+    store = FilesStore(root, settings=settings)
+    await store.open()
+    assert await store.list_calibration_observations("m", limit=10) == observed
     await store.close()

@@ -1,7 +1,7 @@
 """Writes that need not wait for the disk happen in the caller's step (issue #15): the memory
-store's calibration observations take no writer task, and the files store in ``batch`` durability
-writes its log lines without a hop to a worker thread; ``fsync`` durability still hops, and still
-gathers concurrent observations into one write."""
+store's calibration observations take no writer task, the files store in ``batch`` durability
+writes its log lines without a hop to a worker thread, and its calibration observations wait for
+no disk in either durability; ``fsync`` durability's appends still hop, to their sync pass."""
 
 from __future__ import annotations
 
@@ -69,15 +69,19 @@ async def test_batch_durability_writes_log_lines_in_the_callers_step_and_keeps_t
     await store.close()
 
 
-async def test_fsync_durability_still_writes_from_a_worker_thread(
+async def test_fsync_durability_syncs_appends_from_a_worker_thread_but_not_observations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = await _files(tmp_path / "data", Durability.FSYNC)
+    root = tmp_path / "data"
+    store = await _files(root, Durability.FSYNC)
     sid = (await store.create_session(caller=ALICE, profile_id="default")).id
     _no_threads(monkeypatch)
     with pytest.raises(AssertionError, match="worker thread"):
         await store.append_messages(sid, [Message(Role.USER, "m1")], caller=ALICE)
-    with pytest.raises(AssertionError, match="worker thread"):
-        await store.add_calibration_observation("m", Observation(100, 40))
+    await store.add_calibration_observation("m", Observation(100, 40))  # no sync, no writer task
+    assert store._observations_writer is None
     monkeypatch.undo()
+    await store.close()  # writes and syncs the deferred observation
+    store = await _files(root, Durability.FSYNC)
+    assert await store.list_calibration_observations("m", limit=10) == [Observation(100, 40)]
     await store.close()
