@@ -155,13 +155,8 @@ class RowStore:
         """Housekeeping after a mutation, still under the session lock."""
 
     async def _persist_observations(self, batch: Sequence[tuple[str, Observation]]) -> None:
-        """Make calibration observations (model, observation) durable, in order, before they are
-        kept in memory: one write for the whole batch."""
-
-    def _observations_wait_for_disk(self) -> bool:
-        """Does ``_persist_observations`` wait for the disk (an fsync)? Then every write goes
-        through the writer, so that the observations queued meanwhile share the next one."""
-        return False
+        """Persist calibration observations (model, observation), in order, before they are kept
+        in memory: one write for the whole batch (the files store defers it to its flusher)."""
 
     async def _load_history(self, st: SessionState) -> RecallIndex:
         """The session's history index when it is not in ``_history`` yet (under the session lock)."""
@@ -530,19 +525,16 @@ class RowStore:
     # -- calibration and views (TokenStore) --------------------------------------------------
 
     async def add_calibration_observation(self, model: str, observation: Observation) -> None:
-        """Queued for one writer that persists everything queued meanwhile in one write (group
-        commit: concurrent baselines share a write and its fsync instead of taking turns behind
-        one lock, each with its own). Returns once the observation is durable and kept."""
-        idle = (
-            not self._observations_queued
-            and (self._observations_writer is None or self._observations_writer.done())
-            and not self._observations_wait_for_disk()
-        )
+        """Persisted and kept in the caller's step when nothing else is being written and the
+        store's write does not suspend (the memory store's; the files store's, which defers its
+        lines to the flusher); else queued for one writer that persists everything queued
+        meanwhile in one write (a files store rewriting its calibration log). Returns once the
+        observation is persisted as the store persists it, and kept."""
+        idle = not self._observations_queued and (self._observations_writer is None or self._observations_writer.done())
         first: Coroutine[Any, Any, None] | None = None
         if idle:
             # Nothing queued or being written: the write starts in the caller's step, and one that
-            # completes without suspending (the memory store's; a files store that need not fsync)
-            # costs no writer task and no futures.
+            # completes without suspending costs no writer task and no futures.
             first, _ = _begun(self._persist_observations([(model, observation)]))
             if first is None:
                 self._keep_observations([(model, observation)])

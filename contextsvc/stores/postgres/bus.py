@@ -389,17 +389,7 @@ class PostgresEventBus:
         args.append(self._pg.event_batch)
         sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE {where} ORDER BY event_id LIMIT ${len(args)}"
         rows = await self._read("fetch events", sql, *args)
-        return [
-            StoredEvent(
-                event_id=r["event_id"],
-                session_id=r["session_id"],
-                user_id=r["user_id"],
-                time=r["time"],
-                kind=r["kind"],
-                payload=r["payload"],
-            )
-            for r in rows
-        ]
+        return [_stored(r, r["time"]) for r in rows]
 
     def _acquire(self) -> Any:
         if self._pool is None:
@@ -595,14 +585,19 @@ def _settle(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _noticed(payload: str) -> StoredEvent:
-    """The event a notification carries (``notice``), as a read of the table would give it."""
-    row = json.loads(payload)
+def _stored(row: Mapping[str, Any], time: datetime) -> StoredEvent:
+    """The event of an ``events`` row (``EVENT_COLUMNS``: a record read, or a notification's JSON)."""
     return StoredEvent(
         event_id=int(row["event_id"]),
         session_id=row["session_id"],
         user_id=row["user_id"],
-        time=utc(datetime.fromisoformat(row["time"])),
+        time=time,
         kind=row["kind"],
         payload=row["payload"],
     )
+
+
+def _noticed(payload: str) -> StoredEvent:
+    """The event a notification carries (``notice``), as a read of the table would give it."""
+    row = json.loads(payload)
+    return _stored(row, utc(datetime.fromisoformat(row["time"])))
