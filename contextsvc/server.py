@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from contextsvc import __version__, telemetry
 from contextsvc._gen.v1 import context_service_pb2
 from contextsvc.api.auth import AuthInterceptor
-from contextsvc.api.decoding import DecodeGuard
+from contextsvc.api.decoding import Admission, DecodeGuard
 from contextsvc.api.gate import ServingGate
 from contextsvc.api.health import HealthService
 from contextsvc.api.quotas import Quotas
@@ -76,6 +76,30 @@ class RunningServer:
         """SIGHUP: read the TLS certificate, key and client CAs again (no-op without TLS)."""
         if self.certificates is not None:
             self.certificates.reload()
+
+
+def _interceptors(
+    tel: telemetry.Telemetry,
+    gate: ServingGate,
+    authenticator: Authenticator | None,
+    quotas: Quotas,
+    log_per_minute: int,
+) -> list[grpc.aio.ServerInterceptor]:
+    """Telemetry outermost, so refused calls are measured and traced too. The serving gate runs
+    before authentication (a server whose store is not ready cannot check tokens); quotas after
+    it, since they are per authenticated user. Without authentication no auth interceptor runs
+    (caller_of() is the local admin) and one guard admits a call past both; with every quota off
+    (the default) none is asked: each interceptor and admission costs every call."""
+    after_auth: list[Admission] = [quotas] if quotas.enabled else []
+    chain: list[grpc.aio.ServerInterceptor] = list(tel.server_interceptors())
+    if authenticator is None:
+        chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate, *after_auth]))
+        return chain
+    chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate]))
+    chain.append(AuthInterceptor(authenticator))
+    if after_auth:
+        chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=after_auth, decoding=False))
+    return chain
 
 
 def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
@@ -156,16 +180,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
 
     quotas = Quotas(settings.quotas, count_sessions=owned_sessions)
     server = grpc.aio.server(
-        # Telemetry outermost, so refused calls are measured and traced too. The serving gate runs
-        # before authentication (a server whose store is not ready cannot check tokens); quotas
-        # after it, since they are per authenticated user. Without authentication no auth
-        # interceptor runs: caller_of() is the local admin.
-        interceptors=[
-            *tel.server_interceptors(),
-            DecodeGuard(log_per_minute=settings.refusal_log_per_minute, admissions=[gate]),
-            *([AuthInterceptor(authenticator)] if authenticator is not None else []),
-            DecodeGuard(log_per_minute=settings.refusal_log_per_minute, admissions=[quotas], decoding=False),
-        ],
+        interceptors=_interceptors(tel, gate, authenticator, quotas, settings.refusal_log_per_minute),
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),
