@@ -68,3 +68,48 @@ async def test_a_held_lock_refuses_after_the_bound_and_a_waiter_is_served_in_tur
         assert compactor._locks == {}
     finally:
         await rig.close()
+
+
+async def test_the_local_half_excludes_a_compaction_and_leaves_nothing_behind() -> None:
+    """``local_lock`` (a baseline's anchor, every turn) is the same in-process lock as ``lock``:
+    it waits for a holder, is released when its body fails, and a waiter cancelled meanwhile is
+    no longer counted, so the session's entry goes with the last holder."""
+    rig = await Rig.start()
+    try:
+        compactor = rig.engine.compactor
+        async with compactor.local_lock("s"):
+            assert compactor.busy("s")
+        assert not compactor.busy("s") and compactor._locks == {}
+        with pytest.raises(RuntimeError, match="anchor failed"):
+            async with compactor.local_lock("s"):
+                raise RuntimeError("anchor failed")
+        assert compactor._locks == {}
+
+        release, held = asyncio.Event(), asyncio.Event()
+        order: list[str] = []
+
+        async def compaction() -> None:
+            async with compactor.lock("s"):
+                held.set()
+                await release.wait()
+                order.append("compaction")
+
+        async def anchor() -> None:
+            async with compactor.local_lock("s"):
+                order.append("anchor")
+
+        first = asyncio.create_task(compaction())
+        await held.wait()
+        cancelled = asyncio.create_task(anchor())
+        waiting = asyncio.create_task(anchor())
+        await asyncio.sleep(0.01)
+        assert order == []  # both anchors wait for the compaction
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, waiting), 5)
+        assert cancelled.cancelled()
+        assert order == ["compaction", "anchor"]
+        assert compactor._locks == {}
+    finally:
+        await rig.close()
