@@ -172,6 +172,35 @@ def test_a_message_sent_without_flags_gets_the_default_flags() -> None:
     assert Flags() == Flags(), "the shared default is not changed by a flagged message"
 
 
+def test_a_client_message_is_the_message_its_fields_make() -> None:
+    """``incoming_from_pb`` sets every field straight into its slot (``make_message``): the result
+    equals ``Message(...)`` of the same fields, the output-only ones at their defaults."""
+    sent = resources_pb2.Message(
+        role=resources_pb2.ROLE_ASSISTANT,
+        content="the answer",
+        tool_call_id="",
+        name="helper",
+        thinking="let me see",
+        sequence_number=41,  # output-only: ignored
+        token_count=9,  # output-only: ignored
+    )
+    sent.tool_calls.add(id="call_1", name="read_file", arguments_json='{"path": "a.py"}')
+    sent.metadata.update({"source": "test", "n": 2})
+    sent.flags.is_pinned = True
+    made = mapping.incoming_from_pb(sent, "m").message
+    assert made == Message(
+        role=Role.ASSISTANT,
+        content="the answer",
+        tool_calls=(ToolCall(id="call_1", name="read_file", arguments_json='{"path": "a.py"}'),),
+        name="helper",
+        thinking="let me see",
+        flags=Flags(is_pinned=True),
+        metadata={"source": "test", "n": 2.0},
+    )
+    assert made.sequence_number == 0 and made.create_time is None and made.token_count == 0
+    assert made.replaces is None and made.context_anchor == 0 and made.images == ()
+
+
 @pytest.mark.parametrize(
     "message",
     [
