@@ -6,11 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import pytest
 
-from contextsvc.engine.compaction import CompactionBusy
+from contextsvc.engine.compaction import CompactionBusy, Compactor
 from tests.support.compaction_harness import Rig
+
+
+async def _hold(compactor: Compactor, held: asyncio.Event, release: asyncio.Event, order: list[str], name: str) -> None:
+    """Take the session's whole lock, say so, and keep it until ``release``; then log ``name``."""
+    async with compactor.lock("s"):
+        held.set()
+        await release.wait()
+        order.append(name)
+
+
+async def _take(lock: AbstractAsyncContextManager[Any], order: list[str], name: str) -> None:
+    """Log ``name`` once ``lock`` is taken."""
+    async with lock:
+        order.append(name)
 
 
 async def test_a_free_lock_is_taken_at_once_and_its_entry_goes_when_released() -> None:
@@ -42,25 +58,14 @@ async def test_a_held_lock_refuses_after_the_bound_and_a_waiter_is_served_in_tur
         compactor = rig.engine.compactor
         release, held = asyncio.Event(), asyncio.Event()
         order: list[str] = []
-
-        async def holder() -> None:
-            async with compactor.lock("s"):
-                held.set()
-                await release.wait()
-                order.append("holder")
-
-        async def waiter() -> None:
-            async with compactor.lock("s"):
-                order.append("waiter")
-
-        first = asyncio.create_task(holder())
+        first = asyncio.create_task(_hold(compactor, held, release, order, "holder"))
         await held.wait()
         started = time.monotonic()
         with pytest.raises(CompactionBusy):
             async with compactor.lock("s", wait=0.05):
                 order.append("bounded")  # never: the lock is held past the bound
         assert 0.04 <= time.monotonic() - started < 2.0
-        second = asyncio.create_task(waiter())
+        second = asyncio.create_task(_take(compactor.lock("s"), order, "waiter"))
         await asyncio.sleep(0.01)
         release.set()
         await asyncio.wait_for(asyncio.gather(first, second), 5)
@@ -87,21 +92,10 @@ async def test_the_local_half_excludes_a_compaction_and_leaves_nothing_behind() 
 
         release, held = asyncio.Event(), asyncio.Event()
         order: list[str] = []
-
-        async def compaction() -> None:
-            async with compactor.lock("s"):
-                held.set()
-                await release.wait()
-                order.append("compaction")
-
-        async def anchor() -> None:
-            async with compactor.local_lock("s"):
-                order.append("anchor")
-
-        first = asyncio.create_task(compaction())
+        first = asyncio.create_task(_hold(compactor, held, release, order, "compaction"))
         await held.wait()
-        cancelled = asyncio.create_task(anchor())
-        waiting = asyncio.create_task(anchor())
+        cancelled = asyncio.create_task(_take(compactor.local_lock("s"), order, "anchor"))
+        waiting = asyncio.create_task(_take(compactor.local_lock("s"), order, "anchor"))
         await asyncio.sleep(0.01)
         assert order == []  # both anchors wait for the compaction
         cancelled.cancel()
