@@ -63,6 +63,17 @@ def buffer_from_pb(value: int) -> BufferKind:
     raise InvalidArgument.field("buffer", f"unknown buffer {value}")
 
 
+def mid_turn_from_pb(value: int) -> bool:
+    """Whether a ``BuildContextRequest.phase`` asks for a mid-turn build (unset: pre-turn)."""
+    from contextsvc._gen.v1 import context_service_pb2 as svc
+
+    if value in (svc.PHASE_UNSPECIFIED, svc.PHASE_PRE_TURN):
+        return False
+    if value == svc.PHASE_MID_TURN:
+        return True
+    raise InvalidArgument.field("phase", f"unknown phase {value}: must be PHASE_PRE_TURN or PHASE_MID_TURN")
+
+
 def incoming_from_pb(pb: resources_pb2.Message, path: str) -> IncomingMessage:
     """A client's message; output-only fields (sequence number, summary flags...) are ignored."""
     role = _ROLE_FROM_PB.get(pb.role)

@@ -159,7 +159,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             request.session_id,
             profile=mapping.profile_from_pb(request.profile if request.HasField("profile") else None),
             incoming=incoming,
-            mid_turn=request.phase == pb.PHASE_MID_TURN,
+            mid_turn=mapping.mid_turn_from_pb(request.phase),
             auto_compress=request.auto_compress if request.HasField("auto_compress") else True,
         )
         # Written from the encodings kept per stored message (api.wire), served as is by the

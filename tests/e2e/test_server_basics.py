@@ -211,6 +211,9 @@ def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> 
         (lambda: stub.CreateSession(pb.CreateSessionRequest(name="a\x00b")), "name"),
         (lambda: stub.CreateSession(_with_metadata(pb.CreateSessionRequest(), float("nan"))), "metadata"),
         (lambda: stub.EstimateTokens(pb.EstimateTokensRequest(model="m" * 201, messages=[user("x")])), "model"),
+        (lambda: stub.BuildContext(pb.BuildContextRequest(session_id=sid, phase=7)), "phase"),
+        (lambda: stub.BuildContext(pb.BuildContextRequest(session_id=sid, phase=-1)), "phase"),
+        (lambda: stub.ListMessages(pb.ListMessagesRequest(session_id=sid, buffer=9)), "buffer"),
     ]
     for call, field in cases:
         code, fields, reason = _code_and_fields(call)

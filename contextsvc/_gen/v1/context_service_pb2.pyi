@@ -62,7 +62,7 @@ class _PhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Phase.ValueType
     """Between model calls of one turn."""
 
 class Phase(_Phase, metaclass=_PhaseEnumTypeWrapper):
-    """When in a turn a view is built."""
+    """When in a turn a view is built. Values not listed here are refused (INVALID_ARGUMENT)."""
 
 PHASE_UNSPECIFIED: Phase.ValueType  # 0
 """Not set: treated as pre-turn."""
@@ -657,7 +657,11 @@ class RecordBaselineResponse(_message.Message):
     TRUNCATION_REASON_FIELD_NUMBER: _builtins.int
     LOWER_BOUND_FIELD_NUMBER: _builtins.int
     recorded: _builtins.bool
-    """True when the count became the session's baseline."""
+    """True when the count was accepted (not taken as truncated). A count of a view without images
+    calibrates the model, and also becomes the session's baseline when the view is still the
+    session's context (no compaction committed since it was built). A count no tokenizer could
+    make of the view is refused with INVALID_ARGUMENT instead.
+    """
     truncated: _builtins.bool
     """True when the count looked silently truncated and was refused."""
     truncation_reason: _builtins.str

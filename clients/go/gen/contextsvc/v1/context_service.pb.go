@@ -78,7 +78,7 @@ func (Buffer) EnumDescriptor() ([]byte, []int) {
 	return file_contextsvc_v1_context_service_proto_rawDescGZIP(), []int{0}
 }
 
-// When in a turn a view is built.
+// When in a turn a view is built. Values not listed here are refused (INVALID_ARGUMENT).
 type Phase int32
 
 const (
@@ -1261,7 +1261,10 @@ func (x *RecordBaselineRequest) GetPromptTokens() int64 {
 // Response of RecordBaseline.
 type RecordBaselineResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// True when the count became the session's baseline.
+	// True when the count was accepted (not taken as truncated). A count of a view without images
+	// calibrates the model, and also becomes the session's baseline when the view is still the
+	// session's context (no compaction committed since it was built). A count no tokenizer could
+	// make of the view is refused with INVALID_ARGUMENT instead.
 	Recorded bool `protobuf:"varint,1,opt,name=recorded,proto3" json:"recorded,omitempty"`
 	// True when the count looked silently truncated and was refused.
 	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`

@@ -666,7 +666,10 @@ export const RecordBaselineRequestSchema: GenMessage<RecordBaselineRequest> = /*
  */
 export type RecordBaselineResponse = Message<"contextsvc.v1.RecordBaselineResponse"> & {
   /**
-   * True when the count became the session's baseline.
+   * True when the count was accepted (not taken as truncated). A count of a view without images
+   * calibrates the model, and also becomes the session's baseline when the view is still the
+   * session's context (no compaction committed since it was built). A count no tokenizer could
+   * make of the view is refused with INVALID_ARGUMENT instead.
    *
    * @generated from field: bool recorded = 1;
    */
@@ -1102,7 +1105,7 @@ export const BufferSchema: GenEnum<Buffer> = /*@__PURE__*/
   enumDesc(file_contextsvc_v1_context_service, 0);
 
 /**
- * When in a turn a view is built.
+ * When in a turn a view is built. Values not listed here are refused (INVALID_ARGUMENT).
  *
  * @generated from enum contextsvc.v1.Phase
  */
