@@ -35,12 +35,15 @@ _CUT_ROUNDS = 8
 #: kept differs from the whole's (a dense JSON head, a sparse prose tail), so aiming exactly at
 #: the budget can miss it by a token, round after round.
 _CUT_MARGIN = 0.02
-#: A cut keeps a whole number of grid steps of its message's characters, this many steps to the
-#: whole: a new fit moves a long row's cut by a few characters (median ~0.02 % of the row in the
-#: long-tool-results turn loop, issue #15), so on a grid of ~0.8 % most fits cut where the last
-#: one did. The row's view copy, its features and its encoding are then the ones already made,
-#: and a provider's prompt cache keeps its prefix through the row. It keeps less than 1/128 of a
-#: row's characters fewer than the budget allows.
+#: A cut keeps a whole number of grid steps of characters, a step being the power of two between
+#: 1/256 and 1/128 of what the budget lets the row keep: a new fit moves a long row's cut by a
+#: few characters (median ~0.02 % of the row in the long-tool-results turn loop, issue #15), so
+#: on a grid of ~0.4-0.8 % of the kept part most fits cut where the last one did (and the step
+#: itself changes only where the kept part crosses a power of two). The row's view copy, its
+#: features and its encoding are then the ones already made, and a provider's prompt cache keeps
+#: its prefix through the row. A cut keeps less than 1/128 of what the budget allows fewer
+#: characters than it allows. (Steps sized by the whole row instead cut a row 150 times the
+#: budget to nothing but its marker.)
 _CUT_GRID = 128
 #: Cuts kept per message (by how much each cut, weakly: a cut lives while a view shows it).
 _CUTS_KEPT = 4
@@ -94,10 +97,11 @@ def truncate_for_view(m: Message, budget: int, counter: TextCounter) -> Message:
     budget = max(budget, 0)
     chars = text_chars(m)
     original = (m.content, m.thinking)
-    grid = max(1, chars // _CUT_GRID)
     # Aim by the message's own density (tokens per char), then re-measure: neither a tokenizer
     # nor the size measure is linear in characters, so a few rounds tighten the cut until it fits.
-    allowed = _on_grid(chars * budget // tokens, grid)
+    aim = chars * budget // tokens
+    grid = _grid_step(aim)
+    allowed = _on_grid(aim, grid)
     target = budget - int(budget * _CUT_MARGIN)
     made = _CUTS.get(m, _no_cuts)
     # A calibrated counter prices a cut from its features alone: a cut made before, at the same
@@ -161,6 +165,12 @@ def _remade(m: Message, known: _Cut, excess: int) -> Message:
         remember_features(cut, known.features)
         known.ref = weakref.ref(cut)
     return cut
+
+
+def _grid_step(kept: int) -> int:
+    """The grid step of a cut keeping about ``kept`` characters (``_CUT_GRID``): the largest power
+    of two at most ``kept / _CUT_GRID``, at least 1."""
+    return 1 << max(0, (kept // _CUT_GRID).bit_length() - 1)
 
 
 def _on_grid(chars: int, grid: int) -> int:

@@ -74,18 +74,42 @@ def test_a_fit_that_moves_a_row_by_more_than_a_step_cuts_it_again() -> None:
     assert scaled(1.05).count_messages([other]) <= 2_000
 
 
-def test_a_first_cut_keeps_its_aim_rounded_down_to_a_grid_step() -> None:
+def test_a_cut_keeps_a_whole_number_of_grid_steps_just_under_its_aim() -> None:
     m = row(PROSE)
     counter = scaled(1.0)
     chars = text_chars(m)
-    grid = chars // view_budget._CUT_GRID
     aim = chars * 2_000 // counter.count_messages([m])  # the first round's aim: the row's density
+    grid = view_budget._grid_step(aim)
+    assert aim // 256 < grid <= aim // 128  # a power of two: 1/256 to 1/128 of the kept part
     assert aim % grid  # (this row's aim is off the grid: rounding it matters)
-    content, _, _ = view_budget._cut_fields((m.content, m.thinking), excess=chars - (aim - aim % grid))
     cut = truncate_for_view(m, 2_000, counter)
-    assert cut.content == content  # it fits at the first round: kept as aimed, on the grid
+    assert counter.count_messages([cut]) <= 2_000
+    # What cutting to a whole number of steps at most a few under the aim gives (rounds after the
+    # first tighten the cut, on the same grid), and not the cut of the unrounded aim.
+    on_grid = {
+        view_budget._cut_fields((m.content, m.thinking), excess=chars - kept)[0]
+        for kept in range(aim - aim % grid, aim - aim // 16, -grid)
+    }
+    assert cut.content in on_grid
     unrounded, _, _ = view_budget._cut_fields((m.content, m.thinking), excess=chars - aim)
-    assert 0 < len(unrounded) - len(cut.content) < grid
+    assert cut.content != unrounded
+
+
+@given(st.integers(20, 400), st.integers(500, 8_000))
+@settings(max_examples=25, deadline=None)
+def test_a_row_many_times_its_budget_keeps_nearly_the_budget(times: int, budget: int) -> None:
+    """Grid steps sized by what is kept, not by the whole row: a row hundreds of times its budget
+    (a 2 MB tool result against a 5,461-token budget) once kept its marker alone."""
+    counter = scaled(1.0)
+    unit = "The deploy of build 4471 failed at step migrate: lock timeout. "
+    per_unit = counter.count_messages([row(unit * 2)]) - counter.count_messages([row(unit)])
+    m = row(unit * (times * budget // per_unit + 1))
+    assert counter.count_messages([m]) > times * budget * 0.9
+    cut = truncate_for_view(m, budget, counter)
+    kept = counter.count_messages([cut])
+    assert 0.95 * budget <= kept <= budget, (kept, budget)
+    head, _, tail = cut.content.partition("\n[… ")
+    assert head and tail.split("…]\n", 1)[1]  # head and tail both kept, around the marker
 
 
 def test_a_cut_whose_copy_is_gone_is_made_again_with_its_measured_features() -> None:
