@@ -160,6 +160,12 @@ class TokenSettings(BaseModel):
     #: images out of the floor (for a provider whose image rule is far cheaper than ours).
     truncation_image_ratio: float = Field(0.70, ge=0, le=1)
     image_tokens_fallback: int = Field(1024, ge=1)
+    #: tokens a provider's count of a view may hold beyond the view itself (tool definitions sent
+    #: with it, the provider's own framing and instructions), above the most any vocabulary can
+    #: make of the view (a token a byte of its text, four times the image pricing rule). A count
+    #: past that ceiling cannot be the view's: RecordBaseline refuses it as INVALID_ARGUMENT
+    #: rather than let one bad number anchor the session and price the model for every session.
+    baseline_unseen_tokens: int = Field(131_072, ge=0)
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
     #: how long a replica trusts its cached calibration before re-reading the store's observations.
     calibration_refresh_seconds: float = Field(5.0, ge=0)

@@ -54,6 +54,9 @@ class ViewRecord:
     #: tokens of the images the view carried, by the image pricing rule (``core.images``): part of
     #: the truncation floor. 0 when none (or recorded before this field).
     image_tokens: int = 0
+    #: ``core.profile.view_shape`` of the profile it was built with: a baseline of it anchors
+    #: only views of the same shape. "" when recorded before this field (anchors any).
+    shape: str = ""
 
 
 class TokenStore(Protocol):

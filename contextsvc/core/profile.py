@@ -6,7 +6,9 @@ the settings object.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from contextsvc.config import CompressionDefaults, ProfileConfig, RecallDefaults, Settings
 from contextsvc.errors import InvalidArgument
@@ -67,6 +69,20 @@ class EffectiveProfile:
     @property
     def per_message_budget(self) -> int:
         return self.message_token_budget or self.context_window // 6
+
+
+def view_shape(profile: EffectiveProfile) -> str:
+    """What a view's count depends on besides its stored rows, as a short digest: the model that
+    counts it, the system prompt sent first, whether images go with it, and the per-message
+    budget rows are cut to. A baseline (a real count of one view) anchors later views of the same
+    shape only: after a change of any of these, the next build is priced afresh."""
+    return _shape(profile.model, profile.system_prompt, profile.vision, profile.per_message_budget)
+
+
+@lru_cache(maxsize=256)
+def _shape(model: str, system_prompt: str, vision: bool, budget: int) -> str:
+    text = "\0".join((model, system_prompt, "v" if vision else "", str(budget)))
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 #: No overrides (a request without a profile): one shared object, so the hot path recognizes it by

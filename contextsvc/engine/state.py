@@ -20,6 +20,9 @@ class BaselineState:
     tokens: int
     last_sequence: int
     view_id: str
+    #: ``core.profile.view_shape`` of the counted view ("" when anchored before it was kept): a
+    #: build of another shape (model, system prompt, vision, per-message budget) does not use it.
+    shape: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,7 +54,9 @@ class EngineState:
     def from_dict(cls, d: dict[str, Any]) -> EngineState:
         raw = d.get("baseline")
         baseline = (
-            BaselineState(int(raw["tokens"]), int(raw["last_sequence"]), str(raw.get("view_id", "")))
+            BaselineState(
+                int(raw["tokens"]), int(raw["last_sequence"]), str(raw.get("view_id", "")), str(raw.get("shape", ""))
+            )
             if isinstance(raw, dict)
             else None
         )
@@ -67,10 +72,20 @@ class EngineState:
                 "last_sequence": self.baseline.last_sequence,
                 "view_id": self.baseline.view_id,
             }
+            if self.baseline.shape:
+                out["baseline"]["shape"] = self.baseline.shape
         return out
 
-    def with_baseline(self, tokens: int, last_sequence: int, view_id: str) -> EngineState:
-        return replace(self, baseline=BaselineState(tokens, last_sequence, view_id))
+    def with_baseline(self, tokens: int, last_sequence: int, view_id: str, shape: str = "") -> EngineState:
+        return replace(self, baseline=BaselineState(tokens, last_sequence, view_id, shape))
+
+    def for_shape(self, shape: str) -> EngineState:
+        """This state for a build of ``shape`` (``core.profile.view_shape``): without its baseline
+        when that counted a view of another shape (a change of model or system prompt since)."""
+        baseline = self.baseline
+        if baseline is None or not baseline.shape or baseline.shape == shape:
+            return self
+        return replace(self, baseline=None)
 
     def after_compaction(self) -> EngineState:
         return replace(self, baseline=None, epoch=self.epoch + 1)

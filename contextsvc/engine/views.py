@@ -18,7 +18,7 @@ from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation, lower_bound, margin_base
 from contextsvc.core.messages import Message, Role
 from contextsvc.core.priors import N_FEATURES, VIEW
-from contextsvc.core.profile import EffectiveProfile
+from contextsvc.core.profile import EffectiveProfile, view_shape
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import (
     Baseline,
@@ -514,6 +514,8 @@ class ViewService:
         (``engine.view_memo``); an incoming message is added to the view of the stored rows
         (``_with_incoming``), which stays the session's reusable view."""
         counter = self._accounting.counter(profile.model)
+        # A baseline counted a view of one shape (model, system prompt, ...): not of this one.
+        state = state.for_shape(view_shape(profile))
         if not session_id:
             return self._assemble(profile, context, incoming, state, counter)
         if incoming is not None:
@@ -980,6 +982,7 @@ class ViewService:
             incoming_tokens=built.estimate.segments.incoming + built.estimate.segments.recall,
             priced_tokens=built.estimate.priced,
             image_tokens=built.image_tokens,
+            shape=view_shape(profile),
         )
         await self._store.save_view(session.id, record, keep=keep)
         # A view made for one build (not the session's reusable one) is kept apart, so the reusable
@@ -1087,6 +1090,7 @@ class ViewService:
                 reason="VIEW_NOT_FOUND",
                 metadata={"view_id": view_id},
             )
+        self._refuse_impossible(prompt_tokens, view)
         calibration = await self._accounting.ensure_loaded(view.model)
         reason, bound = self._truncation(prompt_tokens, view, calibration)
         if reason:
@@ -1160,8 +1164,8 @@ class ViewService:
         writes the other two in one statement at once, checked against the session as the build
         read it (its owner, its creation): the baseline reads nothing."""
         view, read = saved.record, saved.session
-        if not _anchorable(view, read):
-            return None
+        if not _anchorable(view, read) or prompt_tokens > self._ceiling(view):
+            return None  # (an impossible count is refused on the usual way)
         calibration = await self._accounting.ensure_loaded(view.model)
         reason, bound = self._truncation(prompt_tokens, view, calibration)
         if reason:
@@ -1228,7 +1232,8 @@ class ViewService:
         read, view = pending.read, pending.view
         if read is None or read.last_sequence != view.last_sequence or not _anchorable(view, read):
             return None
-        state = EngineState.of(read).with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict()
+        anchored = EngineState.of(read).with_baseline(pending.tokens, view.last_sequence, pending.view_id, view.shape)
+        state = anchored.to_dict()
         if write is not None and self._publisher is not None:
             return await self._publisher.anchor_baseline(
                 session_id, caller=caller, read=read, context_tokens=pending.tokens, state=state, write=write
@@ -1266,9 +1271,27 @@ class ViewService:
             caller=caller,
             context_tokens=context_tokens,
             context_truncated=False,
-            state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id).to_dict(),
+            state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id, view.shape).to_dict(),
             durable=False,
         )
+
+    def _ceiling(self, view: ViewRecord) -> int:
+        """The most tokens a provider's count of ``view`` can hold: a token for each byte of its
+        text (at most four a character), four times its images' price by the image pricing rule,
+        and ``tokens.baseline_unseen_tokens`` for what a request carries beside the view."""
+        return 4 * (view.chars + max(0, view.image_tokens)) + self._settings.tokens.baseline_unseen_tokens
+
+    def _refuse_impossible(self, prompt_tokens: int, view: ViewRecord) -> None:
+        """Raise INVALID_ARGUMENT for a count no tokenizer could make of ``view`` (a client's bug:
+        a sum of several calls' usage, a count of another request): recorded, it would become the
+        session's anchor and a residual in the model's fit priced for every session."""
+        ceiling = self._ceiling(view)
+        if prompt_tokens > ceiling:
+            raise InvalidArgument.field(
+                "prompt_tokens",
+                f"{prompt_tokens} is more than any tokenizer can count for this view ({view.chars:,} characters, "
+                f"estimate {view.estimated_tokens:,}): at most {ceiling:,} with what a request carries beside it",
+            )
 
     def _truncation(self, prompt_tokens: int, view: ViewRecord, calibration: Calibration) -> tuple[str, int]:
         """Why ``prompt_tokens`` looks silently truncated ("" when it does not), and the lower bound.

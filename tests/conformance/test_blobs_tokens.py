@@ -114,9 +114,15 @@ async def test_residuals_and_priced_tokens_are_shared_through_the_store(store: S
     assert await store.list_calibration_observations("gpt-res", limit=8) == written
     sid = (await store.create_session(caller=ALICE, profile_id="p")).id
     await store.append_messages(sid, [user("a")], caller=ALICE)
-    # image_tokens: the truncation floor of a view with images (engine/views.py ``_truncation``).
+    # image_tokens: the truncation floor of a view with images (engine/views.py ``_truncation``);
+    # shape: which later views its baseline may anchor (core/profile.py ``view_shape``).
     priced = dataclasses.replace(
-        view("vp", last_sequence=1), priced_tokens=321, features=features, had_images=True, image_tokens=1026
+        view("vp", last_sequence=1),
+        priced_tokens=321,
+        features=features,
+        had_images=True,
+        image_tokens=1026,
+        shape="3f2a9c0d1e4b5a67",
     )
     await store.save_view(sid, priced, keep=3)
     assert await store.get_view(sid, "vp") == priced

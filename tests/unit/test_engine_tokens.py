@@ -139,6 +139,90 @@ async def test_baseline_truncated_refused_previous_survives_and_session_flagged(
     assert kinds.count("baseline_recorded") == 1 and "context_truncated" in kinds
 
 
+@pytest.mark.parametrize("reported", [100_000_000, 2**62])
+async def test_a_count_no_tokenizer_could_make_is_refused_and_changes_nothing(reported: int) -> None:
+    """A count past a token a byte of the view plus ``baseline_unseen_tokens`` (a client summing
+    usage, or a garbage number) is INVALID_ARGUMENT: it neither anchors the session nor joins the
+    model's fit, which prices every other session of the model."""
+    settings = _settings(context_window=32768, model="m-ceiling")
+    engine, bus = await _engine(settings)
+    sid = await _session_with(engine, _msg(Role.USER, "hello there"))
+    other = await _session_with(engine, _msg(Role.USER, "w " * 300))
+    view = await _build(engine, sid)
+    ok = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    assert ok.recorded
+    before = await engine.store.get_session(sid, caller=ANONYMOUS)
+    observations = len(await engine.store.list_calibration_observations("m-ceiling", limit=100))
+    other_before = (await _build(engine, other)).estimate
+    again = await _build(engine, sid)
+    with pytest.raises(InvalidArgument) as refused:
+        await engine.record_baseline(ANONYMOUS, sid, view_id=again.view_id, prompt_tokens=reported)
+    assert [v.field for v in refused.value.violations] == ["prompt_tokens"]
+    after = await engine.store.get_session(sid, caller=ANONYMOUS)
+    assert after.state["baseline"] == before.state["baseline"]
+    assert len(await engine.store.list_calibration_observations("m-ceiling", limit=100)) == observations
+    assert (await _build(engine, other)).estimate == other_before
+    assert [e.kind for e in list(bus._log)].count("baseline_recorded") == 1
+    # Right at the ceiling is still a count (tool definitions can be large): recorded.
+    record = await engine.store.get_view(sid, again.view_id)
+    assert record is not None and record.chars > 0
+    ceiling = 4 * record.chars + settings.tokens.baseline_unseen_tokens
+    with pytest.raises(InvalidArgument):
+        await engine.record_baseline(ANONYMOUS, sid, view_id=again.view_id, prompt_tokens=ceiling + 1)
+    assert (await engine.record_baseline(ANONYMOUS, sid, view_id=again.view_id, prompt_tokens=ceiling)).recorded
+
+
+async def test_a_baseline_anchors_only_views_of_its_shape_model_and_system_prompt() -> None:
+    """A real count of a view with one model and system prompt says nothing of a view sent with
+    another: a build after such a change is priced afresh (as a new session of the same rows
+    would be), and a build back in the baseline's shape uses it again."""
+    engine, _ = await _engine(_settings(context_window=32768))
+    rows = [_msg(Role.USER, "w " * 200), _msg(Role.ASSISTANT, "noted, " * 50)]
+    sid = await _session_with(engine, *rows)
+    long_prompt = "You review deploys carefully and cite the log lines you rely on. " * 90
+    first = await _build(engine, sid, model="pc", system_prompt=long_prompt)
+    ok = await engine.record_baseline(ANONYMOUS, sid, view_id=first.view_id, prompt_tokens=first.estimate.total)
+    assert ok.recorded
+    anchored = await _build(engine, sid, model="pc", system_prompt=long_prompt)
+    assert anchored.estimate.method is EstimateMethod.BASELINE_DELTA
+
+    fresh_sid = await _session_with(engine, *rows)
+    for change in (
+        {"model": "pd", "context_window": 1024, "system_prompt": "Be terse."},
+        {"model": "pc", "system_prompt": "Be terse."},  # the system prompt alone
+        {"model": "pd", "system_prompt": long_prompt},  # the model alone
+    ):
+        other = await _build(engine, sid, **change)
+        assert other.estimate.method is not EstimateMethod.BASELINE_DELTA, change
+        assert other.estimate == (await _build(engine, fresh_sid, **change)).estimate, change
+    # The long prompt's count no longer prices a nine-character one.
+    terse = await _build(engine, sid, model="pc", system_prompt="Be terse.")
+    assert terse.estimate.segments.system < 20
+    again = await _build(engine, sid, model="pc", system_prompt=long_prompt)
+    assert again.estimate.method is EstimateMethod.BASELINE_DELTA
+    assert again.estimate.total == anchored.estimate.total
+
+
+async def test_a_baseline_keeps_its_shape_through_a_restart(tmp_path: Path) -> None:
+    settings = Settings(profiles={"default": ProfileConfig(context_window=32768)}, store=f"files:{tmp_path}")
+    store = FilesStore(tmp_path, settings=settings)
+    await store.open()
+    engine = make_engine(store, settings, retention=10)
+    sid = await _session_with(engine, _msg(Role.USER, "w " * 300))
+    view = await _build(engine, sid, model="pc", system_prompt="Cite log lines.")
+    await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+    await store.close()
+
+    store = FilesStore(tmp_path, settings=settings)
+    await store.open()
+    engine = make_engine(store, settings, retention=10)
+    same = await _build(engine, sid, model="pc", system_prompt="Cite log lines.")
+    assert same.estimate.method is EstimateMethod.BASELINE_DELTA
+    changed = await _build(engine, sid, model="pc", system_prompt="Be terse.")
+    assert changed.estimate.method is not EstimateMethod.BASELINE_DELTA
+    await store.close()
+
+
 async def test_baseline_refusal_uses_seventy_percent_of_the_view_estimate() -> None:
     engine, _ = await _engine(_settings())
     sid = await _session_with(engine, _msg(Role.USER, "b" * 18_000))

@@ -21,7 +21,7 @@ from contextsvc.api.views import build_response, response_fields
 from contextsvc.api.wire import WireCache, encode_build_response
 from contextsvc.config import ProfileConfig, Settings
 from contextsvc.core.messages import Message, Role, ToolCall
-from contextsvc.core.profile import ProfileOverrides
+from contextsvc.core.profile import ProfileOverrides, view_shape
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import CalibratedCounter
 from contextsvc.engine import views as views_module
@@ -136,7 +136,9 @@ class World:
         effective = await engine._profile_for(session, self.profile)
         context = await engine.store.load_context(self.sid, caller=ANONYMOUS)
         counter = engine.accounting.counter(effective.model)
-        fresh = engine.views._assemble(effective, context, None, EngineState.of(session), counter)
+        # From scratch, as a build sees the state: a baseline of another shape is not used.
+        state = EngineState.of(session).for_shape(view_shape(effective))
+        fresh = engine.views._assemble(effective, context, None, state, counter)
         again = engine.views.assemble(effective, context, None, EngineState.of(session), session_id=self.sid)
         for field in _FIELDS:
             assert getattr(again, field) == getattr(fresh, field), field
@@ -151,7 +153,7 @@ class World:
         assert pb.BuildContextResponse.FromString(encoded.data) == expected
         # And a second encoding of the very same view (the whole-view hit) is the same bytes.
         assert encode_build_response(built, self.sid, self.wire, response_fields(built)).data == encoded.data
-        await self.check_incoming(effective, context, EngineState.of(session), counter)
+        await self.check_incoming(effective, context, state, counter)
 
     async def check_incoming(self, effective: Any, context: list[Message], state: EngineState, counter: Any) -> None:
         """A build with the user's next message (added to the stored rows' view) equals one from

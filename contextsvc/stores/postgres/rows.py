@@ -131,6 +131,7 @@ def view_from_row(row: Any) -> ViewRecord:
         incoming_tokens=row.get("incoming_tokens", 0),
         priced_tokens=row.get("priced_tokens", 0),
         image_tokens=row.get("image_tokens", 0),
+        shape=row.get("shape", ""),
     )
 
 

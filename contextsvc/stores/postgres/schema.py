@@ -236,6 +236,12 @@ _V8_CONTEXT_EPOCH = """
 ALTER TABLE sessions ADD COLUMN context_epoch bigint NOT NULL DEFAULT 0;
 """
 
+# The shape of a view (``core.profile.view_shape``: model, system prompt, vision, per-message
+# budget), which its baseline carries into the session's anchor. '' for rows written before.
+_V9_VIEW_SHAPE = """
+ALTER TABLE views ADD COLUMN shape text NOT NULL DEFAULT '';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
@@ -245,6 +251,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "search terms version", _V6_TERMS_VERSION),
     Migration(7, "view image tokens", _V7_VIEW_IMAGES),
     Migration(8, "context epoch", _V8_CONTEXT_EPOCH),
+    Migration(9, "view shape", _V9_VIEW_SHAPE),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

@@ -1244,6 +1244,7 @@ class PostgresStore:
             view.incoming_tokens,
             view.priced_tokens,
             view.image_tokens,
+            view.shape,
             max(keep, 1) - 1,
         )
 
@@ -1420,15 +1421,15 @@ def _listing_filter(caller: Principal, profile_id: str, query: str, args: list[A
 #: ``save_view`` in one statement (one round trip: no BEGIN, SET LOCAL, DELETE and COMMIT of their
 #: own). ``set_config(..., true)`` holds for the statement's own transaction, its commit included:
 #: it does not wait for the WAL flush. The view is inserted (or, saved again, made the newest); the
-#: other views of the session past the newest ``keep - 1`` ($14) go: the DELETE never touches the
+#: other views of the session past the newest ``keep - 1`` ($15) go: the DELETE never touches the
 #: row the INSERT writes (another view id), so the two never modify one row in one statement.
 #: NULL when the session does not exist (nothing is written).
 _SAVE_VIEW_SQL = """
 WITH async_commit AS (SELECT set_config('synchronous_commit', 'off', true)),
 saved AS (
     INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images, last_sequence,
-                       create_time, epoch, features, incoming_tokens, priced_tokens, image_tokens)
-    SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 FROM sessions, async_commit
+                       create_time, epoch, features, incoming_tokens, priced_tokens, image_tokens, shape)
+    SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 FROM sessions, async_commit
      WHERE session_id = $1
     ON CONFLICT (session_id, view_id) DO UPDATE
        SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
@@ -1436,14 +1437,14 @@ saved AS (
            last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
            epoch = EXCLUDED.epoch, features = EXCLUDED.features,
            incoming_tokens = EXCLUDED.incoming_tokens, priced_tokens = EXCLUDED.priced_tokens,
-           image_tokens = EXCLUDED.image_tokens
+           image_tokens = EXCLUDED.image_tokens, shape = EXCLUDED.shape
     RETURNING saved
 ),
 pruned AS (
     DELETE FROM views
      WHERE session_id = $1 AND view_id <> $2 AND EXISTS (SELECT 1 FROM saved) AND saved <= (
            SELECT saved FROM views WHERE session_id = $1 AND view_id <> $2
-            ORDER BY saved DESC OFFSET $14 LIMIT 1)
+            ORDER BY saved DESC OFFSET $15 LIMIT 1)
 )
 SELECT (SELECT saved FROM saved) AS saved
 """
