@@ -138,7 +138,8 @@ class Limits(BaseModel):
     max_model_chars: int = Field(200, ge=1)
     default_page_size: int = Field(50, ge=1)
     max_page_size: int = Field(1000, ge=1)
-    # Room for one maximal append: 50 MB of images plus content plus framing.
+    # Room for a call's 50 MB of images plus its text and framing (not for every field at its own
+    # limit at once: a larger request is refused by gRPC itself, RESOURCE_EXHAUSTED).
     grpc_max_receive_bytes: int = Field(64 * MB, ge=MB)
     grpc_max_send_bytes: int = Field(64 * MB, ge=MB)
 
