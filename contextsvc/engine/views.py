@@ -206,6 +206,21 @@ def _cut_notice(m: Message, budget: int) -> str:
     return f"{where} was cut to fit the per-message budget of {budget} tokens"
 
 
+def _left_out_notice(incoming: Message) -> str:
+    """The notice of a view that left the incoming message out (a stored row the repair drops is
+    the history's own shape; the caller's new message vanishing silently is not)."""
+    if incoming.role is Role.SYSTEM:
+        why = (
+            "a system message is never sent as one (the profile's system prompt is; a stored record "
+            "with an allowed metadata.source reaches the view)"
+        )
+    elif incoming.role is Role.TOOL:
+        why = f"it answers no tool call the view holds (tool_call_id {incoming.tool_call_id!r})"
+    else:
+        why = "the view must stay a legal chat sequence"
+    return f"the incoming message was left out of the view: {why}"
+
+
 def _parts_of(
     rows: list[Message], segments: Sequence[Segment]
 ) -> tuple[str, list[Message], list[Message], list[Message]]:
@@ -788,6 +803,8 @@ class ViewService:
         rows: list[Message] = []
         truncated: list[bool] = []
         notices: list[str] = []
+        if incoming is not None and any(m is incoming for m in view.dropped):
+            notices.append(_left_out_notice(incoming))
         # A calibrated counter prices features: each row's are read once here, and the whole
         # count, the segment sums and the size all come from them (sums of integers: the same
         # figures as a pass over the rows for each).

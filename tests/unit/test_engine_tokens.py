@@ -387,3 +387,23 @@ async def test_exact_tokenizer_counts_with_a_configured_tokenizer_file(tmp_path:
         profile=ProfileOverrides(),
     )
     assert est.method is EstimateMethod.EXACT and est.total == 4
+
+
+@pytest.mark.parametrize(
+    ("incoming", "says"),
+    [
+        (_msg(Role.TOOL, "42 rows", tool_call_id="c9"), "answers no tool call the view holds (tool_call_id 'c9')"),
+        (_msg(Role.SYSTEM, "be brief"), "a system message is never sent as one"),
+    ],
+)
+async def test_an_incoming_message_the_view_leaves_out_is_named_in_a_notice(
+    incoming: IncomingMessage, says: str
+) -> None:
+    engine, _ = await _engine(_settings())
+    sid = await _session_with(engine, _msg(Role.USER, "count the rows"), _msg(Role.ASSISTANT, "on it"))
+    built = await _build(engine, sid, incoming=incoming)
+    assert [vm.message.content for vm in built.messages] == ["count the rows", "on it"]  # left out
+    assert any("incoming message was left out" in n and says in n for n in built.notices), built.notices
+    # A message the view keeps carries no such notice.
+    kept = await _build(engine, sid, incoming=_msg(Role.USER, "thanks"))
+    assert not any("left out" in n for n in kept.notices)
