@@ -104,7 +104,15 @@ _BY_CODE: dict[grpc.StatusCode, type[errors.ContextError]] = {
     grpc.StatusCode.UNIMPLEMENTED: errors.Unimplemented,
     grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: errors.NotFound,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
 }
+
+
+def _seconds(text: str | None) -> float:
+    try:
+        return max(0.0, float(text or 0))
+    except ValueError:
+        return 0.0
 
 
 def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.ContextError:
@@ -115,6 +123,7 @@ def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.ContextError:
     reason, domain, metadata = "", "", {}
     violations: list[errors.FieldViolation] = []
     retry_delay: float | None = None
+    subject = ""
     for key, value in exc.trailing_metadata() or ():
         if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
             continue
@@ -132,12 +141,23 @@ def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.ContextError:
                 retry = error_details_pb2.RetryInfo()
                 detail.Unpack(retry)
                 retry_delay = retry.retry_delay.ToTimedelta().total_seconds()
+            elif detail.Is(error_details_pb2.QuotaFailure.DESCRIPTOR):
+                quota = error_details_pb2.QuotaFailure()
+                detail.Unpack(quota)
+                subject = quota.violations[0].subject if quota.violations else ""
     kind = _BY_REASON.get(reason) or _BY_CODE.get(code, errors.ContextError)
-    err: errors.ContextError
-    if issubclass(kind, errors.InvalidArgument):
-        err = kind(message, violations=violations, reason=reason or None, metadata=metadata)
+    # Made without the class's own constructor: some take what the server raising them had
+    # (RequestIdReused a request id, ResourceExhausted a limit), not what the status carries.
+    err = kind.__new__(kind)
+    if isinstance(err, errors.InvalidArgument):
+        errors.InvalidArgument.__init__(err, message, violations=violations, reason=reason or None, metadata=metadata)
     else:
-        err = kind(message, reason=reason or None, metadata=metadata)
+        errors.ContextError.__init__(err, message, reason=reason or None, metadata=metadata)
+    if isinstance(err, errors.ResourceExhausted):
+        err.limit = metadata.get("limit", "")
+        err.subject = subject
+        later = retry_delay if retry_delay is not None else _seconds(metadata.get("retry_after_seconds"))
+        err.retry_after_seconds = later
     err.code = code  # type: ignore[attr-defined]
     err.domain = domain  # type: ignore[attr-defined]
     err.retry_delay = retry_delay  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -106,6 +107,35 @@ async def test_typed_errors_carry_the_error_info_reason(client: ContextClient) -
     assert missing.value.reason  # MESSAGE_NOT_FOUND or NOT_FOUND: a reason always arrives
     with pytest.raises(ValueError, match=r"unknown value .robot."):
         await client.append_messages(sid, [{"role": "robot", "content": "x"}])
+
+
+async def test_request_id_reuse_and_quotas_arrive_as_their_own_errors(client: ContextClient, tmp_path: Path) -> None:
+    """Errors whose classes the server builds from what it knew (a request id, a limit) are made
+    from the status alone here: a reused request id, a quota with its subject and its delay."""
+    sid = (await client.create_session())["id"]
+    await client.append_messages(sid, [{"role": "user", "content": "a"}], request_id="rid-1")
+    with pytest.raises(errors.RequestIdReused) as reused:
+        await client.append_messages(sid, [{"role": "user", "content": "b"}], request_id="rid-1")
+    assert reused.value.reason == "REQUEST_ID_REUSED" and isinstance(reused.value, errors.InvalidArgument)
+    assert [v.field for v in reused.value.violations] == ["request_id"]
+    assert reused.value.metadata["request_id"] == "rid-1"
+    env = {"CONTEXTSVC_QUOTAS__STREAMS_PER_USER": "1"}
+    with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as limited:
+        async with ContextClient(limited.address, timeout=10, retry=RetryPolicy(max_attempts=1)) as c:
+            other = (await c.create_session())["id"]
+            first = c.events(other)
+            opened = asyncio.create_task(first.__anext__())
+            await asyncio.sleep(0.3)  # the first stream is open and counted
+            with pytest.raises(errors.ResourceExhausted) as quota:
+                await c.events(other).__anext__()
+            opened.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opened
+            await first.aclose()
+    assert quota.value.reason == "QUOTA_EXCEEDED" and quota.value.limit == "streams_per_user"
+    assert quota.value.subject == "user:anonymous"
+    assert quota.value.retry_after_seconds > 0
+    assert quota.value.retry_delay == quota.value.retry_after_seconds  # type: ignore[attr-defined]
 
 
 async def test_deadline_is_enforced() -> None:
