@@ -126,8 +126,11 @@ def parse(raw: str | bytes) -> dict[str, Any]:
         frame = json.loads(raw)
     except ValueError as exc:
         raise FrameError("BAD_FRAME", f"not JSON: {exc}") from None
+    except RecursionError:
+        raise FrameError("BAD_FRAME", f"nested deeper than {MAX_FRAME_DEPTH} levels") from None
     if not isinstance(frame, dict):
         raise FrameError("BAD_FRAME", "a frame must be a JSON object with a type")
+    _check_values(frame)
     frame_id = frame.get("id")
     if frame_id is not None and (not isinstance(frame_id, str | int) or isinstance(frame_id, bool)):
         raise FrameError("BAD_FRAME", "id must be a string or an integer")
@@ -137,6 +140,30 @@ def parse(raw: str | bytes) -> dict[str, Any]:
             "UNKNOWN_TYPE", f"unknown frame type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}", frame_id=frame_id
         )
     return frame
+
+
+#: How deep a frame's objects and lists may nest (every frame type is at most three levels).
+MAX_FRAME_DEPTH = 16
+
+
+def _check_values(frame: dict[str, Any]) -> None:
+    """Refuse what JSON can say but no request may hold: a string with a lone surrogate (``"\\ud800"``
+    is valid JSON and no UTF-8), and nesting past ``MAX_FRAME_DEPTH``. Iterative, so a deep frame
+    costs no recursion."""
+    stack: list[tuple[Any, int]] = [(frame, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise FrameError("BAD_FRAME", "a string holds a lone surrogate: not UTF-8 text") from None
+        elif isinstance(value, dict | list):
+            if depth > MAX_FRAME_DEPTH:
+                raise FrameError("BAD_FRAME", f"nested deeper than {MAX_FRAME_DEPTH} levels")
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
 
 
 @dataclass(slots=True)

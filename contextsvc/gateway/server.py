@@ -425,6 +425,9 @@ class Gateway:
             self._reply(sock, frames.error_frame(exc.code, exc.message, frame_id=frame_id, reason=exc.reason))
         except ConnectionClosed:
             pass
+        except Exception:  # a defect of ours: the frame still gets its answer, the socket stays open
+            log.exception("gateway: %s frame failed", frame.get("type"))
+            self._reply(sock, frames.error_frame("INTERNAL", "the gateway failed on this frame", frame_id=frame_id))
 
     async def _dispatch(self, sock: _Socket, frame: dict[str, Any]) -> dict[str, Any] | None:
         kind = frame["type"]
@@ -476,8 +479,8 @@ class Gateway:
             return {"type": "search_results", "query": query, "chunks": [frames.to_json(c) for c in found.chunks]}
         if kind == "expand":
             seq = frame.get("sequence_number")
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0:
-                raise frames.FrameError("INVALID_EXPAND", "sequence_number must be a positive integer")
+            if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq < 1 << 63:
+                raise frames.FrameError("INVALID_EXPAND", "sequence_number must be a positive 64-bit integer")
             expanded = await self.upstream.expand_summary(sock.token, sid, seq)
             return {
                 "type": "expanded",

@@ -10,6 +10,7 @@ because it renders them to its own JSON frames (frames.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,17 @@ class UpstreamError(Exception):
     @property
     def not_found(self) -> bool:
         return self.code == "NOT_FOUND"
+
+
+#: What an API token can be: an HTTP/2 header value is visible ASCII (a browser's cookie, query
+#: or auth frame may hold anything; a token of other characters is no token, not a failed call).
+_TOKEN = re.compile(r"[\x21-\x7e]*")
+
+
+def _checked(token: str) -> str:
+    if not _TOKEN.fullmatch(token):
+        raise UpstreamError("UNAUTHENTICATED", "the API token holds characters no token has", "TOKEN_INVALID")
+    return token
 
 
 def _error(err: errors.ContextError) -> UpstreamError:
@@ -102,7 +114,7 @@ class Upstream:
 
     async def _call(self, token: str, method: str, request: Message) -> object:
         try:
-            return await self.client.with_token(token).call(method, request)
+            return await self.client.with_token(_checked(token)).call(method, request)
         except errors.ContextError as exc:
             raise _error(exc) from None
 
@@ -163,7 +175,7 @@ class Upstream:
     async def events(self, token: str, session_id: str, after_event_id: int) -> AsyncGenerator[events_pb2.Event]:
         """The session's events after ``after_event_id`` (0 = live only); the client reopens a
         dropped stream from the last event seen; raises UpstreamError when it gives up or is refused."""
-        stream = self.client.with_token(token).event_messages(session_id, after_event_id=after_event_id)
+        stream = self.client.with_token(_checked(token)).event_messages(session_id, after_event_id=after_event_id)
         try:
             async for event in stream:
                 yield event

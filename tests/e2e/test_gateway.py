@@ -135,6 +135,12 @@ async def test_message_with_images_and_files(bundled: Process, stub: ContextServ
         ('{"type": "get_messages", "buffer": "drafts"}', "INVALID_GET_MESSAGES"),
         ('{"type": "get_messages", "buffer": "display", "page_size": 0}', "INVALID_GET_MESSAGES"),
         ('{"type": "get_messages", "buffer": "context", "page_token": 5}', "INVALID_GET_MESSAGES"),
+        # Valid JSON that no request may hold: lone surrogates, numbers past 64 bits, deep nesting.
+        ('{"type": "message", "content": "hi \\ud800 there"}', "BAD_FRAME"),
+        ('{"type": "search", "query": "\\udc80"}', "BAD_FRAME"),
+        ('{"type": "expand", "sequence_number": 99999999999999999999999}', "INVALID_EXPAND"),
+        ('{"type": "ping", "x": ' + "[" * 40 + "]" * 40 + "}", "BAD_FRAME"),
+        ("[" * 100_000 + "]" * 100_000, "BAD_FRAME"),
     ],
 )
 async def test_bad_frames_get_an_error_frame_and_the_socket_stays(

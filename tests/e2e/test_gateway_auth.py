@@ -109,6 +109,11 @@ async def test_auth_frame_then_pipelined_frames(world: dict[str, Any]) -> None:
         {"type": "ping"},
         {"type": "auth"},
         "not json",
+        # Tokens no header can carry, and frames no parser should recurse into: a wrong token.
+        {"type": "auth", "api_token": "ctx_\u00e9"},
+        {"type": "auth", "api_token": "ctx_a\nb"},
+        '{"type": "auth", "api_token": "\\ud800"}',
+        "[" * 100_000 + "]" * 100_000,
     ],
 )
 async def test_bad_first_frame_closes_4003(world: dict[str, Any], first: Any) -> None:
@@ -147,6 +152,15 @@ async def test_http_session_list_needs_a_token_and_shows_only_ones_own(world: di
     assert status == 200 and [s["id"] for s in body["sessions"]] == [world["sid"]]
     status, body = await asyncio.to_thread(get, url, cookie(world["bob"]))
     assert status == 200 and body["sessions"] == []
+    status, body = await asyncio.to_thread(get, url, {"Authorization": "Bearer ctx_\u00e9"})
+    assert status == 401 and body["reason"] == "TOKEN_INVALID"
+
+
+async def test_a_later_auth_frame_with_a_token_no_header_can_carry_closes_4003(world: dict[str, Any]) -> None:
+    async with connect(world["proc"].ws_url(world["sid"]), additional_headers=cookie(world["alice"])) as ws:
+        assert (await recv(ws))["type"] == "session_sync"
+        await ws.send(json.dumps({"type": "auth", "api_token": "ctx_\u00e9"}))
+        assert await closed_with(ws) == 4003
 
 
 async def test_events_reach_only_the_owner_socket(world: dict[str, Any], tmp_path: Path) -> None:
