@@ -357,8 +357,16 @@ def _reloader(running: RunningServer, gateway: Any) -> Callable[[], None]:
 
 
 async def serve(settings: Settings) -> None:
-    running = await start(settings, freeze=True)
     host = settings.listen.rpartition(":")[0]
+    target_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]", "::") else host
+    if settings.gateway.listen:
+        # The bundled gateway's TLS is checked before the server listens: a setup it cannot serve
+        # is refused in one line, not after the port was open for a moment.
+        from contextsvc.gateway.tls import bundled_upstream_tls, listener_tls
+
+        bundled_upstream_tls(settings, target_host)
+        listener_tls(settings, bundled=True)
+    running = await start(settings, freeze=True)
     # Tests and scripts read this line to learn the port when listening on port 0.
     print(f"contextsvc listening on {host}:{running.port} (store: {settings.store})", flush=True)
     log.info(
@@ -374,7 +382,6 @@ async def serve(settings: Settings) -> None:
         # The bundled gateway is still a gRPC client of this server, over loopback.
         from contextsvc.gateway.server import announce, start_gateway
 
-        target_host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]", "::") else host
         try:
             gateway = await start_gateway(
                 settings, settings.gateway.listen, f"{target_host}:{running.port}", bundled=True
