@@ -87,9 +87,10 @@ def check_user(user: str) -> str:
 
 
 def parse_expiry(text: str, now: datetime) -> datetime | None:
-    """``90d``, ``12h``, ``4w`` after ``now``; ``never`` (or empty) is no expiry."""
+    """``90d``, ``12h``, ``4w`` after ``now``; ``never`` is no expiry. Nothing else is: an empty
+    value or ``0`` (a script's unset variable, "expire now"?) is refused rather than read as never."""
     value = text.strip().lower()
-    if value in ("", "never", "0"):
+    if value == "never":
         return None
     match = _DURATION.match(value)
     if not match or int(match.group(1)) == 0:
