@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 )
 
 // RetryPolicy paces retries of UNAVAILABLE calls (and only those: a call that is not idempotent only
@@ -175,11 +176,15 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	return s, FromError(err)
 }
 
-// AppendMessages appends messages; without a RequestId one is generated, so the retries of this
-// call are applied once.
+// AppendMessages appends messages. Without a RequestId the call sends a copy of in with a
+// generated one, the same for each of its retries, so they are applied once; in itself is never
+// changed, so reusing it for the next turn appends again. Set RequestId to make your own replays
+// of a request apply once.
 func (c *Client) AppendMessages(ctx context.Context, in *pb.AppendMessagesRequest, opts ...grpc.CallOption) (*pb.AppendMessagesResponse, error) {
-	if in.GetRequestId() == "" {
-		in.RequestId = newRequestID()
+	if in != nil && in.GetRequestId() == "" {
+		req := proto.Clone(in).(*pb.AppendMessagesRequest)
+		req.RequestId = newRequestID()
+		in = req
 	}
 	return c.ContextServiceClient.AppendMessages(ctx, in, opts...)
 }
@@ -198,9 +203,14 @@ func newRequestID() string {
 // repeated; waits between reconnects back off up to Retry.MaxBackoff, and after
 // Retry.MaxReconnects consecutive failures the iterator yields an ErrUnavailable error and stops.
 // Other errors are yielded once and end the iteration, as do a session_deleted event of the
-// watched session and the end of ctx.
+// watched session and the end of ctx. However the iteration ends (the loop body breaks or returns
+// too), the open stream is closed.
 func (c *Client) Events(ctx context.Context, sessionID string, afterEventID int64) iter.Seq2[*pb.Event, error] {
 	return func(yield func(*pb.Event, error) bool) {
+		// The stream lives as long as ctx: cancel it when the caller stops, or a broken-off loop
+		// under a long-lived ctx keeps the stream (and a slot of the server's per-user quota) open.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
 		last, failures := afterEventID, 0
 		for {
 			var hint time.Duration

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 var serverAddr string
@@ -33,18 +34,33 @@ var quickReconnect = grpc.WithConnectParams(grpc.ConnectParams{
 
 // TestMain starts one real `python3 -m contextsvc serve --store memory` from the repository root.
 func TestMain(m *testing.M) {
+	addr, cmd, err := startServer(nil)
+	if err != nil {
+		panic(err)
+	}
+	serverAddr = addr
+	code := m.Run()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	os.Exit(code)
+}
+
+// startServer runs `python3 -m contextsvc serve --listen 127.0.0.1:0 --store memory` from the
+// repository root with env (CONTEXTSVC_* settings) added, and returns the address it listens on.
+func startServer(env []string) (string, *exec.Cmd, error) {
 	python := os.Getenv("PYTHON")
 	if python == "" {
 		python = "python3"
 	}
 	cmd := exec.Command(python, "-m", "contextsvc", "serve", "--listen", "127.0.0.1:0", "--store", "memory")
 	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		panic(err)
+		return "", nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		panic(err)
+		return "", nil, err
 	}
 	found := make(chan string, 1)
 	go func() {
@@ -57,15 +73,25 @@ func TestMain(m *testing.M) {
 		}
 	}()
 	select {
-	case serverAddr = <-found:
+	case addr := <-found:
+		return addr, cmd, nil
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
-		panic("server did not start")
+		_ = cmd.Wait()
+		return "", nil, errors.New("server did not start")
 	}
-	code := m.Run()
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	os.Exit(code)
+}
+
+// startQuotaServer starts a server of its own for one test, with CONTEXTSVC_QUOTAS__<FIELD>
+// settings (every loopback caller is the same user, so the quota is the test's alone).
+func startQuotaServer(t *testing.T, env ...string) string {
+	t.Helper()
+	addr, cmd, err := startServer(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return addr
 }
 
 func newClient(t *testing.T, target string, opts contextsvc.Options) *contextsvc.Client {
@@ -174,11 +200,16 @@ func TestRetriesUnavailableAndRequestIDs(t *testing.T) {
 	if err != nil || app.SequenceNumbers[0] != 1 {
 		t.Fatalf("append through the outage: %v %v", app, err)
 	}
-	if len(req.RequestId) != 36 {
-		t.Fatalf("no generated request id: %q", req.RequestId)
+	if req.RequestId != "" {
+		t.Fatalf("the caller's request was given a request id: %q", req.RequestId)
 	}
-	again, err := c.AppendMessages(ctx, req) // the same id: applied once
-	if err != nil || again.SequenceNumbers[0] != 1 {
+	req.RequestId = "0b7c6f1e-4d1a-4c55-9a3e-2f7d8c1b9e40" // the caller's own id: a replay is applied once
+	first, err := c.AppendMessages(ctx, req)
+	if err != nil || first.SequenceNumbers[0] != 2 {
+		t.Fatalf("append with a request id: %v %v", first, err)
+	}
+	again, err := c.AppendMessages(ctx, req)
+	if err != nil || again.SequenceNumbers[0] != 2 {
 		t.Fatalf("replayed append: %v %v", again, err)
 	}
 	p.stopListening()
@@ -281,6 +312,147 @@ func TestEventsGiveUpAfterTheReconnectCap(t *testing.T) {
 		return
 	}
 	t.Fatal("iterator ended without an error")
+}
+
+// Reusing one request struct across turns appends every turn: the client never writes its
+// generated request id into the caller's request.
+func TestAppendMessagesLeavesTheCallersRequestAlone(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, serverAddr, contextsvc.Options{})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &pb.AppendMessagesRequest{SessionId: s.Id}
+	for i, text := range []string{"turn one", "turn two", "turn two"} { // the same content twice: two messages
+		req.Messages = []*pb.Message{user(text)}
+		app, err := c.AppendMessages(ctx, req)
+		if err != nil || app.SequenceNumbers[0] != int64(i+1) {
+			t.Fatalf("append %d of a reused request: %v %v", i+1, app, err)
+		}
+	}
+	if req.RequestId != "" {
+		t.Fatalf("the client wrote request id %q into the caller's request", req.RequestId)
+	}
+	list, err := c.ListMessages(ctx, &pb.ListMessagesRequest{SessionId: s.Id, Buffer: pb.Buffer_BUFFER_DISPLAY})
+	if err != nil || len(list.Messages) != 3 {
+		t.Fatalf("want 3 messages stored, got %v %v", list, err)
+	}
+}
+
+// A retried append carries the one request id generated for the call, so an attempt whose reply
+// was lost is applied once.
+func TestAppendMessagesRetryKeepsItsRequestID(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var ids []string
+	loseFirstReply := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		r, ok := req.(*pb.AppendMessagesRequest)
+		if !ok {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		mu.Lock()
+		ids = append(ids, r.GetRequestId())
+		first := len(ids) == 1
+		mu.Unlock()
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if first && err == nil {
+			return status.Error(codes.Unavailable, "reply lost")
+		}
+		return err
+	})
+	c := newClient(t, serverAddr, contextsvc.Options{Retry: fast, DialOptions: []grpc.DialOption{loseFirstReply}})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{user("once")}}
+	app, err := c.AppendMessages(ctx, req)
+	if err != nil || app.SequenceNumbers[0] != 1 {
+		t.Fatalf("append: %v %v", app, err)
+	}
+	if len(ids) != 2 || len(ids[0]) != 36 || ids[0] != ids[1] {
+		t.Fatalf("want two attempts with one generated request id, got %q", ids)
+	}
+	if req.RequestId != "" {
+		t.Fatalf("the caller's request was given request id %q", req.RequestId)
+	}
+	list, err := c.ListMessages(ctx, &pb.ListMessagesRequest{SessionId: s.Id, Buffer: pb.Buffer_BUFFER_DISPLAY})
+	if err != nil || len(list.Messages) != 1 {
+		t.Fatalf("want the retried append applied once, got %v %v", list, err)
+	}
+}
+
+// Breaking out of the range loop closes the stream, even though ctx lives on: with a quota of one
+// open stream per user, opening Events again and again must keep working.
+func TestEventsClosesTheStreamWhenTheLoopBreaks(t *testing.T) {
+	addr := startQuotaServer(t, "CONTEXTSVC_QUOTAS__STREAMS_PER_USER=1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := newClient(t, addr, contextsvc.Options{Retry: fast})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first int64
+	seen := make(chan struct{})
+	go func() {
+		for ev, err := range c.Events(ctx, s.Id, 0) {
+			if err != nil {
+				t.Error(err)
+			} else {
+				first = ev.EventId
+			}
+			break // ctx lives on: the stream must close all the same
+		}
+		close(seen)
+	}()
+	appendUntil(t, ctx, c, s.Id, seen)
+	if first == 0 {
+		t.Fatal("no event")
+	}
+	for i := 0; i < 5; i++ {
+		// The server frees a closed stream's slot a moment after the client cancels it.
+		deadline := time.Now().Add(5 * time.Second)
+		for got := false; !got; {
+			if time.Now().After(deadline) {
+				t.Fatalf("reopening Events (%d): no event", i)
+			}
+			for ev, err := range c.Events(ctx, s.Id, first-1) {
+				if errors.Is(err, contextsvc.ErrResourceExhausted) && time.Now().Before(deadline) {
+					time.Sleep(20 * time.Millisecond)
+					break
+				}
+				if err != nil {
+					t.Fatalf("reopening Events (%d): the broken-off stream is still open: %v", i, err)
+				}
+				if ev.EventId != first {
+					t.Fatalf("want event %d replayed, got %d", first, ev.EventId)
+				}
+				got = true
+				break
+			}
+		}
+	}
+}
+
+// appendUntil appends a message to session sid every 100 ms until done is closed (a live-only
+// Events call sees an event only once its stream is open).
+func appendUntil(t *testing.T, ctx context.Context, c *contextsvc.Client, sid string, done <-chan struct{}) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case <-done:
+			return
+		case <-timeout:
+			t.Fatal("no event seen")
+		case <-time.After(100 * time.Millisecond):
+		}
+		if _, err := c.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: sid, Messages: []*pb.Message{user("m")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func ptr[T any](v T) *T { return &v }

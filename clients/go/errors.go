@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,6 +25,10 @@ var (
 	ErrUnimplemented      = errors.New("contextsvc: unimplemented")
 	ErrUnauthenticated    = errors.New("contextsvc: unauthenticated")
 	ErrInternal           = errors.New("contextsvc: internal")
+	// ErrResourceExhausted is a per-user quota or rate limit (RESOURCE_EXHAUSTED, reason
+	// QUOTA_EXCEEDED); Error.RetryDelay says when the call would pass, Error.Metadata["limit"]
+	// names the limit. It is not retried by the client.
+	ErrResourceExhausted = errors.New("contextsvc: resource exhausted")
 )
 
 var byReason = map[string]error{
@@ -44,6 +49,7 @@ var byCode = map[codes.Code]error{
 	codes.Unimplemented:      ErrUnimplemented,
 	codes.Unauthenticated:    ErrUnauthenticated,
 	codes.Internal:           ErrInternal,
+	codes.ResourceExhausted:  ErrResourceExhausted,
 }
 
 // FieldViolation names one bad field of a request (from google.rpc.BadRequest).
@@ -52,16 +58,24 @@ type FieldViolation struct {
 	Description string
 }
 
+// QuotaViolation is one limit a call went over (from google.rpc.QuotaFailure).
+type QuotaViolation struct {
+	Subject     string // who is over the limit, e.g. "user:anonymous"
+	Description string
+}
+
 // Error is a failed call with the google.rpc details the server sent.
 type Error struct {
 	Code       codes.Code
 	Message    string
-	Reason     string // ErrorInfo reason, e.g. CONTEXT_TOO_LARGE (the code name when none was sent)
+	Reason     string // ErrorInfo reason, e.g. CONTEXT_TOO_LARGE; without one the canonical code name, e.g. DEADLINE_EXCEEDED
 	Domain     string
 	Metadata   map[string]string
 	Violations []FieldViolation
-	RetryDelay time.Duration // from RetryInfo; 0 when the server sent none
-	status     *status.Status
+	// QuotaViolations are the limits of a RESOURCE_EXHAUSTED (from QuotaFailure).
+	QuotaViolations []QuotaViolation
+	RetryDelay      time.Duration // from RetryInfo (UNAVAILABLE, RESOURCE_EXHAUSTED); 0 when the server sent none
+	status          *status.Status
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (%s): %s", e.Code, e.Reason, e.Message) }
@@ -91,7 +105,7 @@ func FromError(err error) error {
 	if !ok {
 		return err
 	}
-	out := &Error{Code: st.Code(), Message: st.Message(), Reason: st.Code().String(), Metadata: map[string]string{}, status: st}
+	out := &Error{Code: st.Code(), Message: st.Message(), Reason: codeName(st.Code()), Metadata: map[string]string{}, status: st}
 	for _, d := range st.Details() {
 		switch v := d.(type) {
 		case *errdetails.ErrorInfo:
@@ -103,9 +117,22 @@ func FromError(err error) error {
 			for _, f := range v.GetFieldViolations() {
 				out.Violations = append(out.Violations, FieldViolation{Field: f.GetField(), Description: f.GetDescription()})
 			}
+		case *errdetails.QuotaFailure:
+			for _, q := range v.GetViolations() {
+				out.QuotaViolations = append(out.QuotaViolations, QuotaViolation{Subject: q.GetSubject(), Description: q.GetDescription()})
+			}
 		case *errdetails.RetryInfo:
 			out.RetryDelay = v.GetRetryDelay().AsDuration()
 		}
 	}
 	return out
+}
+
+// codeName is the canonical name of a gRPC code (google.rpc.Code), e.g. DEADLINE_EXCEEDED, as the
+// Python and TypeScript clients name it; grpc-go's Code.String() is the Go name (DeadlineExceeded).
+func codeName(c codes.Code) string {
+	if name, ok := rpccode.Code_name[int32(c)]; ok {
+		return name
+	}
+	return fmt.Sprintf("CODE(%d)", uint32(c))
 }

@@ -2,7 +2,6 @@ package contextsvc
 
 import (
 	"strings"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -12,7 +11,7 @@ import (
 
 // Plain returns a message in the plain shape every contextsvc client shares (for logs, JSON and
 // the cross-language scenario): keys are proto field names, 64-bit integers stay int64, timestamps
-// become time.Time, Struct becomes map[string]any, enums become short lower-case names ("user",
+// become time.Time (UTC), Struct becomes map[string]any, enums become short lower-case names ("user",
 // "summary"; nil when unset), unset messages and proto3 optional fields are nil, and a real oneof
 // holds only its set member plus the oneof's name naming it (e.g. "payload": "messages_appended").
 func Plain(m proto.Message) map[string]any {
@@ -74,7 +73,7 @@ func plainValue(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {
 		msg := v.Message().Interface()
 		switch t := msg.(type) {
 		case *timestamppb.Timestamp:
-			return t.AsTime().UTC().Format(time.RFC3339Nano)
+			return t.AsTime().UTC()
 		case *structpb.Struct:
 			return t.AsMap()
 		}

@@ -1,0 +1,77 @@
+package contextsvc_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	contextsvc "github.com/contextsvc/contextsvc/clients/go"
+	pb "github.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1"
+	"google.golang.org/grpc/codes"
+)
+
+// Without an ErrorInfo the reason is the canonical gRPC code name, as in the Python and
+// TypeScript clients.
+func TestReasonWithoutErrorInfoIsTheCanonicalCodeName(t *testing.T) {
+	ctx := context.Background()
+	late := newClient(t, serverAddr, contextsvc.Options{Timeout: time.Microsecond})
+	_, err := late.ListSessions(ctx, &pb.ListSessionsRequest{})
+	var typed *contextsvc.Error
+	if !errors.As(err, &typed) || typed.Code != codes.DeadlineExceeded || typed.Reason != "DEADLINE_EXCEEDED" {
+		t.Fatalf("want reason DEADLINE_EXCEEDED, got %v", err)
+	}
+	p := startProxy(t, serverAddr)
+	p.stopListening()
+	down := newClient(t, p.addr, contextsvc.Options{Retry: contextsvc.RetryPolicy{MaxAttempts: 1}})
+	_, err = down.ListSessions(ctx, &pb.ListSessionsRequest{})
+	if !errors.As(err, &typed) || typed.Code != codes.Unavailable || typed.Reason != "UNAVAILABLE" {
+		t.Fatalf("want reason UNAVAILABLE, got %v", err)
+	}
+}
+
+// A quota refusal is ErrResourceExhausted, with the server's RetryInfo delay and QuotaFailure.
+func TestResourceExhausted(t *testing.T) {
+	addr := startQuotaServer(t, "CONTEXTSVC_QUOTAS__STREAMS_PER_USER=1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := newClient(t, addr, contextsvc.Options{})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdCtx, release := context.WithCancel(ctx)
+	defer release()
+	held := make(chan struct{})
+	go func() { // holds the user's one stream, open once it yielded an event
+		for _, err := range c.Events(holdCtx, s.Id, 0) {
+			if err != nil {
+				return
+			}
+			select {
+			case <-held:
+			default:
+				close(held)
+			}
+		}
+	}()
+	appendUntil(t, ctx, c, s.Id, held)
+	var refused error
+	for _, err := range c.Events(ctx, s.Id, 0) {
+		refused = err
+		break
+	}
+	var typed *contextsvc.Error
+	if !errors.Is(refused, contextsvc.ErrResourceExhausted) || errors.Is(refused, contextsvc.ErrUnavailable) || !errors.As(refused, &typed) {
+		t.Fatalf("want ErrResourceExhausted, got %v", refused)
+	}
+	if typed.Code != codes.ResourceExhausted || typed.Reason != "QUOTA_EXCEEDED" || typed.Metadata["limit"] != "streams_per_user" {
+		t.Fatalf("details: %+v", typed)
+	}
+	if typed.RetryDelay != time.Second {
+		t.Fatalf("want the server's RetryInfo delay of 1s, got %v", typed.RetryDelay)
+	}
+	if len(typed.QuotaViolations) != 1 || typed.QuotaViolations[0].Subject != "user:anonymous" || typed.QuotaViolations[0].Description == "" {
+		t.Fatalf("quota violations: %+v", typed.QuotaViolations)
+	}
+}
