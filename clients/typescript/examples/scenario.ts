@@ -45,7 +45,7 @@ async function run(address: string): Promise<Plain[]> {
         for await (const e of c.events(sid, { afterEventId: a.after_event_id })) {
           events.push(e);
           if (e.payload === a.until) {
-            summarySeq = e.context_compressed.summary_sequence;
+            if (e.payload === "context_compressed") summarySeq = e.context_compressed.summary_sequence;
             break;
           }
         }

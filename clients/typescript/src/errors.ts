@@ -1,8 +1,13 @@
 // Typed errors decoded from the google.rpc.Status details the server sends (ErrorInfo reason,
-// BadRequest field violations, RetryInfo delay). The classes mirror the Python hierarchy
-// (contextsvc/errors.py): catch the specific one (ContextTooLargeError) or its family.
+// BadRequest field violations, RetryInfo delay, QuotaFailure subject). The classes mirror the
+// Python hierarchy (contextsvc/errors.py): catch the specific one (ContextTooLargeError) or its family.
 import { Code, ConnectError } from "@connectrpc/connect";
-import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "./gen/google/rpc/error_details_pb.js";
+import {
+  BadRequestSchema,
+  ErrorInfoSchema,
+  QuotaFailureSchema,
+  RetryInfoSchema,
+} from "./gen/google/rpc/error_details_pb.js";
 
 export interface FieldViolation {
   field: string;
@@ -31,6 +36,8 @@ export class ContextError extends Error {
       violations?: FieldViolation[];
       retryDelayMs?: number;
       cause?: unknown;
+      /** QuotaFailure subject (kept by ResourceExhaustedError). */
+      subject?: string;
     },
   ) {
     super(message);
@@ -56,6 +63,30 @@ export class UnimplementedError extends ContextError {}
 export class UnauthenticatedError extends ContextError {}
 export class InternalError extends ContextError {}
 
+/**
+ * RESOURCE_EXHAUSTED: a per-user quota or rate limit was hit (reason "QUOTA_EXCEEDED"), or a
+ * message passed a size limit. Not retried by the client: wait `retryDelayMs` (the server's
+ * RetryInfo, else its `retry_after_seconds`) before trying again.
+ */
+export class ResourceExhaustedError extends ContextError {
+  /** The limit that was hit, e.g. "streams_per_user" ("" when the server named none). */
+  readonly limit: string;
+  /** Whose quota it was, e.g. "user:anonymous" (QuotaFailure subject; "" when not sent). */
+  readonly subject: string;
+
+  constructor(message: string, init: ConstructorParameters<typeof ContextError>[1]) {
+    const meta = init.metadata ?? {};
+    let retryDelayMs = init.retryDelayMs;
+    const seconds = Number(meta.retry_after_seconds);
+    if (retryDelayMs === undefined && meta.retry_after_seconds && Number.isFinite(seconds) && seconds >= 0) {
+      retryDelayMs = Math.round(seconds * 1000);
+    }
+    super(message, { ...init, retryDelayMs });
+    this.limit = meta.limit ?? "";
+    this.subject = init.subject ?? "";
+  }
+}
+
 type ErrorClass = new (message: string, init: ConstructorParameters<typeof ContextError>[1]) => ContextError;
 
 const BY_REASON: Record<string, ErrorClass> = {
@@ -69,6 +100,7 @@ const BY_REASON: Record<string, ErrorClass> = {
   UNIMPLEMENTED: UnimplementedError,
   UNAUTHENTICATED: UnauthenticatedError,
   INTERNAL: InternalError,
+  QUOTA_EXCEEDED: ResourceExhaustedError,
 };
 
 const BY_CODE: Partial<Record<Code, ErrorClass>> = {
@@ -84,6 +116,7 @@ const BY_CODE: Partial<Record<Code, ErrorClass>> = {
   [Code.Unimplemented]: UnimplementedError,
   [Code.Unauthenticated]: UnauthenticatedError,
   [Code.Internal]: InternalError,
+  [Code.ResourceExhausted]: ResourceExhaustedError,
 };
 
 /** "FailedPrecondition" -> "FAILED_PRECONDITION", the name every other client uses. */
@@ -97,10 +130,34 @@ export function codeName(code: Code): string {
 const NETWORK = /ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|EHOSTUNREACH|socket hang up|GOAWAY|stream closed with error code|session closed|stream was destroyed/i;
 const NETWORK_CODES = new Set([Code.Canceled, Code.Aborted, Code.Unknown, Code.Internal]);
 
+// A failed TLS handshake (a server certificate the client does not trust, a name mismatch, an
+// alert from the peer) reaches Connect as a socket error it reports as INTERNAL. The Go and Python
+// clients see UNAVAILABLE there, as gRPC does for any connection it could not set up: so do we.
+// Node's codes: OpenSSL's verify errors (DEPTH_ZERO_SELF_SIGNED_CERT, CERT_HAS_EXPIRED, ...),
+// ERR_TLS_* (ERR_TLS_CERT_ALTNAME_INVALID) and ERR_SSL_* (ERR_SSL_TLSV1_ALERT_UNKNOWN_CA).
+const TLS_CODE = new RegExp(
+  "^(?:ERR_TLS_|ERR_SSL_|UNABLE_TO_|CERT_)|" +
+    "^(?:DEPTH_ZERO_SELF_SIGNED_CERT|SELF_SIGNED_CERT_IN_CHAIN|HOSTNAME_MISMATCH|INVALID_CA|INVALID_PURPOSE|EPROTO)$",
+);
+const TLS_MESSAGE = /certificate|handshake|\bSSL\b|\bTLS\b/i;
+
+function causeOf(err: ConnectError): { code?: unknown; message?: unknown } | undefined {
+  const cause = err.cause;
+  return typeof cause === "object" && cause !== null ? (cause as { code?: unknown; message?: unknown }) : undefined;
+}
+
 function isNetworkFailure(err: ConnectError): boolean {
   if (!NETWORK_CODES.has(err.code) || err.details.length > 0 || err.metadata.has("grpc-status")) return false;
-  const cause = err.cause as { code?: unknown; message?: unknown } | undefined;
+  const cause = causeOf(err);
   return NETWORK.test(err.rawMessage) || (typeof cause?.message === "string" && NETWORK.test(cause.message));
+}
+
+/** A connection that failed its TLS handshake (no status from a server: it never got that far). */
+function isTlsFailure(err: ConnectError): boolean {
+  if (!NETWORK_CODES.has(err.code) || err.details.length > 0 || err.metadata.has("grpc-status")) return false;
+  const cause = causeOf(err);
+  if (typeof cause?.code === "string" && TLS_CODE.test(cause.code)) return true;
+  return TLS_MESSAGE.test(err.rawMessage) && typeof cause?.code === "string";
 }
 
 /**
@@ -112,9 +169,18 @@ export function toContextError(err: unknown): unknown {
   if (isNetworkFailure(err)) {
     return new UnavailableError(err.rawMessage, { code: "UNAVAILABLE", reason: "", cause: err });
   }
+  if (isTlsFailure(err)) {
+    const code = causeOf(err)?.code;
+    return new UnavailableError(`TLS handshake failed: ${err.rawMessage} (${String(code)})`, {
+      code: "UNAVAILABLE",
+      reason: "",
+      cause: err,
+    });
+  }
   const info = err.findDetails(ErrorInfoSchema)[0];
   const bad = err.findDetails(BadRequestSchema)[0];
   const retry = err.findDetails(RetryInfoSchema)[0];
+  const quota = err.findDetails(QuotaFailureSchema)[0];
   const reason = info?.reason ?? "";
   const Kind = BY_REASON[reason] ?? BY_CODE[err.code] ?? ContextError;
   let retryDelayMs: number | undefined;
@@ -129,5 +195,6 @@ export function toContextError(err: unknown): unknown {
     violations: (bad?.fieldViolations ?? []).map((v) => ({ field: v.field, description: v.description })),
     retryDelayMs,
     cause: err,
+    subject: quota?.violations[0]?.subject ?? "",
   });
 }

@@ -18,8 +18,22 @@ import {
 import { EventSchema } from "./gen/contextsvc/v1/events_pb.js";
 import { ContextError, toContextError, UnavailableError } from "./errors.js";
 import { fromPlain, toPlain, type Plain } from "./plain.js";
+import type {
+  AppendMessagesResponse,
+  BuildContextResponse,
+  CompressResponse,
+  EstimateTokensResponse,
+  Event,
+  ExpandSummaryResponse,
+  ListMessagesResponse,
+  ListSessionsResponse,
+  RecordBaselineResponse,
+  SearchHistoryResponse,
+  Session,
+} from "./types.js";
 
 export * from "./errors.js";
+export type * from "./types.js";
 export { fromPlain, toPlain, enumFromPlain, enumToPlain, type Plain } from "./plain.js";
 
 /** Retries of calls failing with UNAVAILABLE (only those); the same numbers pace `events()` reconnects. */
@@ -143,28 +157,32 @@ export class ContextClient {
     }
   }
 
-  private plain(desc: DescMessage, msg: unknown): Plain {
-    return toPlain(desc, msg);
+  /** The response in plain shape, typed as the caller's T (src/types.ts, checked against the contract). */
+  private plain<T>(desc: DescMessage, msg: unknown): T {
+    return toPlain(desc, msg) as T;
   }
 
-  async createSession(req: { profile_id?: string; name?: string; metadata?: Plain } = {}, opts?: CallOptions): Promise<Plain> {
+  async createSession(
+    req: { profile_id?: string; name?: string; metadata?: Plain } = {},
+    opts?: CallOptions,
+  ): Promise<Session> {
     const m = fromPlain(CreateSessionRequestSchema, req);
     const res = await this.call((o) => this.rpc.createSession(m, o), opts, false);
-    return this.plain(ContextService.method.createSession.output, res);
+    return this.plain<Session>(ContextService.method.createSession.output, res);
   }
 
-  async getSession(sessionId: string, opts?: CallOptions): Promise<Plain> {
+  async getSession(sessionId: string, opts?: CallOptions): Promise<Session> {
     const res = await this.call((o) => this.rpc.getSession({ sessionId }, o), opts);
-    return this.plain(ContextService.method.getSession.output, res);
+    return this.plain<Session>(ContextService.method.getSession.output, res);
   }
 
   async listSessions(
     req: { page_size?: number; page_token?: string; profile_id?: string; query?: string } = {},
     opts?: CallOptions,
-  ): Promise<Plain> {
+  ): Promise<ListSessionsResponse> {
     const m = fromPlain(ListSessionsRequestSchema, req);
     const res = await this.call((o) => this.rpc.listSessions(m, o), opts);
-    return this.plain(ContextService.method.listSessions.output, res);
+    return this.plain<ListSessionsResponse>(ContextService.method.listSessions.output, res);
   }
 
   /** Updates the fields given; the update mask is derived from them. */
@@ -172,12 +190,12 @@ export class ContextClient {
     sessionId: string,
     changes: { name?: string; pinned?: boolean; metadata?: Plain },
     opts?: CallOptions,
-  ): Promise<Plain> {
+  ): Promise<Session> {
     const given = Object.fromEntries(Object.entries(changes).filter(([, v]) => v !== undefined));
     const m = fromPlain(UpdateSessionRequestSchema, { session: { id: sessionId, ...given } });
     m.updateMask = { $typeName: "google.protobuf.FieldMask", paths: Object.keys(given).sort() };
     const res = await this.call((o) => this.rpc.updateSession(m, o), opts);
-    return this.plain(ContextService.method.updateSession.output, res);
+    return this.plain<Session>(ContextService.method.updateSession.output, res);
   }
 
   async deleteSession(sessionId: string, opts?: CallOptions): Promise<void> {
@@ -193,7 +211,7 @@ export class ContextClient {
     messages: Plain[],
     req: { request_id?: string; turn_complete?: boolean } = {},
     opts?: CallOptions,
-  ): Promise<Plain> {
+  ): Promise<AppendMessagesResponse> {
     const m = fromPlain(AppendMessagesRequestSchema, {
       session_id: sessionId,
       messages,
@@ -201,18 +219,22 @@ export class ContextClient {
       turn_complete: req.turn_complete ?? false,
     });
     const res = await this.call((o) => this.rpc.appendMessages(m, o), opts);
-    return this.plain(ContextService.method.appendMessages.output, res);
+    return this.plain<AppendMessagesResponse>(ContextService.method.appendMessages.output, res);
   }
 
-  /** `buffer`: "display" (default) or "context". */
+  /**
+   * One page of a buffer, newest page first: `buffer` "display" (default) or "context". Pass the
+   * response's `next_page_token` as `page_token` for the next (older) page ("" on the last one);
+   * the context buffer pages only by token. `before_sequence` pages the display buffer only.
+   */
   async listMessages(
     sessionId: string,
-    req: { buffer?: string; page_size?: number; before_sequence?: number } = {},
+    req: { buffer?: string; page_size?: number; before_sequence?: number; page_token?: string } = {},
     opts?: CallOptions,
-  ): Promise<Plain> {
+  ): Promise<ListMessagesResponse> {
     const m = fromPlain(ListMessagesRequestSchema, { session_id: sessionId, ...req });
     const res = await this.call((o) => this.rpc.listMessages(m, o), opts);
-    return this.plain(ContextService.method.listMessages.output, res);
+    return this.plain<ListMessagesResponse>(ContextService.method.listMessages.output, res);
   }
 
   /** `phase`: "pre_turn" (default) or "mid_turn". */
@@ -220,60 +242,70 @@ export class ContextClient {
     sessionId: string,
     req: { profile?: Plain; incoming?: Plain; phase?: string; auto_compress?: boolean } = {},
     opts?: CallOptions,
-  ): Promise<Plain> {
+  ): Promise<BuildContextResponse> {
     const m = fromPlain(BuildContextRequestSchema, { session_id: sessionId, ...req });
     const res = await this.call((o) => this.rpc.buildContext(m, o), opts);
-    return this.plain(ContextService.method.buildContext.output, res);
+    return this.plain<BuildContextResponse>(ContextService.method.buildContext.output, res);
   }
 
   async estimateTokens(
     req: { session_id?: string; messages?: Plain[]; model?: string; profile?: Plain },
     opts?: CallOptions,
-  ): Promise<Plain> {
+  ): Promise<EstimateTokensResponse> {
     const m = fromPlain(EstimateTokensRequestSchema, req);
     const res = await this.call((o) => this.rpc.estimateTokens(m, o), opts);
-    return this.plain(ContextService.method.estimateTokens.output, res);
+    return this.plain<EstimateTokensResponse>(ContextService.method.estimateTokens.output, res);
   }
 
-  async recordBaseline(sessionId: string, viewId: string, promptTokens: number, opts?: CallOptions): Promise<Plain> {
+  async recordBaseline(
+    sessionId: string,
+    viewId: string,
+    promptTokens: number,
+    opts?: CallOptions,
+  ): Promise<RecordBaselineResponse> {
     const res = await this.call(
       (o) => this.rpc.recordBaseline({ sessionId, viewId, promptTokens: BigInt(promptTokens) }, o),
       opts,
       false,
     );
-    return this.plain(ContextService.method.recordBaseline.output, res);
+    return this.plain<RecordBaselineResponse>(ContextService.method.recordBaseline.output, res);
   }
 
   async compress(
     sessionId: string,
     req: { profile?: Plain; reason?: string; dry_run?: boolean } = {},
     opts?: CallOptions,
-  ): Promise<Plain> {
+  ): Promise<CompressResponse> {
     const m = fromPlain(CompressRequestSchema, { session_id: sessionId, ...req });
     const res = await this.call((o) => this.rpc.compress(m, o), opts, req.dry_run === true);
-    return this.plain(ContextService.method.compress.output, res);
+    return this.plain<CompressResponse>(ContextService.method.compress.output, res);
   }
 
-  async searchHistory(sessionId: string, query: string, req: { limit?: number } = {}, opts?: CallOptions): Promise<Plain> {
+  async searchHistory(
+    sessionId: string,
+    query: string,
+    req: { limit?: number } = {},
+    opts?: CallOptions,
+  ): Promise<SearchHistoryResponse> {
     const res = await this.call((o) => this.rpc.searchHistory({ sessionId, query, limit: req.limit ?? 0 }, o), opts);
-    return this.plain(ContextService.method.searchHistory.output, res);
+    return this.plain<SearchHistoryResponse>(ContextService.method.searchHistory.output, res);
   }
 
-  async expandSummary(sessionId: string, sequenceNumber: number, opts?: CallOptions): Promise<Plain> {
+  async expandSummary(sessionId: string, sequenceNumber: number, opts?: CallOptions): Promise<ExpandSummaryResponse> {
     const res = await this.call(
       (o) => this.rpc.expandSummary({ sessionId, sequenceNumber: BigInt(sequenceNumber) }, o),
       opts,
     );
-    return this.plain(ContextService.method.expandSummary.output, res);
+    return this.plain<ExpandSummaryResponse>(ContextService.method.expandSummary.output, res);
   }
 
-  async forkSession(sessionId: string, req: { at_sequence?: number } = {}, opts?: CallOptions): Promise<Plain> {
+  async forkSession(sessionId: string, req: { at_sequence?: number } = {}, opts?: CallOptions): Promise<Session> {
     const res = await this.call(
       (o) => this.rpc.forkSession({ sessionId, atSequence: BigInt(req.at_sequence ?? 0) }, o),
       opts,
       false,
     );
-    return this.plain(ContextService.method.forkSession.output, res);
+    return this.plain<Session>(ContextService.method.forkSession.output, res);
   }
 
   /**
@@ -286,17 +318,25 @@ export class ContextClient {
    * reconnects back off exponentially up to `retry.maxBackoffMs`; after `retry.maxReconnects`
    * consecutive failures the iterator throws UnavailableError. Other errors are thrown at once.
    * The iterator ends after a `session_deleted` event of its session, or when `signal` aborts.
+   * However iteration ends (`break`, `return`, a throw, the signal) the open call is cancelled, so
+   * the server's stream slot is freed at once (the server counts open streams per user).
    */
-  async *events(sessionId = "", opts: { afterEventId?: number; signal?: AbortSignal } = {}): AsyncGenerator<Plain> {
+  async *events(sessionId = "", opts: { afterEventId?: number; signal?: AbortSignal } = {}): AsyncGenerator<Event> {
     let last = BigInt(opts.afterEventId ?? 0);
     let failures = 0;
+    const outer = opts.signal;
     for (;;) {
       let hint: number | undefined;
+      // One controller per call: aborted by the caller's signal, and by us when iteration ends.
+      const call = new AbortController();
+      const forward = (): void => call.abort(outer?.reason);
+      if (outer?.aborted) forward();
+      else outer?.addEventListener("abort", forward, { once: true });
       try {
-        for await (const ev of this.rpc.streamEvents({ sessionId, afterEventId: last }, { signal: opts.signal })) {
+        for await (const ev of this.rpc.streamEvents({ sessionId, afterEventId: last }, { signal: call.signal })) {
           failures = 0;
           last = ev.eventId;
-          const plain = toPlain(EventSchema, ev);
+          const plain = toPlain(EventSchema, ev) as Event;
           yield plain;
           if (sessionId && plain.payload === "session_deleted") return;
         }
@@ -307,6 +347,10 @@ export class ContextClient {
         if (!(err instanceof ContextError) || err.code !== "UNAVAILABLE") throw err;
         hint = err.retryDelayMs;
         if (failures >= this.retry.maxReconnects) throw err;
+      } finally {
+        // Runs on break/return at the `yield` too: without it the HTTP/2 stream stays open.
+        outer?.removeEventListener("abort", forward);
+        call.abort();
       }
       if (failures >= this.retry.maxReconnects) {
         throw new UnavailableError(`event stream closed ${failures} times in a row`, { code: "UNAVAILABLE" });

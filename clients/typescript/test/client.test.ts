@@ -1,14 +1,21 @@
 // ContextClient against a real `contextsvc serve` process (node's test runner).
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import net from "node:net";
+import os from "node:os";
+import path from "node:path";
 import { after, before, test } from "node:test";
+import { ConnectError } from "@connectrpc/connect";
 import {
   ContextClient,
   ContextTooLargeError,
   FailedPreconditionError,
+  InternalError,
   InvalidArgumentError,
   NotFoundError,
   NothingToCompactError,
+  ResourceExhaustedError,
   UnavailableError,
   type Plain,
 } from "../src/index.js";
@@ -22,6 +29,22 @@ const PNG_1X1 = Buffer.from(
 );
 
 let server: Server;
+
+/**
+ * Runs `open` (which opens an event stream), again after the server's delay when it refuses with
+ * the stream quota, at most `retries` times: the server frees a cancelled stream's slot a moment
+ * after the cancel arrives, not before the next call on the same connection.
+ */
+async function pastQuota<T>(open: () => Promise<T>, retries = 3): Promise<T> {
+  for (let refused = 0; ; refused++) {
+    try {
+      return await open();
+    } catch (e) {
+      if (!(e instanceof ResourceExhaustedError) || refused >= retries) throw e;
+      await new Promise((r) => setTimeout(r, e.retryDelayMs ?? 1000));
+    }
+  }
+}
 let client: ContextClient;
 
 before(async () => {
@@ -49,10 +72,10 @@ test("every RPC in plain shapes", async () => {
   assert.equal(typeof appended.context_tokens, "number");
   const page = await client.listMessages(sid, { buffer: "context" });
   assert.deepEqual(page.messages.map((m: Plain) => m.role), ["user", "assistant", "tool"]);
-  assert.equal(page.messages[0].images[0].mime_type, "image/png");
-  assert.equal(page.messages[2].flags.is_context, true);
+  assert.equal(page.messages[0]!.images[0]!.mime_type, "image/png");
+  assert.equal(page.messages[2]!.flags.is_context, true);
   const view = await client.buildContext(sid, { profile: { model: "m", system_prompt: "be brief" }, phase: "pre_turn" });
-  assert.equal(view.messages[0].content, "be brief");
+  assert.equal(view.messages[0]!.content, "be brief");
   assert.equal(view.compression, null);
   const recorded = await client.recordBaseline(sid, view.view_id, view.estimate.total);
   assert.equal(recorded.recorded, true);
@@ -207,4 +230,125 @@ test("events give up after the reconnect cap", async () => {
   await assert.rejects(async () => {
     for await (const _ of c.events()) void _;
   }, UnavailableError);
+});
+
+test("listMessages pages the context buffer by page_token", async () => {
+  const sid = (await client.createSession()).id;
+  for (let i = 0; i < 5; i++) await client.appendMessages(sid, [{ role: "user", content: `m${i}` }]);
+  const pages: string[][] = [];
+  let token = "";
+  do {
+    const page = await client.listMessages(sid, { buffer: "context", page_size: 2, page_token: token });
+    assert.equal(page.next_before_sequence, 0);
+    pages.push(page.messages.map((m) => m.content));
+    token = page.next_page_token;
+  } while (token && pages.length < 10);
+  // Newest page first, each page oldest first: reversed, the pages concatenate to the buffer.
+  assert.deepEqual(pages, [["m3", "m4"], ["m1", "m2"], ["m0"]]);
+});
+
+test("breaking out of events() cancels the stream, so the per-user stream quota is not used up", async () => {
+  const quota = await startServer({ env: { CONTEXTSVC_QUOTAS__STREAMS_PER_USER: "2" } });
+  const c = new ContextClient(quota.address, { timeoutMs: 10_000, retry: FAST });
+  try {
+    const sid = (await c.createSession()).id;
+    // The first loop waits for a live event; the others replay the events after it.
+    let firstId = 0;
+    for (let i = 0; i < 6; i++) {
+      const appending =
+        i === 0
+          ? new Promise((r) => setTimeout(r, 300)).then(() => c.appendMessages(sid, [{ role: "user", content: "m0" }]))
+          : c.appendMessages(sid, [{ role: "user", content: `m${i}` }]);
+      if (i > 0) await appending;
+      // No signal: only the generator's own cleanup can close the call on `break`.
+      const got = await pastQuota(async () => {
+        let id: number | undefined;
+        for await (const e of c.events(sid, { afterEventId: firstId })) {
+          id = e.event_id;
+          break;
+        }
+        return id;
+      });
+      await appending;
+      assert.ok(got !== undefined && got > firstId, `loop ${i}: an event after ${firstId}`);
+      if (i === 0) firstId = got;
+    }
+  } finally {
+    c.close();
+    quota.stop();
+  }
+});
+
+test("RESOURCE_EXHAUSTED is a ResourceExhaustedError with the limit and the RetryInfo delay", async () => {
+  const quota = await startServer({ env: { CONTEXTSVC_QUOTAS__STREAMS_PER_USER: "1" } });
+  const c = new ContextClient(quota.address, { timeoutMs: 10_000, retry: FAST });
+  const ac = new AbortController();
+  try {
+    const sid = (await c.createSession()).id;
+    let heldId = 0;
+    const holding = (async () => {
+      for await (const e of c.events(sid, { signal: ac.signal })) heldId = e.event_id;
+    })();
+    await new Promise((r) => setTimeout(r, 300));
+    await c.appendMessages(sid, [{ role: "user", content: "held" }]);
+    await until(() => heldId > 0);
+    await assert.rejects(
+      async () => {
+        for await (const _ of c.events(sid)) void _;
+      },
+      (e: unknown) => {
+        assert.ok(e instanceof ResourceExhaustedError, String(e));
+        assert.equal(e.code, "RESOURCE_EXHAUSTED");
+        assert.equal(e.reason, "QUOTA_EXCEEDED");
+        assert.equal(e.limit, "streams_per_user");
+        assert.equal(e.subject, "user:anonymous");
+        assert.equal(e.retryDelayMs, 1000);
+        assert.ok(e.cause instanceof ConnectError);
+        return true;
+      },
+    );
+    ac.abort();
+    await holding;
+    // The aborted stream gives its slot back.
+    await c.appendMessages(sid, [{ role: "user", content: "x" }]);
+    const kind = await pastQuota(async () => {
+      const signal = AbortSignal.timeout(5000);
+      for await (const e of c.events(sid, { afterEventId: heldId, signal })) return e.payload;
+      return undefined;
+    });
+    assert.equal(kind, "messages_appended");
+  } finally {
+    ac.abort();
+    c.close();
+    quota.stop();
+  }
+});
+
+// openssl makes the throwaway certificate (the test environment has it, as the server's TLS tests do).
+test("a TLS server whose certificate is not trusted is UNAVAILABLE, not INTERNAL", async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), "contextsvc-tls-"));
+  const [crt, key] = [path.join(dir, "server.crt"), path.join(dir, "server.key")];
+  execFileSync("openssl", [
+    "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", key, "-out", crt,
+  ], { stdio: "ignore" });
+  const tls = await startServer({ args: ["--tls-cert", crt, "--tls-key", key] });
+  const untrusted = new ContextClient(tls.address, { tls: true, timeoutMs: 5000, retry: { maxAttempts: 1 } });
+  const trusted = new ContextClient(tls.address, { tls: { ca: readFileSync(crt) }, timeoutMs: 5000 });
+  try {
+    await assert.rejects(untrusted.listSessions(), (e: unknown) => {
+      assert.ok(e instanceof UnavailableError && !(e instanceof InternalError), String(e));
+      assert.equal(e.code, "UNAVAILABLE");
+      assert.match(e.message, /certificate/);
+      assert.ok(e.cause instanceof ConnectError);
+      return true;
+    });
+    // The same server, its certificate trusted: the failure above was the handshake, not the server.
+    assert.ok((await trusted.createSession()).id);
+  } finally {
+    untrusted.close();
+    trusted.close();
+    tls.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -13,11 +13,23 @@ export interface Server {
   stop(): void;
 }
 
+/** The package root (dist/test -> clients/typescript). */
+export const PKG = path.resolve(here, "..", "..");
+
+export interface ServerOptions {
+  /** Extra `serve` flags, e.g. `["--tls-cert", file, "--tls-key", file]`. */
+  args?: string[];
+  /** Extra environment, e.g. `{ CONTEXTSVC_QUOTAS__STREAMS_PER_USER: "2" }`. */
+  env?: Record<string, string>;
+}
+
 /** Starts `python3 -m contextsvc serve --store memory` on a free port; resolves once it prints its address. */
-export function startServer(): Promise<Server> {
+export function startServer(options: ServerOptions = {}): Promise<Server> {
   const python = process.env.PYTHON ?? "python3";
-  const proc: ChildProcess = spawn(python, ["-m", "contextsvc", "serve", "--listen", "127.0.0.1:0", "--store", "memory"], {
+  const args = ["-m", "contextsvc", "serve", "--listen", "127.0.0.1:0", "--store", "memory", ...(options.args ?? [])];
+  const proc: ChildProcess = spawn(python, args, {
     cwd: REPO,
+    env: { ...process.env, ...options.env },
     stdio: ["ignore", "pipe", "ignore"],
   });
   return new Promise((resolve, reject) => {
