@@ -262,18 +262,9 @@ export interface ListMessagesResponse {
   next_page_token: string;
 }
 
-export interface CompressionReport {
-  compressed: boolean;
-  method: CompressionMethod | null;
+/** What a build's automatic compression did: a Compress response plus why it ran. */
+export interface CompressionReport extends CompressResponse {
   reason: CompressionReason | null;
-  summary: string;
-  messages_before: number;
-  messages_after: number;
-  context_tokens_before: number;
-  context_tokens_after: number;
-  breadcrumbs: string[];
-  plan: CompressionPlan;
-  stages: CompressionStage[];
 }
 
 export interface BuildContextResponse {
