@@ -161,18 +161,22 @@ export interface CompressionStarted {
   plan: CompressionPlan | null;
 }
 
-export interface ContextCompressed {
-  reason: CompressionReason | null;
+/** What a committed compaction did: the fields a Compress response and its event share. */
+export interface CompactionOutcome {
   method: CompressionMethod | null;
   summary: string;
   messages_before: number;
   messages_after: number;
   context_tokens_before: number;
   context_tokens_after: number;
-  max_context_tokens: number;
   breadcrumbs: string[];
-  summary_sequence: number;
   stages: CompressionStage[];
+}
+
+export interface ContextCompressed extends CompactionOutcome {
+  reason: CompressionReason | null;
+  max_context_tokens: number;
+  summary_sequence: number;
 }
 
 export interface CompressionRefused {
@@ -289,17 +293,9 @@ export interface RecordBaselineResponse {
   lower_bound: number;
 }
 
-export interface CompressResponse {
+export interface CompressResponse extends CompactionOutcome {
   compressed: boolean;
-  method: CompressionMethod | null;
-  summary: string;
-  messages_before: number;
-  messages_after: number;
-  context_tokens_before: number;
-  context_tokens_after: number;
-  breadcrumbs: string[];
   plan: CompressionPlan;
-  stages: CompressionStage[];
 }
 
 export interface HistoryChunk {
