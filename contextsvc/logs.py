@@ -25,9 +25,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+def _one_line_warning(record: logging.LogRecord) -> bool:
+    """A library's warning with an exception (asyncpg's pool retrying its connections while the
+    database is down: every second, a traceback of the same refused connect) keeps its exception
+    as one ``error`` field. The outage itself is reported once, by the health service."""
+    if record.exc_info and record.levelno <= logging.WARNING:
+        error = record.exc_info[1]
+        record.error = f"{type(error).__name__}: {error}" if error is not None else ""
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
+#: Libraries whose warnings come with tracebacks of conditions that are not defects.
+_ONE_LINE_LOGGERS = ("asyncpg.pool",)
+
+
 def setup_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in _ONE_LINE_LOGGERS:
+        library = logging.getLogger(name)
+        if _one_line_warning not in library.filters:
+            library.addFilter(_one_line_warning)

@@ -24,6 +24,16 @@ class Clock(Protocol):
     def now(self) -> datetime: ...
 
 
+@dataclass(slots=True, frozen=True)
+class StoreHealth:
+    """What the server's health service reports for a store that can tell (``health_check``:
+    the files and PostgreSQL stores; ``store_health.py`` polls it)."""
+
+    writable: bool
+    detail: str = ""
+    damaged_sessions: int = 0
+
+
 class SessionProfileChanged(Exception):
     """``append_messages`` with ``expected_profile_id``: the session has another profile (nothing
     was appended). Not a client error: the engine reads the session and prices again."""

@@ -1,17 +1,18 @@
 """The health service tells the truth about the store (issue #9).
 
 Every ``store_health_interval_seconds`` the server asks its store for ``health_check()`` (the
-files store writes and fsyncs a small probe file in its data directory) and sets:
+files store writes and fsyncs a small probe file in its data directory; the PostgreSQL store asks
+the database whether it takes writes: reachable, a primary, not read-only) and sets:
 
 * ``contextsvc.v1.ContextService`` and the server-wide ``""`` status: ``NOT_SERVING`` while the
-  store cannot write (a read-only or full data directory), ``SERVING`` again once a probe
-  succeeds. Reads still work meanwhile; a balancer should send writers elsewhere.
+  store cannot write (a read-only or full data directory, a database that is down or read-only),
+  ``SERVING`` again once a probe succeeds. Reads still work meanwhile; a balancer should send writers elsewhere.
 * ``contextsvc.store.integrity``: ``NOT_SERVING`` while any session is damaged (read-only,
   ``SESSION_DAMAGED``; ``contextsvc fsck --repair`` clears it). The service itself stays
   ``SERVING`` for this: every other session works, and pulling the replica would take them
   all away. It is the "degraded" signal for an operator's alert.
 
-Stores without ``health_check`` (memory, PostgreSQL) are not polled. A store that can tell when a
+The memory store has no ``health_check`` and is not polled. A store that can tell when a
 session is found damaged (the files store's ``damage_changed``, set when a log read on first use or
 checked after a sealed start turns out damaged) has the integrity status updated at once.
 """

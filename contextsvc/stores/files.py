@@ -106,7 +106,7 @@ from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, NotFound, Unavailable
-from contextsvc.ports import Clock, HistoryChunk
+from contextsvc.ports import Clock, HistoryChunk, StoreHealth
 from contextsvc.stores._base import RowStore, _list_key, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
 from contextsvc.stores._disk_sync import DiskSync, GroupCommit
@@ -199,15 +199,6 @@ class FilesStoreStats:
     compactions: int = 0
     #: times the start-up index was written.
     index_writes: int = 0
-
-
-@dataclass(slots=True, frozen=True)
-class StoreHealth:
-    """What the server's health service reports for the store (``FilesStore.health_check``)."""
-
-    writable: bool
-    detail: str = ""
-    damaged_sessions: int = 0
 
 
 class _Log:

@@ -58,6 +58,20 @@ def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() 
                     time.sleep(0.2)
                 sid = server.stub(ch).CreateSession(pb.CreateSessionRequest(name="late"), timeout=10).id
                 assert server.stub(ch).GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).name == "late"
+
+                # The database going away while serving: NOT_SERVING (a balancer's readiness probe
+                # takes the replica out), and SERVING again once it answers.
+                cluster.stop()
+                deadline = time.monotonic() + 30
+                while _health(ch) != health_pb2.HealthCheckResponse.NOT_SERVING:
+                    assert time.monotonic() < deadline, server.stderr_text[-2000:]
+                    time.sleep(0.2)
+                cluster.start()
+                deadline = time.monotonic() + 30
+                while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
+                    assert time.monotonic() < deadline, server.stderr_text[-2000:]
+                    time.sleep(0.2)
+                assert server.stub(ch).GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).name == "late"
             assert server.terminate() == 0
         finally:
             server.kill()
@@ -65,6 +79,7 @@ def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() 
         assert "Traceback" not in log
         assert '"event": "store not reachable; serving NOT_SERVING until it answers"' in log
         assert '"event": "store reachable; SERVING"' in log
+        assert '"event": "store cannot write: health NOT_SERVING"' in log
     finally:
         cluster.remove()
 

@@ -49,6 +49,7 @@ from contextsvc.ports import (
     HistoryChunk,
     ScoredChunk,
     SessionProfileChanged,
+    StoreHealth,
     ViewRecord,
 )
 from contextsvc.stores._base import (
@@ -153,6 +154,23 @@ class PostgresStore:
                 await self._close_pool(self._pool)
                 self._pool = None
                 raise
+
+    async def health_check(self) -> StoreHealth:
+        """Can the database take this replica's writes now? One statement on a pooled connection,
+        bounded by the pool's acquire and connect timeouts: a primary that is not read-only says
+        yes; a stopped or unreachable server, a standby or a read-only database say no, and the
+        health service turns NOT_SERVING until it answers again (``store_health.py``). It reads
+        two settings rather than writing a row: a probe every few seconds on every replica would
+        otherwise spend a transaction id each."""
+        query = "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
+        bound = self._pg.acquire_timeout_seconds + self._pg.connect_timeout_seconds
+        try:
+            writable = await asyncio.wait_for(self._read("health check", lambda conn: conn.fetchval(query)), bound)
+        except (Unavailable, TimeoutError, OSError, asyncpg.PostgresError) as exc:
+            return StoreHealth(writable=False, detail=str(exc) or type(exc).__name__)
+        if not writable:
+            return StoreHealth(writable=False, detail="the database is a standby or read-only")
+        return StoreHealth(writable=True)
 
     async def close(self) -> None:
         while self._inflight:
