@@ -421,6 +421,12 @@ class PostgresSettings(BaseModel):
     #: longest wait for another replica's compaction of the same session (it may be calling a
     #: summarizer: keep this above ``summarizer.*.total_timeout_seconds``); then ABORTED.
     compaction_lock_timeout_seconds: float = Field(180.0, gt=0)
+    #: how often a replica looks for compactions announced (``compression_started``) and never
+    #: closed, because the replica running them died or their closing event was lost, and closes
+    #: each whose session's lock is free with ``compression_refused`` (reason failed).
+    abandoned_compaction_check_seconds: float = Field(60.0, gt=0)
+    #: a start younger than this is not looked at (its compaction may still be taking the lock).
+    abandoned_compaction_after_seconds: float = Field(30.0, ge=0)
 
     @model_validator(mode="after")
     def _pool_bounds(self) -> Self:

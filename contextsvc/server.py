@@ -69,6 +69,8 @@ class RunningServer:
     store_health: StoreHealthWatcher | None = None
     #: the periodic store maintenance run (``engine/maintenance.py``).
     maintenance: asyncio.Task[None] | None = None
+    #: the periodic close of compactions a dead replica announced and never ended (PostgreSQL).
+    abandoned: asyncio.Task[None] | None = None
     #: hands the C heap's free memory back to the system (``heap_trim.py``; ``serve`` only).
     heap_trim: asyncio.Task[None] | None = None
 
@@ -301,6 +303,23 @@ async def _start_background(running: RunningServer, settings: Settings, bus: Eve
         ),
         name="contextsvc-maintenance",
     )
+    if hasattr(bus, "open_compressions"):
+        running.abandoned = asyncio.create_task(
+            _close_abandoned_loop(running.engine, settings), name="contextsvc-abandoned-compactions"
+        )
+
+
+async def _close_abandoned_loop(engine: Engine, settings: Settings) -> None:
+    """Every ``postgres.abandoned_compaction_check_seconds``: close the compactions announced and
+    never ended (``Compactor.close_abandoned``), so a watcher's "compressing" ends even when the
+    replica running it died."""
+    pg = settings.postgres
+    while True:
+        await asyncio.sleep(pg.abandoned_compaction_check_seconds)
+        try:
+            await engine.compactor.close_abandoned(older_than=pg.abandoned_compaction_after_seconds)
+        except Exception as exc:  # the database away: the next pass tries again
+            log.warning("closing abandoned compactions failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
 
 async def _set_health(health: health_aio.HealthServicer, status: int) -> None:
@@ -316,7 +335,7 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
     # The store's health watcher would otherwise turn SERVING back on during the drain.
     if running.store_health is not None:
         await running.store_health.stop()
-    for task in (running.maintenance, running.heap_trim):
+    for task in (running.maintenance, running.heap_trim, running.abandoned):
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

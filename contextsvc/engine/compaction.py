@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -1116,11 +1117,55 @@ class Compactor:
         except Exception:
             log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
 
+    async def close_abandoned(self, *, older_than: float, limit: int = 100) -> int:
+        """Close each compaction announced and never closed: ``compression_refused`` (reason
+        failed) for a ``compression_started`` that is still its session's newest compression
+        event while nothing holds the session's compaction lock. Both events of a compaction are
+        published under that lock, so a free lock means the one that announced it is gone: its
+        replica died (kill -9, a lost machine), or the closing event could not be published.
+        Only a bus that keeps events where every replica reads them can tell (PostgreSQL); the
+        others return 0. How many were closed."""
+        find = getattr(self._bus, "open_compressions", None)
+        newest = getattr(self._bus, "newest_compression", None)
+        if find is None or newest is None:
+            return 0
+        started_before = datetime.now(UTC) - timedelta(seconds=older_than)
+        closed = 0
+        for started in await find(started_before=started_before, limit=limit):
+            try:
+                async with self.lock(started.session_id, wait=_ABANDONED_LOCK_WAIT):
+                    now = await newest(started.session_id)
+                    if now is None or now.event_id != started.event_id:
+                        continue  # closed meanwhile, or a newer compaction announced itself
+                    await self._bus.publish(
+                        session_id=started.session_id,
+                        user_id=started.user_id,
+                        kind="compression_refused",
+                        payload={
+                            "reason": Refusal.FAILED.value,
+                            "trigger": str(started.payload.get("reason", "")),
+                            "detail": _ABANDONED_DETAIL,
+                        },
+                    )
+                    closed += 1
+            except (CompactionBusy, Conflict):
+                continue  # a compaction of the session runs: it will close its own
+        if closed:
+            log.warning("closed compactions announced and never ended", extra={"closed": closed})
+        return closed
+
     async def refuse(self, s: Situation, detail: str) -> None:
         await self._publish(
             s, "compression_refused", {"reason": "loop_guard", "trigger": s.reason.value, "detail": detail}
         )
 
+
+#: How long ``close_abandoned`` tries a session's lock before leaving it for the next pass.
+_ABANDONED_LOCK_WAIT = 1.0
+_ABANDONED_DETAIL = (
+    "the compaction was announced and never ended (the replica running it stopped, or its closing "
+    "event was lost); nothing was committed"
+)
 
 _REFUSAL_DETAIL = {
     Refusal.CONFLICT: "another compaction committed first; the context is already compacted",

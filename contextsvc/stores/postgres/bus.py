@@ -60,6 +60,8 @@ PUBLISH_LOCK = lock_key("contextsvc:events:publish")
 LISTEN_APPLICATION_NAME = "contextsvc-listen"
 
 EVENT_COLUMNS = "event_id, session_id, user_id, kind, payload, time"
+#: The events that open and close a compaction (``open_compressions``; indexed: schema v10).
+_COMPRESSION_KINDS = "'compression_started', 'context_compressed', 'compression_refused'"
 #: The largest notification payload sent whole: PostgreSQL refuses one of 8,000 bytes or more.
 NOTICE_BYTES = 7_900
 
@@ -390,6 +392,26 @@ class PostgresEventBus:
         sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE {where} ORDER BY event_id LIMIT ${len(args)}"
         rows = await self._read("fetch events", sql, *args)
         return [_stored(r, r["time"]) for r in rows]
+
+    async def open_compressions(self, *, started_before: datetime, limit: int) -> list[StoredEvent]:
+        """Sessions whose newest compression event is a ``compression_started`` published before
+        ``started_before``: compactions announced and never closed, if nothing holds their lock
+        (a replica that died running one; ``Engine.close_abandoned_compactions`` checks the lock)."""
+        sql = f"""
+            SELECT {EVENT_COLUMNS} FROM (
+                SELECT DISTINCT ON (session_id) {EVENT_COLUMNS} FROM events
+                 WHERE kind IN ({_COMPRESSION_KINDS}) ORDER BY session_id, event_id DESC
+            ) AS newest
+             WHERE kind = 'compression_started' AND time < $1 ORDER BY event_id LIMIT $2"""
+        rows = await self._read("open compressions", sql, started_before, limit)
+        return [_stored(r, r["time"]) for r in rows]
+
+    async def newest_compression(self, session_id: str) -> StoredEvent | None:
+        """The session's newest compression event (started, compressed or refused), if any."""
+        sql = f"""SELECT {EVENT_COLUMNS} FROM events WHERE session_id = $1 AND kind IN ({_COMPRESSION_KINDS})
+                   ORDER BY event_id DESC LIMIT 1"""
+        rows = await self._read("newest compression", sql, session_id)
+        return _stored(rows[0], rows[0]["time"]) if rows else None
 
     def _acquire(self) -> Any:
         if self._pool is None:

@@ -242,6 +242,13 @@ _V9_VIEW_SHAPE = """
 ALTER TABLE views ADD COLUMN shape text NOT NULL DEFAULT '';
 """
 
+# The events that open and close compactions, by session: finding the compactions a replica that
+# died left announced and never closed (``PostgresEventBus.open_compressions``) reads this index.
+_V10_COMPRESSION_EVENTS = """
+CREATE INDEX events_compressions ON events (session_id, event_id)
+ WHERE kind IN ('compression_started', 'context_compressed', 'compression_refused');
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
@@ -252,6 +259,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "view image tokens", _V7_VIEW_IMAGES),
     Migration(8, "context epoch", _V8_CONTEXT_EPOCH),
     Migration(9, "view shape", _V9_VIEW_SHAPE),
+    Migration(10, "compression events index", _V10_COMPRESSION_EVENTS),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.
