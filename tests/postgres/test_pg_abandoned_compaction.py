@@ -53,7 +53,7 @@ async def _started(bus: Any, sid: str, reason: str = "forced") -> Any:
 
 
 async def test_a_start_left_by_a_dead_replica_is_closed_once(fleet: list[Any]) -> None:
-    (store_a, bus_a, _), (store_b, bus_b, engine_b) = fleet
+    (store_a, bus_a, _), (_, bus_b, engine_b) = fleet
     dead = (await store_a.create_session(caller=ALICE, profile_id="p")).id
     done = (await store_a.create_session(caller=ALICE, profile_id="p")).id
     running = (await store_a.create_session(caller=ALICE, profile_id="p")).id
@@ -61,9 +61,7 @@ async def test_a_start_left_by_a_dead_replica_is_closed_once(fleet: list[Any]) -
     # lock), and one it never closed (it died: its lock went with its connection).
     abandoned = await _started(bus_a, dead)
     await _started(bus_a, done, "postturn")
-    await bus_a.publish(
-        session_id=done, user_id="alice", kind="context_compressed", payload={"reason": "postturn"}
-    )
+    await bus_a.publish(session_id=done, user_id="alice", kind="context_compressed", payload={"reason": "postturn"})
     await _started(bus_a, running)
     watcher = bus_b.subscribe(caller=ALICE, session_id=dead, after_event_id=abandoned.event_id)
     async with store_a.compaction_lock(running):
