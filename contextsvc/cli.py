@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import sys
 
 from pydantic import ValidationError
 
 from contextsvc import __version__
 from contextsvc.cli_tokens import add_tokens_parser, run_tokens
-from contextsvc.config import Settings, load_settings
+from contextsvc.config import Settings, load_settings, redacted_url
 from contextsvc.logs import setup_logging
 
 DESCRIPTION = """\
@@ -183,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"contextsvc: invalid settings: {exc}", file=sys.stderr)
         return 2
     if args.command == "config":
-        print(settings.model_dump_json(indent=2))
+        shown = settings.model_dump(mode="json")
+        shown["store"] = redacted_url(settings.store)
+        shown["auth"]["token_store"] = redacted_url(settings.auth.token_store)
+        print(json.dumps(shown, indent=2))
         return 0
     if args.command == "fsck":
         from contextsvc.store_tools import run_fsck

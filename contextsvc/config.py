@@ -13,6 +13,7 @@ that of a class or a builtin (``list``, ``dict``) is built from text (``tokenize
 
 import json
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -765,6 +766,22 @@ class Settings(BaseModel):
 
     def profile(self, profile_id: str) -> ProfileConfig | None:
         return self.profiles.get(profile_id or self.default_profile)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the password of its user part replaced (``postgres://app:***@db/contextsvc``),
+    for logs and printed settings: a store URL comes from a secret and its password must not
+    reach a log line."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    user, at, host = authority.rpartition("@")
+    if at and ":" in user:
+        authority = f"{user.split(':', 1)[0]}:***@{host}"
+    # libpq also takes the password as a query parameter.
+    tail = re.sub(r"(?i)(\bpassword=)[^&]*", r"\1***", tail)
+    return f"{scheme}://{authority}{slash}{tail}"
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

@@ -27,7 +27,7 @@ from contextsvc.api.quotas import Quotas
 from contextsvc.api.servicer import ContextServicer, add_to_server
 from contextsvc.api.wire import WireCache
 from contextsvc.clock import SystemClock
-from contextsvc.config import Settings
+from contextsvc.config import Settings, redacted_url
 from contextsvc.core.session import Principal
 from contextsvc.engine.authn import Authenticator
 from contextsvc.engine.engine import Engine
@@ -147,7 +147,8 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         # Transient (PostgreSQL not up yet): listen NOT_SERVING and keep trying (contextsvc/startup.py).
         first_error = exc
     except Exception as exc:
-        raise StartupError(f"cannot open the store {settings.store}: {' '.join(str(exc).split())}") from None
+        named = redacted_url(settings.store)
+        raise StartupError(f"cannot open the store {named}: {' '.join(str(exc).split())}") from None
     if freeze:
         _freeze_startup_objects(settings.hot_path.gc_young_threshold)
     auth_resources = AsyncExitStack()
@@ -238,7 +239,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         return running
     log.warning(
         "store not reachable; serving NOT_SERVING until it answers",
-        extra={"store": settings.store, "error": " ".join(str(first_error).split())},
+        extra={"store": redacted_url(settings.store), "error": " ".join(str(first_error).split())},
     )
 
     async def ready() -> None:
@@ -387,12 +388,12 @@ async def serve(settings: Settings) -> None:
         listener_tls(settings, bundled=True)
     running = await start(settings, freeze=True)
     # Tests and scripts read this line to learn the port when listening on port 0.
-    print(f"contextsvc listening on {host}:{running.port} (store: {settings.store})", flush=True)
+    print(f"contextsvc listening on {host}:{running.port} (store: {redacted_url(settings.store)})", flush=True)
     log.info(
         "serving",
         extra={
             "listen": f"{host}:{running.port}",
-            "store": settings.store,
+            "store": redacted_url(settings.store),
             "transport": running.transport.describe() if running.transport else "",
         },
     )

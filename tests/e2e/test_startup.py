@@ -96,12 +96,15 @@ def _serve(store: str, tmp_path: Path, **env: str) -> subprocess.CompletedProces
 
 
 def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_1(tmp_path: Path) -> None:
-    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    # The URL's password (from a secret, in a deployment) never reaches stdout or a log line.
+    url = f"postgresql://postgres:s3cretPW@127.0.0.1:{_closed_port()}/postgres?password=alsoSecret"
     done = _serve(url, tmp_path, CONTEXTSVC_STORE_START_TIMEOUT_SECONDS="1", CONTEXTSVC_STORE_RETRY_MAX_SECONDS="0.3")
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("contextsvc: the store did not answer within 1 s:"), done.stderr
+    assert "listening on" in done.stdout and "postgres:***@" in done.stdout + done.stderr
+    assert "s3cretPW" not in done.stdout + done.stderr and "alsoSecret" not in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contextsvc.cli import main
-from contextsvc.config import Durability, Settings, load_settings
+from contextsvc.config import Durability, Settings, load_settings, redacted_url
 from contextsvc.core.profile import CompressionOverrides, ProfileOverrides, resolve_profile
 from contextsvc.errors import InvalidArgument
 
@@ -106,6 +106,29 @@ def test_cli_config_prints_effective_settings(capsys: pytest.CaptureFixture[str]
     assert main(["config", "--config", str(cfg)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["profiles"]["coder"]["context_window"] == 65536
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgres://app:s3cret@db:5432/ctx", "postgres://app:***@db:5432/ctx"),
+        ("postgresql://u@h/d?sslmode=require&password=s3cret", "postgresql://u@h/d?sslmode=require&password=***"),
+        ("postgres://app@db/ctx", "postgres://app@db/ctx"),
+        ("files:./.contextsvc", "files:./.contextsvc"),
+        ("memory", "memory"),
+    ],
+)
+def test_store_urls_are_shown_without_their_password(url: str, shown: str) -> None:
+    assert redacted_url(url) == shown
+
+
+def test_cli_config_hides_the_store_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTEXTSVC_STORE", "postgres://app:s3cret@db:5432/ctx")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["store"] == "postgres://app:***@db:5432/ctx" and "s3cret" not in out
 
 
 def test_cli_rejects_invalid_settings(capsys: pytest.CaptureFixture[str]) -> None:
