@@ -46,6 +46,10 @@ from contextsvc.transport import CertificateReloader, Transport, check_transport
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = context_service_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name
+#: The process itself: SERVING from the moment it listens until it drains, whatever the store
+#: does (for liveness and startup probes: a database outage takes a replica out of the Service
+#: through ``SERVICE_NAME``, and must not get it restarted).
+LIVENESS_NAME = "contextsvc.liveness"
 
 
 @dataclass(slots=True)
@@ -215,6 +219,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         health,
         health_pb2.HealthCheckResponse.SERVING if first_error is None else health_pb2.HealthCheckResponse.NOT_SERVING,
     )
+    await health.set(LIVENESS_NAME, health_pb2.HealthCheckResponse.SERVING)
     await server.start()
     running = RunningServer(
         server=server,
@@ -342,6 +347,7 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     await _set_health(running.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await running.health.set(LIVENESS_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     if running.opener is not None:
         running.opener.cancel()
         with contextlib.suppress(asyncio.CancelledError, StartupError):

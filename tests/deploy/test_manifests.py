@@ -76,7 +76,11 @@ def test_probes_ask_the_service_health_and_termination_outlasts_the_drain(overla
     readiness = container["readinessProbe"]["exec"]["command"]
     assert readiness[0] == "grpc-health-probe"
     assert f"-service={HEALTH_SERVICE}" in readiness and "-tls" in readiness
-    assert "-tls" in container["livenessProbe"]["exec"]["command"]
+    # Liveness and startup ask the process, not the store: a database outage takes replicas out of
+    # the Service (readiness) and must not get them restarted.
+    for probe in ("livenessProbe", "startupProbe"):
+        command = container[probe]["exec"]["command"]
+        assert "-tls" in command and "-service=contextsvc.liveness" in command, probe
     env = {e["name"]: e.get("value") for e in container["env"]}
     # Beyond loopback the server refuses to start without TLS (or --insecure): the pod gives it TLS.
     assert env["CONTEXTSVC_TLS_CERT"] and env["CONTEXTSVC_TLS_KEY"]
@@ -87,6 +91,32 @@ def test_probes_ask_the_service_health_and_termination_outlasts_the_drain(overla
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace_seconds + pre_stop
     assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_network_policy_admits_client_pods_by_their_label_alone(overlay: str) -> None:
+    docs = _render(overlay)
+    (policy,) = (p for p in _by_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "contextsvc")
+    [rule] = policy["spec"]["ingress"]
+    assert [peer["podSelector"]["matchLabels"] for peer in rule["from"]] == [{"contextsvc-client": "true"}]
+    # ... while it, the Service and the PDB select the server pods the Deployment makes.
+    server = _server(docs)["deployment"]
+    pod_labels = server["spec"]["template"]["metadata"]["labels"]
+    (service,) = (s for s in _by_kind(docs, "Service") if s["metadata"]["name"] == "contextsvc")
+    (pdb,) = _by_kind(docs, "PodDisruptionBudget")
+    for selector in (
+        server["spec"]["selector"]["matchLabels"],
+        policy["spec"]["podSelector"]["matchLabels"],
+        service["spec"]["selector"],
+        pdb["spec"]["selector"]["matchLabels"],
+    ):
+        assert selector.items() <= pod_labels.items() and "app.kubernetes.io/name" in selector
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_empty_tls_secret_is_shipped(overlay: str) -> None:
+    # An empty pair crashed every pod, and an apply would overwrite a pair cert-manager issued.
+    assert not [s for s in _by_kind(_render(overlay), "Secret") if s["metadata"]["name"] == "contextsvc-tls"]
 
 
 def test_the_embedded_overlay_runs_one_writer_on_a_volume() -> None:

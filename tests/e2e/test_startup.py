@@ -31,9 +31,12 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _health(channel: grpc.Channel) -> int:
-    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+def _health(channel: grpc.Channel, service: str = "") -> int:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
     return int(reply.status)
+
+
+LIVENESS = "contextsvc.liveness"
 
 
 def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() -> None:
@@ -45,6 +48,8 @@ def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() 
         try:
             with server.channel() as ch:
                 assert _health(ch) == health_pb2.HealthCheckResponse.NOT_SERVING
+                # The process is alive all along: liveness and startup probes must not restart it.
+                assert _health(ch, LIVENESS) == health_pb2.HealthCheckResponse.SERVING
                 with pytest.raises(grpc.RpcError) as caught:
                     server.stub(ch).CreateSession(pb.CreateSessionRequest(name="early"), timeout=5)
                 details = error_details(caught.value)
@@ -66,6 +71,7 @@ def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() 
                 while _health(ch) != health_pb2.HealthCheckResponse.NOT_SERVING:
                     assert time.monotonic() < deadline, server.stderr_text[-2000:]
                     time.sleep(0.2)
+                assert _health(ch, LIVENESS) == health_pb2.HealthCheckResponse.SERVING
                 cluster.start()
                 deadline = time.monotonic() + 30
                 while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
