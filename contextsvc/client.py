@@ -45,6 +45,7 @@ from google.protobuf.message import Message as ProtoMessage
 from google.rpc import error_details_pb2, status_pb2
 
 from contextsvc import errors
+from contextsvc.telemetry import outgoing_metadata
 from contextsvc.v1 import context_service_pb2 as pb
 from contextsvc.v1 import context_service_pb2_grpc as pb_grpc
 from contextsvc.v1 import events_pb2, resources_pb2
@@ -423,7 +424,7 @@ class ContextClient:
             # never 0: grpc reads a zero timeout as "no deadline"
             remaining = None if deadline is None else max(deadline - loop.time(), 1e-6)
             try:
-                return await method(request, timeout=remaining, metadata=self._metadata)
+                return await method(request, timeout=remaining, metadata=self._metadata + outgoing_metadata())
             except grpc.aio.AioRpcError as exc:
                 err = error_from_rpc(exc)
                 attempt += 1
@@ -626,7 +627,8 @@ class ContextClient:
         failures = 0
         while True:
             call = self._stub.StreamEvents(
-                pb.StreamEventsRequest(session_id=session_id, after_event_id=last), metadata=self._metadata
+                pb.StreamEventsRequest(session_id=session_id, after_event_id=last),
+                metadata=self._metadata + outgoing_metadata(),
             )
             hint: float | None = None
             try:

@@ -30,6 +30,7 @@ SDK's sampler, ids, limits and ``ReadableSpan``, fewer steps), and spans are enc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -607,6 +608,24 @@ class _ViewSpan(_ChildSpan):
         if self._session_token is not None:
             _view_session.reset(self._session_token)
         super().__exit__(kind, exc, tb)
+
+
+def client_span(name: str) -> contextlib.AbstractContextManager[Any]:
+    """A client span around an outgoing call (the gateway's calls to the service), current while
+    the call runs so ``outgoing_metadata`` carries it; nothing when tracing is off."""
+    if not _current.tracing:
+        return contextlib.nullcontext()
+    return _current.tracer.start_as_current_span(name, kind=SpanKind.CLIENT)
+
+
+def outgoing_metadata() -> tuple[tuple[str, str], ...]:
+    """The current trace context as gRPC metadata (``traceparent``, by the configured
+    propagators), so the service's spans continue the caller's trace; empty when tracing is off."""
+    if not _current.tracing:
+        return ()
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items())
 
 
 def view_span(session_id: str) -> _ChildSpan:

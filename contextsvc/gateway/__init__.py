@@ -13,8 +13,11 @@ log = logging.getLogger(__name__)
 
 async def run(settings: Settings) -> None:
     """``contextsvc gateway``: the gateway alone, calling the service at ``settings.gateway.target``."""
+    from contextsvc import __version__, telemetry
     from contextsvc.gateway.server import announce, start_gateway
 
+    # The standard OTEL_* variables, as for the server: spans of the calls it makes to the service.
+    telemetry.configure(service_version=__version__)
     listen = settings.gateway.listen or "127.0.0.1:8080"
     gateway = await start_gateway(settings, listen, settings.gateway.target)
     announce(listen, gateway.port, gateway.scheme)
@@ -34,4 +37,5 @@ async def run(settings: Settings) -> None:
     loop.add_signal_handler(signal.SIGHUP, gateway.reload_certificates)
     await stopping.wait()
     await gateway.close()
+    telemetry.current().shutdown()  # flush what the last calls recorded; a no-op when off
     log.info("gateway stopped")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
-from contextsvc import errors
+from contextsvc import errors, telemetry
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.client import ContextClient, RetryPolicy, TLSOptions
@@ -113,10 +113,12 @@ class Upstream:
         await self.client.close()
 
     async def _call(self, token: str, method: str, request: Message) -> object:
-        try:
-            return await self.client.with_token(_checked(token)).call(method, request)
-        except errors.ContextError as exc:
-            raise _error(exc) from None
+        # A client span per call when tracing is on: the service's server span becomes its child.
+        with telemetry.client_span(f"contextsvc.gateway/{method}"):
+            try:
+                return await self.client.with_token(_checked(token)).call(method, request)
+            except errors.ContextError as exc:
+                raise _error(exc) from None
 
     async def get_session(self, token: str, session_id: str) -> resources_pb2.Session:
         reply = await self._call(token, "GetSession", pb.GetSessionRequest(session_id=session_id))

@@ -478,3 +478,40 @@ def test_prometheus_scrape_endpoint_serves_the_metrics(tmp_path: Path) -> None:
     assert 'rpc_method="BuildContext"' in body
     assert "contextsvc_context_fill" in body
     assert "contextsvc_sessions_created" in body
+
+
+def test_the_standalone_gateway_traces_its_calls_and_the_service_continues_them(
+    tmp_path: Path, receiver: tuple[Receiver, int]
+) -> None:
+    """``contextsvc gateway`` reads the same OTEL_* variables: a client span per call to the
+    service, whose server span is its child in the same trace (one trace from browser to store)."""
+    import urllib.request
+
+    from tests.support.gateway import Process
+
+    rcv, port = receiver
+    env = {**_clean_env(), **_otel_env(port)}
+    service = Process(["serve", "--listen", "127.0.0.1:0", "--store", f"files:{tmp_path / 'data'}"], env=env)
+    service.start()
+    gateway = Process(
+        ["gateway", "--listen", "127.0.0.1:0", "--target", service.grpc_address],
+        env={**env, "OTEL_SERVICE_NAME": "contextsvc-gateway-e2e"},
+    ).start()
+    try:
+        with urllib.request.urlopen(f"{gateway.http_url}/api/sessions", timeout=10) as reply:
+            assert reply.status == 200
+        list_rpc = "/contextsvc.v1.ContextService/ListSessions"
+
+        def both(r: Receiver) -> bool:
+            names = {s.name for s in r.spans}
+            return "contextsvc.gateway/ListSessions" in names and list_rpc in names
+
+        assert rcv.wait_for(both), sorted({s.name for s in rcv.spans})
+        with rcv.lock:
+            (client,) = [s for s in rcv.spans if s.name == "contextsvc.gateway/ListSessions"]
+            servers = [s for s in rcv.spans if s.name == list_rpc]
+        assert any(s.trace_id == client.trace_id and s.parent_span_id == client.span_id for s in servers)
+    finally:
+        assert gateway.terminate() == 0
+        service.kill()
+    assert "Traceback" not in gateway.stderr_text
