@@ -114,7 +114,13 @@ class Engine:
         await self.accounting.ensure_loaded(profile.model)
         return profile
 
-    async def _remember_profile(self, session: SessionInfo, overrides: ProfileOverrides) -> SessionInfo:
+    async def _remember_profile(
+        self, session: SessionInfo, overrides: ProfileOverrides, *, wait: float | None = None
+    ) -> SessionInfo:
+        """The session with ``overrides`` remembered as its profile (what later builds without one,
+        and the post-turn check, use). ``wait`` bounds the wait for the compaction lock: past it the
+        session is returned as it was, and a later build remembers the profile (this one uses it
+        all the same)."""
         # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
         # costs no write (and no lock) on every build.
         wanted = _stored_none() if overrides is NO_OVERRIDES else _as_stored(overrides)
@@ -125,13 +131,16 @@ class Engine:
         # Read-modify-write of the engine state under the compaction lock, on a fresh read: writing
         # back the state this request read earlier would undo a compaction committed meanwhile.
         # Both locks: the store's serializes with compactions on other replicas too.
-        async with self.compactor.lock(session.id):
-            fresh = await self.store.get_session(session.id, caller=_INTERNAL)
-            state = EngineState.of(fresh)
-            if state.extra.get(_PROFILE_KEY) == wanted:
-                return fresh
-            new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: copy.deepcopy(wanted)})
-            return await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+        try:
+            async with self.compactor.lock(session.id, wait=wait):
+                fresh = await self.store.get_session(session.id, caller=_INTERNAL)
+                state = EngineState.of(fresh)
+                if state.extra.get(_PROFILE_KEY) == wanted:
+                    return fresh
+                new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: copy.deepcopy(wanted)})
+                return await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+        except CompactionBusy:
+            return session  # a compaction's summarizer holds the lock: remembered by a later build
 
     def _situation(
         self,
@@ -189,7 +198,12 @@ class Engine:
         # (the soak's CONTEXT_TOO_LARGE).
         session, context = await self.store.context_and_session(sid, caller=caller)
         effective = await self._profile_for(session, profile)
-        remembered = await self._remember_profile(session, profile)
+        # A build never waits on a compaction's summarizer past ``build_wait_seconds`` in all: one
+        # deadline for every wait of the lock below (remembering the profile, a memory flush, the
+        # compression itself).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.hot_path.build_wait_seconds
+        remembered = await self._remember_profile(session, profile, wait=self.settings.hot_path.build_wait_seconds)
         if remembered is not session:  # the state was written (or read again): read both again
             session, context = await self.store.context_and_session(sid, caller=caller)
         message, data = await self.views.prepare_incoming(incoming, "incoming")
@@ -198,9 +212,8 @@ class Engine:
         reason = Reason.MIDTURN if mid_turn else Reason.PRETURN
         if auto_compress and effective.compression.enabled:
             situation = self._situation(session, effective, context, built, reason, mid_turn=mid_turn)
-            # A build never waits on another compaction's summarizer past ``build_wait_seconds``.
             wait = self.settings.hot_path.build_wait_seconds
-            await self.compactor.maybe_memory_flush(situation, wait=wait)
+            await self.compactor.maybe_memory_flush(situation, wait=_left(deadline, loop))
             fits = self._fits_with_margin(built)
             # When a compaction of this session is already running and the current view fits (with
             # its margin: else its real count may not), it is served now rather than after that
@@ -212,7 +225,7 @@ class Engine:
             while rounds > 0 and self.compactor.over_threshold(situation) and not (fits and self.compactor.busy(sid)):
                 rounds -= 1
                 try:
-                    report = await self._compress_automatically(situation, wait=wait)
+                    report = await self._compress_automatically(situation, wait=_left(deadline, loop))
                 except CompactionBusy:
                     # Still compacting elsewhere after the bound: a hard-truncated view, computed
                     # and not committed (the running compaction commits its own result).
@@ -534,6 +547,12 @@ class Engine:
 
 
 @functools.cache
+def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:
+    """Seconds to ``deadline`` (a lock wait bound: a hair above 0 once passed, so a free lock is
+    still taken and a held one refused at once)."""
+    return max(deadline - loop.time(), 0.001)
+
+
 def _stored_none() -> dict[str, Any]:
     """``_as_stored(NO_OVERRIDES)``, without hashing the overrides on every build."""
     return _as_stored(NO_OVERRIDES)

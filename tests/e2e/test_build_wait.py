@@ -93,6 +93,18 @@ def test_builds_do_not_wait_for_a_hanging_summarizer(hanging: ServerProcess, llm
                 else:
                     pending = {c.id for c in m.tool_calls}
 
+        # A build with a profile the session has not been built with yet remembers it, a state
+        # write under the same lock: the bound covers that wait too (it once waited for the
+        # whole summarizer call), and the whole build stays within it.
+        for prompt in ("Be terse.", "Cite the log lines you rely on."):
+            other = _profile()
+            other.system_prompt = prompt
+            started = time.monotonic()
+            view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=other), timeout=30)
+            took = time.monotonic() - started
+            assert took < BOUND_S + SLACK_S, f"BuildContext with a new profile waited {took:.1f} s"
+            assert any("still running" in n for n in view.notices), list(view.notices)
+
         # Appends are not held up either.
         started = time.monotonic()
         stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("next")]))
