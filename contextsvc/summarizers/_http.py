@@ -167,13 +167,26 @@ def strip_thinking(content: str) -> str:
     return _THINK_BLOCK.sub("", content, count=1).strip()
 
 
+def storable(text: str) -> str:
+    """``text`` as a stored message may hold it: JSON can carry a lone surrogate (``"\\ud800"``),
+    which is no UTF-8 (a summary holding one committed, then failed every read of its session as
+    INTERNAL), and NUL, which PostgreSQL's text refuses. Lone surrogates become U+FFFD; NULs go."""
+    if text.isascii():
+        return text.replace("\0", "")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text.replace("\0", "")
+
+
 def require_text(who: str, content: object, *, detail: str = "") -> str:
-    """``content`` as a non-empty summary, else ``SummarizerError``."""
+    """``content`` as a non-empty summary (``storable``), else ``SummarizerError``."""
     if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     if not isinstance(content, str):
         raise SummarizerError(f"{who}: the answer has no text content (got {type(content).__name__}){detail}")
-    text = strip_thinking(content)
+    text = strip_thinking(storable(content))
     if not text:
         raise SummarizerError(f"{who}: the answer's content is empty{detail}")
     return text

@@ -108,6 +108,17 @@ async def test_ok_returns_the_summary_with_keys(fake: FakeLLM, make_set: Any, pr
     assert len(fake.requests()) == 1
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_summary_that_is_no_valid_text_is_made_storable(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    """A lone surrogate (valid JSON, no UTF-8) once committed as a summary failed every later read
+    of its session as INTERNAL; it becomes U+FFFD, and a NUL (PostgreSQL's text refuses it) goes."""
+    fake.set_mode("surrogate")
+    summary = await make_set().get(protocol).summarize(_request())
+    assert "Odd \ufffd bytes here." in summary and "\x00" not in summary
+    summary.encode("utf-8")  # raises on a lone surrogate
+    assert split_keys_line(summary)[1] == ["src/app/calc.py", "PROJ-42", "CalcEngine"]
+
+
 async def test_openai_request_body(fake: FakeLLM, make_set: Any) -> None:
     await make_set(api_key="sk-test").get("openai").summarize(_request())
     recorded = fake.requests()[0]
@@ -313,3 +324,36 @@ async def test_closed_before_any_http_summary_makes_no_client(fake: FakeLLM) -> 
         await summarizers.get("openai").summarize(_request())
     assert summarizers._client is not None and summarizers._client._client is None
     assert fake.requests() == []
+
+
+def test_a_compaction_whose_summary_is_no_valid_text_leaves_the_session_readable(fake: FakeLLM, tmp_path: Any) -> None:
+    """Through a real server: the compaction commits the cleaned summary, and every read of the
+    session (both buffers, a build, the session) answers, where each was INTERNAL for good."""
+    from contextsvc._gen.v1 import context_service_pb2 as pb
+    from contextsvc._gen.v1 import resources_pb2 as r
+    from tests.support.rpc import all_messages, assistant, user
+    from tests.support.server import ServerProcess
+
+    fake.set_mode("surrogate")
+    env = {"CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": fake.base_url}
+    profile = r.Profile(
+        context_window=8192, compression=r.CompressionSettings(summarizer="openai", strategies=["summarize"])
+    )
+    with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as server, server.channel() as ch:
+        stub = server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        for t in range(12):
+            stub.AppendMessages(
+                pb.AppendMessagesRequest(
+                    session_id=sid, messages=[user(f"question {t} about PROJ-{t} " + "w " * 200), assistant(f"ok {t}")]
+                )
+            )
+        done = stub.Compress(pb.CompressRequest(session_id=sid, profile=profile), timeout=60)
+        assert done.compressed and "\ufffd" in done.summary
+        assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count == 24 + 1
+        context = all_messages(stub, sid, buffer=pb.BUFFER_CONTEXT)
+        assert any(m.flags.is_summary and "\ufffd" in m.content for m in context)
+        assert len(all_messages(stub, sid)) == 25
+        view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile))
+        assert any("\ufffd" in m.content for m in view.messages)
+    assert "Traceback" not in server.stderr_text

@@ -12,7 +12,8 @@ Endpoints:
   ``ok`` (a summary echoing facts of the input, ending with a KEYS line), ``no_keys`` (the same
   without the KEYS line), ``fail`` (HTTP 500), ``bad_request`` (HTTP 400), ``hang`` (sleep
   ``hang_seconds``, capped, then answer ok), ``garbage`` (200, not JSON), ``wrong_shape`` (200,
-  JSON without the expected fields), ``empty`` (200, empty content).
+  JSON without the expected fields), ``empty`` (200, empty content), ``surrogate`` (the ok summary
+  with a lone surrogate ``\\ud800`` and a NUL in it: valid JSON, no valid UTF-8 text).
 * ``POST /_reset`` — mode ``ok``, no queued modes, no recorded requests.
 * ``GET /_requests`` — ``{"requests": [{"path", "headers", "body"}, ...]}`` of chat calls, oldest
   first (the newest ``MAX_RECORDED``).
@@ -42,7 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any
 
-MODES = ("ok", "no_keys", "fail", "bad_request", "hang", "garbage", "wrong_shape", "empty")
+MODES = ("ok", "no_keys", "fail", "bad_request", "hang", "garbage", "wrong_shape", "empty", "surrogate")
 MAX_HANG_SECONDS = 30.0
 MAX_RECORDED = 200
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -149,6 +150,8 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "hang":
             time.sleep(hang_seconds)  # bounded by MAX_HANG_SECONDS; the client has usually left
         content = "" if mode == "empty" else _summary(body, keys=mode != "no_keys")
+        if mode == "surrogate":  # json.dumps writes it as the escape "\ud800": valid JSON
+            content = content.replace("- It began", "- Odd \ud800 bytes\x00 here.\n- It began", 1)
         model = body.get("model", "fake") if isinstance(body, dict) else "fake"
         if ollama:
             answer: dict[str, Any] = {
