@@ -150,10 +150,13 @@ def error_from_rpc(exc: grpc.aio.AioRpcError) -> errors.ContextError:
     # Made without the class's own constructor: some take what the server raising them had
     # (RequestIdReused a request id, ResourceExhausted a limit), not what the status carries.
     err = kind.__new__(kind)
+    # Without an ErrorInfo (gRPC's own refusals: a deadline, a message over the size limit) the
+    # reason is the canonical code name, as in the Go and TypeScript clients, not the class's.
+    named = reason or code.name
     if isinstance(err, errors.InvalidArgument):
-        errors.InvalidArgument.__init__(err, message, violations=violations, reason=reason or None, metadata=metadata)
+        errors.InvalidArgument.__init__(err, message, violations=violations, reason=named, metadata=metadata)
     else:
-        errors.ContextError.__init__(err, message, reason=reason or None, metadata=metadata)
+        errors.ContextError.__init__(err, message, reason=named, metadata=metadata)
     if isinstance(err, errors.ResourceExhausted):
         err.limit = metadata.get("limit", "")
         err.subject = subject

@@ -775,13 +775,15 @@ def redacted_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    authority, slash, tail = rest.partition("/")
+    # The authority ends at the first "/", "?" or "#"; a password may hold none of them unencoded.
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
     user, at, host = authority.rpartition("@")
     if at and ":" in user:
         authority = f"{user.split(':', 1)[0]}:***@{host}"
-    # libpq also takes the password as a query parameter.
-    tail = re.sub(r"(?i)(\bpassword=)[^&]*", r"\1***", tail)
-    return f"{scheme}://{authority}{slash}{tail}"
+    # libpq also takes passwords as query parameters (password, sslpassword).
+    tail = re.sub(r"(?i)([?&](?:ssl)?password=)[^&#]*", r"\1***", tail)
+    return f"{scheme}://{authority}{tail}"
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

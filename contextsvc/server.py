@@ -30,6 +30,7 @@ from contextsvc.clock import SystemClock
 from contextsvc.config import Settings, redacted_url
 from contextsvc.core.session import Principal
 from contextsvc.engine.authn import Authenticator
+from contextsvc.engine.compaction import CompressionLog
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.maintenance import maintenance_loop
 from contextsvc.errors import Unavailable
@@ -160,6 +161,9 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     if transport.auth_required:
         try:
             tokens = await auth_resources.enter_async_context(server_token_store(store, settings))
+        except ValueError as exc:  # a token store URL that names no store: one line, not a traceback
+            await store.close()
+            raise StartupError(f"auth.token_store: {exc}") from None
         except BaseException:
             await store.close()
             raise
@@ -309,13 +313,13 @@ async def _start_background(running: RunningServer, settings: Settings, bus: Eve
         ),
         name="contextsvc-maintenance",
     )
-    if hasattr(bus, "open_compressions"):
+    if isinstance(bus, CompressionLog):  # the real bus (PostgreSQL's), not the engine's wrapper
         running.abandoned = asyncio.create_task(
-            _close_abandoned_loop(running.engine, settings), name="contextsvc-abandoned-compactions"
+            _close_abandoned_loop(running.engine, bus, settings), name="contextsvc-abandoned-compactions"
         )
 
 
-async def _close_abandoned_loop(engine: Engine, settings: Settings) -> None:
+async def _close_abandoned_loop(engine: Engine, events: CompressionLog, settings: Settings) -> None:
     """Every ``postgres.abandoned_compaction_check_seconds``: close the compactions announced and
     never ended (``Compactor.close_abandoned``), so a watcher's "compressing" ends even when the
     replica running it died."""
@@ -323,7 +327,7 @@ async def _close_abandoned_loop(engine: Engine, settings: Settings) -> None:
     while True:
         await asyncio.sleep(pg.abandoned_compaction_check_seconds)
         try:
-            await engine.compactor.close_abandoned(older_than=pg.abandoned_compaction_after_seconds)
+            await engine.compactor.close_abandoned(events, older_than=pg.abandoned_compaction_after_seconds)
         except Exception as exc:  # the database away: the next pass tries again
             log.warning("closing abandoned compactions failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 

@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from contextsvc import telemetry
 from contextsvc.config import Settings
@@ -44,7 +44,7 @@ from contextsvc.core.view_budget import additive, budget_images, column_max, non
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
 from contextsvc.errors import Conflict, NothingToCompact, SessionDamaged
-from contextsvc.ports import EventBus, SessionStore, SummarizerError, Summarizers, SummaryRequest
+from contextsvc.ports import EventBus, SessionStore, StoredEvent, SummarizerError, Summarizers, SummaryRequest
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,16 @@ class Bounds:
         """Growth below which an automatic re-run is refused (loop guard). A compaction that got
         to ``limit`` or below can never be refused: the next trigger lies this far above it."""
         return self.trigger - self.limit
+
+
+@runtime_checkable
+class CompressionLog(Protocol):
+    """The compression events of a bus that keeps them where every replica reads them
+    (``stores.postgres.bus.PostgresEventBus``): what ``Compactor.close_abandoned`` asks."""
+
+    async def open_compressions(self, *, started_before: datetime, limit: int) -> list[StoredEvent]: ...
+
+    async def newest_compression(self, session_id: str) -> StoredEvent | None: ...
 
 
 class CompactionBusy(Exception):
@@ -1117,24 +1127,21 @@ class Compactor:
         except Exception:
             log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
 
-    async def close_abandoned(self, *, older_than: float, limit: int = 100) -> int:
+    async def close_abandoned(self, events: CompressionLog, *, older_than: float, limit: int = 100) -> int:
         """Close each compaction announced and never closed: ``compression_refused`` (reason
         failed) for a ``compression_started`` that is still its session's newest compression
         event while nothing holds the session's compaction lock. Both events of a compaction are
         published under that lock, so a free lock means the one that announced it is gone: its
         replica died (kill -9, a lost machine), or the closing event could not be published.
-        Only a bus that keeps events where every replica reads them can tell (PostgreSQL); the
-        others return 0. How many were closed."""
-        find = getattr(self._bus, "open_compressions", None)
-        newest = getattr(self._bus, "newest_compression", None)
-        if find is None or newest is None:
-            return 0
+        ``events`` is the bus that keeps events where every replica reads them (PostgreSQL's),
+        asked directly: the engine's own bus may be a wrapper (telemetry) or a stand-in (a start
+        before the store answered) without these queries. How many were closed."""
         started_before = datetime.now(UTC) - timedelta(seconds=older_than)
         closed = 0
-        for started in await find(started_before=started_before, limit=limit):
+        for started in await events.open_compressions(started_before=started_before, limit=limit):
             try:
                 async with self.lock(started.session_id, wait=_ABANDONED_LOCK_WAIT):
-                    now = await newest(started.session_id)
+                    now = await events.newest_compression(started.session_id)
                     if now is None or now.event_id != started.event_id:
                         continue  # closed meanwhile, or a newer compaction announced itself
                     await self._bus.publish(
@@ -1163,8 +1170,8 @@ class Compactor:
 #: How long ``close_abandoned`` tries a session's lock before leaving it for the next pass.
 _ABANDONED_LOCK_WAIT = 1.0
 _ABANDONED_DETAIL = (
-    "the compaction was announced and never ended (the replica running it stopped, or its closing "
-    "event was lost); nothing was committed"
+    "the compaction was announced and its end was never reported (the replica running it stopped, "
+    "or its closing event was lost)"
 )
 
 _REFUSAL_DETAIL = {

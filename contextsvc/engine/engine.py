@@ -546,13 +546,13 @@ class Engine:
         await self.summarizers.close()
 
 
-@functools.cache
 def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:
     """Seconds to ``deadline`` (a lock wait bound: a hair above 0 once passed, so a free lock is
     still taken and a held one refused at once)."""
     return max(deadline - loop.time(), 0.001)
 
 
+@functools.cache
 def _stored_none() -> dict[str, Any]:
     """``_as_stored(NO_OVERRIDES)``, without hashing the overrides on every build."""
     return _as_stored(NO_OVERRIDES)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import cast
 
-from contextsvc.config import Settings
+from contextsvc.config import Settings, redacted_url
 from contextsvc.ports import SessionStore
 from contextsvc.stores.files import FilesStore
 from contextsvc.stores.memory import MemoryStore
@@ -31,11 +31,11 @@ def open_store(url: str, settings: Settings) -> SessionStore:
         path = url.removeprefix("files:")
         path = path.removeprefix("//")  # files:///abs -> /abs; files://rel -> rel
         if not path:
-            raise ValueError(f"store URL {url!r} names no directory; expected 'files:PATH'")
+            raise ValueError(f"store URL {redacted_url(url)!r} names no directory; expected 'files:PATH'")
         return FilesStore(path, settings)
     if url.startswith(("postgres://", "postgresql://")):
         return _postgres(url, settings)
-    raise ValueError(f"unknown store URL {url!r}; accepted: {ACCEPTED_FORMS}")
+    raise ValueError(f"unknown store URL {redacted_url(url)!r}; accepted: {ACCEPTED_FORMS}")
 
 
 def _postgres(url: str, settings: Settings) -> SessionStore:

@@ -149,6 +149,7 @@ async def test_deadline_is_enforced() -> None:
                 await c.list_sessions(timeout=0.3)
             waited = asyncio.get_running_loop().time() - started
     assert err.value.code.name == "DEADLINE_EXCEEDED"  # type: ignore[attr-defined]
+    assert err.value.reason == "DEADLINE_EXCEEDED"  # no ErrorInfo: the code's name, as in Go and TypeScript
     assert waited < 10  # ended by the 0.3 s deadline, not by a hang
 
 

@@ -115,7 +115,12 @@ def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_
 
 @pytest.mark.parametrize(
     ("store", "expected"),
-    [("nosuch://x", "unknown store URL"), ("files:{tmp}/a-file/data", "cannot open the store")],
+    [
+        ("nosuch://x", "unknown store URL"),
+        ("files:{tmp}/a-file/data", "cannot open the store"),
+        # A mistyped scheme still holds a real password: the one line names the URL without it.
+        ("postgresql+asyncpg://app:hunter2@db/x", "unknown store URL 'postgresql+asyncpg://app:***@db/x'"),
+    ],
 )
 def test_misconfigured_store_is_one_line_and_exit_1(tmp_path: Path, store: str, expected: str) -> None:
     (tmp_path / "a-file").write_text("not a directory")
@@ -123,3 +128,30 @@ def test_misconfigured_store_is_one_line_and_exit_1(tmp_path: Path, store: str, 
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("contextsvc: ") and expected in lines[0], done.stderr
+    assert "hunter2" not in done.stderr + done.stdout
+
+
+def test_a_mistyped_token_store_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "contextsvc",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory",
+            "--auth",
+            "tokens",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "CONTEXTSVC_AUTH__TOKEN_STORE": "postgresql+asyncpg://app:hunter2@db/x"},
+        check=False,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: auth.token_store: unknown store URL"), done.stderr
+    assert "hunter2" not in done.stderr + done.stdout and "Traceback" not in done.stderr

@@ -114,6 +114,8 @@ def test_cli_config_prints_effective_settings(capsys: pytest.CaptureFixture[str]
         ("postgres://app:s3cret@db:5432/ctx", "postgres://app:***@db:5432/ctx"),
         ("postgresql://u@h/d?sslmode=require&password=s3cret", "postgresql://u@h/d?sslmode=require&password=***"),
         ("postgres://app@db/ctx", "postgres://app@db/ctx"),
+        ("postgres://app@db:5432?password=s3cret", "postgres://app@db:5432?password=***"),
+        ("postgresql://u@h/d?sslpassword=s3cret&password=s3cret", "postgresql://u@h/d?sslpassword=***&password=***"),
         ("files:./.contextsvc", "files:./.contextsvc"),
         ("memory", "memory"),
     ],

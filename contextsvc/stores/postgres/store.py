@@ -166,7 +166,7 @@ class PostgresStore:
         bound = self._pg.acquire_timeout_seconds + self._pg.connect_timeout_seconds
         try:
             writable = await asyncio.wait_for(self._read("health check", lambda conn: conn.fetchval(query)), bound)
-        except (Unavailable, TimeoutError, OSError, asyncpg.PostgresError) as exc:
+        except (ContextError, TimeoutError, OSError, asyncpg.PostgresError) as exc:
             return StoreHealth(writable=False, detail=str(exc) or type(exc).__name__)
         if not writable:
             return StoreHealth(writable=False, detail="the database is a standby or read-only")
