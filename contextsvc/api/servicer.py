@@ -273,7 +273,10 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
     @unary
     async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> resources_pb2.Session:
         session = await self._engine.sessions.fork(
-            caller_of(context), request.session_id, at_sequence=request.at_sequence
+            caller_of(context),
+            request.session_id,
+            at_sequence=request.at_sequence,
+            index=self._engine.compactor.index_history,
         )
         return mapping.session_to_pb(session)
 

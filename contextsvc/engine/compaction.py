@@ -1030,7 +1030,7 @@ class Compactor:
             return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.CONFLICT)
         if s.session.context_truncated:
             await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
-        await self._index(s.session.id, demote)
+        await self.index_history(s.session.id, demote)
         summary_seq = seqs[0] if method is Method.SUMMARY and seqs else 0
         report = CompressionReport(
             compressed=True,
@@ -1082,7 +1082,7 @@ class Compactor:
         )
         return report
 
-    async def _index(self, session_id: str, demoted: Sequence[Message]) -> None:
+    async def index_history(self, session_id: str, demoted: Sequence[Message]) -> None:
         """Write demoted originals to the raw history index: a chunk per turn, long turns cut by
         message and long messages by lines (``core/chunking.py``). Never fails the compaction:
         the rows are already safe in the display history."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,8 +312,20 @@ class SessionService:
         next_before = oldest.sequence_number if kind is BufferKind.DISPLAY else 0
         return MessagePage(messages=page, next_before_sequence=next_before, next_page_token=token)
 
-    async def fork(self, caller: Principal, session_id: str, *, at_sequence: int) -> SessionInfo:
-        """A new session whose two buffers are the parent's as they stood right after ``at_sequence``."""
+    async def fork(
+        self,
+        caller: Principal,
+        session_id: str,
+        *,
+        at_sequence: int,
+        index: Callable[[str, Sequence[Message]], Awaitable[None]] | None = None,
+    ) -> SessionInfo:
+        """A new session whose two buffers are the parent's as they stood right after ``at_sequence``.
+
+        A point inside a compaction (its summary, before its compression record) is the state that
+        compaction left: its rows and its record were committed together, and the buffers never
+        held the summary beside the originals it replaced. ``index`` (the compactor's raw history
+        index) gets the rows the fork inherits as demoted, so its searches and recall find them."""
         sid = require_session_id(session_id)
         if at_sequence < 0:
             raise InvalidArgument.field("at_sequence", "must not be negative")
@@ -322,6 +334,7 @@ class SessionService:
         if last > parent.last_sequence:
             raise InvalidArgument.field("at_sequence", f"is past the session's last message ({parent.last_sequence})")
         every = await self._store.get_messages(sid, caller=caller, first=1, last=parent.last_sequence)
+        last = _whole_compaction(every, last)
         rows = [m for m in every if m.sequence_number <= last]
         # Compactions committed after the fork point demoted rows that were still context then.
         restore: set[int] = set()
@@ -345,6 +358,9 @@ class SessionService:
                 caller=caller,
                 context_tokens_delta=tokens,
             )
+            demoted = [m for m in copied if not m.flags.is_context]
+            if index is not None and demoted:
+                await index(child.id, demoted)
         return await self._store.get_session(child.id, caller=caller)
 
     async def events(self, caller: Principal, *, session_id: str, after_event_id: int) -> AsyncIterator[StoredEvent]:
@@ -356,3 +372,22 @@ class SessionService:
             await self._store.get_session(sid, caller=caller)
         async for event in self._bus.subscribe(caller=caller, session_id=sid, after_event_id=after_event_id):
             yield event
+
+
+def _whole_compaction(rows: Sequence[Message], last: int) -> int:
+    """``last``, or the compression record of the compaction whose summary it names: a summary
+    and the record after it were written together (nothing but that compaction's own rows, none
+    of them displayed, lies between them)."""
+    by_number = {m.sequence_number: m for m in rows}
+    at = by_number.get(last)
+    if at is None or not at.flags.is_summary:
+        return last
+    for n in range(last + 1, max(by_number, default=last) + 1):
+        m = by_number.get(n)
+        if m is None:
+            return last
+        if m.flags.is_compression:
+            return n
+        if m.flags.is_display:
+            return last
+    return last

@@ -315,3 +315,30 @@ def test_fork_copies_both_buffers_up_to_a_message(stub: Any) -> None:
     assert [m.content for m in all_messages(stub, child.id)] == ["q1", "", "out", "a1"]
     code, fields, _ = _code_and_fields(lambda: stub.ForkSession(pb.ForkSessionRequest(session_id=sid, at_sequence=99)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and fields == ["at_sequence"]
+
+
+def test_a_fork_of_a_compacted_session_is_a_state_it_had_and_keeps_its_history_searchable(stub: Any) -> None:
+    sid = stub.CreateSession(pb.CreateSessionRequest(name="parent")).id
+    for t in range(8):
+        stub.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=sid, messages=[user(f"turn {t}: the alpha{t} deploy " + "w " * 40), assistant(f"ok {t}")]
+            )
+        )
+    profile = r.Profile(compression=r.CompressionSettings(keep_recent=2, summarizer="extractive"))
+    assert stub.Compress(pb.CompressRequest(session_id=sid, profile=profile)).compressed
+    parent_context = all_messages(stub, sid, buffer=pb.BUFFER_CONTEXT)
+    [summary] = [m for m in parent_context if m.flags.is_summary]
+    record = summary.sequence_number + 1  # the compression record, committed with the summary
+    # At the summary: the state the compaction left (never the summary beside its originals).
+    at_summary = stub.ForkSession(pb.ForkSessionRequest(session_id=sid, at_sequence=summary.sequence_number))
+    at_record = stub.ForkSession(pb.ForkSessionRequest(session_id=sid, at_sequence=record))
+    for child in (at_summary, at_record):
+        context = all_messages(stub, child.id, buffer=pb.BUFFER_CONTEXT)
+        assert [m.content for m in context] == [m.content for m in parent_context]
+        assert child.metadata["forked_at"] == record
+    # The originals the fork inherits as demoted are in its history index: search finds them.
+    whole = stub.ForkSession(pb.ForkSessionRequest(session_id=sid))
+    for session_id in (sid, whole.id):
+        found = stub.SearchHistory(pb.SearchHistoryRequest(session_id=session_id, query="alpha1 deploy", limit=3))
+        assert found.chunks and any("alpha1" in c.text for c in found.chunks), session_id
