@@ -203,7 +203,7 @@ class Engine:
         # compression itself).
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.hot_path.build_wait_seconds
-        remembered = await self._remember_profile(session, profile, wait=self.settings.hot_path.build_wait_seconds)
+        remembered = await self._remember_profile(session, profile, wait=_left(deadline, loop))
         if remembered is not session:  # the state was written (or read again): read both again
             session, context = await self.store.context_and_session(sid, caller=caller)
         message, data = await self.views.prepare_incoming(incoming, "incoming")
