@@ -10,6 +10,7 @@ because it renders them to its own JSON frames (frames.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,6 @@ from contextsvc import errors, telemetry
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.client import ContextClient, RetryPolicy, TLSOptions
-from contextsvc.core.credentials import looks_like_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +43,16 @@ class UpstreamError(Exception):
         return self.code == "NOT_FOUND"
 
 
+#: What an API token can be: an HTTP/2 header value is visible ASCII (a browser's cookie, query
+#: or auth frame may hold anything; a token of other characters is no token, not a failed call).
+#: Only that: the shape of a token (``credentials.looks_like_token``) is the service's to judge, and
+#: a service with authentication off lets any value through.
+_TOKEN = re.compile(r"[\x21-\x7e]*")
+
+
 def _checked(token: str) -> str:
-    """``token`` (empty: anonymous) when it has the shape of an API token; else the refusal the
-    service would give it (``engine.authn``), without a call: a browser's cookie, query or auth
-    frame may hold anything, and a value no header can carry made the call fail as a defect."""
-    if token and not looks_like_token(token):
-        raise UpstreamError("UNAUTHENTICATED", "the API token is not valid", "TOKEN_INVALID")
+    if not _TOKEN.fullmatch(token):
+        raise UpstreamError("UNAUTHENTICATED", "the API token holds characters no token has", "TOKEN_INVALID")
     return token
 
 
