@@ -793,19 +793,37 @@ class Compactor:
         if summary_tokens >= count(plan.drop):
             log.warning("summary larger than what it replaces; discarded", extra={"session_id": s.session.id})
             return None
-        new_context = [summary, *plan.keep]
-        if not self._progress(s, summary_tokens + count(plan.keep)):
-            log.warning("summary did not reach the target; discarded", extra={"session_id": s.session.id})
-            return None
+        kept, demote, placeholders = list(plan.keep), list(plan.drop), []
+        stages = None
+        if not self._progress(s, summary_tokens + count(kept)):
+            # The kept part alone can be over the aim (one long turn: its newest messages and their
+            # tool results). The summary is good: its oldest kept results are cleared as hard
+            # truncation's last resort clears them, rather than the summary, and every older turn
+            # with it, being thrown away for a truncation.
+            room = self._progress_limit(s) - s.fixed_tokens - summary_tokens
+            clearing = self._clear_kept(s, kept, room)
+            if clearing.cleared:
+                before = self.priced_before(s)
+                summarized = summary_tokens + count(kept) + s.fixed_tokens
+                stages = [
+                    Stage(Method.SUMMARY, len(demote), 1, before, summarized),
+                    Stage(Method.CLEAR_TOOL_RESULTS, len(clearing.demote), len(clearing.placeholders), summarized, 0),
+                ]
+                kept, placeholders = list(clearing.context), list(clearing.placeholders)
+                demote += clearing.demote
+            if not self._progress(s, summary_tokens + count(kept)):
+                log.warning("summary did not reach the target; discarded", extra={"session_id": s.session.id})
+                return None
         return await self._commit(
             s,
             method=Method.SUMMARY,
-            demote=list(plan.drop),
-            new_rows=[summary],
-            new_context=new_context,
+            demote=demote,
+            new_rows=[summary, *placeholders],
+            new_context=[summary, *kept],
             summary=text,
             breadcrumbs=crumbs,
             plan=plan,
+            stages=stages,
         )
 
     async def _meta_summary(self, s: Situation, plan: CompactionPlan, summarizer: Any) -> str | None:
@@ -872,14 +890,7 @@ class Compactor:
             # answered. The originals stay in the display history and go to the history index.
             # Its own name: ``cleared`` still holds the first stage, whose placeholders are
             # unsaved rows the commit below must never hand the store as rows to demote.
-            last_resort = clear_old_tool_results(
-                kept,
-                len(kept),
-                count=count,
-                critical_tool_names=p.compression.critical_tool_names,
-                target_tokens=int(level),
-                current_tokens=count(kept),
-            )
+            last_resort = self._clear_kept(s, kept, level)
             if last_resort.cleared:
                 demote += last_resort.demote
                 placeholders = list(last_resort.placeholders)
@@ -920,6 +931,20 @@ class Compactor:
             stages=[*first, truncation],
         )
 
+    def _clear_kept(self, s: Situation, kept: Sequence[Message], target: float) -> ClearedToolResults:
+        """The oldest tool results of ``kept`` (the rows a compaction keeps) cleared until it fits
+        ``target`` tokens, or all of them: placeholders keep every call answered, and the originals
+        stay in the display history and go to the history index."""
+        count = self.counter(s.profile)
+        return clear_old_tool_results(
+            kept,
+            len(kept),
+            count=count,
+            critical_tool_names=s.profile.compression.critical_tool_names,
+            target_tokens=int(target),
+            current_tokens=count(kept),
+        )
+
     def _inner_truncation(self, s: Situation, context_tokens: float) -> CompactionPlan:
         """The intra-turn partition with the fewest kept messages, used as a truncation."""
         window = s.profile.context_window
@@ -950,11 +975,14 @@ class Compactor:
 
     def _progress(self, s: Situation, new_context_tokens: int) -> bool:
         """Automatic runs must reach the target; forced ones must shrink by the configured share."""
-        after = new_context_tokens + s.fixed_tokens
+        return new_context_tokens + s.fixed_tokens <= self._progress_limit(s)
+
+    def _progress_limit(self, s: Situation) -> float:
+        """The most view tokens a compaction may leave (``_progress``)."""
         if s.reason is Reason.FORCED:
-            before = self.priced_before(s)  # priced as ``after`` is
-            return after <= before * (1 - self._settings.summarizer.forced_min_shrink)
-        return after <= self.aim(s).limit
+            before = self.priced_before(s)  # priced as the view after it is
+            return before * (1 - self._settings.summarizer.forced_min_shrink)
+        return self.aim(s).limit
 
     def _breadcrumbs(self, keys: Sequence[str], dropped: Sequence[Message]) -> list[str]:
         cfg = self._settings.summarizer

@@ -73,6 +73,8 @@ class Engine:
         self._near: dict[str, SessionInfo] = {}
         #: session id -> its newest baseline anchor waiting for a running compaction (``_anchor``).
         self._anchors: dict[str, asyncio.Task[None]] = {}
+        #: compactions builds started, which go on past a build's wait (``_compress_within``).
+        self._compactions: set[asyncio.Task[CompressionReport | None]] = set()
         self.recall = RecallService(store=store, settings=settings, accounting=self.accounting)
         #: the last profile ``_profile_for`` found valid (its summarizer and strategies exist)
         self._checked_profile: EffectiveProfile | None = None
@@ -225,9 +227,10 @@ class Engine:
             while rounds > 0 and self.compactor.over_threshold(situation) and not (fits and self.compactor.busy(sid)):
                 rounds -= 1
                 try:
-                    report = await self._compress_automatically(situation, wait=_left(deadline, loop))
+                    report = await self._compress_within(situation, deadline, loop)
                 except CompactionBusy:
-                    # Still compacting elsewhere after the bound: a hard-truncated view, computed
+                    # Still compacting after the bound (another request's compaction, or this
+                    # build's own, still in its summarizer call): a hard-truncated view, computed
                     # and not committed (the running compaction commits its own result).
                     kept = self.compactor.fallback_context(situation)
                     # Without the baseline: it counts the whole context, and baseline + delta on a
@@ -300,6 +303,28 @@ class Engine:
     def _fits_with_margin(built: Assembled) -> bool:
         """Estimate + margin within the size guard's budget: the real count fits too."""
         return not built.estimate.over_budget
+
+    async def _compress_within(
+        self, s: Situation, deadline: float, loop: asyncio.AbstractEventLoop
+    ) -> CompressionReport | None:
+        """``_compress_automatically`` for a build, which waits for it until ``deadline`` at most:
+        past it, ``CompactionBusy``, and the compaction goes on in the background (its summarizer
+        may answer yet) and commits for the builds after this one. A hanging summarizer holds no
+        build longer than ``hot_path.build_wait_seconds``."""
+        task = asyncio.create_task(
+            self._compress_automatically(s, wait=_left(deadline, loop)), name=f"compaction-{s.session.id}"
+        )
+        self._compactions.add(task)
+        task.add_done_callback(self._compactions.discard)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=_left(deadline, loop))
+        except asyncio.CancelledError:  # the caller went away; the compaction goes on
+            task.add_done_callback(_log_unwaited)
+            raise
+        if not done:
+            task.add_done_callback(_log_unwaited)
+            raise CompactionBusy(s.session.id)
+        return task.result()
 
     async def _compress_automatically(self, s: Situation, *, wait: float | None = None) -> CompressionReport | None:
         """Compress under the session's compaction lock, re-reading the session once inside it:
@@ -539,11 +564,22 @@ class Engine:
         ]
 
     async def close(self) -> None:
-        for task in list(self._anchors.values()):
+        waiting = [*self._anchors.values(), *self._compactions]
+        for task in waiting:
             task.cancel()
-        await asyncio.gather(*self._anchors.values(), return_exceptions=True)
+        await asyncio.gather(*waiting, return_exceptions=True)
         await self.post_turn.close()
         await self.summarizers.close()
+
+
+def _log_unwaited(task: asyncio.Task[Any]) -> None:
+    """The outcome of a compaction its build stopped waiting for: a failure is logged here, as
+    nobody else will see it."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, CompactionBusy | NotFound):
+        log.warning("a compaction a build stopped waiting for failed", exc_info=exc)
 
 
 def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:

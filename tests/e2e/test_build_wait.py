@@ -111,3 +111,35 @@ def test_builds_do_not_wait_for_a_hanging_summarizer(hanging: ServerProcess, llm
         assert time.monotonic() - started < SLACK_S
         # The summarizer is still hanging: the bound, not its end, released the builds.
         assert time.monotonic() - hang_began < HANG_S
+
+
+def test_a_build_that_starts_the_compaction_waits_for_its_summarizer_only_up_to_the_bound(
+    hanging: ServerProcess, llm: FakeLLM
+) -> None:
+    """No post-turn check runs here: the build itself finds the session over the threshold and
+    starts the compaction (pre-turn). Its summarizer hangs a while, then answers: the build answers
+    within the bound with a hard-truncated view, and the compaction, left running, commits its
+    summary for the builds after it."""
+    hang = 4.0
+    llm.control(mode="hang", hang_seconds=hang)
+    with hanging.channel() as ch:
+        stub = hanging.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 40)
+        started = time.monotonic()
+        view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile()), timeout=30)
+        took = time.monotonic() - started
+        assert took < BOUND_S + SLACK_S, f"BuildContext waited {took:.1f} s for its own compaction's summarizer"
+        assert llm.requests(), "the build did not start a compaction"
+        assert any("still running" in n for n in view.notices), list(view.notices)
+        assert not view.compression.compressed  # committed later, by the compaction itself
+        assert view.estimate.total <= WINDOW - min(2048, WINDOW // 4)
+        # The summarizer answers after its hang: the compaction it was part of commits its summary.
+        deadline = time.monotonic() + hang + 20
+        summarized = False
+        while not summarized and time.monotonic() < deadline:
+            time.sleep(0.2)
+            later = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=_profile()), timeout=30)
+            summarized = any(m.flags.is_summary for m in later.messages)
+        assert summarized, "the compaction left running never committed its summary"
+        assert not any("still running" in n for n in later.notices)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from contextsvc.core.calibration import Observation
+from contextsvc.core.compression.cheap import is_placeholder
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import EstimateMethod
@@ -99,6 +100,47 @@ async def test_mid_turn_keeps_the_request_and_the_newest_messages_and_summarizes
         assert all(g.complete for g in analyze(after).groups)
         assert analyze(after).groups
         assert view.estimate.total <= 0.65 * rig.window
+    finally:
+        await rig.close()
+
+
+async def test_a_turn_whose_kept_part_is_over_the_aim_keeps_its_summary_and_clears_its_oldest_results() -> None:
+    """One turn of parallel tool calls whose kept newest messages alone are over the aim: the
+    summary (of the older turns and the earlier summary) is committed, with the oldest kept result
+    cleared, rather than discarded for a hard truncation that drops them all unsummarized."""
+    rig = await Rig.start()
+    profile = overrides(keep_recent=2)
+    try:
+        sid = await rig.session()
+        await rig.append(sid, u("zqkeyx the deploy key is KEY-7000"), a("noted"))
+        for k in range(3):
+            await rig.append(sid, u(f"ask {k} " + words(120)), a(f"ok {k} " + words(120)))
+        first = await rig.compress(sid, profile=profile)
+        assert first.compressed and first.method.value == "summary"
+        (request,) = await rig.append(sid, u("zqreqx read every file"))
+        for r in range(2):
+            calls = [(f"r{r}_{j}", "read_file") for j in range(3)]
+            size = rig.window * 17 // 100
+            await rig.append(sid, a("", *calls), *[t(cid, rig.sized(size, prefix=f"zq{cid}x")) for cid, _ in calls])
+        before = await rig.rows(sid)
+        view = await rig.build(sid, mid_turn=True, profile=profile)
+        check_view(view)
+        report = view.compression
+        assert report is not None and report.compressed
+        assert report.method.value == "summary"
+        assert [s.method.value for s in report.stages] == ["summary", "clear_tool_results"]
+        assert report.stages[1].tokens_before > report.stages[1].tokens_after == report.context_tokens_after
+        context = await rig.context(sid)
+        summary, kept = context[0], context[1:]
+        assert summary.flags.is_summary and "KEY-7000" in summary.content  # the earlier summary's fact
+        assert kept[0].sequence_number == request
+        cleared = [m for m in kept if is_placeholder(m)]
+        assert cleared and all(m.role is Role.TOOL for m in cleared)
+        assert all(g.complete for g in analyze(context).groups)  # every kept call still answered
+        assert view.estimate.total <= 0.65 * rig.window
+        # Nothing lost: every row appended is still in the display history.
+        display = {m.sequence_number for m in await rig.rows(sid) if m.flags.is_display}
+        assert {m.sequence_number for m in before if m.flags.is_display} <= display
     finally:
         await rig.close()
 
