@@ -563,8 +563,9 @@ class HotPathSettings(BaseModel):
     wire_cache_mb: int = Field(64, ge=0)
     #: sessions whose last assembled view is kept for reuse by the next build (0 = off).
     view_cache_sessions: int = Field(1024, ge=0)
-    #: longest a BuildContext that must compress waits for a compaction of the same session already
-    #: running (its summarizer call); past it the build answers with a hard-truncated view.
+    #: longest a BuildContext that must compress waits for a compaction of its session (one already
+    #: running, or the one it started: its summarizer call); past it the build answers with a
+    #: hard-truncated view, and the compaction goes on and commits for the builds after it.
     build_wait_seconds: float = Field(2.0, ge=0)
     #: longest RecordBaseline waits for the session's compaction lock to apply its anchor; past it
     #: (a compaction is running its summarizer) it answers and the anchor applies after that
