@@ -167,17 +167,31 @@ def strip_thinking(content: str) -> str:
     return _THINK_BLOCK.sub("", content, count=1).strip()
 
 
+#: a terminal's escape sequences (colours, cursor moves: ESC [ ... final byte), removed whole.
+_TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: control characters but tab and line breaks (C0, DEL, C1), and the noncharacters (U+FDD0-U+FDEF and
+#: the last two code points of every plane): no text a model should be sent or a page shown.
+_NOT_TEXT = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufdd0-\ufdef"
+    + "".join(f"{chr(plane + 0xFFFE)}{chr(plane + 0xFFFF)}" for plane in range(0, 0x110000, 0x10000))
+    + "]"
+)
+
+
 def storable(text: str) -> str:
     """``text`` as a stored message may hold it: JSON can carry a lone surrogate (``"\\ud800"``),
     which is no UTF-8 (a summary holding one committed, then failed every read of its session as
-    INTERNAL), and NUL, which PostgreSQL's text refuses. Lone surrogates become U+FFFD; NULs go."""
-    if text.isascii():
-        return text.replace("\0", "")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text.replace("\0", "")
+    INTERNAL), and NUL, which PostgreSQL's text refuses. Lone surrogates become U+FFFD. A model's
+    answer may also hold terminal escapes and other control characters, which would reach the
+    context every later view sends, the inspector and the logs: they go, as NULs do."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if "\x1b" in text:
+        text = _TERMINAL_ESCAPE.sub("", text)
+    return _NOT_TEXT.sub("", text)
 
 
 def require_text(who: str, content: object, *, detail: str = "") -> str:

@@ -111,10 +111,13 @@ async def test_ok_returns_the_summary_with_keys(fake: FakeLLM, make_set: Any, pr
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_a_summary_that_is_no_valid_text_is_made_storable(fake: FakeLLM, make_set: Any, protocol: str) -> None:
     """A lone surrogate (valid JSON, no UTF-8) once committed as a summary failed every later read
-    of its session as INTERNAL; it becomes U+FFFD, and a NUL (PostgreSQL's text refuses it) goes."""
+    of its session as INTERNAL; it becomes U+FFFD, and a NUL (PostgreSQL's text refuses it) goes, as
+    do a model's terminal escapes and control characters."""
     fake.set_mode("surrogate")
     summary = await make_set().get(protocol).summarize(_request())
     assert "Odd \ufffd bytes here." in summary and "\x00" not in summary
+    # Terminal escapes and other control characters go; line breaks stay.
+    assert "- Tty red text.\n" in summary
     summary.encode("utf-8")  # raises on a lone surrogate
     assert split_keys_line(summary)[1] == ["src/app/calc.py", "PROJ-42", "CalcEngine"]
 

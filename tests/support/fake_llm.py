@@ -13,7 +13,8 @@ Endpoints:
   without the KEYS line), ``fail`` (HTTP 500), ``bad_request`` (HTTP 400), ``hang`` (sleep
   ``hang_seconds``, capped, then answer ok), ``garbage`` (200, not JSON), ``wrong_shape`` (200,
   JSON without the expected fields), ``empty`` (200, empty content), ``surrogate`` (the ok summary
-  with a lone surrogate ``\\ud800`` and a NUL in it: valid JSON, no valid UTF-8 text).
+  with a lone surrogate ``\\ud800`` and a NUL in it: valid JSON, no valid UTF-8 text; and a line
+  of terminal escapes and other control characters).
 * ``POST /_reset`` — mode ``ok``, no queued modes, no recorded requests.
 * ``GET /_requests`` — ``{"requests": [{"path", "headers", "body"}, ...]}`` of chat calls, oldest
   first (the newest ``MAX_RECORDED``).
@@ -151,7 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(hang_seconds)  # bounded by MAX_HANG_SECONDS; the client has usually left
         content = "" if mode == "empty" else _summary(body, keys=mode != "no_keys")
         if mode == "surrogate":  # json.dumps writes it as the escape "\ud800": valid JSON
-            content = content.replace("- It began", "- Odd \ud800 bytes\x00 here.\n- It began", 1)
+            odd = "- Odd \ud800 bytes\x00 here.\n- Tty \x1b[31mred\x1b[0m\x07 \ufffe\x01text\x9b.\n"
+            content = content.replace("- It began", odd + "- It began", 1)
         model = body.get("model", "fake") if isinstance(body, dict) else "fake"
         if ollama:
             answer: dict[str, Any] = {
