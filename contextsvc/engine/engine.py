@@ -7,10 +7,9 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import json
 import logging
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from contextsvc import telemetry
 from contextsvc.config import Settings
@@ -31,6 +30,7 @@ from contextsvc.engine.compaction import (
     summary_originals,
 )
 from contextsvc.engine.recall import RecallService
+from contextsvc.engine.remembered_profile import PROFILE_KEY, as_stored, remembered_overrides, stored_none
 from contextsvc.engine.sessions import AppendOutcome, SessionService
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
@@ -41,9 +41,6 @@ from contextsvc.ports import BaselineWrite, Clock, EventBus, ScoredChunk, Sessio
 
 log = logging.getLogger(__name__)
 
-# Engine-state key: the inline profile overrides of the newest BuildContext, so the post-turn
-# check (which has no request) prices against the window the runtime actually uses.
-_PROFILE_KEY = "profile"
 _INTERNAL = Principal(user_id="contextsvc", is_admin=True)
 
 
@@ -99,8 +96,7 @@ class Engine:
 
     async def _profile_for(self, session: SessionInfo, overrides: ProfileOverrides | None) -> EffectiveProfile:
         if overrides is None:
-            saved = EngineState.of(session).extra.get(_PROFILE_KEY)
-            overrides = _overrides_from_dict(saved) if isinstance(saved, dict) else None
+            overrides = remembered_overrides(session)
         profile = resolve_profile(self.settings, session.profile_id, overrides)
         if profile is not self._checked_profile:  # (resolved profiles are shared objects)
             if profile.compression.summarizer not in self.summarizers:
@@ -125,9 +121,9 @@ class Engine:
         all the same)."""
         # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
         # costs no write (and no lock) on every build.
-        wanted = _stored_none() if overrides is NO_OVERRIDES else _as_stored(overrides)
-        saved = EngineState.of(session).extra.get(_PROFILE_KEY)
-        if saved == wanted or (saved is None and wanted == _stored_none()):
+        wanted = stored_none() if overrides is NO_OVERRIDES else as_stored(overrides)
+        saved = EngineState.of(session).extra.get(PROFILE_KEY)
+        if saved == wanted or (saved is None and wanted == stored_none()):
             # Nothing to remember: no write and no lock (a session's first build without a profile).
             return session
         # Read-modify-write of the engine state under the compaction lock, on a fresh read: writing
@@ -137,10 +133,12 @@ class Engine:
             async with self.compactor.lock(session.id, wait=wait):
                 fresh = await self.store.get_session(session.id, caller=_INTERNAL)
                 state = EngineState.of(fresh)
-                if state.extra.get(_PROFILE_KEY) == wanted:
+                if state.extra.get(PROFILE_KEY) == wanted:
                     return fresh
-                new_state = dataclasses.replace(state, extra={**state.extra, _PROFILE_KEY: copy.deepcopy(wanted)})
-                return await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+                new_state = dataclasses.replace(state, extra={**state.extra, PROFILE_KEY: copy.deepcopy(wanted)})
+                written = await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+                self.sessions.forget_profile(session.id)  # appends price with the new one
+                return written
         except CompactionBusy:
             return session  # a compaction's summarizer holds the lock: remembered by a later build
 
@@ -586,45 +584,3 @@ def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:
     """Seconds to ``deadline`` (a lock wait bound: a hair above 0 once passed, so a free lock is
     still taken and a held one refused at once)."""
     return max(deadline - loop.time(), 0.001)
-
-
-@functools.cache
-def _stored_none() -> dict[str, Any]:
-    """``_as_stored(NO_OVERRIDES)``, without hashing the overrides on every build."""
-    return _as_stored(NO_OVERRIDES)
-
-
-@functools.lru_cache(maxsize=256)
-def _as_stored(overrides: ProfileOverrides) -> dict[str, Any]:
-    """``overrides`` as the engine state stores them (JSON: tuples come back as lists), computed
-    once per distinct overrides (they are frozen). Shared: compare it, copy it before storing it.
-
-    Fields left unset (None, empty lists) are left out, as ``_overrides_from_dict`` reads a missing
-    field as unset: the profile a session remembers costs a few bytes instead of ~25 nulls in every
-    session's state, its log and the files store's start-up index (issue #9's resident memory)."""
-    return cast(dict[str, Any], _without_unset(json.loads(json.dumps(dataclasses.asdict(overrides)))))
-
-
-def _without_unset(value: Any) -> Any:
-    if not isinstance(value, dict):
-        return value
-    kept = {k: _without_unset(v) for k, v in value.items()}
-    return {k: v for k, v in kept.items() if v is not None and v != [] and v != {}}
-
-
-def _overrides_from_dict(d: dict[str, Any]) -> ProfileOverrides | None:
-    from contextsvc.core.profile import CompressionOverrides, RecallOverrides
-
-    try:
-        c = d.get("compression") or {}
-        recall = RecallOverrides(**(d.get("recall") or {}))
-        compression = CompressionOverrides(
-            **{
-                **c,
-                "strategies": tuple(c.get("strategies") or ()),
-                "critical_tool_names": tuple(c.get("critical_tool_names") or ()),
-            }
-        )
-        return ProfileOverrides(**{**d, "compression": compression, "recall": recall})
-    except TypeError:
-        return None

@@ -10,13 +10,14 @@ from typing import Any
 
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, ImageRef, Message
-from contextsvc.core.profile import resolve_profile
+from contextsvc.core.profile import EffectiveProfile, resolve_profile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import carry_measures
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
 from contextsvc.engine.paging import decode_page_token, decode_position_token, encode_page_token, encode_position_token
+from contextsvc.engine.remembered_profile import remembered_overrides
 from contextsvc.engine.validation import (
     IncomingMessage,
     check_messages,
@@ -25,7 +26,7 @@ from contextsvc.engine.validation import (
     check_page_size,
     require_session_id,
 )
-from contextsvc.errors import FailedPrecondition, InvalidArgument, NotFound
+from contextsvc.errors import ContextError, FailedPrecondition, InvalidArgument, NotFound
 from contextsvc.ports import (
     AppendEvent,
     Clock,
@@ -83,10 +84,12 @@ class SessionService:
         self._clock = clock
         self._accounting = accounting
         self._limits = settings.limits
-        #: session id -> its profile id (never changes for a session), for the sessions appended to
-        #: most recently (``hot_path.view_cache_sessions`` of them): an append to one of them needs
-        #: no session read; the store checks the profile in the append itself (``append``).
-        self._profiles: OrderedDict[str, str] = OrderedDict()
+        #: session id -> its profile id (never changes for a session) and the profile its appends
+        #: price with (the named one with the overrides it remembers: ``remembered_profile``), for
+        #: the sessions appended to most recently (``hot_path.view_cache_sessions`` of them): an
+        #: append to one of them needs no session read; the store checks the profile id in the
+        #: append itself (``append``), and a build that remembers other overrides forgets it here.
+        self._profiles: OrderedDict[str, tuple[str, EffectiveProfile]] = OrderedDict()
         #: the store, when its appends publish their event for this bus in the same statement
         #: (``ports.EventPublishingStore``: PostgreSQL with its own bus); else the engine publishes.
         self._publisher: EventPublishingStore | None = statement_publisher(store, bus)
@@ -161,12 +164,12 @@ class SessionService:
         known = None if any(m.images or m.message.flags.is_pinned for m in incoming) else self._profiles.get(sid)
         try:
             return await self._append(
-                caller, sid, incoming, request_id=request_id, turn_complete=turn_complete, profile_id=known
+                caller, sid, incoming, request_id=request_id, turn_complete=turn_complete, known=known
             )
         except SessionProfileChanged:  # deleted and created again, elsewhere: read it, price again
             self._profiles.pop(sid, None)
             return await self._append(
-                caller, sid, incoming, request_id=request_id, turn_complete=turn_complete, profile_id=None
+                caller, sid, incoming, request_id=request_id, turn_complete=turn_complete, known=None
             )
         except NotFound:
             self._profiles.pop(sid, None)
@@ -180,12 +183,13 @@ class SessionService:
         *,
         request_id: str,
         turn_complete: bool,
-        profile_id: str | None,
+        known: tuple[str, EffectiveProfile] | None,
     ) -> AppendOutcome:
-        expected = profile_id
-        if profile_id is None:
-            profile_id = (await self._store.get_session(sid, caller=caller)).profile_id
-        profile = resolve_profile(self._settings, profile_id, None)
+        if known is None:
+            session = await self._store.get_session(sid, caller=caller)
+            expected, profile_id, profile = None, session.profile_id, self._profile_of(session)
+        else:
+            (profile_id, profile), expected = known, known[0]
         now = self._clock.now()
         await self._accounting.ensure_loaded(profile.model)
         rows: list[Message] = []
@@ -228,7 +232,7 @@ class SessionService:
                 request_fingerprint=fingerprint,
                 expected_profile_id=expected,
             )
-        self._remember_profile(sid, profile_id)
+        self._remember_profile(sid, profile_id, profile)
         tokens = result.session.context_tokens
         if not result.replayed and not result.event_id:
             await self._bus.publish(
@@ -249,8 +253,21 @@ class SessionService:
             replayed=result.replayed,
         )
 
-    def _remember_profile(self, sid: str, profile_id: str) -> None:
-        self._profiles[sid] = profile_id
+    def _profile_of(self, session: SessionInfo) -> EffectiveProfile:
+        """The profile an append to ``session`` prices with and caps pinned rows by: the one its
+        builds use (its named profile with the overrides it remembers), else the named one alone
+        (remembered overrides the settings no longer accept must not fail an append)."""
+        try:
+            return resolve_profile(self._settings, session.profile_id, remembered_overrides(session))
+        except ContextError:
+            return resolve_profile(self._settings, session.profile_id, None)
+
+    def forget_profile(self, sid: str) -> None:
+        """The session's next append reads the profile it prices with again."""
+        self._profiles.pop(sid, None)
+
+    def _remember_profile(self, sid: str, profile_id: str, profile: EffectiveProfile) -> None:
+        self._profiles[sid] = (profile_id, profile)
         self._profiles.move_to_end(sid)
         while len(self._profiles) > self._settings.hot_path.view_cache_sessions:
             self._profiles.popitem(last=False)

@@ -475,6 +475,33 @@ async def test_pinning_past_the_cap_is_refused() -> None:
         await rig.close()
 
 
+async def test_the_pinned_cap_and_window_share_follow_the_window_the_builds_use() -> None:
+    """A session whose builds send a smaller window inline than its named profile's: appends cap
+    pinned rows by that window (which its builds and compactions use), and report their share of
+    it, rather than the named profile's larger one (which let a pinned row in that no build could
+    ever fit, and no compaction remove)."""
+    rig = await Rig.start()
+    small = ProfileOverrides(context_window=rig.window // 4)
+    try:
+        sid = await rig.session()
+        await rig.append(sid, u("hello"))
+        await rig.build(sid, profile=small)  # remembered as the session's profile
+        with pytest.raises(FailedPrecondition) as err:
+            await rig.append(sid, u("rule " + words(700), pinned=True))  # under the named cap, over this one
+        assert err.value.reason == "PINNED_CAP_EXCEEDED"
+        assert int(err.value.metadata["cap"]) == int(0.25 * rig.window // 4)
+        out = await rig.engine.append(ANONYMOUS, sid, [u("more " + words(50))], request_id="", turn_complete=False)
+        assert out.window_fraction == out.context_tokens / (rig.window // 4)
+        # Built again with the named profile's window: both follow it back.
+        await rig.build(sid, profile=ProfileOverrides(context_window=rig.window))
+        out = await rig.engine.append(
+            ANONYMOUS, sid, [u("rule " + words(700), pinned=True)], request_id="", turn_complete=False
+        )
+        assert out.window_fraction == out.context_tokens / rig.window
+    finally:
+        await rig.close()
+
+
 # --- per-profile overrides ------------------------------------------------------------------------
 
 

@@ -68,7 +68,7 @@ def test_recall_settings_merge_per_profile_and_survive_the_remembered_profile() 
 
     from contextsvc.config import Settings
     from contextsvc.core.profile import ProfileOverrides, RecallOverrides, resolve_profile
-    from contextsvc.engine.engine import _overrides_from_dict
+    from contextsvc.engine.remembered_profile import overrides_from_dict
     from contextsvc.errors import InvalidArgument
 
     base = resolve_profile(Settings(), "", None).recall
@@ -81,4 +81,4 @@ def test_recall_settings_merge_per_profile_and_survive_the_remembered_profile() 
     assert "profile.recall" in str(err.value.metadata) or "profile.recall" in str(err.value)
     # BuildContext remembers inline overrides as JSON; the recall part comes back typed.
     stored = json.loads(json.dumps(dataclasses.asdict(wanted)))
-    assert _overrides_from_dict(stored) == wanted
+    assert overrides_from_dict(stored) == wanted
