@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+#: the most characters of a client's value an error message repeats: a message travels in the
+#: status's trailers, which clients cap (8 KiB by default), and an id of megabytes echoed whole
+#: turned an INVALID_ARGUMENT into the client's own RESOURCE_EXHAUSTED, its reason unreadable.
+QUOTED_CHARS = 80
+
+
+def quoted(value: str) -> str:
+    """``value`` as an error message quotes it: ``repr``, cut to ``QUOTED_CHARS`` with an ellipsis."""
+    return repr(value if len(value) <= QUOTED_CHARS else value[:QUOTED_CHARS] + "…")
+
 
 class ContextError(Exception):
     """Root of every error contextsvc raises on purpose."""
@@ -66,7 +76,7 @@ class RequestIdReused(InvalidArgument):
     def __init__(self, request_id: str):
         description = "was already used for a different request in this session; use a new id for new messages"
         super().__init__(
-            f"request_id {request_id!r} {description}",
+            f"request_id {quoted(request_id)} {description}",
             violations=[FieldViolation("request_id", description)],
             metadata={"request_id": request_id},
         )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from contextsvc.config import CompressionDefaults, ProfileConfig, RecallDefaults, Settings
-from contextsvc.errors import InvalidArgument
+from contextsvc.errors import InvalidArgument, quoted
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,7 +101,7 @@ def resolve_profile(
         raise InvalidArgument.field("profile.model", f"exceeds {limit} characters")
     base = settings.profile(name)
     if base is None:
-        raise InvalidArgument.field("profile.profile_id", f"unknown profile {name!r}", reason="UNKNOWN_PROFILE")
+        raise InvalidArgument.field("profile.profile_id", f"unknown profile {quoted(name)}", reason="UNKNOWN_PROFILE")
     # Every build resolves its profile: the merge (a pydantic dump and validation) is done once per
     # (profile, overrides) and reused while the named profile is the same object.
     key = (name, None if o is NO_OVERRIDES else o)

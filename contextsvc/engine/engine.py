@@ -36,7 +36,7 @@ from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
 from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, PendingAnchor, ViewService
 from contextsvc.engine.worker import PostTurnWorker
-from contextsvc.errors import ContextError, InvalidArgument, NotFound
+from contextsvc.errors import ContextError, InvalidArgument, NotFound, quoted
 from contextsvc.ports import BaselineWrite, Clock, EventBus, ScoredChunk, SessionStore, Summarizers
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Engine:
                 # A misspelt strategy would otherwise be skipped in silence (a profile that never summarizes).
                 raise InvalidArgument.field(
                     "profile.compression.strategies",
-                    f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}",
+                    f"unknown strategy {quoted(unknown[0])}; known: {', '.join(STRATEGIES)}",
                 )
             self._checked_profile = profile
         await self.accounting.ensure_loaded(profile.model)

@@ -26,7 +26,7 @@ from contextsvc.engine.validation import (
     check_page_size,
     require_session_id,
 )
-from contextsvc.errors import ContextError, FailedPrecondition, InvalidArgument, NotFound
+from contextsvc.errors import ContextError, FailedPrecondition, InvalidArgument, NotFound, quoted
 from contextsvc.ports import (
     AppendEvent,
     Clock,
@@ -99,7 +99,7 @@ class SessionService:
     ) -> SessionInfo:
         if profile_id and self._settings.profile(profile_id) is None:
             known = ", ".join(sorted(self._settings.profiles))
-            raise InvalidArgument.field("profile_id", f"unknown profile {profile_id!r} (known: {known})")
+            raise InvalidArgument.field("profile_id", f"unknown profile {quoted(profile_id)} (known: {known})")
         check_name(name, self._limits, "name")
         check_metadata(metadata, self._limits, "metadata")
         return await self._store.create_session(

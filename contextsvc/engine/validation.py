@@ -11,7 +11,7 @@ from typing import Any
 
 from contextsvc.config import Limits
 from contextsvc.core.messages import Message, Role
-from contextsvc.errors import FieldViolation, InvalidArgument
+from contextsvc.errors import FieldViolation, InvalidArgument, quoted
 
 
 @dataclass(slots=True, frozen=True)
@@ -193,7 +193,7 @@ def _message_violations(m: Message, images: Sequence[IncomingImage], limits: Lim
         if not call.id:
             out.append(FieldViolation(f"{path}.tool_calls[{j}].id", "is required"))
         elif call.id in seen:
-            out.append(FieldViolation(f"{path}.tool_calls[{j}].id", f"duplicate id {call.id!r}"))
+            out.append(FieldViolation(f"{path}.tool_calls[{j}].id", f"duplicate id {quoted(call.id)}"))
         seen.add(call.id)
         if not call.name:
             out.append(FieldViolation(f"{path}.tool_calls[{j}].name", "is required"))

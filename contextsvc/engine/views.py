@@ -41,7 +41,7 @@ from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
 from contextsvc.engine.view_memo import ViewMemo
-from contextsvc.errors import InvalidArgument, NotFound
+from contextsvc.errors import InvalidArgument, NotFound, quoted
 from contextsvc.ports import BaselineWrite, Clock, EventBus, SessionStore, ViewRecord, statement_publisher
 
 _SEQUENCE = operator.attrgetter("sequence_number")
@@ -215,7 +215,7 @@ def _left_out_notice(incoming: Message) -> str:
             "with an allowed metadata.source reaches the view)"
         )
     elif incoming.role is Role.TOOL:
-        why = f"it answers no tool call the view holds (tool_call_id {incoming.tool_call_id!r})"
+        why = f"it answers no tool call the view holds (tool_call_id {quoted(incoming.tool_call_id)})"
     else:
         why = "the view must stay a legal chat sequence"
     return f"the incoming message was left out of the view: {why}"
@@ -281,6 +281,10 @@ def _recorded_payload(view_id: str, view: ViewRecord, prompt_tokens: int) -> dic
         "estimated_tokens": view.estimated_tokens,
         "model": view.model,
     }
+
+
+#: longer than any view id ``_new_id`` makes, with room for other forms a store may have kept
+MAX_VIEW_ID_CHARS = 128
 
 
 def _new_id() -> str:
@@ -1074,6 +1078,10 @@ class ViewService:
         sid = require_session_id(session_id)
         if not view_id:
             raise InvalidArgument.field("view_id", "is required")
+        if len(view_id) > MAX_VIEW_ID_CHARS:  # no view has one: not looked up, not repeated whole
+            raise InvalidArgument.field(
+                "view_id", f"is no view id BuildContext gave (over {MAX_VIEW_ID_CHARS} characters)"
+            )
         if prompt_tokens <= 0:
             raise InvalidArgument.field("prompt_tokens", "must be positive")
         saved = self._saved.get(sid)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from contextsvc.config import Settings
-from contextsvc.errors import InvalidArgument
+from contextsvc.errors import InvalidArgument, quoted
 from contextsvc.ports import Summarizer
 from contextsvc.summarizers._http import SharedClient
 from contextsvc.summarizers.extractive import ExtractiveSummarizer
@@ -52,7 +52,7 @@ class SummarizerSet:
         except KeyError:
             raise InvalidArgument.field(
                 "profile.compression.summarizer",
-                f"unknown summarizer {name!r}; known: {', '.join(self.names)}",
+                f"unknown summarizer {quoted(name)}; known: {', '.join(self.names)}",
             ) from None
 
     def __contains__(self, name: object) -> bool:

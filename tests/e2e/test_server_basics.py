@@ -224,6 +224,39 @@ def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> 
     assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count == 0
 
 
+def test_errors_about_very_long_client_values_stay_readable(stub: Any) -> None:
+    """An error message that repeated a client's value whole (an id of 9,000 characters) overflowed
+    the status trailers a default client accepts (8 KiB): the client saw its own RESOURCE_EXHAUSTED
+    and no reason. The value is quoted cut, and a view id longer than any is refused unread."""
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    long = "Z" * 9000
+    twins = assistant("", [(long, "read_file"), (long, "read_file")])
+    odd_profile = r.Profile(compression=r.CompressionSettings(summarizer=long))
+    cases: list[tuple[Any, str]] = [
+        (lambda: stub.CreateSession(pb.CreateSessionRequest(profile_id=long)), "profile_id"),
+        (
+            lambda: stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=long, prompt_tokens=5)),
+            "view_id",
+        ),
+        (
+            lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[twins])),
+            "messages[0].tool_calls[1].id",
+        ),
+        (
+            lambda: stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=odd_profile)),
+            "profile.compression.summarizer",
+        ),
+    ]
+    for call, field in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        details = error_details(err.value)
+        assert details["code"] == grpc.StatusCode.INVALID_ARGUMENT, (field, details["code"], details["message"][:200])
+        assert field in details["fields"] and details["reason"], (field, details)
+        assert len(details["message"]) < 1000
+    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count == 0
+
+
 def test_page_token_is_bound_to_its_filter(stub: Any) -> None:
     for i in range(3):
         stub.CreateSession(pb.CreateSessionRequest(name=f"x{i}"))
