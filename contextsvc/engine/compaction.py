@@ -677,10 +677,20 @@ class Compactor:
             s, "compression_refused", {"reason": refusal.value, "trigger": s.reason.value, "detail": detail}
         )
 
+    def _clearing_goal(self, s: Situation) -> int:
+        """The context tokens clearing aims at: the aim. A forced run whose profile does not
+        summarize, on a context already under the aim, aims at the shrink a forced run must make
+        (aiming at the aim, it cleared nothing and fell to a hard truncation, or did nothing); with
+        a summarizer to follow, a forced run still summarizes."""
+        goal = self.aim(s).goal
+        if s.reason is Reason.FORCED and STRATEGY_SUMMARIZE not in s.profile.compression.strategies:
+            goal = min(goal, self._progress_limit(s))
+        return int(goal) - s.fixed_tokens
+
     def _clearing(self, s: Situation, plan: CompactionPlan) -> ClearedToolResults:
         c = s.profile.compression
         count = self.counter(s.profile)
-        goal = int(self.aim(s).goal) - s.fixed_tokens
+        goal = self._clearing_goal(s)
         return clear_old_tool_results(
             s.context,
             plan.keep_from,
@@ -695,8 +705,7 @@ class Compactor:
     ) -> tuple[CompressionReport | None, ClearedToolResults]:
         """Commit the clearing when it reaches the target; else hand back what it would clear."""
         cleared = self._clearing(s, plan)
-        goal = int(self.aim(s).goal) - s.fixed_tokens
-        if not cleared.cleared or cleared.tokens_after > goal:
+        if not cleared.cleared or cleared.tokens_after > self._clearing_goal(s):
             return None, cleared  # clearing alone does not reach the target: summarize instead
         return await self._commit_clearing(s, plan, cleared), cleared
 

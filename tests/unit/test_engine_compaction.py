@@ -601,6 +601,30 @@ async def test_strategy_clear_only_never_calls_the_summarizer() -> None:
         await rig.close()
 
 
+@pytest.mark.parametrize("fallback", [True, False])
+async def test_forced_clearing_under_the_target_clears_what_a_forced_run_must_shrink(fallback: bool) -> None:
+    """A forced run with clearing only, on a context already under the target: clearing aims at
+    the shrink a forced run must make (it aimed at the target, cleared nothing, and the run fell to
+    a hard truncation, or, without that fallback, did nothing)."""
+    rig = await Rig.start()
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 8, output=300)
+        before = await rig.estimate(sid)
+        assert before < 0.65 * rig.window
+        profile = overrides(strategies=["clear_tool_results"], hard_truncate_fallback=fallback)
+        report = await rig.compress(sid, profile=profile)
+        assert report.compressed and report.method.value == "clear_tool_results"
+        assert report.context_tokens_after <= 0.9 * report.context_tokens_before
+        context = await rig.context(sid)
+        cleared = [m for m in context if m.metadata.get("cleared_from")]
+        assert cleared and len(context) == 8 * 4  # every turn kept, only results cleared
+        # The oldest results went first; the newest is still whole.
+        assert not context[-2].metadata.get("cleared_from")
+    finally:
+        await rig.close()
+
+
 async def test_default_strategies_try_clearing_tool_results_first() -> None:
     recorder = ScriptedSummarizer()
     rig = await Rig.start(recorder)
