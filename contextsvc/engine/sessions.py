@@ -18,6 +18,7 @@ from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
 from contextsvc.engine.paging import decode_page_token, decode_position_token, encode_page_token, encode_position_token
 from contextsvc.engine.remembered_profile import remembered_overrides
+from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
     check_messages,
@@ -376,6 +377,10 @@ class SessionService:
                 context_tokens_delta=tokens,
             )
             demoted = [m for m in copied if not m.flags.is_context]
+            if demoted:
+                # The fork holds a compacted history: its builds recall from it, as the parent's
+                # do (recall skips sessions that never compacted, whose epoch is 0).
+                await self._store.update_state(child.id, caller=caller, state=EngineState(epoch=1).to_dict())
             if index is not None and demoted:
                 await index(child.id, demoted)
         return await self._store.get_session(child.id, caller=caller)

@@ -98,6 +98,15 @@ def test_a_fact_of_compacted_history_is_recalled_into_the_view(stub: Any) -> Non
     assert len(fact_chunk.text) <= 800
 
 
+def test_a_fork_of_a_compacted_session_recalls_from_the_history_it_inherits(stub: Any) -> None:
+    """A fork inherits its parent's demoted rows in its history index; its builds recall from them
+    as the parent's do (recall once skipped every fork as a session that never compacted)."""
+    sid = _compacted_session(stub)
+    fork = stub.ForkSession(pb.ForkSessionRequest(session_id=sid)).id
+    view = _build(stub, fork)
+    assert any(FACT in m.content for m in _recalled(view)), [m.content[:80] for m in view.messages]
+
+
 def test_the_same_turn_never_gets_a_second_injection(stub: Any) -> None:
     sid = _compacted_session(stub)
     first = _build(stub, sid)
