@@ -389,6 +389,38 @@ def test_postgres_stopped_under_load_is_unavailable_then_recovers_losing_nothing
         replicas.stop()
 
 
+def test_a_read_only_postgres_makes_writes_unavailable_until_it_takes_writes_again(own_cluster: PgCluster) -> None:
+    """A primary demoted to a standby, or a database switched read-only: writes are UNAVAILABLE
+    (a client retries; they were INTERNAL, which it does not) and work again once it takes writes."""
+    dsn = run(create_database(own_cluster.url))
+    replicas = start_replicas(dsn, 1)
+    try:
+        stub = replicas.stubs[0]
+        sid = stub.CreateSession(pb.CreateSessionRequest(), timeout=CALL_S).id
+        append(stub, sid, [user("before")])
+        query(own_cluster.url, "ALTER SYSTEM SET default_transaction_read_only = on")
+        query(own_cluster.url, "SELECT pg_reload_conf()")
+
+        def refused() -> grpc.StatusCode | None:
+            try:
+                append(stub, sid, [user("while read-only")])
+            except grpc.RpcError as exc:
+                return exc.code()
+            return None
+
+        assert eventually(refused, "an append refused while read-only") == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError) as err:
+            stub.CreateSession(pb.CreateSessionRequest(), timeout=CALL_S)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        query(own_cluster.url, "ALTER SYSTEM RESET default_transaction_read_only")
+        query(own_cluster.url, "SELECT pg_reload_conf()")
+        eventually(lambda: refused() is None, "appends taken again")
+        listed = [m.content for m in all_messages(stub, sid)]
+        assert listed[0] == "before" and "while read-only" in listed
+    finally:
+        replicas.stop()
+
+
 # -- 4. the schema --------------------------------------------------------------------------------
 
 _FINGERPRINT = {

@@ -1,7 +1,7 @@
 """asyncpg and socket errors translated to domain errors, in one place.
 
-Nothing raised by the driver leaves the PostgreSQL adapter: an unreachable, restarting or
-overloaded server is ``Unavailable`` (the client may retry), a serialization failure is
+Nothing raised by the driver leaves the PostgreSQL adapter: an unreachable, restarting,
+overloaded or read-only server is ``Unavailable`` (the client may retry), a serialization failure is
 ``Conflict``, a session deleted under a statement is ``NotFound``, text PostgreSQL cannot store
 is ``InvalidArgument``, anything else is ``Internal`` with reason ``STORE_ERROR`` (logged
 with its SQLSTATE and traceback).
@@ -30,6 +30,9 @@ STALE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.InternalClientError,
+    # A primary demoted to a standby (or a database switched read-only): a fresh connection may
+    # reach the new primary.
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -42,6 +45,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.InvalidCatalogNameError,  # the database does not exist
     asyncpg.InvalidAuthorizationSpecificationError,  # class 28: role or password refused
     asyncpg.InvalidPasswordError,
+    asyncpg.ReadOnlySQLTransactionError,  # 25006: a standby or a read-only database, until failover
 )
 
 
@@ -53,6 +57,8 @@ def _short(exc: BaseException) -> str:
 def _unavailable_message(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "PostgreSQL did not answer in time"
+    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+        return "PostgreSQL is read-only (a standby, or a read-only database): writes wait for a primary"
     if isinstance(exc, asyncpg.QueryCanceledError):
         return "PostgreSQL cancelled the statement (statement timeout)"
     return f"PostgreSQL unavailable: {_short(exc)}"
