@@ -314,6 +314,7 @@ async def _start_background(running: RunningServer, settings: Settings, bus: Eve
         name="contextsvc-maintenance",
     )
     if isinstance(bus, CompressionLog):  # the real bus (PostgreSQL's), not the engine's wrapper
+        running.engine.compactor.compression_log = bus
         running.abandoned = asyncio.create_task(
             _close_abandoned_loop(running.engine, bus, settings), name="contextsvc-abandoned-compactions"
         )

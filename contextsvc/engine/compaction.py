@@ -43,7 +43,7 @@ from contextsvc.core.tokens import CalibratedCounter, TextCounter, each_message_
 from contextsvc.core.view_budget import additive, budget_images, column_max, none_cut, truncate_for_view
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
-from contextsvc.errors import Conflict, NothingToCompact, SessionDamaged
+from contextsvc.errors import Conflict, ContextError, NothingToCompact, SessionDamaged
 from contextsvc.ports import EventBus, SessionStore, StoredEvent, SummarizerError, Summarizers, SummaryRequest
 
 log = logging.getLogger(__name__)
@@ -236,6 +236,9 @@ class Compactor:
         self._settings = settings
         self._accounting = accounting
         self._summarizers = summarizers
+        #: the compression events every replica reads (PostgreSQL's bus), when there is such a
+        #: log: a compaction closes a start its session's last compaction left open (``_run``).
+        self.compression_log: CompressionLog | None = None
         # session id -> [lock, holders and waiters]
         self._locks: dict[str, list[Any]] = {}
         #: the last profile ``bounds`` was asked about (by identity: resolved profiles are shared
@@ -626,6 +629,7 @@ class Compactor:
                     metadata={"context_messages": str(len(s.context)), "context_tokens": str(plan.tokens_before)},
                 )
             return CompressionReport(compressed=False, reason=s.reason, plan=plan)
+        await self._close_left_open(s.session.id)
         await self._publish(
             s,
             "compression_started",
@@ -1181,22 +1185,40 @@ class Compactor:
                     now = await events.newest_compression(started.session_id)
                     if now is None or now.event_id != started.event_id:
                         continue  # closed meanwhile, or a newer compaction announced itself
-                    await self._bus.publish(
-                        session_id=started.session_id,
-                        user_id=started.user_id,
-                        kind="compression_refused",
-                        payload={
-                            "reason": Refusal.FAILED.value,
-                            "trigger": str(started.payload.get("reason", "")),
-                            "detail": _ABANDONED_DETAIL,
-                        },
-                    )
+                    await self._close_abandoned_start(started)
                     closed += 1
             except (CompactionBusy, Conflict):
                 continue  # a compaction of the session runs: it will close its own
         if closed:
             log.warning("closed compactions announced and never ended", extra={"closed": closed})
         return closed
+
+    async def _close_abandoned_start(self, started: StoredEvent) -> None:
+        await self._bus.publish(
+            session_id=started.session_id,
+            user_id=started.user_id,
+            kind="compression_refused",
+            payload={
+                "reason": Refusal.FAILED.value,
+                "trigger": str(started.payload.get("reason", "")),
+                "detail": _ABANDONED_DETAIL,
+            },
+        )
+
+    async def _close_left_open(self, session_id: str) -> None:
+        """Before a compaction announces itself (under the session's compaction lock): a start
+        that is still the session's newest compression event was left open by a compaction that
+        is gone (no other can run while this lock is held): a replica that died, or a closing
+        event that could not be published. It is closed first, so every start gets its one close
+        even when the next compaction comes before the sweep (``close_abandoned``) would."""
+        if self.compression_log is None:
+            return
+        try:
+            newest = await self.compression_log.newest_compression(session_id)
+            if newest is not None and newest.kind == "compression_started":
+                await self._close_abandoned_start(newest)
+        except ContextError as exc:  # the sweep closes it later; this compaction goes on
+            log.warning("could not close a compaction left open", extra={"session_id": session_id, "error": str(exc)})
 
     async def refuse(self, s: Situation, detail: str) -> None:
         await self._publish(

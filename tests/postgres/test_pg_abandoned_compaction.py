@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
+from contextsvc.core.profile import ProfileOverrides
 from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
 from contextsvc.startup import DeferredBus
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
 from tests.postgres.conftest import pg_settings
+from tests.support.compaction_harness import a, u, words
 from tests.support.engines import make_engine
 
 ALICE = Principal("alice")
@@ -95,3 +97,24 @@ async def test_a_young_start_is_left_alone(fleet: list[Any]) -> None:
     # Younger than the sweep's age bound: its compaction may still be taking the lock.
     assert await engine_b.compactor.close_abandoned(bus_b, older_than=3600) == 0
     assert (await bus_b.newest_compression(sid)).kind == "compression_started"  # type: ignore[union-attr]
+
+
+async def test_the_next_compaction_closes_a_start_left_open_before_announcing_its_own(fleet: list[Any]) -> None:
+    """A replica died while compacting, and the session compacts again on another replica before
+    any sweep ran (the sweep skips a start that is no longer the newest): the new compaction closes
+    the old start first, under the session's lock, so every start still gets exactly one close."""
+    (_, bus_a, _), (_, bus_b, engine_b) = fleet
+    engine_b.compactor.compression_log = bus_b  # as ``serve`` wires it on PostgreSQL
+    sid = (await engine_b.sessions.create(ALICE, profile_id="", name="", metadata={})).id
+    for k in range(10):
+        turn = [u(f"question {k} " + words(120)), a(f"answer {k} " + words(120))]
+        await engine_b.append(ALICE, sid, turn, request_id="", turn_complete=False)
+    abandoned = await _started(bus_a, sid)  # replica A announced, then died
+    watcher = bus_b.subscribe(caller=ALICE, session_id=sid, after_event_id=abandoned.event_id)
+    report = await engine_b.compress(ALICE, sid, profile=ProfileOverrides(), note="", dry_run=False)
+    assert report.compressed
+    seen = [await asyncio.wait_for(anext(watcher), WAIT) for _ in range(3)]
+    assert [e.kind for e in seen] == ["compression_refused", "compression_started", "context_compressed"]
+    assert seen[0].payload["reason"] == "failed" and "never reported" in seen[0].payload["detail"]
+    # Nothing left for the sweep: the old start is closed, the new one closed itself.
+    assert await engine_b.compactor.close_abandoned(bus_b, older_than=0) == 0
