@@ -82,6 +82,19 @@ class RequestIdReused(InvalidArgument):
         )
 
 
+class EventIdAhead(InvalidArgument):
+    """A ``StreamEvents.after_event_id`` past the newest event: every event up to it would be
+    skipped in silence (an id of another fleet's, a clock set back before a restart)."""
+
+    def __init__(self, after_event_id: int, newest: int):
+        description = f"{after_event_id} is past the newest event ({newest}); resume from an id this service gave, or 0"
+        super().__init__(
+            f"after_event_id {description}",
+            violations=[FieldViolation("after_event_id", description)],
+            metadata={"newest_event_id": str(newest)},
+        )
+
+
 class FailedPrecondition(ContextError):
     """The request is valid but the session's state does not allow it."""
 

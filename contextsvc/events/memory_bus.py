@@ -10,7 +10,7 @@ from typing import Any
 
 from contextsvc.clock import SystemClock
 from contextsvc.core.session import Principal
-from contextsvc.errors import Unavailable
+from contextsvc.errors import EventIdAhead, Unavailable
 from contextsvc.ports import Clock, StoredEvent
 
 # Subscribers that fall this far behind are cut off rather than holding memory forever;
@@ -73,6 +73,8 @@ class MemoryEventBus:
         def visible(e: StoredEvent) -> bool:
             return (not session_id or e.session_id == session_id) and caller.may_read(e.user_id)
 
+        if after_event_id > self._next_id:
+            raise EventIdAhead(after_event_id, self._next_id)
         queue: asyncio.Queue[StoredEvent | None] = asyncio.Queue()
         # Register before snapshotting the log: nothing published in between can be missed,
         # and duplicates are removed by the id check below.

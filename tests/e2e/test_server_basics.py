@@ -329,6 +329,24 @@ def test_stream_events_delivers_appends_and_deletion_and_resumes(server: ServerP
         assert got == ids[1:]
 
 
+def test_stream_events_resumed_past_the_newest_event_is_invalid_argument(stub: Any) -> None:
+    """A resume id past the newest event skipped every event up to it in silence."""
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("one")]))
+    stream = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, after_event_id=1))
+    newest = next(iter(stream)).event_id
+    stream.cancel()
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, after_event_id=newest + 3))))
+    details = error_details(err.value)
+    assert details["code"] == grpc.StatusCode.INVALID_ARGUMENT and details["fields"] == ["after_event_id"]
+    # The newest id itself is a resume point: live events follow.
+    live = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, after_event_id=newest))
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("two")]))
+    assert next(iter(live)).event_id > newest
+    live.cancel()
+
+
 def test_stream_events_of_unknown_session_is_not_found(stub: Any) -> None:
     with pytest.raises(grpc.RpcError) as err:
         next(iter(stub.StreamEvents(pb.StreamEventsRequest(session_id="00000000-0000-0000-0000-000000000000"))))

@@ -12,6 +12,7 @@ import pytest
 
 from contextsvc.config import Settings
 from contextsvc.core.session import Principal
+from contextsvc.errors import EventIdAhead
 from contextsvc.ports import StoredEvent
 from contextsvc.stores.postgres import LISTEN_APPLICATION_NAME, PostgresEventBus, PostgresStore, make_postgres_event_bus
 from tests.postgres.conftest import pg_settings
@@ -139,6 +140,17 @@ async def test_resume_from_an_event_id_replays_then_follows(make_bus: Callable[.
     newest = await publish(a, 1)
     assert [e.event_id for e in await again.wait_for(1)] == [newest[0].event_id]
     await again.stop()
+
+
+async def test_a_resume_past_the_newest_event_is_refused(make_bus: Callable[..., Any]) -> None:
+    """Resumed past the newest id, a watcher would skip every event up to it in silence."""
+    a, b = await make_bus(), await make_bus()
+    sent = await publish(a, 2)
+    ahead = b.subscribe(caller=ADMIN, after_event_id=sent[-1].event_id + 3)
+    with pytest.raises(EventIdAhead) as err:
+        await asyncio.wait_for(anext(ahead), WAIT)
+    assert err.value.metadata["newest_event_id"] == str(sent[-1].event_id)
+    assert [v.field for v in err.value.violations] == ["after_event_id"]
 
 
 async def test_watchers_see_only_what_they_may_read(make_bus: Callable[..., Any]) -> None:

@@ -47,7 +47,7 @@ import asyncpg
 from contextsvc.clock import SYSTEM_CLOCK
 from contextsvc.config import Settings
 from contextsvc.core.session import Principal
-from contextsvc.errors import ContextError, Unavailable
+from contextsvc.errors import ContextError, EventIdAhead, Unavailable
 from contextsvc.ports import Clock, StoredEvent
 from contextsvc.stores._session import utc
 from contextsvc.stores.postgres.errors import STALE_CONNECTION_ERRORS, pg_errors
@@ -539,6 +539,10 @@ class _Subscription:
                 if self._closed or bus._closed:
                     raise StopAsyncIteration
                 if not self._registered:
+                    if self._last is not None:
+                        newest = await bus._current_id()
+                        if self._last > newest:
+                            raise EventIdAhead(self._last, newest)
                     # Registered before the first fetch: a notification arriving meanwhile
                     # leaves the wake flag set, so nothing committed after it is missed.
                     bus._register(self)
