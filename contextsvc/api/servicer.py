@@ -236,6 +236,8 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             )
             async for event in until_stopped(events, self._stopping, after_event_id=request.after_event_id):
                 yield mapping.event_to_pb(event)
+                if request.session_id and event.kind == "session_deleted":
+                    return  # nothing more can come: the stream ends (OK), as the gateway's socket closes
         except errors.ContextError as exc:
             await context.abort_with_status(to_status(exc))
         except Exception:

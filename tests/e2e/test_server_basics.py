@@ -286,10 +286,8 @@ def test_stream_events_delivers_appends_and_deletion_and_resumes(server: ServerP
 
         def consume() -> None:
             ready.set()
-            for event in stream:
+            for event in stream:  # ends by itself after session_deleted: nothing more can come
                 received.append(event)
-                if event.WhichOneof("payload") == "session_deleted":
-                    return
 
         t = threading.Thread(target=consume)
         t.start()
@@ -306,7 +304,8 @@ def test_stream_events_delivers_appends_and_deletion_and_resumes(server: ServerP
         stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("two"), user("three")]))
         stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid))
         t.join(10)
-        stream.cancel()
+        assert not t.is_alive(), "the stream of a deleted session stayed open"
+        assert stream.code() == grpc.StatusCode.OK
         ids_all = [e.event_id for e in received]
         assert ids_all == sorted(ids_all) and len(set(ids_all)) == len(ids_all)
         received = [e for e in received if not e.messages_appended.request_id.startswith("p")]
