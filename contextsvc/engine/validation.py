@@ -107,8 +107,11 @@ def check_page_size(page_size: int, limits: Limits, field: str = "page_size") ->
     return min(page_size, limits.max_page_size)
 
 
-def check_messages(messages: Sequence[IncomingMessage], limits: Limits, field: str = "messages") -> None:
-    """Every violation of an append at once, so a client fixes them in one round trip."""
+def check_messages(
+    messages: Sequence[IncomingMessage], limits: Limits, field: str = "messages", *, repeated: bool = True
+) -> None:
+    """Every violation of an append at once, so a client fixes them in one round trip.
+    ``repeated`` False: ``field`` is one message (``incoming``), named without an index."""
     violations: list[FieldViolation] = []
     if not messages:
         violations.append(FieldViolation(field, "at least one message is required"))
@@ -118,7 +121,7 @@ def check_messages(messages: Sequence[IncomingMessage], limits: Limits, field: s
         )
     image_bytes = 0
     for i, incoming in enumerate(messages):
-        path = f"{field}[{i}]"
+        path = f"{field}[{i}]" if repeated else field
         m = incoming.message
         violations.extend(_message_violations(m, incoming.images, limits, path))
         image_bytes += sum(len(img.data) for img in incoming.images)

@@ -511,7 +511,7 @@ class ViewService:
         """Validate the not-yet-stored message and price its images from their bytes (nothing stored)."""
         if incoming is None:
             return None, {}
-        check_messages([incoming], self._settings.limits, field=field)
+        check_messages([incoming], self._settings.limits, field=field, repeated=False)
         refs, data = await describe_images(
             self._store, incoming.images, self._settings.tokens, f"{field}.images", persist=False
         )

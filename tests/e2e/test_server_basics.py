@@ -212,6 +212,12 @@ def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> 
         (lambda: stub.CreateSession(_with_metadata(pb.CreateSessionRequest(), float("nan"))), "metadata"),
         (lambda: stub.EstimateTokens(pb.EstimateTokensRequest(model="m" * 201, messages=[user("x")])), "model"),
         (lambda: stub.BuildContext(pb.BuildContextRequest(session_id=sid, phase=7)), "phase"),
+        (
+            lambda: stub.BuildContext(
+                pb.BuildContextRequest(session_id=sid, incoming=user("x" * (4 * 1024 * 1024 + 1)))
+            ),
+            "incoming.content",  # one message, named without an index
+        ),
         (lambda: stub.BuildContext(pb.BuildContextRequest(session_id=sid, phase=-1)), "phase"),
         (lambda: stub.ListMessages(pb.ListMessagesRequest(session_id=sid, buffer=9)), "buffer"),
     ]
