@@ -45,6 +45,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _SPACES = re.compile(r"\s+")
 #: the smallest summary budget, whatever ``max_tokens`` says: a header and a KEYS line must fit.
 _MIN_BUDGET_CHARS = 160
+#: the shortest a quote is made to leave room for the sections after it (a request's gist)
+_MIN_QUOTE_CHARS = 60
 
 
 @dataclass(slots=True)
@@ -124,9 +126,20 @@ class ExtractiveSummarizer:
         facts.lines = fact_lines(
             request.messages, max_facts=cfg.max_facts, max_chars=int(budget * cfg.fact_share), fact_chars=cfg.fact_chars
         )
-        body = self._body(request, facts, entities, budget)
         keys_line = _fit_keys(keys, max(40, budget // 4))
-        return _fit_lines(body, budget - len(keys_line) - 1) + "\n" + keys_line
+        room = budget - len(keys_line) - 1
+        quote = cfg.quote_chars
+        body = self._body(request, facts, entities, budget, quote)
+        # The body is cut from its end to fit: on a small window the quoted requests alone filled
+        # it, and the answers, decisions, tools and errors after them were all cut. Quotes are
+        # shortened first, in proportion, so each section keeps a line (at most two passes more).
+        for _ in range(2):
+            size = sum(len(line) + 1 for line in body)
+            if size <= room or quote <= _MIN_QUOTE_CHARS:
+                break
+            quote = max(_MIN_QUOTE_CHARS, quote * room // size)
+            body = self._body(request, facts, entities, budget, quote)
+        return _fit_lines(body, room) + "\n" + keys_line
 
     # --- collecting -----------------------------------------------------------------------
 
@@ -169,9 +182,11 @@ class ExtractiveSummarizer:
 
     # --- writing --------------------------------------------------------------------------
 
-    def _body(self, request: SummaryRequest, facts: _Facts, entities: Sequence[Entity], budget: int) -> list[str]:
+    def _body(
+        self, request: SummaryRequest, facts: _Facts, entities: Sequence[Entity], budget: int, q: int
+    ) -> list[str]:
+        """The summary's lines, each quote at most ``q`` characters."""
         cfg = self.config
-        q = cfg.quote_chars
         lines = [_header(request, facts)]
         # Facts first: the body is cut to the budget from the end, and they are what must survive.
         if facts.lines:
@@ -192,8 +207,9 @@ class ExtractiveSummarizer:
             if len(facts.asks) > 1:
                 lines.append("Latest request: " + _quote(facts.asks[-1], q))
         if facts.outcomes:
-            lines.append("Answers and decisions:")
-            lines.extend("- " + _quote(o, q) for o in facts.outcomes[-cfg.max_outcomes :])
+            # Newest first: the body is cut from its end, and the newest are nearest the kept turns.
+            lines.append("Answers and decisions (newest first):")
+            lines.extend("- " + _quote(o, q) for o in reversed(facts.outcomes[-cfg.max_outcomes :]))
         if facts.tools:
             ranked = sorted(facts.tools.items(), key=lambda kv: -kv[1])  # stable: first use breaks ties
             lines.append("Tools used: " + ", ".join(f"{name} \u00d7{count}" for name, count in ranked))

@@ -233,10 +233,16 @@ def test_llm_summarizer_down_slow_or_garbage_falls_back_to_hard_truncate(
             pb.BuildContextRequest(session_id=sid, profile=_profile("openai"), incoming=user("go on")), timeout=30
         )
         assert time.monotonic() - started < 20
-        assert view.compression.compressed  # the caller's turn succeeds
-        assert view.compression.method == events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE
+        if mode == "hang":
+            # The build waits for its compaction's summarizer hot_path.build_wait_seconds at most:
+            # it serves a hard-truncated view it does not commit, and the compaction goes on.
+            assert any("still running" in n for n in view.notices), list(view.notices)
+            assert not view.compression.compressed
+        else:
+            assert view.compression.compressed  # the caller's turn succeeds
+            assert view.compression.method == events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE
         assert view.estimate.total <= 0.5 * WINDOW + 300
-        t.join(10)
+        t.join(20)
         compressed = [e for e in events if e.WhichOneof("payload") == "context_compressed"]
         assert compressed and compressed[0].context_compressed.method == events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE
         # Nothing was lost: the dropped turns are in the index.

@@ -133,7 +133,7 @@ async def test_limits_from_config_apply() -> None:
     config = ExtractiveSummarizerConfig(max_outcomes=1, max_errors=1, max_files=1, max_commands=1, quote_chars=40)
     summarizer = ExtractiveSummarizer(config)
     lines = (await summarizer.summarize(_request(_session()))).splitlines()
-    outcomes = lines.index("Answers and decisions:")
+    outcomes = lines.index("Answers and decisions (newest first):")
     assert lines[outcomes + 1] == "- Done: v1.4.0 is deployed to staging."
     assert lines[outcomes + 2].startswith("Tools used:")
     errors = lines.index("Errors seen:")
@@ -185,3 +185,21 @@ async def test_summarizing_leaves_the_event_loop_free(
 def test_implements_the_port() -> None:
     summarizer: Summarizer = ExtractiveSummarizer()
     assert (summarizer.name, summarizer.vision) == ("extractive", False)
+
+
+def test_a_small_budget_keeps_the_newest_decision_rather_than_long_requests_alone() -> None:
+    """On a small window the quoted requests filled the budget and the decisions after them were
+    all cut: quotes shrink first, and the newest decision comes first."""
+    messages: list[Message] = []
+    for k in range(8):
+        messages += [
+            Message(Role.USER, f"Turn {k}: please look into the ingest lag on shard {k}. " + "Some context. " * 30),
+            Message(Role.ASSISTANT, "", tool_calls=(_shell(f"c{k}", f"lagcheck --shard {k}"),)),
+            Message(Role.TOOL, "lag within bounds", tool_call_id=f"c{k}"),
+            Message(Role.ASSISTANT, f"We agreed to switch shard {k} to backend Q{k}. Done."),
+        ]
+    messages = [_seq(m, i + 1) for i, m in enumerate(messages)]
+    summary = ExtractiveSummarizer.from_settings(Settings()).summarize_sync(_request(messages, max_tokens=300))
+    assert len(summary) <= 300 * 1.8 + 1
+    assert "First request: Turn 0" in summary
+    assert "Answers and decisions (newest first):\n- We agreed to switch shard 7 to backend Q7." in summary
