@@ -212,6 +212,7 @@ DOMAIN_ERRORS: list[tuple[errors.ContextError, grpc.StatusCode]] = [
     (errors.NotFound("gone"), grpc.StatusCode.NOT_FOUND),
     (errors.InvalidArgument.field("x", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
     (errors.RequestIdReused("r"), grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.EventIdAhead(9, 7), grpc.StatusCode.INVALID_ARGUMENT),
     (errors.FailedPrecondition("no"), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.NothingToCompact("none"), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.ContextTooLarge("big", metadata={"estimate": "9", "budget": "8"}), grpc.StatusCode.FAILED_PRECONDITION),
