@@ -371,8 +371,10 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
         await running.authenticator.close()
     await running.auth_resources.aclose()
     await running.store.close()
-    # Flush what the last calls recorded; a no-op when telemetry is off.
-    telemetry.current().shutdown()
+    # Flush what the last calls recorded (a no-op when telemetry is off), within what is left of
+    # the grace: an unreachable collector must not hold the exit up. At least the short close, so
+    # calls that used the whole grace still get their spans sent to a collector that answers.
+    telemetry.current().shutdown(max(deadline - loop.time(), close_grace))
 
 
 def _reloader(running: RunningServer, gateway: Any) -> Callable[[], None]:

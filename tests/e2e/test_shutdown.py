@@ -4,11 +4,13 @@ finishes, a watcher is told where to resume, and nothing acknowledged is lost af
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
@@ -16,7 +18,7 @@ from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
 from contextsvc._gen.v1 import resources_pb2 as r
 from tests.support.fake_llm import FakeLLM
 from tests.support.rpc import all_messages, error_details
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, closed_port
 
 WRITERS = 16
 
@@ -151,3 +153,40 @@ async def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path, llm: 
                     assert stored.get(seq) == content, (sid, seq, content)
     finally:
         assert again.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("protocol", "collector"),
+    [("grpc", "refusing"), ("http/protobuf", "refusing"), ("grpc", "silent")],
+)
+def test_sigterm_with_an_unreachable_collector_exits_within_the_grace(
+    tmp_path: Path, protocol: str, collector: str
+) -> None:
+    """The exporters retry an unreachable collector with backoff for tens of seconds; the flush at
+    exit is cut short at the grace (one warning line), or the orchestrator's SIGKILL would come first."""
+    grace = 1.0
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1] if collector == "silent" else closed_port()
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": str(grace),
+        }
+        with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as server:
+            with server.channel() as channel:
+                stub = server.stub(channel)
+                sid = stub.CreateSession(pb.CreateSessionRequest(name="traced")).id
+                for i in range(20):  # spans and metrics waiting to be exported
+                    stub.AppendMessages(
+                        pb.AppendMessagesRequest(
+                            session_id=sid, messages=[r.Message(role=r.ROLE_USER, content=f"m{i}")]
+                        )
+                    )
+            started = time.monotonic()
+            assert server.terminate(timeout=60) == 0
+            took = time.monotonic() - started
+            log = server.stderr_text
+    assert took < grace + 2.0, took
+    assert "telemetry not flushed in time" in log
