@@ -337,10 +337,11 @@ async def _set_health(health: health_aio.HealthServicer, status: int) -> None:
         await health.set(name, status)
 
 
-async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -> None:
+async def stop(running: RunningServer, grace: float, close_grace: float = 0.5, quiet: float = 0.0) -> None:
     """Drain: new ContextService calls get UNAVAILABLE (SHUTTING_DOWN) and health says NOT_SERVING
     so balancers move on; open StreamEvents calls end with UNAVAILABLE carrying the
-    ``after_event_id`` to resume from; calls in flight finish within ``grace``; then close."""
+    ``after_event_id`` to resume from; calls in flight finish within ``grace``; then the transport
+    closes once no call arrived for ``quiet`` seconds."""
     running.gate.drain()
     # The store's health watcher would otherwise turn SERVING back on during the drain.
     if running.store_health is not None:
@@ -363,6 +364,7 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
     idle = await running.gate.wait_idle(grace)
     if not idle:
         log.warning("grace period over; cancelling calls still running", extra={"calls": running.gate.in_flight})
+    await running.gate.wait_quiet(quiet, at_most=close_grace)
     # What remains are health watchers and calls refused meanwhile: a short close.
     await running.server.stop(min(max(deadline - loop.time(), 0.0), close_grace))
     await running.engine.close()
@@ -441,7 +443,9 @@ async def serve(settings: Settings) -> None:
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
     if gateway is not None:
         await gateway.close()
-    await stop(running, settings.shutdown_grace_seconds, settings.shutdown_close_seconds)
+    await stop(
+        running, settings.shutdown_grace_seconds, settings.shutdown_close_seconds, settings.shutdown_quiet_seconds
+    )
     log.info("stopped")
     if failed is not None:
         raise failed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,11 @@ class StoreNotReady(Unavailable):
 class ServingGate:
     """An admission (see ``api.decoding.Admission``) over the server's lifecycle."""
 
-    def __init__(self, state: ServingState = ServingState.STARTING):
+    def __init__(self, state: ServingState = ServingState.STARTING, *, clock: Callable[[], float] = time.monotonic):
         self.state = state
+        self._clock = clock
+        #: when the last ContextService call reached the gate, admitted or refused.
+        self._last_arrival = clock()
         #: set once draining starts; open StreamEvents calls end when it is.
         self.stopping = asyncio.Event()
         #: admitted ContextService calls still running.
@@ -63,6 +67,20 @@ class ServingGate:
             return False
         return True
 
+    async def wait_quiet(self, quiet: float, at_most: float) -> bool:
+        """Wait until no call reached the gate for ``quiet`` seconds (at most ``at_most``); True if
+        none did. A call the transport accepted but had not yet handed over would be cancelled by
+        its shutdown: given this long, it reaches the gate and is refused with UNAVAILABLE instead."""
+        give_up = self._clock() + at_most
+        while True:
+            now = self._clock()
+            quiet_at = self._last_arrival + quiet
+            if now >= quiet_at:
+                return True
+            if now >= give_up:
+                return False
+            await asyncio.sleep(min(quiet_at, give_up) - now)
+
     def _release(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:
@@ -71,6 +89,7 @@ class ServingGate:
     async def __call__(self, method: str, request: Any, context: Any) -> Callable[[], None] | None:
         if not method.startswith(SERVICE_PREFIX):
             return None
+        self._last_arrival = self._clock()
         if self.state is ServingState.SERVING:
             # Counted so that a drain waits for calls in flight before the transport shuts down
             # (grpc's own shutdown cancels calls it accepted but had not yet handed to us).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,50 @@ def test_sigterm_with_an_unreachable_collector_exits_within_the_grace(
             log = server.stderr_text
     assert took < grace + 2.0, took
     assert "telemetry not flushed in time" in log
+
+
+def test_calls_arriving_during_the_drain_are_refused_not_cancelled(tmp_path: Path) -> None:
+    """Writers that call again as soon as a call ends, each on its own connection: a call the
+    transport accepted as the drain finished must reach the gate and be refused (UNAVAILABLE,
+    SHUTTING_DOWN, which clients retry), not be cancelled by the transport's close (CANCELLED)."""
+    writers = 20
+    server = ServerProcess(f"files:{tmp_path / 'data'}").start()
+    sigterm_sent = threading.Event()
+    outcomes: list[tuple[grpc.StatusCode, str]] = []
+
+    def writer(k: int) -> None:
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            sid = stub.CreateSession(pb.CreateSessionRequest(name=f"w{k}")).id
+            for i in range(100_000):  # bounded; ends at its first refusal after SIGTERM
+                try:
+                    stub.AppendMessages(
+                        pb.AppendMessagesRequest(
+                            session_id=sid, messages=[r.Message(role=r.ROLE_USER, content=f"{i}")]
+                        ),
+                        timeout=20,
+                    )
+                    outcomes.append((grpc.StatusCode.OK, ""))
+                except grpc.RpcError as err:
+                    outcomes.append((err.code(), error_details(err)["reason"]))
+                    if sigterm_sent.is_set():
+                        return
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(writers)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        assert server.proc is not None
+        server.proc.send_signal(15)
+        sigterm_sent.set()
+        for thread in threads:
+            thread.join(30)
+        exit_code = server.proc.wait(20)
+    finally:
+        server.kill()
+    assert exit_code == 0
+    codes = {code for code, _ in outcomes}
+    assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, sorted(outcomes, key=str)[:5]
+    refused = [reason for code, reason in outcomes if code == grpc.StatusCode.UNAVAILABLE]
+    assert refused.count("SHUTTING_DOWN") >= writers // 2, refused
