@@ -39,16 +39,7 @@ async def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path, llm: 
             stub = pb_grpc.ContextServiceStub(channel)
             sessions = [(await stub.CreateSession(pb.CreateSessionRequest(name=f"w{i}"))).id for i in range(4)]
             slow = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
-            for turn in range(10):
-                await stub.AppendMessages(
-                    pb.AppendMessagesRequest(
-                        session_id=slow,
-                        messages=[
-                            r.Message(role=r.ROLE_USER, content=f"question {turn} " + "words " * 80),
-                            r.Message(role=r.ROLE_ASSISTANT, content=f"answer {turn} " + "more " * 80),
-                        ],
-                    )
-                )
+            await _long_turns(stub, slow)
             for sid in sessions:
                 acked[sid] = []
             sigterm_sent = asyncio.Event()
@@ -238,3 +229,75 @@ def test_calls_arriving_during_the_drain_are_refused_not_cancelled(tmp_path: Pat
     assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, sorted(outcomes, key=str)[:5]
     refused = [reason for code, reason in outcomes if code == grpc.StatusCode.UNAVAILABLE]
     assert refused.count("SHUTTING_DOWN") >= writers // 2, refused
+
+
+@pytest.mark.parametrize("store", ["files", "memory"])
+async def test_a_watcher_gets_the_events_of_calls_finishing_during_the_drain(
+    tmp_path: Path, llm: FakeLLM, store: str
+) -> None:
+    """A Compress in flight when SIGTERM comes finishes within the grace; a watcher of its session
+    receives its closing event before being told where to resume, so no event falls between the
+    stream's end and a resume elsewhere."""
+    env = {
+        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
+        "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "8",
+    }
+    server = ServerProcess("memory" if store == "memory" else f"files:{tmp_path / 'data'}", env=env).start()
+    kinds: list[str] = []
+    ids: list[int] = []
+    end: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.ContextServiceStub(channel)
+            sid = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
+            await _long_turns(stub, sid)
+            started = asyncio.Event()
+
+            async def watcher() -> None:
+                try:
+                    async for event in stub.StreamEvents(pb.StreamEventsRequest(session_id=sid)):
+                        kinds.append(event.WhichOneof("payload"))
+                        ids.append(event.event_id)
+                        if kinds[-1] == "compression_started":
+                            started.set()
+                except grpc.aio.AioRpcError as err:
+                    end.update(error_details(err))  # type: ignore[arg-type]
+
+            stream = asyncio.create_task(watcher())
+            await asyncio.sleep(0.3)  # the stream is open
+            llm.control(mode="hang", hang_seconds=2.0)
+            compress = stub.Compress(
+                pb.CompressRequest(
+                    session_id=sid, profile=r.Profile(compression=r.CompressionSettings(summarizer="openai"))
+                ),
+                timeout=30,
+            )
+            await asyncio.wait_for(started.wait(), timeout=10)
+            assert server.proc is not None
+            server.proc.send_signal(15)
+            reply = await compress
+            await asyncio.wait_for(stream, timeout=30)
+            exit_code = server.proc.wait(20)
+    finally:
+        llm.reset()
+        server.kill()
+    assert exit_code == 0 and reply.compressed
+    assert kinds[kinds.index("compression_started") + 1 :] == ["context_compressed"], kinds
+    assert end["code"] == grpc.StatusCode.UNAVAILABLE and end["reason"] == "SHUTTING_DOWN"
+    assert end["metadata"]["after_event_id"] == str(ids[-1])
+
+
+async def _long_turns(stub: Any, sid: str) -> None:
+    """Ten long turns: enough for a compaction to summarize some."""
+    for turn in range(10):
+        await stub.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=sid,
+                messages=[
+                    r.Message(role=r.ROLE_USER, content=f"question {turn} " + "words " * 80),
+                    r.Message(role=r.ROLE_ASSISTANT, content=f"answer {turn} " + "more " * 80),
+                ],
+            )
+        )
