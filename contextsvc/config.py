@@ -700,6 +700,9 @@ class Settings(BaseModel):
     #: after in-flight calls drained, how long the transport waits for what is left (health
     #: watchers, calls refused meanwhile) before closing.
     shutdown_close_seconds: float = Field(0.5, ge=0)
+    #: ... and closes once no call arrived for this long (within ``shutdown_close_seconds``): a call
+    #: on its way is refused with UNAVAILABLE, not cancelled by the transport's close.
+    shutdown_quiet_seconds: float = Field(0.1, ge=0)
     #: log lines a minute about refused undecodable requests (the rest are counted, not written).
     refusal_log_per_minute: int = Field(10, ge=0)
     #: a store that does not answer at start: serve NOT_SERVING and retry, pausing at most this long.

@@ -51,6 +51,8 @@ SERVICE_NAME = context_service_pb2.DESCRIPTOR.services_by_name["ContextService"]
 #: does (for liveness and startup probes: a database outage takes a replica out of the Service
 #: through ``SERVICE_NAME``, and must not get it restarted).
 LIVENESS_NAME = "contextsvc.liveness"
+#: the streams that run until their client leaves: a drain ends them after the other calls.
+WATCH_METHODS = frozenset({f"/{SERVICE_NAME}/StreamEvents"})
 
 
 @dataclass(slots=True)
@@ -144,7 +146,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         store = open_store(settings.store, settings)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    gate = ServingGate()
+    gate = ServingGate(watch_methods=WATCH_METHODS)
     first_error: Unavailable | None = None
     try:
         await store.open()
@@ -338,11 +340,38 @@ async def _set_health(health: health_aio.HealthServicer, status: int) -> None:
         await health.set(name, status)
 
 
-async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -> None:
+async def stop(running: RunningServer, grace: float, close_grace: float = 0.5, quiet: float = 0.0) -> None:
     """Drain: new ContextService calls get UNAVAILABLE (SHUTTING_DOWN) and health says NOT_SERVING
-    so balancers move on; open StreamEvents calls end with UNAVAILABLE carrying the
-    ``after_event_id`` to resume from; calls in flight finish within ``grace``; then close."""
+    so balancers move on; calls in flight finish within ``grace``; then open StreamEvents calls
+    end with UNAVAILABLE carrying the ``after_event_id`` to resume from (after the events those
+    calls emitted); the transport closes once no call arrived for ``quiet`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
     running.gate.drain()
+    await _stop_background(running)
+    # Calls in flight finish first, while the transport still accepts (and the gate refuses) new
+    # ones; grpc's own stop would cancel calls it had accepted but not yet handed over.
+    if not await running.gate.calls.wait_idle(max(deadline - loop.time(), 0.0)):
+        log.warning("grace period over; cancelling calls still running", extra={"calls": running.gate.calls.count})
+    running.gate.end_watches()
+    await running.gate.watches.wait_idle(close_grace)
+    await running.gate.wait_quiet(quiet, at_most=close_grace)
+    # What remains are health watchers and calls refused meanwhile: a short close.
+    await running.server.stop(min(max(deadline - loop.time(), 0.0), close_grace))
+    await running.engine.close()
+    await running.bus.close()
+    if running.authenticator is not None:
+        await running.authenticator.close()
+    await running.auth_resources.aclose()
+    await running.store.close()
+    # Flush what the last calls recorded (a no-op when telemetry is off), within what is left of
+    # the grace: an unreachable collector must not hold the exit up. At least the short close, so
+    # calls that used the whole grace still get their spans sent to a collector that answers.
+    telemetry.current().shutdown(max(deadline - loop.time(), close_grace))
+
+
+async def _stop_background(running: RunningServer) -> None:
+    """Health NOT_SERVING for good, and the periodic tasks stopped, at the start of a drain."""
     # The store's health watcher would otherwise turn SERVING back on during the drain.
     if running.store_health is not None:
         await running.store_health.stop()
@@ -357,23 +386,6 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5) -
         running.opener.cancel()
         with contextlib.suppress(asyncio.CancelledError, StartupError):
             await running.opener
-    # Calls in flight finish first, while the transport still accepts (and the gate refuses) new
-    # ones; grpc's own stop would cancel calls it had accepted but not yet handed over.
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace
-    idle = await running.gate.wait_idle(grace)
-    if not idle:
-        log.warning("grace period over; cancelling calls still running", extra={"calls": running.gate.in_flight})
-    # What remains are health watchers and calls refused meanwhile: a short close.
-    await running.server.stop(min(max(deadline - loop.time(), 0.0), close_grace))
-    await running.engine.close()
-    await running.bus.close()
-    if running.authenticator is not None:
-        await running.authenticator.close()
-    await running.auth_resources.aclose()
-    await running.store.close()
-    # Flush what the last calls recorded; a no-op when telemetry is off.
-    telemetry.current().shutdown()
 
 
 def _reloader(running: RunningServer, gateway: Any) -> Callable[[], None]:
@@ -440,7 +452,9 @@ async def serve(settings: Settings) -> None:
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
     if gateway is not None:
         await gateway.close()
-    await stop(running, settings.shutdown_grace_seconds, settings.shutdown_close_seconds)
+    await stop(
+        running, settings.shutdown_grace_seconds, settings.shutdown_close_seconds, settings.shutdown_quiet_seconds
+    )
     log.info("stopped")
     if failed is not None:
         raise failed

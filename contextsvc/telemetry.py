@@ -30,10 +30,12 @@ SDK's sampler, ids, limits and ``ReadableSpan``, fewer steps), and spans are enc
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import contextvars
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -264,13 +266,40 @@ class Telemetry:
         for flush in self._flushes:
             flush()
 
-    def shutdown(self) -> None:
-        for stop in reversed(self._shutdowns):
-            try:
-                stop()
-            except Exception:  # an exporter that cannot flush must not block the shutdown
-                log.warning("telemetry exporter did not shut down cleanly", exc_info=True)
-        self._shutdowns.clear()
+    def shutdown(self, timeout_seconds: float = 30.0) -> bool:
+        """Flush and stop the exporters, waiting at most ``timeout_seconds``; False if they did not
+        finish. The SDK's shutdowns have no overall bound: with the collector unreachable its
+        exporters retry with backoff for tens of seconds, past any orchestrator's patience."""
+        stops, self._shutdowns = self._shutdowns, []
+        if not stops:
+            return True
+        # One daemon thread each, so a stuck meter provider does not keep spans from being flushed;
+        # left behind when the time is up (the process is about to exit).
+        workers = [
+            threading.Thread(target=_stop, args=(stop,), name="contextsvc-telemetry-shutdown", daemon=True)
+            for stop in stops
+        ]
+        deadline = time.monotonic() + timeout_seconds
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(max(deadline - time.monotonic(), 0.0))
+        if any(worker.is_alive() for worker in workers):
+            log.warning(
+                "telemetry not flushed in time; what was not yet exported is dropped",
+                extra={"timeout_seconds": round(timeout_seconds, 3)},
+            )
+            return False
+        return True
+
+
+def _stop(stop: Callable[[], Any]) -> None:
+    # The providers' own exit-time shutdown would run again, unbounded, if this one is cut short.
+    atexit.unregister(stop)
+    try:
+        stop()
+    except Exception:  # an exporter that cannot flush must not block the shutdown
+        log.warning("telemetry exporter did not shut down cleanly", exc_info=True)
 
 
 #: the process's telemetry: the no-op one until ``configure`` installs exporters.

@@ -37,5 +37,6 @@ async def run(settings: Settings) -> None:
     loop.add_signal_handler(signal.SIGHUP, gateway.reload_certificates)
     await stopping.wait()
     await gateway.close()
-    telemetry.current().shutdown()  # flush what the last calls recorded; a no-op when off
+    # Flush what the last calls recorded (a no-op when off), not waiting on an unreachable collector.
+    telemetry.current().shutdown(settings.shutdown_grace_seconds)
     log.info("gateway stopped")

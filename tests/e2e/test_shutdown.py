@@ -4,11 +4,14 @@ finishes, a watcher is told where to resume, and nothing acknowledged is lost af
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
@@ -16,7 +19,7 @@ from contextsvc._gen.v1 import context_service_pb2_grpc as pb_grpc
 from contextsvc._gen.v1 import resources_pb2 as r
 from tests.support.fake_llm import FakeLLM
 from tests.support.rpc import all_messages, error_details
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, closed_port
 
 WRITERS = 16
 
@@ -36,16 +39,7 @@ async def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path, llm: 
             stub = pb_grpc.ContextServiceStub(channel)
             sessions = [(await stub.CreateSession(pb.CreateSessionRequest(name=f"w{i}"))).id for i in range(4)]
             slow = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
-            for turn in range(10):
-                await stub.AppendMessages(
-                    pb.AppendMessagesRequest(
-                        session_id=slow,
-                        messages=[
-                            r.Message(role=r.ROLE_USER, content=f"question {turn} " + "words " * 80),
-                            r.Message(role=r.ROLE_ASSISTANT, content=f"answer {turn} " + "more " * 80),
-                        ],
-                    )
-                )
+            await _long_turns(stub, slow)
             for sid in sessions:
                 acked[sid] = []
             sigterm_sent = asyncio.Event()
@@ -151,3 +145,159 @@ async def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path, llm: 
                     assert stored.get(seq) == content, (sid, seq, content)
     finally:
         assert again.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("protocol", "collector"),
+    [("grpc", "refusing"), ("http/protobuf", "refusing"), ("grpc", "silent")],
+)
+def test_sigterm_with_an_unreachable_collector_exits_within_the_grace(
+    tmp_path: Path, protocol: str, collector: str
+) -> None:
+    """The exporters retry an unreachable collector with backoff for tens of seconds; the flush at
+    exit is cut short at the grace (one warning line), or the orchestrator's SIGKILL would come first."""
+    grace = 1.0
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1] if collector == "silent" else closed_port()
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": str(grace),
+        }
+        with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as server:
+            with server.channel() as channel:
+                stub = server.stub(channel)
+                sid = stub.CreateSession(pb.CreateSessionRequest(name="traced")).id
+                for i in range(20):  # spans and metrics waiting to be exported
+                    stub.AppendMessages(
+                        pb.AppendMessagesRequest(
+                            session_id=sid, messages=[r.Message(role=r.ROLE_USER, content=f"m{i}")]
+                        )
+                    )
+            started = time.monotonic()
+            assert server.terminate(timeout=60) == 0
+            took = time.monotonic() - started
+            log = server.stderr_text
+    assert took < grace + 2.0, took
+    assert "telemetry not flushed in time" in log
+
+
+def test_calls_arriving_during_the_drain_are_refused_not_cancelled(tmp_path: Path) -> None:
+    """Writers that call again as soon as a call ends, each on its own connection: a call the
+    transport accepted as the drain finished must reach the gate and be refused (UNAVAILABLE,
+    SHUTTING_DOWN, which clients retry), not be cancelled by the transport's close (CANCELLED)."""
+    writers = 20
+    server = ServerProcess(f"files:{tmp_path / 'data'}").start()
+    sigterm_sent = threading.Event()
+    outcomes: list[tuple[grpc.StatusCode, str]] = []
+
+    def writer(k: int) -> None:
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            sid = stub.CreateSession(pb.CreateSessionRequest(name=f"w{k}")).id
+            for i in range(100_000):  # bounded; ends at its first refusal after SIGTERM
+                try:
+                    stub.AppendMessages(
+                        pb.AppendMessagesRequest(
+                            session_id=sid, messages=[r.Message(role=r.ROLE_USER, content=f"{i}")]
+                        ),
+                        timeout=20,
+                    )
+                    outcomes.append((grpc.StatusCode.OK, ""))
+                except grpc.RpcError as err:
+                    outcomes.append((err.code(), error_details(err)["reason"]))
+                    if sigterm_sent.is_set():
+                        return
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(writers)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        assert server.proc is not None
+        server.proc.send_signal(15)
+        sigterm_sent.set()
+        for thread in threads:
+            thread.join(30)
+        exit_code = server.proc.wait(20)
+    finally:
+        server.kill()
+    assert exit_code == 0
+    codes = {code for code, _ in outcomes}
+    assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, sorted(outcomes, key=str)[:5]
+    refused = [reason for code, reason in outcomes if code == grpc.StatusCode.UNAVAILABLE]
+    assert refused.count("SHUTTING_DOWN") >= writers // 2, refused
+
+
+@pytest.mark.parametrize("store", ["files", "memory"])
+async def test_a_watcher_gets_the_events_of_calls_finishing_during_the_drain(
+    tmp_path: Path, llm: FakeLLM, store: str
+) -> None:
+    """A Compress in flight when SIGTERM comes finishes within the grace; a watcher of its session
+    receives its closing event before being told where to resume, so no event falls between the
+    stream's end and a resume elsewhere."""
+    env = {
+        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
+        "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "8",
+    }
+    server = ServerProcess("memory" if store == "memory" else f"files:{tmp_path / 'data'}", env=env).start()
+    kinds: list[str] = []
+    ids: list[int] = []
+    end: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.ContextServiceStub(channel)
+            sid = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
+            await _long_turns(stub, sid)
+            started = asyncio.Event()
+
+            async def watcher() -> None:
+                try:
+                    async for event in stub.StreamEvents(pb.StreamEventsRequest(session_id=sid)):
+                        kinds.append(event.WhichOneof("payload"))
+                        ids.append(event.event_id)
+                        if kinds[-1] == "compression_started":
+                            started.set()
+                except grpc.aio.AioRpcError as err:
+                    end.update(error_details(err))  # type: ignore[arg-type]
+
+            stream = asyncio.create_task(watcher())
+            await asyncio.sleep(0.3)  # the stream is open
+            llm.control(mode="hang", hang_seconds=2.0)
+            compress = stub.Compress(
+                pb.CompressRequest(
+                    session_id=sid, profile=r.Profile(compression=r.CompressionSettings(summarizer="openai"))
+                ),
+                timeout=30,
+            )
+            await asyncio.wait_for(started.wait(), timeout=10)
+            assert server.proc is not None
+            server.proc.send_signal(15)
+            reply = await compress
+            await asyncio.wait_for(stream, timeout=30)
+            exit_code = server.proc.wait(20)
+    finally:
+        llm.reset()
+        server.kill()
+    assert exit_code == 0 and reply.compressed
+    assert kinds[kinds.index("compression_started") + 1 :] == ["context_compressed"], kinds
+    assert end["code"] == grpc.StatusCode.UNAVAILABLE and end["reason"] == "SHUTTING_DOWN"
+    assert end["metadata"]["after_event_id"] == str(ids[-1])
+
+
+async def _long_turns(stub: Any, sid: str) -> None:
+    """Ten long turns: enough for a compaction to summarize some."""
+    for turn in range(10):
+        await stub.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=sid,
+                messages=[
+                    r.Message(role=r.ROLE_USER, content=f"question {turn} " + "words " * 80),
+                    r.Message(role=r.ROLE_ASSISTANT, content=f"answer {turn} " + "more " * 80),
+                ],
+            )
+        )

@@ -6,6 +6,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,13 @@ from contextsvc._gen.v1 import context_service_pb2_grpc
 
 _LISTENING = re.compile(r"contextsvc listening on (\S+):(\d+)")
 START_TIMEOUT_S = 20.0
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: connecting to it is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class ServerProcess:
