@@ -790,19 +790,18 @@ def redacted_url(url: str) -> str:
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build settings from defaults, an optional TOML file, the environment, and overrides.
 
-    ``overrides`` (from CLI flags) win over everything; None values are ignored.
+    ``overrides`` (from CLI flags) win over everything; None values are ignored. The layers are
+    merged as raw values, field by field (``CONTEXTSVC_PROFILES__DEFAULT__SYSTEM_PROMPT`` changes
+    that one field of the file's profile, not the whole table), then validated once: a check
+    across fields (a profile's target below its threshold) sees the merged values, not defaults.
     """
-    cleaned = {k: v for k, v in overrides.items() if v is not None}
-    env_only = Settings(**cleaned)
-    path = config_file or env_only.config
-    if not path:
-        return env_only
-    file_values = _read_toml(Path(path))
-    # Environment and flags beat the file, field by field: a nested variable such as
-    # CONTEXTSVC_LIMITS__MAX_PAGE_SIZE changes that one field, not the file's whole [limits] table.
-    merged = _deep_merge(file_values, _explicit(env_only))
-    # Flags win; a nested flag (``--auth`` -> auth.mode) changes that one field of the file's table.
-    return Settings(**{**_deep_merge(merged, cleaned), "config": str(path)})
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    env = environment_values(Settings)
+    path = config_file or flags.get("config") or env.get("config") or ""
+    values = _deep_merge(_deep_merge(_read_toml(Path(path)) if path else {}, env), flags)
+    if path:
+        values["config"] = str(path)
+    return Settings(**values)
 
 
 ENV_PREFIX = "CONTEXTSVC_"
@@ -901,12 +900,3 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-
-
-def _explicit(model: BaseModel) -> dict[str, Any]:
-    """Fields that were set by the environment (not defaults), nested models as partial dicts."""
-    out: dict[str, Any] = {}
-    for name in model.model_fields_set:
-        value = getattr(model, name)
-        out[name] = _explicit(value) if isinstance(value, BaseModel) else value
-    return out

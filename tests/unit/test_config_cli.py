@@ -146,3 +146,35 @@ def test_a_nested_environment_variable_changes_one_field_of_the_file(
     monkeypatch.setenv("CONTEXTSVC_LIMITS__MAX_NAME_CHARS", "100")
     s = load_settings(cfg)
     assert (s.limits.max_page_size, s.limits.max_name_chars, s.summarizer.temperature) == (77, 100, 0.5)
+
+
+PROFILE_FILE = """
+[profiles.default]
+context_window = 8192
+system_prompt = "file"
+
+[profiles.default.compression]
+threshold = 0.5
+target = 0.3
+"""
+
+
+def test_a_variable_for_one_profile_field_keeps_the_files_other_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PROFILE_FILE)
+    monkeypatch.setenv("CONTEXTSVC_PROFILES__DEFAULT__SYSTEM_PROMPT", "env")
+    p = load_settings(cfg).profiles["default"]
+    assert (p.context_window, p.system_prompt, p.compression.threshold, p.compression.target) == (8192, "env", 0.5, 0.3)
+
+
+def test_checks_across_fields_see_the_file_and_the_environment_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The variable alone (0.6 over the default target 0.65) would be refused; over the file's 0.3 it is valid.
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PROFILE_FILE)
+    monkeypatch.setenv("CONTEXTSVC_PROFILES__DEFAULT__COMPRESSION__THRESHOLD", "0.6")
+    c = load_settings(cfg).profiles["default"].compression
+    assert (c.threshold, c.target) == (0.6, 0.3)
