@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings.model_copy(
                 update={"gateway": settings.gateway.model_validate({**settings.gateway.model_dump(), **gateway_flags})}
             )
-    except (ValidationError, ValueError) as exc:
-        print(f"contextsvc: invalid settings: {exc}", file=sys.stderr)
+    except ValueError as exc:  # pydantic's ValidationError included
+        print(f"contextsvc: invalid settings: {_one_line(exc)}", file=sys.stderr)
         return 2
     if args.command == "config":
         shown = settings.model_dump(mode="json")
@@ -214,6 +214,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_line(exc: ValueError) -> str:
+    """A refused setting as one line: each bad field's path and what is wrong with it (pydantic's
+    own text spans lines and repeats the input, which may be long)."""
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    return "; ".join(_field_error(error["loc"], error["msg"]) for error in exc.errors())
+
+
+def _field_error(loc: tuple[int | str, ...], message: str) -> str:
+    where = ".".join(str(part) for part in loc)
+    what = message.removeprefix("Value error, ")
+    return f"{where}: {what}" if where else what
 
 
 def _auth_override(mode: str | None) -> dict[str, object]:

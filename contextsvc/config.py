@@ -12,6 +12,7 @@ that of a class or a builtin (``list``, ``dict``) is built from text (``tokenize
 """
 
 import json
+import logging
 import os
 import re
 import types
@@ -38,6 +39,11 @@ class Durability(StrEnum):
     BATCH = "batch"
 
 
+#: Compaction strategies a profile may list, tried in the profile's order (DESIGN §5.4); the
+#: engine's compaction (engine/compaction.py) runs them.
+COMPACTION_STRATEGIES = ("clear_tool_results", "summarize")
+
+
 class CompressionDefaults(BaseModel):
     """Compression knobs; each is overridable per profile."""
 
@@ -50,7 +56,7 @@ class CompressionDefaults(BaseModel):
     summary_max_tokens: int = Field(6000, ge=64)
     summary_prompt: str = ""
     summarizer: str = "extractive"
-    strategies: list[str] = Field(default_factory=lambda: ["clear_tool_results", "summarize"])
+    strategies: list[str] = Field(default_factory=lambda: list(COMPACTION_STRATEGIES))
     critical_tool_names: list[str] = Field(default_factory=lambda: [])
     #: whether hard truncation (oldest whole turns dropped, no summary) may follow when the listed
     #: strategies cannot reach the target. True keeps every turn under the window whatever the
@@ -326,6 +332,17 @@ class SummarizerSettings(BaseModel):
     ollama: OllamaSummarizerConfig = Field(default_factory=lambda: OllamaSummarizerConfig())
     #: honour HTTP(S)_PROXY / NO_PROXY for summarizer calls.
     http_trust_env: bool = True
+
+
+#: The summarizers a profile may name: one per typed endpoint table of ``[summarizer]`` (each
+#: has a ``type`` tag); summarizers/registry.py builds each of them.
+SUMMARIZER_NAMES = tuple(
+    sorted(
+        name
+        for name, field in SummarizerSettings.model_fields.items()
+        if "type" in getattr(field.annotation, "model_fields", {})
+    )
+)
 
 
 class MaintenanceSettings(BaseModel):
@@ -759,10 +776,41 @@ class Settings(BaseModel):
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         return self
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        # The names ``logging`` takes, in any case (as setup_logging has always taken them).
+        if value.upper() not in logging.getLevelNamesMapping():
+            raise ValueError(f"must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL; got {value!r}")
+        return value.upper()
+
     @model_validator(mode="after")
     def _default_profile_exists(self) -> Self:
-        if self.default_profile not in self.profiles:
-            self.profiles[self.default_profile] = ProfileConfig()
+        if self.default_profile in self.profiles:
+            return self
+        if self.default_profile != "default":  # a typo would otherwise serve an empty profile
+            configured = ", ".join(sorted(self.profiles))
+            raise ValueError(f"default_profile {self.default_profile!r} names no profile; configured: {configured}")
+        self.profiles["default"] = ProfileConfig()  # the built-in one, beside the file's named profiles
+        return self
+
+    @model_validator(mode="after")
+    def _profiles_name_known_parts(self) -> Self:
+        """A profile's summarizer and strategies are checked at load: an operator's typo stops the
+        start, rather than failing every client's build as a bad request."""
+        for name, profile in self.profiles.items():
+            compression = profile.compression
+            if compression.summarizer not in SUMMARIZER_NAMES:
+                raise ValueError(
+                    f"profiles.{name}.compression.summarizer: unknown summarizer {compression.summarizer!r}; "
+                    f"known: {', '.join(SUMMARIZER_NAMES)}"
+                )
+            unknown = [s for s in compression.strategies if s not in COMPACTION_STRATEGIES]
+            if unknown:
+                raise ValueError(
+                    f"profiles.{name}.compression.strategies: unknown strategy {unknown[0]!r}; "
+                    f"known: {', '.join(COMPACTION_STRATEGIES)}"
+                )
         return self
 
     def profile(self, profile_id: str) -> ProfileConfig | None:

@@ -178,3 +178,59 @@ def test_checks_across_fields_see_the_file_and_the_environment_merged(
     monkeypatch.setenv("CONTEXTSVC_PROFILES__DEFAULT__COMPRESSION__THRESHOLD", "0.6")
     c = load_settings(cfg).profiles["default"].compression
     assert (c.threshold, c.target) == (0.6, 0.3)
+
+
+def _refused_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The one stderr line of a command that refuses its settings (exit 2)."""
+    assert main(list(argv)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: invalid settings: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        (
+            '[profiles.default.compression]\nsummarizer = "nosuch"\n',
+            "profiles.default.compression.summarizer: unknown summarizer 'nosuch'; known: extractive, ollama, openai",
+        ),
+        (
+            '[profiles.coder.compression]\nstrategies = ["summarize", "bogus"]\n',
+            "profiles.coder.compression.strategies: unknown strategy 'bogus'; known: clear_tool_results, summarize",
+        ),
+        (
+            'default_profile = "codr"\n[profiles.coder]\nmodel = "qwen3"\n',
+            "default_profile 'codr' names no profile; configured: coder",
+        ),
+    ],
+    ids=["summarizer", "strategies", "default_profile"],
+)
+def test_a_profiles_typo_is_refused_when_settings_load(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, toml: str, needle: str
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    with pytest.raises(ValueError):
+        load_settings(cfg)
+    assert needle in _refused_line(capsys, "config", "--config", str(cfg))
+
+
+def test_the_built_in_default_profile_stays_beside_named_ones(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[profiles.coder]\nmodel = "qwen3"\n')
+    s = load_settings(cfg)
+    assert s.default_profile == "default" and sorted(s.profiles) == ["coder", "default"]
+
+
+def test_log_levels_are_checked_when_settings_load(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Settings(log_level="debug").log_level == "DEBUG"  # any case, as before
+    assert "log_level: must be one of" in _refused_line(capsys, "serve", "--store", "memory", "--log-level", "FOO")
+    assert "got 'BAD'" in _refused_line(capsys, "gateway", "--log-level", "BAD")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('log_level = "verbose"\n')
+    assert "got 'verbose'" in _refused_line(capsys, "tokens", "list", "--store", "memory", "--config", str(cfg))
+    monkeypatch.setenv("CONTEXTSVC_LOG_LEVEL", "loud")
+    assert "got 'loud'" in _refused_line(capsys, "config")

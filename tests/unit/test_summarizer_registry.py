@@ -6,7 +6,14 @@ import pytest
 from pydantic import ValidationError
 
 import contextsvc.summarizers as summarizers_pkg
-from contextsvc.config import OllamaSummarizerConfig, OpenAISummarizerConfig, Settings
+from contextsvc.config import (
+    SUMMARIZER_NAMES,
+    CompressionDefaults,
+    OllamaSummarizerConfig,
+    OpenAISummarizerConfig,
+    ProfileConfig,
+    Settings,
+)
 from contextsvc.errors import InvalidArgument
 from contextsvc.summarizers import (
     SUMMARIZERS,
@@ -68,9 +75,17 @@ async def test_unknown_name_is_invalid_argument() -> None:
 
 
 def test_a_profile_naming_an_unknown_summarizer_stops_the_build() -> None:
-    settings = Settings(profiles={"default": {}, "coder": {"compression": {"summarizer": "olama"}}})
+    # Settings refuse it when they load; settings made without validation are refused by the build.
+    with pytest.raises(ValueError, match=r"profiles\.coder\.compression\.summarizer: unknown summarizer 'olama'"):
+        Settings(profiles={"default": {}, "coder": {"compression": {"summarizer": "olama"}}})
+    typo = ProfileConfig(compression=CompressionDefaults(summarizer="olama"))
+    settings = Settings().model_copy(update={"profiles": {"default": ProfileConfig(), "coder": typo}})
     with pytest.raises(ValueError, match=r"coder: 'olama'"):
         build_summarizers(settings)
+
+
+def test_the_settings_know_every_registered_summarizer_by_name() -> None:
+    assert tuple(sorted(SUMMARIZERS)) == SUMMARIZER_NAMES
 
 
 def test_endpoint_configs_are_typed_and_closed() -> None:
