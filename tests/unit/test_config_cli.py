@@ -234,3 +234,17 @@ def test_log_levels_are_checked_when_settings_load(
     assert "got 'verbose'" in _refused_line(capsys, "tokens", "list", "--store", "memory", "--config", str(cfg))
     monkeypatch.setenv("CONTEXTSVC_LOG_LEVEL", "loud")
     assert "got 'loud'" in _refused_line(capsys, "config")
+
+
+def test_cli_config_hides_passwords_in_every_url_setting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "http://user:hunter2@127.0.0.1:56450")
+    monkeypatch.setenv("CONTEXTSVC_SUMMARIZER__OLLAMA__BASE_URL", "http://user:hunter3@127.0.0.1:56451/x")
+    monkeypatch.setenv("CONTEXTSVC_AUTH__TOKEN_STORE", "postgres://app:hunter4@db/ctx")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    summarizer = json.loads(out)["summarizer"]
+    assert summarizer["openai"]["base_url"] == "http://user:***@127.0.0.1:56450"
+    assert summarizer["ollama"]["base_url"] == "http://user:***@127.0.0.1:56451/x"
+    assert "hunter" not in out

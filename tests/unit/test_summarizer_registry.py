@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -15,6 +18,7 @@ from contextsvc.config import (
     Settings,
 )
 from contextsvc.errors import InvalidArgument
+from contextsvc.ports import Summarizer, SummarizerError, SummaryRequest
 from contextsvc.summarizers import (
     SUMMARIZERS,
     ExtractiveSummarizer,
@@ -139,3 +143,25 @@ def test_strip_thinking(content: str, expected: str) -> None:
 )
 def test_mime_type_of(data: bytes, mime: str) -> None:
     assert mime_type_of(data) == mime
+
+
+def _openai(base_url: str, client: httpx.AsyncClient) -> Summarizer:
+    return OpenAISummarizer(OpenAISummarizerConfig(base_url=base_url, max_retries=0), client=client)
+
+
+def _ollama(base_url: str, client: httpx.AsyncClient) -> Summarizer:
+    return OllamaSummarizer(OllamaSummarizerConfig(base_url=base_url, max_retries=0), client=client)
+
+
+@pytest.mark.parametrize("make", [_openai, _ollama])
+async def test_a_summarizer_error_names_its_endpoint_without_the_password(
+    make: Callable[[str, httpx.AsyncClient], Summarizer],
+) -> None:
+    # The error is logged and reaches compression events: the base_url's password must not.
+    answer_401 = httpx.MockTransport(lambda request: httpx.Response(401, text="no"))
+    async with httpx.AsyncClient(transport=answer_401) as client:
+        summarizer = make("http://user:hunter2@127.0.0.1:56450", client)
+        request = SummaryRequest(messages=(), text="x", instructions="", max_tokens=64, temperature=0.3)
+        with pytest.raises(SummarizerError) as caught:
+            await summarizer.summarize(request)
+    assert "user:***@127.0.0.1:56450" in str(caught.value) and "hunter2" not in str(caught.value)
