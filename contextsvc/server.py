@@ -152,6 +152,8 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )
+    if certificates is not None:
+        certificates.warn_if_expired()
     # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
     tel = telemetry.configure(service_version=__version__, slow_store_ms=settings.telemetry_slow_store_ms)
     try:
