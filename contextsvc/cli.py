@@ -7,6 +7,7 @@ import asyncio
 import gc
 import json
 import sys
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -180,14 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings.model_copy(
                 update={"gateway": settings.gateway.model_validate({**settings.gateway.model_dump(), **gateway_flags})}
             )
-    except (ValidationError, ValueError) as exc:
-        print(f"contextsvc: invalid settings: {exc}", file=sys.stderr)
+    except ValueError as exc:  # pydantic's ValidationError included
+        print(f"contextsvc: invalid settings: {_one_line(exc)}", file=sys.stderr)
         return 2
     if args.command == "config":
-        shown = settings.model_dump(mode="json")
-        shown["store"] = redacted_url(settings.store)
-        shown["auth"]["token_store"] = redacted_url(settings.auth.token_store)
-        print(json.dumps(shown, indent=2))
+        print(json.dumps(_shown(settings.model_dump(mode="json")), indent=2))
         return 0
     if args.command == "fsck":
         from contextsvc.store_tools import run_fsck
@@ -214,6 +212,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+#: settings holding a URL, which may carry a password (``store``, ``auth.token_store``, ``*_url``).
+_URL_SETTINGS = ("store", "token_store")
+
+
+def _shown(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings as ``contextsvc config`` prints them: every URL setting without its password."""
+    shown: dict[str, Any] = {}
+    for name, value in values.items():
+        if isinstance(value, dict):
+            value = _shown(value)
+        elif isinstance(value, str) and (name in _URL_SETTINGS or name.endswith("_url")):
+            value = redacted_url(value)
+        shown[name] = value
+    return shown
+
+
+def _one_line(exc: ValueError) -> str:
+    """A refused setting as one line: each bad field's path and what is wrong with it (pydantic's
+    own text spans lines and repeats the input, which may be long)."""
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    return "; ".join(_field_error(error["loc"], error["msg"]) for error in exc.errors())
+
+
+def _field_error(loc: tuple[int | str, ...], message: str) -> str:
+    where = ".".join(str(part) for part in loc)
+    what = message.removeprefix("Value error, ")
+    return f"{where}: {what}" if where else what
 
 
 def _auth_override(mode: str | None) -> dict[str, object]:

@@ -12,6 +12,7 @@ that of a class or a builtin (``list``, ``dict``) is built from text (``tokenize
 """
 
 import json
+import logging
 import os
 import re
 import types
@@ -38,6 +39,11 @@ class Durability(StrEnum):
     BATCH = "batch"
 
 
+#: Compaction strategies a profile may list, tried in the profile's order (DESIGN §5.4); the
+#: engine's compaction (engine/compaction.py) runs them.
+COMPACTION_STRATEGIES = ("clear_tool_results", "summarize")
+
+
 class CompressionDefaults(BaseModel):
     """Compression knobs; each is overridable per profile."""
 
@@ -50,7 +56,7 @@ class CompressionDefaults(BaseModel):
     summary_max_tokens: int = Field(6000, ge=64)
     summary_prompt: str = ""
     summarizer: str = "extractive"
-    strategies: list[str] = Field(default_factory=lambda: ["clear_tool_results", "summarize"])
+    strategies: list[str] = Field(default_factory=lambda: list(COMPACTION_STRATEGIES))
     critical_tool_names: list[str] = Field(default_factory=lambda: [])
     #: whether hard truncation (oldest whole turns dropped, no summary) may follow when the listed
     #: strategies cannot reach the target. True keeps every turn under the window whatever the
@@ -326,6 +332,17 @@ class SummarizerSettings(BaseModel):
     ollama: OllamaSummarizerConfig = Field(default_factory=lambda: OllamaSummarizerConfig())
     #: honour HTTP(S)_PROXY / NO_PROXY for summarizer calls.
     http_trust_env: bool = True
+
+
+#: The summarizers a profile may name: one per typed endpoint table of ``[summarizer]`` (each
+#: has a ``type`` tag); summarizers/registry.py builds each of them.
+SUMMARIZER_NAMES = tuple(
+    sorted(
+        name
+        for name, field in SummarizerSettings.model_fields.items()
+        if "type" in getattr(field.annotation, "model_fields", {})
+    )
+)
 
 
 class MaintenanceSettings(BaseModel):
@@ -762,10 +779,41 @@ class Settings(BaseModel):
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         return self
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        # The names ``logging`` takes, in any case (as setup_logging has always taken them).
+        if value.upper() not in logging.getLevelNamesMapping():
+            raise ValueError(f"must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL; got {value!r}")
+        return value.upper()
+
     @model_validator(mode="after")
     def _default_profile_exists(self) -> Self:
-        if self.default_profile not in self.profiles:
-            self.profiles[self.default_profile] = ProfileConfig()
+        if self.default_profile in self.profiles:
+            return self
+        if self.default_profile != "default":  # a typo would otherwise serve an empty profile
+            configured = ", ".join(sorted(self.profiles))
+            raise ValueError(f"default_profile {self.default_profile!r} names no profile; configured: {configured}")
+        self.profiles["default"] = ProfileConfig()  # the built-in one, beside the file's named profiles
+        return self
+
+    @model_validator(mode="after")
+    def _profiles_name_known_parts(self) -> Self:
+        """A profile's summarizer and strategies are checked at load: an operator's typo stops the
+        start, rather than failing every client's build as a bad request."""
+        for name, profile in self.profiles.items():
+            compression = profile.compression
+            if compression.summarizer not in SUMMARIZER_NAMES:
+                raise ValueError(
+                    f"profiles.{name}.compression.summarizer: unknown summarizer {compression.summarizer!r}; "
+                    f"known: {', '.join(SUMMARIZER_NAMES)}"
+                )
+            unknown = [s for s in compression.strategies if s not in COMPACTION_STRATEGIES]
+            if unknown:
+                raise ValueError(
+                    f"profiles.{name}.compression.strategies: unknown strategy {unknown[0]!r}; "
+                    f"known: {', '.join(COMPACTION_STRATEGIES)}"
+                )
         return self
 
     def profile(self, profile_id: str) -> ProfileConfig | None:
@@ -793,19 +841,18 @@ def redacted_url(url: str) -> str:
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build settings from defaults, an optional TOML file, the environment, and overrides.
 
-    ``overrides`` (from CLI flags) win over everything; None values are ignored.
+    ``overrides`` (from CLI flags) win over everything; None values are ignored. The layers are
+    merged as raw values, field by field (``CONTEXTSVC_PROFILES__DEFAULT__SYSTEM_PROMPT`` changes
+    that one field of the file's profile, not the whole table), then validated once: a check
+    across fields (a profile's target below its threshold) sees the merged values, not defaults.
     """
-    cleaned = {k: v for k, v in overrides.items() if v is not None}
-    env_only = Settings(**cleaned)
-    path = config_file or env_only.config
-    if not path:
-        return env_only
-    file_values = _read_toml(Path(path))
-    # Environment and flags beat the file, field by field: a nested variable such as
-    # CONTEXTSVC_LIMITS__MAX_PAGE_SIZE changes that one field, not the file's whole [limits] table.
-    merged = _deep_merge(file_values, _explicit(env_only))
-    # Flags win; a nested flag (``--auth`` -> auth.mode) changes that one field of the file's table.
-    return Settings(**{**_deep_merge(merged, cleaned), "config": str(path)})
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    env = environment_values(Settings)
+    path = config_file or flags.get("config") or env.get("config") or ""
+    values = _deep_merge(_deep_merge(_read_toml(Path(path)) if path else {}, env), flags)
+    if path:
+        values["config"] = str(path)
+    return Settings(**values)
 
 
 ENV_PREFIX = "CONTEXTSVC_"
@@ -904,12 +951,3 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-
-
-def _explicit(model: BaseModel) -> dict[str, Any]:
-    """Fields that were set by the environment (not defaults), nested models as partial dicts."""
-    out: dict[str, Any] = {}
-    for name in model.model_fields_set:
-        value = getattr(model, name)
-        out[name] = _explicit(value) if isinstance(value, BaseModel) else value
-    return out

@@ -7,6 +7,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from contextsvc.config import redacted_url
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -41,13 +43,32 @@ def _one_line_warning(record: logging.LogRecord) -> bool:
 _ONE_LINE_LOGGERS = ("asyncpg.pool",)
 
 
+def _without_url_passwords(record: logging.LogRecord) -> bool:
+    """httpx logs every request's URL at INFO, with the password a summarizer's ``base_url``
+    may hold (``http://user:secret@host``): the URL is logged as ``redacted_url`` shows it."""
+    if isinstance(record.args, tuple):
+        record.args = tuple(_redacted_arg(arg) for arg in record.args)
+    return True
+
+
+def _redacted_arg(arg: object) -> object:
+    text = str(arg)
+    shown = redacted_url(text) if "://" in text else text
+    return arg if shown == text else shown
+
+
+#: Libraries that log URLs (the summarizers' HTTP client).
+_URL_LOGGERS = ("httpx",)
+
+
 def setup_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for name in _ONE_LINE_LOGGERS:
-        library = logging.getLogger(name)
-        if _one_line_warning not in library.filters:
-            library.addFilter(_one_line_warning)
+    for names, check in ((_ONE_LINE_LOGGERS, _one_line_warning), (_URL_LOGGERS, _without_url_passwords)):
+        for name in names:
+            library = logging.getLogger(name)
+            if check not in library.filters:
+                library.addFilter(check)

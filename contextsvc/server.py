@@ -133,13 +133,29 @@ def share_memory_budget(store: FilesStore, engine: Engine, wire_cache: WireCache
     wire_cache.on_size = store.hold_outside
 
 
+def check_tokenizer_files(settings: Settings) -> None:
+    """Each configured tokenizer file can be read: one line at start, not a failure at the first
+    count of its model (the tokenizer itself is loaded then, lazily: it costs start-up time)."""
+    for model, path in settings.tokens.tokenizer_files.items():
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise StartupError(
+                f"tokens.tokenizer_files[{model!r}]: {path} cannot be read: {exc.strerror or exc}"
+            ) from None
+
+
 async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     """Open the store and start listening. ``freeze`` (the ``serve`` process, which lives with
     what it made here): see ``_freeze_startup_objects``."""
     transport = check_transport(settings)  # refuses before anything is opened
+    check_tokenizer_files(settings)
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )
+    if certificates is not None:
+        certificates.warn_if_expired()
     # Before anything opens a connection: the asyncpg/httpx instrumentations patch at install time.
     tel = telemetry.configure(service_version=__version__, slow_store_ms=settings.telemetry_slow_store_ms)
     try:

@@ -24,6 +24,8 @@ def run_fsck(settings: Settings, *, repair: bool) -> int:
     if not isinstance(store, FilesStore):
         print("contextsvc fsck: only the files store keeps logs to check (store is not files:PATH)", file=sys.stderr)
         return 2
+    if _no_data_directory(store, "fsck"):
+        return 2
     try:
         entries = store.fsck(repair=repair)
     except OSError as exc:
@@ -56,6 +58,8 @@ def run_maintain(settings: Settings, *, dry_run: bool, enforce: bool) -> int:
         return 2
     if not isinstance(store, FilesStore):
         print("contextsvc maintain: runs over the files store (store is not files:PATH)", file=sys.stderr)
+        return 2
+    if _no_data_directory(store, "maintain"):
         return 2
     if dry_run:
         store = FilesStore(store.root, settings, read_only=True)
@@ -91,6 +95,15 @@ def run_maintain(settings: Settings, *, dry_run: bool, enforce: bool) -> int:
     except OSError as exc:
         print(f"contextsvc maintain: {exc}", file=sys.stderr)
         return 1
+
+
+def _no_data_directory(store: FilesStore, command: str) -> bool:
+    """True, after one line on stderr, when the store's data directory does not exist: a mistyped
+    path is refused, not made into a new empty store (a lock file, an index) and reported clean."""
+    if store.root.is_dir():
+        return False
+    print(f"contextsvc {command}: no data directory at {store.root} (nothing was created)", file=sys.stderr)
+    return True
 
 
 def _mb(n: int) -> str:

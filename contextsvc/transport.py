@@ -19,6 +19,7 @@ import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -93,6 +94,8 @@ class CertificateReloader:
         self._lock = threading.Lock()  # the fetcher runs on a gRPC thread
         self._pending: grpc.ServerCertificateConfiguration | None = None
         self.reloads = 0
+        #: when the certificate in use (the chain's first) expires.
+        self.not_after: datetime | None = None
         self._initial = self._load()
 
     @property
@@ -115,7 +118,17 @@ class CertificateReloader:
             self._pending = config
             self.reloads += 1
         log.info("certificates reloaded", extra={"cert": str(self._cert), "reloads": self.reloads})
+        self.warn_if_expired()
         return True
+
+    def warn_if_expired(self) -> None:
+        """One warning line when the certificate has expired: it loads (so serving goes on, as
+        with any pair that loads), but every client checking it refuses the handshake."""
+        if self.not_after is not None and self.not_after <= datetime.now(UTC):
+            log.warning(
+                "server certificate expired: clients checking it refuse the handshake",
+                extra={"cert": str(self._cert), "not_after": self.not_after.isoformat()},
+            )
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         with self._lock:
@@ -140,7 +153,20 @@ class CertificateReloader:
                 context.load_verify_locations(cafile=self._client_ca)
             except (ssl.SSLError, OSError) as exc:
                 raise TransportError(f"tls_client_ca {self._client_ca} holds no usable CA certificate: {exc}") from None
-        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+        config = grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+        self.not_after = _not_after(cert)
+        return config
+
+
+def _not_after(chain: bytes) -> datetime | None:
+    """When the chain's first certificate (the server's own) expires (None: ssl took what this
+    parser does not)."""
+    from cryptography import x509  # only with TLS on
+
+    try:
+        return x509.load_pem_x509_certificate(chain).not_valid_after_utc
+    except ValueError:
+        return None
 
 
 def _read(path: Path, setting: str) -> bytes:

@@ -4,6 +4,23 @@
 # (unit, conformance on memory/files/PostgreSQL, end-to-end against real server processes).
 # PostgreSQL is installed if missing and started as a private throwaway cluster by the test fixtures.
 set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/test.sh [PYTEST-ARGS...]
+
+The project's one test command. It changes the machine: it installs the package with its dev
+extras (pip) and the browser tooling (system Chromium with apt, Playwright), and the PostgreSQL
+tests install PostgreSQL (apt) when it is missing and start a private throwaway cluster. It runs
+buf lint, the codegen drift check, the client checks, ruff, mypy and pytest (unit, conformance,
+end-to-end, then the browser tests). Every argument goes to both pytest runs: scripts/test.sh -q -x.
+EOF
+}
+
+case "${1:-}" in
+  -h | --help) usage; exit 0 ;;  # before anything is installed or started
+esac
+
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -13,7 +14,10 @@ from contextsvc.core.calibration import Calibration, CalibrationRegistry, Observ
 from contextsvc.core.images import ref_tokens
 from contextsvc.core.messages import ImageRef, Message
 from contextsvc.core.tokens import TextCounter, counter_for, image_tokens_of
+from contextsvc.errors import FailedPrecondition
 from contextsvc.ports import SessionStore
+
+log = logging.getLogger(__name__)
 
 
 class TokenAccounting:
@@ -39,6 +43,8 @@ class TokenAccounting:
         self._gathering: dict[str, _Gathering] = {}
         #: per model, when baselines of different sessions last arrived (the gathering's rule).
         self._arrivals = Arrivals()  # per model: the sessions recording a baseline
+        #: models whose configured tokenizer file failed to load, each logged once.
+        self._tokenizers_failed: set[str] = set()
 
     async def ensure_loaded(self, model: str) -> Calibration:
         """The model's calibration, re-read from the store when the cached copy is stale."""
@@ -142,9 +148,25 @@ class TokenAccounting:
     def counter(self, model: str) -> TextCounter:
         """Exact when the operator configured a tokenizer for ``model``, else the calibrated line.
 
-        Uses the cached calibration: call ``ensure_loaded`` first in the request.
+        Uses the cached calibration: call ``ensure_loaded`` first in the request. A tokenizer file
+        that does not load (checked at start, gone or broken since) is FAILED_PRECONDITION, not a
+        fault of the call: the operator's to fix, logged once per model.
         """
-        return counter_for(model, self._registry.calibration(model), self._tokens)
+        calibration = self._registry.calibration(model)
+        try:
+            return counter_for(model, calibration, self._tokens)
+        except ValueError as exc:  # load_tokenizer's, naming the file
+            raise self._tokenizer_failed(model, exc) from None
+
+    def _tokenizer_failed(self, model: str, exc: ValueError) -> FailedPrecondition:
+        if model not in self._tokenizers_failed:
+            self._tokenizers_failed.add(model)
+            log.error("tokenizer file does not load", extra={"model": model, "error": str(exc)})
+        return FailedPrecondition(
+            f"the tokenizer configured for model {model!r} cannot be loaded (tokens.tokenizer_files)",
+            reason="TOKENIZER_UNAVAILABLE",
+            metadata={"model": model},
+        )
 
     def message_tokens(self, model: str, message: Message, *, images: Sequence[ImageRef] | None = None) -> int:
         """Text and image tokens of one message, as it is stored (the view may cut it later);

@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from contextsvc import telemetry
-from contextsvc.config import Settings
+from contextsvc.config import COMPACTION_STRATEGIES, Settings
 from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs, shared_extraction
 from contextsvc.core.chunking import pieces
 from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool_results, is_placeholder
@@ -50,10 +50,9 @@ log = logging.getLogger(__name__)
 
 Count = Callable[[Sequence[Message]], int]
 
-#: Compaction strategies a profile may list, tried in the profile's order (DESIGN §5.4).
-STRATEGY_CLEAR = "clear_tool_results"
-STRATEGY_SUMMARIZE = "summarize"
-STRATEGIES = (STRATEGY_CLEAR, STRATEGY_SUMMARIZE)
+#: Compaction strategies a profile may list, tried in the profile's order (their names' home is config).
+STRATEGIES = COMPACTION_STRATEGIES
+STRATEGY_CLEAR, STRATEGY_SUMMARIZE = STRATEGIES
 
 #: Summary metadata: the exact runs of original sequence numbers the summary stands for. Its
 #: ``replaces`` range also spans rows the compaction kept (pinned rows, the current request of a

@@ -87,18 +87,36 @@ def _check_file(path: str, setting: str) -> bytes:
         raise GatewayTLSError(f"{setting} {path} cannot be read: {exc.strerror or exc}") from None
 
 
+def _check_ca(path: str, setting: str) -> None:
+    """The file holds a CA certificate ssl can use (checked at start, as the server checks its
+    ``tls_client_ca``: gRPC would only find out at the first call)."""
+    _check_file(path, setting)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+    except (ssl.SSLError, OSError) as exc:
+        raise GatewayTLSError(f"{setting} {path} holds no usable CA certificate: {exc}") from None
+
+
+def _check_client_pair(cert: str, key: str) -> None:
+    _check_file(cert, "gateway.target_client_cert")
+    _check_file(key, "gateway.target_client_key")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise GatewayTLSError(
+            f"gateway.target_client_cert {cert} and gateway.target_client_key {key} do not load as a pair: {exc}"
+        ) from None
+
+
 def standalone_upstream_tls(settings: Settings) -> UpstreamTLS | None:
     """TLS to ``gateway.target`` for ``contextsvc gateway``, or None for plaintext."""
     gs = settings.gateway
     if not gs.upstream_tls:
         return None
-    for path, setting in (
-        (gs.target_ca, "gateway.target_ca"),
-        (gs.target_client_cert, "gateway.target_client_cert"),
-        (gs.target_client_key, "gateway.target_client_key"),
-    ):
-        if path:
-            _check_file(path, setting)
+    if gs.target_ca:
+        _check_ca(gs.target_ca, "gateway.target_ca")
+    if gs.target_client_cert:  # and its key: the settings hold both or neither
+        _check_client_pair(gs.target_client_cert, gs.target_client_key)
     return UpstreamTLS(
         ca_file=gs.target_ca,
         client_cert=gs.target_client_cert,
@@ -118,7 +136,9 @@ def bundled_upstream_tls(settings: Settings, host: str) -> UpstreamTLS | None:
             "gateway.target_client_cert and gateway.target_client_key"
         )
     ca = gs.target_ca or settings.tls_cert
-    _check_file(ca, "gateway.target_ca" if gs.target_ca else "tls_cert")
+    _check_ca(ca, "gateway.target_ca" if gs.target_ca else "tls_cert")
+    if gs.target_client_cert:
+        _check_client_pair(gs.target_client_cert, gs.target_client_key)
     name = gs.target_server_name or expected_name(_check_file(settings.tls_cert, "tls_cert"), host)
     return UpstreamTLS(ca_file=ca, client_cert=gs.target_client_cert, client_key=gs.target_client_key, server_name=name)
 

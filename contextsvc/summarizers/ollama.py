@@ -12,7 +12,7 @@ import base64
 from typing import TYPE_CHECKING, Any
 
 from contextsvc import telemetry
-from contextsvc.config import OllamaSummarizerConfig
+from contextsvc.config import OllamaSummarizerConfig, redacted_url
 from contextsvc.ports import SummarizerError, SummaryRequest
 from contextsvc.summarizers._http import HttpEndpoint, SharedClient, require_text, snippet
 
@@ -32,7 +32,7 @@ class OllamaSummarizer:
         self.vision = config.vision
         url = config.base_url.rstrip("/") + "/api/chat"
         self._endpoint = HttpEndpoint(
-            who=f"ollama summarizer ({url})",
+            who=f"ollama summarizer ({redacted_url(url)})",  # its errors are logged and shown
             client=client,
             url=url,
             headers={"Accept": "application/json"},

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from contextsvc import telemetry
-from contextsvc.config import OpenAISummarizerConfig
+from contextsvc.config import OpenAISummarizerConfig, redacted_url
 from contextsvc.ports import SummarizerError, SummaryRequest
 from contextsvc.summarizers._http import HttpEndpoint, SharedClient, data_url, require_text, snippet
 
@@ -33,7 +33,7 @@ class OpenAISummarizer:
             headers["Authorization"] = f"Bearer {key}"
         url = config.base_url.rstrip("/") + "/v1/chat/completions"
         self._endpoint = HttpEndpoint(
-            who=f"openai summarizer ({url})",
+            who=f"openai summarizer ({redacted_url(url)})",  # its errors are logged and shown
             client=client,
             url=url,
             headers=headers,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,7 +24,7 @@ from contextsvc.api.errors import DOMAIN
 from contextsvc.api.gate import ServingGate, ServingState
 from contextsvc.api.quotas import Quotas
 from contextsvc.api.servicer import ContextServicer
-from contextsvc.config import QuotaSettings, Settings
+from contextsvc.config import QuotaSettings, Settings, TokenSettings
 from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
 from contextsvc.stores.memory import MemoryStore
@@ -36,9 +37,9 @@ MISSING = "00000000-0000-4000-8000-000000000000"
 class World:
     """A servicer on a fresh engine, behind a gate and quotas, under grpcio-testing."""
 
-    def __init__(self, loop: EventLoopThread, quotas: QuotaSettings | None = None):
+    def __init__(self, loop: EventLoopThread, quotas: QuotaSettings | None = None, tokens: TokenSettings | None = None):
         self.loop = loop
-        settings = Settings(quotas=quotas or QuotaSettings())
+        settings = Settings(quotas=quotas or QuotaSettings(), tokens=tokens or TokenSettings())
 
         async def build() -> tuple[Engine, asyncio.Event]:
             store = MemoryStore(settings)
@@ -255,6 +256,24 @@ def test_domain_error_to_status(
         assert out.quota == [("user:u", "slow down")] and out.retry_seconds == 2.5
     if not isinstance(error, errors.Unavailable | errors.ResourceExhausted):
         assert out.retry_seconds is None
+
+
+def test_a_tokenizer_file_gone_since_the_start_is_failed_precondition(
+    loop: EventLoopThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The operator's file, not the call, is at fault: not INTERNAL, the path not shown, logged once.
+    gone = tmp_path / "gone.json"
+    world = World(loop, tokens=TokenSettings(tokenizer_files={"gpt-4o": str(gone)}))
+    request = pb.EstimateTokensRequest(model="gpt-4o", messages=[_user("hello")])
+    for _ in range(2):
+        out = _expect(
+            world.call("EstimateTokens", request), grpc.StatusCode.FAILED_PRECONDITION, "TOKENIZER_UNAVAILABLE"
+        )
+        assert out.metadata["model"] == "gpt-4o" and str(gone) not in out.message
+    assert [r.getMessage() for r in caplog.records].count("tokenizer file does not load") == 1
+    assert world.call("EstimateTokens", pb.EstimateTokensRequest(model="other", messages=[_user("hi")])).code == (
+        grpc.StatusCode.OK
+    )
 
 
 def test_an_unexpected_exception_is_internal_without_details(world: World, monkeypatch: pytest.MonkeyPatch) -> None:

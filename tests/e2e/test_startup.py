@@ -155,3 +155,17 @@ def test_a_mistyped_token_store_is_one_line_and_exit_1(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("contextsvc: auth.token_store: unknown store URL"), done.stderr
     assert "hunter2" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+def test_an_unreadable_tokenizer_file_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent.json"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[tokens.tokenizer_files]\n"gpt-4o" = "{missing}"\n')
+    done = _serve("memory", tmp_path, CONTEXTSVC_CONFIG=str(cfg))
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert (
+        lines[0] == f"contextsvc: tokens.tokenizer_files['gpt-4o']: {missing} cannot be read: No such file or directory"
+    )
+    assert "listening on" not in done.stdout

@@ -8,6 +8,7 @@ certificate, and a pair that does not load leaves the old one in place.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
@@ -24,7 +26,7 @@ from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
 from contextsvc.config import Settings
 from contextsvc.core.credentials import issue
 from contextsvc.stores.token_access import token_store_at
-from tests.support.certs import Authority, Pem
+from tests.support.certs import Authority, Pem, self_signed
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -154,3 +156,14 @@ def test_sighup_rereads_the_certificates_and_keeps_the_old_ones_when_the_new_do_
         _wait_for_log(proc, "certificate reload failed", 1)
         assert proc.proc.poll() is None
         assert _health(proc.address, _trusting(renewed_ca)) == grpc.StatusCode.OK
+
+
+def test_an_expired_certificate_is_served_with_one_warning_naming_its_not_after(tmp_path: Path) -> None:
+    pem = self_signed("old", ips=("127.0.0.1",), expired=True)
+    cert, key = pem.write(tmp_path, "old")
+    not_after = x509.load_pem_x509_certificate(pem.cert).not_valid_after_utc.isoformat()
+    with ServerProcess("memory", extra_args=["--tls-cert", str(cert), "--tls-key", str(key)]).start() as server:
+        server.terminate()  # it started: the warning was written before it listened
+    warnings = [line for line in server.stderr_text.splitlines() if '"level": "warning"' in line]
+    assert len(warnings) == 1 and "server certificate expired" in warnings[0], server.stderr_text
+    assert json.loads(warnings[0])["not_after"] == not_after

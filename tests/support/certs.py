@@ -100,12 +100,14 @@ class Authority:
         )
 
 
-def self_signed(common_name: str, *, dns: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ()) -> Pem:
+def self_signed(
+    common_name: str, *, dns: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = (), expired: bool = False
+) -> Pem:
     """A certificate signed by its own key, valid for ``dns`` names and ``ips`` (no SAN at all when
-    both are empty: then only the common name names it)."""
+    both are empty: then only the common name names it); ``expired``: its day ended a day ago."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.now(UTC)
+    now = datetime.now(UTC) - (timedelta(days=2) if expired else timedelta())
     names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     builder = (

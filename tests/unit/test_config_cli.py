@@ -146,3 +146,105 @@ def test_a_nested_environment_variable_changes_one_field_of_the_file(
     monkeypatch.setenv("CONTEXTSVC_LIMITS__MAX_NAME_CHARS", "100")
     s = load_settings(cfg)
     assert (s.limits.max_page_size, s.limits.max_name_chars, s.summarizer.temperature) == (77, 100, 0.5)
+
+
+PROFILE_FILE = """
+[profiles.default]
+context_window = 8192
+system_prompt = "file"
+
+[profiles.default.compression]
+threshold = 0.5
+target = 0.3
+"""
+
+
+def test_a_variable_for_one_profile_field_keeps_the_files_other_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PROFILE_FILE)
+    monkeypatch.setenv("CONTEXTSVC_PROFILES__DEFAULT__SYSTEM_PROMPT", "env")
+    p = load_settings(cfg).profiles["default"]
+    assert (p.context_window, p.system_prompt, p.compression.threshold, p.compression.target) == (8192, "env", 0.5, 0.3)
+
+
+def test_checks_across_fields_see_the_file_and_the_environment_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The variable alone (0.6 over the default target 0.65) would be refused; over the file's 0.3 it is valid.
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PROFILE_FILE)
+    monkeypatch.setenv("CONTEXTSVC_PROFILES__DEFAULT__COMPRESSION__THRESHOLD", "0.6")
+    c = load_settings(cfg).profiles["default"].compression
+    assert (c.threshold, c.target) == (0.6, 0.3)
+
+
+def _refused_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The one stderr line of a command that refuses its settings (exit 2)."""
+    assert main(list(argv)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: invalid settings: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        (
+            '[profiles.default.compression]\nsummarizer = "nosuch"\n',
+            "profiles.default.compression.summarizer: unknown summarizer 'nosuch'; known: extractive, ollama, openai",
+        ),
+        (
+            '[profiles.coder.compression]\nstrategies = ["summarize", "bogus"]\n',
+            "profiles.coder.compression.strategies: unknown strategy 'bogus'; known: clear_tool_results, summarize",
+        ),
+        (
+            'default_profile = "codr"\n[profiles.coder]\nmodel = "qwen3"\n',
+            "default_profile 'codr' names no profile; configured: coder",
+        ),
+    ],
+    ids=["summarizer", "strategies", "default_profile"],
+)
+def test_a_profiles_typo_is_refused_when_settings_load(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, toml: str, needle: str
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    with pytest.raises(ValueError):
+        load_settings(cfg)
+    assert needle in _refused_line(capsys, "config", "--config", str(cfg))
+
+
+def test_the_built_in_default_profile_stays_beside_named_ones(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[profiles.coder]\nmodel = "qwen3"\n')
+    s = load_settings(cfg)
+    assert s.default_profile == "default" and sorted(s.profiles) == ["coder", "default"]
+
+
+def test_log_levels_are_checked_when_settings_load(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Settings(log_level="debug").log_level == "DEBUG"  # any case, as before
+    assert "log_level: must be one of" in _refused_line(capsys, "serve", "--store", "memory", "--log-level", "FOO")
+    assert "got 'BAD'" in _refused_line(capsys, "gateway", "--log-level", "BAD")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('log_level = "verbose"\n')
+    assert "got 'verbose'" in _refused_line(capsys, "tokens", "list", "--store", "memory", "--config", str(cfg))
+    monkeypatch.setenv("CONTEXTSVC_LOG_LEVEL", "loud")
+    assert "got 'loud'" in _refused_line(capsys, "config")
+
+
+def test_cli_config_hides_passwords_in_every_url_setting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "http://user:hunter2@127.0.0.1:56450")
+    monkeypatch.setenv("CONTEXTSVC_SUMMARIZER__OLLAMA__BASE_URL", "http://user:hunter3@127.0.0.1:56451/x")
+    monkeypatch.setenv("CONTEXTSVC_AUTH__TOKEN_STORE", "postgres://app:hunter4@db/ctx")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    summarizer = json.loads(out)["summarizer"]
+    assert summarizer["openai"]["base_url"] == "http://user:***@127.0.0.1:56450"
+    assert summarizer["ollama"]["base_url"] == "http://user:***@127.0.0.1:56451/x"
+    assert "hunter" not in out

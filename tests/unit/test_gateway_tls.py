@@ -128,3 +128,22 @@ def test_listener_tls_uses_the_servers_pair_only_when_bundled(tmp_path: Path) ->
         bundled=True,
     )
     assert own is not None and own.cert == str(gw_cert)
+
+
+def test_target_files_that_are_not_certificates_are_refused_at_start(tmp_path: Path) -> None:
+    # As the server refuses a bad tls_client_ca: in one line, before the gateway listens.
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("garbage\n")
+    with pytest.raises(GatewayTLSError, match=r"gateway\.target_ca .*garbage\.pem holds no usable CA certificate"):
+        standalone_upstream_tls(Settings(gateway=GatewaySettings(target_ca=str(garbage))))
+    cert, _ = self_signed("svc").write(tmp_path, "svc")
+    _, other_key = self_signed("other").write(tmp_path, "other")
+    mismatched = GatewaySettings(target_client_cert=str(cert), target_client_key=str(other_key))
+    with pytest.raises(GatewayTLSError, match="do not load as a pair"):
+        standalone_upstream_tls(Settings(gateway=mismatched))
+    server_cert, server_key = self_signed("server").write(tmp_path, "server")
+    bundled = Settings(
+        tls_cert=str(server_cert), tls_key=str(server_key), gateway=GatewaySettings(target_ca=str(garbage))
+    )
+    with pytest.raises(GatewayTLSError, match="holds no usable CA certificate"):
+        bundled_upstream_tls(bundled, "127.0.0.1")

@@ -150,3 +150,17 @@ def test_the_cli_dry_run_needs_no_lock_and_changes_nothing(tmp_path: Path, capsy
         assert len(list((files / "sessions").glob("*.jsonl"))) == 3
     finally:
         holder.release()
+
+
+@pytest.mark.parametrize(
+    "argv", [["fsck"], ["fsck", "--repair"], ["maintain"], ["maintain", "--enforce"], ["maintain", "--dry-run"]]
+)
+def test_a_store_path_that_does_not_exist_is_refused_and_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    missing = tmp_path / "nonexistent" / "path"
+    assert main([*argv, "--store", f"files:{missing}"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert lines == [f"contextsvc {argv[0]}: no data directory at {missing} (nothing was created)"], captured
+    assert not (tmp_path / "nonexistent").exists()

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import httpx
 import pytest
 from pydantic import ValidationError
 
 import contextsvc.summarizers as summarizers_pkg
-from contextsvc.config import OllamaSummarizerConfig, OpenAISummarizerConfig, Settings
+from contextsvc.config import (
+    SUMMARIZER_NAMES,
+    CompressionDefaults,
+    OllamaSummarizerConfig,
+    OpenAISummarizerConfig,
+    ProfileConfig,
+    Settings,
+)
 from contextsvc.errors import InvalidArgument
+from contextsvc.ports import Summarizer, SummarizerError, SummaryRequest
 from contextsvc.summarizers import (
     SUMMARIZERS,
     ExtractiveSummarizer,
@@ -68,9 +79,17 @@ async def test_unknown_name_is_invalid_argument() -> None:
 
 
 def test_a_profile_naming_an_unknown_summarizer_stops_the_build() -> None:
-    settings = Settings(profiles={"default": {}, "coder": {"compression": {"summarizer": "olama"}}})
+    # Settings refuse it when they load; settings made without validation are refused by the build.
+    with pytest.raises(ValueError, match=r"profiles\.coder\.compression\.summarizer: unknown summarizer 'olama'"):
+        Settings(profiles={"default": {}, "coder": {"compression": {"summarizer": "olama"}}})
+    typo = ProfileConfig(compression=CompressionDefaults(summarizer="olama"))
+    settings = Settings().model_copy(update={"profiles": {"default": ProfileConfig(), "coder": typo}})
     with pytest.raises(ValueError, match=r"coder: 'olama'"):
         build_summarizers(settings)
+
+
+def test_the_settings_know_every_registered_summarizer_by_name() -> None:
+    assert tuple(sorted(SUMMARIZERS)) == SUMMARIZER_NAMES
 
 
 def test_endpoint_configs_are_typed_and_closed() -> None:
@@ -124,3 +143,25 @@ def test_strip_thinking(content: str, expected: str) -> None:
 )
 def test_mime_type_of(data: bytes, mime: str) -> None:
     assert mime_type_of(data) == mime
+
+
+def _openai(base_url: str, client: httpx.AsyncClient) -> Summarizer:
+    return OpenAISummarizer(OpenAISummarizerConfig(base_url=base_url, max_retries=0), client=client)
+
+
+def _ollama(base_url: str, client: httpx.AsyncClient) -> Summarizer:
+    return OllamaSummarizer(OllamaSummarizerConfig(base_url=base_url, max_retries=0), client=client)
+
+
+@pytest.mark.parametrize("make", [_openai, _ollama])
+async def test_a_summarizer_error_names_its_endpoint_without_the_password(
+    make: Callable[[str, httpx.AsyncClient], Summarizer],
+) -> None:
+    # The error is logged and reaches compression events: the base_url's password must not.
+    answer_401 = httpx.MockTransport(lambda request: httpx.Response(401, text="no"))
+    async with httpx.AsyncClient(transport=answer_401) as client:
+        summarizer = make("http://user:hunter2@127.0.0.1:56450", client)
+        request = SummaryRequest(messages=(), text="x", instructions="", max_tokens=64, temperature=0.3)
+        with pytest.raises(SummarizerError) as caught:
+            await summarizer.summarize(request)
+    assert "user:***@127.0.0.1:56450" in str(caught.value) and "hunter2" not in str(caught.value)
