@@ -506,6 +506,18 @@ class Engine:
         if exc is not None and not isinstance(exc, NotFound):  # a session deleted meanwhile has no anchor
             log.warning("a deferred baseline could not be applied", extra={"session_id": sid}, exc_info=exc)
 
+    async def background_settled(self, within: float) -> bool:
+        """Wait, ``within`` seconds at most, for the compactions running on their own (those builds
+        stopped waiting for, and the post-turn checks queued): at shutdown, so the events they
+        emit reach watchers before the streams end. True when none is left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        if self._compactions:
+            _, waiting = await asyncio.wait(list(self._compactions), timeout=within)
+            if waiting:
+                return False
+        return await self.post_turn.drain(max(deadline - loop.time(), 0.0))
+
     async def anchors_applied(self, within: float) -> bool:
         """Wait until every deferred baseline anchor was applied or dropped (tests, shutdown)."""
         pending = list(self._anchors.values())

@@ -289,6 +289,55 @@ async def test_a_watcher_gets_the_events_of_calls_finishing_during_the_drain(
     assert end["metadata"]["after_event_id"] == str(ids[-1])
 
 
+async def test_a_watcher_gets_the_events_of_a_compaction_a_build_left_running(tmp_path: Path, llm: FakeLLM) -> None:
+    """A build that stopped waiting for its compaction (``hot_path.build_wait_seconds``) left it
+    running: at SIGTERM it finishes within the grace, and a watcher receives its closing event
+    before its stream ends (it was cancelled after the streams had ended)."""
+    env = {
+        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
+        "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "8",
+        "CONTEXTSVC_HOT_PATH__BUILD_WAIT_SECONDS": "0.3",
+    }
+    server = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
+    kinds: list[str] = []
+    ids: list[int] = []
+    end: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.ContextServiceStub(channel)
+            sid = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
+            await _long_turns(stub, sid)
+            await _long_turns(stub, sid)  # over the small window below
+
+            async def watcher() -> None:
+                try:
+                    async for event in stub.StreamEvents(pb.StreamEventsRequest(session_id=sid)):
+                        kinds.append(event.WhichOneof("payload"))
+                        ids.append(event.event_id)
+                except grpc.aio.AioRpcError as err:
+                    end.update(error_details(err))  # type: ignore[arg-type]
+
+            stream = asyncio.create_task(watcher())
+            await asyncio.sleep(0.3)  # the stream is open
+            llm.control(mode="hang", hang_seconds=2.0)
+            small = r.Profile(context_window=3000, compression=r.CompressionSettings(summarizer="openai"))
+            view = await stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=small), timeout=30)
+            assert any("still running" in n for n in view.notices), list(view.notices)
+            assert server.proc is not None
+            server.proc.send_signal(15)
+            await asyncio.wait_for(stream, timeout=30)
+            exit_code = server.proc.wait(20)
+    finally:
+        llm.reset()
+        server.kill()
+    assert exit_code == 0
+    assert kinds[kinds.index("compression_started") + 1 :] == ["context_compressed"], kinds
+    assert end["code"] == grpc.StatusCode.UNAVAILABLE and end["reason"] == "SHUTTING_DOWN"
+    assert end["metadata"]["after_event_id"] == str(ids[-1])
+
+
 async def _long_turns(stub: Any, sid: str) -> None:
     """Ten long turns: enough for a compaction to summarize some."""
     for turn in range(10):
