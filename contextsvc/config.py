@@ -555,6 +555,10 @@ class FilesSettings(BaseModel):
     #: lines: each rewrite costs a JSON line per kept observation and two fsyncs, so a larger factor
     #: spreads it over more baselines, and a start reads a longer log (~80 KB a model at 8).
     calibration_log_factor: int = Field(8, ge=2, le=64)
+    #: the most lines a minute that say a session's log or history index could not be read or
+    #: written (a full or failing disk fails every write at once: one line per failed append
+    #: buried the log); the next line written says how many were left out.
+    error_log_per_minute: int = Field(20, ge=1)
     #: how long a view or anchor line (soft state, nothing acknowledged depends on it) may wait for
     #: the next line written to its session's log, with which it shares a write, before the flusher
     #: writes it alone. A killed process loses the soft lines of this last interval (the next

@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 import grpc
 
 from contextsvc.api.errors import to_status
-from contextsvc.api.throttled_log import ThrottledLog
 from contextsvc.errors import ContextError, FieldViolation, InvalidArgument
+from contextsvc.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
 

@@ -146,6 +146,7 @@ from contextsvc.stores._session import (
     StateRecord,
     row_bytes,
 )
+from contextsvc.throttled_log import ThrottledLog
 
 if TYPE_CHECKING:
     from contextsvc.core.maintenance import Candidate
@@ -274,6 +275,10 @@ class FilesStore(RowStore):
         self._unwritten: dict[_Log, float] = {}
         #: how written files are made durable, and the group commit of fsync mode's writers.
         self._disk = DiskSync(self.root, whole_filesystem=self._settings.files.sync_whole_filesystem)
+        #: a failing disk fails every write at once: its lines, at most so many a minute
+        self._disk_errors = ThrottledLog(
+            logger, per_minute=self._settings.files.error_log_per_minute, level=logging.ERROR
+        )
         self._group = GroupCommit(
             self._disk.sync,
             gather_seconds=self._settings.files.group_commit_wait_ms / 1000,
@@ -435,7 +440,7 @@ class FilesStore(RowStore):
         try:
             result = await asyncio.to_thread(self._load_one, path)
         except OSError as exc:
-            raise _unavailable("read", st.id, exc) from exc
+            raise self._unavailable("read", st.id, exc) from exc
         if result is None:
             # Its log and mark are gone (removed by hand) or nothing in them is readable.
             logger.error("files store: session %s has no readable log any more; it is gone", st.id)
@@ -723,7 +728,7 @@ class FilesStore(RowStore):
         try:
             size = await asyncio.to_thread(from_disk)
         except OSError as exc:
-            raise _unavailable("rewrite", st.id, exc) from exc
+            raise self._unavailable("rewrite", st.id, exc) from exc
         if size is None:
             return
         log.size = size
@@ -918,7 +923,7 @@ class FilesStore(RowStore):
         except FileExistsError:
             raise Conflict("session already exists", metadata={"session_id": st.id}) from None
         except OSError as exc:
-            raise _unavailable("create", st.id, exc) from exc
+            raise self._unavailable("create", st.id, exc) from exc
         self._logs[st.id] = _Log(path, len(data))
         self._index_dirty.add(st.id)
 
@@ -936,7 +941,7 @@ class FilesStore(RowStore):
                 mark=n if numbered else None,
             )
         except OSError as exc:
-            raise _unavailable("append to", st.id, exc) from exc
+            raise self._unavailable("append to", st.id, exc) from exc
         if isinstance(record, FlagsRecord | HeaderRecord | StateRecord | SaveViewRecord):
             log.overhead += 1
 
@@ -1060,7 +1065,7 @@ class FilesStore(RowStore):
             await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
             await asyncio.to_thread(_remove_logs, self._sessions_dir, st.id)
         except OSError as exc:
-            raise _unavailable("delete", st.id, exc) from exc
+            raise self._unavailable("delete", st.id, exc) from exc
         for log in (self._logs.pop(st.id, None), self._history_logs.pop(st.id, None)):
             if log is not None:
                 self._dirty.discard(log.path)
@@ -1081,7 +1086,7 @@ class FilesStore(RowStore):
         try:
             index, log = await asyncio.to_thread(read)
         except OSError as exc:
-            raise _history_unavailable("read", st.id, exc) from exc
+            raise self._history_unavailable("read", st.id, exc) from exc
         if log is not None:
             self._history_logs[st.id] = log
         self._hold(st.id, sum(_chunk_bytes(c) for c in index.chunks))
@@ -1098,7 +1103,7 @@ class FilesStore(RowStore):
             else:
                 await self._append(log, data)
         except OSError as exc:
-            raise _history_unavailable("write", st.id, exc) from exc
+            raise self._history_unavailable("write", st.id, exc) from exc
         self._hold(st.id, sum(_chunk_bytes(c) for c in chunks))
 
     async def _rewrite(self, st: SessionState) -> None:
@@ -1107,7 +1112,7 @@ class FilesStore(RowStore):
         try:
             log.size = await asyncio.to_thread(_rewrite_log, st, log.path)
         except OSError as exc:
-            raise _unavailable("rewrite", st.id, exc) from exc
+            raise self._unavailable("rewrite", st.id, exc) from exc
         log.overhead = 0
         self._dirty.discard(log.path)  # the rewrite fsynced everything
         self._index_dirty.add(st.id)
@@ -1557,6 +1562,21 @@ class FilesStore(RowStore):
         _fsync_dir(path.parent)
         return aside
 
+    def _history_unavailable(self, action: str, session_id: str, exc: OSError) -> Unavailable:
+        # The caller (compression, SearchHistory) treats this as "no index now"; the session is intact.
+        self._disk_errors.write(
+            f"files store: cannot {action} the history index of a session",
+            session_id=session_id,
+            error=str(exc),
+        )
+        return Unavailable("the raw history index could not be read or written", metadata={"session_id": session_id})
+
+    def _unavailable(self, action: str, session_id: str, exc: OSError) -> Unavailable:
+        self._disk_errors.write(
+            f"files store: cannot {action} the log of a session", session_id=session_id, error=str(exc)
+        )
+        return Unavailable("the session store could not write to disk", metadata={"session_id": session_id})
+
 
 # -- blocking file operations (run in a worker thread) --------------------------------------
 
@@ -1694,14 +1714,3 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _history_unavailable(action: str, session_id: str, exc: OSError) -> Unavailable:
-    # The caller (compression, SearchHistory) treats this as "no index now"; the session is intact.
-    logger.error("files store: cannot %s the history index of session %s: %s", action, session_id, exc)
-    return Unavailable("the raw history index could not be read or written", metadata={"session_id": session_id})
-
-
-def _unavailable(action: str, session_id: str, exc: OSError) -> Unavailable:
-    logger.error("files store: cannot %s the log of session %s: %s", action, session_id, exc)
-    return Unavailable("the session store could not write to disk", metadata={"session_id": session_id})

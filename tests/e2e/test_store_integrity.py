@@ -208,7 +208,7 @@ def test_a_full_disk_reports_not_serving_and_loses_nothing(tmp_path: Path) -> No
     disk.mkdir()
     with _mounted(["-t", "tmpfs", "-o", "size=1m", "tmpfs"], disk):
         store = f"files:{disk / 'data'}"
-        server = ServerProcess(store, env=FAST_HEALTH).start()
+        server = ServerProcess(store, env={**FAST_HEALTH, "CONTEXTSVC_FILES__ERROR_LOG_PER_MINUTE": "3"}).start()
         try:
             with server.channel() as ch:
                 stub = server.stub(ch)
@@ -233,6 +233,14 @@ def test_a_full_disk_reports_not_serving_and_loses_nothing(tmp_path: Path) -> No
                         err = error_details(exc)
                         break
                 assert err is not None and err["code"] == grpc.StatusCode.UNAVAILABLE
+                refused = 0
+                for i in range(20):  # every append this size fails alike; the log says so 3 times a minute
+                    big = pb.AppendMessagesRequest(session_id=sid, messages=[user("z" * 4000 + str(i))])
+                    with pytest.raises(grpc.RpcError) as again:
+                        stub.AppendMessages(big, timeout=10)
+                    refused += again.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert refused == 20
+                assert server.stderr_text.count("cannot append to the log of a session") == 3
                 _wait_health(server, SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
                 filler.unlink()
                 _wait_health(server, SERVICE, health_pb2.HealthCheckResponse.SERVING)
