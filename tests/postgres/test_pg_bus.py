@@ -142,7 +142,7 @@ async def test_resume_from_an_event_id_replays_then_follows(make_bus: Callable[.
     await again.stop()
 
 
-async def test_a_resume_past_the_newest_event_is_refused(make_bus: Callable[..., Any]) -> None:
+async def test_a_resume_past_the_newest_event_is_refused(make_bus: Callable[..., Any], postgres_db: str) -> None:
     """Resumed past the newest id, a watcher would skip every event up to it in silence."""
     a, b = await make_bus(), await make_bus()
     sent = await publish(a, 2)
@@ -151,6 +151,16 @@ async def test_a_resume_past_the_newest_event_is_refused(make_bus: Callable[...,
         await asyncio.wait_for(anext(ahead), WAIT)
     assert err.value.metadata["newest_event_id"] == str(sent[-1].event_id)
     assert [v.field for v in err.value.violations] == ["after_event_id"]
+    # Ids handed out stay resume points once their events are pruned (an empty table).
+    conn = await asyncpg.connect(postgres_db)
+    try:
+        await conn.execute("DELETE FROM events")
+    finally:
+        await conn.close()
+    kept = Collector(b, after_event_id=sent[-1].event_id)
+    newest = await publish(a, 1)
+    assert [e.event_id for e in await kept.wait_for(1)] == [newest[0].event_id]
+    await kept.stop()
 
 
 async def test_watchers_see_only_what_they_may_read(make_bus: Callable[..., Any]) -> None:

@@ -8,10 +8,10 @@ import pytest
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc.api.decoding import Undecodable, safe_deserializer, undecodable_error
-from contextsvc.throttled_log import ThrottledLog
 from contextsvc.config import Limits
 from contextsvc.engine.validation import check_metadata, metadata_depth
 from contextsvc.errors import InvalidArgument
+from contextsvc.throttled_log import ThrottledLog
 
 
 def _nested(depth: int) -> dict[str, object]:

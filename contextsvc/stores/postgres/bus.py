@@ -374,6 +374,14 @@ class PostgresEventBus:
                 async with self._acquire() as conn:
                     return list(await conn.fetch(sql, *args))
 
+    async def _newest_id_given(self) -> int:
+        """The newest event id ever handed out (the sequence's), kept or not: the events table
+        may be empty (pruned by age, a new database) while ids up to it were given to clients."""
+        rows = await self._read(
+            "subscribe", "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_event_id_seq"
+        )
+        return int(rows[0][0])
+
     async def _current_id(self) -> int:
         rows = await self._read("subscribe", "SELECT COALESCE(max(event_id), 0) FROM events")
         return int(rows[0][0])
@@ -540,7 +548,7 @@ class _Subscription:
                     raise StopAsyncIteration
                 if not self._registered:
                     if self._last is not None:
-                        newest = await bus._current_id()
+                        newest = await bus._newest_id_given()
                         if self._last > newest:
                             raise EventIdAhead(self._last, newest)
                     # Registered before the first fetch: a notification arriving meanwhile
