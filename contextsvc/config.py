@@ -718,8 +718,9 @@ class Settings(BaseModel):
     durability: Durability = Durability.FSYNC
     fsync_batch_ms: int = Field(50, ge=1, le=10_000)
     shutdown_grace_seconds: float = Field(5.0, ge=0)
-    #: after in-flight calls drained, how long the transport waits for what is left (health
-    #: watchers, calls refused meanwhile) before closing.
+    #: after in-flight calls drained, the bound of each short wait that follows: watch streams
+    #: ending, the quiet period below, the transport's close (health watchers, calls refused
+    #: meanwhile), and the telemetry flush when the grace is spent.
     shutdown_close_seconds: float = Field(0.5, ge=0)
     #: ... and closes once no call arrived for this long (within ``shutdown_close_seconds``): a call
     #: on its way is refused with UNAVAILABLE, not cancelled by the transport's close.
@@ -955,3 +956,5 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:  # a directory, no permission: one line, as for a missing file
+        raise ValueError(f"config file {path} cannot be read: {exc.strerror or exc}") from None

@@ -78,7 +78,8 @@ class ServingGate:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.state = state
-        #: set once the calls in flight finished (or the grace ran out): open watch streams end.
+        #: set once the calls in flight and the compactions running on their own finished (or the
+        #: grace ran out): open watch streams end.
         self.stopping = asyncio.Event()
         self.watch_methods = watch_methods
         #: admitted ContextService calls still running, watch streams apart.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -234,10 +235,12 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             events = self._engine.sessions.events(
                 caller_of(context), session_id=request.session_id, after_event_id=request.after_event_id
             )
-            async for event in until_stopped(events, self._stopping, after_event_id=request.after_event_id):
-                yield mapping.event_to_pb(event)
-                if request.session_id and event.kind == "session_deleted":
-                    return  # nothing more can come: the stream ends (OK), as the gateway's socket closes
+            stream = until_stopped(events, self._stopping, after_event_id=request.after_event_id)
+            async with contextlib.aclosing(stream):  # its subscription is let go when the stream ends here
+                async for event in stream:
+                    yield mapping.event_to_pb(event)
+                    if request.session_id and event.kind == "session_deleted":
+                        return  # nothing more can come: the stream ends (OK), as the gateway's socket closes
         except errors.ContextError as exc:
             await context.abort_with_status(to_status(exc))
         except Exception:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol, TypeVar
 
 from contextsvc.api.gate import ServerShuttingDown
@@ -18,7 +18,9 @@ class _HasEventId(Protocol):
 E = TypeVar("E", bound=_HasEventId)
 
 
-async def until_stopped(events: AsyncIterator[E], stop: asyncio.Event, *, after_event_id: int) -> AsyncIterator[E]:
+async def until_stopped(
+    events: AsyncIterator[E], stop: asyncio.Event, *, after_event_id: int
+) -> AsyncGenerator[E, None]:
     """Yield ``events`` until ``stop`` is set, then raise ``ServerShuttingDown`` whose metadata
     carries ``after_event_id``: the id of the last event this stream delivered (or the one the
     client resumed from), so the client resumes on another replica without a gap or a duplicate."""

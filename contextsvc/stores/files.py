@@ -1003,9 +1003,16 @@ class FilesStore(RowStore):
             if log is self._calibration:
                 log.pending = pending
                 self._unwritten[log] = 0.0  # at the next pass
-                logger.warning("files store: cannot write %d calibration observation(s) yet: %s", len(pending), exc)
+                self._disk_errors.write(
+                    "files store: cannot write calibration observations yet", lines=len(pending), error=str(exc)
+                )
             elif not isinstance(exc, FileNotFoundError):  # not found: its session was deleted meanwhile
-                logger.warning("files store: %d deferred line(s) of %s not written: %s", len(pending), log.path, exc)
+                self._disk_errors.write(
+                    "files store: deferred lines of a session log not written",
+                    lines=len(pending),
+                    path=str(log.path),
+                    error=str(exc),
+                )
             return
         if log is self._calibration:
             self._dirty.add(log.path)  # synced by the flusher's pass that wrote them
@@ -1125,7 +1132,7 @@ class FilesStore(RowStore):
         try:
             wrote = await asyncio.to_thread(self._put_blob, data, blob_id)
         except OSError as exc:
-            logger.error("files store: cannot write blob %s: %s", blob_id, exc)
+            self._disk_errors.write("files store: cannot write a blob", blob_id=blob_id, error=str(exc))
             raise Unavailable("the blob could not be stored") from exc
         if wrote:
             self.stats.blob_writes += 1

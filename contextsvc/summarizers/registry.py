@@ -73,9 +73,9 @@ class SummarizerSet:
 
 def build_summarizers(settings: Settings, *, client: httpx.AsyncClient | None = None) -> SummarizerSet:
     """Every registered summarizer, built over one shared client (made on the first HTTP summary
-    unless given; the set closes it either way). Fails with ``ValueError`` when a configured profile names a
-    summarizer that is not registered, so a typo stops the server at start, not at the first
-    compression."""
+    unless given; the set closes it either way). Loaded settings already refuse a profile naming an
+    unknown summarizer (``config.SUMMARIZER_NAMES``, kept equal to ``SUMMARIZERS`` by a test); settings
+    made in code without validation (``model_copy``) are refused here with ``ValueError``."""
     unknown = {
         f"{profile_id}: {profile.compression.summarizer!r}"
         for profile_id, profile in settings.profiles.items()
