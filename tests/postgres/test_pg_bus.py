@@ -145,6 +145,11 @@ async def test_resume_from_an_event_id_replays_then_follows(make_bus: Callable[.
 async def test_a_resume_past_the_newest_event_is_refused(make_bus: Callable[..., Any], postgres_db: str) -> None:
     """Resumed past the newest id, a watcher would skip every event up to it in silence."""
     a, b = await make_bus(), await make_bus()
+    # Before any event was published, 1 ("from the start", the gateway's) is no id ahead.
+    first = Collector(b, after_event_id=1)
+    await asyncio.sleep(0.2)
+    assert not first.task.done()
+    await first.stop()
     sent = await publish(a, 2)
     ahead = b.subscribe(caller=ADMIN, after_event_id=sent[-1].event_id + 3)
     with pytest.raises(EventIdAhead) as err:

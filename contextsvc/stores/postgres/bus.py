@@ -549,7 +549,9 @@ class _Subscription:
                 if not self._registered:
                     if self._last is not None:
                         newest = await bus._newest_id_given()
-                        if self._last > newest:
+                        # 1 is the first id the table gives: "from the start" even before any
+                        # event was published (the gateway's streams begin there).
+                        if self._last > max(newest, 1):
                             raise EventIdAhead(self._last, newest)
                     # Registered before the first fetch: a notification arriving meanwhile
                     # leaves the wake flag set, so nothing committed after it is missed.
