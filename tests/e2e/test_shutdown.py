@@ -231,6 +231,44 @@ def test_calls_arriving_during_the_drain_are_refused_not_cancelled(tmp_path: Pat
     assert refused.count("SHUTTING_DOWN") >= writers // 2, refused
 
 
+def _slow_summarizer_env(llm: FakeLLM, **extra: str) -> dict[str, str]:
+    """A server whose ``openai`` summarizer is ``llm``, one attempt, and a grace a hang fits in."""
+    return {
+        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
+        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
+        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
+        "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "8",
+        **extra,
+    }
+
+
+class _Watcher:
+    """StreamEvents of one session read in a task: the kinds and ids it delivered, and how it ended."""
+
+    def __init__(self, stub: Any, sid: str) -> None:
+        self.kinds: list[str] = []
+        self.ids: list[int] = []
+        self.end: dict[str, Any] = {}
+        self.started = asyncio.Event()  # a compression_started arrived
+        self.task = asyncio.create_task(self._read(stub, sid))
+
+    async def _read(self, stub: Any, sid: str) -> None:
+        try:
+            async for event in stub.StreamEvents(pb.StreamEventsRequest(session_id=sid)):
+                self.kinds.append(event.WhichOneof("payload"))
+                self.ids.append(event.event_id)
+                if self.kinds[-1] == "compression_started":
+                    self.started.set()
+        except grpc.aio.AioRpcError as err:
+            self.end.update(error_details(err))  # type: ignore[arg-type]
+
+    def check_closed_before_the_end(self) -> None:
+        """The compaction's closing event came before the stream ended, which names it to resume from."""
+        assert self.kinds[self.kinds.index("compression_started") + 1 :] == ["context_compressed"], self.kinds
+        assert self.end["code"] == grpc.StatusCode.UNAVAILABLE and self.end["reason"] == "SHUTTING_DOWN"
+        assert self.end["metadata"]["after_event_id"] == str(self.ids[-1])
+
+
 @pytest.mark.parametrize("store", ["files", "memory"])
 async def test_a_watcher_gets_the_events_of_calls_finishing_during_the_drain(
     tmp_path: Path, llm: FakeLLM, store: str
@@ -238,34 +276,14 @@ async def test_a_watcher_gets_the_events_of_calls_finishing_during_the_drain(
     """A Compress in flight when SIGTERM comes finishes within the grace; a watcher of its session
     receives its closing event before being told where to resume, so no event falls between the
     stream's end and a resume elsewhere."""
-    env = {
-        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
-        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
-        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
-        "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "8",
-    }
-    server = ServerProcess("memory" if store == "memory" else f"files:{tmp_path / 'data'}", env=env).start()
-    kinds: list[str] = []
-    ids: list[int] = []
-    end: dict[str, Any] = {}
+    data = "memory" if store == "memory" else f"files:{tmp_path / 'data'}"
+    server = ServerProcess(data, env=_slow_summarizer_env(llm)).start()
     try:
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = pb_grpc.ContextServiceStub(channel)
             sid = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
             await _long_turns(stub, sid)
-            started = asyncio.Event()
-
-            async def watcher() -> None:
-                try:
-                    async for event in stub.StreamEvents(pb.StreamEventsRequest(session_id=sid)):
-                        kinds.append(event.WhichOneof("payload"))
-                        ids.append(event.event_id)
-                        if kinds[-1] == "compression_started":
-                            started.set()
-                except grpc.aio.AioRpcError as err:
-                    end.update(error_details(err))  # type: ignore[arg-type]
-
-            stream = asyncio.create_task(watcher())
+            watch = _Watcher(stub, sid)
             await asyncio.sleep(0.3)  # the stream is open
             llm.control(mode="hang", hang_seconds=2.0)
             compress = stub.Compress(
@@ -274,52 +292,32 @@ async def test_a_watcher_gets_the_events_of_calls_finishing_during_the_drain(
                 ),
                 timeout=30,
             )
-            await asyncio.wait_for(started.wait(), timeout=10)
+            await asyncio.wait_for(watch.started.wait(), timeout=10)
             assert server.proc is not None
             server.proc.send_signal(15)
             reply = await compress
-            await asyncio.wait_for(stream, timeout=30)
+            await asyncio.wait_for(watch.task, timeout=30)
             exit_code = server.proc.wait(20)
     finally:
         llm.reset()
         server.kill()
     assert exit_code == 0 and reply.compressed
-    assert kinds[kinds.index("compression_started") + 1 :] == ["context_compressed"], kinds
-    assert end["code"] == grpc.StatusCode.UNAVAILABLE and end["reason"] == "SHUTTING_DOWN"
-    assert end["metadata"]["after_event_id"] == str(ids[-1])
+    watch.check_closed_before_the_end()
 
 
 async def test_a_watcher_gets_the_events_of_a_compaction_a_build_left_running(tmp_path: Path, llm: FakeLLM) -> None:
     """A build that stopped waiting for its compaction (``hot_path.build_wait_seconds``) left it
     running: at SIGTERM it finishes within the grace, and a watcher receives its closing event
     before its stream ends (it was cancelled after the streams had ended)."""
-    env = {
-        "CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": llm.base_url,
-        "CONTEXTSVC_SUMMARIZER__OPENAI__TIMEOUT_SECONDS": "10",
-        "CONTEXTSVC_SUMMARIZER__OPENAI__MAX_RETRIES": "0",
-        "CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "8",
-        "CONTEXTSVC_HOT_PATH__BUILD_WAIT_SECONDS": "0.3",
-    }
+    env = _slow_summarizer_env(llm, CONTEXTSVC_HOT_PATH__BUILD_WAIT_SECONDS="0.3")
     server = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
-    kinds: list[str] = []
-    ids: list[int] = []
-    end: dict[str, Any] = {}
     try:
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = pb_grpc.ContextServiceStub(channel)
             sid = (await stub.CreateSession(pb.CreateSessionRequest(name="slow"))).id
             await _long_turns(stub, sid)
             await _long_turns(stub, sid)  # over the small window below
-
-            async def watcher() -> None:
-                try:
-                    async for event in stub.StreamEvents(pb.StreamEventsRequest(session_id=sid)):
-                        kinds.append(event.WhichOneof("payload"))
-                        ids.append(event.event_id)
-                except grpc.aio.AioRpcError as err:
-                    end.update(error_details(err))  # type: ignore[arg-type]
-
-            stream = asyncio.create_task(watcher())
+            watch = _Watcher(stub, sid)
             await asyncio.sleep(0.3)  # the stream is open
             llm.control(mode="hang", hang_seconds=2.0)
             small = r.Profile(context_window=3000, compression=r.CompressionSettings(summarizer="openai"))
@@ -327,15 +325,13 @@ async def test_a_watcher_gets_the_events_of_a_compaction_a_build_left_running(tm
             assert any("still running" in n for n in view.notices), list(view.notices)
             assert server.proc is not None
             server.proc.send_signal(15)
-            await asyncio.wait_for(stream, timeout=30)
+            await asyncio.wait_for(watch.task, timeout=30)
             exit_code = server.proc.wait(20)
     finally:
         llm.reset()
         server.kill()
     assert exit_code == 0
-    assert kinds[kinds.index("compression_started") + 1 :] == ["context_compressed"], kinds
-    assert end["code"] == grpc.StatusCode.UNAVAILABLE and end["reason"] == "SHUTTING_DOWN"
-    assert end["metadata"]["after_event_id"] == str(ids[-1])
+    watch.check_closed_before_the_end()
 
 
 async def _long_turns(stub: Any, sid: str) -> None:
