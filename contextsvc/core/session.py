@@ -74,3 +74,6 @@ class AppendResult:
     replayed: bool = False
     #: the id of the event the store published with the append (``ports.AppendEvent``), else 0
     event_id: int = 0
+    #: a replay: the session's context tokens right after the first call (None: not known, a
+    #: request stored before they were kept), which the retry answers as the first call did
+    first_context_tokens: int | None = None

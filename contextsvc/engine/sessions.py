@@ -234,7 +234,9 @@ class SessionService:
                 expected_profile_id=expected,
             )
         self._remember_profile(sid, profile_id, profile)
-        tokens = result.session.context_tokens
+        # A retry is answered as its first call was (DESIGN §4), when the store kept what it was.
+        first = result.first_context_tokens if result.replayed else None
+        tokens = result.session.context_tokens if first is None else first
         if not result.replayed and not result.event_id:
             await self._bus.publish(
                 session_id=sid,

@@ -393,7 +393,8 @@ class RowStore:
                     stored = st.request_fingerprints.get(request_id, "")
                     if stored and request_fingerprint and stored != request_fingerprint:
                         raise RequestIdReused(request_id)
-                    return AppendResult(list(first), self._info(st), replayed=True)
+                    tokens = st.request_tokens.get(request_id)
+                    return AppendResult(list(first), self._info(st), replayed=True, first_context_tokens=tokens)
             now = self._now()
             fingerprint = request_fingerprint if request_id else ""
             record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta, fingerprint)

@@ -258,6 +258,7 @@ def _session_line(st: SessionState) -> dict[str, Any]:
         "session": session_to_dict(st.info(0)),
         "requests": {key: list(value) for key, value in st.requests.items()},
         "request_fingerprints": dict(st.request_fingerprints),
+        "request_tokens": dict(st.request_tokens),
         "views": [_view_to_dict(v) for v in st.views.values()],
         # The highest sequence number the rows below reach: a log cut short shows it.
         "n": st.last_sequence,
@@ -277,6 +278,7 @@ def _header(obj: Any, session_id: str) -> SessionState:
     st.damage = str(obj.get("damaged", ""))
     st.requests = {str(key): tuple(int(s) for s in value) for key, value in obj.get("requests", {}).items()}
     st.request_fingerprints = {str(k): str(v) for k, v in obj.get("request_fingerprints", {}).items()}
+    st.request_tokens = {str(k): int(v) for k, v in obj.get("request_tokens", {}).items()}
     for view in obj.get("views", ()):
         st.remember_view(_view_from_dict(view), len(obj["views"]))
     return st

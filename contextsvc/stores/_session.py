@@ -172,6 +172,7 @@ class SessionState:
         "preview_source",
         "profile_id",
         "request_fingerprints",
+        "request_tokens",
         "requests",
         "resident",
         "rows",
@@ -207,6 +208,8 @@ class SessionState:
         self.requests: dict[str, tuple[int, ...]] = {}
         #: request_id -> the fingerprint of its first request (absent for records without one).
         self.request_fingerprints: dict[str, str] = {}
+        #: request_id -> the context tokens right after its first append (its retry's answer).
+        self.request_tokens: dict[str, int] = {}
         #: view_id -> view, oldest first (dicts keep insertion order).
         self.views: dict[str, ViewRecord] = {}
         self.lock = asyncio.Lock()
@@ -394,6 +397,7 @@ class SessionState:
         st.preview_source = preview
         st.requests = {}
         st.request_fingerprints = {}
+        st.request_tokens = {}
         st.views = {}
         st.lock = asyncio.Lock()
         st._info = None
@@ -419,6 +423,7 @@ class SessionState:
         self._ctx_keys = []
         self.requests = {}
         self.request_fingerprints = {}
+        self.request_tokens = {}
         self.views = {}
         self.resident = False
         self.shed = 0
@@ -463,11 +468,12 @@ class SessionState:
             self._check_numbers(record.messages)
             for m in record.messages:
                 self._add_row(m)
+            self.context_tokens += record.context_tokens_delta
             if record.request_id:
                 self.requests[record.request_id] = tuple(m.sequence_number for m in record.messages)
+                self.request_tokens[record.request_id] = self.context_tokens
                 if record.request_fingerprint:
                     self.request_fingerprints[record.request_id] = record.request_fingerprint
-            self.context_tokens += record.context_tokens_delta
         elif isinstance(record, FlagsRecord):
             self._check_known(record.sequence_numbers)
             self._set_context(record.sequence_numbers, record.is_context)

@@ -86,15 +86,17 @@ async def test_a_repeated_request_id_replays_the_first_result(store: SessionStor
     )
     assert (first.sequence_numbers, first.replayed) == ([1, 2], False)
     assert (again.sequence_numbers, again.replayed) == ([1, 2], True)
-    assert (again.session.last_sequence, again.session.context_tokens) == (2, 7)
+    assert (again.session.last_sequence, again.session.context_tokens, again.first_context_tokens) == (2, 7, 7)
     # Request ids are per session; an empty id is never deduplicated.
     assert (await store.append_messages(other, [user("x")], caller=ALICE, request_id="r1")).sequence_numbers == [1]
-    assert (await store.append_messages(sid, [user("c")], caller=ALICE)).sequence_numbers == [3]
-    assert (await store.append_messages(sid, [user("d")], caller=ALICE)).sequence_numbers == [4]
+    assert (await store.append_messages(sid, [user("c")], caller=ALICE, context_tokens_delta=5)).sequence_numbers == [3]
+    assert (await store.append_messages(sid, [user("d")], caller=ALICE, context_tokens_delta=5)).sequence_numbers == [4]
 
     store = await reopen()  # a client retrying after a restart still gets the first answer
     retried = await store.append_messages(sid, [user("a"), assistant("b")], caller=ALICE, request_id="r1")
     assert (retried.sequence_numbers, retried.replayed, retried.session.last_sequence) == ([1, 2], True, 4)
+    # The context tokens as the first call left them, not the session's now (17).
+    assert (retried.first_context_tokens, retried.session.context_tokens) == (7, 17)
 
 
 async def test_context_tokens_delta_is_added_with_the_rows(store: SessionStore) -> None:
@@ -265,7 +267,7 @@ async def test_an_append_priced_for_another_profile_appends_nothing(store: Sessi
     replay = await store.append_messages(sid, [user("d")], caller=ALICE, request_id="r1", expected_profile_id="q")
     assert await store.append_messages(
         sid, [user("d")], caller=ALICE, request_id="r1", expected_profile_id="q"
-    ) == dataclasses.replace(replay, replayed=True)
+    ) == dataclasses.replace(replay, replayed=True, first_context_tokens=replay.session.context_tokens)
 
 
 async def test_the_context_and_its_session_are_read_together(store: SessionStore) -> None:

@@ -113,6 +113,11 @@ def test_append_is_idempotent_by_request_id(stub: Any) -> None:
     again = stub.AppendMessages(req)
     assert list(first.sequence_numbers) == [1, 2] == list(again.sequence_numbers)
     assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).display_message_count == 2
+    # A retry after other appends is still answered as the first call was (DESIGN §4).
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("c " * 200)]))
+    late = stub.AppendMessages(req)
+    assert late == first
+    assert stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_tokens > first.context_tokens
 
 
 def test_concurrent_appends_get_distinct_contiguous_sequence_numbers(server: ServerProcess) -> None:

@@ -592,6 +592,7 @@ async def test_rewrite_log_keeps_everything_and_leaves_no_temp_files(root: Path)
     assert await everything(store, sid) == before
     replay = await store.append_messages(sid, [user("again")], caller=ALICE, request_id="r3")
     assert (replay.sequence_numbers, replay.replayed) == ([3], True)
+    assert (replay.first_context_tokens, replay.session.context_tokens) == (0, 9)  # as the first call left them
     await store.close()
 
 

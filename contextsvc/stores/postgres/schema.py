@@ -249,6 +249,12 @@ CREATE INDEX events_compressions ON events (session_id, event_id)
  WHERE kind IN ('compression_started', 'context_compressed', 'compression_refused');
 """
 
+# AppendMessages idempotency answers a retry as the first call was answered: the session's context
+# tokens right after it, beside its sequence numbers. NULL for requests stored before.
+_V11_REQUEST_TOKENS = """
+ALTER TABLE append_requests ADD COLUMN context_tokens bigint;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
@@ -260,6 +266,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "context epoch", _V8_CONTEXT_EPOCH),
     Migration(9, "view shape", _V9_VIEW_SHAPE),
     Migration(10, "compression events index", _V10_COMPRESSION_EVENTS),
+    Migration(11, "append request context tokens", _V11_REQUEST_TOKENS),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

@@ -662,7 +662,9 @@ class PostgresStore:
             stored = row["prior_fingerprint"] or ""
             if stored and request_fingerprint and stored != request_fingerprint:
                 raise RequestIdReused(request_id)
-            return AppendResult(list(prior), self._info(row), replayed=True)
+            return AppendResult(
+                list(prior), self._info(row), replayed=True, first_context_tokens=row["prior_context_tokens"]
+            )
         last = row["last_sequence"]
         event_id = row["event_id"] or 0
         if event_id:
@@ -1510,7 +1512,7 @@ SELECT q.n AS item, s.*, m.seq, m.is_context, m.context_key, m.content, m.body
 #: session, or not the caller's: nothing was written).
 _APPEND_CTES = """
 WITH prior AS (
-    SELECT sequence_numbers, fingerprint FROM append_requests
+    SELECT sequence_numbers, fingerprint, context_tokens FROM append_requests
      WHERE $2 <> '' AND session_id = $1 AND request_id = $2
 ),
 upd AS (
@@ -1532,8 +1534,9 @@ added AS (
                 WITH ORDINALITY AS u(role, is_context, is_display, anchor, content, create_time, body, n)
 ),
 request AS (
-    INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time, fingerprint)
-    SELECT $1, $2, ARRAY(SELECT generate_series(upd.last_sequence - $3 + 1, upd.last_sequence)), $8, $11
+    INSERT INTO append_requests (session_id, request_id, sequence_numbers, create_time, fingerprint, context_tokens)
+    SELECT $1, $2, ARRAY(SELECT generate_series(upd.last_sequence - $3 + 1, upd.last_sequence)), $8, $11,
+           upd.context_tokens
       FROM upd WHERE $2 <> ''
 ),
 linked AS (
@@ -1543,12 +1546,12 @@ linked AS (
 """
 _APPEND_RESULT = """
 SELECT upd.*, NULL::bigint[] AS prior_numbers, NULL::text AS prior_fingerprint, false AS profile_changed,
-       {event} AS event_id FROM upd
+       {event} AS event_id, NULL::bigint AS prior_context_tokens FROM upd
 UNION ALL
-SELECT s.*, p.sequence_numbers, p.fingerprint, false, NULL FROM sessions s, prior p
+SELECT s.*, p.sequence_numbers, p.fingerprint, false, NULL, p.context_tokens FROM sessions s, prior p
  WHERE s.session_id = $1 AND ($20::text IS NULL OR s.profile_id = $20)
 UNION ALL
-SELECT s.*, NULL, NULL, true, NULL FROM sessions s
+SELECT s.*, NULL, NULL, true, NULL, NULL FROM sessions s
  WHERE $20::text IS NOT NULL AND s.session_id = $1 AND (s.user_id = $9 OR $10) AND s.profile_id <> $20
 """
 _APPEND_SQL = _APPEND_CTES + _APPEND_RESULT.format(event="NULL::bigint")
