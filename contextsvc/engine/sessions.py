@@ -17,7 +17,7 @@ from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
 from contextsvc.engine.paging import decode_page_token, decode_position_token, encode_page_token, encode_position_token
-from contextsvc.engine.remembered_profile import remembered_overrides
+from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_overrides
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
@@ -85,12 +85,14 @@ class SessionService:
         self._clock = clock
         self._accounting = accounting
         self._limits = settings.limits
-        #: session id -> its profile id (never changes for a session) and the profile its appends
-        #: price with (the named one with the overrides it remembers: ``remembered_profile``), for
-        #: the sessions appended to most recently (``hot_path.view_cache_sessions`` of them): an
-        #: append to one of them needs no session read; the store checks the profile id in the
-        #: append itself (``append``), and a build that remembers other overrides forgets it here.
-        self._profiles: OrderedDict[str, tuple[str, EffectiveProfile]] = OrderedDict()
+        #: session id -> its profile id (never changes for a session), the profile its appends
+        #: price with (the named one with the overrides it remembers: ``remembered_profile``) and
+        #: those overrides as stored, for the sessions appended to most recently
+        #: (``hot_path.view_cache_sessions`` of them): an append to one of them needs no session
+        #: read; the store checks the profile id in the append itself (``append``). A build here
+        #: that remembers other overrides forgets the entry; one on another replica shows in the
+        #: session an append returns, which refreshes it.
+        self._profiles: OrderedDict[str, tuple[str, EffectiveProfile, Any]] = OrderedDict()
         #: the store, when its appends publish their event for this bus in the same statement
         #: (``ports.EventPublishingStore``: PostgreSQL with its own bus); else the engine publishes.
         self._publisher: EventPublishingStore | None = statement_publisher(store, bus)
@@ -184,13 +186,14 @@ class SessionService:
         *,
         request_id: str,
         turn_complete: bool,
-        known: tuple[str, EffectiveProfile] | None,
+        known: tuple[str, EffectiveProfile, Any] | None,
     ) -> AppendOutcome:
         if known is None:
             session = await self._store.get_session(sid, caller=caller)
             expected, profile_id, profile = None, session.profile_id, self._profile_of(session)
+            priced_for = session.state.get(PROFILE_KEY)
         else:
-            (profile_id, profile), expected = known, known[0]
+            (profile_id, profile, priced_for), expected = known, known[0]
         now = self._clock.now()
         await self._accounting.ensure_loaded(profile.model)
         rows: list[Message] = []
@@ -233,7 +236,12 @@ class SessionService:
                 request_fingerprint=fingerprint,
                 expected_profile_id=expected,
             )
-        self._remember_profile(sid, profile_id, profile)
+        remembered = result.session.state.get(PROFILE_KEY)
+        if remembered != priced_for:
+            # A build remembered other overrides since (on another replica: this one's own builds
+            # forget the entry): the next append prices with them, read from the session returned.
+            profile = self._profile_of(result.session)
+        self._remember_profile(sid, profile_id, profile, remembered)
         # A retry is answered as its first call was (DESIGN §4), when the store kept what it was.
         first = result.first_context_tokens if result.replayed else None
         tokens = result.session.context_tokens if first is None else first
@@ -269,8 +277,8 @@ class SessionService:
         """The session's next append reads the profile it prices with again."""
         self._profiles.pop(sid, None)
 
-    def _remember_profile(self, sid: str, profile_id: str, profile: EffectiveProfile) -> None:
-        self._profiles[sid] = (profile_id, profile)
+    def _remember_profile(self, sid: str, profile_id: str, profile: EffectiveProfile, remembered: Any) -> None:
+        self._profiles[sid] = (profile_id, profile, remembered)
         self._profiles.move_to_end(sid)
         while len(self._profiles) > self._settings.hot_path.view_cache_sessions:
             self._profiles.popitem(last=False)

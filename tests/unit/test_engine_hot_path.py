@@ -618,6 +618,33 @@ def test_appended_rows_extend_the_kept_view_exactly_as_a_fresh_assembly() -> Non
     check()
 
 
+def test_an_append_follows_a_profile_another_replica_remembered_without_a_session_read() -> None:
+    """Two engines over one store, as two replicas: when B's build remembers other overrides, A's
+    cached profile of the session is stale. The append's returned session shows it: A's next
+    appends price with the new model and report their share of the new window."""
+
+    async def run() -> None:
+        settings = Settings(profiles={"default": ProfileConfig(model="hp", context_window=200_000)}, store="memory")
+        store = MemoryStore(settings)
+        await store.open()
+        a, b = make_engine(store, settings), make_engine(store, settings)
+        sid = (await a.sessions.create(ANONYMOUS, profile_id="default", name="", metadata={})).id
+        row = [IncomingMessage(Message(role=Role.USER, content="hello there, replica"))]
+        await a.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)  # A caches the profile
+        inline = ProfileOverrides(model="other", context_window=50_000)
+        await b.build_context(ANONYMOUS, sid, profile=inline, incoming=None, mid_turn=False, auto_compress=False)
+        seen = await a.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        assert seen.window_fraction == seen.context_tokens / 50_000
+        priced = await a.append(ANONYMOUS, sid, row, request_id="", turn_complete=False)
+        (stored,) = await store.get_messages(sid, caller=ANONYMOUS, first=3, last=3)
+        assert stored.token_count == a.accounting.message_tokens("other", stored)
+        assert priced.window_fraction == priced.context_tokens / 50_000
+        await a.close()
+        await b.close()
+
+    asyncio.run(run())
+
+
 def test_an_append_to_a_known_session_reads_no_session_and_a_recreated_one_is_priced_again() -> None:
     class ReadCounting(MemoryStore):
         reads = 0
