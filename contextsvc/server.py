@@ -334,11 +334,11 @@ async def _start_background(running: RunningServer, settings: Settings, bus: Eve
     if isinstance(bus, CompressionLog):  # the real bus (PostgreSQL's), not the engine's wrapper
         running.engine.compactor.compression_log = bus
         running.abandoned = asyncio.create_task(
-            _close_abandoned_loop(running.engine, bus, settings), name="contextsvc-abandoned-compactions"
+            _close_abandoned_loop(running.engine, settings), name="contextsvc-abandoned-compactions"
         )
 
 
-async def _close_abandoned_loop(engine: Engine, events: CompressionLog, settings: Settings) -> None:
+async def _close_abandoned_loop(engine: Engine, settings: Settings) -> None:
     """Every ``postgres.abandoned_compaction_check_seconds``: close the compactions announced and
     never ended (``Compactor.close_abandoned``), so a watcher's "compressing" ends even when the
     replica running it died."""
@@ -346,7 +346,7 @@ async def _close_abandoned_loop(engine: Engine, events: CompressionLog, settings
     while True:
         await asyncio.sleep(pg.abandoned_compaction_check_seconds)
         try:
-            await engine.compactor.close_abandoned(events, older_than=pg.abandoned_compaction_after_seconds)
+            await engine.compactor.close_abandoned(older_than=pg.abandoned_compaction_after_seconds)
         except Exception as exc:  # the database away: the next pass tries again
             log.warning("closing abandoned compactions failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 

@@ -140,22 +140,30 @@ class CertificateReloader:
         cert = _read(self._cert, "tls_cert")
         key = _read(self._key, "tls_key")
         ca = _read(self._client_ca, "tls_client_ca") if self._client_ca is not None else None
-        # gRPC only finds out at the first handshake; ssl says now, and which part is wrong.
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        try:
-            context.load_cert_chain(self._cert, self._key)
-        except (ssl.SSLError, OSError) as exc:
-            raise TransportError(
-                f"tls_cert {self._cert} and tls_key {self._key} do not load as a pair: {exc}"
-            ) from None
-        if self._client_ca is not None:
-            try:
-                context.load_verify_locations(cafile=self._client_ca)
-            except (ssl.SSLError, OSError) as exc:
-                raise TransportError(f"tls_client_ca {self._client_ca} holds no usable CA certificate: {exc}") from None
+        problem = ssl_problem(cert=self._cert, key=self._key)
+        if problem:
+            raise TransportError(f"tls_cert {self._cert} and tls_key {self._key} do not load as a pair: {problem}")
+        if self._client_ca is not None and (problem := ssl_problem(ca=self._client_ca)):
+            raise TransportError(f"tls_client_ca {self._client_ca} holds no usable CA certificate: {problem}")
         config = grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
         self.not_after = _not_after(cert)
         return config
+
+
+def ssl_problem(
+    *, cert: str | Path | None = None, key: str | Path | None = None, ca: str | Path | None = None
+) -> str | None:
+    """What ssl finds wrong with a certificate and key as a pair, or with a CA file (None: they
+    load). Checked at start: gRPC only finds out at the first handshake, and not which part."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+        if ca is not None:
+            context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def _not_after(chain: bytes) -> datetime | None:

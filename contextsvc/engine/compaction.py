@@ -236,7 +236,9 @@ class Compactor:
         self._accounting = accounting
         self._summarizers = summarizers
         #: the compression events every replica reads (PostgreSQL's bus), when there is such a
-        #: log: a compaction closes a start its session's last compaction left open (``_run``).
+        #: log, asked directly: the engine's own bus may be a wrapper (telemetry) or a stand-in (a
+        #: start before the store answered) without these queries. With it, a compaction closes a
+        #: start its session's last compaction left open (``_run``), and ``close_abandoned`` runs.
         self.compression_log: CompressionLog | None = None
         # session id -> [lock, holders and waiters]
         self._locks: dict[str, list[Any]] = {}
@@ -1167,15 +1169,16 @@ class Compactor:
         except Exception:
             log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
 
-    async def close_abandoned(self, events: CompressionLog, *, older_than: float, limit: int = 100) -> int:
+    async def close_abandoned(self, *, older_than: float, limit: int = 100) -> int:
         """Close each compaction announced and never closed: ``compression_refused`` (reason
         failed) for a ``compression_started`` that is still its session's newest compression
         event while nothing holds the session's compaction lock. Both events of a compaction are
         published under that lock, so a free lock means the one that announced it is gone: its
         replica died (kill -9, a lost machine), or the closing event could not be published.
-        ``events`` is the bus that keeps events where every replica reads them (PostgreSQL's),
-        asked directly: the engine's own bus may be a wrapper (telemetry) or a stand-in (a start
-        before the store answered) without these queries. How many were closed."""
+        Asks ``compression_log`` (none: nothing to close). How many were closed."""
+        events = self.compression_log
+        if events is None:
+            return 0
         started_before = datetime.now(UTC) - timedelta(seconds=older_than)
         closed = 0
         for started in await events.open_compressions(started_before=started_before, limit=limit):

@@ -8,7 +8,7 @@ import copy
 import dataclasses
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from contextsvc import telemetry
@@ -30,7 +30,13 @@ from contextsvc.engine.compaction import (
     summary_originals,
 )
 from contextsvc.engine.recall import RecallService
-from contextsvc.engine.remembered_profile import PROFILE_KEY, as_stored, remembered_overrides, stored_none
+from contextsvc.engine.remembered_profile import (
+    PROFILE_KEY,
+    as_stored,
+    remembered_overrides,
+    remembered_stored,
+    stored_none,
+)
 from contextsvc.engine.sessions import AppendOutcome, SessionService
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, require_session_id
@@ -122,7 +128,7 @@ class Engine:
         # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
         # costs no write (and no lock) on every build.
         wanted = stored_none() if overrides is NO_OVERRIDES else as_stored(overrides)
-        saved = EngineState.of(session).extra.get(PROFILE_KEY)
+        saved = remembered_stored(session)
         if saved == wanted or (saved is None and wanted == stored_none()):
             # Nothing to remember: no write and no lock (a session's first build without a profile).
             return session
@@ -133,7 +139,7 @@ class Engine:
             async with self.compactor.lock(session.id, wait=wait):
                 fresh = await self.store.get_session(session.id, caller=_INTERNAL)
                 state = EngineState.of(fresh)
-                if state.extra.get(PROFILE_KEY) == wanted:
+                if remembered_stored(fresh) == wanted:
                     return fresh
                 new_state = dataclasses.replace(state, extra={**state.extra, PROFILE_KEY: copy.deepcopy(wanted)})
                 written = await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
@@ -512,19 +518,13 @@ class Engine:
         emit reach watchers before the streams end. True when none is left."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
-        if self._compactions:
-            _, waiting = await asyncio.wait(list(self._compactions), timeout=within)
-            if waiting:
-                return False
+        if not await _all_done(self._compactions, within):
+            return False
         return await self.post_turn.drain(max(deadline - loop.time(), 0.0))
 
     async def anchors_applied(self, within: float) -> bool:
         """Wait until every deferred baseline anchor was applied or dropped (tests, shutdown)."""
-        pending = list(self._anchors.values())
-        if not pending:
-            return True
-        _, waiting = await asyncio.wait(pending, timeout=within)
-        return not waiting
+        return await _all_done(self._anchors.values(), within)
 
     # -- compression and recall -----------------------------------------------------------------
 
@@ -580,6 +580,15 @@ class Engine:
         await asyncio.gather(*waiting, return_exceptions=True)
         await self.post_turn.close()
         await self.summarizers.close()
+
+
+async def _all_done(tasks: Iterable[asyncio.Task[Any]], within: float) -> bool:
+    """Wait, ``within`` seconds at most, until each of ``tasks`` is done; True if they all are."""
+    pending = list(tasks)
+    if not pending:
+        return True
+    _, waiting = await asyncio.wait(pending, timeout=within)
+    return not waiting
 
 
 def _log_unwaited(task: asyncio.Task[Any]) -> None:

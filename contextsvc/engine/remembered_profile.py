@@ -11,15 +11,20 @@ from typing import Any, cast
 
 from contextsvc.core.profile import NO_OVERRIDES, CompressionOverrides, ProfileOverrides, RecallOverrides
 from contextsvc.core.session import SessionInfo
-from contextsvc.engine.state import EngineState
 
 #: engine-state key of the remembered overrides
 PROFILE_KEY = "profile"
 
 
+def remembered_stored(session: SessionInfo) -> Any:
+    """The overrides ``session`` remembers, as its state stores them (None: none). Read from the
+    state mapping itself: an append compares it on every call, without parsing the state."""
+    return session.state.get(PROFILE_KEY)
+
+
 def remembered_overrides(session: SessionInfo) -> ProfileOverrides | None:
     """The overrides ``session`` remembers, or None (none remembered, or unreadable)."""
-    saved = EngineState.of(session).extra.get(PROFILE_KEY)
+    saved = remembered_stored(session)
     return overrides_from_dict(saved) if isinstance(saved, dict) else None
 
 

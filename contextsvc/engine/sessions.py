@@ -17,7 +17,7 @@ from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
 from contextsvc.engine.paging import decode_page_token, decode_position_token, encode_page_token, encode_position_token
-from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_overrides
+from contextsvc.engine.remembered_profile import remembered_overrides, remembered_stored
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
@@ -191,7 +191,7 @@ class SessionService:
         if known is None:
             session = await self._store.get_session(sid, caller=caller)
             expected, profile_id, profile = None, session.profile_id, self._profile_of(session)
-            priced_for = session.state.get(PROFILE_KEY)
+            priced_for = remembered_stored(session)
         else:
             (profile_id, profile, priced_for), expected = known, known[0]
         now = self._clock.now()
@@ -236,7 +236,7 @@ class SessionService:
                 request_fingerprint=fingerprint,
                 expected_profile_id=expected,
             )
-        remembered = result.session.state.get(PROFILE_KEY)
+        remembered = remembered_stored(result.session)
         if remembered != priced_for:
             # A build remembered other overrides since (on another replica: this one's own builds
             # forget the entry): the next append prices with them, read from the session returned.

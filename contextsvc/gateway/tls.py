@@ -25,6 +25,7 @@ from pathlib import Path
 
 from contextsvc.config import Settings
 from contextsvc.gateway.upstream import UpstreamTLS
+from contextsvc.transport import ssl_problem
 
 log = logging.getLogger(__name__)
 
@@ -91,21 +92,17 @@ def _check_ca(path: str, setting: str) -> None:
     """The file holds a CA certificate ssl can use (checked at start, as the server checks its
     ``tls_client_ca``: gRPC would only find out at the first call)."""
     _check_file(path, setting)
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
-    except (ssl.SSLError, OSError) as exc:
-        raise GatewayTLSError(f"{setting} {path} holds no usable CA certificate: {exc}") from None
+    if problem := ssl_problem(ca=path):
+        raise GatewayTLSError(f"{setting} {path} holds no usable CA certificate: {problem}")
 
 
 def _check_client_pair(cert: str, key: str) -> None:
     _check_file(cert, "gateway.target_client_cert")
     _check_file(key, "gateway.target_client_key")
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
-    except (ssl.SSLError, OSError) as exc:
+    if problem := ssl_problem(cert=cert, key=key):
         raise GatewayTLSError(
-            f"gateway.target_client_cert {cert} and gateway.target_client_key {key} do not load as a pair: {exc}"
-        ) from None
+            f"gateway.target_client_cert {cert} and gateway.target_client_key {key} do not load as a pair: {problem}"
+        )
 
 
 def standalone_upstream_tls(settings: Settings) -> UpstreamTLS | None:

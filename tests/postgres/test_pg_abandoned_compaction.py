@@ -40,7 +40,9 @@ async def fleet(postgres_db: str) -> AsyncIterator[list[tuple[PostgresStore, Any
         # stand-in forwarding to the real one, without its queries (the sweep asks the real bus).
         stand_in = DeferredBus()
         stand_in.target = bus
-        out.append((store, bus, make_engine(store, settings, bus=stand_in)))
+        engine = make_engine(store, settings, bus=stand_in)
+        engine.compactor.compression_log = bus  # as ``serve`` wires it on PostgreSQL
+        out.append((store, bus, engine))
     try:
         yield out
     finally:
@@ -72,7 +74,7 @@ async def test_a_start_left_by_a_dead_replica_is_closed_once(fleet: list[Any]) -
     await _started(bus_a, running)
     watcher = bus_b.subscribe(caller=ALICE, session_id=dead, after_event_id=abandoned.event_id)
     async with store_a.compaction_lock(running):
-        assert await engine_b.compactor.close_abandoned(bus_b, older_than=0) == 1
+        assert await engine_b.compactor.close_abandoned(older_than=0) == 1
 
     newest = await bus_b.newest_compression(dead)
     assert newest is not None and newest.kind == "compression_refused"
@@ -85,9 +87,9 @@ async def test_a_start_left_by_a_dead_replica_is_closed_once(fleet: list[Any]) -
     assert (await bus_b.newest_compression(running)).kind == "compression_started"  # type: ignore[union-attr]
 
     # Once the running one's holder is gone too, the next pass closes it; nothing is closed twice.
-    assert await engine_b.compactor.close_abandoned(bus_b, older_than=0) == 1
+    assert await engine_b.compactor.close_abandoned(older_than=0) == 1
     assert (await bus_b.newest_compression(running)).kind == "compression_refused"  # type: ignore[union-attr]
-    assert await engine_b.compactor.close_abandoned(bus_b, older_than=0) == 0
+    assert await engine_b.compactor.close_abandoned(older_than=0) == 0
 
 
 async def test_a_young_start_is_left_alone(fleet: list[Any]) -> None:
@@ -95,7 +97,7 @@ async def test_a_young_start_is_left_alone(fleet: list[Any]) -> None:
     sid = (await store_a.create_session(caller=ALICE, profile_id="p")).id
     await _started(bus_a, sid)
     # Younger than the sweep's age bound: its compaction may still be taking the lock.
-    assert await engine_b.compactor.close_abandoned(bus_b, older_than=3600) == 0
+    assert await engine_b.compactor.close_abandoned(older_than=3600) == 0
     assert (await bus_b.newest_compression(sid)).kind == "compression_started"  # type: ignore[union-attr]
 
 
@@ -104,7 +106,6 @@ async def test_the_next_compaction_closes_a_start_left_open_before_announcing_it
     any sweep ran (the sweep skips a start that is no longer the newest): the new compaction closes
     the old start first, under the session's lock, so every start still gets exactly one close."""
     (_, bus_a, _), (_, bus_b, engine_b) = fleet
-    engine_b.compactor.compression_log = bus_b  # as ``serve`` wires it on PostgreSQL
     sid = (await engine_b.sessions.create(ALICE, profile_id="", name="", metadata={})).id
     for k in range(10):
         turn = [u(f"question {k} " + words(120)), a(f"answer {k} " + words(120))]
@@ -117,4 +118,4 @@ async def test_the_next_compaction_closes_a_start_left_open_before_announcing_it
     assert [e.kind for e in seen] == ["compression_refused", "compression_started", "context_compressed"]
     assert seen[0].payload["reason"] == "failed" and "never reported" in seen[0].payload["detail"]
     # Nothing left for the sweep: the old start is closed, the new one closed itself.
-    assert await engine_b.compactor.close_abandoned(bus_b, older_than=0) == 0
+    assert await engine_b.compactor.close_abandoned(older_than=0) == 0
