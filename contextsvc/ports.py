@@ -17,7 +17,7 @@ from contextsvc.core.credentials import ApiToken
 from contextsvc.core.history import HistoryChunk as HistoryChunk  # re-exported for adapters
 from contextsvc.core.history import ScoredChunk as ScoredChunk
 from contextsvc.core.messages import BufferKind, Message
-from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
+from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo, SessionPage
 
 
 class Clock(Protocol):
@@ -136,15 +136,18 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         self,
         *,
         caller: Principal,
-        offset: int,
+        offset: int = 0,
         limit: int,
         profile_id: str = "",
         query: str = "",
+        after: ListPosition | None = None,
     ) -> SessionPage:
         """Sessions ``caller`` may read: pinned first, then newest ``update_time`` first, then id.
 
         ``query`` matches (case-insensitive substring) the name or any display message's content.
-        Summaries carry counters and a preview; no history is returned.
+        Summaries carry counters and a preview; no history is returned. The page starts after
+        ``after`` (a position in that order, as a previous page ended) and then skips ``offset``;
+        ``total`` counts every matching session, those before ``after`` included.
         """
         ...
 

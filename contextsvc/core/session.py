@@ -4,8 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def epoch_micros(when: datetime | None) -> int:
+    """``when`` in whole microseconds since the epoch (0 for None): exact, unlike a float."""
+    return (when - _EPOCH) // _MICROSECOND if when is not None else 0
+
+
+def listing_key(pinned: bool, update_time: datetime | None, session_id: str) -> tuple[bool, int, str]:
+    """The sort key of the session listing: pinned first, newest ``update_time`` first, then id."""
+    return (not pinned, -epoch_micros(update_time), session_id)
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +72,30 @@ class SessionInfo:
     last_sequence: int = 0
     preview: str = ""
     state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class ListPosition:
+    """Where a page of a session listing ended: the listing order's key (pinned first, newest
+    ``update_time`` first, then id) of its last session. The next page starts strictly after it,
+    so sessions created, updated or deleted meanwhile never shift a later page (no session
+    listed twice, none skipped for another's sake)."""
+
+    pinned: bool
+    update_micros: int  # ``epoch_micros`` of the session's update_time
+    session_id: str
+
+    @classmethod
+    def of(cls, session: SessionInfo) -> ListPosition:
+        return cls(session.pinned, epoch_micros(session.update_time), session.id)
+
+    def key(self) -> tuple[bool, int, str]:
+        """``listing_key`` of the session it names."""
+        return (not self.pinned, -self.update_micros, self.session_id)
+
+    @property
+    def update_time(self) -> datetime:
+        return _EPOCH + self.update_micros * _MICROSECOND
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,6 +1,7 @@
 """Opaque AIP-158 page tokens, bound to the filter that produced them.
 
-Two kinds: an offset into a listing (``ListSessions``) and a position in a message buffer
+Two kinds: a position in the session listing (``ListSessions``: the order key of the last session
+of the page just returned) and a position in a message buffer
 (``ListMessages``): the ``(anchor, sequence)`` context-order key of the oldest row of the page
 just returned, so the next page holds exactly the rows placed before it. Both are URL-safe
 base64 of a small JSON object; callers treat them as opaque.
@@ -13,6 +14,7 @@ import hashlib
 import json
 from typing import Any
 
+from contextsvc.core.session import ListPosition
 from contextsvc.errors import InvalidArgument
 
 
@@ -43,10 +45,6 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def encode_page_token(offset: int, *filter_parts: str) -> str:
-    return _encode({"o": offset}, filter_parts)
-
-
 def decode_page_token(token: str, *filter_parts: str, field: str = "page_token") -> int:
     """The offset a token stands for; a foreign, corrupt or mismatched token is INVALID_ARGUMENT."""
     if not token:
@@ -56,6 +54,32 @@ def decode_page_token(token: str, *filter_parts: str, field: str = "page_token")
         raise InvalidArgument.field(field, "is not a token this service issued")
     assert isinstance(offset, int)
     return offset
+
+
+def encode_listing_token(position: ListPosition, *filter_parts: str) -> str:
+    return _encode({"k": [position.pinned, position.update_micros, position.session_id]}, filter_parts)
+
+
+def decode_listing_token(token: str, *filter_parts: str, field: str = "page_token") -> ListPosition | int:
+    """Where a listing token says the next page starts: after a position (``encode_listing_token``),
+    or at an offset (a token of a server before positions; still honoured across an upgrade).
+    No token: offset 0. A foreign, corrupt or mismatched token is INVALID_ARGUMENT."""
+    if not token:
+        return 0
+    data = _decode(token, filter_parts, field)
+    key = data.get("k")
+    if key is None:
+        return decode_page_token(token, *filter_parts, field=field)
+    if (
+        isinstance(key, list)
+        and len(key) == 3
+        and isinstance(key[0], bool)
+        and isinstance(key[1], int)
+        and not isinstance(key[1], bool)
+        and isinstance(key[2], str)
+    ):
+        return ListPosition(key[0], key[1], key[2])
+    raise InvalidArgument.field(field, "is not a token this service issued")
 
 
 def encode_position_token(position: tuple[int, int], *filter_parts: str) -> str:

@@ -11,12 +11,17 @@ from typing import Any
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, ImageRef, Message
 from contextsvc.core.profile import EffectiveProfile, resolve_profile
-from contextsvc.core.session import Principal, SessionInfo
+from contextsvc.core.session import ListPosition, Principal, SessionInfo
 from contextsvc.core.tokens import carry_measures
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
-from contextsvc.engine.paging import decode_page_token, decode_position_token, encode_page_token, encode_position_token
+from contextsvc.engine.paging import (
+    decode_listing_token,
+    decode_position_token,
+    encode_listing_token,
+    encode_position_token,
+)
 from contextsvc.engine.remembered_profile import remembered_overrides, remembered_stored
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import (
@@ -116,13 +121,16 @@ class SessionService:
         self, caller: Principal, *, page_size: int, page_token: str, profile_id: str, query: str
     ) -> SessionList:
         limit = check_page_size(page_size, self._limits)
-        offset = decode_page_token(page_token, "sessions", profile_id, query)
+        start = decode_listing_token(page_token, "sessions", profile_id, query)
+        after, offset = (start, 0) if isinstance(start, ListPosition) else (None, start)
+        # One more than the page: whether a next page exists, whatever changed before this one.
         page = await self._store.list_sessions(
-            caller=caller, offset=offset, limit=limit, profile_id=profile_id, query=query
+            caller=caller, offset=offset, limit=limit + 1, profile_id=profile_id, query=query, after=after
         )
-        end = offset + len(page.sessions)
-        token = encode_page_token(end, "sessions", profile_id, query) if end < page.total else ""
-        return SessionList(sessions=page.sessions, next_page_token=token, total=page.total)
+        sessions = page.sessions[:limit]
+        more = len(page.sessions) > limit
+        token = encode_listing_token(ListPosition.of(sessions[-1]), "sessions", profile_id, query) if more else ""
+        return SessionList(sessions=sessions, next_page_token=token, total=page.total)
 
     async def update(
         self,

@@ -11,6 +11,7 @@ let the next mutation overtake it. The raw history index of each session is a ``
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import hashlib
@@ -18,7 +19,7 @@ import re
 import types
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from contextsvc.clock import SYSTEM_CLOCK
@@ -27,7 +28,7 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import copy_plain
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
-from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
+from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo, SessionPage, listing_key
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, SessionDamaged
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
 from contextsvc.stores._session import (
@@ -50,8 +51,6 @@ T = TypeVar("T")
 
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _BLOB_ID = re.compile(r"[0-9a-f]{64}")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 def is_session_id(value: object) -> bool:
@@ -106,9 +105,17 @@ def context_bound(before_sequence: int, before_position: tuple[int, int] | None)
 
 
 def _list_key(st: SessionState) -> tuple[bool, int, str]:
-    # Integer microseconds: a float timestamp cannot tell neighbouring microseconds apart.
-    micros = (st.update_time - _EPOCH) // _MICROSECOND if st.update_time is not None else 0
-    return (not st.pinned, -micros, st.id)
+    return listing_key(st.pinned, st.update_time, st.id)
+
+
+def _listed_page(
+    found: list[SessionState], after: ListPosition | None, offset: int, limit: int
+) -> tuple[list[SessionState], int]:
+    """The page of ``found`` (unsorted) that starts after ``after`` then skips ``offset``, and the
+    total."""
+    found.sort(key=_list_key)
+    start = bisect.bisect_right(found, after.key(), key=_list_key) if after is not None else 0
+    return found[start + offset : start + offset + limit], len(found)
 
 
 class RowStore:
@@ -298,10 +305,11 @@ class RowStore:
         self,
         *,
         caller: Principal,
-        offset: int,
+        offset: int = 0,
         limit: int,
         profile_id: str = "",
         query: str = "",
+        after: ListPosition | None = None,
     ) -> SessionPage:
         if offset < 0:
             raise InvalidArgument.field("offset", "must not be negative")
@@ -316,8 +324,8 @@ class RowStore:
             and (not profile_id or st.profile_id == profile_id)
             and (not needle or st.matches(needle))
         ]
-        visible.sort(key=_list_key)
-        return SessionPage([self._info(st) for st in visible[offset : offset + limit]], total=len(visible))
+        page, total = _listed_page(visible, after, offset, limit)
+        return SessionPage([self._info(st) for st in page], total=total)
 
     async def update_session(
         self,

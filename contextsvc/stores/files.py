@@ -104,10 +104,10 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_to_dict
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
-from contextsvc.core.session import Principal, SessionInfo, SessionPage
+from contextsvc.core.session import ListPosition, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, NotFound, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, StoreHealth
-from contextsvc.stores._base import RowStore, _list_key, check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._base import RowStore, _listed_page, check_blob, is_blob_id, is_session_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
 from contextsvc.stores._disk_sync import DiskSync, GroupCommit
 from contextsvc.stores._frames import mark_path, read_mark, write_mark, write_mark_number
@@ -744,16 +744,17 @@ class FilesStore(RowStore):
         self,
         *,
         caller: Principal,
-        offset: int,
+        offset: int = 0,
         limit: int,
         profile_id: str = "",
         query: str = "",
+        after: ListPosition | None = None,
     ) -> SessionPage:
         """As ``RowStore.list_sessions``; a query over sessions whose rows are not held reads their
         logs (in a worker thread, one at a time, nothing kept)."""
         if not query or offset < 0 or limit < 0:
             return await super().list_sessions(
-                caller=caller, offset=offset, limit=limit, profile_id=profile_id, query=query
+                caller=caller, offset=offset, limit=limit, profile_id=profile_id, query=query, after=after
             )
         needle = query.lower()
         visible = [
@@ -770,9 +771,8 @@ class FilesStore(RowStore):
             except OSError as exc:
                 logger.error("files store: cannot read logs to search them: %s", exc)
                 raise Unavailable("the session store could not read its logs") from exc
-        found = [st for st in visible if st.id in hits and not st.deleted]
-        found.sort(key=_list_key)
-        return SessionPage([self._info(st) for st in found[offset : offset + limit]], total=len(found))
+        page, total = _listed_page([st for st in visible if st.id in hits and not st.deleted], after, offset, limit)
+        return SessionPage([self._info(st) for st in page], total=total)
 
     def _disk_matches(self, session_ids: list[str], needle: str) -> set[str]:
         # A cheap test on the log's text first: JSON escapes only quotes, backslashes and control

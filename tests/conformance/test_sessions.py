@@ -11,6 +11,7 @@ import pytest
 
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind
+from contextsvc.core.session import ListPosition
 from contextsvc.errors import Conflict, InvalidArgument, NotFound
 from contextsvc.ports import SessionStore
 from tests.conformance.helpers import ADMIN, ALICE, BOB, Reopen, assistant, summary, user, view
@@ -197,6 +198,50 @@ async def test_equal_update_times_are_ordered_by_id(backing: Backing, settings: 
     await store.update_session(pinned, caller=ALICE, pinned=True)
     page = await store.list_sessions(caller=ALICE, offset=0, limit=10)
     assert [s.id for s in page.sessions] == [pinned, *sorted(set(made) - {pinned})]
+
+
+async def test_a_listing_resumes_after_a_position_whatever_changed_ahead(backing: Backing, settings: Settings) -> None:
+    """Pages cut by position, not offset: sessions updated, created or deleted ahead of the
+    position neither repeat a session on the next page nor skip one."""
+    store = await backing.open(clock=TickingClock(step=timedelta(seconds=1)), settings=settings)
+    made = [(await store.create_session(caller=ALICE, profile_id="p", name=f"s{i}")).id for i in range(6)]
+    first = await store.list_sessions(caller=ALICE, limit=3)
+    assert [s.id for s in first.sessions] == made[::-1][:3] and first.total == 6
+    position = ListPosition.of(first.sessions[-1])
+    # Ahead of the position: the newest is updated (it moves to the top again), one is deleted and
+    # one is created. An offset of 3 would now repeat made[3] and list made[1] twice or skip it.
+    await store.append_messages(made[2], [user("later")], caller=ALICE)
+    await store.delete_session(made[5], caller=ALICE)
+    await store.create_session(caller=ALICE, profile_id="p", name="new")
+    rest = await store.list_sessions(caller=ALICE, limit=10, after=position)
+    assert [s.id for s in rest.sessions] == [made[1], made[0]]
+    assert rest.total == 6
+    # The session at the position itself gone: the next page starts where it stood.
+    await store.delete_session(made[3], caller=ALICE)
+    assert [s.id for s in (await store.list_sessions(caller=ALICE, limit=10, after=position)).sessions] == [
+        made[1],
+        made[0],
+    ]
+    # Pinned first: a position among the pinned sessions goes on to the unpinned ones.
+    await store.update_session(made[0], caller=ALICE, pinned=True)
+    pinned_page = await store.list_sessions(caller=ALICE, limit=1)
+    assert [s.id for s in pinned_page.sessions] == [made[0]]
+    after_pinned = await store.list_sessions(caller=ALICE, limit=10, after=ListPosition.of(pinned_page.sessions[0]))
+    assert made[0] not in [s.id for s in after_pinned.sessions] and len(after_pinned.sessions) == 4
+
+
+async def test_a_position_between_equal_update_times_goes_on_by_id(backing: Backing, settings: Settings) -> None:
+    store = await backing.open(clock=TickingClock(step=timedelta(0)), settings=settings)
+    made = sorted([(await store.create_session(caller=ALICE, profile_id="p")).id for _ in range(5)])
+    seen: list[str] = []
+    after = None
+    for _ in range(5):
+        page = await store.list_sessions(caller=ALICE, limit=2, after=after)
+        seen += [s.id for s in page.sessions]
+        if not page.sessions:
+            break
+        after = ListPosition.of(page.sessions[-1])
+    assert seen == made
 
 
 async def test_delete_removes_the_session_and_nothing_else(store: SessionStore, reopen: Reopen) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +17,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2 as r
+from contextsvc.engine import paging
 from tests.support.rpc import all_messages, assistant, error_details, tool, user
 from tests.support.server import ServerProcess
 
@@ -104,6 +107,39 @@ def test_list_sessions_pages_with_opaque_tokens_and_filters(stub: Any) -> None:
     assert [s.id for s in found.sessions] == [ids[3]] and found.total_size == 1
     assert "needle" in found.sessions[0].preview
     assert stub.ListSessions(pb.ListSessionsRequest(profile_id="nope")).total_size == 0
+
+
+def test_list_sessions_pages_stay_exact_while_sessions_change(stub: Any) -> None:
+    """An agent fleet keeps sessions moving while an inspector pages through them: a session
+    created, updated or deleted ahead of the page reached must not make the next page repeat a
+    session or skip one (offset paging did both)."""
+    ids = [stub.CreateSession(pb.CreateSessionRequest(name=f"m{i}")).id for i in range(6)]
+
+    def page(token: str) -> tuple[list[str], str]:
+        got = stub.ListSessions(pb.ListSessionsRequest(page_size=2, page_token=token))
+        return [s.id for s in got.sessions], got.next_page_token
+
+    first, token = page("")
+    assert first == [ids[5], ids[4]]
+    newest = stub.CreateSession(pb.CreateSessionRequest(name="newest")).id  # ahead: offset 2 repeats ids[4]
+    second, token = page(token)
+    assert second == [ids[3], ids[2]]
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id=ids[5]))  # ahead: offset 4 would skip one
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=ids[1], messages=[user("moved to the top")]))
+    third, token = page(token)
+    # ids[1] moved ahead of the position: listed by a fresh listing, not again in this pass.
+    assert third == [ids[0]] and not token
+    assert page("")[0] == [ids[1], newest]
+
+
+def test_a_page_token_of_the_offset_kind_is_still_honoured(stub: Any) -> None:
+    """Tokens a server before positional paging gave out (an offset) still page during an
+    upgrade of a fleet's replicas."""
+    ids = [stub.CreateSession(pb.CreateSessionRequest(name=f"o{i}")).id for i in range(3)]
+    raw = json.dumps({"o": 1, "f": paging._filter_hash("sessions", "", "")}, separators=(",", ":")).encode()
+    old = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    page = stub.ListSessions(pb.ListSessionsRequest(page_size=10, page_token=old))
+    assert [s.id for s in page.sessions] == [ids[1], ids[0]] and not page.next_page_token
 
 
 def test_append_is_idempotent_by_request_id(stub: Any) -> None:

@@ -40,7 +40,7 @@ from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
-from contextsvc.core.session import AppendResult, Principal, SessionInfo, SessionPage
+from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo, SessionPage
 from contextsvc.errors import Conflict, ContextError, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import (
     AppendEvent,
@@ -429,10 +429,11 @@ class PostgresStore:
         self,
         *,
         caller: Principal,
-        offset: int,
+        offset: int = 0,
         limit: int,
         profile_id: str = "",
         query: str = "",
+        after: ListPosition | None = None,
     ) -> SessionPage:
         """One statement: the total and the page (counters and preview come from the session
         rows, no history is read). The filter appears twice rather than in a CTE: a CTE would be
@@ -445,12 +446,20 @@ class PostgresStore:
             raise InvalidArgument.field("limit", "must not be negative")
         args: list[Any] = []
         where = _listing_filter(caller, profile_id, query, args)
+        page_where = where
+        if after is not None:
+            # Strictly after the position in the listing's order (pinned DESC, update_time DESC,
+            # session_id), compared as that ORDER BY compares (the same collation).
+            args += [after.pinned, after.update_time, after.session_id]
+            p, t, i = (f"${len(args) - k}" for k in (2, 1, 0))
+            page_where = f"""{where} AND (s.pinned < {p} OR (s.pinned = {p}
+                               AND (s.update_time < {t} OR (s.update_time = {t} AND s.session_id > {i}))))"""
         args += [limit, offset]
         sql = f"""
             SELECT t.total, p.*
               FROM (SELECT count(*) AS total FROM sessions s WHERE {where}) t
               LEFT JOIN LATERAL (
-                    SELECT s.* FROM sessions s WHERE {where}
+                    SELECT s.* FROM sessions s WHERE {page_where}
                      ORDER BY s.pinned DESC, s.update_time DESC, s.session_id
                      LIMIT ${len(args) - 1} OFFSET ${len(args)}) p ON true
              ORDER BY p.pinned DESC, p.update_time DESC, p.session_id"""
