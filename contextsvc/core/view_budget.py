@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from contextsvc.config import TokenSettings
@@ -249,6 +249,7 @@ def budget_images(
     vision: bool,
     fraction: float = TokenSettings().view_image_budget_fraction,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    notice_tokens: Callable[[str], int] | None = None,
 ) -> ImagePlan:
     """Keep the newest images that fit the image budget; leave the rest out with a notice.
 
@@ -256,11 +257,27 @@ def budget_images(
     is skipped and older, smaller ones may still fit. A message that lost images gets a notice
     appended to its view copy naming them (sequence number and blob id) so the model knows
     they exist and a runtime can fetch them. Without ``vision`` no image is kept.
-    ``text_tokens`` is the view's text estimate (the notices add a few tokens: re-estimate).
+    ``text_tokens`` is the view's text estimate without the notices; with ``notice_tokens`` (the
+    text price of a notice) the notices' tokens come out of the image budget too, so text, notices
+    and images together stay within it (the view's estimate must still be made again).
     """
     budget = image_budget(window, text_tokens, fraction) if vision else 0
     if not any(m.images for m in messages):
         return ImagePlan(list(messages), (), (), (), budget)  # most views: nothing to budget
+    plan = _planned(messages, budget, vision, image_fallback)
+    if notice_tokens is None or not vision:
+        return plan
+    # Leaving images out adds notices, and less room may leave more out: shrink until the kept
+    # images and the notices fit together (each pass keeps fewer images, so this ends).
+    for _ in range(len(plan.kept) + 1):
+        noticed = sum(map(notice_tokens, plan.notices))
+        if plan.tokens + noticed <= budget:
+            break
+        plan = _planned(messages, max(0, min(budget - noticed, plan.tokens - 1)), vision, image_fallback)
+    return dataclasses.replace(plan, budget=budget)
+
+
+def _planned(messages: Sequence[Message], budget: int, vision: bool, image_fallback: int) -> ImagePlan:
     remaining = budget
     keep: set[tuple[int, int]] = set()  # (message index, image index)
     for i in range(len(messages) - 1, -1, -1):

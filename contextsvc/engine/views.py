@@ -862,6 +862,7 @@ class ViewService:
             # guard: their share is capped by what the reply reserve leaves, not only by 0.8 x window.
             fraction=min(tokens.view_image_budget_fraction, 1 - profile.output_reserve / profile.context_window),
             image_fallback=tokens.image_tokens_fallback,
+            notice_tokens=counter.count_text,
         )
         rows = plan.messages
         notices.extend(plan.notices)

@@ -324,6 +324,22 @@ async def test_images_are_priced_by_size_and_left_out_over_budget_with_a_notice(
     assert all(not vm.message.images for vm in blind.messages) and blind.estimate.images == 0
 
 
+async def test_notices_of_left_out_images_come_out_of_the_image_budget() -> None:
+    """An agent that sent 60 screenshots, building without compression: the images that do not fit
+    are left out with a notice each, and those notices' tokens are room the images cannot also
+    take. Counted after the fact, they made the view ~2,200 tokens over and CONTEXT_TOO_LARGE."""
+    engine, _ = await _engine(_settings(context_window=8192, vision=True))
+    shots = [_msg(Role.USER, f"screenshot {i}", images=[IncomingImage(data=_png(300, 300))]) for i in range(60)]
+    sid = await _session_with(engine, *shots)
+    view = await engine.build_context(
+        ANONYMOUS, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+    )
+    assert view.estimate.total <= view.estimate.budget == 8192 - 2048
+    assert len(view.notices) > 40 and view.estimate.images > 0
+    kept = [vm for vm in view.messages if vm.message.images]
+    assert kept and all(vm.message.sequence_number > 40 for vm in kept)  # the newest kept
+
+
 async def test_image_type_comes_from_the_bytes_and_repeats_are_stored_once() -> None:
     settings = _settings()
     data = MemoryData()

@@ -234,6 +234,33 @@ def test_kept_images_never_exceed_the_budget(sides: list[list[int]], text: int) 
     assert len(plan.notices) == len({s.sequence_number for s in plan.left_out})
 
 
+@given(st.lists(st.lists(st.sampled_from([64, 512, 1024, 2048, 3000]), max_size=3), max_size=8), st.integers(0, 30_000))
+def test_kept_images_and_their_notices_never_exceed_the_budget(sides: list[list[int]], text: int) -> None:
+    """The notices naming left-out images are text the image budget has to make room for."""
+    msgs = [with_images(i + 1, *(img(f"{i}-{j}", s) for j, s in enumerate(row))) for i, row in enumerate(sides)]
+
+    def price(notice: str) -> int:
+        return len(notice) // 2  # a dear price, so that notices matter
+
+    plan = budget_images(msgs, window=32_768, text_tokens=text, vision=True, notice_tokens=price)
+    assert plan.tokens + sum(map(price, plan.notices)) <= plan.budget or not plan.kept
+    assert plan.budget == image_budget(32_768, text)
+    assert len(plan.kept) + len(plan.left_out) == sum(len(r) for r in sides)
+    assert len(plan.notices) == len({s.sequence_number for s in plan.left_out})
+
+
+def test_notices_that_would_overrun_the_budget_leave_one_more_image_out() -> None:
+    msgs = [with_images(i + 1, img(f"i{i}", 64)) for i in range(4)]  # 66 tokens each (64 px: 1 tile)
+    each = budget_images(msgs[:1], window=5000, text_tokens=0, vision=True).tokens
+    budget = image_budget(5000, 5000 * 8 // 10 - 3 * each - 10)  # room for three images and 10 tokens
+    text = 5000 * 8 // 10 - budget
+    without = budget_images(msgs, window=5000, text_tokens=text, vision=True)
+    assert len(without.kept) == 3 and len(without.notices) == 1
+    priced = budget_images(msgs, window=5000, text_tokens=text, vision=True, notice_tokens=lambda n: 40)
+    assert len(priced.kept) == 2 and len(priced.notices) == 2
+    assert priced.tokens + 2 * 40 <= priced.budget == budget
+
+
 # --- size guard ----------------------------------------------------------------------------
 
 
