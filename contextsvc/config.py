@@ -156,8 +156,15 @@ class TokenSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    #: characters per token the extractive summarizer assumes when it turns summary_max_tokens into
+    #: a length of text (pessimistic, so a summary stays within its tokens). Not the cold estimate:
+    #: without a calibration a view is priced by its model family's prior (core/priors.py).
     fallback_chars_per_token: float = Field(1.8, gt=0)
+    #: newest usable baselines per model the fit reads.
     calibration_window: int = Field(8, ge=2)
+    #: the first version's one-line fit (DESIGN §5.3: 1.25x spread, slope in [0.25, 1.0]). Still
+    #: accepted, so older files and variables load, but not read: the current fit holds every ratio
+    #: within 0.4x-2.5x of its prior instead (core/calibration.py).
     calibration_min_spread: float = Field(1.25, gt=1)
     calibration_min_slope: float = Field(0.25, gt=0)
     calibration_max_slope: float = Field(1.0, gt=0)
