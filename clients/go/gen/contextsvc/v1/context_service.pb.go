@@ -1272,8 +1272,10 @@ type RecordBaselineResponse struct {
 	Calibration *Calibration `protobuf:"bytes,3,opt,name=calibration,proto3" json:"calibration,omitempty"`
 	// Why the count was taken as truncated (empty when it was not).
 	TruncationReason string `protobuf:"bytes,4,opt,name=truncation_reason,json=truncationReason,proto3" json:"truncation_reason,omitempty"`
-	// The fewest tokens any known vocabulary counts for the view's text: a count is taken as
-	// truncated only below the smaller of this and 70% of the estimate.
+	// The fewest tokens an honest count of the view can have: its text by the cheapest known
+	// vocabulary (70% of the model's calibrated price where its baselines back it) plus 70% of its
+	// images' price. A count is taken as truncated only below the smaller of this and 70% of the
+	// estimate.
 	LowerBound    int64 `protobuf:"varint,5,opt,name=lower_bound,json=lowerBound,proto3" json:"lower_bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
