@@ -100,6 +100,23 @@ def test_cli_help_explains_each_command() -> None:
         assert flag in serve
 
 
+def _help(capsys: pytest.CaptureFixture[str], *words: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*words, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_help_names_the_variables_and_what_insecure_allows(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each help text says what the command really reads: nested variables, the config variable,
+    the store variable (maintain reads it like fsck), and everything the gateway's --insecure
+    allows."""
+    assert "CONTEXTSVC_<SECTION>__<NAME>" in _help(capsys)
+    assert "CONTEXTSVC_CONFIG" in _help(capsys)
+    assert "CONTEXTSVC_CONFIG" in _help(capsys, "serve")
+    assert "env CONTEXTSVC_STORE" in _help(capsys, "maintain")
+    assert "without --tls-cert/--tls-key" in _help(capsys, "gateway")
+
+
 def test_cli_config_prints_effective_settings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(TOML)
