@@ -573,7 +573,7 @@ class EstimateTokensRequest(_message.Message):
 
     @_builtins.property
     def profile(self) -> _resources_pb2.Profile:
-        """Profile overrides."""
+        """Profile overrides. Unset with a session_id: the profile the session's last BuildContext used."""
 
     def __init__(
         self,

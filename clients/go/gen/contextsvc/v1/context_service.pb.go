@@ -1084,7 +1084,7 @@ type EstimateTokensRequest struct {
 	Messages []*Message `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Session whose current view to price.
 	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Profile overrides.
+	// Profile overrides. Unset with a session_id: the profile the session's last BuildContext used.
 	Profile       *Profile `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -589,7 +589,7 @@ export type EstimateTokensRequest = Message<"contextsvc.v1.EstimateTokensRequest
   sessionId: string;
 
   /**
-   * Profile overrides.
+   * Profile overrides. Unset with a session_id: the profile the session's last BuildContext used.
    *
    * @generated from field: contextsvc.v1.Profile profile = 4;
    */
