@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import sys
 from typing import Any
 
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         from contextsvc.store_tools import run_maintain
 
         setup_logging("ERROR")  # the report is the output; warnings would repeat it
+        # ... but a removal's audit line (logger contextsvc.audit) is the trail of a deletion.
+        logging.getLogger("contextsvc.audit").setLevel(logging.INFO)
         return run_maintain(settings, dry_run=args.dry_run, enforce=args.enforce)
     setup_logging(settings.log_level)
     if args.command == "tokens":
