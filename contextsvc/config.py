@@ -210,7 +210,8 @@ class TokenSettings(BaseModel):
     #: model name -> path of a tokenizer.json for exact counting.
     tokenizer_files: dict[str, str] = Field(default_factory=lambda: {})
     #: model name glob -> vocabulary family whose cold prior prices it (core/priors.py); the first
-    #: matching glob wins, an unknown model gets the ``default`` family.
+    #: matching glob wins, an unknown model gets the ``default`` family. Globs given come before the
+    #: built-in ones, which stay (see the validator below).
     model_families: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_FAMILIES))
     #: an estimate's margin is never below this share of what it prices (DESIGN §5.3).
     margin_floor: float = Field(0.01, ge=0, le=1)
@@ -226,6 +227,14 @@ class TokenSettings(BaseModel):
     #: counts miss by a share of the whole view does not turn a small delta's miss into a huge
     #: rate that a compaction then applies to a whole context (issue #14, round 8).
     margin_view_share: float = Field(0.25, ge=0, le=1)
+
+    @field_validator("model_families")
+    @classmethod
+    def _given_families_first(cls, given: dict[str, str]) -> dict[str, str]:
+        """Globs from a file or a variable come first (the first match wins) and the built-in ones
+        stay after them: mapping one deployment name must not drop every known model's family. A
+        built-in glob named again takes the family given (``"claude*" = "default"`` unmaps it)."""
+        return {**given, **{glob: f for glob, f in DEFAULT_MODEL_FAMILIES.items() if glob not in given}}
 
 
 class OpenAISummarizerConfig(BaseModel):
