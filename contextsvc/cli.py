@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import sys
 from typing import Any
 
@@ -19,7 +20,9 @@ from contextsvc.logs import setup_logging
 DESCRIPTION = """\
 contextsvc owns an agent's conversation context: append turns, ask BuildContext for the exact
 messages to send to the model, report real prompt token counts back, and the service keeps the
-context inside the model's window. Every setting can also be given as CONTEXTSVC_<NAME>.
+context inside the model's window. Every setting can also be given as CONTEXTSVC_<NAME>, a nested
+one as CONTEXTSVC_<SECTION>__<NAME> (e.g. CONTEXTSVC_LIMITS__MAX_PAGE_SIZE); a TOML file as
+--config FILE or CONTEXTSVC_CONFIG.
 """
 
 
@@ -42,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="memory | files:PATH | postgres://... (default files:./.contextsvc; env CONTEXTSVC_STORE)",
     )
-    serve.add_argument("--config", metavar="FILE", help="TOML file with settings and [profiles.NAME] tables")
+    serve.add_argument(
+        "--config", metavar="FILE", help="TOML file with settings and [profiles.NAME] tables (env CONTEXTSVC_CONFIG)"
+    )
     serve.add_argument(
         "--durability",
         choices=["fsync", "batch"],
@@ -76,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
             "stop the server first (serve runs it every interval_seconds by itself)."
         ),
     )
-    maintain.add_argument("--store", metavar="URL", help="files:PATH (default files:./.contextsvc)")
+    maintain.add_argument(
+        "--store", metavar="URL", help="files:PATH (default files:./.contextsvc; env CONTEXTSVC_STORE)"
+    )
     maintain.add_argument("--config", metavar="FILE", help="TOML settings file")
     maintain.add_argument("--dry-run", action="store_true", help="only print what would be removed and why")
     maintain.add_argument("--enforce", action="store_true", help="remove even when maintenance.mode is 'warn'")
@@ -109,7 +116,10 @@ def _parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow a gateway beyond loopback in front of a service that lets anonymous callers in",
+        help=(
+            "allow a gateway beyond loopback in front of a service that lets anonymous callers in (or that "
+            "cannot be asked), or without --tls-cert/--tls-key in front of one that wants tokens"
+        ),
     )
     commands.add_parser(
         "config", help="print the effective settings as JSON", description="Print the effective settings as JSON."
@@ -195,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         from contextsvc.store_tools import run_maintain
 
         setup_logging("ERROR")  # the report is the output; warnings would repeat it
+        # ... but a removal's audit line (logger contextsvc.audit) is the trail of a deletion.
+        logging.getLogger("contextsvc.audit").setLevel(logging.INFO)
         return run_maintain(settings, dry_run=args.dry_run, enforce=args.enforce)
     setup_logging(settings.log_level)
     if args.command == "tokens":

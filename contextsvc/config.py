@@ -156,8 +156,15 @@ class TokenSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    #: characters per token the extractive summarizer assumes when it turns summary_max_tokens into
+    #: a length of text (pessimistic, so a summary stays within its tokens). Not the cold estimate:
+    #: without a calibration a view is priced by its model family's prior (core/priors.py).
     fallback_chars_per_token: float = Field(1.8, gt=0)
+    #: newest usable baselines per model the fit reads.
     calibration_window: int = Field(8, ge=2)
+    #: the first version's one-line fit (DESIGN §5.3: 1.25x spread, slope in [0.25, 1.0]). Still
+    #: accepted, so older files and variables load, but not read: the current fit holds every ratio
+    #: within 0.4x-2.5x of its prior instead (core/calibration.py).
     calibration_min_spread: float = Field(1.25, gt=1)
     calibration_min_slope: float = Field(0.25, gt=0)
     calibration_max_slope: float = Field(1.0, gt=0)
@@ -203,7 +210,8 @@ class TokenSettings(BaseModel):
     #: model name -> path of a tokenizer.json for exact counting.
     tokenizer_files: dict[str, str] = Field(default_factory=lambda: {})
     #: model name glob -> vocabulary family whose cold prior prices it (core/priors.py); the first
-    #: matching glob wins, an unknown model gets the ``default`` family.
+    #: matching glob wins, an unknown model gets the ``default`` family. Globs given come before the
+    #: built-in ones, which stay (see the validator below).
     model_families: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODEL_FAMILIES))
     #: an estimate's margin is never below this share of what it prices (DESIGN §5.3).
     margin_floor: float = Field(0.01, ge=0, le=1)
@@ -219,6 +227,14 @@ class TokenSettings(BaseModel):
     #: counts miss by a share of the whole view does not turn a small delta's miss into a huge
     #: rate that a compaction then applies to a whole context (issue #14, round 8).
     margin_view_share: float = Field(0.25, ge=0, le=1)
+
+    @field_validator("model_families")
+    @classmethod
+    def _given_families_first(cls, given: dict[str, str]) -> dict[str, str]:
+        """Globs from a file or a variable come first (the first match wins) and the built-in ones
+        stay after them: mapping one deployment name must not drop every known model's family. A
+        built-in glob named again takes the family given (``"claude*" = "default"`` unmaps it)."""
+        return {**given, **{glob: f for glob, f in DEFAULT_MODEL_FAMILIES.items() if glob not in given}}
 
 
 class OpenAISummarizerConfig(BaseModel):

@@ -342,12 +342,7 @@ def build(traces: str, metrics_exporter: str, *, service_version: str = "", inst
     ``install`` makes its providers the process's global ones and instruments asyncpg and httpx
     (``configure`` does); without it the providers are private to the returned object.
     """
-    from opentelemetry.sdk.resources import Resource
-
-    attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or _SERVICE_DEFAULT}
-    if service_version:
-        attributes["service.version"] = service_version
-    created = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES are merged in by the SDK
+    created = _resource_attributes(service_version)
     resource = _resource_type()(created.attributes, created.schema_url)
     _load_api()
     telemetry = Telemetry(tracer=trace.NoOpTracer())
@@ -360,6 +355,21 @@ def build(traces: str, metrics_exporter: str, *, service_version: str = "", inst
         telemetry.instruments = _metering(metrics_exporter, resource, telemetry._shutdowns, install)
         telemetry.metering = True
     return telemetry
+
+
+def _resource_attributes(service_version: str = "") -> Any:
+    """The SDK's resource for this process: ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``
+    as the SDK reads them (the latter wins), ``service.version``, and the service name
+    ``contextsvc`` only when neither variable names one (a ``service.name`` given in
+    ``OTEL_RESOURCE_ATTRIBUTES`` is the operator's, not to be replaced by the default)."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+
+    attributes: dict[str, str] = {}
+    if not OTELResourceDetector().detect().attributes.get(SERVICE_NAME):
+        attributes[SERVICE_NAME] = _SERVICE_DEFAULT
+    if service_version:
+        attributes["service.version"] = service_version
+    return Resource.create(attributes)  # the variables are merged in by the SDK
 
 
 def _resource_type() -> type[Any]:

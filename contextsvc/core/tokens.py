@@ -421,7 +421,8 @@ class TokenEstimate:
 
     @property
     def guarded(self) -> int:
-        """``total + margin``: what the size guard and the compression trigger compare."""
+        """``total + margin``: what the compression trigger compares. The size guard fails on ``total``
+        alone; over the budget by the margin only, a view gets a notice."""
         return self.total + self.margin
 
     @property

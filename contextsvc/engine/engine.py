@@ -121,10 +121,10 @@ class Engine:
     async def _remember_profile(
         self, session: SessionInfo, overrides: ProfileOverrides, *, wait: float | None = None
     ) -> SessionInfo:
-        """The session with ``overrides`` remembered as its profile (what later builds without one,
-        and the post-turn check, use). ``wait`` bounds the wait for the compaction lock: past it the
-        session is returned as it was, and a later build remembers the profile (this one uses it
-        all the same)."""
+        """The session with ``overrides`` remembered as its profile (what appends, ``EstimateTokens``
+        of the session without a profile and the post-turn check use; a build without one remembers
+        none). ``wait`` bounds the wait for the compaction lock: past it the session is returned as
+        it was, and a later build remembers the profile (this one uses it all the same)."""
         # As stored (JSON: tuples come back as lists), so an unchanged profile compares equal and
         # costs no write (and no lock) on every build.
         wanted = stored_none() if overrides is NO_OVERRIDES else as_stored(overrides)

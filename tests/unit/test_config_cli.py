@@ -100,6 +100,23 @@ def test_cli_help_explains_each_command() -> None:
         assert flag in serve
 
 
+def _help(capsys: pytest.CaptureFixture[str], *words: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*words, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_help_names_the_variables_and_what_insecure_allows(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each help text says what the command really reads: nested variables, the config variable,
+    the store variable (maintain reads it like fsck), and everything the gateway's --insecure
+    allows."""
+    assert "CONTEXTSVC_<SECTION>__<NAME>" in _help(capsys)
+    assert "CONTEXTSVC_CONFIG" in _help(capsys)
+    assert "CONTEXTSVC_CONFIG" in _help(capsys, "serve")
+    assert "env CONTEXTSVC_STORE" in _help(capsys, "maintain")
+    assert "without --tls-cert/--tls-key" in _help(capsys, "gateway")
+
+
 def test_cli_config_prints_effective_settings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(TOML)
@@ -248,3 +265,21 @@ def test_cli_config_hides_passwords_in_every_url_setting(
     assert summarizer["openai"]["base_url"] == "http://user:***@127.0.0.1:56450"
     assert summarizer["ollama"]["base_url"] == "http://user:***@127.0.0.1:56451/x"
     assert "hunter" not in out
+
+
+def test_model_families_from_a_file_come_before_the_built_in_ones(tmp_path: Path) -> None:
+    """docs/calibration.md maps one deployment name with a ``[tokens.model_families]`` table: that
+    adds a glob (first, since the first match wins), it does not drop every built-in one (which
+    priced gpt-4o, Claude and Llama 3 models by the ``default`` prior). A built-in glob named again
+    takes the file's family."""
+    from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES, family_for
+
+    path = tmp_path / "families.toml"
+    path.write_text('[tokens.model_families]\n"my-gpt4o-deployment*" = "o200k"\n"claude*" = "default"\n')
+    families = load_settings(str(path)).tokens.model_families
+    assert list(families)[:2] == ["my-gpt4o-deployment*", "claude*"]
+    assert family_for("my-gpt4o-deployment-eu", families) == "o200k"
+    assert family_for("gpt-4o-mini", families) == "o200k"
+    assert family_for("meta-llama-3-8b-instruct", families) == "llama3"
+    assert family_for("claude-3-haiku", families) == "default"
+    assert set(families) == set(DEFAULT_MODEL_FAMILIES) | {"my-gpt4o-deployment*"}

@@ -164,3 +164,26 @@ def test_a_store_path_that_does_not_exist_is_refused_and_not_created(
     lines = captured.err.strip().splitlines()
     assert lines == [f"contextsvc {argv[0]}: no data directory at {missing} (nothing was created)"], captured
     assert not (tmp_path / "nonexistent").exists()
+
+
+def test_the_cli_enforce_writes_an_audit_line_per_removal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``contextsvc maintain --enforce`` deletes sessions: each deletion leaves an audit line
+    (logger ``contextsvc.audit``, README "Store maintenance"), as the server's runs do, though the
+    command keeps its other log lines quiet (its report is the output)."""
+
+    async def prepare() -> list[str]:
+        store, ids = await _store(tmp_path / "data")
+        await store.close()
+        return ids
+
+    _pinned, old, other = asyncio.run(prepare())
+    try:
+        assert main(["maintain", "--store", f"files:{tmp_path / 'data'}", "--enforce"]) == 0
+        captured = capsys.readouterr()
+    finally:
+        logging.getLogger("contextsvc.audit").setLevel(logging.NOTSET)
+    assert f"removed  {old}" in captured.out and f"removed  {other}" in captured.out
+    audit = [line for line in captured.err.splitlines() if "maintenance removed a session" in line]
+    assert len(audit) == 2, captured.err
+    assert any(old in line for line in audit) and any(other in line for line in audit)
+    assert "would remove" not in captured.err  # the warn-mode lines stay quiet

@@ -573,7 +573,7 @@ class EstimateTokensRequest(_message.Message):
 
     @_builtins.property
     def profile(self) -> _resources_pb2.Profile:
-        """Profile overrides."""
+        """Profile overrides. Unset with a session_id: the profile the session's last BuildContext used."""
 
     def __init__(
         self,
@@ -667,8 +667,10 @@ class RecordBaselineResponse(_message.Message):
     truncation_reason: _builtins.str
     """Why the count was taken as truncated (empty when it was not)."""
     lower_bound: _builtins.int
-    """The fewest tokens any known vocabulary counts for the view's text: a count is taken as
-    truncated only below the smaller of this and 70% of the estimate.
+    """The fewest tokens an honest count of the view can have: its text by the cheapest known
+    vocabulary (70% of the model's calibrated price where its baselines back it) plus 70% of its
+    images' price. A count is taken as truncated only below the smaller of this and 70% of the
+    estimate.
     """
     @_builtins.property
     def calibration(self) -> _resources_pb2.Calibration:

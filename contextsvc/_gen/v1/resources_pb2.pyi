@@ -62,9 +62,9 @@ class _EstimateMethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Estima
     ESTIMATE_METHOD_UNSPECIFIED: _EstimateMethod.ValueType  # 0
     """Not set."""
     ESTIMATE_METHOD_CALIBRATED: _EstimateMethod.ValueType  # 1
-    """The model's fitted calibration line."""
+    """The model's calibration, fitted to its recent baselines."""
     ESTIMATE_METHOD_FALLBACK: _EstimateMethod.ValueType  # 2
-    """The fallback ratio of characters per token."""
+    """No usable fit yet: the prior of the model's vocabulary family."""
     ESTIMATE_METHOD_BASELINE_DELTA: _EstimateMethod.ValueType  # 3
     """The last real baseline plus the calibrated estimate of what came after it."""
     ESTIMATE_METHOD_EXACT: _EstimateMethod.ValueType  # 4
@@ -76,9 +76,9 @@ class EstimateMethod(_EstimateMethod, metaclass=_EstimateMethodEnumTypeWrapper):
 ESTIMATE_METHOD_UNSPECIFIED: EstimateMethod.ValueType  # 0
 """Not set."""
 ESTIMATE_METHOD_CALIBRATED: EstimateMethod.ValueType  # 1
-"""The model's fitted calibration line."""
+"""The model's calibration, fitted to its recent baselines."""
 ESTIMATE_METHOD_FALLBACK: EstimateMethod.ValueType  # 2
-"""The fallback ratio of characters per token."""
+"""No usable fit yet: the prior of the model's vocabulary family."""
 ESTIMATE_METHOD_BASELINE_DELTA: EstimateMethod.ValueType  # 3
 """The last real baseline plus the calibrated estimate of what came after it."""
 ESTIMATE_METHOD_EXACT: EstimateMethod.ValueType  # 4
@@ -648,7 +648,7 @@ class TokenSegments(_message.Message):
     INCOMING_FIELD_NUMBER: _builtins.int
     RECALL_FIELD_NUMBER: _builtins.int
     system: _builtins.int
-    """The profile's system prompt."""
+    """The profile's system prompt, and the framing a whole prompt adds once (the reply primer)."""
     records: _builtins.int
     """Allow-listed stored system records."""
     summaries: _builtins.int
@@ -713,8 +713,9 @@ class TokenEstimate(_message.Message):
     fraction: _builtins.float
     """total / window."""
     margin: _builtins.int
-    """Tokens the total may be short by, from the calibration's recent residuals; the size guard
-    and the compression trigger use total + margin.
+    """Tokens the total may be short by, from the calibration's recent residuals. The compression
+    trigger uses total + margin; the size guard (CONTEXT_TOO_LARGE) fails on total alone, and a
+    view whose margin alone does not fit is returned with a notice.
     """
     @_builtins.property
     def segments(self) -> Global___TokenSegments:
@@ -780,13 +781,15 @@ class Calibration(_message.Message):
     model: _builtins.str
     """Model the calibration belongs to."""
     overhead: _builtins.float
-    """Fitted intercept in tokens."""
+    """Tokens a whole prompt adds once (the per-view framing)."""
     tokens_per_char: _builtins.float
-    """Fitted slope; with no usable fit, the fallback ratio."""
+    """Tokens per size unit of plain words (the `word` class ratio; the first version's single
+    slope, kept for clients that read it). `class_ratios` has every class.
+    """
     observations: _builtins.int
     """Observations the fit used."""
     fitted: _builtins.bool
-    """True when the fitted line is in use; false means the fallback ratio."""
+    """True when a fit of the model's baselines is in use; false means its family's prior."""
     per_message: _builtins.float
     """Tokens per message of template framing."""
     per_tool_call: _builtins.float

@@ -1084,7 +1084,7 @@ type EstimateTokensRequest struct {
 	Messages []*Message `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Session whose current view to price.
 	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Profile overrides.
+	// Profile overrides. Unset with a session_id: the profile the session's last BuildContext used.
 	Profile       *Profile `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1272,8 +1272,10 @@ type RecordBaselineResponse struct {
 	Calibration *Calibration `protobuf:"bytes,3,opt,name=calibration,proto3" json:"calibration,omitempty"`
 	// Why the count was taken as truncated (empty when it was not).
 	TruncationReason string `protobuf:"bytes,4,opt,name=truncation_reason,json=truncationReason,proto3" json:"truncation_reason,omitempty"`
-	// The fewest tokens any known vocabulary counts for the view's text: a count is taken as
-	// truncated only below the smaller of this and 70% of the estimate.
+	// The fewest tokens an honest count of the view can have: its text by the cheapest known
+	// vocabulary (70% of the model's calibrated price where its baselines back it) plus 70% of its
+	// images' price. A count is taken as truncated only below the smaller of this and 70% of the
+	// estimate.
 	LowerBound    int64 `protobuf:"varint,5,opt,name=lower_bound,json=lowerBound,proto3" json:"lower_bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

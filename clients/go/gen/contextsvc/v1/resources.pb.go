@@ -90,9 +90,9 @@ type EstimateMethod int32
 const (
 	// Not set.
 	EstimateMethod_ESTIMATE_METHOD_UNSPECIFIED EstimateMethod = 0
-	// The model's fitted calibration line.
+	// The model's calibration, fitted to its recent baselines.
 	EstimateMethod_ESTIMATE_METHOD_CALIBRATED EstimateMethod = 1
-	// The fallback ratio of characters per token.
+	// No usable fit yet: the prior of the model's vocabulary family.
 	EstimateMethod_ESTIMATE_METHOD_FALLBACK EstimateMethod = 2
 	// The last real baseline plus the calibrated estimate of what came after it.
 	EstimateMethod_ESTIMATE_METHOD_BASELINE_DELTA EstimateMethod = 3
@@ -1107,7 +1107,7 @@ func (x *Profile) GetRecall() *RecallSettings {
 // Where the tokens of a view go.
 type TokenSegments struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The profile's system prompt.
+	// The profile's system prompt, and the framing a whole prompt adds once (the reply primer).
 	System int64 `protobuf:"varint,1,opt,name=system,proto3" json:"system,omitempty"`
 	// Allow-listed stored system records.
 	Records int64 `protobuf:"varint,2,opt,name=records,proto3" json:"records,omitempty"`
@@ -1232,8 +1232,9 @@ type TokenEstimate struct {
 	Fraction float64 `protobuf:"fixed64,7,opt,name=fraction,proto3" json:"fraction,omitempty"`
 	// Breakdown by segment.
 	Segments *TokenSegments `protobuf:"bytes,8,opt,name=segments,proto3" json:"segments,omitempty"`
-	// Tokens the total may be short by, from the calibration's recent residuals; the size guard
-	// and the compression trigger use total + margin.
+	// Tokens the total may be short by, from the calibration's recent residuals. The compression
+	// trigger uses total + margin; the size guard (CONTEXT_TOO_LARGE) fails on total alone, and a
+	// view whose margin alone does not fit is returned with a notice.
 	Margin        int64 `protobuf:"varint,9,opt,name=margin,proto3" json:"margin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1337,13 +1338,14 @@ type Calibration struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Model the calibration belongs to.
 	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	// Fitted intercept in tokens.
+	// Tokens a whole prompt adds once (the per-view framing).
 	Overhead float64 `protobuf:"fixed64,2,opt,name=overhead,proto3" json:"overhead,omitempty"`
-	// Fitted slope; with no usable fit, the fallback ratio.
+	// Tokens per size unit of plain words (the `word` class ratio; the first version's single
+	// slope, kept for clients that read it). `class_ratios` has every class.
 	TokensPerChar float64 `protobuf:"fixed64,3,opt,name=tokens_per_char,json=tokensPerChar,proto3" json:"tokens_per_char,omitempty"`
 	// Observations the fit used.
 	Observations int32 `protobuf:"varint,4,opt,name=observations,proto3" json:"observations,omitempty"`
-	// True when the fitted line is in use; false means the fallback ratio.
+	// True when a fit of the model's baselines is in use; false means its family's prior.
 	Fitted bool `protobuf:"varint,5,opt,name=fitted,proto3" json:"fitted,omitempty"`
 	// Tokens per message of template framing.
 	PerMessage float64 `protobuf:"fixed64,6,opt,name=per_message,json=perMessage,proto3" json:"per_message,omitempty"`

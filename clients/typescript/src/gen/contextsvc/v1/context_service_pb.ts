@@ -589,7 +589,7 @@ export type EstimateTokensRequest = Message<"contextsvc.v1.EstimateTokensRequest
   sessionId: string;
 
   /**
-   * Profile overrides.
+   * Profile overrides. Unset with a session_id: the profile the session's last BuildContext used.
    *
    * @generated from field: contextsvc.v1.Profile profile = 4;
    */
@@ -697,8 +697,10 @@ export type RecordBaselineResponse = Message<"contextsvc.v1.RecordBaselineRespon
   truncationReason: string;
 
   /**
-   * The fewest tokens any known vocabulary counts for the view's text: a count is taken as
-   * truncated only below the smaller of this and 70% of the estimate.
+   * The fewest tokens an honest count of the view can have: its text by the cheapest known
+   * vocabulary (70% of the model's calibrated price where its baselines back it) plus 70% of its
+   * images' price. A count is taken as truncated only below the smaller of this and 70% of the
+   * estimate.
    *
    * @generated from field: int64 lower_bound = 5;
    */

@@ -635,7 +635,7 @@ export const ProfileSchema: GenMessage<Profile> = /*@__PURE__*/
  */
 export type TokenSegments = Message$1<"contextsvc.v1.TokenSegments"> & {
   /**
-   * The profile's system prompt.
+   * The profile's system prompt, and the framing a whole prompt adds once (the reply primer).
    *
    * @generated from field: int64 system = 1;
    */
@@ -761,8 +761,9 @@ export type TokenEstimate = Message$1<"contextsvc.v1.TokenEstimate"> & {
   segments?: TokenSegments | undefined;
 
   /**
-   * Tokens the total may be short by, from the calibration's recent residuals; the size guard
-   * and the compression trigger use total + margin.
+   * Tokens the total may be short by, from the calibration's recent residuals. The compression
+   * trigger uses total + margin; the size guard (CONTEXT_TOO_LARGE) fails on total alone, and a
+   * view whose margin alone does not fit is returned with a notice.
    *
    * @generated from field: int64 margin = 9;
    */
@@ -790,14 +791,15 @@ export type Calibration = Message$1<"contextsvc.v1.Calibration"> & {
   model: string;
 
   /**
-   * Fitted intercept in tokens.
+   * Tokens a whole prompt adds once (the per-view framing).
    *
    * @generated from field: double overhead = 2;
    */
   overhead: number;
 
   /**
-   * Fitted slope; with no usable fit, the fallback ratio.
+   * Tokens per size unit of plain words (the `word` class ratio; the first version's single
+   * slope, kept for clients that read it). `class_ratios` has every class.
    *
    * @generated from field: double tokens_per_char = 3;
    */
@@ -811,7 +813,7 @@ export type Calibration = Message$1<"contextsvc.v1.Calibration"> & {
   observations: number;
 
   /**
-   * True when the fitted line is in use; false means the fallback ratio.
+   * True when a fit of the model's baselines is in use; false means its family's prior.
    *
    * @generated from field: bool fitted = 5;
    */
@@ -922,14 +924,14 @@ export enum EstimateMethod {
   UNSPECIFIED = 0,
 
   /**
-   * The model's fitted calibration line.
+   * The model's calibration, fitted to its recent baselines.
    *
    * @generated from enum value: ESTIMATE_METHOD_CALIBRATED = 1;
    */
   CALIBRATED = 1,
 
   /**
-   * The fallback ratio of characters per token.
+   * No usable fit yet: the prior of the model's vocabulary family.
    *
    * @generated from enum value: ESTIMATE_METHOD_FALLBACK = 2;
    */
