@@ -639,8 +639,9 @@ class GatewaySettings(BaseModel):
     auth_timeout_seconds: float = Field(5.0, gt=0, le=120)
     #: cookie carrying the API token of a browser.
     cookie_name: str = Field("contextsvc_token", pattern=r"^[A-Za-z0-9_\-]{1,64}$")
-    #: accept ``?api_token=`` on the socket URL. Off: URLs end up in proxy and access logs.
-    allow_query_token: bool = False
+    #: accept ``?api_token=`` on the socket URL (DESIGN §5.9 lists it beside the cookie and the auth
+    #: frame). The gateway never logs URLs, but proxies in front of it may: turn it off there.
+    allow_query_token: bool = True
     #: largest client frame; bigger ones are closed 1009 by the WebSocket layer (base64 of 50 MB is ~67 MB).
     max_frame_bytes: int = Field(80 * MB, ge=1024)
     #: images per ``message`` frame and their decoded total.

@@ -316,11 +316,27 @@ async def test_unknown_and_malformed_session_close_4004(bundled: Process) -> Non
             assert await close_code(ws) == 4004
 
 
-async def test_query_token_is_refused_unless_enabled(bundled: Process, stub: ContextServiceStub) -> None:
+async def test_query_token_is_accepted_by_default_and_never_logged(bundled: Process, stub: ContextServiceStub) -> None:
+    """DESIGN §5.9: cookie, ``?api_token=`` or a first auth frame."""
     sid = new_session(stub)
     async with connect(bundled.ws_url(sid, "api_token=secret-in-url")) as ws:
-        assert await close_code(ws) == 4003
+        assert json.loads(await ws.recv())["type"] == "session_sync"
     assert "secret-in-url" not in bundled.stderr_text
+
+
+async def test_query_token_is_refused_when_turned_off() -> None:
+    proc = Process(
+        ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"],
+        env={"CONTEXTSVC_GATEWAY__ALLOW_QUERY_TOKEN": "false"},
+    ).start()
+    try:
+        with grpc.insecure_channel(proc.grpc_address) as channel:
+            sid = new_session(ContextServiceStub(channel))
+        async with connect(proc.ws_url(sid, "api_token=secret-in-url")) as ws:
+            assert await close_code(ws) == 4003
+        assert "secret-in-url" not in proc.stderr_text
+    finally:
+        proc.kill()
 
 
 async def test_bad_last_event_id_closes_1008(bundled: Process, stub: ContextServiceStub) -> None:
@@ -457,12 +473,11 @@ async def test_standalone_gateway_replays_from_the_service_after_a_gateway_resta
             fresh.kill()
 
 
-async def test_slow_browser_is_closed_4008_and_query_token_when_enabled() -> None:
+async def test_slow_browser_is_closed_4008() -> None:
     proc = Process(
         ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"],
         env={
             "CONTEXTSVC_GATEWAY__SEND_QUEUE_FRAMES": "8",
-            "CONTEXTSVC_GATEWAY__ALLOW_QUERY_TOKEN": "true",
             # Long enough for this client to read its backlog and see the close code.
             "CONTEXTSVC_GATEWAY__CLOSE_TIMEOUT_SECONDS": "60",
         },

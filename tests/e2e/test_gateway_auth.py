@@ -82,6 +82,19 @@ async def test_cookie_token_is_forwarded(world: dict[str, Any]) -> None:
         assert ack["id"] == 1
 
 
+async def test_query_token_is_forwarded_and_checked(world: dict[str, Any]) -> None:
+    """``?api_token=`` (DESIGN §5.9) authenticates like the cookie: the owner gets in, a wrong
+    token or another user's is refused, and no token reaches the log."""
+    proc, sid = world["proc"], world["sid"]
+    async with connect(proc.ws_url(sid, f"api_token={world['alice']}")) as ws:
+        assert (await recv(ws))["type"] == "session_sync"
+    async with connect(proc.ws_url(sid, "api_token=not-a-token")) as ws:
+        assert await closed_with(ws) == 4003
+    async with connect(proc.ws_url(sid, f"api_token={world['bob']}")) as ws:
+        assert await closed_with(ws) in (4003, 4004)
+    assert world["alice"] not in proc.stderr_text and world["bob"] not in proc.stderr_text
+
+
 async def test_wrong_cookie_token_closes_4003(world: dict[str, Any]) -> None:
     async with connect(world["proc"].ws_url(world["sid"]), additional_headers=cookie("not-a-token")) as ws:
         assert await closed_with(ws) == 4003
