@@ -535,7 +535,10 @@ class Engine:
         if len(note) > 1000:
             raise InvalidArgument.field("reason", "exceeds 1000 characters")
         session = await self.store.get_session(sid, caller=caller)
-        effective = await self._profile_for(session, profile)
+        # Without a profile, the one the session's builds use (remembered by the last BuildContext),
+        # as the post-turn check and EstimateTokens do: a Compress from the inspector then aims at
+        # the window, model and summarizer the agent's own builds use.
+        effective = await self._profile_for(session, None if profile == ProfileOverrides() else profile)
         async with self.compactor.lock(sid):
             session = await self.store.get_session(sid, caller=caller)
             context = await self.store.load_context(sid, caller=caller)

@@ -340,6 +340,23 @@ async def test_notices_of_left_out_images_come_out_of_the_image_budget() -> None
     assert kept and all(vm.message.sequence_number > 40 for vm in kept)  # the newest kept
 
 
+async def test_compress_without_a_profile_uses_the_one_the_sessions_builds_use() -> None:
+    """An agent builds with its model's window as an override; a Compress without a profile (the
+    inspector's button, the gateway's ``compact``) aims at that window, as the post-turn check
+    does, not at the named profile's 8x larger one."""
+    engine, _ = await _engine(_settings(context_window=65536))
+    turns = []
+    for i in range(14):
+        turns.append(_msg(Role.USER, f"question {i}: " + "what does this module do? " * 24))
+        turns.append(_msg(Role.ASSISTANT, f"answer {i}: " + "it parses the configuration. " * 24))
+    sid = await _session_with(engine, *turns)
+    await _build(engine, sid, context_window=8192)
+    report = await engine.compress(ANONYMOUS, sid, profile=ProfileOverrides(), note="", dry_run=True)
+    assert report.plan is not None and report.plan.budget < 8192
+    named = await engine.compress(ANONYMOUS, sid, profile=ProfileOverrides(context_window=65536), note="", dry_run=True)
+    assert named.plan is not None and named.plan.budget > 8192
+
+
 async def test_image_type_comes_from_the_bytes_and_repeats_are_stored_once() -> None:
     settings = _settings()
     data = MemoryData()

@@ -711,7 +711,7 @@ class CompressRequest(_message.Message):
     """Only plan; change nothing."""
     @_builtins.property
     def profile(self) -> _resources_pb2.Profile:
-        """Profile overrides."""
+        """Profile overrides. Unset: the profile the session's last BuildContext used (as the post-turn check)."""
 
     def __init__(
         self,

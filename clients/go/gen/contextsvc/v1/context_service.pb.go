@@ -1351,7 +1351,7 @@ type CompressRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Session id.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Profile overrides.
+	// Profile overrides. Unset: the profile the session's last BuildContext used (as the post-turn check).
 	Profile *Profile `protobuf:"bytes,2,opt,name=profile,proto3" json:"profile,omitempty"`
 	// Free-text reason recorded with the compaction.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`

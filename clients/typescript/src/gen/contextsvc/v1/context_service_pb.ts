@@ -728,7 +728,7 @@ export type CompressRequest = Message<"contextsvc.v1.CompressRequest"> & {
   sessionId: string;
 
   /**
-   * Profile overrides.
+   * Profile overrides. Unset: the profile the session's last BuildContext used (as the post-turn check).
    *
    * @generated from field: contextsvc.v1.Profile profile = 2;
    */
