@@ -209,6 +209,7 @@ async def run(
     rig = await Rig.start(window=WINDOW, reserve=1024)
     rng = random.Random(seed)
     totals = {"visible": 0, "recall_only": 0, "search": 0, "expand": 0, "stale": 0, "facts": len(facts)}
+    totals |= {"summary_stale": 0, "summary_new": 0, "corrected": 0}
     rows: list[str] = []
     try:
         sid = await rig.session()
@@ -236,6 +237,13 @@ async def run(
         context = await rig.context(sid)
         summary = next((m for m in reversed(context) if m.flags.is_summary), None)
         expanded = ""
+        live = (summary.content if summary is not None else "").casefold()
+        # the live summary, read without a question: a corrected fact must not be there stale alone
+        totals["summary_stale"] = sum(
+            1 for f in facts if f.correction and f.needle.casefold() in live and f.correction[1].casefold() not in live
+        )
+        totals["summary_new"] = sum(1 for f in facts if f.correction and f.correction[1].casefold() in live)
+        totals["corrected"] = sum(1 for f in facts if f.correction)
         if summary is not None:
             originals = await rig.engine.expand_summary(ANONYMOUS, sid, sequence_number=summary.sequence_number)
             expanded = "\n".join(m.content for m in originals)
@@ -282,7 +290,8 @@ def main() -> None:
         print(
             f"\nvisible {totals['visible']}/{totals['facts']} ({totals['recall_only']} through recall only); "
             f"SearchHistory {totals['search']}/{totals['facts']}; ExpandSummary {totals['expand']}/{totals['facts']}; "
-            f"stale-only {totals['stale']}"
+            f"stale-only {totals['stale']}; live summary: {totals['summary_new']}/{totals['corrected']} corrected "
+            f"values, {totals['summary_stale']} stale values alone"
         )
 
 

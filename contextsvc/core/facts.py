@@ -104,9 +104,9 @@ _PREFERENCE = folded(
 )
 #: A sentence that says it revises something said before (a correction, a reversal, a change).
 _REVISION = folded(
-    r"\b(?:correction|corrected|actually|instead|changed?|change of plan|switch(?:ed)? to|moved to|no longer"
+    r"\b(?:correction|corrected|actually|instead|changed?|change of plan|switch(?:ed)?|moved to|no longer"
     r"|any ?more|update[ds]?|updating|revers(?:e|ed|ing)|reverted|scratch that|forget|replaced?|rather than"
-    r"|(?:is|are|was|were) now|now (?:is|are|uses?|runs?|points?|lives?))\b"
+    r"|from now on|no wait|(?:is|are|was|were) now|now (?:is|are|uses?|runs?|points?|lives?))\b|^no\b"
 )
 #: Words of a fact that tell what it is about (``_topic``): 3+ letters, not the commonest ones.
 _WORD = lazy(r"[^\W\d_][\w-]{2,}")
@@ -137,7 +137,8 @@ class _Candidate:
     recency: int
     from_user: bool
     carried: bool = False
-    #: the fact says it revises an earlier one (``_REVISION``), and what it is about (``_topic``)
+    #: the fact says it revises an earlier one (``_REVISION``), and what it is about (``_topic``,
+    #: filled in by ``_supersede`` when there is a revision)
     revision: bool = False
     topic: frozenset[str] = frozenset()
 
@@ -244,16 +245,27 @@ def _supersede(candidates: list[_Candidate]) -> list[_Candidate]:
     below the facts carried from earlier summaries a newer line never got in. So the revision also
     takes the rank the replaced fact had (carried, a preference), and is carried on from then on.
     """
-    out: list[_Candidate] = []
-    for c in candidates:
+    if not any(c.revision for c in candidates):
+        return candidates
+    for c in candidates:  # (only now: most compactions hold no revision)
+        c.topic = _topic(c.text, c.anchors)
+    # The earlier candidates by topic word: a revision counts shared words only among those that
+    # share one (a compaction of a few hundred rows holds thousands of candidates).
+    by_word: dict[str, list[int]] = {}
+    dropped: set[int] = set()
+    for k, c in enumerate(candidates):
         if c.revision:
-            replaced = [old for old in out if len(c.topic & old.topic) >= _REVISION_OVERLAP]
+            shared: Counter[int] = Counter()
+            for word in c.topic:
+                shared.update(by_word.get(word, ()))
+            replaced = [j for j, n in shared.items() if n >= _REVISION_OVERLAP and j not in dropped]
             if replaced:
-                c.carried = c.carried or any(old.carried for old in replaced)
-                c.preference = c.preference or any(old.preference for old in replaced)
-                out = [old for old in out if not any(old is r for r in replaced)]
-        out.append(c)
-    return out
+                c.carried = c.carried or any(candidates[j].carried for j in replaced)
+                c.preference = c.preference or any(candidates[j].preference for j in replaced)
+                dropped.update(replaced)
+        for word in c.topic:
+            by_word.setdefault(word, []).append(k)
+    return [c for k, c in enumerate(candidates) if k not in dropped]
 
 
 def fact_lines(
@@ -276,17 +288,7 @@ def fact_lines(
                 refs.update(anchors)
                 # A carried revision replaced what it revises when it was first chosen; carried facts
                 # are listed by rank, not by time, so it is not taken for a revision of them again.
-                candidates.append(
-                    _Candidate(
-                        fact,
-                        anchors,
-                        bool(_PREFERENCE.search(fact)),
-                        i,
-                        False,
-                        carried=True,
-                        topic=_topic(fact, anchors),
-                    )
-                )
+                candidates.append(_Candidate(fact, anchors, bool(_PREFERENCE.search(fact)), i, False, carried=True))
             continue
         per_tool: list[_Candidate] = []
         for sentence in _sentences(m):
@@ -299,7 +301,7 @@ def fact_lines(
             # (of the line as it is kept: a sentence of a few KB costs no more than its fact line)
             text = _clip(sentence, fact_chars)
             revision = m.role is not Role.TOOL and _REVISION.search(text) is not None
-            c = _Candidate(text, anchors, preference, i, m.role is Role.USER, False, revision, _topic(text, anchors))
+            c = _Candidate(text, anchors, preference, i, m.role is Role.USER, revision=revision)
             (per_tool if m.role is Role.TOOL else candidates).append(c)
         # A long tool output contributes its few best lines, not every line with a number.
         per_tool.sort(key=lambda c: -len(c.anchors))

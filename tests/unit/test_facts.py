@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from contextsvc.core.facts import FACTS_HEADER, carried_facts, fact_lines, facts_block, strip_facts
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.ports import SummaryRequest
@@ -107,6 +109,24 @@ def test_a_corrected_fact_is_replaced_not_carried_stale() -> None:
     assert any("sigma-2" in f for f in facts)
     # Room for both: still only the revision (the old value is not a fact any more).
     facts = fact_lines(rows, max_facts=40, max_chars=10_000)
+    assert "The deploy target is cluster kappa-7." not in facts
+    assert any("sigma-2" in f for f in facts)
+
+
+@pytest.mark.parametrize(
+    "correction",
+    [
+        "Correction: the deploy target is now cluster sigma-2.",
+        "We switched the deploy target to cluster sigma-2.",
+        "Deploy target changed to cluster sigma-2.",
+        "Use cluster sigma-2 as the deploy target instead.",
+        "The deploy target is cluster sigma-2 from now on.",
+        "No, the deploy target should be cluster sigma-2.",
+    ],
+)
+def test_a_correction_replaces_the_fact_however_it_is_phrased(correction: str) -> None:
+    rows = [_summary_with(["The deploy target is cluster kappa-7."]), Message(Role.USER, correction)]
+    facts = fact_lines(rows)
     assert "The deploy target is cluster kappa-7." not in facts
     assert any("sigma-2" in f for f in facts)
 
