@@ -7,6 +7,8 @@ tool-output lines) that hold such *anchors* — identifiers, numbers with units,
 URLs, names, dates, error lines — or that state a preference or decision ("prefer", "always",
 "never", "must", "don't"). They become deduplicated one-line facts, ranked by how many anchors
 they hold, how often those anchors are referenced elsewhere, and recency, within a budget.
+A later line that revises an earlier fact ("Correction: the deploy target is now sigma-2") takes
+that fact's place: the earlier one is dropped, so a summary never carries the stale value alone.
 
 The extractive summarizer writes them under a ``Facts:`` header; a later fold reads that section
 back (``carried_facts``) so facts survive any number of compactions without nesting summaries;
@@ -100,6 +102,26 @@ _PREFERENCE = folded(
     r"\b(?:prefer|preferred|always|never|must|don't|do not|dont|should(?:n't)?|remember|from now on|make sure"
     r"|decided|decision|we will|agreed|my name is|call me)\b"
 )
+#: A sentence that says it revises something said before (a correction, a reversal, a change).
+_REVISION = folded(
+    r"\b(?:correction|corrected|actually|instead|changed?|change of plan|switch(?:ed)?|moved to|no longer"
+    r"|any ?more|update[ds]?|updating|revers(?:e|ed|ing)|reverted|scratch that|forget|replaced?|rather than"
+    r"|from now on|no wait|(?:is|are|was|were) now|now (?:is|are|uses?|runs?|points?|lives?))\b|^no\b"
+)
+#: Words of a fact that tell what it is about (``_topic``): 3+ letters, not the commonest ones.
+_WORD = lazy(r"[^\W\d_][\w-]{2,}")
+_COMMON_WORDS = (
+    "the and for are was were with this that from our your you its has have had not but all any can "
+    "will would should could into onto than then them they their there here now use using used please "
+    "also just only some more most very been being does did done get got one two "
+    # the revision cues themselves: two corrections of different things share them
+    "correction corrected actually instead change changed plan switch switched moved longer anymore "
+    "update updated updates updating reverse reversed reversing reverted scratch forget replace replaced "
+    "rather remember note"
+)
+_STOPWORDS = frozenset(_COMMON_WORDS.split())
+#: Topic words (anchors count as words) a revision must share with the fact it replaces.
+_REVISION_OVERLAP = 2
 _SENTENCE = lazy(r"(?<=[.!?])\s+|\n+")
 #: What ``_SENTENCE`` splits at needs (its look-behind's scan at every character is ~6 µs a line).
 _SENTENCE_ENDS = (".", "!", "?", "\n")
@@ -115,6 +137,10 @@ class _Candidate:
     recency: int
     from_user: bool
     carried: bool = False
+    #: the fact says it revises an earlier one (``_REVISION``), and what it is about (``_topic``,
+    #: filled in by ``_supersede`` when there is a revision)
+    revision: bool = False
+    topic: frozenset[str] = frozenset()
 
 
 def _anchors(sentence: str, *, errors: bool = True) -> set[str]:
@@ -204,6 +230,44 @@ def strip_facts(summary_text: str) -> str:
     return "\n".join(out)
 
 
+def _topic(sentence: str, anchors: frozenset[str]) -> frozenset[str]:
+    """What a fact is about: its anchors and its words that are not the commonest ones."""
+    words = {w for w in (m.group(0).casefold() for m in _WORD.finditer(sentence)) if w not in _STOPWORDS}
+    return frozenset(words | anchors)
+
+
+def _supersede(candidates: list[_Candidate]) -> list[_Candidate]:
+    """``candidates`` (oldest first) without the facts a later one revises.
+
+    A revision (``_REVISION``: "correction", "actually", "is now", "switched to"...) replaces every
+    earlier fact it shares ``_REVISION_OVERLAP`` topic words with (anchors count: "forget kappa-7"
+    names the old value): the summary must not go on stating the old value as a fact, and ranked
+    below the facts carried from earlier summaries a newer line never got in. So the revision also
+    takes the rank the replaced fact had (carried, a preference), and is carried on from then on.
+    """
+    if not any(c.revision for c in candidates):
+        return candidates
+    for c in candidates:  # (only now: most compactions hold no revision)
+        c.topic = _topic(c.text, c.anchors)
+    # The earlier candidates by topic word: a revision counts shared words only among those that
+    # share one (a compaction of a few hundred rows holds thousands of candidates).
+    by_word: dict[str, list[int]] = {}
+    dropped: set[int] = set()
+    for k, c in enumerate(candidates):
+        if c.revision:
+            shared: Counter[int] = Counter()
+            for word in c.topic:
+                shared.update(by_word.get(word, ()))
+            replaced = [j for j, n in shared.items() if n >= _REVISION_OVERLAP and j not in dropped]
+            if replaced:
+                c.carried = c.carried or any(candidates[j].carried for j in replaced)
+                c.preference = c.preference or any(candidates[j].preference for j in replaced)
+                dropped.update(replaced)
+        for word in c.topic:
+            by_word.setdefault(word, []).append(k)
+    return [c for k, c in enumerate(candidates) if k not in dropped]
+
+
 def fact_lines(
     messages: Iterable[Message], *, max_facts: int = 24, max_chars: int = 2400, fact_chars: int = 200
 ) -> list[str]:
@@ -211,7 +275,8 @@ def fact_lines(
 
     Rank: a stated preference or decision first, then the number of anchors weighted by how often
     they are referenced across the rows, then recency. A candidate whose anchors are all covered by
-    a fact already chosen is skipped (no two lines for one hostname).
+    a fact already chosen is skipped (no two lines for one hostname). A fact a later one revises is
+    dropped, and the revision takes its rank (``_supersede``).
     """
     rows = list(messages)
     candidates: list[_Candidate] = []
@@ -221,6 +286,8 @@ def fact_lines(
             for fact in carried_facts(m.content):
                 anchors = frozenset(_anchors(fact))
                 refs.update(anchors)
+                # A carried revision replaced what it revises when it was first chosen; carried facts
+                # are listed by rank, not by time, so it is not taken for a revision of them again.
                 candidates.append(_Candidate(fact, anchors, bool(_PREFERENCE.search(fact)), i, False, carried=True))
             continue
         per_tool: list[_Candidate] = []
@@ -231,11 +298,15 @@ def fact_lines(
             refs.update(anchors)
             if not anchors and not preference:
                 continue
-            c = _Candidate(_clip(sentence, fact_chars), anchors, preference, i, m.role is Role.USER)
+            # (of the line as it is kept: a sentence of a few KB costs no more than its fact line)
+            text = _clip(sentence, fact_chars)
+            revision = m.role is not Role.TOOL and _REVISION.search(text) is not None
+            c = _Candidate(text, anchors, preference, i, m.role is Role.USER, revision=revision)
             (per_tool if m.role is Role.TOOL else candidates).append(c)
         # A long tool output contributes its few best lines, not every line with a number.
         per_tool.sort(key=lambda c: -len(c.anchors))
         candidates.extend(per_tool[:4])
+    candidates = _supersede(candidates)
 
     def score(c: _Candidate) -> tuple[float, int]:
         # Concrete anchors (ids, hosts, paths, names, dates...) weigh most; an error word alone is

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from contextsvc.core.facts import FACTS_HEADER, carried_facts, fact_lines, facts_block, strip_facts
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.ports import SummaryRequest
@@ -84,3 +86,81 @@ async def test_folding_summaries_keeps_the_facts_and_never_stacks_headers() -> N
     assert summary_text.count("Summary of ") == 1
     assert summary_text.count("Earlier summary:") <= 1
     assert summary_text.count(FACTS_HEADER) == 1
+
+
+def _summary_with(facts: list[str]) -> Message:
+    text = "Summary of 40 earlier messages.\n" + facts_block(facts) + "\nKEYS: x"
+    return Message(Role.USER, text, flags=Flags(is_summary=True, is_display=False))
+
+
+def test_a_corrected_fact_is_replaced_not_carried_stale() -> None:
+    # The Facts budget is full of carried facts; a correction of one of them came in since. It
+    # used to rank below every carried fact and never get in, so the summary went on stating the
+    # old value as a fact, alone.
+    carried = [f"Service {i} runs on node-{i}.db.example.com owned by ops-{i}." for i in range(23)]
+    carried.append("The deploy target is cluster kappa-7.")
+    rows = [
+        _summary_with(carried),
+        Message(Role.USER, "Correction: the deploy target is now cluster sigma-2, forget kappa-7."),
+        Message(Role.ASSISTANT, "Understood."),
+    ]
+    facts = fact_lines(rows, max_facts=24, max_chars=10_000)
+    assert "The deploy target is cluster kappa-7." not in facts
+    assert any("sigma-2" in f for f in facts)
+    # Room for both: still only the revision (the old value is not a fact any more).
+    facts = fact_lines(rows, max_facts=40, max_chars=10_000)
+    assert "The deploy target is cluster kappa-7." not in facts
+    assert any("sigma-2" in f for f in facts)
+
+
+@pytest.mark.parametrize(
+    "correction",
+    [
+        "Correction: the deploy target is now cluster sigma-2.",
+        "We switched the deploy target to cluster sigma-2.",
+        "Deploy target changed to cluster sigma-2.",
+        "Use cluster sigma-2 as the deploy target instead.",
+        "The deploy target is cluster sigma-2 from now on.",
+        "No, the deploy target should be cluster sigma-2.",
+    ],
+)
+def test_a_correction_replaces_the_fact_however_it_is_phrased(correction: str) -> None:
+    rows = [_summary_with(["The deploy target is cluster kappa-7."]), Message(Role.USER, correction)]
+    facts = fact_lines(rows)
+    assert "The deploy target is cluster kappa-7." not in facts
+    assert any("sigma-2" in f for f in facts)
+
+
+def test_a_revision_keeps_facts_it_is_not_about() -> None:
+    rows = [
+        _summary_with(["The deploy target is cluster kappa-7.", "Backups go to s3://vault-backups/daily at 02:00."]),
+        Message(Role.USER, "Actually the staging cluster tau-4 stays as it is."),  # shares one word: "cluster"
+        Message(Role.USER, "Correction: backups of the build cache are kept 3 days."),  # "backups" only
+        Message(Role.USER, "Actually kappa-7 has 12 nodes, not 10."),  # shares only the anchor
+    ]
+    facts = fact_lines(rows)
+    assert "The deploy target is cluster kappa-7." in facts
+    assert any("s3://vault-backups/daily" in f for f in facts)
+
+
+async def test_folding_summaries_never_carry_a_corrected_value_alone() -> None:
+    summarizer = ExtractiveSummarizer()
+    crowd = [Message(Role.USER, f"Service {i} runs on node-{i}.db.example.com owned by ops-{i}.") for i in range(30)]
+    first = [Message(Role.USER, "The deploy target is cluster kappa-7, remember that."), *crowd]
+    summary_text = ""
+    for round_ in range(5):
+        batch = [
+            dataclasses.replace(m, sequence_number=1000 * round_ + i + 1) for i, m in enumerate(_filler(round_) * 4)
+        ]
+        if round_ == 0:
+            batch = first + batch
+        else:
+            if round_ == 2:
+                batch = [Message(Role.USER, "Correction: the deploy target is now cluster sigma-2."), *batch]
+            batch = [Message(Role.USER, summary_text, flags=Flags(is_summary=True, is_display=False)), *batch]
+        summary_text = summarizer.summarize_sync(
+            SummaryRequest(messages=batch, text="", instructions="", max_tokens=1200, temperature=0.3)
+        )
+        if round_ >= 2:
+            assert "cluster kappa-7, remember" not in summary_text, round_
+    assert "sigma-2" in summary_text
