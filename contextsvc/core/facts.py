@@ -103,11 +103,16 @@ _PREFERENCE = folded(
     r"|decided|decision|we will|agreed|my name is|call me)\b"
 )
 #: A sentence that says it revises something said before (a correction, a reversal, a change).
+#: Bare "update", "change" or "replace" are not cues: "I updated app.yaml to add logging" revises
+#: nothing said of app.yaml before; "changed to", "updated to", "replaced with" are.
 _REVISION = folded(
-    r"\b(?:correction|corrected|actually|instead|changed?|change of plan|switch(?:ed)?|moved to|no longer"
-    r"|any ?more|update[ds]?|updating|revers(?:e|ed|ing)|reverted|scratch that|forget|replaced?|rather than"
-    r"|from now on|no wait|(?:is|are|was|were) now|now (?:is|are|uses?|runs?|points?|lives?))\b|^no\b"
+    r"\b(?:correction|corrected|switch(?:ed)?|(?:changed?|updated?|moved) to|change of plan|changed my mind"
+    r"|replaced? (?:with|by)|no longer|revers(?:e|ed|ing)|reverted|scratch that|forget|from now on|no wait"
+    r"|(?:is|are|was|were) now|now (?:is|are|uses?|runs?|points?|lives?))\b"
 )
+#: Cues that revise only in the user's mouth: an assistant's "actually" or "instead" is mostly
+#: about its own work ("the test actually fails because..."), not a correction of a stated fact.
+_USER_REVISION = folded(r"\b(?:actually|instead|rather than|any ?more)\b|^no\b")
 #: Words of a fact that tell what it is about (``_topic``): 3+ letters, not the commonest ones.
 _WORD = lazy(r"[^\W\d_][\w-]{2,}")
 _COMMON_WORDS = (
@@ -300,7 +305,9 @@ def fact_lines(
                 continue
             # (of the line as it is kept: a sentence of a few KB costs no more than its fact line)
             text = _clip(sentence, fact_chars)
-            revision = m.role is not Role.TOOL and _REVISION.search(text) is not None
+            revision = m.role is not Role.TOOL and (
+                _REVISION.search(text) is not None or (m.role is Role.USER and _USER_REVISION.search(text) is not None)
+            )
             c = _Candidate(text, anchors, preference, i, m.role is Role.USER, revision=revision)
             (per_tool if m.role is Role.TOOL else candidates).append(c)
         # A long tool output contributes its few best lines, not every line with a number.

@@ -164,3 +164,15 @@ async def test_folding_summaries_never_carry_a_corrected_value_alone() -> None:
         if round_ >= 2:
             assert "cluster kappa-7, remember" not in summary_text, round_
     assert "sigma-2" in summary_text
+
+
+def test_work_reported_on_a_fact_does_not_replace_it() -> None:
+    """An assistant that reports its work on something a fact names ("updated", "actually") is not
+    correcting the fact; nor is a user who mentions an update without a new value."""
+    rows = [
+        _summary_with(["The config file is /etc/app.yaml and the port is 8080."]),
+        Message(Role.ASSISTANT, "I updated /etc/app.yaml to add logging; the app actually reloads it."),
+        Message(Role.USER, "Please update the app docs for /etc/app.yaml too."),
+    ]
+    facts = fact_lines(rows)
+    assert "The config file is /etc/app.yaml and the port is 8080." in facts
