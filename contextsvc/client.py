@@ -66,6 +66,12 @@ _NOT_IDEMPOTENT = frozenset({"CreateSession", "ForkSession", "DeleteSession", "R
 #: ErrorInfo reasons of an UNAVAILABLE the server sends before it starts a call: safe to retry any call.
 NOT_STARTED_REASONS = frozenset({"SHUTTING_DOWN", "STORE_NOT_READY"})
 
+#: Largest response the client reads unless ``channel_options`` say otherwise: the server's own send
+#: limit (``limits.grpc_max_send_bytes``, 64 MiB). gRPC's default of 4 MiB is less than one message
+#: at the content limit (4 Mi characters) or a view carrying a few screenshots, so an agent could
+#: append what it could then never read back.
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
 
 def _idempotent(method: str, request: ProtoMessage) -> bool:
     """True when running ``request`` twice has the effect of running it once."""
@@ -359,12 +365,16 @@ class ContextClient:
         """``target`` is ``host:port``. ``token`` is sent as ``authorization: Bearer <token>``.
         ``tls`` True uses the system roots; a :class:`TLSOptions` sets roots, client cert or
         server name. ``timeout`` is the default deadline of one call in seconds (retries included);
-        every method takes ``timeout=`` to override it, None meaning no deadline."""
+        every method takes ``timeout=`` to override it, None meaning no deadline. Responses up to
+        :data:`MAX_RECEIVE_BYTES` are read unless ``channel_options`` set
+        ``grpc.max_receive_message_length``."""
         self.target = target
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         options = list(channel_options)
+        if not any(name == "grpc.max_receive_message_length" for name, _ in options):
+            options.append(("grpc.max_receive_message_length", MAX_RECEIVE_BYTES))
         if tls:
             opts = tls if isinstance(tls, TLSOptions) else TLSOptions()
             creds = grpc.ssl_channel_credentials(opts.root_certificates, opts.private_key, opts.certificate_chain)

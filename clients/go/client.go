@@ -63,6 +63,12 @@ func (p RetryPolicy) backoff(attempt int, hint time.Duration) time.Duration {
 	return ceiling/2 + time.Duration(mrand.Int64N(int64(ceiling/2)+1))
 }
 
+// MaxReceiveBytes is the largest response a Client reads unless its DialOptions say otherwise
+// (grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(n))): the server's own send limit
+// (limits.grpc_max_send_bytes, 64 MiB). grpc-go's default of 4 MiB is less than one message at the
+// content limit (4 Mi characters) or a view carrying a few screenshots, which the server accepts.
+const MaxReceiveBytes = 64 << 20
+
 // Options configure a Client. The zero value is a plaintext connection with defaults.
 type Options struct {
 	Token       string        // sent as "authorization: Bearer <token>"
@@ -93,6 +99,7 @@ func New(target string, opts Options) (*Client, error) {
 	}
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxReceiveBytes)),
 		grpc.WithChainUnaryInterceptor(c.unary),
 		grpc.WithChainStreamInterceptor(c.stream),
 	}, opts.DialOptions...)

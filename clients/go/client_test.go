@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -136,6 +137,25 @@ func TestEveryRPC(t *testing.T) {
 	_, err = c.GetSession(ctx, &pb.GetSessionRequest{SessionId: fork.Id})
 	if !errors.Is(err, contextsvc.ErrNotFound) {
 		t.Fatalf("want ErrNotFound, got %v", err)
+	}
+}
+
+// A message at the server's content limit (4 Mi characters) is over grpc-go's default 4 MiB
+// receive limit: the client still reads it back.
+func TestAMessageAtTheContentLimitCanBeReadBack(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, serverAddr, contextsvc.Options{})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Name: "big"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := strings.Repeat("a", 4<<20)
+	if _, err := c.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{user(content)}}); err != nil {
+		t.Fatal(err)
+	}
+	page, err := c.ListMessages(ctx, &pb.ListMessagesRequest{SessionId: s.Id, PageSize: 1})
+	if err != nil || len(page.Messages) != 1 || page.Messages[0].Content != content {
+		t.Fatalf("list: %v", err)
 	}
 }
 

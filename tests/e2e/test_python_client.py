@@ -229,6 +229,21 @@ async def test_events_give_up_after_the_reconnect_cap(server: ServerProcess, pro
                 pass
 
 
+async def test_what_the_server_accepts_can_be_read_back(client: ContextClient) -> None:
+    """A message at the content limit (4 Mi characters) and a view carrying a 5 MB image are over
+    gRPC's default 4 MiB receive limit: the client reads what the server sends (up to its 64 MiB)."""
+    sid = (await client.create_session(name="big"))["id"]
+    content = "a" * (4 * 1024 * 1024)
+    await client.append_messages(sid, [{"role": "user", "content": content}])
+    page = await client.list_messages(sid, page_size=1)
+    assert page["messages"][0]["content"] == content
+    shot = PNG_1X1 + bytes(5 * 1024 * 1024)  # a readable header; the bytes after it are not looked at
+    sid = (await client.create_session(name="screenshot"))["id"]
+    await client.append_messages(sid, [{"role": "user", "content": "what is on screen?", "images": [shot]}])
+    view = await client.build_context(sid, profile={"vision": True})
+    assert [len(i["data"]) for m in view["messages"] for i in m["images"]] == [len(shot)]
+
+
 def test_plain_round_trip_of_a_message() -> None:
     plain = {
         "role": "assistant",
