@@ -145,6 +145,10 @@ class Limits(BaseModel):
     max_model_chars: int = Field(200, ge=1)
     default_page_size: int = Field(50, ge=1)
     max_page_size: int = Field(1000, ge=1)
+    #: a ListMessages page ends before the row that would take its text and metadata past this
+    #: (it always holds one row), so a page of big messages fits gRPC's default 4 MiB receive limit
+    #: and the server's send limit; the next page token carries on from there (AIP-158).
+    max_page_bytes: int = Field(3 * MB, ge=64 * 1024)
     # Room for a call's 50 MB of images plus its text and framing (not for every field at its own
     # limit at once: a larger request is refused by gRPC itself, RESOURCE_EXHAUSTED).
     grpc_max_receive_bytes: int = Field(64 * MB, ge=MB)

@@ -30,6 +30,7 @@ from contextsvc.engine.validation import (
     check_metadata,
     check_name,
     check_page_size,
+    metadata_size,
     require_session_id,
 )
 from contextsvc.errors import ContextError, FailedPrecondition, InvalidArgument, NotFound, quoted
@@ -70,6 +71,37 @@ class MessagePage:
     next_before_sequence: int
     #: either buffer: the opaque token of the older page ("" when there is none).
     next_page_token: str = ""
+
+
+#: Bytes a listed row takes on the wire besides its text and metadata (numbers, flags, times), and
+#: each image reference (a blob id, its type and size).
+_ROW_WIRE_BYTES = 256
+_IMAGE_REF_WIRE_BYTES = 160
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _row_wire_bytes(m: Message) -> int:
+    """About what ``m`` takes in a ListMessages response (an upper bound of its text's share)."""
+    size = _ROW_WIRE_BYTES + _IMAGE_REF_WIRE_BYTES * len(m.images)
+    size += _utf8_len(m.content) + _utf8_len(m.thinking) + _utf8_len(m.name) + _utf8_len(m.tool_call_id)
+    for call in m.tool_calls:
+        size += _utf8_len(call.id) + _utf8_len(call.name) + _utf8_len(call.arguments_json) + 16
+    if m.metadata:
+        size += metadata_size(m.metadata)
+    return size
+
+
+def _rows_within(page: Sequence[Message], budget: int) -> int:
+    """How many of the newest rows of ``page`` (oldest first) fit ``budget`` bytes; at least one."""
+    total = 0
+    for taken, m in enumerate(reversed(page)):
+        total += _row_wire_bytes(m)
+        if total > budget and taken:
+            return taken
+    return len(page)
 
 
 class SessionService:
@@ -339,6 +371,9 @@ class SessionService:
         )
         more = len(rows) > limit
         page = rows[-limit:] if more else rows
+        fits = _rows_within(page, self._limits.max_page_bytes)
+        if fits < len(page):
+            page, more = page[len(page) - fits :], True
         if not (more and page):
             return MessagePage(messages=page, next_before_sequence=0)
         oldest = page[0]

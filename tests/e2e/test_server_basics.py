@@ -186,6 +186,20 @@ def test_list_messages_pages_backwards_through_both_buffers(stub: Any) -> None:
     assert [m.sequence_number for m in ctx] == list(range(1, 26))
 
 
+def test_pages_of_big_messages_fit_a_default_grpc_client(stub: Any) -> None:
+    """Four 2 MiB messages (each well inside the content limit) are 8 MiB: a page stops before the
+    row that would take it past ``limits.max_page_bytes``, so a client with gRPC's default 4 MiB
+    receive limit (this stub) reads every page, and the pages are still exactly the buffer."""
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    contents = [f"{i}" + "\u00e9" * (1024 * 1024) for i in range(4)]  # 2 MiB of UTF-8 each
+    for content in contents:
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user(content)]))
+    page = stub.ListMessages(pb.ListMessagesRequest(session_id=sid))
+    assert [m.sequence_number for m in page.messages] == [4] and page.next_page_token
+    assert [m.content for m in all_messages(stub, sid)] == contents
+    assert [m.content for m in all_messages(stub, sid, buffer=pb.BUFFER_CONTEXT)] == contents
+
+
 def _with_metadata(request: Any, value: float) -> Any:
     request.metadata.update({"x": value})
     return request
