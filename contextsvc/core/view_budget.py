@@ -250,6 +250,7 @@ def budget_images(
     fraction: float = TokenSettings().view_image_budget_fraction,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     notice_tokens: Callable[[str], int] | None = None,
+    max_bytes: int | None = None,
 ) -> ImagePlan:
     """Keep the newest images that fit the image budget; leave the rest out with a notice.
 
@@ -260,11 +261,14 @@ def budget_images(
     ``text_tokens`` is the view's text estimate without the notices; with ``notice_tokens`` (the
     text price of a notice) the notices' tokens come out of the image budget too, so text, notices
     and images together stay within it (the view's estimate must still be made again).
+    ``max_bytes`` bounds the kept images' bytes too (the view is one gRPC response): a 2048-pixel
+    screenshot costs ~4,100 tokens but may weigh 12 MB, so a few fit the token budget and not a
+    response.
     """
     budget = image_budget(window, text_tokens, fraction) if vision else 0
     if not any(m.images for m in messages):
         return ImagePlan(list(messages), (), (), (), budget)  # most views: nothing to budget
-    plan = _planned(messages, budget, vision, image_fallback)
+    plan = _planned(messages, budget, vision, image_fallback, max_bytes)
     if notice_tokens is None or not vision:
         return plan
     # Leaving images out adds notices, and less room may leave more out: shrink until the kept
@@ -273,20 +277,31 @@ def budget_images(
         noticed = sum(map(notice_tokens, plan.notices))
         if plan.tokens + noticed <= budget:
             break
-        plan = _planned(messages, max(0, min(budget - noticed, plan.tokens - 1)), vision, image_fallback)
+        plan = _planned(messages, max(0, min(budget - noticed, plan.tokens - 1)), vision, image_fallback, max_bytes)
     return dataclasses.replace(plan, budget=budget)
 
 
-def _planned(messages: Sequence[Message], budget: int, vision: bool, image_fallback: int) -> ImagePlan:
+def _planned(
+    messages: Sequence[Message], budget: int, vision: bool, image_fallback: int, max_bytes: int | None
+) -> ImagePlan:
     remaining = budget
+    bytes_left = max_bytes
+    heavy = False  # an image that fit the tokens was left out for its bytes
     keep: set[tuple[int, int]] = set()  # (message index, image index)
     for i in range(len(messages) - 1, -1, -1):
         for j, ref in enumerate(messages[i].images):
             cost = ref_tokens(ref, fallback_tokens=image_fallback)
             if vision and cost <= remaining:
+                if bytes_left is not None and ref.size_bytes > bytes_left:
+                    heavy = True
+                    continue
                 keep.add((i, j))
                 remaining -= cost
-    reason = "over the image budget" if vision else "this model has no vision"
+                if bytes_left is not None:
+                    bytes_left -= ref.size_bytes
+    reason = "this model has no vision"
+    if vision:
+        reason = "over the image budget or the response size limit" if heavy else "over the image budget"
     out: list[Message] = []
     kept: list[ImageSlot] = []
     left: list[ImageSlot] = []

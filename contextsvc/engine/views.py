@@ -46,6 +46,10 @@ from contextsvc.ports import BaselineWrite, Clock, EventBus, SessionStore, ViewR
 
 _SEQUENCE = operator.attrgetter("sequence_number")
 
+#: Room a view's response keeps for its message framing, ids, notices and estimate, besides its text
+#: and images (``_image_bytes_budget``).
+_VIEW_FRAMING_BYTES = 1024 * 1024
+
 
 class ViewMessage(NamedTuple):
     """One message of a built view; images carry their bytes so the runtime can send them.
@@ -793,6 +797,16 @@ class ViewService:
         self._saved.pop(session_id, None)
         self._single.pop(session_id, None)
 
+    def _image_bytes_budget(self, rows: Sequence[Message]) -> int:
+        """Bytes the images of a view may take so that it stays one response the server can send
+        (``limits.grpc_max_send_bytes``): what its text (at most 4 bytes a character) and 1 MiB of
+        framing leave."""
+        chars = 0
+        for m in rows:
+            chars += len(m.content) + len(m.thinking) + len(m.name) + len(m.tool_call_id)
+            chars += sum(len(c.id) + len(c.name) + len(c.arguments_json) for c in m.tool_calls)
+        return self._settings.limits.grpc_max_send_bytes - 4 * chars - _VIEW_FRAMING_BYTES
+
     def _assemble(
         self,
         profile: EffectiveProfile,
@@ -863,6 +877,7 @@ class ViewService:
             fraction=min(tokens.view_image_budget_fraction, 1 - profile.output_reserve / profile.context_window),
             image_fallback=tokens.image_tokens_fallback,
             notice_tokens=counter.count_text,
+            max_bytes=self._image_bytes_budget(rows) if any_images else None,
         )
         rows = plan.messages
         notices.extend(plan.notices)

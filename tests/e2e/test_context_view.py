@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,6 +13,7 @@ from PIL import Image
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2 as r
 from tests.support.rpc import assistant, error_details, tool, user
+from tests.support.server import ServerProcess
 
 
 def _png(w: int, h: int) -> bytes:
@@ -90,6 +92,32 @@ def test_view_carries_image_bytes_and_prices_them(stub: Any) -> None:
     assert image.data == png and image.mime_type == "image/png" and image.token_count == 1026
     assert (image.width, image.height) == (1024, 1024)
     assert view.estimate.images == 1026
+
+
+def test_images_past_the_response_size_limit_are_left_out_with_a_notice(tmp_path: Path) -> None:
+    """Three 3 MB screenshots fit the token budget (~1,000 tokens each) but not one 8 MiB response:
+    the newest that fit the server's send limit are kept, the oldest is named in a notice (the
+    view used to fail with RESOURCE_EXHAUSTED, 'Sent message larger than max', on every build)."""
+    env = {"CONTEXTSVC_LIMITS__GRPC_MAX_SEND_BYTES": str(8 * 1024 * 1024)}
+    shots = [_png(1024, 1024) + bytes([i]) * (3 * 1024 * 1024) for i in range(3)]  # header read, rest not
+    with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as server:
+        opts = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        with grpc.insecure_channel(server.address, options=opts) as ch:
+            stub = server.stub(ch)
+            sid = stub.CreateSession(pb.CreateSessionRequest()).id
+            for i, shot in enumerate(shots):
+                image = r.Image(data=shot)
+                stub.AppendMessages(
+                    pb.AppendMessagesRequest(
+                        session_id=sid, messages=[r.Message(role=r.ROLE_USER, content=f"screen {i}", images=[image])]
+                    )
+                )
+            view = stub.BuildContext(
+                pb.BuildContextRequest(session_id=sid, profile=r.Profile(vision=True, context_window=65536))
+            )
+    assert [len(m.images) for m in view.messages] == [0, 1, 1]  # no system prompt in the default profile
+    assert [m.images[0].data for m in view.messages[1:]] == shots[1:]
+    assert "response size limit" in view.messages[0].content and len(view.notices) == 1
 
 
 def test_context_too_large_is_failed_precondition_with_numbers(stub: Any) -> None:
