@@ -280,6 +280,10 @@ def _fill(message: ProtoMessage, values: Any) -> None:
         raise TypeError(f"{desc.name}: expected a mapping, got {type(values).__name__}")
     for key, value in values.items():
         fd = desc.fields_by_name.get(key)
+        if fd is None and key in desc.oneofs_by_name:
+            # ``to_plain`` names a real oneof's set member under the oneof's name (``payload``).
+            _fill_oneof_name(message, desc.oneofs_by_name[key], value, values)
+            continue
         if fd is None:
             raise TypeError(f"{desc.name} has no field {key!r}")
         if value is None:
@@ -302,6 +306,19 @@ def _fill(message: ProtoMessage, values: Any) -> None:
             setattr(message, key, enum_from_plain(fd.enum_type, value))
         else:
             setattr(message, key, value)
+
+
+def _fill_oneof_name(message: ProtoMessage, oneof: Any, value: Any, values: Mapping[str, Any]) -> None:
+    """The oneof-name key of a plain message (``"payload": "messages_appended"``): None, or the
+    name of one of its members, which is then set even when its own key is missing (an empty one)."""
+    if value is None:
+        return
+    member = next((f for f in oneof.fields if f.name == value), None)
+    if member is None:
+        choices = ", ".join(f.name for f in oneof.fields)
+        raise TypeError(f"{message.DESCRIPTOR.name}.{oneof.name}: unknown member {value!r} (one of {choices})")
+    if values.get(value) is None and member.type == FieldDescriptor.TYPE_MESSAGE:
+        getattr(message, value).SetInParent()
 
 
 # ------------------------------------------------------------------------------------------ options

@@ -14,7 +14,7 @@ import pytest
 
 from contextsvc import errors
 from contextsvc.client import ContextClient, RetryPolicy, TLSOptions, from_plain, to_plain
-from contextsvc.v1 import context_service_pb2, resources_pb2
+from contextsvc.v1 import context_service_pb2, events_pb2, resources_pb2
 from tests.support.server import ServerProcess
 from tests.support.tcp_proxy import TcpProxy
 
@@ -260,6 +260,20 @@ def test_plain_round_trip_of_a_message() -> None:
     assert back["create_time"] is None and back["replaces"] is None
     req = from_plain(context_service_pb2.BuildContextRequest, {"session_id": "s", "phase": "mid_turn"})
     assert req.phase == context_service_pb2.PHASE_MID_TURN and not req.HasField("auto_compress")
+
+
+def test_plain_round_trip_of_an_event() -> None:
+    """``to_plain`` names a oneof's set member under the oneof's name; ``from_plain`` takes it back."""
+    event = events_pb2.Event(event_id=7, session_id="s")
+    event.messages_appended.sequence_numbers.extend([3, 4])
+    plain = to_plain(event)
+    assert plain["payload"] == "messages_appended"
+    assert from_plain(events_pb2.Event, plain) == event
+    deleted = events_pb2.Event(event_id=8)
+    deleted.session_deleted.SetInParent()
+    assert from_plain(events_pb2.Event, {"event_id": 8, "payload": "session_deleted"}) == deleted
+    with pytest.raises(TypeError, match="payload"):
+        from_plain(events_pb2.Event, {"payload": "no_such_event"})
 
 
 async def _collect(it: AsyncIterator[dict[str, Any]], n: int) -> list[dict[str, Any]]:

@@ -138,6 +138,21 @@ export function fromPlain<Desc extends DescMessage>(desc: Desc, plain: Plain | u
   if (plain === undefined || plain === null) return msg as MessageShape<Desc>;
   for (const [key, value] of Object.entries(plain)) {
     const f = desc.fields.find((x) => x.name === key || x.localName === key);
+    const oneof = f ? undefined : desc.oneofs.find((o) => o.name === key);
+    if (oneof) {
+      // toPlain names a oneof's set member under the oneof's name (`payload: "messages_appended"`).
+      if (value === undefined || value === null) continue;
+      const member = oneof.fields.find((x) => x.name === value || x.localName === value);
+      if (!member) {
+        const choices = oneof.fields.map((x) => x.name).join(", ");
+        throw new TypeError(`${desc.name}.${key}: unknown member ${JSON.stringify(value)} (one of ${choices})`);
+      }
+      const given = plain[member.name] ?? plain[member.localName];
+      if ((given === undefined || given === null) && member.fieldKind === "message") {
+        msg[oneof.localName] = { case: member.localName, value: fieldFromPlain(member, {}) };
+      }
+      continue;
+    }
     if (!f) throw new TypeError(`${desc.name} has no field ${JSON.stringify(key)}`);
     if (value === undefined || value === null) continue;
     if (f.oneof) {

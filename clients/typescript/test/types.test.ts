@@ -7,7 +7,7 @@ import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf"
 import * as svc from "../src/gen/contextsvc/v1/context_service_pb.js";
 import * as ev from "../src/gen/contextsvc/v1/events_pb.js";
 import * as res from "../src/gen/contextsvc/v1/resources_pb.js";
-import { toPlain, type Event, type EventPayloads } from "../src/index.js";
+import { fromPlain, toPlain, type Event, type EventPayloads } from "../src/index.js";
 import type * as t from "../src/types.js";
 
 /** "argumentsJson" -> "arguments_json": protobuf-es's local names back to the proto names. */
@@ -79,4 +79,19 @@ test("an Event's payload names the member that holds it, and narrows the type", 
   assert.equal(e.event_id, 7);
   const unknown = toPlain(ev.EventSchema, create(ev.EventSchema, { eventId: 8n })) as Event;
   assert.equal(unknown.payload, null);
+});
+
+test("fromPlain takes back what toPlain gives, the oneof's name included", () => {
+  const msg = create(ev.EventSchema, {
+    eventId: 7n,
+    sessionId: "s",
+    payload: { case: "messagesAppended", value: { sequenceNumbers: [3n, 4n], requestId: "r" } },
+  });
+  const plain = toPlain(ev.EventSchema, msg);
+  assert.equal(plain.payload, "messages_appended");
+  assert.deepEqual(toPlain(ev.EventSchema, fromPlain(ev.EventSchema, plain)), plain);
+  const deleted = fromPlain(ev.EventSchema, { event_id: 8, payload: "session_deleted" });
+  assert.equal(deleted.payload.case, "sessionDeleted");
+  assert.equal(fromPlain(ev.EventSchema, { event_id: 9, payload: null }).payload.case, undefined);
+  assert.throws(() => fromPlain(ev.EventSchema, { payload: "no_such_event" }), /payload/);
 });
