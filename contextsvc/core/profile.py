@@ -108,11 +108,24 @@ def resolve_profile(
     hit = _MERGED.get(key)
     if hit is not None and hit[0] is base:
         return hit[1]
+    _check_text(o)  # once per distinct overrides: a cached merge was checked
     merged = _merge(name, base, o)
     if len(_MERGED) >= _MERGED_MAX:
         _MERGED.clear()
     _MERGED[key] = (base, merged)
     return merged
+
+
+def _check_text(o: ProfileOverrides) -> None:
+    """NUL is no text character, and PostgreSQL cannot store it (a build remembers its profile and
+    prices its model's calibration): refused on every store alike, naming the field."""
+    for name, value in (
+        ("profile.model", o.model),
+        ("profile.system_prompt", o.system_prompt),
+        ("profile.compression.summary_prompt", o.compression.summary_prompt),
+    ):
+        if value is not None and "\x00" in value:
+            raise InvalidArgument.field(name, "contains a NUL character")
 
 
 #: (profile name, overrides) -> (the named profile it was merged onto, the effective profile).

@@ -395,6 +395,8 @@ class Engine:
             raise InvalidArgument.field("messages", "give either messages or a session_id, not both")
         if len(model) > self.settings.limits.max_model_chars:
             raise InvalidArgument.field("model", f"exceeds {self.settings.limits.max_model_chars} characters")
+        if "\x00" in model:
+            raise InvalidArgument.field("model", "contains a NUL character")
         if session_id:
             session = await self.store.get_session(require_session_id(session_id), caller=caller)
             # Without a profile, the one BuildContext last used (remembered on the session), so the

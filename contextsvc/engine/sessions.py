@@ -153,6 +153,9 @@ class SessionService:
         self, caller: Principal, *, page_size: int, page_token: str, profile_id: str, query: str
     ) -> SessionList:
         limit = check_page_size(page_size, self._limits)
+        for field, text in (("profile_id", profile_id), ("query", query)):
+            if "\x00" in text:
+                raise InvalidArgument.field(field, "contains a NUL character")
         start = decode_listing_token(page_token, "sessions", profile_id, query)
         after, offset = (start, 0) if isinstance(start, ListPosition) else (None, start)
         # One more than the page: whether a next page exists, whatever changed before this one.
@@ -199,6 +202,8 @@ class SessionService:
         sid = require_session_id(session_id)
         if len(request_id) > 128:
             raise InvalidArgument.field("request_id", "exceeds 128 characters")
+        if "\x00" in request_id:
+            raise InvalidArgument.field("request_id", "contains a NUL character")
         check_messages(incoming, self._limits)
         # A session this process has appended to needs no read: the store's append checks what the
         # read did (the session exists and is the caller's) and that its profile is still the one

@@ -212,6 +212,45 @@ def _code_and_fields(call: Any) -> tuple[grpc.StatusCode, list[str], str]:
     return err.value.code(), details["fields"], details["reason"]
 
 
+def test_nul_in_profile_text_model_or_request_id_is_refused_naming_the_field(stub: Any) -> None:
+    """PostgreSQL cannot store NUL and refused these with a message naming no field, while the files
+    store took them: every store now refuses them alike, before the store is asked."""
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("hello")]))
+    nul = "a\x00b"
+    cases: list[tuple[Any, str]] = [
+        (
+            lambda: stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=r.Profile(model=nul))),
+            "profile.model",
+        ),
+        (
+            lambda: stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=r.Profile(system_prompt=nul))),
+            "profile.system_prompt",
+        ),
+        (
+            lambda: stub.Compress(
+                pb.CompressRequest(
+                    session_id=sid,
+                    dry_run=True,
+                    profile=r.Profile(compression=r.CompressionSettings(summary_prompt=nul)),
+                )
+            ),
+            "profile.compression.summary_prompt",
+        ),
+        (lambda: stub.EstimateTokens(pb.EstimateTokensRequest(model=nul, messages=[user("x")])), "model"),
+        (
+            lambda: stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("x")], request_id=nul)),
+            "request_id",
+        ),
+        (lambda: stub.ListSessions(pb.ListSessionsRequest(query=nul)), "query"),
+        (lambda: stub.ListSessions(pb.ListSessionsRequest(profile_id=nul)), "profile_id"),
+    ]
+    for call, field in cases:
+        code, fields, _ = _code_and_fields(call)
+        assert (code, fields) == (grpc.StatusCode.INVALID_ARGUMENT, [field])
+    assert len(all_messages(stub, sid)) == 1
+
+
 def test_malformed_requests_are_invalid_argument_with_field_named(stub: Any) -> None:
     sid = stub.CreateSession(pb.CreateSessionRequest()).id
     cases: list[tuple[Any, str]] = [
