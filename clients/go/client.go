@@ -144,6 +144,9 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		if deadline, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(deadline) {
 			return err
 		}
+		// The retry paces itself: without this, grpc-go's own reconnect backoff (1 s growing to
+		// 2 min) keeps failing every attempt for seconds after a restarted server is back.
+		cc.ResetConnectBackoff()
 		select {
 		case <-ctx.Done():
 			return err
@@ -263,6 +266,7 @@ func (c *Client) Events(ctx context.Context, sessionID string, afterEventID int6
 				return
 			case <-time.After(c.retry.backoff(failures, hint)):
 			}
+			c.conn.ResetConnectBackoff() // reconnect at our pace, not at grpc-go's (see unary)
 			failures++
 		}
 	}

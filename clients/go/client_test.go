@@ -239,6 +239,32 @@ func TestRetriesUnavailableAndRequestIDs(t *testing.T) {
 	}
 }
 
+// Without the tests' quickReconnect: grpc-go's default reconnect backoff (1 s, growing) must not
+// fail the retries of a call made right after a server that was down for a few seconds is back.
+func TestRetriesReachAServerBackAfterAnOutageWithDefaultReconnects(t *testing.T) {
+	ctx := context.Background()
+	p := startProxy(t, serverAddr)
+	c, err := contextsvc.New(p.addr, contextsvc.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.stopListening()
+	p.drop()
+	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); {
+		_, _ = c.GetSession(ctx, &pb.GetSessionRequest{SessionId: s.Id}) // fails: the channel backs off
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.listen()
+	if _, err := c.GetSession(ctx, &pb.GetSessionRequest{SessionId: s.Id}); err != nil {
+		t.Fatalf("a call right after the outage: %v", err)
+	}
+}
+
 func TestNotIdempotentCallsAreNotRetriedOnABareUnavailable(t *testing.T) {
 	ctx := context.Background()
 	p := startProxy(t, serverAddr)
