@@ -127,7 +127,10 @@ class SizeWeights:
     #: unit of Han, kana and hangul text where they were with ``cjk_per_char`` (0.3-0.6).
     cjk_table_scale: float = 0.9
     #: A punctuation run costs 1 token up to ``free_punct`` chars, then ``per_punct`` per char;
-    #: a run of one repeated char (rulers ``=====``) ``per_repeat`` per char.
+    #: a run of one repeated char (rulers ``=====``) 1 + ``per_repeat`` whatever its length: every
+    #: vocabulary measured has ruler tokens of 32-80 chars (o200k, cl100k, Llama 3 and Claude count
+    #: 80 ``=`` as 1 token), and a price per char put the floor an honest count is held against
+    #: (``calibration.lower_bound``) above the real count of a log with ruler lines.
     free_punct: int = 3
     per_punct: float = 0.45
     per_repeat: float = 0.125
@@ -262,10 +265,8 @@ def _cjk_char_tokens(ch: str, w: SizeWeights) -> float:
 def _punct_tokens(run: str, w: SizeWeights) -> float:
     """Tokens of a run of punctuation/symbols (no leading space, no trailing newlines)."""
     n = len(run)
-    if n > 1 and run.count(run[0]) == n:
-        tokens = 1.0 + w.per_repeat * (n - 1)
-    else:
-        tokens = 1.0 + w.per_punct * max(0, n - w.free_punct)
+    ruler = n > 1 and run.count(run[0]) == n
+    tokens = 1.0 + w.per_repeat if ruler else 1.0 + w.per_punct * max(0, n - w.free_punct)
     return tokens + _symbol_extra(run, w)
 
 

@@ -120,6 +120,28 @@ def test_images_past_the_response_size_limit_are_left_out_with_a_notice(tmp_path
     assert "response size limit" in view.messages[0].content and len(view.notices) == 1
 
 
+def _ruled_log() -> str:
+    lines: list[str] = []
+    for i in range(300):
+        lines += ["=" * 80, f"INFO step {i} completed in 0.{i} s"]
+    return "\n".join(lines)
+
+
+def test_an_honest_count_of_a_log_with_ruler_lines_is_not_taken_for_a_truncation(stub: Any) -> None:
+    """A tool's log with 300 ruler lines of 80 ``=``: o200k, cl100k and Llama 3 all count its text
+    as 4199 tokens (a ruler is one token in each; Claude's too). The truncation floor priced each
+    ruler at ~7 tokens and put the fewest an honest count could be at 4724, so the real count was
+    refused as a truncated prompt (and the session compacted regardless of its threshold)."""
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user(_ruled_log())]))
+    profile = r.Profile(model="gpt-4o", context_window=131072)  # the log is not cut to a message budget
+    view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile))
+    honest = 4199 + 7  # the text's tokens and the chat framing of one message
+    rec = stub.RecordBaseline(pb.RecordBaselineRequest(session_id=sid, view_id=view.view_id, prompt_tokens=honest))
+    assert rec.recorded and not rec.truncated, rec.truncation_reason
+    assert rec.lower_bound < honest
+
+
 def test_context_too_large_is_failed_precondition_with_numbers(stub: Any) -> None:
     sid = stub.CreateSession(pb.CreateSessionRequest()).id
     pinned = r.Message(role=r.ROLE_USER, content="rule " * 2000, flags=r.MessageFlags(is_pinned=True))

@@ -123,7 +123,8 @@ def test_pieces_cover_every_character_once(text: str) -> None:
         ("+dfsg", 2.0),
         ("architecture", 1.9),  # a long word: 1 + 0.15 per letter past 6
         ("configuration", 2.3),  # ... and 0.4 per letter past 12
-        ("=" * 9, 2.0),  # a ruler: one repeated char is cheap
+        ("=" * 9, 1.125),  # a ruler: one repeated char, about one token whatever its length
+        ("=" * 32, 1.125),
         ("{[(<", 1.45),  # mixed punctuation: 1 token for 3 chars, 0.45 per char after
     ],
 )
