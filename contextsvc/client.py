@@ -341,6 +341,10 @@ class RetryPolicy:
     multiplier: float = 2.0
     #: consecutive failed reconnects after which ``events()`` gives up with Unavailable.
     max_reconnects: int = 10
+    #: longest wait of the channel's own reconnects to a server that went away, in seconds (gRPC's
+    #: default grows to 120 s: calls went on failing for seconds after a restarted server was back,
+    #: and grpc.aio cannot reset that backoff). The channel's first reconnect waits ``initial_backoff``.
+    max_reconnect_backoff: float = 1.0
 
     def backoff(self, attempt: int, hint: float | None = None) -> float:
         if hint is not None and hint > 0:
@@ -383,15 +387,21 @@ class ContextClient:
         ``tls`` True uses the system roots; a :class:`TLSOptions` sets roots, client cert or
         server name. ``timeout`` is the default deadline of one call in seconds (retries included);
         every method takes ``timeout=`` to override it, None meaning no deadline. Responses up to
-        :data:`MAX_RECEIVE_BYTES` are read unless ``channel_options`` set
-        ``grpc.max_receive_message_length``."""
+        :data:`MAX_RECEIVE_BYTES` are read, and the channel reconnects on the retry policy's
+        backoff (``initial_backoff`` up to ``max_reconnect_backoff``), unless ``channel_options`` set
+        ``grpc.max_receive_message_length`` or ``grpc.*_reconnect_backoff_ms``."""
         self.target = target
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         options = list(channel_options)
-        if not any(name == "grpc.max_receive_message_length" for name, _ in options):
-            options.append(("grpc.max_receive_message_length", MAX_RECEIVE_BYTES))
+        given = {name for name, _ in options}
+        defaults = (
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            ("grpc.initial_reconnect_backoff_ms", max(1, round(self.retry.initial_backoff * 1000))),
+            ("grpc.max_reconnect_backoff_ms", max(1, round(self.retry.max_reconnect_backoff * 1000))),
+        )
+        options += [(name, value) for name, value in defaults if name not in given]
         if tls:
             opts = tls if isinstance(tls, TLSOptions) else TLSOptions()
             creds = grpc.ssl_channel_credentials(opts.root_certificates, opts.private_key, opts.certificate_chain)

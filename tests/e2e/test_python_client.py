@@ -177,6 +177,31 @@ async def test_unavailable_is_retried_until_the_server_is_reachable(proxy: TcpPr
                 await once.get_session(sid)
 
 
+async def test_calls_reach_a_server_soon_after_it_is_back_with_the_default_channel(proxy: TcpProxy) -> None:
+    """A restart of a few seconds: with gRPC's own reconnect backoff (1 s, growing 1.6x toward
+    120 s) the channel went on failing calls for seconds after the server was back. The client's
+    defaults cap it (``RetryPolicy.max_reconnect_backoff``), with no channel options given."""
+    async with ContextClient(proxy.address, timeout=5, retry=RetryPolicy(max_attempts=1)) as c:
+        sid = (await c.create_session())["id"]
+        await proxy.stop_listening()
+        loop = asyncio.get_running_loop()
+        down_until = loop.time() + 6.0
+        while loop.time() < down_until:  # calls fail meanwhile, as an agent's would
+            with contextlib.suppress(errors.Unavailable):
+                await c.get_session(sid)
+            await asyncio.sleep(0.2)
+        await proxy.start()
+        back = loop.time()
+        while True:
+            try:
+                await c.get_session(sid)
+                break
+            except errors.Unavailable:
+                assert loop.time() - back < 8.0, "never reconnected"
+                await asyncio.sleep(0.05)
+        assert loop.time() - back < 2.0
+
+
 async def test_request_ids_make_appends_idempotent(client: ContextClient) -> None:
     sid = (await client.create_session())["id"]
     events = asyncio.create_task(_collect(client.events(sid), 2))
