@@ -26,6 +26,7 @@ import random
 import stat
 import sysconfig
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,19 +102,28 @@ def _shell(split: str) -> list[str]:
     return [_read("/var/log/apt/history.log", 200_000), *listings]
 
 
+def catalog_strings(locale: str, wanted: Callable[[str], bool]) -> Iterator[list[str]]:
+    """The translated strings of each message catalogue of ``locale`` installed on the machine
+    whose domain name ``wanted`` accepts, one list per catalogue, in name order."""
+    for f in sorted(glob.glob(f"/usr/share/locale/{locale}/LC_MESSAGES/*.mo")):
+        if not wanted(Path(f).stem):
+            continue
+        try:
+            with open(f, "rb") as fh:
+                catalog = gettext.GNUTranslations(fh)._catalog  # type: ignore[attr-defined]
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        yield [v for v in catalog.values() if isinstance(v, str)]
+
+
 def _catalogues(split: str) -> list[str]:
+    def wanted(name: str) -> bool:
+        return not name.startswith(_EXCLUDED_DOMAINS) and _fit_name(name) == (split == "fit")
+
     out = []
     for loc in _LOCALES:
-        for f in sorted(glob.glob(f"/usr/share/locale/{loc}/LC_MESSAGES/*.mo")):
-            name = Path(f).stem
-            if name.startswith(_EXCLUDED_DOMAINS) or _fit_name(name) != (split == "fit"):
-                continue
-            try:
-                with open(f, "rb") as fh:
-                    catalog = gettext.GNUTranslations(fh)._catalog  # type: ignore[attr-defined]
-            except (OSError, UnicodeDecodeError, ValueError):
-                continue
-            values = [v for v in catalog.values() if isinstance(v, str) and v and not v.isascii()]
+        for strings in catalog_strings(loc, wanted):
+            values = [v for v in strings if v and not v.isascii()]
             if values:
                 out.append("\n".join(values)[:15_000])
     return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import difflib
-import gettext
 import glob
 import hashlib
 import json
@@ -26,6 +25,8 @@ import sysconfig
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from fidelity_corpus import catalog_strings
 
 from contextsvc.core.messages import Message, Role, ToolCall
 
@@ -76,17 +77,8 @@ _SYSTEMS = (
 def _cjk_fragments(split: str) -> list[str]:
     out: list[str] = []
     for loc in ("zh_CN", "ja", "ko", "zh_TW"):
-        for f in sorted(glob.glob(f"/usr/share/locale/{loc}/LC_MESSAGES/*.mo")):
-            if _split_of(Path(f).stem) != split:
-                continue
-            try:
-                with open(f, "rb") as fh:
-                    catalog = gettext.GNUTranslations(fh)._catalog  # type: ignore[attr-defined]
-            except (OSError, UnicodeDecodeError, ValueError):
-                continue
-            for v in catalog.values():
-                if isinstance(v, str) and 6 <= len(v) <= 120 and not v.isascii() and "%" not in v:
-                    out.append(v.strip())
+        for strings in catalog_strings(loc, lambda name: _split_of(name) == split):
+            out += [v.strip() for v in strings if 6 <= len(v) <= 120 and not v.isascii() and "%" not in v]
     return out
 
 
