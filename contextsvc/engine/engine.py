@@ -396,11 +396,14 @@ class Engine:
         if len(model) > self.settings.limits.max_model_chars:
             raise InvalidArgument.field("model", f"exceeds {self.settings.limits.max_model_chars} characters")
         if session_id:
-            session = await self.store.get_session(require_session_id(session_id), caller=caller)
+            # The session and its context read at one moment, as a build reads them: read apart, a
+            # compaction committed between the two reads would pair the old baseline with the
+            # compacted context, and baseline + delta would count the dropped turns and the summary.
+            session, context = await self.store.context_and_session(require_session_id(session_id), caller=caller)
             # Without a profile, the one BuildContext last used (remembered on the session), so the
             # estimate prices exactly what BuildContext would send.
             effective = await self._profile_for(session, None if profile == ProfileOverrides() else profile)
-            return await self.views.estimate_session(caller, session, model=model, profile=effective)
+            return await self.views.estimate_session(session, context, model=model, profile=effective)
         effective = resolve_profile(self.settings, "", profile)
         return await self.views.estimate_messages(model=model, profile=effective, messages=messages)
 

@@ -1048,12 +1048,13 @@ class ViewService:
         )
 
     async def estimate_session(
-        self, caller: Principal, session: SessionInfo, *, model: str, profile: EffectiveProfile
+        self, session: SessionInfo, context: list[Message], *, model: str, profile: EffectiveProfile
     ) -> TokenEstimate:
-        """What ``BuildContext`` with ``profile`` would send now, priced the same way (no compression)."""
+        """What ``BuildContext`` with ``profile`` would send now, priced the same way (no
+        compression). ``context``: the session's context buffer, read with ``session`` at one
+        moment (``context_and_session``)."""
         profile = dataclasses.replace(profile, model=model or profile.model)
         await self._accounting.ensure_loaded(profile.model)
-        context = await self._store.load_context(session.id, caller=caller)
         return self.assemble(profile, context, None, EngineState.of(session)).estimate
 
     async def record_baseline(
