@@ -247,8 +247,13 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
         durable: bool = True,
+        context_tokens_as_of: int | None = None,
     ) -> SessionInfo:
         """Replace the given counters / engine state (None = unchanged).
+
+        ``context_tokens_as_of``: ``context_tokens`` is the count of the session as it stood when
+        its context tokens were this value (a read taken before the write): what appends committed
+        since added is kept on top, in the same write, rather than overwritten.
 
         ``durable=False``: a write the engine can afford to lose in a crash (a baseline's anchor:
         a measurement, taken again on the next turn). A store that syncs each write to disk

@@ -459,6 +459,7 @@ class RowStore:
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
         durable: bool = True,
+        context_tokens_as_of: int | None = None,
     ) -> SessionInfo:
         st = self._owned(session_id, caller)
         if context_tokens is None and context_truncated is None and state is None:
@@ -466,7 +467,10 @@ class RowStore:
 
         async def work() -> SessionInfo:
             new_state = copy_plain(dict(state)) if state is not None else None
-            record = StateRecord(self._now(), context_tokens, context_truncated, new_state, soft=not durable)
+            tokens = context_tokens
+            if tokens is not None and context_tokens_as_of is not None:
+                tokens += st.context_tokens - context_tokens_as_of  # what appends added since
+            record = StateRecord(self._now(), tokens, context_truncated, new_state, soft=not durable)
             await self._commit(st, record)
             return self._info(st)
 

@@ -848,6 +848,7 @@ class PostgresStore:
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
         durable: bool = True,
+        context_tokens_as_of: int | None = None,
     ) -> SessionInfo:
         del durable  # one statement either way: its commit is the write
         if context_tokens is None and context_truncated is None and state is None:
@@ -860,8 +861,9 @@ class PostgresStore:
             # One statement, the owner checked in it: the UPDATE takes the row lock itself, so a
             # transaction around a locking read would only add three round trips (every baseline).
             row = await conn.fetchrow(
+                # $8: the context tokens the caller read; what appends added since is kept.
                 """UPDATE sessions
-                      SET context_tokens = COALESCE($2, context_tokens),
+                      SET context_tokens = COALESCE($2 + context_tokens - $8, $2, context_tokens),
                           context_truncated = COALESCE($3, context_truncated),
                           state = COALESCE($4::jsonb, state), update_time = $5
                     WHERE session_id = $1 AND (user_id = $6 OR $7)
@@ -873,6 +875,7 @@ class PostgresStore:
                 self._now(),
                 caller.user_id,
                 caller.is_admin,
+                context_tokens_as_of,
             )
             if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's read is audited
                 raise session_not_found(session_id)
