@@ -374,7 +374,9 @@ class Engine:
         if profile is None:
             return
         if context is None:
-            context = await self.store.load_context(session_id, caller=_INTERNAL)
+            # The session read again with its context, at one moment (a compaction commits on
+            # top of the context tokens read with the context it compacts).
+            session, context = await self.store.context_and_session(session_id, caller=_INTERNAL)
         # Through the session's view memo: the next build of an unchanged session reuses this view.
         built = self.views.assemble(profile, context, None, EngineState.of(session), session_id=session_id)
         s = self._situation(session, profile, context, built, Reason.POSTTURN)
@@ -540,8 +542,8 @@ class Engine:
         session = await self.store.get_session(sid, caller=caller)
         effective = await self._profile_for(session, profile)
         async with self.compactor.lock(sid):
-            session = await self.store.get_session(sid, caller=caller)
-            context = await self.store.load_context(sid, caller=caller)
+            # At one moment: the commit counts appends made after this read on top of it.
+            session, context = await self.store.context_and_session(sid, caller=caller)
             built = self.views.assemble(effective, context, None, EngineState.of(session))
             s = self._situation(session, effective, context, built, Reason.FORCED)
             s.note = note

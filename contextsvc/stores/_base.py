@@ -512,6 +512,7 @@ class RowStore:
         append: Sequence[Message],
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
+        context_tokens_as_of: int | None = None,
     ) -> list[int]:
         st = self._owned(session_id, caller)
         demoted = tuple(sorted(set(demote)))
@@ -521,7 +522,10 @@ class RowStore:
             _check_in_context(st, demoted)
             now = self._now()
             new_state = copy_plain(dict(state)) if state is not None else None
-            record = CompactionRecord(now, demoted, st.number(append, now), context_tokens, new_state)
+            tokens = context_tokens
+            if context_tokens_as_of is not None:
+                tokens += st.context_tokens - context_tokens_as_of  # what appends added since
+            record = CompactionRecord(now, demoted, st.number(append, now), tokens, new_state)
             await self._commit(st, record)
             return [m.sequence_number for m in record.messages]
 

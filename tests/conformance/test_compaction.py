@@ -161,6 +161,27 @@ async def test_a_state_written_only_if_unchanged_is_refused_after_any_change(sto
     assert written is not None and written.context_tokens == 9 and audited == ["alice"]
 
 
+async def test_compaction_as_of_a_read_keeps_what_appends_added_since(store: SessionStore, reopen: Reopen) -> None:
+    """Appends take no compaction lock: those committed after the compaction read the context stay
+    in it, and ``context_tokens_as_of`` (the count that read saw) keeps their tokens in the count."""
+    sid = await _session_with(store, 6)
+    read = await store.update_state(sid, caller=ALICE, context_tokens=300)
+    await store.append_messages(sid, [user("meanwhile")], caller=ALICE, context_tokens_delta=11)
+    await store.commit_compaction(
+        sid,
+        caller=ALICE,
+        demote=[1, 2],
+        append=[summary("summary of 1-2", anchor=1, replaces=(1, 2)), compression_record("compressed 1-2")],
+        context_tokens=120,
+        state={"epoch": 1},
+        context_tokens_as_of=read.context_tokens,
+    )
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.context_tokens, info.state, info.last_sequence) == (131, {"epoch": 1}, 9)
+    store = await reopen()
+    assert await store.get_session(sid, caller=ALICE) == info
+
+
 async def test_compaction_places_the_summary_first_and_keeps_pinned_rows(store: SessionStore, reopen: Reopen) -> None:
     sid = await _session_with(store, 10)
     new = await store.commit_compaction(

@@ -1051,6 +1051,7 @@ class PostgresStore:
         append: Sequence[Message],
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
+        context_tokens_as_of: int | None = None,
     ) -> list[int]:
         demoted = sorted(set(demote))
 
@@ -1062,10 +1063,12 @@ class PostgresStore:
             removed = await _set_context(conn, session_id, demoted, False)
             rows = stamped(append, row["last_sequence"] + 1, now)
             await _insert_rows(conn, session_id, rows)
+            # $9: the context tokens when the compacted context was read; appends since are kept.
             await conn.execute(
                 """UPDATE sessions
                       SET last_sequence = last_sequence + $2, display_count = display_count + $3,
-                          context_count = context_count + $4, context_tokens = $5,
+                          context_count = context_count + $4,
+                          context_tokens = COALESCE($5 + context_tokens - $9, $5),
                           state = COALESCE($6::jsonb, state), preview = COALESCE($7, preview), update_time = $8
                     WHERE session_id = $1""",
                 session_id,
@@ -1076,6 +1079,7 @@ class PostgresStore:
                 dict(state) if state is not None else None,
                 newest_preview(rows),
                 now,
+                context_tokens_as_of,
             )
             return [m.sequence_number for m in rows]
 
