@@ -340,6 +340,17 @@ class Engine:
                 return None
             # Same cycle: decide and commit on the fresh state, so what was written since the
             # situation was read (a memory-flush mark, a truncation flag) is kept, not written over.
+            # The count the commit builds on is the fresh one less what the rows appended since
+            # brought (the plan did not see them; the commit keeps them and their tokens). Taken
+            # from the fresh read, not the situation's: a baseline anchored before the lock was
+            # taken re-counted the rows the plan saw, and the commit's own count replaces that.
+            appended = 0
+            if fresh.last_sequence > s.session.last_sequence:  # rows only appends add, fixed under the lock
+                rows = await self.store.get_messages(
+                    s.session.id, caller=_INTERNAL, first=s.session.last_sequence + 1, last=fresh.last_sequence
+                )
+                appended = sum(m.token_count for m in rows if m.flags.is_context)
+            s.tokens_read = fresh.context_tokens - appended
             s.session, s.state = fresh, EngineState.of(fresh)
             if self.compactor.loop_guarded(s):
                 await self.compactor.refuse(

@@ -8,9 +8,11 @@ two PostgreSQL replicas: short by one to four appends' tokens whenever Compress 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from contextsvc.core.session import ANONYMOUS
 from contextsvc.stores.memory import MemoryStore
 from tests.support.compaction_harness import Rig, a, u, words
 
@@ -64,3 +66,45 @@ async def test_appends_committed_during_a_compaction_stay_in_the_session_count()
     assert added_raced == added
     # The same rows in the same context: the same count, whichever committed first.
     assert raced == calm, (raced, calm, added)
+
+
+async def _count_after_preturn(anchored: bool) -> int:
+    """The session's context tokens after a build's pre-turn compaction, with a baseline anchored
+    (``anchored``) after the build read the session and before it took the compaction lock."""
+    rig = await Rig.start()
+    try:
+        sid = await rig.session()
+        k = 0
+        while await rig.estimate(sid) < rig.window:  # past the pre-turn trigger
+            assert k < 500
+            await rig.append(sid, u(f"ask {k} about module_{k}.py"), a(f"answer {k} " + words(80)))
+            k += 1
+        hooks: list[Callable[[], Awaitable[Any]]] = []
+
+        async def anchor() -> None:
+            # As an anchor writes it: the same rows, re-counted from a provider's real count.
+            info = await rig.session_info(sid)
+            await rig.store.update_state(sid, caller=ANONYMOUS, context_tokens=info.context_tokens + 500)
+
+        if anchored:
+            hooks.append(anchor)
+        locked = rig.engine.compactor.lock
+
+        @contextlib.asynccontextmanager
+        async def lock(session_id: str, *, wait: float | None = None) -> AsyncIterator[None]:
+            while hooks:
+                await hooks.pop()()
+            async with locked(session_id, wait=wait):
+                yield
+
+        rig.engine.compactor.lock = lock  # type: ignore[method-assign]
+        view = await rig.build(sid)
+        assert view.compression is not None and view.compression.compressed
+        assert not hooks
+        return (await rig.session_info(sid)).context_tokens
+    finally:
+        await rig.close()
+
+
+async def test_a_compaction_counts_the_context_it_left_whatever_an_anchor_wrote_before_its_lock() -> None:
+    assert await _count_after_preturn(anchored=True) == await _count_after_preturn(anchored=False)
