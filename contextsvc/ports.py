@@ -250,8 +250,13 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
         durable: bool = True,
+        context_tokens_as_of: int | None = None,
     ) -> SessionInfo:
         """Replace the given counters / engine state (None = unchanged).
+
+        ``context_tokens_as_of``: ``context_tokens`` is the count of the session as it stood when
+        its context tokens were this value (a read taken before the write): what appends committed
+        since added is kept on top, in the same write, rather than overwritten.
 
         ``durable=False``: a write the engine can afford to lose in a crash (a baseline's anchor:
         a measurement, taken again on the next turn). A store that syncs each write to disk
@@ -285,10 +290,15 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         append: Sequence[Message],
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
+        context_tokens_as_of: int | None = None,
     ) -> list[int]:
         """In one atomic step: demote ``demote`` from the context, append ``append`` (summary,
         compression record, placeholders) and set the counters. Returns the new sequence numbers.
         Readers see either the old or the new context, never a mix.
+
+        ``context_tokens_as_of``: the session's context tokens when the compacted context was
+        read (``update_state``'s): what appends committed since added (rows the compaction kept
+        as they are) is kept on top of ``context_tokens``.
 
         Optimistic check, in the same step: every number in ``demote`` must still be in the
         context (``is_context``) when the commit is applied. A number no row has raises

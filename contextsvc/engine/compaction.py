@@ -215,9 +215,13 @@ class Situation:
     rate: float | None = field(default=None, init=False)
     #: the view's tokens with its context priced whole (``Compactor.priced_before``), computed once.
     priced: int | None = field(default=None, init=False)
+    #: the session's context tokens when ``context`` was read with it (at one moment): kept when
+    #: ``session`` is read again later, so a commit keeps what appends added since that read.
+    tokens_read: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.state = EngineState.of(self.session)
+        self.tokens_read = self.session.context_tokens
 
 
 class Compactor:
@@ -1054,6 +1058,9 @@ class Compactor:
                 append=[*new_rows, record],
                 context_tokens=tokens_after,
                 state=state.to_dict(),
+                # Appends take no compaction lock: those committed since the context was read
+                # stay in the context, and so in its count.
+                context_tokens_as_of=s.tokens_read,
             )
         except (Conflict, SessionDamaged) as exc:
             # A damaged session is read-only (issue #9): no compaction, the view is still built.

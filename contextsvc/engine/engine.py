@@ -340,6 +340,17 @@ class Engine:
                 return None
             # Same cycle: decide and commit on the fresh state, so what was written since the
             # situation was read (a memory-flush mark, a truncation flag) is kept, not written over.
+            # The count the commit builds on is the fresh one less what the rows appended since
+            # brought (the plan did not see them; the commit keeps them and their tokens). Taken
+            # from the fresh read, not the situation's: a baseline anchored before the lock was
+            # taken re-counted the rows the plan saw, and the commit's own count replaces that.
+            appended = 0
+            if fresh.last_sequence > s.session.last_sequence:  # rows only appends add, fixed under the lock
+                rows = await self.store.get_messages(
+                    s.session.id, caller=_INTERNAL, first=s.session.last_sequence + 1, last=fresh.last_sequence
+                )
+                appended = sum(m.token_count for m in rows if m.flags.is_context)
+            s.tokens_read = fresh.context_tokens - appended
             s.session, s.state = fresh, EngineState.of(fresh)
             if self.compactor.loop_guarded(s):
                 await self.compactor.refuse(
@@ -374,7 +385,9 @@ class Engine:
         if profile is None:
             return
         if context is None:
-            context = await self.store.load_context(session_id, caller=_INTERNAL)
+            # The session read again with its context, at one moment (a compaction commits on
+            # top of the context tokens read with the context it compacts).
+            session, context = await self.store.context_and_session(session_id, caller=_INTERNAL)
         # Through the session's view memo: the next build of an unchanged session reuses this view.
         built = self.views.assemble(profile, context, None, EngineState.of(session), session_id=session_id)
         s = self._situation(session, profile, context, built, Reason.POSTTURN)
@@ -398,11 +411,14 @@ class Engine:
         if "\x00" in model:
             raise InvalidArgument.field("model", "contains a NUL character")
         if session_id:
-            session = await self.store.get_session(require_session_id(session_id), caller=caller)
+            # The session and its context read at one moment, as a build reads them: read apart, a
+            # compaction committed between the two reads would pair the old baseline with the
+            # compacted context, and baseline + delta would count the dropped turns and the summary.
+            session, context = await self.store.context_and_session(require_session_id(session_id), caller=caller)
             # Without a profile, the one BuildContext last used (remembered on the session), so the
             # estimate prices exactly what BuildContext would send.
             effective = await self._profile_for(session, None if profile == ProfileOverrides() else profile)
-            return await self.views.estimate_session(caller, session, model=model, profile=effective)
+            return await self.views.estimate_session(session, context, model=model, profile=effective)
         effective = resolve_profile(self.settings, "", profile)
         return await self.views.estimate_messages(model=model, profile=effective, messages=messages)
 
@@ -542,8 +558,8 @@ class Engine:
         # the window, model and summarizer the agent's own builds use.
         effective = await self._profile_for(session, None if profile == ProfileOverrides() else profile)
         async with self.compactor.lock(sid):
-            session = await self.store.get_session(sid, caller=caller)
-            context = await self.store.load_context(sid, caller=caller)
+            # At one moment: the commit counts appends made after this read on top of it.
+            session, context = await self.store.context_and_session(sid, caller=caller)
             built = self.views.assemble(effective, context, None, EngineState.of(session))
             s = self._situation(session, effective, context, built, Reason.FORCED)
             s.note = note

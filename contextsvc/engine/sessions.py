@@ -409,7 +409,11 @@ class SessionService:
         last = at_sequence or parent.last_sequence
         if last > parent.last_sequence:
             raise InvalidArgument.field("at_sequence", f"is past the session's last message ({parent.last_sequence})")
-        every = await self._store.get_messages(sid, caller=caller, first=1, last=parent.last_sequence)
+        # Every row through the newest, in one read: a compaction committed since ``parent`` was
+        # read demoted rows at or before ``last`` and put its summary and record after it; its
+        # record (below) is what lets the fork restore them. Read only up to the number ``parent``
+        # gave, the fork would keep the demotions and lose both the old context and its summary.
+        every = await self._store.get_messages(sid, caller=caller, first=1, last=_THROUGH_NEWEST)
         last = _whole_compaction(every, last)
         rows = [m for m in every if m.sequence_number <= last]
         # Compactions committed after the fork point demoted rows that were still context then.
@@ -452,6 +456,10 @@ class SessionService:
             await self._store.get_session(sid, caller=caller)
         async for event in self._bus.subscribe(caller=caller, session_id=sid, after_event_id=after_event_id):
             yield event
+
+
+#: ``get_messages``'s ``last`` for "through the newest row" (stores clamp it; PostgreSQL's bigint holds it).
+_THROUGH_NEWEST = 2**62
 
 
 def _whole_compaction(rows: Sequence[Message], last: int) -> int:

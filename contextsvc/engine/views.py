@@ -1064,12 +1064,13 @@ class ViewService:
         )
 
     async def estimate_session(
-        self, caller: Principal, session: SessionInfo, *, model: str, profile: EffectiveProfile
+        self, session: SessionInfo, context: list[Message], *, model: str, profile: EffectiveProfile
     ) -> TokenEstimate:
-        """What ``BuildContext`` with ``profile`` would send now, priced the same way (no compression)."""
+        """What ``BuildContext`` with ``profile`` would send now, priced the same way (no
+        compression). ``context``: the session's context buffer, read with ``session`` at one
+        moment (``context_and_session``)."""
         profile = dataclasses.replace(profile, model=model or profile.model)
         await self._accounting.ensure_loaded(profile.model)
-        context = await self._store.load_context(session.id, caller=caller)
         return self.assemble(profile, context, None, EngineState.of(session)).estimate
 
     async def record_baseline(
@@ -1294,15 +1295,15 @@ class ViewService:
         if view.epoch != state.epoch:
             return None
         # Nothing was appended since the view (its newest row is the session's): no context to read.
-        newer = (
-            []
-            if session.last_sequence == view.last_sequence
-            else [
-                m
-                for m in await self._store.load_context(session_id, caller=caller)
-                if m.sequence_number > view.last_sequence
-            ]
-        )
+        newer: list[Message] = []
+        if session.last_sequence != view.last_sequence:
+            # Read again with its context, at one moment: the count written below is of that
+            # context, and the session's context tokens then are what later appends count from.
+            session, context = await self._store.context_and_session(session_id, caller=caller)
+            state = EngineState.of(session)
+            if state.epoch != view.epoch:
+                return None
+            newer = [m for m in context if m.sequence_number > view.last_sequence]
         context_tokens = pending.tokens + (self._accounting.messages_tokens(view.model, newer) if newer else 0)
         # Not durable on its own: a crash that loses the anchor leaves the previous one (or none),
         # and the next baseline anchors again; a files store in fsync mode answers without an
@@ -1314,6 +1315,9 @@ class ViewService:
             context_truncated=False,
             state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id, view.shape).to_dict(),
             durable=False,
+            # Appends take no compaction lock: one committed since the read keeps what it added
+            # (an absolute write would lose it, and the session's count would stay short).
+            context_tokens_as_of=session.context_tokens,
         )
 
     def _ceiling(self, view: ViewRecord) -> int:

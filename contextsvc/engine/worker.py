@@ -2,6 +2,7 @@
 
 A check is keyed by session: scheduling a session that is already waiting does nothing more, so
 a burst of turns costs one check. Failures are logged, never raised: the turn already succeeded.
+A session deleted before or while its check runs is no failure: the check just stops.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+
+from contextsvc.errors import NotFound
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ class PostTurnWorker:
                 await self._check(session_id)
             except asyncio.CancelledError:
                 raise
+            except NotFound:  # deleted (on this replica or another) while the check ran
+                log.debug("post-turn check: session gone", extra={"session_id": session_id})
             except Exception:
                 log.warning("post-turn check failed", extra={"session_id": session_id}, exc_info=True)
             finally:

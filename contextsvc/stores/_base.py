@@ -467,6 +467,7 @@ class RowStore:
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
         durable: bool = True,
+        context_tokens_as_of: int | None = None,
     ) -> SessionInfo:
         st = self._owned(session_id, caller)
         if context_tokens is None and context_truncated is None and state is None:
@@ -474,7 +475,10 @@ class RowStore:
 
         async def work() -> SessionInfo:
             new_state = copy_plain(dict(state)) if state is not None else None
-            record = StateRecord(self._now(), context_tokens, context_truncated, new_state, soft=not durable)
+            tokens = context_tokens
+            if tokens is not None and context_tokens_as_of is not None:
+                tokens += st.context_tokens - context_tokens_as_of  # what appends added since
+            record = StateRecord(self._now(), tokens, context_truncated, new_state, soft=not durable)
             await self._commit(st, record)
             return self._info(st)
 
@@ -516,6 +520,7 @@ class RowStore:
         append: Sequence[Message],
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
+        context_tokens_as_of: int | None = None,
     ) -> list[int]:
         st = self._owned(session_id, caller)
         demoted = tuple(sorted(set(demote)))
@@ -525,7 +530,10 @@ class RowStore:
             _check_in_context(st, demoted)
             now = self._now()
             new_state = copy_plain(dict(state)) if state is not None else None
-            record = CompactionRecord(now, demoted, st.number(append, now), context_tokens, new_state)
+            tokens = context_tokens
+            if context_tokens_as_of is not None:
+                tokens += st.context_tokens - context_tokens_as_of  # what appends added since
+            record = CompactionRecord(now, demoted, st.number(append, now), tokens, new_state)
             await self._commit(st, record)
             return [m.sequence_number for m in record.messages]
 

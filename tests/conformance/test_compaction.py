@@ -71,6 +71,25 @@ async def test_update_state_replaces_only_the_given_values(store: SessionStore, 
     assert await store.get_session(sid, caller=ALICE) == info
 
 
+async def test_update_state_as_of_a_read_keeps_what_appends_added_since(store: SessionStore, reopen: Reopen) -> None:
+    """A baseline's anchor is priced on a read; appends committed after it (they take no
+    compaction lock) keep what they added: ``context_tokens_as_of`` is the count that read saw."""
+    sid = await _session_with(store, 1)
+    read = await store.update_state(sid, caller=ALICE, context_tokens=50)
+    await store.append_messages(sid, [user("after the read")], caller=ALICE, context_tokens_delta=7)
+    info = await store.update_state(
+        sid, caller=ALICE, context_tokens=120, context_tokens_as_of=read.context_tokens, state={"epoch": 1}
+    )
+    assert (info.context_tokens, info.state) == (127, {"epoch": 1})
+    # Without appends since the read it is the plain write; without a read, the absolute one.
+    info = await store.update_state(sid, caller=ALICE, context_tokens=90, context_tokens_as_of=info.context_tokens)
+    assert info.context_tokens == 90
+    info = await store.update_state(sid, caller=ALICE, context_truncated=True, context_tokens_as_of=3)
+    assert (info.context_tokens, info.context_truncated) == (90, True)
+    store = await reopen()
+    assert await store.get_session(sid, caller=ALICE) == info
+
+
 async def test_a_state_written_only_if_unchanged_is_written_when_nothing_changed(
     store: SessionStore, reopen: Reopen
 ) -> None:
@@ -140,6 +159,27 @@ async def test_a_state_written_only_if_unchanged_is_refused_after_any_change(sto
     assert (await store.get_session(sid, caller=ALICE)).context_tokens == now.context_tokens
     written = await store.update_state_if_unchanged(sid, caller=admin, read=now, context_tokens=9, state={})
     assert written is not None and written.context_tokens == 9 and audited == ["alice"]
+
+
+async def test_compaction_as_of_a_read_keeps_what_appends_added_since(store: SessionStore, reopen: Reopen) -> None:
+    """Appends take no compaction lock: those committed after the compaction read the context stay
+    in it, and ``context_tokens_as_of`` (the count that read saw) keeps their tokens in the count."""
+    sid = await _session_with(store, 6)
+    read = await store.update_state(sid, caller=ALICE, context_tokens=300)
+    await store.append_messages(sid, [user("meanwhile")], caller=ALICE, context_tokens_delta=11)
+    await store.commit_compaction(
+        sid,
+        caller=ALICE,
+        demote=[1, 2],
+        append=[summary("summary of 1-2", anchor=1, replaces=(1, 2)), compression_record("compressed 1-2")],
+        context_tokens=120,
+        state={"epoch": 1},
+        context_tokens_as_of=read.context_tokens,
+    )
+    info = await store.get_session(sid, caller=ALICE)
+    assert (info.context_tokens, info.state, info.last_sequence) == (131, {"epoch": 1}, 9)
+    store = await reopen()
+    assert await store.get_session(sid, caller=ALICE) == info
 
 
 async def test_compaction_places_the_summary_first_and_keeps_pinned_rows(store: SessionStore, reopen: Reopen) -> None:

@@ -45,6 +45,7 @@ class RacedStore(MemoryStore):
         append: Sequence[Message],
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
+        context_tokens_as_of: int | None = None,
     ) -> list[int]:
         if self.armed and demote:
             first = min(demote)
@@ -58,7 +59,13 @@ class RacedStore(MemoryStore):
                     session_id, caller=caller, demote=[first], append=[], context_tokens=0, state=theirs
                 )
         seqs = await super().commit_compaction(
-            session_id, caller=caller, demote=demote, append=append, context_tokens=context_tokens, state=state
+            session_id,
+            caller=caller,
+            demote=demote,
+            append=append,
+            context_tokens=context_tokens,
+            state=state,
+            context_tokens_as_of=context_tokens_as_of,
         )
         self.committed.append(list(demote))
         return seqs

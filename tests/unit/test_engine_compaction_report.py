@@ -119,6 +119,7 @@ class FailingStore(MemoryStore):
         append: Sequence[Message],
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
+        context_tokens_as_of: int | None = None,
     ) -> list[int]:
         raise Unavailable("store went away")
 

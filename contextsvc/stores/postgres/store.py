@@ -857,6 +857,7 @@ class PostgresStore:
         context_truncated: bool | None = None,
         state: Mapping[str, Any] | None = None,
         durable: bool = True,
+        context_tokens_as_of: int | None = None,
     ) -> SessionInfo:
         del durable  # one statement either way: its commit is the write
         if context_tokens is None and context_truncated is None and state is None:
@@ -869,8 +870,9 @@ class PostgresStore:
             # One statement, the owner checked in it: the UPDATE takes the row lock itself, so a
             # transaction around a locking read would only add three round trips (every baseline).
             row = await conn.fetchrow(
+                # $8: the context tokens the caller read; what appends added since is kept.
                 """UPDATE sessions
-                      SET context_tokens = COALESCE($2, context_tokens),
+                      SET context_tokens = COALESCE($2 + context_tokens - $8, $2, context_tokens),
                           context_truncated = COALESCE($3, context_truncated),
                           state = COALESCE($4::jsonb, state), update_time = $5
                     WHERE session_id = $1 AND (user_id = $6 OR $7)
@@ -882,6 +884,7 @@ class PostgresStore:
                 self._now(),
                 caller.user_id,
                 caller.is_admin,
+                context_tokens_as_of,
             )
             if row is None or not caller.may_read(row["user_id"]):  # may_read: an admin's read is audited
                 raise session_not_found(session_id)
@@ -1057,6 +1060,7 @@ class PostgresStore:
         append: Sequence[Message],
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
+        context_tokens_as_of: int | None = None,
     ) -> list[int]:
         demoted = sorted(set(demote))
 
@@ -1068,10 +1072,12 @@ class PostgresStore:
             removed = await _set_context(conn, session_id, demoted, False)
             rows = stamped(append, row["last_sequence"] + 1, now)
             await _insert_rows(conn, session_id, rows)
+            # $9: the context tokens when the compacted context was read; appends since are kept.
             await conn.execute(
                 """UPDATE sessions
                       SET last_sequence = last_sequence + $2, display_count = display_count + $3,
-                          context_count = context_count + $4, context_tokens = $5,
+                          context_count = context_count + $4,
+                          context_tokens = COALESCE($5 + context_tokens - $9, $5),
                           state = COALESCE($6::jsonb, state), preview = COALESCE($7, preview), update_time = $8
                     WHERE session_id = $1""",
                 session_id,
@@ -1082,6 +1088,7 @@ class PostgresStore:
                 dict(state) if state is not None else None,
                 newest_preview(rows),
                 now,
+                context_tokens_as_of,
             )
             return [m.sequence_number for m in rows]
 

@@ -1,0 +1,43 @@
+"""A session deleted while its post-turn check runs (DeleteSession on this replica or another,
+between the check's reads) ends the check quietly: no warning, no traceback in the log."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from contextsvc.core.session import ANONYMOUS
+from tests.support.compaction_harness import ContextReadingStore, Rig, a, u, words
+
+
+class DeletedMidCheckStore(ContextReadingStore):
+    """Deletes the session at the check's context read, as a concurrent DeleteSession would."""
+
+    delete_on_read: str = ""
+
+    async def load_context(self, session_id: str, *, caller: Any) -> Any:
+        if session_id == self.delete_on_read:
+            await self.delete_session(session_id, caller=ANONYMOUS)
+        return await super().load_context(session_id, caller=caller)
+
+
+async def test_a_session_deleted_during_its_post_turn_check_logs_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    rig = await Rig.start(store=DeletedMidCheckStore, hot_path={"post_turn_headroom": 0})
+    try:
+        sid = await rig.session()
+        await rig.append(sid, u("hello"), a("hi " + words(20)))
+        assert await rig.engine.post_turn.drain(5)
+        store = rig.store
+        assert isinstance(store, DeletedMidCheckStore)
+        store.delete_on_read = sid
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="contextsvc"):
+            rig.engine.post_turn.schedule(sid)
+            assert await rig.engine.post_turn.drain(5)
+        assert store.context_reads >= 1  # the check got as far as the context read
+        noisy = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+        assert not noisy, [(rec.getMessage(), rec.exc_info is not None) for rec in noisy]
+    finally:
+        await rig.close()
