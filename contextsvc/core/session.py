@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -9,6 +10,14 @@ from typing import Any
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
+#: ``epoch_micros`` of the latest time a ``datetime`` holds.
+MAX_EPOCH_MICROS = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // _MICROSECOND
+_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def is_session_id(value: object) -> bool:
+    """A canonical (lowercase, hyphenated) UUID: the only ids a store ever builds a path from."""
+    return isinstance(value, str) and _SESSION_ID.fullmatch(value) is not None
 
 
 def epoch_micros(when: datetime | None) -> int:
@@ -78,8 +87,9 @@ class SessionInfo:
 class ListPosition:
     """Where a page of a session listing ended: the listing order's key (pinned first, newest
     ``update_time`` first, then id) of its last session. The next page starts strictly after it,
-    so sessions created, updated or deleted meanwhile never shift a later page (no session
-    listed twice, none skipped for another's sake)."""
+    so sessions created, updated or deleted meanwhile never shift a later page: no session is
+    listed twice, and none is skipped because another moved. A session updated during the pass
+    moves ahead of the position; a new listing shows it."""
 
     pinned: bool
     update_micros: int  # ``epoch_micros`` of the session's update_time

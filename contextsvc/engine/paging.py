@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any
 
-from contextsvc.core.session import ListPosition
+from contextsvc.core.session import MAX_EPOCH_MICROS, ListPosition, is_session_id
 from contextsvc.errors import InvalidArgument
 
 
@@ -56,29 +56,35 @@ def decode_page_token(token: str, *filter_parts: str, field: str = "page_token")
     return offset
 
 
-def encode_listing_token(position: ListPosition, *filter_parts: str) -> str:
-    return _encode({"k": [position.pinned, position.update_micros, position.session_id]}, filter_parts)
+def encode_listing_token(position: ListPosition, offset: int, *filter_parts: str) -> str:
+    """A position, and the offset the same page ends at as the listing stood (what a replica
+    still on offset tokens reads, during a rolling upgrade)."""
+    return _encode({"k": [position.pinned, position.update_micros, position.session_id], "o": offset}, filter_parts)
 
 
-def decode_listing_token(token: str, *filter_parts: str, field: str = "page_token") -> ListPosition | int:
-    """Where a listing token says the next page starts: after a position (``encode_listing_token``),
-    or at an offset (a token of a server before positions; still honoured across an upgrade).
-    No token: offset 0. A foreign, corrupt or mismatched token is INVALID_ARGUMENT."""
+def decode_listing_token(token: str, *filter_parts: str, field: str = "page_token") -> tuple[ListPosition | None, int]:
+    """Where a listing token says the next page starts: after a position (``encode_listing_token``)
+    with the offset it stood for, or at an offset alone (a token of a server before positions;
+    still honoured across an upgrade). No token: ``(None, 0)``. A foreign, corrupt, mismatched or
+    forged token (the token is not signed: a time past what a date holds, an id no session has
+    the form of) is INVALID_ARGUMENT."""
     if not token:
-        return 0
+        return None, 0
     data = _decode(token, filter_parts, field)
     key = data.get("k")
+    offset = decode_page_token(token, *filter_parts, field=field) if "o" in data or key is None else 0
     if key is None:
-        return decode_page_token(token, *filter_parts, field=field)
+        return None, offset
     if (
         isinstance(key, list)
         and len(key) == 3
         and isinstance(key[0], bool)
         and isinstance(key[1], int)
         and not isinstance(key[1], bool)
-        and isinstance(key[2], str)
+        and 0 <= key[1] <= MAX_EPOCH_MICROS
+        and is_session_id(key[2])
     ):
-        return ListPosition(key[0], key[1], key[2])
+        return ListPosition(key[0], key[1], key[2]), offset
     raise InvalidArgument.field(field, "is not a token this service issued")
 
 

@@ -156,15 +156,22 @@ class SessionService:
         for field, text in (("profile_id", profile_id), ("query", query)):
             if "\x00" in text:
                 raise InvalidArgument.field(field, "contains a NUL character")
-        start = decode_listing_token(page_token, "sessions", profile_id, query)
-        after, offset = (start, 0) if isinstance(start, ListPosition) else (None, start)
+        after, offset = decode_listing_token(page_token, "sessions", profile_id, query)
         # One more than the page: whether a next page exists, whatever changed before this one.
         page = await self._store.list_sessions(
-            caller=caller, offset=offset, limit=limit + 1, profile_id=profile_id, query=query, after=after
+            caller=caller,
+            offset=0 if after else offset,
+            limit=limit + 1,
+            profile_id=profile_id,
+            query=query,
+            after=after,
         )
         sessions = page.sessions[:limit]
         more = len(page.sessions) > limit
-        token = encode_listing_token(ListPosition.of(sessions[-1]), "sessions", profile_id, query) if more else ""
+        token = ""
+        if more:
+            end = offset + len(sessions)  # (for replicas still on offset tokens)
+            token = encode_listing_token(ListPosition.of(sessions[-1]), end, "sessions", profile_id, query)
         return SessionList(sessions=sessions, next_page_token=token, total=page.total)
 
     async def update(

@@ -28,7 +28,15 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import copy_plain
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.recall import RecallIndex
-from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo, SessionPage, listing_key
+from contextsvc.core.session import (
+    AppendResult,
+    ListPosition,
+    Principal,
+    SessionInfo,
+    SessionPage,
+    is_session_id,
+    listing_key,
+)
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, SessionDamaged
 from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
 from contextsvc.stores._session import (
@@ -49,13 +57,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _BLOB_ID = re.compile(r"[0-9a-f]{64}")
-
-
-def is_session_id(value: object) -> bool:
-    """A canonical (lowercase, hyphenated) UUID: the only ids a store ever builds a path from."""
-    return isinstance(value, str) and _SESSION_ID.fullmatch(value) is not None
 
 
 def is_blob_id(value: object) -> bool:

@@ -104,10 +104,10 @@ from contextsvc.core.calibration import Observation
 from contextsvc.core.codec import message_to_dict
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
-from contextsvc.core.session import ListPosition, Principal, SessionInfo, SessionPage
+from contextsvc.core.session import ListPosition, Principal, SessionInfo, SessionPage, is_session_id
 from contextsvc.errors import Conflict, NotFound, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, StoreHealth
-from contextsvc.stores._base import RowStore, _listed_page, check_blob, is_blob_id, is_session_id, session_not_found
+from contextsvc.stores._base import RowStore, _listed_page, check_blob, is_blob_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
 from contextsvc.stores._disk_sync import DiskSync, GroupCommit
 from contextsvc.stores._frames import mark_path, read_mark, write_mark, write_mark_number

@@ -40,7 +40,7 @@ from contextsvc.core.maintenance import Candidate
 from contextsvc.core.messages import BufferKind, Message
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import BM25_B, BM25_K1, TERMS_VERSION, weighted_query_terms
-from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo, SessionPage
+from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo, SessionPage, is_session_id
 from contextsvc.errors import Conflict, ContextError, InvalidArgument, NotFound, RequestIdReused, Unavailable
 from contextsvc.ports import (
     AppendEvent,
@@ -57,7 +57,6 @@ from contextsvc.stores._base import (
     compaction_conflict,
     context_bound,
     is_blob_id,
-    is_session_id,
     session_not_found,
 )
 from contextsvc.stores._session import utc
