@@ -104,15 +104,20 @@ _PREFERENCE = folded(
 )
 #: A sentence that says it revises something said before (a correction, a reversal, a change).
 #: Bare "update", "change" or "replace" are not cues: "I updated app.yaml to add logging" revises
-#: nothing said of app.yaml before; "changed to", "updated to", "replaced with" are.
+#: nothing said of app.yaml before; "changed to", "updated to", "replaced with" are. Nor is
+#: "forget" alone ("don't forget to back up db-3" is a reminder).
 _REVISION = folded(
     r"\b(?:correction|corrected|switch(?:ed)?|(?:changed?|updated?|moved) to|change of plan|changed my mind"
-    r"|replaced? (?:with|by)|no longer|revers(?:e|ed|ing)|reverted|scratch that|forget|from now on|no wait"
-    r"|(?:is|are|was|were) now|now (?:is|are|uses?|runs?|points?|lives?))\b"
+    r"|replaced? (?:with|by)|no longer|revers(?:e|ed|ing)|reverted|scratch that|no wait"
+    r"|(?<!don't )(?<!do not )forget (?:that|it|about))\b"
 )
-#: Cues that revise only in the user's mouth: an assistant's "actually" or "instead" is mostly
-#: about its own work ("the test actually fails because..."), not a correction of a stated fact.
-_USER_REVISION = folded(r"\b(?:actually|instead|rather than|any ?more)\b|^no\b")
+#: Cues that revise only in the user's mouth: an assistant's "actually", "instead" or "is now" is
+#: mostly about its own work ("the test actually fails because...", "app.yaml is now formatted"),
+#: not a correction of a stated fact.
+_USER_REVISION = folded(
+    r"\b(?:actually|instead|rather than|any ?more|from now on|(?:is|are|was|were) now"
+    r"|now (?:is|are|uses?|runs?|points?|lives?))\b|^no\b"
+)
 #: Words of a fact that tell what it is about (``_topic``): 3+ letters, not the commonest ones.
 _WORD = lazy(r"[^\W\d_][\w-]{2,}")
 _COMMON_WORDS = (
@@ -125,8 +130,10 @@ _COMMON_WORDS = (
     "rather remember note"
 )
 _STOPWORDS = frozenset(_COMMON_WORDS.split())
-#: Topic words (anchors count as words) a revision must share with the fact it replaces.
-_REVISION_OVERLAP = 2
+#: Topic words (an anchor counts as one word) a revision must share with the fact it replaces:
+#: with 2, "From now on, the api service logs go to..." replaced "Always deploy the api service
+#: to sigma-2 first" for "api service" alone.
+_REVISION_OVERLAP = 3
 _SENTENCE = lazy(r"(?<=[.!?])\s+|\n+")
 #: What ``_SENTENCE`` splits at needs (its look-behind's scan at every character is ~6 µs a line).
 _SENTENCE_ENDS = (".", "!", "?", "\n")
@@ -236,16 +243,21 @@ def strip_facts(summary_text: str) -> str:
 
 
 def _topic(sentence: str, anchors: frozenset[str]) -> frozenset[str]:
-    """What a fact is about: its anchors and its words that are not the commonest ones."""
-    words = {w for w in (m.group(0).casefold() for m in _WORD.finditer(sentence)) if w not in _STOPWORDS}
-    return frozenset(words | anchors)
+    """What a fact is about: its anchors, each once, and its other words that are not the
+    commonest ones (the words inside an anchor are not counted again: one shared path must not
+    pass for a shared subject)."""
+    text = sentence.casefold()
+    for anchor in sorted(anchors, key=len, reverse=True):
+        text = text.replace(anchor.casefold(), " ")
+    words = {w for w in (m.group(0) for m in _WORD.finditer(text)) if w not in _STOPWORDS}
+    return frozenset(words | {a.casefold() for a in anchors})
 
 
 def _supersede(candidates: list[_Candidate]) -> list[_Candidate]:
     """``candidates`` (oldest first) without the facts a later one revises.
 
     A revision (``_REVISION``: "correction", "actually", "is now", "switched to"...) replaces every
-    earlier fact it shares ``_REVISION_OVERLAP`` topic words with (anchors count: "forget kappa-7"
+    earlier fact it shares ``_REVISION_OVERLAP`` topic words with (an anchor counts: "forget kappa-7"
     names the old value): the summary must not go on stating the old value as a fact, and ranked
     below the facts carried from earlier summaries a newer line never got in. So the revision also
     takes the rank the replaced fact had (carried, a preference), and is carried on from then on.
@@ -331,7 +343,10 @@ def fact_lines(
     used = 0
     for c in sorted(candidates, key=score, reverse=True):
         key = _SPACES.sub(" ", c.text).casefold()
-        if key in seen_text or (c.anchors and c.anchors <= covered and not c.preference):
+        # Another line naming the same anchors is skipped (no two lines for one hostname), unless
+        # it is a preference or a fact carried from an earlier summary: "don't forget to back up
+        # db-3" must not drop "db-3 is the database host, port 5432" for sharing its host.
+        if key in seen_text or (c.anchors and c.anchors <= covered and not (c.preference or c.carried)):
             continue
         if used + len(c.text) + 3 > max_chars or len(chosen) >= max_facts:
             break

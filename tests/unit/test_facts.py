@@ -176,3 +176,32 @@ def test_work_reported_on_a_fact_does_not_replace_it() -> None:
     ]
     facts = fact_lines(rows)
     assert "The config file is /etc/app.yaml and the port is 8080." in facts
+
+
+@pytest.mark.parametrize(
+    ("fact", "later"),
+    [
+        # one shared path is not a shared subject, and an assistant's "is now" reports its work
+        (
+            "The service config lives in config/app.yaml on host web-01.",
+            Message(Role.ASSISTANT, "Done: config/app.yaml is now formatted with two-space indents."),
+        ),
+        # a reminder is not a revision
+        (
+            "The database host is db-prod-3 on port 5432.",
+            Message(Role.USER, "Don't forget to back up db-prod-3 before the migration."),
+        ),
+        # a new rule about another thing of the same service
+        (
+            "Always deploy the api service to sigma-2 first.",
+            Message(Role.USER, "From now on, the api service logs go to /var/log/api."),
+        ),
+        (
+            "The staging site is https://staging.example.com/api and the token expires 2026-12-31.",
+            Message(Role.ASSISTANT, "The page at https://staging.example.com/api now uses the new layout."),
+        ),
+    ],
+)
+def test_a_line_that_only_mentions_what_a_fact_names_does_not_replace_it(fact: str, later: Message) -> None:
+    facts = fact_lines([_summary_with([fact]), later])
+    assert fact in facts
