@@ -77,6 +77,9 @@ class MessagePage:
 #: each image reference (a blob id, its type and size).
 _ROW_WIRE_BYTES = 256
 _IMAGE_REF_WIRE_BYTES = 160
+#: A metadata value's protobuf ``Struct`` over its compact JSON, at most: a number in a list is 2-4
+#: JSON bytes (``0,`` or ``0.0,``) and 11 on the wire; keys, strings and nesting cost less than that.
+_METADATA_WIRE_FACTOR = 6
 
 
 def _utf8_len(text: str) -> int:
@@ -90,7 +93,7 @@ def _row_wire_bytes(m: Message) -> int:
     for call in m.tool_calls:
         size += _utf8_len(call.id) + _utf8_len(call.name) + _utf8_len(call.arguments_json) + 16
     if m.metadata:
-        size += metadata_size(m.metadata)
+        size += _METADATA_WIRE_FACTOR * metadata_size(m.metadata)
     return size
 
 

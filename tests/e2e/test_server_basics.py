@@ -200,6 +200,22 @@ def test_pages_of_big_messages_fit_a_default_grpc_client(stub: Any) -> None:
     assert [m.content for m in all_messages(stub, sid, buffer=pb.BUFFER_CONTEXT)] == contents
 
 
+def test_pages_of_metadata_heavy_messages_fit_a_default_grpc_client(stub: Any) -> None:
+    """Metadata within its 64 KiB limit as JSON weighs more as a protobuf Struct (a list of numbers:
+    ``0.0,`` is 4 JSON bytes and 11 on the wire): 40 such rows are ~6.6 MB, over gRPC's default
+    4 MiB, and the page's byte bound counts them so."""
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    for i in range(40):
+        message = user(f"row {i}")
+        message.metadata.update({"samples": [0] * 15_000})  # 60 KB of JSON, ~165 KB on the wire
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[message]))
+    page = stub.ListMessages(pb.ListMessagesRequest(session_id=sid))
+    assert page.next_page_token and 0 < len(page.messages) < 40
+    listed = all_messages(stub, sid)
+    assert [m.content for m in listed] == [f"row {i}" for i in range(40)]
+    assert all(len(m.metadata["samples"]) == 15_000 for m in listed)
+
+
 def _with_metadata(request: Any, value: float) -> Any:
     request.metadata.update({"x": value})
     return request
