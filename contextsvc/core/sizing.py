@@ -127,7 +127,8 @@ class SizeWeights:
     #: unit of Han, kana and hangul text where they were with ``cjk_per_char`` (0.3-0.6).
     cjk_table_scale: float = 0.9
     #: A punctuation run costs 1 token up to ``free_punct`` chars, then ``per_punct`` per char;
-    #: a run of one repeated char (rulers ``=====``) 1 + ``per_repeat`` whatever its length: every
+    #: a run of one repeated char (rulers ``=====``) 1 + ``per_repeat`` a piece whatever its length
+    #: (pieces are cut at ``_MAX_PIECE`` chars, so 80 ``=`` are three pieces, ~3.4): every
     #: vocabulary measured has ruler tokens of 32-80 chars (o200k, cl100k, Llama 3 and Claude count
     #: 80 ``=`` as 1 token), and a price per char put the floor an honest count is held against
     #: (``calibration.lower_bound``) above the real count of a log with ruler lines.

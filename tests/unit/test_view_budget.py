@@ -261,6 +261,19 @@ def test_notices_that_would_overrun_the_budget_leave_one_more_image_out() -> Non
     assert priced.tokens + 2 * 40 <= priced.budget == budget
 
 
+def test_images_past_the_bytes_a_response_can_carry_are_left_out_newest_kept() -> None:
+    heavy = [with_images(i + 1, ImageRef(f"h{i}", "image/png", 64, 64, size_bytes=10_000_000)) for i in range(4)]
+    plan = budget_images(heavy, window=100_000, text_tokens=0, vision=True, max_bytes=25_000_000)
+    assert [s.blob_id for s in plan.kept] == ["h2", "h3"]  # two fit the bytes; the tokens fit all four
+    assert [s.blob_id for s in plan.left_out] == ["h0", "h1"]
+    assert "response size limit" in plan.notices[0]
+    # Text alone past what a response carries (a negative allowance): no image, each named.
+    none = budget_images(heavy, window=100_000, text_tokens=0, vision=True, max_bytes=-5)
+    assert not none.kept and len(none.notices) == 4
+    # Without a bound, bytes do not matter.
+    assert len(budget_images(heavy, window=100_000, text_tokens=0, vision=True).kept) == 4
+
+
 # --- size guard ----------------------------------------------------------------------------
 
 
