@@ -2,7 +2,8 @@
 
 A check is keyed by session: scheduling a session that is already waiting does nothing more, so
 a burst of turns costs one check. Failures are logged, never raised: the turn already succeeded.
-A session deleted before or while its check runs is no failure: the check just stops.
+A session deleted before or while its check runs is no failure: the check just stops; a store
+that is down makes one line per check, not a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from contextsvc.errors import NotFound
+from contextsvc.errors import NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,10 @@ class PostTurnWorker:
                 raise
             except NotFound:  # deleted (on this replica or another) while the check ran
                 log.debug("post-turn check: session gone", extra={"session_id": session_id})
+            except Unavailable as exc:
+                # The store is down (a PostgreSQL restart): the store logs that; one line per check
+                # here, not a traceback each. The next turn schedules the check again.
+                log.warning("post-turn check skipped: %s", exc, extra={"session_id": session_id})
             except Exception:
                 log.warning("post-turn check failed", extra={"session_id": session_id}, exc_info=True)
             finally:
