@@ -5,6 +5,7 @@ that goes down meanwhile makes one warning line, no traceback."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,45 +46,55 @@ class DeletedMidCheckStore(ContextReadingStore):
             await self.delete_session(session_id, caller=ANONYMOUS)
         return await super().load_context(session_id, caller=caller)
 
+    async def context_and_session(self, session_id: str, *, caller: Any) -> Any:
+        if session_id == self.delete_on_read:
+            await self.delete_session(session_id, caller=ANONYMOUS)
+        return await super().context_and_session(session_id, caller=caller)
 
-async def test_a_session_deleted_during_its_post_turn_check_logs_no_warning(caplog: pytest.LogCaptureFixture) -> None:
-    rig = await Rig.start(store=DeletedMidCheckStore, hot_path={"post_turn_headroom": 0})
+
+async def _check_with(
+    store_class: type[ContextReadingStore],
+    arm: Callable[[Any, str], None],
+    caplog: pytest.LogCaptureFixture,
+) -> tuple[ContextReadingStore, list[logging.LogRecord]]:
+    """Run one post-turn check of a fresh session with ``arm(store, session_id)`` applied just
+    before it; the store and what the check logged."""
+    rig = await Rig.start(store=store_class, hot_path={"post_turn_headroom": 0})
     try:
         sid = await rig.session()
         await rig.append(sid, u("hello"), a("hi " + words(20)))
         assert await rig.engine.post_turn.drain(5)
         store = rig.store
-        assert isinstance(store, DeletedMidCheckStore)
-        store.delete_on_read = sid
+        assert isinstance(store, store_class)
+        arm(store, sid)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="contextsvc"):
             rig.engine.post_turn.schedule(sid)
             assert await rig.engine.post_turn.drain(5)
-        assert store.context_reads >= 1  # the check got as far as the context read
-        noisy = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
-        assert not noisy, [(rec.getMessage(), rec.exc_info is not None) for rec in noisy]
+        records = list(caplog.records)
+        arm(store, "")
+        return store, records
     finally:
         await rig.close()
+
+
+async def test_a_session_deleted_during_its_post_turn_check_logs_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    def arm(store: Any, sid: str) -> None:
+        store.delete_on_read = sid
+
+    store, records = await _check_with(DeletedMidCheckStore, arm, caplog)
+    assert store.context_reads >= 1  # the check got as far as the context read
+    noisy = [rec for rec in records if rec.levelno >= logging.WARNING]
+    assert not noisy, [(rec.getMessage(), rec.exc_info is not None) for rec in noisy]
 
 
 async def test_a_store_down_during_a_post_turn_check_logs_one_line_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    rig = await Rig.start(store=DownMidCheckStore, hot_path={"post_turn_headroom": 0})
-    try:
-        sid = await rig.session()
-        await rig.append(sid, u("hello"), a("hi " + words(20)))
-        assert await rig.engine.post_turn.drain(5)
-        store = rig.store
-        assert isinstance(store, DownMidCheckStore)
-        store.down = True
-        caplog.clear()
-        with caplog.at_level(logging.DEBUG, logger="contextsvc.engine.worker"):
-            rig.engine.post_turn.schedule(sid)
-            assert await rig.engine.post_turn.drain(5)
-        lines = [rec for rec in caplog.records if rec.name == "contextsvc.engine.worker"]
-        assert [rec.levelno for rec in lines] == [logging.WARNING]
-        assert lines[0].exc_info is None and "not reachable" in lines[0].getMessage()
-        store.down = False
-    finally:
-        await rig.close()
+    def arm(store: Any, sid: str) -> None:
+        store.down = bool(sid)
+
+    _, records = await _check_with(DownMidCheckStore, arm, caplog)
+    lines = [rec for rec in records if rec.name == "contextsvc.engine.worker"]
+    assert [rec.levelno for rec in lines] == [logging.WARNING]
+    assert lines[0].exc_info is None and "not reachable" in lines[0].getMessage()
