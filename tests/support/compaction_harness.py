@@ -262,6 +262,13 @@ class Rig:
         s = await self.engine.sessions.create(ANONYMOUS, profile_id="", name="", metadata={})
         return s.id
 
+    async def session_of_turns(self, turns: int, *, answer_words: int = 80) -> str:
+        """A new session of ``turns`` question/answer pairs (each question names its own file)."""
+        sid = await self.session()
+        for k in range(turns):
+            await self.append(sid, u(f"ask {k} about module_{k}.py"), a(f"answer {k} " + words(answer_words)))
+        return sid
+
     async def append(self, sid: str, *messages: IncomingMessage, turn_complete: bool = False) -> list[int]:
         out = await self.engine.append(ANONYMOUS, sid, list(messages), request_id="", turn_complete=turn_complete)
         return out.sequence_numbers

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from contextsvc.stores.memory import MemoryStore
-from tests.support.compaction_harness import Rig, a, u, words
+from tests.support.compaction_harness import Rig, u, words
 
 
 class AppendsBeforeStateWrite(MemoryStore):
@@ -34,9 +34,7 @@ class AppendsBeforeStateWrite(MemoryStore):
 async def test_an_anchor_written_the_locked_way_keeps_an_append_committed_meanwhile() -> None:
     rig = await Rig.start(store=AppendsBeforeStateWrite)
     try:
-        sid = await rig.session()
-        for k in range(4):
-            await rig.append(sid, u(f"ask {k} about module_{k}.py"), a(f"answer {k} " + words(40)))
+        sid = await rig.session_of_turns(4, answer_words=40)
         view = await rig.build(sid, auto=False)
         view_last = max(vm.message.sequence_number for vm in view.messages)
         # Appended after the view: its baseline is anchored the locked way.

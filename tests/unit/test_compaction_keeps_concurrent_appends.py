@@ -35,9 +35,7 @@ async def _counts_after_compress(race: bool) -> tuple[int, int]:
     its commit (``race``) or just after it, and the tokens those appends added."""
     rig = await Rig.start(store=AppendsBeforeCommit)
     try:
-        sid = await rig.session()
-        for k in range(12):
-            await rig.append(sid, u(f"ask {k} about module_{k}.py"), a(f"answer {k} " + words(80)))
+        sid = await rig.session_of_turns(12)
         store = rig.store
         assert isinstance(store, AppendsBeforeCommit)
         added: list[int] = []

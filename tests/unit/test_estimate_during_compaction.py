@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from contextsvc.stores.memory import MemoryStore
-from tests.support.compaction_harness import Rig, a, u, words
+from tests.support.compaction_harness import Rig
 
 
 class CompactsBeforeContextRead(MemoryStore):
@@ -33,9 +33,7 @@ class CompactsBeforeContextRead(MemoryStore):
 async def test_an_estimate_racing_a_compaction_prices_the_state_before_or_after_it() -> None:
     rig = await Rig.start(store=CompactsBeforeContextRead)
     try:
-        sid = await rig.session()
-        for k in range(12):
-            await rig.append(sid, u(f"ask {k} about module_{k}.py"), a(f"answer {k} " + words(80)))
+        sid = await rig.session_of_turns(12)
         view = await rig.build(sid, auto=False)
         assert (await rig.baseline(sid, view)).recorded  # the session is anchored to a real count
         before = await rig.estimate(sid)

@@ -15,7 +15,7 @@ from typing import Any
 
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.stores.memory import MemoryStore
-from tests.support.compaction_harness import Rig, a, u, words
+from tests.support.compaction_harness import Rig
 
 
 class CompactsBeforeRowsRead(MemoryStore):
@@ -34,9 +34,7 @@ class CompactsBeforeRowsRead(MemoryStore):
 async def test_a_fork_racing_a_compaction_keeps_the_context_the_parent_had_at_its_point() -> None:
     rig = await Rig.start(store=CompactsBeforeRowsRead)
     try:
-        sid = await rig.session()
-        for k in range(12):
-            await rig.append(sid, u(f"ask {k} about module_{k}.py"), a(f"answer {k} " + words(80)))
+        sid = await rig.session_of_turns(12)
         before = [m.content for m in await rig.context(sid)]
         store = rig.store
         assert isinstance(store, CompactsBeforeRowsRead)
