@@ -160,6 +160,19 @@ _copy_with = _written_out_copy_with()
 make_message: Callable[..., Message] = _written_out_make()
 
 
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def text_bytes(m: Message) -> int:
+    """UTF-8 bytes of ``m``'s text fields (content, thinking, name, tool call id, each tool call's
+    id, name and arguments): what its text weighs in a response."""
+    size = _utf8_len(m.content) + _utf8_len(m.thinking) + _utf8_len(m.name) + _utf8_len(m.tool_call_id)
+    for call in m.tool_calls:
+        size += _utf8_len(call.id) + _utf8_len(call.name) + _utf8_len(call.arguments_json)
+    return size
+
+
 def context_order(rows: list[Message]) -> list[Message]:
     """The context buffer: rows flagged ``is_context``, in context order."""
     return sorted((m for m in rows if m.flags.is_context), key=lambda m: m.context_sort_key)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contextsvc.config import Settings
-from contextsvc.core.messages import BufferKind, ImageRef, Message
+from contextsvc.core.messages import BufferKind, ImageRef, Message, text_bytes
 from contextsvc.core.profile import EffectiveProfile, resolve_profile
 from contextsvc.core.session import ListPosition, Principal, SessionInfo
 from contextsvc.core.tokens import carry_measures
@@ -82,16 +82,9 @@ _IMAGE_REF_WIRE_BYTES = 160
 _METADATA_WIRE_FACTOR = 6
 
 
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
 def _row_wire_bytes(m: Message) -> int:
     """About what ``m`` takes in a ListMessages response (an upper bound of its text's share)."""
-    size = _ROW_WIRE_BYTES + _IMAGE_REF_WIRE_BYTES * len(m.images)
-    size += _utf8_len(m.content) + _utf8_len(m.thinking) + _utf8_len(m.name) + _utf8_len(m.tool_call_id)
-    for call in m.tool_calls:
-        size += _utf8_len(call.id) + _utf8_len(call.name) + _utf8_len(call.arguments_json) + 16
+    size = _ROW_WIRE_BYTES + _IMAGE_REF_WIRE_BYTES * len(m.images) + 16 * len(m.tool_calls) + text_bytes(m)
     if m.metadata:
         size += _METADATA_WIRE_FACTOR * metadata_size(m.metadata)
     return size

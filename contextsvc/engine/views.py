@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from contextsvc.config import Settings
 from contextsvc.core.calibration import Calibration, Observation, lower_bound, margin_base
-from contextsvc.core.messages import Message, Role
+from contextsvc.core.messages import Message, Role, text_bytes
 from contextsvc.core.priors import N_FEATURES, VIEW
 from contextsvc.core.profile import EffectiveProfile, view_shape
 from contextsvc.core.session import Principal, SessionInfo
@@ -799,13 +799,8 @@ class ViewService:
 
     def _image_bytes_budget(self, rows: Sequence[Message]) -> int:
         """Bytes the images of a view may take so that it stays one response the server can send
-        (``limits.grpc_max_send_bytes``): what its text (at most 4 bytes a character) and 1 MiB of
-        framing leave."""
-        chars = 0
-        for m in rows:
-            chars += len(m.content) + len(m.thinking) + len(m.name) + len(m.tool_call_id)
-            chars += sum(len(c.id) + len(c.name) + len(c.arguments_json) for c in m.tool_calls)
-        return self._settings.limits.grpc_max_send_bytes - 4 * chars - _VIEW_FRAMING_BYTES
+        (``limits.grpc_max_send_bytes``): what its text and 1 MiB of framing leave."""
+        return self._settings.limits.grpc_max_send_bytes - sum(map(text_bytes, rows)) - _VIEW_FRAMING_BYTES
 
     def _assemble(
         self,
