@@ -39,7 +39,7 @@ from contextsvc.engine.remembered_profile import (
 )
 from contextsvc.engine.sessions import AppendOutcome, SessionService
 from contextsvc.engine.state import EngineState
-from contextsvc.engine.validation import IncomingMessage, require_session_id
+from contextsvc.engine.validation import IncomingMessage, check_no_nul, require_session_id
 from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, PendingAnchor, ViewService
 from contextsvc.engine.worker import PostTurnWorker
 from contextsvc.errors import ContextError, InvalidArgument, NotFound, quoted
@@ -408,16 +408,15 @@ class Engine:
             raise InvalidArgument.field("messages", "give either messages or a session_id, not both")
         if len(model) > self.settings.limits.max_model_chars:
             raise InvalidArgument.field("model", f"exceeds {self.settings.limits.max_model_chars} characters")
-        if "\x00" in model:
-            raise InvalidArgument.field("model", "contains a NUL character")
+        check_no_nul(model, "model")
         if session_id:
             # The session and its context read at one moment, as a build reads them: read apart, a
             # compaction committed between the two reads would pair the old baseline with the
             # compacted context, and baseline + delta would count the dropped turns and the summary.
             session, context = await self.store.context_and_session(require_session_id(session_id), caller=caller)
-            # Without a profile, the one BuildContext last used (remembered on the session), so the
-            # estimate prices exactly what BuildContext would send.
-            effective = await self._profile_for(session, None if profile == ProfileOverrides() else profile)
+            # Without a profile, the one BuildContext last used, so the estimate prices exactly
+            # what BuildContext would send.
+            effective = await self._profile_for(session, _or_remembered(profile))
             return await self.views.estimate_session(session, context, model=model, profile=effective)
         effective = resolve_profile(self.settings, "", profile)
         return await self.views.estimate_messages(model=model, profile=effective, messages=messages)
@@ -553,10 +552,9 @@ class Engine:
         if len(note) > 1000:
             raise InvalidArgument.field("reason", "exceeds 1000 characters")
         session = await self.store.get_session(sid, caller=caller)
-        # Without a profile, the one the session's builds use (remembered by the last BuildContext),
-        # as the post-turn check and EstimateTokens do: a Compress from the inspector then aims at
-        # the window, model and summarizer the agent's own builds use.
-        effective = await self._profile_for(session, None if profile == ProfileOverrides() else profile)
+        # Without a profile, the one the session's builds use, as the post-turn check does: a
+        # Compress from the inspector aims at the window, model and summarizer of the agent's builds.
+        effective = await self._profile_for(session, _or_remembered(profile))
         async with self.compactor.lock(sid):
             # At one moment: the commit counts appends made after this read on top of it.
             session, context = await self.store.context_and_session(sid, caller=caller)
@@ -626,3 +624,10 @@ def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:
     """Seconds to ``deadline`` (a lock wait bound: a hair above 0 once passed, so a free lock is
     still taken and a held one refused at once)."""
     return max(deadline - loop.time(), 0.001)
+
+
+def _or_remembered(profile: ProfileOverrides) -> ProfileOverrides | None:
+    """``profile``, or None (``_profile_for``: the session's remembered profile) when a call gave
+    none: EstimateTokens and Compress of a session use what its builds use. (BuildContext without
+    a profile uses the named one, and remembers that.)"""
+    return None if profile == NO_OVERRIDES else profile

@@ -29,6 +29,7 @@ from contextsvc.engine.validation import (
     check_messages,
     check_metadata,
     check_name,
+    check_no_nul,
     check_page_size,
     metadata_size,
     require_session_id,
@@ -149,9 +150,8 @@ class SessionService:
         self, caller: Principal, *, page_size: int, page_token: str, profile_id: str, query: str
     ) -> SessionList:
         limit = check_page_size(page_size, self._limits)
-        for field, text in (("profile_id", profile_id), ("query", query)):
-            if "\x00" in text:
-                raise InvalidArgument.field(field, "contains a NUL character")
+        check_no_nul(profile_id, "profile_id")
+        check_no_nul(query, "query")
         after, offset = decode_listing_token(page_token, "sessions", profile_id, query)
         # One more than the page: whether a next page exists, whatever changed before this one.
         page = await self._store.list_sessions(
@@ -205,8 +205,7 @@ class SessionService:
         sid = require_session_id(session_id)
         if len(request_id) > 128:
             raise InvalidArgument.field("request_id", "exceeds 128 characters")
-        if "\x00" in request_id:
-            raise InvalidArgument.field("request_id", "contains a NUL character")
+        check_no_nul(request_id, "request_id")
         check_messages(incoming, self._limits)
         # A session this process has appended to needs no read: the store's append checks what the
         # read did (the session exists and is the caller's) and that its profile is still the one

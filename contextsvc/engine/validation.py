@@ -91,9 +91,14 @@ def check_metadata(metadata: Mapping[str, Any], limits: Limits, field: str) -> N
         raise InvalidArgument.field(field, f"is {size} bytes; the limit is {limits.max_metadata_bytes}")
 
 
-def check_name(name: str, limits: Limits, field: str) -> None:
-    if "\x00" in name:
+def check_no_nul(text: str, field: str) -> None:
+    """NUL is no text character, and PostgreSQL cannot store it: refused on every store alike."""
+    if "\x00" in text:
         raise InvalidArgument.field(field, "contains a NUL character")
+
+
+def check_name(name: str, limits: Limits, field: str) -> None:
+    check_no_nul(name, field)
     if len(name) > limits.max_name_chars:
         raise InvalidArgument.field(field, f"is {len(name)} characters; the limit is {limits.max_name_chars}")
 
