@@ -47,9 +47,11 @@ def _count(value: object) -> bool:
 
 def decode_page_token(token: str, *filter_parts: str, field: str = "page_token") -> int:
     """The offset a token stands for; a foreign, corrupt or mismatched token is INVALID_ARGUMENT."""
-    if not token:
-        return 0
-    offset = _decode(token, filter_parts, field).get("o")
+    return _offset(_decode(token, filter_parts, field), field) if token else 0
+
+
+def _offset(data: dict[str, Any], field: str) -> int:
+    offset = data.get("o")
     if not _count(offset):
         raise InvalidArgument.field(field, "is not a token this service issued")
     assert isinstance(offset, int)
@@ -72,7 +74,7 @@ def decode_listing_token(token: str, *filter_parts: str, field: str = "page_toke
         return None, 0
     data = _decode(token, filter_parts, field)
     key = data.get("k")
-    offset = decode_page_token(token, *filter_parts, field=field) if "o" in data or key is None else 0
+    offset = _offset(data, field) if "o" in data or key is None else 0
     if key is None:
         return None, offset
     if (
