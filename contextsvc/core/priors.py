@@ -9,9 +9,11 @@ per view (the reply primer). A model name maps to a family through ``settings.to
 (globs); an unknown model gets the ``default`` family, the middle of the others, with wider
 uncertainty so its own baselines move it further.
 
-The numbers come from ``bench/fidelity/fit_prior.py`` (non-negative least squares on the *fit*
-split of the bench corpus only; bench/RESULTS.md lists the sources of each split). Regenerate
-them with that script; never edit them by hand.
+The numbers come from ``python bench/fidelity/run.py --fit-prior`` (non-negative least squares on
+the *fit* split of the bench corpus only; bench/RESULTS.md lists the sources of each split).
+Regenerate them with that command; never edit them by hand. The corpus reads the installed Python
+packages, so a refit on a machine with other packages moves the weights and margins: refit only
+when the size units change, and compare ``bench/tokens`` and ``bench/fidelity`` before and after.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ class Prior:
     fitted_margins: tuple[float, ...] = ()
 
 
-# --- measured by bench/fidelity/fit_prior.py (fit split only) -- BEGIN GENERATED ------------
+# --- measured by bench/fidelity/run.py --fit-prior (fit split only) -- BEGIN GENERATED ------------
 PRIORS: dict[str, Prior] = {
     "o200k": Prior(
         weights=(

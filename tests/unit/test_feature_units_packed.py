@@ -69,6 +69,8 @@ def test_a_text_past_the_packed_bound_takes_the_loop(monkeypatch: pytest.MonkeyP
 
 
 def test_the_fields_hold_far_more_than_a_text_can_carry() -> None:
-    # A piece is at least one character and costs at most ~110 units; a field holds 2**40 - 1.
-    assert max(sizing.piece_units(ch * 32) for ch in ("a", "\u4e00", "\U0001f600", "!", " ", "7")) < 128
-    assert sizing._PACKED_MAX_CHARS * 128 < 1 << sizing._FIELD_BITS
+    # A piece is at least one character and costs at most 8 units a character; a field holds 2**40 - 1.
+    chars = ("a", "\u4e00", "\U0001f600", "\u2705", "\u200d", "!", " ", "7", "\u0416")
+    per_char = max(sizing.piece_units(ch * n) / n for ch in chars for n in (1, 2, 32))
+    assert per_char <= 8
+    assert sizing._PACKED_MAX_CHARS * 8 < 1 << sizing._FIELD_BITS
