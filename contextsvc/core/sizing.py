@@ -91,13 +91,6 @@ class SizeWeights:
     #: Claude's vocabulary longer ones. Priced per letter like a rare word, 1,000 ``x`` cost ~2.6x
     #: their tokens, so an honest count of a filler message looked like a truncated prompt.
     repeat_letters_per_token: float = 8.0
-    #: Letters with no word in them (random ids, keys, base64): a hump of at least
-    #: ``odd_min_letters`` that cuts into the vocabulary's longest tokens (``_latin_pieces``) at
-    #: fewer than ``odd_letters_per_piece`` letters a piece costs a token a piece. Words come out
-    #: in few long pieces and keep the hump price; 2,000 random letters were 38-51 % under their
-    #: tokens at it (lower-case "words" of 3-9 random letters 65 %), and are within 13 % now.
-    odd_min_letters: int = 4
-    odd_letters_per_piece: float = 2.5
     #: A piece whose prefix char is punctuation other than space, ``_`` or ``.`` (``:aws``,
     #: ``"id``, ``/src``) usually costs an extra token or part of one.
     odd_prefix: float = 0.5
@@ -246,11 +239,6 @@ def _letters_tokens(letters: str, w: SizeWeights, *, unspaced: bool = False) -> 
                 if n > w.free_letters and hump.count(hump[0]) == n:
                     tokens += max(1.0, n / w.repeat_letters_per_token)
                     continue
-                if n >= w.odd_min_letters:
-                    cut = _latin_pieces(hump)
-                    if n < w.odd_letters_per_piece * cut:
-                        tokens += cut
-                        continue
                 tokens += 1.0 + w.per_long_letter * max(0, min(n, w.word_letters) - w.free_letters)
                 tokens += w.per_odd_letter * max(0, n - w.word_letters)
         elif "\u0400" <= run[0] <= "\u052f":
@@ -829,42 +817,6 @@ def _cyrillic_ranks() -> list[dict[str, int]]:
                     tables.append({t: r for r, t in enumerate(raw.decode("utf-8").split("\n"))})
                 _CYRILLIC_RANKS.extend(tables)
     return _CYRILLIC_RANKS
-
-
-_LATIN_TOKENS: list[frozenset[str]] = []
-
-
-def _latin_tokens() -> frozenset[str]:
-    """cl100k's ASCII letter tokens of up to ``_LATIN_MAX`` letters (``_latin_tokens.py``):
-    unpacked at the first run of letters a process prices (~44k tokens, ~10 ms), so a start-up
-    that sizes nothing pays nothing."""
-    if not _LATIN_TOKENS:
-        with _RANKS_LOCK:
-            if not _LATIN_TOKENS:
-                from contextsvc.core import _latin_tokens  # 158 KB of source: imported when first needed
-
-                raw = zlib.decompress(base64.b64decode("".join(_latin_tokens.PACKED)))
-                _LATIN_TOKENS.append(frozenset(raw.decode("ascii").split("\n")))
-    return _LATIN_TOKENS[0]
-
-
-#: The longest token in ``_latin_tokens`` (``bench/tokens/latin_tokens.py``'s ``MAX_LETTERS``).
-_LATIN_MAX = 8
-
-
-def _latin_pieces(hump: str) -> int:
-    """Pieces of ``hump`` cut greedily from the left into the longest tokens of ``_latin_tokens``
-    (a letter the list lacks is a piece of its own). Not byte-pair encoding, but close enough to
-    tell a word (few long pieces) from letters with no word in them (many short ones)."""
-    known = _latin_tokens()
-    i, count, n = 0, 0, len(hump)
-    while i < n:
-        size = min(_LATIN_MAX, n - i)
-        while size > 1 and hump[i : i + size] not in known:
-            size -= 1
-        i += size
-        count += 1
-    return count
 
 
 def _merge_count(letters: str, ranks: dict[str, int]) -> int:
