@@ -86,11 +86,6 @@ class SizeWeights:
     per_long_letter: float = 0.15
     word_letters: int = 12
     per_odd_letter: float = 0.4
-    #: A hump of one letter repeated (``xxxxxxxx``, ``AAAAAAAA``: filler text) is not a rare word:
-    #: o200k, cl100k and Llama 3 hold runs of eight as one token (``"x" * 1000`` is 125 tokens),
-    #: Claude's vocabulary longer ones. Priced per letter like a rare word, 1,000 ``x`` cost ~2.6x
-    #: their tokens, so an honest count of a filler message looked like a truncated prompt.
-    repeat_letters_per_token: float = 8.0
     #: A piece whose prefix char is punctuation other than space, ``_`` or ``.`` (``:aws``,
     #: ``"id``, ``/src``) usually costs an extra token or part of one.
     odd_prefix: float = 0.5
@@ -236,9 +231,6 @@ def _letters_tokens(letters: str, w: SizeWeights, *, unspaced: bool = False) -> 
         if run.isascii():
             for hump in _HUMP.findall(run):
                 n = len(hump)
-                if n > w.free_letters and hump.count(hump[0]) == n:
-                    tokens += max(1.0, n / w.repeat_letters_per_token)
-                    continue
                 tokens += 1.0 + w.per_long_letter * max(0, min(n, w.word_letters) - w.free_letters)
                 tokens += w.per_odd_letter * max(0, n - w.word_letters)
         elif "\u0400" <= run[0] <= "\u052f":

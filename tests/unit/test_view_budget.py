@@ -57,7 +57,7 @@ def test_marker_format() -> None:
 
 
 def test_a_megabyte_tool_result_is_cut_in_the_view_only() -> None:
-    content = "HEAD" + "xy " * 333_333 + "TAIL"
+    content = "HEAD" + "x" * 1_000_000 + "TAIL"
     original = tool_result(content)
     snapshot = copy.deepcopy(original)
 
@@ -299,7 +299,7 @@ def test_the_reserve_is_capped_for_small_windows() -> None:
 
 
 def test_the_guard_and_the_estimate_agree_on_the_budget() -> None:
-    big = tool_result("q " * 100_000)
+    big = tool_result("q" * 200_000)
     est = estimate(counter=FALLBACK, window=WINDOW, reserve=2048, context=[big])
     err = too_large(est.total, est.window, 2048)
     assert est.over_budget and err is not None
