@@ -135,17 +135,18 @@ class SizeWeights:
     free_punct: int = 3
     per_punct: float = 0.45
     per_repeat: float = 0.125
-    #: Non-ASCII symbols (quotes, dashes, arrows) cost extra; pictographs cost more. The four
-    #: vocabularies hold typographic marks (dashes, curly quotes, ``…``, ``→``) as one token, but
-    #: spend 1.9-2.7 tokens on an emoji (four UTF-8 bytes) in a run, ~2 on a BMP pictograph
-    #: (``✅ ⚠ ☕``) and about one on the joiner or variation selector inside a sequence. A
-    #: punctuation run is priced with ASCII punctuation's weight (~0.8 of these tokens:
-    #: vocabularies merge ASCII marks), so these are set for a pictograph's price to land on its
-    #: tokens after it. At 1.5 (emoji) and 0.5 (the rest), emoji chat was priced 25-38 % under
-    #: cold. Read off common emoji other than those ``bench/fidelity/probe_kinds.py`` scores with.
+    #: Non-ASCII symbols (quotes, dashes, arrows, ``★ ✓ ✅``) cost extra; emoji cost more: the four
+    #: vocabularies spend 1.9-2.7 tokens on an emoji (four UTF-8 bytes) in a run, and about one on
+    #: the joiner or variation selector inside a sequence (``👩‍💻``, ``❤️``). A punctuation run is
+    #: priced with ASCII punctuation's weight (~0.8 of these tokens: vocabularies merge ASCII
+    #: marks). At 1.5 (emoji) and 0.5 (the joiners), emoji chat was priced 25-38 % under cold.
+    #: The prices stop where the cheapest vocabulary's honest count still clears
+    #: ``calibration.lower_bound`` (below it a count is taken for a truncated prompt): at 2.4 a
+    #: spaced emoji rounds to 7 units, and o200k's count of 723 of 1,637 emoji in a row fell below
+    #: it (7 at 2.0, as at 1.5); BMP symbols shown as emoji (``✅ ⭐``, one token in o200k) stay at
+    #: ``per_symbol`` for the same reason.
     per_symbol: float = 0.5
-    per_astral: float = 2.4
-    per_pictograph: float = 2.0
+    per_astral: float = 2.0
     per_joiner: float = 1.0
     #: Chat-template framing the text itself does not show: per message (role header and end
     #: marker: 4-5 tokens in ChatML and Llama 3 templates) and per tool call (its wrapper).
@@ -287,8 +288,6 @@ def _symbol_extra(run: str, w: SizeWeights) -> float:
     return sum(_char_extra(ord(ch), w) for ch in run if ord(ch) > 0x7F)
 
 
-#: Blocks of pictographs in the basic plane (``⌛ ☕ ✅ ⚠ ⭐``): priced as emoji, not as marks.
-_PICTOGRAPH_BLOCKS = ((0x2300, 0x2400), (0x2600, 0x27C0), (0x2B00, 0x2C00))
 #: The zero-width joiner and the variation selectors that glue emoji sequences together.
 _JOINERS = frozenset((0x200D, 0xFE0E, 0xFE0F))
 
@@ -296,12 +295,7 @@ _JOINERS = frozenset((0x200D, 0xFE0E, 0xFE0F))
 def _char_extra(code: int, w: SizeWeights) -> float:
     if code > 0xFFFF:
         return w.per_astral
-    if code in _JOINERS:
-        return w.per_joiner
-    for first, end in _PICTOGRAPH_BLOCKS:
-        if first <= code < end:
-            return w.per_pictograph
-    return w.per_symbol
+    return w.per_joiner if code in _JOINERS else w.per_symbol
 
 
 def piece_tokens(piece: str, w: SizeWeights = WEIGHTS, *, inner: bool = False) -> float:
@@ -762,7 +756,7 @@ N_UNIT_COLUMNS = IDENT_PREFIXED + 1
 
 #: ``feature_units`` adds up a text's pieces as integers: each piece's units per column packed in
 #: fields of ``_FIELD_BITS`` bits (column ``c`` at bit ``c * _FIELD_BITS``), and one more field
-#: counting Cyrillic pieces. A piece costs at most 8 units a character (an emoji alone: 7), so a
+#: counting Cyrillic pieces. A piece costs at most 8 units a character (an emoji alone: 6), so a
 #: field holds the units of 2**37 characters; texts past ``_PACKED_MAX_CHARS`` (64 times the
 #: largest request the server accepts by default) are looped.
 _FIELD_BITS = 40
