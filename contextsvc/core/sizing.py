@@ -139,7 +139,7 @@ class SizeWeights:
     #: vocabularies spend 1.9-2.7 tokens on an emoji (four UTF-8 bytes) in a run, and about one on
     #: the joiner or variation selector inside a sequence (``👩‍💻``, ``❤️``). A punctuation run is
     #: priced with ASCII punctuation's weight (~0.8 of these tokens: vocabularies merge ASCII
-    #: marks). At 1.5 (emoji) and 0.5 (the joiners), emoji chat was priced 25-38 % under cold.
+    #: marks). At 1.5 (emoji) and 0.5 (the joiners), emoji chat was priced 15-34 % under cold.
     #: The prices stop where the cheapest vocabulary's honest count still clears
     #: ``calibration.lower_bound`` (below it a count is taken for a truncated prompt): at 2.4 a
     #: spaced emoji rounds to 7 units, and o200k's count of 723 of 1,637 emoji in a row fell below
