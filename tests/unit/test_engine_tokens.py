@@ -139,6 +139,20 @@ async def test_baseline_truncated_refused_previous_survives_and_session_flagged(
     assert kinds.count("baseline_recorded") == 1 and "context_truncated" in kinds
 
 
+async def test_an_honest_count_of_filler_text_is_recorded_not_taken_for_truncation() -> None:
+    # "x" * 4000 is 500 tokens in o200k (counted with bench/tokens/count.mjs); the view adds the
+    # chat template's frame (~4 a message, 3 for the reply primer). Priced per letter like a rare
+    # word, it was estimated at ~1,290 tokens and this honest count refused as a truncated prompt.
+    engine, _ = await _engine(_settings(context_window=32768, model="gpt-4o"))
+    sid = await _session_with(engine, _msg(Role.USER, "x" * 4000))
+    view = await _build(engine, sid)
+    assert view.estimate.total < 600
+    result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=500 + 7)
+    assert result.recorded and not result.truncated
+    session = await engine.store.get_session(sid, caller=ANONYMOUS)
+    assert not session.context_truncated
+
+
 @pytest.mark.parametrize("reported", [100_000_000, 2**62])
 async def test_a_count_no_tokenizer_could_make_is_refused_and_changes_nothing(reported: int) -> None:
     """A count past a token a byte of the view plus ``baseline_unseen_tokens`` (a client summing

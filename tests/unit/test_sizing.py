@@ -135,8 +135,23 @@ def test_piece_prices(piece: str, tokens: float) -> None:
 
 def test_long_letter_runs_cost_more_per_letter() -> None:
     assert text_size("deadbeefcafebabe0123") > text_size("configuration") > text_size("the")
-    assert piece_tokens("x" * 32) == pytest.approx(1 + 0.15 * 6 + 0.4 * 20)  # not a word: ~0.32 tokens/char
+    assert piece_tokens("qzxjkvbwplmnrtsgdfhcyxqzjkvbwplm") == pytest.approx(1 + 0.15 * 6 + 0.4 * 20)  # ~0.32/char
     assert piece_tokens("x" * 6) == piece_tokens("x") == 1.0
+
+
+def test_a_run_of_a_letter_every_vocabulary_holds_long_is_priced_by_its_runs() -> None:
+    # "x" * 4000 is 500 tokens in o200k, cl100k and Llama 3 (8 letters a token); "b" * 4000 1,000.
+    assert piece_tokens("x" * 32) == pytest.approx(4.0)
+    assert piece_tokens("b" * 32) == pytest.approx(8.0)
+    # "q" runs 2 letters a token: the hump price (9.9 for 32) stays, never the lower one
+    assert piece_tokens("q" * 32) == pytest.approx(1 + 0.15 * 6 + 0.4 * 20)
+    assert piece_tokens("xxxxxxx") == 1.0
+    assert piece_tokens("xxxxxxxxxxxxxxxq") > piece_tokens("x" * 15)  # not one letter repeated
+
+
+@given(st.text(alphabet="xxxaqbX _.1", max_size=60), st.text(alphabet="xxxaqbX _.1", max_size=60))
+def test_more_filler_never_costs_less(a: str, b: str) -> None:
+    assert text_size(a + b) >= max(text_size(a), text_size(b))
 
 
 def test_scripts_are_priced_by_their_own_rules() -> None:

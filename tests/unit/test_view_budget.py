@@ -57,7 +57,7 @@ def test_marker_format() -> None:
 
 
 def test_a_megabyte_tool_result_is_cut_in_the_view_only() -> None:
-    content = "HEAD" + "x" * 1_000_000 + "TAIL"
+    content = "HEAD" + "q" * 1_000_000 + "TAIL"
     original = tool_result(content)
     snapshot = copy.deepcopy(original)
 
