@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import io
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,6 +295,15 @@ class Rig:
         return await self.engine.compress(
             ANONYMOUS, sid, profile=profile or ProfileOverrides(), note="test", dry_run=dry_run
         )
+
+    def compaction_of(self, sid: str) -> tuple[list[Any], Callable[[], Awaitable[None]]]:
+        """A compaction of ``sid`` for a store hook to run mid-call, and the list its result lands in."""
+        done: list[Any] = []
+
+        async def compact() -> None:
+            done.append(await self.compress(sid))
+
+        return done, compact
 
     async def estimate(self, sid: str, profile: ProfileOverrides | None = None) -> int:
         est = await self.engine.estimate_tokens(

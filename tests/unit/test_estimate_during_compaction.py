@@ -39,16 +39,12 @@ async def test_an_estimate_racing_a_compaction_prices_the_state_before_or_after_
         before = await rig.estimate(sid)
         store = rig.store
         assert isinstance(store, CompactsBeforeContextRead)
-        compacted: list[Any] = []
-
-        async def compact() -> None:
-            compacted.append(await rig.compress(sid))
-
+        compacted, compact = rig.compaction_of(sid)
         store.before_context = compact
         raced = await rig.estimate(sid)
         if not compacted:  # read at one moment: the compaction did not come between; run it now
             store.before_context = None
-            compacted.append(await rig.compress(sid))
+            await compact()
         assert compacted[0].compressed
         after = await rig.estimate(sid)
         assert after < before

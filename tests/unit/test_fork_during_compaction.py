@@ -38,11 +38,7 @@ async def test_a_fork_racing_a_compaction_keeps_the_context_the_parent_had_at_it
         before = [m.content for m in await rig.context(sid)]
         store = rig.store
         assert isinstance(store, CompactsBeforeRowsRead)
-        compacted: list[Any] = []
-
-        async def compact() -> None:
-            compacted.append(await rig.compress(sid))
-
+        compacted, compact = rig.compaction_of(sid)
         store.before_rows = compact
         fork = await rig.engine.sessions.fork(ANONYMOUS, sid, at_sequence=0)
         assert compacted and compacted[0].compressed  # the compaction did commit in between
