@@ -86,6 +86,16 @@ class SizeWeights:
     per_long_letter: float = 0.15
     word_letters: int = 12
     per_odd_letter: float = 0.4
+    #: A hump of one letter repeated (``"x" * 4000``, the filler of many tests), of a letter that
+    #: every vocabulary measured holds in long runs, costs its letters over the run the dearest of
+    #: the four holds as one token (each letter repeated 3,200 times through
+    #: ``bench/tokens/count.mjs``): ``runs_of_8`` eight letters a token, ``runs_of_4`` four, never
+    #: more than the hump price. Priced per letter like a rare word, ``"x" * 4000`` came out at
+    #: ~1,290 tokens against 500, and an honest count of it was refused as a truncated prompt.
+    #: Other letters run at 3 letters a token or fewer in some vocabulary and keep the hump price
+    #: (``"q" * 32``: 9.9; 16 in all four).
+    runs_of_8: str = "afxAX"
+    runs_of_4: str = "bcdeoyCFMY"
     #: A piece whose prefix char is punctuation other than space, ``_`` or ``.`` (``:aws``,
     #: ``"id``, ``/src``) usually costs an extra token or part of one.
     odd_prefix: float = 0.5
@@ -224,18 +234,6 @@ def pieces(text: str) -> list[str]:
     return _split(text)
 
 
-#: Letters that every vocabulary measured holds in long runs: a run of one of them repeated
-#: (``"x" * 4000``, the filler of many tests) costs this many letters a token in the dearest of the
-#: four (o200k, cl100k, Llama 3, Claude: each letter repeated 3,200 times, ``bench/tokens/count.mjs``).
-#: Priced per letter like a rare word, ``"x" * 4000`` came out at ~1,290 tokens against 500, and an
-#: honest count of it was refused as a truncated prompt. Letters missing here run at 3 letters a
-#: token or fewer in some vocabulary, and keep the hump price (``"q" * 32``: 9.9, 16 in all four).
-_REPEAT_LETTERS_PER_TOKEN: dict[str, int] = {
-    **dict.fromkeys("afxAX", 8),
-    **dict.fromkeys("bcdeoyCFMY", 4),
-}
-
-
 def _letters_tokens(letters: str, w: SizeWeights, *, unspaced: bool = False) -> float:
     """Tokens of a run of letters (no prefix), any script; runs of one script priced separately.
     ``unspaced``: the letters do not follow a space (``SizeWeights.cyrillic_unspaced_factor``)."""
@@ -246,10 +244,10 @@ def _letters_tokens(letters: str, w: SizeWeights, *, unspaced: bool = False) -> 
                 n = len(hump)
                 price = 1.0 + w.per_long_letter * max(0, min(n, w.word_letters) - w.free_letters)
                 price += w.per_odd_letter * max(0, n - w.word_letters)
-                per_token = _REPEAT_LETTERS_PER_TOKEN.get(hump[0], 0) if n > w.free_letters else 0
-                if per_token and hump.count(hump[0]) == n:
-                    # never above the hump price, so neither more letters nor others make it cheaper
-                    price = min(price, max(1.0, n / per_token))
+                if n > w.free_letters and hump.count(hump[0]) == n:
+                    per_token = 8 if hump[0] in w.runs_of_8 else 4 if hump[0] in w.runs_of_4 else 0
+                    if per_token:  # never above the hump price: more letters never make it cheaper
+                        price = min(price, max(1.0, n / per_token))
                 tokens += price
         elif "\u0400" <= run[0] <= "\u052f":
             cost = max(1.0, w.cyrillic_base + w.cyrillic_per_letter * len(run))
