@@ -320,7 +320,6 @@ class FilesStore(RowStore):
         self._compact_event = asyncio.Event()
         self._compact_idle = asyncio.Event()
         self._compact_idle.set()
-        self._compacting = False
         self._tasks: list[asyncio.Task[None]] = []
         #: called with a session id when its rows are dropped or it is deleted: the server drops
         #: every engine and API cache of it (``ViewService.forget``, ``WireCache``), which would
@@ -692,15 +691,12 @@ class FilesStore(RowStore):
                 st = self._sessions.get(sid)
                 if st is None or st.deleted:
                     continue
-                self._compacting = True
                 try:
                     await self._serialized(st, functools.partial(self._compact, st), rows=False)
                 except (NotFound, Unavailable):
                     continue  # deleted meanwhile; or the disk refused (logged), retried when due again
                 except Exception:
                     logger.exception("files store: background compaction of session %s failed", sid)
-                finally:
-                    self._compacting = False
             self._compact_idle.set()
 
     async def _compact(self, st: SessionState) -> None:
