@@ -120,6 +120,8 @@ def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_
         ("files:{tmp}/a-file/data", "cannot open the store"),
         # A mistyped scheme still holds a real password: the one line names the URL without it.
         ("postgresql+asyncpg://app:hunter2@db/x", "unknown store URL 'postgresql+asyncpg://app:***@db/x'"),
+        # A URL the driver refuses to use is no outage: retrying it would wait NOT_SERVING for ever.
+        ("postgresql://app:hunter2@127.0.0.1:1/x?sslmode=bogus", "the PostgreSQL URL is not usable: `sslmode`"),
     ],
 )
 def test_misconfigured_store_is_one_line_and_exit_1(tmp_path: Path, store: str, expected: str) -> None:
