@@ -171,3 +171,22 @@ def test_an_unreadable_tokenizer_file_is_one_line_and_exit_1(tmp_path: Path) -> 
         lines[0] == f"contextsvc: tokens.tokenizer_files['gpt-4o']: {missing} cannot be read: No such file or directory"
     )
     assert "listening on" not in done.stdout
+
+
+def test_a_bundled_gateway_port_in_use_is_one_line_before_the_server_says_it_listens(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", f"127.0.0.1:{port}"]
+        done = subprocess.run(
+            [sys.executable, "-m", "contextsvc", *serve],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert "listening on" not in done.stdout, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"contextsvc: cannot listen on 127.0.0.1:{port} (gateway): Address already in use"], done.stderr
