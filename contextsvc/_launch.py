@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 
 def main() -> int:
@@ -23,4 +24,11 @@ def main() -> int:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from contextsvc.cli import main as run
 
-    return run()
+    try:
+        return run()
+    except BrokenPipeError:
+        # The reader of stdout left (``contextsvc config | head``): not an error worth a traceback.
+        # Python's advice: point stdout at devnull so the flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from contextsvc import __version__
 from contextsvc.cli_tokens import add_tokens_parser, run_tokens
-from contextsvc.config import Settings, load_settings, redacted_url
+from contextsvc.config import Settings, ignored_environment_names, load_settings, redacted_url
 from contextsvc.logs import setup_logging
 
 DESCRIPTION = """\
@@ -196,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "config":
         print(json.dumps(_shown(settings.model_dump(mode="json")), indent=2))
+        for name in ignored_environment_names(Settings):
+            # Ignored by every command (other programs may share the prefix): said here, where an
+            # operator looks to see what serve will use.
+            print(f"contextsvc: note: {name} names no setting and is ignored", file=sys.stderr)
         return 0
     if args.command == "fsck":
         from contextsvc.store_tools import run_fsck

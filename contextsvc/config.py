@@ -27,6 +27,25 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES
 
 MB = 1024 * 1024
+#: the largest whole number any setting takes. Numbers end up in C (gRPC's channel options, the
+#: collector's thresholds, deques' lengths) and in protobuf fields; past this a start failed with
+#: a traceback deep in one of them, or every call with INTERNAL. No setting needs more.
+MAX_SETTING_INT = 2**31 - 1
+
+
+class _Section(BaseModel):
+    """Every settings table: unknown keys refused, no infinite or NaN number (``inf`` would be
+    accepted where a bound is only from below, and shows as ``Infinity`` in a JSON log line), and
+    no whole number past ``MAX_SETTING_INT``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int_in_range(cls, value: Any) -> Any:
+        if type(value) is int and not -MAX_SETTING_INT <= value <= MAX_SETTING_INT:
+            raise ValueError(f"must be at most {MAX_SETTING_INT}, got {value}")
+        return value
 
 
 class Durability(StrEnum):
@@ -44,7 +63,7 @@ class Durability(StrEnum):
 COMPACTION_STRATEGIES = ("clear_tool_results", "summarize")
 
 
-class CompressionDefaults(BaseModel):
+class CompressionDefaults(_Section):
     """Compression knobs; each is overridable per profile."""
 
     model_config = ConfigDict(extra="forbid")
@@ -70,7 +89,7 @@ class CompressionDefaults(BaseModel):
         return self
 
 
-class RecallDefaults(BaseModel):
+class RecallDefaults(_Section):
     """Recall into the view (docs/search-and-recall.md); each is overridable per profile.
 
     On a BuildContext with an incoming user message, up to ``max_excerpts`` excerpts of the
@@ -96,7 +115,7 @@ class RecallDefaults(BaseModel):
     distinctive_share: float = Field(0.05, gt=0, le=1)
 
 
-class ProfileConfig(BaseModel):
+class ProfileConfig(_Section):
     """A named server profile (from the config file's ``[profiles.NAME]`` tables)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -111,7 +130,7 @@ class ProfileConfig(BaseModel):
     recall: RecallDefaults = Field(default_factory=lambda: RecallDefaults())
 
 
-class SearchSettings(BaseModel):
+class SearchSettings(_Section):
     """The raw history index's chunks and recall's candidates (docs/search-and-recall.md)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -125,7 +144,7 @@ class SearchSettings(BaseModel):
     recall_candidates: int = Field(8, ge=1, le=100)
 
 
-class Limits(BaseModel):
+class Limits(_Section):
     """Request limits; breaking one is INVALID_ARGUMENT with the field named."""
 
     model_config = ConfigDict(extra="forbid")
@@ -154,8 +173,21 @@ class Limits(BaseModel):
     grpc_max_receive_bytes: int = Field(64 * MB, ge=MB)
     grpc_max_send_bytes: int = Field(64 * MB, ge=MB)
 
+    @model_validator(mode="after")
+    def _default_page_within_max(self) -> Self:
+        # A request without a page size gets the default as it is: above the maximum it would be
+        # a page no request could ask for. A maximum lowered alone brings the default down with it;
+        # both given, the other way round, contradict each other.
+        if self.default_page_size > self.max_page_size:
+            if "default_page_size" in self.model_fields_set:
+                raise ValueError(
+                    f"default_page_size {self.default_page_size} exceeds max_page_size {self.max_page_size}"
+                )
+            self.default_page_size = self.max_page_size
+        return self
 
-class TokenSettings(BaseModel):
+
+class TokenSettings(_Section):
     """Token accounting numbers (DESIGN §5.3)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -241,7 +273,7 @@ class TokenSettings(BaseModel):
         return {**given, **{glob: f for glob, f in DEFAULT_MODEL_FAMILIES.items() if glob not in given}}
 
 
-class OpenAISummarizerConfig(BaseModel):
+class OpenAISummarizerConfig(_Section):
     """An OpenAI-compatible ``POST {base_url}/v1/chat/completions`` (OpenAI, vLLM, llama.cpp, LM Studio)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -266,7 +298,7 @@ class OpenAISummarizerConfig(BaseModel):
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
 
 
-class OllamaSummarizerConfig(BaseModel):
+class OllamaSummarizerConfig(_Section):
     """Ollama's ``POST {base_url}/api/chat`` (``stream: false``, ``think: false``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -286,7 +318,7 @@ class OllamaSummarizerConfig(BaseModel):
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
 
 
-class ExtractiveSummarizerConfig(BaseModel):
+class ExtractiveSummarizerConfig(_Section):
     """The default summarizer: deterministic, no network (DESIGN §5.5)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -308,7 +340,7 @@ class ExtractiveSummarizerConfig(BaseModel):
     fact_chars: int = Field(200, ge=40)
 
 
-class SummarizerSettings(BaseModel):
+class SummarizerSettings(_Section):
     """Summarizer numbers and endpoints (DESIGN §5.4, §5.5)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -365,7 +397,7 @@ SUMMARIZER_NAMES = tuple(
 )
 
 
-class MaintenanceSettings(BaseModel):
+class MaintenanceSettings(_Section):
     """Store maintenance (DESIGN §5.7, ``core/maintenance.py``), run by ``serve`` on every store."""
 
     model_config = ConfigDict(extra="forbid")
@@ -387,7 +419,7 @@ class MaintenanceSettings(BaseModel):
     archive_keep_messages: int = Field(2000, ge=0)
 
 
-class PostgresSettings(BaseModel):
+class PostgresSettings(_Section):
     """The PostgreSQL store and event bus (DESIGN §5.7, §5.8)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -473,7 +505,7 @@ class PostgresSettings(BaseModel):
         return self
 
 
-class QuotaSettings(BaseModel):
+class QuotaSettings(_Section):
     """Per-user limits (the user is the caller's id, see api/auth.py). 0 switches a limit off; all
     are off by default. Counted per server process: N replicas allow up to N times as much."""
 
@@ -506,7 +538,7 @@ class AuthMode(StrEnum):
     NONE = "none"
 
 
-class AuthSettings(BaseModel):
+class AuthSettings(_Section):
     """API tokens (``contextsvc tokens …``) and how the server checks them."""
 
     model_config = ConfigDict(extra="forbid")
@@ -527,7 +559,7 @@ class AuthSettings(BaseModel):
     default_expiry_days: int = Field(0, ge=0, le=36_500)
 
 
-class FilesSettings(BaseModel):
+class FilesSettings(_Section):
     """The files store's memory bound, start-up index and log compaction (issue #9 item 3).
     Env: ``CONTEXTSVC_FILES__<FIELD>``."""
 
@@ -594,7 +626,7 @@ class FilesSettings(BaseModel):
     group_commit_min_logs: int = Field(8, ge=1)
 
 
-class HotPathSettings(BaseModel):
+class HotPathSettings(_Section):
     """Caches and bounds of the BuildContext hot path (issue #15). Env: ``CONTEXTSVC_HOT_PATH__<FIELD>``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -630,7 +662,7 @@ class HotPathSettings(BaseModel):
     heap_trim_interval_seconds: float = Field(30.0, ge=0)
 
 
-class GatewaySettings(BaseModel):
+class GatewaySettings(_Section):
     """The WebSocket gateway for browsers and its inspector page (DESIGN §5.9; docs/websocket.md)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -720,7 +752,7 @@ class GatewaySettings(BaseModel):
         return value
 
 
-class Settings(BaseModel):
+class Settings(_Section):
     """The one home of every setting. Env: ``CONTEXTSVC_<FIELD>``; nested: ``CONTEXTSVC_LIMITS__MAX_PAGE_SIZE``
     (``environment_values``), read when settings are built (the constructor, ``model_validate``),
     not by ``model_copy``."""
@@ -923,6 +955,25 @@ def environment_values(model: type[BaseModel], environ: Mapping[str, str] | None
             value = _deep_merge(node[last], value)
         node[last] = value
     return out
+
+
+#: ``CONTEXTSVC_*`` variables that are no setting of the server but read by the example clients
+#: (``clients/``): ``contextsvc config`` does not call them ignored.
+CLIENT_VARIABLES = frozenset({"CONTEXTSVC_TOKEN", "CONTEXTSVC_CA_FILE"})
+
+
+def ignored_environment_names(model: type[BaseModel], environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``CONTEXTSVC_*`` variables that name no top-level setting, which ``environment_values``
+    leaves out (a misspelt ``CONTEXTSVC_LISTN``), the clients' own variables apart."""
+    environ = os.environ if environ is None else environ
+    plen = len(ENV_PREFIX)
+    return sorted(
+        name
+        for name in environ
+        if name[:plen].upper() == ENV_PREFIX
+        and name.upper() not in CLIENT_VARIABLES
+        and name[plen:].lower().split(ENV_NESTED)[0] not in model.model_fields
+    )
 
 
 def _annotation_at(model: type[BaseModel], path: list[str]) -> Any:

@@ -429,6 +429,26 @@ async def serve(settings: Settings) -> None:
         bundled_upstream_tls(settings, target_host)
         listener_tls(settings, bundled=True)
     running = await start(settings, freeze=True)
+    # Before anything says the server listens: a SIGTERM right after that line must drain and
+    # exit 0, not kill the process by the signal's default action.
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    gateway = None
+    if settings.gateway.listen:
+        # The bundled gateway is still a gRPC client of this server, over loopback. It listens
+        # before the server is announced: a gateway port in use stops the start, in one line,
+        # before any script or orchestrator took the server for started.
+        from contextsvc.gateway.server import announce, start_gateway
+
+        try:
+            gateway = await start_gateway(
+                settings, settings.gateway.listen, f"{target_host}:{running.port}", bundled=True
+            )
+        except BaseException:
+            await stop(running, 0)
+            raise
     # Tests and scripts read this line to learn the port when listening on port 0.
     print(f"contextsvc listening on {host}:{running.port} (store: {redacted_url(settings.store)})", flush=True)
     log.info(
@@ -439,23 +459,8 @@ async def serve(settings: Settings) -> None:
             "transport": running.transport.describe() if running.transport else "",
         },
     )
-    gateway = None
-    if settings.gateway.listen:
-        # The bundled gateway is still a gRPC client of this server, over loopback.
-        from contextsvc.gateway.server import announce, start_gateway
-
-        try:
-            gateway = await start_gateway(
-                settings, settings.gateway.listen, f"{target_host}:{running.port}", bundled=True
-            )
-        except OSError:
-            await stop(running, 0)
-            raise
+    if gateway is not None:
         announce(settings.gateway.listen, gateway.port, gateway.scheme)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     loop.add_signal_handler(signal.SIGHUP, _reloader(running, gateway))
     failed: BaseException | None = None
     if running.opener is not None:
@@ -469,11 +474,14 @@ async def serve(settings: Settings) -> None:
             failed = running.opener.exception()
         running.opener = None
     log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
-    if gateway is not None:
-        await gateway.close()
+    # The drain starts at once (health NOT_SERVING, new calls refused) while the bundled gateway
+    # closes its sockets: a browser slow to answer the close must not keep the server SERVING.
+    closing = asyncio.create_task(gateway.close()) if gateway is not None else None
     await stop(
         running, settings.shutdown_grace_seconds, settings.shutdown_close_seconds, settings.shutdown_quiet_seconds
     )
+    if closing is not None:
+        await closing
     log.info("stopped")
     if failed is not None:
         raise failed

@@ -20,6 +20,11 @@ async def run(settings: Settings) -> None:
     telemetry.configure(service_version=__version__)
     listen = settings.gateway.listen or "127.0.0.1:8080"
     gateway = await start_gateway(settings, listen, settings.gateway.target)
+    # Before the line that says it listens: a SIGTERM right after it closes the gateway, exit 0.
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
     announce(listen, gateway.port, gateway.scheme)
     log.info(
         "gateway serving",
@@ -30,10 +35,6 @@ async def run(settings: Settings) -> None:
             "target_tls": gateway.upstream.tls is not None,
         },
     )
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     loop.add_signal_handler(signal.SIGHUP, gateway.reload_certificates)
     await stopping.wait()
     await gateway.close()

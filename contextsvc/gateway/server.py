@@ -12,6 +12,7 @@ import http
 import json
 import logging
 import mimetypes
+import os
 import re
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
@@ -610,7 +611,13 @@ async def start_gateway(settings: Settings, listen: str, target: str, *, bundled
     gateway = Gateway(settings, target, upstream_tls=upstream_tls, tls=listener_tls(settings, bundled=bundled))
     try:
         await check_exposure(gateway.upstream, settings, listen, tls=gateway.tls is not None)
-        await gateway.start(listen)
+        try:
+            await gateway.start(listen)
+        except OSError as exc:
+            # One line naming the setting, as the server's own port in use: not the event loop's
+            # "error while attempting to bind on address (...)" with its errno.
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise OSError(f"cannot listen on {listen} (gateway): {reason}") from None
     except BaseException:
         await gateway.close()
         raise

@@ -4,6 +4,7 @@ finishes, a watcher is told where to resume, and nothing acknowledged is lost af
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import threading
 import time
@@ -346,3 +347,69 @@ async def _long_turns(stub: Any, sid: str) -> None:
                 ],
             )
         )
+
+
+def test_with_a_bundled_gateway_health_turns_not_serving_at_once_and_the_exit_is_0() -> None:
+    """SIGTERM drains the server while the bundled gateway closes its sockets, not after: a browser
+    that never answers the close (the gateway waits ``gateway.close_timeout_seconds`` for it) kept
+    health SERVING and the server taking calls for those seconds."""
+    from tests.support.gateway import Process
+    from tests.support.rawws import RawWebSocket
+
+    server = Process(
+        ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", f"127.0.0.1:{closed_port()}"],
+        env={"CONTEXTSVC_GATEWAY__CLOSE_TIMEOUT_SECONDS": "3"},
+    ).start()
+    assert server.proc is not None
+    try:
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            sid = pb_grpc.ContextServiceStub(channel).CreateSession(pb.CreateSessionRequest(name="watched")).id
+            host, _, port = server.gateway_address.rpartition(":")
+            silent = RawWebSocket(host, int(port), f"/ws/sessions/{sid}")  # never reads again
+            health = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="contextsvc.v1.ContextService")
+            assert health.Check(request, timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+            started = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            status: Any = None
+            while time.monotonic() - started < 1.0:
+                try:
+                    status = health.Check(request, timeout=0.5).status
+                except grpc.RpcError as exc:
+                    status = exc.code()  # the transport already closed: no longer SERVING either
+                if status != health_pb2.HealthCheckResponse.SERVING:
+                    break
+                time.sleep(0.02)
+            assert status != health_pb2.HealthCheckResponse.SERVING, "still SERVING 1 s after SIGTERM"
+        assert server.proc.wait(15) == 0
+        silent.sock.close()
+    finally:
+        server.kill()
+    assert "Traceback" not in server.stderr_text
+
+
+def test_a_grace_of_0_does_not_report_calls_cancelled_when_none_ran(tmp_path: Path) -> None:
+    with ServerProcess("memory", env={"CONTEXTSVC_SHUTDOWN_GRACE_SECONDS": "0"}).start() as server:
+        assert server.terminate() == 0
+        log = server.stderr_text
+    assert '"event": "stopped"' in log
+    assert "grace period over" not in log, log
+
+
+@pytest.mark.parametrize("command", ["serve", "serve --gateway", "gateway"])
+def test_sigterm_right_after_the_listening_line_drains_and_exits_0(command: str) -> None:
+    """Scripts and tests stop a server as soon as it printed where it listens: the signal handlers
+    are in place by then (a SIGTERM in between killed the process, exit -15)."""
+    from tests.support.gateway import Process
+
+    args = {
+        "serve": ["serve", "--listen", "127.0.0.1:0", "--store", "memory"],
+        "serve --gateway": ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"],
+        "gateway": ["gateway", "--listen", "127.0.0.1:0", "--target", f"127.0.0.1:{closed_port()}"],
+    }[command]
+    for _ in range(3):
+        process = Process(args).start()
+        try:
+            assert process.terminate() == 0, process.stderr_text[-2000:]
+        finally:
+            process.kill()

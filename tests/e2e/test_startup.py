@@ -120,6 +120,8 @@ def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_
         ("files:{tmp}/a-file/data", "cannot open the store"),
         # A mistyped scheme still holds a real password: the one line names the URL without it.
         ("postgresql+asyncpg://app:hunter2@db/x", "unknown store URL 'postgresql+asyncpg://app:***@db/x'"),
+        # A URL the driver refuses to use is no outage: retrying it would wait NOT_SERVING for ever.
+        ("postgresql://app:hunter2@127.0.0.1:1/x?sslmode=bogus", "the PostgreSQL URL is not usable: `sslmode`"),
     ],
 )
 def test_misconfigured_store_is_one_line_and_exit_1(tmp_path: Path, store: str, expected: str) -> None:
@@ -169,3 +171,22 @@ def test_an_unreadable_tokenizer_file_is_one_line_and_exit_1(tmp_path: Path) -> 
         lines[0] == f"contextsvc: tokens.tokenizer_files['gpt-4o']: {missing} cannot be read: No such file or directory"
     )
     assert "listening on" not in done.stdout
+
+
+def test_a_bundled_gateway_port_in_use_is_one_line_before_the_server_says_it_listens(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", f"127.0.0.1:{port}"]
+        done = subprocess.run(
+            [sys.executable, "-m", "contextsvc", *serve],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert "listening on" not in done.stdout, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"contextsvc: cannot listen on 127.0.0.1:{port} (gateway): Address already in use"], done.stderr

@@ -49,17 +49,25 @@ class Process:
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S
+        # Read the pipe's bytes as they come, not with readline: the two lines may arrive in one
+        # read, and a line left in the file object's buffer is one select() never reports again.
+        fd = self.proc.stdout.fileno()
+        pending = b""
         while time.monotonic() < deadline and (
             (want_grpc and not self.grpc_address) or (want_gateway and not self.gateway_address)
         ):
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if ready:
-                line = self.proc.stdout.readline()
-                if m := _GRPC.search(line):
-                    self.grpc_address = f"{m.group(1)}:{m.group(2)}"
-                if m := _GATEWAY.search(line):
-                    self.gateway_scheme = m.group(1)
-                    self.gateway_address = f"{m.group(2)}:{m.group(3)}"
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            chunk = os.read(fd, 65536) if ready else b""
+            if chunk:
+                pending += chunk
+                *lines, rest = pending.split(b"\n")
+                pending = rest
+                for line in (raw.decode(errors="replace") for raw in lines):
+                    if m := _GRPC.search(line):
+                        self.grpc_address = f"{m.group(1)}:{m.group(2)}"
+                    if m := _GATEWAY.search(line):
+                        self.gateway_scheme = m.group(1)
+                        self.gateway_address = f"{m.group(2)}:{m.group(3)}"
             elif self.proc.poll() is not None:
                 break
         if (want_grpc and not self.grpc_address) or (want_gateway and not self.gateway_address):

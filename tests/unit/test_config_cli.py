@@ -283,3 +283,58 @@ def test_model_families_from_a_file_come_before_the_built_in_ones(tmp_path: Path
     assert family_for("meta-llama-3-8b-instruct", families) == "llama3"
     assert family_for("claude-3-haiku", families) == "default"
     assert set(families) == set(DEFAULT_MODEL_FAMILIES) | {"my-gpt4o-deployment*"}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        # gRPC's channel options and the collector's threshold are C ints: a traceback at start.
+        ("CONTEXTSVC_LIMITS__GRPC_MAX_RECEIVE_BYTES", "99999999999999", "limits.grpc_max_receive_bytes"),
+        ("CONTEXTSVC_HOT_PATH__GC_YOUNG_THRESHOLD", "99999999999999999999", "hot_path.gc_young_threshold"),
+        # A deque's length: a traceback at start; the calibration's: INTERNAL on every append.
+        ("CONTEXTSVC_EVENT_RETENTION", "99999999999999999999", "event_retention"),
+        ("CONTEXTSVC_TOKENS__CALIBRATION_WINDOW", "99999999999999999999", "tokens.calibration_window"),
+        # Past int64, the estimate's protobuf field: INTERNAL on every BuildContext.
+        ("CONTEXTSVC_PROFILES__DEFAULT__CONTEXT_WINDOW", "99999999999999999999", "profiles.default.context_window"),
+        # Infinite or NaN: taken where a bound is only from below, and "Infinity" in a JSON log line.
+        ("CONTEXTSVC_SHUTDOWN_GRACE_SECONDS", "inf", "shutdown_grace_seconds"),
+        ("CONTEXTSVC_FILES__CACHE_MB", "nan", "files.cache_mb"),
+        # Contradicting each other: a request without a page size would get more than the maximum.
+        ("CONTEXTSVC_LIMITS__DEFAULT_PAGE_SIZE", "5000", "default_page_size 5000 exceeds max_page_size 1000"),
+    ],
+)
+def test_numbers_no_part_of_the_service_can_take_are_one_line_naming_the_setting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("contextsvc: invalid settings: ") and named in err and err.count("\n") == 1, err
+
+
+def test_config_names_the_variables_it_ignores(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTEXTSVC_LISTN", "0.0.0.0:1")  # misspelt: no setting, so ignored ...
+    monkeypatch.setenv("CONTEXTSVC_TOKEN", "ctx_x")  # ... and the example clients' own variable
+    assert main(["config"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["listen"] == "127.0.0.1:50051"
+    assert err == "contextsvc: note: CONTEXTSVC_LISTN names no setting and is ignored\n"
+
+
+def test_a_reader_that_leaves_early_is_no_traceback() -> None:
+    """``contextsvc config | head -3``: the pipe closes under the printout."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "contextsvc", "config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the settings are printed: the write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 1
+    assert "Traceback" not in err, err
+
+
+def test_a_maximum_page_size_lowered_alone_brings_the_default_down_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTEXTSVC_LIMITS__MAX_PAGE_SIZE", "20")
+    assert (load_settings().limits.default_page_size, load_settings().limits.max_page_size) == (20, 20)

@@ -3,8 +3,8 @@
 Nothing raised by the driver leaves the PostgreSQL adapter: an unreachable, restarting,
 overloaded or read-only server is ``Unavailable`` (the client may retry), a serialization failure is
 ``Conflict``, a session deleted under a statement is ``NotFound``, text PostgreSQL cannot store
-is ``InvalidArgument``, anything else is ``Internal`` with reason ``STORE_ERROR`` (logged
-with its SQLSTATE and traceback).
+is ``InvalidArgument``, a URL asyncpg refuses to use is ``ValueError`` (a misconfiguration),
+anything else is ``Internal`` with reason ``STORE_ERROR`` (logged with its SQLSTATE and traceback).
 """
 
 from __future__ import annotations
@@ -77,6 +77,10 @@ def pg_errors(operation: str) -> Iterator[None]:
         # Our own bug (a value of the wrong type for a column): not the client's, not transient.
         log.error("store encoding error", extra={"operation": operation, "error": _short(exc)}, exc_info=exc)
         raise Internal("store encoding error", reason="STORE_ERROR", metadata={"operation": operation}) from None
+    except asyncpg.ClientConfigurationError as exc:
+        # The URL itself is wrong (``sslmode=bogus``): no retry mends it. A misconfiguration, so
+        # ``serve`` stops in one line instead of waiting NOT_SERVING for ever (README, start-up).
+        raise ValueError(f"the PostgreSQL URL is not usable: {_short(exc)}") from None
     except asyncpg.InterfaceError as exc:
         # A closed pool or connection ("pool is closing", "connection is closed") is the only way
         # our own code meets InterfaceError outside development.
