@@ -291,10 +291,17 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
         context_tokens_as_of: int | None = None,
+        history: Sequence[HistoryChunk] = (),
     ) -> list[int]:
         """In one atomic step: demote ``demote`` from the context, append ``append`` (summary,
         compression record, placeholders) and set the counters. Returns the new sequence numbers.
         Readers see either the old or the new context, never a mix.
+
+        ``history``: the demoted originals' chunks for the raw history index, stored as
+        ``add_history_chunks`` would, once the check below passed and no later than the
+        compaction itself (in its transaction, or durable before its record), so a crash never
+        leaves a committed compaction whose rows search cannot find. Failing to store them is
+        logged and never fails the commit (DESIGN §5.6: the rows are safe in the display history).
 
         ``context_tokens_as_of``: the session's context tokens when the compacted context was
         read (``update_state``'s): what appends committed since added (rows the compaction kept

@@ -369,9 +369,15 @@ async def stop(running: RunningServer, grace: float, close_grace: float = 0.5, q
     # ones; grpc's own stop would cancel calls it had accepted but not yet handed over.
     if not await running.gate.calls.wait_idle(max(deadline - loop.time(), 0.0)):
         log.warning("grace period over; cancelling calls still running", extra={"calls": running.gate.calls.count})
+        # Cancelled here, not by the transport's stop after the streams ended: a compaction such a
+        # call runs closes with compression_refused (failed), and watchers must get that event.
+        running.gate.cancel_calls()
+        await running.gate.calls.wait_idle(close_grace)
     # Compactions running on their own (one a build stopped waiting for, a post-turn check) emit
-    # their closing events before the streams end, within the same grace.
-    await running.engine.background_settled(max(deadline - loop.time(), 0.0))
+    # their closing events before the streams end, within the same grace; past it they are
+    # cancelled, and close, before the streams end too.
+    if not await running.engine.background_settled(max(deadline - loop.time(), 0.0)):
+        await running.engine.cancel_background(close_grace)
     running.gate.end_watches()
     await running.gate.watches.wait_idle(close_grace)
     await running.gate.wait_quiet(quiet, at_most=close_grace)

@@ -88,6 +88,8 @@ class ServingGate:
         self.watch_methods = watch_methods
         #: admitted ContextService calls still running, watch streams apart.
         self.calls = _Running()
+        #: the tasks running those calls (``cancel_calls``).
+        self._call_tasks: set[asyncio.Task[Any]] = set()
         self.watches = _Running()
         self._clock = clock
         #: when the last ContextService call reached the gate, admitted or refused.
@@ -108,6 +110,16 @@ class ServingGate:
 
     def end_watches(self) -> None:
         self.stopping.set()
+
+    def cancel_calls(self) -> int:
+        """Cancel the calls still running (a drain whose grace ran out), so that what they do on
+        the way out (a compaction's closing event) happens before the watch streams end rather
+        than after; how many were cancelled. Their clients get what the transport's own close
+        would have given them."""
+        tasks = [task for task in self._call_tasks if not task.done()]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
 
     async def wait_quiet(self, quiet: float, at_most: float) -> bool:
         """Wait until no call reached the gate for ``quiet`` seconds (at most ``at_most``); True if
@@ -130,7 +142,19 @@ class ServingGate:
         if self.state is ServingState.SERVING:
             # Counted so that a drain waits for calls in flight before the transport shuts down
             # (grpc's own shutdown cancels calls it accepted but had not yet handed to us).
-            return (self.watches if method in self.watch_methods else self.calls).enter()
+            if method in self.watch_methods:
+                return self.watches.enter()
+            leave = self.calls.enter()
+            task = asyncio.current_task()
+            if task is None:  # pragma: no cover - admissions run in the call's task
+                return leave
+            self._call_tasks.add(task)
+
+            def release() -> None:
+                self._call_tasks.discard(task)
+                leave()
+
+            return release
         if self.state is ServingState.DRAINING:
             raise ServerShuttingDown("the server is shutting down; retry on another replica or after it restarts")
         raise StoreNotReady("the server is starting and its store has not answered yet; retry shortly")

@@ -1061,6 +1061,9 @@ class Compactor:
                 # Appends take no compaction lock: those committed since the context was read
                 # stay in the context, and so in its count.
                 context_tokens_as_of=s.tokens_read,
+                # In the same step as the demotion, never after it: a process that dies right
+                # after the commit must not leave what it took out of the context unsearchable.
+                history=self.history_chunks(demote),
             )
         except (Conflict, SessionDamaged) as exc:
             # A damaged session is read-only (issue #9): no compaction, the view is still built.
@@ -1079,7 +1082,6 @@ class Compactor:
             return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.CONFLICT)
         if s.session.context_truncated:
             await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
-        await self.index_history(s.session.id, demote)
         summary_seq = seqs[0] if method is Method.SUMMARY and seqs else 0
         report = CompressionReport(
             compressed=True,
@@ -1132,12 +1134,24 @@ class Compactor:
         return report
 
     async def index_history(self, session_id: str, demoted: Sequence[Message]) -> None:
-        """Write demoted originals to the raw history index: a chunk per turn, long turns cut by
-        message and long messages by lines (``core/chunking.py``). Never fails the compaction:
+        """Write demoted originals to the raw history index (a fork's inherited demoted rows;
+        a compaction hands its chunks to ``commit_compaction`` instead). Never fails the caller:
         the rows are already safe in the display history."""
+        chunks = self.history_chunks(demoted)
+        if not chunks:
+            return
+        try:
+            await self._store.add_history_chunks(session_id, chunks)
+        except Exception:
+            # DESIGN §5.6: an index failure never fails a compaction (the rows are safe anyway).
+            log.warning("history index write failed", extra={"session_id": session_id}, exc_info=True)
+
+    def history_chunks(self, demoted: Sequence[Message]) -> list[HistoryChunk]:
+        """The raw history index's chunks of demoted originals: a chunk per turn, long turns cut
+        by message and long messages by lines (``core/chunking.py``)."""
         originals = [m for m in demoted if not m.flags.is_summary and not is_placeholder(m)]
         if not originals:
-            return
+            return []
         cfg = self._settings.summarizer
         search = self._settings.search
         chunks = []
@@ -1163,11 +1177,7 @@ class Compactor:
                     ),
                 )
             )
-        try:
-            await self._store.add_history_chunks(session_id, chunks)
-        except Exception:
-            # DESIGN §5.6: an index failure never fails a compaction (the rows are safe anyway).
-            log.warning("history index write failed", extra={"session_id": session_id}, exc_info=True)
+        return chunks
 
     async def _publish(self, s: Situation, kind: str, payload: dict[str, Any]) -> None:
         """Events report what happened; a bus failure must not turn a done compaction into an error."""

@@ -539,6 +539,15 @@ class Engine:
             return False
         return await self.post_turn.drain(max(deadline - loop.time(), 0.0))
 
+    async def cancel_background(self, within: float) -> bool:
+        """Cancel the compactions running on their own and the post-turn checks (a drain whose
+        grace ran out) and wait, ``within`` seconds at most, for them to stop: a cancelled
+        compaction publishes its closing event on the way out. True when all stopped."""
+        tasks = [*self._compactions, *self.post_turn.cancel()]
+        for task in tasks:
+            task.cancel()
+        return await _all_done(tasks, within)
+
     async def anchors_applied(self, within: float) -> bool:
         """Wait until every deferred baseline anchor was applied or dropped (tests, shutdown)."""
         return await _all_done(self._anchors.values(), within)

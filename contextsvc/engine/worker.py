@@ -28,8 +28,11 @@ class PostTurnWorker:
         self._idle = asyncio.Event()
         self._idle.set()
         self._running = 0
+        self._closed = False
 
     def schedule(self, session_id: str) -> None:
+        if self._closed:  # a drain cancelled the checks: the restarted server checks on the next turn
+            return
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._run(), name=f"post-turn-{i}") for i in range(self._concurrency)]
         if session_id in self._pending:
@@ -67,6 +70,14 @@ class PostTurnWorker:
         except TimeoutError:
             return False
         return True
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the running checks and stop taking new ones; the tasks, for the caller to await."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        self._closed = True
+        return tasks
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -15,6 +15,7 @@ import bisect
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import re
 import types
 import uuid
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from contextsvc.core.maintenance import Candidate
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 _BLOB_ID = re.compile(r"[0-9a-f]{64}")
 
@@ -523,13 +526,19 @@ class RowStore:
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
         context_tokens_as_of: int | None = None,
+        history: Sequence[HistoryChunk] = (),
     ) -> list[int]:
         st = self._owned(session_id, caller)
         demoted = tuple(sorted(set(demote)))
+        chunks = [_normalized(c) for c in history]
 
         async def work() -> list[int]:
             _check_rows(st, demoted)
             _check_in_context(st, demoted)
+            if chunks and not st.damage:  # a damaged session refuses the commit below
+                # Durable before the compaction's record: a crash in between leaves chunks of
+                # rows still in the context (recall skips those), never demoted rows unindexed.
+                await self._index_before_commit(st, chunks)
             now = self._now()
             new_state = copy_plain(dict(state)) if state is not None else None
             tokens = context_tokens
@@ -640,6 +649,18 @@ class RowStore:
 
         # Under the session lock: a delete cannot slip between the write and the index update.
         return await self._serialized(st, work, rows=False)
+
+    async def _index_before_commit(self, st: SessionState, chunks: Sequence[HistoryChunk]) -> None:
+        """A compaction's chunks, under its session lock; a failure is logged, never raised."""
+        try:
+            index = await self._history_of(st)
+            new = index.fresh(chunks)
+            if new:
+                await self._persist_history(st, new)
+                index.add(new)
+        except Exception:
+            # DESIGN §5.6: an index failure never fails a compaction (the rows are safe anyway).
+            logger.warning("history index write failed", extra={"session_id": st.id}, exc_info=True)
 
     async def search_history(self, session_id: str, query: str, *, limit: int) -> list[ScoredChunk]:
         st = self._sessions.get(session_id) if isinstance(session_id, str) else None

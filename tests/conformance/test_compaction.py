@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
 
 from contextsvc.config import Settings
 from contextsvc.core.session import Principal
 from contextsvc.errors import Conflict, NotFound
-from contextsvc.ports import SessionStore
+from contextsvc.ports import HistoryChunk, SessionStore
 from tests.conformance.helpers import (
     ALICE,
     BOB,
@@ -345,3 +346,40 @@ async def test_the_second_of_two_overlapping_compactions_from_two_store_objects_
     info = await other.get_session(sid, caller=ALICE)
     assert (info.context_tokens, info.state, info.last_sequence) == (40, {"epoch": 1}, 10)
     assert seqs(await other.load_context(sid, caller=ALICE)) == [9, 5, 6, 7, 8]
+
+
+def _chunk(text: str, first: int, last: int) -> HistoryChunk:
+    return HistoryChunk(hashlib.sha256(text.encode()).hexdigest(), text, first, last, None, None)
+
+
+async def test_a_compaction_stores_its_history_chunks_in_the_same_step(store: SessionStore, reopen: Reopen) -> None:
+    """The demoted rows' chunks come with the commit (never after it, where a crash could lose
+    them), are idempotent like ``add_history_chunks``, and a refused commit stores none."""
+    sid = await _session_with(store, 8)
+    chunks = [_chunk("m1 ran the zanzibar_migration", 1, 1), _chunk("m2 checked quokka_flags", 2, 2)]
+    await store.commit_compaction(
+        sid,
+        caller=ALICE,
+        demote=[1, 2],
+        append=[summary("S1-2", anchor=1, replaces=(1, 2)), compression_record("r")],
+        context_tokens=30,
+        history=chunks,
+    )
+    found = await store.search_history(sid, "zanzibar_migration quokka_flags", limit=10)
+    assert sorted(s.chunk.text for s in found) == sorted(c.text for c in chunks)
+    # A chunk the session already has is skipped.
+    assert await store.add_history_chunks(sid, chunks) == 0
+
+    with pytest.raises(Conflict):
+        await store.commit_compaction(
+            sid,
+            caller=ALICE,
+            demote=[2, 3],
+            append=[summary("S2-3", anchor=2, replaces=(2, 3))],
+            context_tokens=20,
+            history=[_chunk("m3 touched the wombat_cache", 3, 3)],
+        )
+    assert await store.search_history(sid, "wombat_cache", limit=10) == []
+
+    store = await reopen()
+    assert len(await store.search_history(sid, "zanzibar_migration quokka_flags", limit=10)) == 2

@@ -413,3 +413,55 @@ def test_sigterm_right_after_the_listening_line_drains_and_exits_0(command: str)
             assert process.terminate() == 0, process.stderr_text[-2000:]
         finally:
             process.kill()
+
+
+@pytest.mark.parametrize("where", ["compress_call", "left_by_a_build"])
+async def test_a_compaction_outliving_the_grace_closes_before_the_streams_end(
+    tmp_path: Path, llm: FakeLLM, where: str
+) -> None:
+    """A summarizer slower than the grace: the compaction (a Compress call's, or one a build stopped
+    waiting for) is cancelled, and a watcher receives its compression_refused (failed) before its
+    stream ends naming that event, so a "compressing…" indicator ends. It was cancelled by the
+    transport's stop after the streams had ended, and on the files store, whose events do not
+    survive a restart, the start stayed open for good."""
+    env = _slow_summarizer_env(
+        llm, CONTEXTSVC_SHUTDOWN_GRACE_SECONDS="1", CONTEXTSVC_HOT_PATH__BUILD_WAIT_SECONDS="0.3"
+    )
+    server = ServerProcess(f"files:{tmp_path / 'data'}", env=env).start()
+    failure: grpc.aio.AioRpcError | None = None
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.ContextServiceStub(channel)
+            sid = (await stub.CreateSession(pb.CreateSessionRequest(name="slower than the grace"))).id
+            await _long_turns(stub, sid)
+            await _long_turns(stub, sid)
+            watch = _Watcher(stub, sid)
+            await asyncio.sleep(0.3)  # the stream is open
+            llm.control(mode="hang", hang_seconds=8.0)
+            summarize = r.CompressionSettings(summarizer="openai", strategies=["summarize"])
+            compress = None
+            if where == "compress_call":
+                compress = stub.Compress(
+                    pb.CompressRequest(session_id=sid, profile=r.Profile(compression=summarize)), timeout=30
+                )
+            else:
+                small = r.Profile(context_window=3000, compression=summarize)
+                view = await stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=small), timeout=30)
+                assert any("still running" in n for n in view.notices), list(view.notices)
+            await asyncio.wait_for(watch.started.wait(), timeout=10)
+            assert server.proc is not None
+            server.proc.send_signal(15)
+            if compress is not None:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await compress
+                failure = caught.value
+            await asyncio.wait_for(watch.task, timeout=30)
+            exit_code = server.proc.wait(20)
+    finally:
+        llm.reset()
+        server.kill()
+    assert exit_code == 0
+    assert failure is None or failure.code() == grpc.StatusCode.UNAVAILABLE
+    assert watch.kinds[watch.kinds.index("compression_started") + 1 :] == ["compression_refused"], watch.kinds
+    assert watch.end["code"] == grpc.StatusCode.UNAVAILABLE and watch.end["reason"] == "SHUTTING_DOWN"
+    assert watch.end["metadata"]["after_event_id"] == str(watch.ids[-1])

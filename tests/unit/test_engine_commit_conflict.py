@@ -16,6 +16,7 @@ import pytest
 from contextsvc.config import Settings
 from contextsvc.core.messages import Message
 from contextsvc.core.session import Principal
+from contextsvc.ports import HistoryChunk
 from contextsvc.stores.memory import MemoryStore
 from tests.support.compaction_harness import Rig, ScriptedSummarizer, a, overrides, t, u, words
 
@@ -46,6 +47,7 @@ class RacedStore(MemoryStore):
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
         context_tokens_as_of: int | None = None,
+        history: Sequence[HistoryChunk] = (),
     ) -> list[int]:
         if self.armed and demote:
             first = min(demote)
@@ -66,6 +68,7 @@ class RacedStore(MemoryStore):
             context_tokens=context_tokens,
             state=state,
             context_tokens_as_of=context_tokens_as_of,
+            history=history,
         )
         self.committed.append(list(demote))
         return seqs

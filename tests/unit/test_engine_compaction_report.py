@@ -25,6 +25,7 @@ from contextsvc.core.messages import Message, Role
 from contextsvc.core.session import Principal
 from contextsvc.engine.compaction import Method, Refusal
 from contextsvc.errors import Unavailable
+from contextsvc.ports import HistoryChunk
 from contextsvc.stores.memory import MemoryStore
 from tests.support.compaction_harness import Rig, ScriptedSummarizer, a, overrides, t, u
 from tests.unit.test_engine_commit_conflict import RacedStore
@@ -120,6 +121,7 @@ class FailingStore(MemoryStore):
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
         context_tokens_as_of: int | None = None,
+        history: Sequence[HistoryChunk] = (),
     ) -> list[int]:
         raise Unavailable("store went away")
 

@@ -1060,13 +1060,24 @@ class PostgresStore:
         context_tokens: int,
         state: Mapping[str, Any] | None = None,
         context_tokens_as_of: int | None = None,
+        history: Sequence[HistoryChunk] = (),
     ) -> list[int]:
         demoted = sorted(set(demote))
+        columns = chunk_columns(history) if history else None
 
         async def work(conn: Any) -> list[int]:
             row = await self._owned(conn, session_id, caller, lock=True)
             _check_known(row, demoted)
             await _check_in_context(conn, session_id, demoted)
+            if columns is not None:
+                # In the compaction's transaction: the chunks commit with it or not at all. A
+                # statement that fails only rolls back to its savepoint (DESIGN §5.6: an index
+                # failure never fails a compaction; the rows are safe in the display history).
+                try:
+                    async with conn.transaction():
+                        await self._insert_chunks(conn, session_id, columns)
+                except asyncpg.PostgresError:
+                    log.warning("history index write failed", extra={"session_id": session_id}, exc_info=True)
             now = self._now()
             removed = await _set_context(conn, session_id, demoted, False)
             rows = stamped(append, row["last_sequence"] + 1, now)
@@ -1326,28 +1337,32 @@ class PostgresStore:
                 raise session_not_found(session_id)
             if not chunks:
                 return 0
-            added = await conn.fetchval(
-                """WITH added AS (
-                       INSERT INTO history_chunks (session_id, content_hash, text, first_sequence, last_sequence,
-                                                   start_time, end_time, breadcrumbs, terms, term_count, create_time,
-                                                   terms_version)
-                       SELECT $1, u.h, u.t, u.f, u.l, u.s, u.e, u.b::jsonb,
-                              ARRAY(SELECT jsonb_array_elements_text(u.w::jsonb)), u.n, $11, $12
-                         FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::timestamptz[],
-                                     $7::timestamptz[], $8::text[], $9::text[], $10::integer[])
-                              WITH ORDINALITY AS u(h, t, f, l, s, e, b, w, n, i)
-                        ORDER BY u.i
-                       ON CONFLICT (session_id, content_hash) DO NOTHING
-                       RETURNING 1)
-                   SELECT count(*) FROM added""",
-                session_id,
-                *columns,
-                self._now(),
-                TERMS_VERSION,
-            )
-            return int(added)
+            return await self._insert_chunks(conn, session_id, columns)
 
         return await self._write("add_history_chunks", work)
+
+    async def _insert_chunks(self, conn: Any, session_id: str, columns: list[list[Any]]) -> int:
+        """Insert ``chunk_columns`` of chunks the session does not have yet; how many were new."""
+        added = await conn.fetchval(
+            """WITH added AS (
+                   INSERT INTO history_chunks (session_id, content_hash, text, first_sequence, last_sequence,
+                                               start_time, end_time, breadcrumbs, terms, term_count, create_time,
+                                               terms_version)
+                   SELECT $1, u.h, u.t, u.f, u.l, u.s, u.e, u.b::jsonb,
+                          ARRAY(SELECT jsonb_array_elements_text(u.w::jsonb)), u.n, $11, $12
+                     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::timestamptz[],
+                                 $7::timestamptz[], $8::text[], $9::text[], $10::integer[])
+                          WITH ORDINALITY AS u(h, t, f, l, s, e, b, w, n, i)
+                    ORDER BY u.i
+                   ON CONFLICT (session_id, content_hash) DO NOTHING
+                   RETURNING 1)
+               SELECT count(*) FROM added""",
+            session_id,
+            *columns,
+            self._now(),
+            TERMS_VERSION,
+        )
+        return int(added)
 
     async def search_history(self, session_id: str, query: str, *, limit: int) -> list[ScoredChunk]:
         """BM25 over the core's search terms, computed in the database: the GIN index on
