@@ -28,9 +28,10 @@ from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool
 from contextsvc.core.compression.formatting import (
     format_for_summary,
     format_meta_summary_input,
+    is_refusal,
     needs_meta_summary,
-    split_keys,
     summary_instructions,
+    summary_parts,
 )
 from contextsvc.core.compression.plan import CompactionPlan, mid_turn_keep_messages, plan_compaction, plan_hard_truncate
 from contextsvc.core.compression.records import compression_record, demoted_ranges, summary_message
@@ -756,6 +757,15 @@ class Compactor:
         try:
             summarizer = self._summarizers.get(c.summarizer)
             merged = await self._meta_summary(s, plan, summarizer)
+            appendix = ""
+            if summarizer.name != "extractive":
+                # A model summary must not drop the concrete details silently: it gets the same fact
+                # lines the extractive summarizer keeps, and is asked to carry them. They count
+                # within the input cap (the formatting makes room for them).
+                cfg = self._settings.summarizer.extractive
+                block = facts_block(fact_lines(plan.drop, max_facts=cfg.max_facts, fact_chars=cfg.fact_chars))
+                if block:
+                    appendix = "\n\nKeep these facts in the summary, verbatim where you can:\n" + block
             formatted = format_for_summary(
                 plan.drop,
                 window=p.context_window,
@@ -764,21 +774,14 @@ class Compactor:
                 merged_summary=merged,
                 settings=self._settings.summarizer,
                 image_fallback_tokens=self._settings.tokens.image_tokens_fallback,
+                appendix=appendix,
             )
             images = [await self._store.get_blob(b) or b"" for b in formatted.image_blob_ids]
-            text_in = formatted.text
-            if summarizer.name != "extractive":
-                # A model summary must not drop the concrete details silently: it gets the same fact
-                # lines the extractive summarizer keeps, and is asked to carry them.
-                cfg = self._settings.summarizer.extractive
-                block = facts_block(fact_lines(plan.drop, max_facts=cfg.max_facts, fact_chars=cfg.fact_chars))
-                if block:
-                    text_in += "\n\nKeep these facts in the summary, verbatim where you can:\n" + block
             raw = await summarizer.summarize(
                 SummaryRequest(
                     session_id=s.session.id,
                     messages=plan.drop,
-                    text=text_in,
+                    text=formatted.text,
                     instructions=summary_instructions(c.summary_prompt),
                     max_tokens=self._summary_reserve(p),
                     temperature=self._settings.summarizer.temperature,
@@ -791,10 +794,17 @@ class Compactor:
                 extra={"session_id": s.session.id, "summarizer": c.summarizer, "error": str(exc)},
             )
             return None
-        text, keys = split_keys(raw)
-        text = text.strip()
+        text, keys = summary_parts(raw)
         if not text:
             log.warning("summarizer returned an empty summary", extra={"session_id": s.session.id})
+            return None
+        if is_refusal(text, keys):
+            # "I'm sorry, but I can't help with that." is no summary: stored, it would stand for
+            # every dropped turn in each later view. The fallback runs instead.
+            log.warning(
+                "summarizer refused; falling back",
+                extra={"session_id": s.session.id, "summarizer": c.summarizer, "answer": text[:200]},
+            )
             return None
         crumbs = self._breadcrumbs(keys, plan.drop)
         summary = summary_message(

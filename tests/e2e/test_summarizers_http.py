@@ -360,3 +360,61 @@ def test_a_compaction_whose_summary_is_no_valid_text_leaves_the_session_readable
         view = stub.BuildContext(pb.BuildContextRequest(session_id=sid, profile=profile))
         assert any("\ufffd" in m.content for m in view.messages)
     assert "Traceback" not in server.stderr_text
+
+
+def _compacted_session(fake: FakeLLM, tmp_path: Any, mode: str) -> Any:
+    """A real server, one session of 12 long turns, one forced compaction with the fake in
+    ``mode``; yields (stub, session id, the Compress response)."""
+    from contextsvc._gen.v1 import context_service_pb2 as pb
+    from contextsvc._gen.v1 import resources_pb2 as r
+    from tests.support.rpc import assistant, user
+    from tests.support.server import ServerProcess
+
+    fake.set_mode(mode)
+    env = {"CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL": fake.base_url}
+    profile = r.Profile(context_window=8192, compression=r.CompressionSettings(summarizer="openai"))
+    with ServerProcess(f"files:{tmp_path / 'data'}", env=env).start() as server, server.channel() as ch:
+        stub = server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        for t in range(12):  # ~3,600 chars a turn: the formatted input is over the 32,000-char cap
+            ask = f"question {t} about PROJ-{t} in src/mod{t}/main.py zqword{t} " + "w " * 1750
+            stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user(ask), assistant(f"ok {t}")]))
+        done = stub.Compress(pb.CompressRequest(session_id=sid, profile=profile), timeout=60)
+        yield stub, sid, done
+    assert "Traceback" not in server.stderr_text
+
+
+def test_a_fenced_summary_is_stored_without_its_fence_and_the_input_keeps_its_cap(fake: FakeLLM, tmp_path: Any) -> None:
+    """A model that wraps its answer in ```markdown … ``` once had the fence stored in the summary
+    every later view sends; and the fact lines sent after the rows took the input past 32,000."""
+    from contextsvc._gen.v1 import context_service_pb2 as pb
+    from contextsvc._gen.v1 import events_pb2 as ev
+    from tests.support.rpc import all_messages
+
+    for stub, sid, done in _compacted_session(fake, tmp_path, "fenced"):
+        assert done.compressed and done.method == ev.COMPRESSION_METHOD_SUMMARY
+        assert "```" not in done.summary and done.summary.startswith("- The conversation covered")
+        assert "PROJ-0" in done.breadcrumbs  # the KEYS line inside the fence was still split off
+        summary = next(m for m in all_messages(stub, sid, buffer=pb.BUFFER_CONTEXT) if m.flags.is_summary)
+        assert "```" not in summary.content and "KEYS:" not in summary.content
+        sent = fake.requests()[0]["body"]["messages"][-1]["content"]
+        assert "Keep these facts in the summary" in sent and "chars of the middle omitted" in sent
+        assert len(sent) <= 32_000
+        expanded = stub.ExpandSummary(pb.ExpandSummaryRequest(session_id=sid, sequence_number=summary.sequence_number))
+        assert len(expanded.messages) == 22
+
+
+def test_a_refusal_is_not_stored_as_the_summary(fake: FakeLLM, tmp_path: Any) -> None:
+    """ "I'm sorry, but I can't help with that." once became the summary standing for every dropped
+    turn; the documented fallback runs instead, and what was dropped stays searchable."""
+    from contextsvc._gen.v1 import context_service_pb2 as pb
+    from contextsvc._gen.v1 import events_pb2 as ev
+    from tests.support.rpc import all_messages
+
+    for stub, sid, done in _compacted_session(fake, tmp_path, "refusal"):
+        assert done.compressed and done.method == ev.COMPRESSION_METHOD_HARD_TRUNCATE
+        assert fake.requests(), "the summarizer was asked"
+        context = all_messages(stub, sid, buffer=pb.BUFFER_CONTEXT)
+        assert not any("sorry" in m.content.lower() for m in context)
+        hits = stub.SearchHistory(pb.SearchHistoryRequest(session_id=sid, query="zqword0")).chunks
+        assert hits and "zqword0" in hits[0].text

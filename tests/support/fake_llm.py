@@ -14,7 +14,8 @@ Endpoints:
   ``hang_seconds``, capped, then answer ok), ``garbage`` (200, not JSON), ``wrong_shape`` (200,
   JSON without the expected fields), ``empty`` (200, empty content), ``surrogate`` (the ok summary
   with a lone surrogate ``\\ud800`` and a NUL in it: valid JSON, no valid UTF-8 text; and a line
-  of terminal escapes and other control characters).
+  of terminal escapes and other control characters), ``fenced`` (the ok summary wrapped in a
+  ```markdown code fence), ``refusal`` (200, "I'm sorry, but I can't help with that.").
 * ``POST /_reset`` — mode ``ok``, no queued modes, no recorded requests.
 * ``GET /_requests`` — ``{"requests": [{"path", "headers", "body"}, ...]}`` of chat calls, oldest
   first (the newest ``MAX_RECORDED``).
@@ -44,7 +45,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any
 
-MODES = ("ok", "no_keys", "fail", "bad_request", "hang", "garbage", "wrong_shape", "empty", "surrogate")
+MODES = (
+    "ok",
+    "no_keys",
+    "fail",
+    "bad_request",
+    "hang",
+    "garbage",
+    "wrong_shape",
+    "empty",
+    "surrogate",
+    "fenced",
+    "refusal",
+)
 MAX_HANG_SECONDS = 30.0
 MAX_RECORDED = 200
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -151,6 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "hang":
             time.sleep(hang_seconds)  # bounded by MAX_HANG_SECONDS; the client has usually left
         content = "" if mode == "empty" else _summary(body, keys=mode != "no_keys")
+        if mode == "fenced":
+            content = f"```markdown\n{content}\n```"
+        if mode == "refusal":
+            content = "I'm sorry, but I can't help with that."
         if mode == "surrogate":  # json.dumps writes it as the escape "\ud800": valid JSON
             odd = "- Odd \ud800 bytes\x00 here.\n- Tty \x1b[31mred\x1b[0m\x07 \ufffe\x01text\x9b.\n"
             content = content.replace("- It began", odd + "- It began", 1)

@@ -15,9 +15,12 @@ from contextsvc.core.compression import (
     META_SUMMARY_PROMPT,
     format_for_summary,
     format_meta_summary_input,
+    is_refusal,
     needs_meta_summary,
     split_keys,
     summary_instructions,
+    summary_parts,
+    unfence,
 )
 from contextsvc.core.compression.formatting import cap_result, cap_text, head_tail, preview, preview_args
 from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
@@ -199,6 +202,20 @@ def test_the_whole_input_is_capped_at_32000_chars_keeping_head_and_tail() -> Non
     assert int(marker.group(1)) == len(full) - 24_000 - tail
 
 
+def test_an_appendix_counts_within_the_cap() -> None:
+    """The fact lines a model summarizer gets after the rows once went past the 32,000 chars."""
+    rows = numbered([user(f"{k:05d} " + "w" * 994) for k in range(60)])
+    appendix = "\n\nKeep these facts:\n" + "\n".join(f"- fact {k} " + "f" * 180 for k in range(24))
+    out = format_for_summary(rows, window=32768, appendix=appendix)
+    assert len(out.text) == 32_000 and out.text.endswith(appendix)
+    assert out.text.startswith(format_for_summary(rows, window=32768).text[: 24_000 - len(appendix)])
+    assert out.uncapped_chars > 60_000 + len(appendix) - 1
+    # Small enough inputs keep rows and appendix whole; a huge appendix takes at most a quarter.
+    assert format_for_summary(numbered([user("short")]), window=32768, appendix="\nF").text == "[#1 user]\nshort\nF"
+    huge = format_for_summary(rows, window=32768, appendix="z" * 50_000)
+    assert len(huge.text) == 32_000 and huge.text.count("z") <= 8000
+
+
 def test_an_input_within_the_cap_is_untouched() -> None:
     rows = numbered([user("short")])
     out = format_for_summary(rows, window=32768)
@@ -256,3 +273,56 @@ def test_split_keys_never_fails_and_keeps_text_without_keys(text: str) -> None:
     if not keys and "keys" not in text.lower():
         assert body == text
     assert all(k and k == k.strip() for k in keys)
+
+
+# --- a model's answer ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "```markdown\n- did X in src/a.py\n- open: Y\nKEYS: src/a.py; Y\n```",
+        "```\n- did X in src/a.py\n- open: Y\nKEYS: src/a.py; Y\n```\n",
+        "  ```md\n- did X in src/a.py\n- open: Y\n```\nKEYS: src/a.py; Y",
+        "- did X in src/a.py\n- open: Y\nKEYS: src/a.py; Y",
+    ],
+)
+def test_a_fence_around_the_answer_is_not_stored(answer: str) -> None:
+    assert summary_parts(answer) == ("- did X in src/a.py\n- open: Y", ["src/a.py", "Y"])
+
+
+def test_a_fence_inside_the_summary_stays() -> None:
+    text = "- ran:\n```\nmake deploy\n```\n- then tests"
+    assert unfence(text) == text
+    assert unfence("```\na\n```\nb\n```\nc\n```") == "```\na\n```\nb\n```\nc\n```"
+    assert unfence("``` not a fence") == "``` not a fence"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "I'm sorry, but I can't help with that.",
+        "I\u2019m sorry, I cannot assist with this request.",
+        "Sorry, I can't summarize this conversation.",
+        "I cannot help with that.",
+        "I can't provide a summary of this content.",
+        "As an AI language model, I am unable to do that.",
+        "Unfortunately, I can't help with this.",
+    ],
+)
+def test_a_refusal_is_no_summary(answer: str) -> None:
+    assert is_refusal(*summary_parts(answer))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "- The user asked for a refund; I'm sorry was the reply.\nKEYS: refund",
+        "- I can't reproduce bug OPS-1 was the last finding",
+        "I cannot reproduce the crash on 3.12; the fix in src/a.py stays.\nKEYS: src/a.py",
+        "Sorry for the delay was all the user said. " + "Then the work went on. " * 40,
+        "The assistant fixed src/a.py.",
+    ],
+)
+def test_a_summary_is_not_taken_for_a_refusal(answer: str) -> None:
+    assert not is_refusal(*summary_parts(answer))

@@ -17,9 +17,12 @@ from contextsvc.core.compression.formatting import (
     SummaryInput,
     format_for_summary,
     format_meta_summary_input,
+    is_refusal,
     needs_meta_summary,
     split_keys,
     summary_instructions,
+    summary_parts,
+    unfence,
 )
 from contextsvc.core.compression.plan import (
     CompactionPlan,
@@ -55,6 +58,7 @@ __all__ = [
     "format_for_summary",
     "format_meta_summary_input",
     "is_placeholder",
+    "is_refusal",
     "mid_turn_keep_messages",
     "needs_meta_summary",
     "placeholder_for",
@@ -64,4 +68,6 @@ __all__ = [
     "summary_anchor",
     "summary_instructions",
     "summary_message",
+    "summary_parts",
+    "unfence",
 ]

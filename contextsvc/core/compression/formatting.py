@@ -18,15 +18,20 @@ The dropped rows become plain text, one block per message, oldest first:
 
 The whole text is capped at ``input_cap_chars`` (32,000): head 75% (the oldest work) + a marker +
 tail (the work right before the kept part). A head-only cut once dropped exactly the newest
-summarized work.
+summarized work. An ``appendix`` (the fact lines a model summarizer is asked to carry) counts
+within the cap: it takes at most a quarter of it, and the rows are cut to the rest.
 
 The summary prompt asks for a last ``KEYS:`` line; ``split_keys`` takes it off the summary and
-returns its items, which become the summary's breadcrumbs.
+returns its items, which become the summary's breadcrumbs. ``summary_parts`` reads a model's
+answer: a code fence wrapped around the whole answer goes, then the KEYS line is split off.
+``is_refusal`` tells a model's refusal ("I'm sorry, but I can't help with that.") from a
+summary: it is not stored as one.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -104,8 +109,10 @@ def format_for_summary(
     merged_summary: str | None = None,
     settings: SummarizerSettings = _DEFAULTS,
     image_fallback_tokens: int = DEFAULT_FALLBACK_TOKENS,
+    appendix: str = "",
 ) -> SummaryInput:
-    """The summarizer input for the dropped ``rows`` (context order); see the module docstring."""
+    """The summarizer input for the dropped ``rows`` (context order), then ``appendix``, all within
+    ``input_cap_chars``; see the module docstring."""
     names = call_names(rows)
     budget = math.floor(settings.image_budget_fraction * window) if vision else 0
     attached = _choose_images(rows, budget, image_fallback_tokens)
@@ -124,11 +131,14 @@ def format_for_summary(
         omitted += len(m.images) - len(picked)
         blocks.append(_block(m, names, critical_tool_names, settings, len(picked), len(m.images) - len(picked)))
     text = "\n\n".join(blocks)
+    cap = settings.input_cap_chars
+    if appendix:
+        appendix = preview(appendix, cap // 4)
     return SummaryInput(
-        text=cap_text(text, settings.input_cap_chars, settings.input_head_share),
+        text=cap_text(text, cap - len(appendix), settings.input_head_share) + appendix,
         image_blob_ids=tuple(blob_ids),
         images_omitted=omitted,
-        uncapped_chars=len(text),
+        uncapped_chars=len(text) + len(appendix),
     )
 
 
@@ -201,6 +211,56 @@ def cap_text(text: str, limit: int, head_share: float) -> str:
 
 #: The one KEYS-line parser lives with the breadcrumbs it produces (see its docstring for the rule).
 split_keys = split_keys_line
+
+#: A fence line: three backticks, an optional language tag (```markdown).
+_FENCE_OPEN = re.compile(r"\A```[\w+.-]*[ \t]*\n")
+_FENCE_CLOSE = re.compile(r"\n[ \t]*```[ \t]*\Z")
+
+#: How a model declines: a short answer that opens with an apology or a "can't" (a bullet does not:
+#: "- I can't reproduce it" reports what happened).
+_A = "['\u2019]?"  # an apostrophe, typed or typographic, or none
+_REFUSAL = re.compile(
+    r"\A[\s\"'\u201c]*(?:"
+    + "|".join(
+        [
+            r"i" + _A + r"m\s+(?:sorry|not\s+able|unable)",
+            r"i\s+am\s+(?:sorry|not\s+able|unable)",
+            r"sorry\b",
+            r"i\s+(?:can" + _A + r"t|cannot|won" + _A + r"t)",
+            r"as\s+an\s+ai\b",
+            r"unfortunately,?\s+i\s+(?:can|cannot|am)\b",
+        ]
+    )
+    + ")",
+    re.I,
+)
+#: Longer than this, an answer is taken for a summary whatever its first words.
+_REFUSAL_MAX_CHARS = 600
+
+
+def unfence(text: str) -> str:
+    """``text`` without a code fence wrapped around all of it (```markdown … ```), as models often
+    answer; a fence inside the text, or one that does not wrap it whole, stays."""
+    stripped = text.strip()
+    opening = _FENCE_OPEN.match(stripped)
+    closing = _FENCE_CLOSE.search(stripped) if opening else None
+    if opening is None or closing is None or closing.start() < opening.end() - 1:
+        return text
+    inner = stripped[opening.end() : closing.start()]
+    return text if "```" in inner else inner.strip()
+
+
+def summary_parts(answer: str) -> tuple[str, list[str]]:
+    """A summarizer's answer as the summary's text and its KEYS items: a fence around the whole
+    answer (or around the text before its KEYS line) removed, the KEYS line split off."""
+    text, keys = split_keys(unfence(answer))
+    return unfence(text).strip(), keys
+
+
+def is_refusal(text: str, keys: Sequence[str] = ()) -> bool:
+    """True when a model's answer (``summary_parts``) is a refusal rather than a summary: short, no
+    KEYS line, and it opens like "I'm sorry", "I can't", "As an AI"."""
+    return not keys and len(text) <= _REFUSAL_MAX_CHARS and _REFUSAL.match(text) is not None
 
 
 # --- blocks ----------------------------------------------------------------------------------
