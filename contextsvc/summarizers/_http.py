@@ -11,6 +11,7 @@ import base64
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from contextsvc.ports import SummarizerError
 
@@ -92,6 +93,7 @@ class HttpEndpoint:
         self._total_timeout_seconds = total_timeout_seconds
         self._attempts = max_retries + 1
         self._backoff_seconds = backoff_seconds
+        self._secrets = credentials(url, headers)
 
     async def post_json(self, body: dict[str, Any]) -> Any:
         if self._client.is_closed:  # httpx would raise a bare RuntimeError
@@ -103,6 +105,13 @@ class HttpEndpoint:
             raise SummarizerError(
                 f"{self.who}: no answer within {self._total_timeout_seconds:g}s (the whole call, retries included)"
             ) from None
+        except SummarizerError as exc:
+            raise self.redacted(exc) from None
+
+    def redacted(self, exc: SummarizerError) -> SummarizerError:
+        """``exc`` without this endpoint's credentials: an endpoint may echo the key it was sent
+        (``Incorrect API key provided: sk-…``), and the message is logged and shown."""
+        return SummarizerError(redact(str(exc), self._secrets))
 
     async def _with_retries(self, body: dict[str, Any]) -> Any:
         import httpx
@@ -137,6 +146,34 @@ class HttpEndpoint:
                 raise SummarizerError(f"{self.who}: the answer is not JSON: {snippet(response.text)}") from None
         attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
         raise SummarizerError(f"{self.who}: failed after {attempts}; last: {last_problem}")
+
+
+#: shorter values are not taken for credentials (replacing them would garble the message).
+_MIN_SECRET_CHARS = 6
+
+
+def credentials(url: str, headers: dict[str, str]) -> tuple[str, ...]:
+    """What an endpoint sends that must never be shown: each credential header's value and its
+    token (``Bearer <token>``), and the password of the URL's user part with the Basic
+    credential httpx makes of it. Longest first, so a value goes before a part of it."""
+    found: set[str] = set()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in ("authorization", "proxy-authorization") or "key" in lowered or "token" in lowered:
+            found.update({value, value.split()[-1] if value.split() else value})
+    parts = urlsplit(url)
+    if parts.password:
+        found.update({parts.password, unquote(parts.password)})
+        pair = f"{unquote(parts.username or '')}:{unquote(parts.password)}"
+        found.add(base64.b64encode(pair.encode()).decode("ascii"))
+    return tuple(sorted((f for f in found if len(f) >= _MIN_SECRET_CHARS), key=len, reverse=True))
+
+
+def redact(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def snippet(text: str) -> str:

@@ -61,7 +61,10 @@ class OllamaSummarizer:
         payload = await self._endpoint.post_json(self.body(request))
         if isinstance(payload, dict):
             telemetry.note_genai_usage(_count(payload.get("prompt_eval_count")), _count(payload.get("eval_count")))
-        return self._content(payload)
+        try:
+            return self._content(payload)
+        except SummarizerError as exc:  # the payload may echo the credentials it was sent
+            raise self._endpoint.redacted(exc) from None
 
     def _content(self, payload: Any) -> str:
         who = self._endpoint.who

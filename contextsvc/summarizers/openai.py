@@ -67,7 +67,10 @@ class OpenAISummarizer:
         usage = payload.get("usage") if isinstance(payload, dict) else None
         if isinstance(usage, dict):
             telemetry.note_genai_usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
-        return self._content(payload)
+        try:
+            return self._content(payload)
+        except SummarizerError as exc:  # the payload may echo the credentials it was sent
+            raise self._endpoint.redacted(exc) from None
 
     def _content(self, payload: Any) -> str:
         who = self._endpoint.who

@@ -270,6 +270,29 @@ async def test_garbage_is_a_summarizer_error(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("mode", ["echo_key", "echo_key_ok"])
+async def test_a_key_the_endpoint_echoes_never_reaches_the_error(
+    fake: FakeLLM, make_set: Any, protocol: str, mode: str
+) -> None:
+    """Providers answer a wrong key with "Incorrect API key provided: sk-…"; the error message is
+    logged ("summarizer failed; falling back") and once carried the key verbatim. The OpenAI key
+    goes as a Bearer token, a password in ``base_url`` as httpx's Basic credential."""
+    fake.set_mode(mode)
+    if protocol == "openai":
+        secret, summarizers = "sk-echo-secret-123456", make_set(api_key="sk-echo-secret-123456")
+    else:
+        host = fake.base_url.removeprefix("http://")
+        secret, summarizers = "pw-echo-secret-7890", make_set(base_url=f"http://probe:pw-echo-secret-7890@{host}")
+    with pytest.raises(SummarizerError) as caught:
+        await summarizers.get(protocol).summarize(_request())
+    message = str(caught.value)
+    sent = fake.requests()[0]["headers"]["Authorization"]
+    assert sent == f"Bearer {secret}" if protocol == "openai" else sent.startswith("Basic ")
+    assert "Incorrect API key provided: ***" in message, message
+    assert secret not in message and sent.split()[-1] not in message
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_nobody_listening_is_a_summarizer_error(make_set: Any, protocol: str) -> None:
     with socket.socket() as sock:  # a port that was free a moment ago and has no listener now
         sock.bind(("127.0.0.1", 0))

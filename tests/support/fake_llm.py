@@ -15,7 +15,9 @@ Endpoints:
   JSON without the expected fields), ``empty`` (200, empty content), ``surrogate`` (the ok summary
   with a lone surrogate ``\\ud800`` and a NUL in it: valid JSON, no valid UTF-8 text; and a line
   of terminal escapes and other control characters), ``fenced`` (the ok summary wrapped in a
-  ```markdown code fence), ``refusal`` (200, "I'm sorry, but I can't help with that.").
+  ```markdown code fence), ``refusal`` (200, "I'm sorry, but I can't help with that."),
+  ``echo_key`` (HTTP 401 whose error message repeats the request's ``Authorization`` header, as
+  providers do with a wrong key), ``echo_key_ok`` (the same error in a 200 answer).
 * ``POST /_reset`` — mode ``ok``, no queued modes, no recorded requests.
 * ``GET /_requests`` — ``{"requests": [{"path", "headers", "body"}, ...]}`` of chat calls, oldest
   first (the newest ``MAX_RECORDED``).
@@ -57,6 +59,8 @@ MODES = (
     "surrogate",
     "fenced",
     "refusal",
+    "echo_key",
+    "echo_key_ok",
 )
 MAX_HANG_SECONDS = 30.0
 MAX_RECORDED = 200
@@ -154,6 +158,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if mode == "bad_request":
             self._send_json(400, {"error": "fake-llm: scripted bad request"})
+            return
+        if mode in ("echo_key", "echo_key_ok"):
+            sent = self.headers.get("Authorization", "")
+            token = sent.split()[-1] if sent.split() else ""
+            error = {"message": f"Incorrect API key provided: {token} (header {sent!r})", "type": "auth"}
+            self._send_json(401 if mode == "echo_key" else 200, {"error": error})
             return
         if mode == "garbage":
             self._send_raw(200, b"<html>this is not JSON {", "text/html")
