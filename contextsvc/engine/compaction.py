@@ -26,6 +26,7 @@ from contextsvc.core.breadcrumbs import extract_breadcrumbs, merge_breadcrumbs, 
 from contextsvc.core.chunking import pieces
 from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool_results, is_placeholder
 from contextsvc.core.compression.formatting import (
+    META_SUMMARY_PROMPT,
     format_for_summary,
     format_meta_summary_input,
     is_refusal,
@@ -860,17 +861,21 @@ class Compactor:
         if len(old) < 2 or not needs_meta_summary(old, self._settings.summarizer.meta_summary_chars):
             return None
         text = format_meta_summary_input(old, settings=self._settings.summarizer)
-        merged: str = await summarizer.summarize(
+        # The merge prompt, not the conversation prompt: its input is summaries, not turns.
+        answer: str = await summarizer.summarize(
             SummaryRequest(
                 session_id=s.session.id,
                 messages=old,
                 text=text,
-                instructions=summary_instructions(s.profile.compression.summary_prompt),
+                instructions=META_SUMMARY_PROMPT,
                 max_tokens=self._summary_reserve(s.profile),
                 temperature=self._settings.summarizer.temperature,
             )
         )
-        return merged
+        merged, keys = summary_parts(answer)
+        if not merged or is_refusal(merged, keys):
+            raise SummarizerError(f"{summarizer.name}: the merge of earlier summaries came back empty or refused")
+        return merged if not keys else f"{merged}\nKEYS: {'; '.join(keys)}"
 
     async def _hard_truncate(
         self, s: Situation, plan: CompactionPlan, *, cleared: ClearedToolResults | None = None

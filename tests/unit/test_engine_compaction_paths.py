@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from contextsvc.core.calibration import Observation
+from contextsvc.core.compression import DEFAULT_SUMMARY_PROMPT, META_SUMMARY_PROMPT
 from contextsvc.core.compression.cheap import is_placeholder
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import ANONYMOUS
@@ -166,6 +167,8 @@ async def test_several_large_old_summaries_are_merged_first() -> None:
         assert report.compressed and report.method.value == "summary"
         assert len(recorder.calls) == 2
         meta, main = recorder.calls
+        # The merge is asked with the merge prompt (it once got the conversation prompt).
+        assert meta.instructions == META_SUMMARY_PROMPT and main.instructions == DEFAULT_SUMMARY_PROMPT
         assert [m.content[:8] for m in meta.messages] == ["zqsum0x ", "zqsum1x ", "zqsum2x "]
         assert all(m.flags.is_summary for m in meta.messages)
         assert "[summary 1 of 3" in meta.text and "[summary 3 of 3" in meta.text
@@ -173,6 +176,22 @@ async def test_several_large_old_summaries_are_merged_first() -> None:
         assert "summarized 3 messages (call 1)" in main.text
         assert "zqsum0x" not in main.text and "zqsum2x" not in main.text
         assert "zq0ux" in main.text  # and the dropped turns
+    finally:
+        await rig.close()
+
+
+async def test_a_refused_merge_is_a_failed_attempt() -> None:
+    """A merge that comes back as a refusal never reaches the main summary's input as "the earlier
+    summaries": the attempt fails, and the documented fallback runs."""
+    refusing = ScriptedSummarizer(default=lambda request: "I'm sorry, but I can't help with that.")
+    rig = await Rig.start(refusing)
+    try:
+        sid = await rig.session()
+        await rig.append(sid, *[_old_summary(k, 4000) for k in range(3)])
+        await _fill(rig, sid, 10)
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        assert report.compressed and report.method.value == "hard_truncate"
+        assert all(call.instructions == META_SUMMARY_PROMPT for call in refusing.calls)
     finally:
         await rig.close()
 
