@@ -390,6 +390,14 @@ class Gateway:
 
     async def _read_loop(self, sock: _Socket) -> None:
         tasks: set[asyncio.Task[None]] = set()
+        # Frames served at once: past it the loop stops reading, and the client's further frames
+        # wait in its socket (TCP flow control), not as tasks each holding a call and its answer.
+        in_flight = asyncio.Semaphore(self.gs.frames_in_flight)
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            in_flight.release()
+
         try:
             async for raw in sock.ws:
                 if sock.sub is not None and sock.sub.closed:
@@ -402,9 +410,10 @@ class Gateway:
                 if frame["type"] == "ping":
                     self._reply(sock, {"type": "pong", **({"id": frame["id"]} if "id" in frame else {})})
                     continue
+                await in_flight.acquire()
                 task = asyncio.create_task(self._serve_frame(sock, frame))
                 tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                task.add_done_callback(done)
         finally:
             for task in list(tasks):
                 task.cancel()
