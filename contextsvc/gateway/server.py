@@ -268,6 +268,10 @@ class Gateway:
                 write_now=lambda data: _write_now(ws, data),
             )
             hub = await self.hubs.acquire(sock.token, sock.session_id, last_id)
+            # The hub has read the session up to its newest event: an id past it was never given on
+            # this session (a guess, an id from the future); events after the hub's newest are new to
+            # this socket, or it would wait, deaf, for ids above its guess.
+            last_id = min(last_id, hub.last_id)
             replay = hub.attach(sock.sub, last_id)
             await ws.send(frames.dumps({"type": "session_sync", "session": frames.to_json(session)}))
             after = 0

@@ -67,11 +67,11 @@ def test_a_client_flooding_frames_it_never_reads_answers_of_does_not_grow_the_ga
     thread = threading.Thread(target=flood, daemon=True)
     thread.start()
     peak = before
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 8
     while time.monotonic() < deadline:
         peak = max(peak, _rss_mb(proc.proc.pid))
         time.sleep(0.1)
     flooder.close()
     thread.join(10)
     assert sent[0] > 100  # the frames did go out
-    assert peak - before < 150, f"the gateway grew {peak - before:.0f} MB for {sent[0]} frames"
+    assert peak - before < 200, f"the gateway grew {peak - before:.0f} MB for {sent[0]} frames"
