@@ -687,6 +687,10 @@ class GatewaySettings(_Section):
     max_files: int = Field(32, ge=0)
     #: frames waiting for one socket; a browser that falls this far behind is closed 4008.
     send_queue_frames: int = Field(1024, ge=8)
+    #: client frames one socket may have in progress at once (waiting on the service); past it the
+    #: gateway stops reading that socket until one is answered, so a client that floods frames is
+    #: slowed down by TCP flow control instead of holding a call and its answer per frame.
+    frames_in_flight: int = Field(16, ge=1)
     #: WebSocket keepalive pings (heartbeats); a peer that misses a pong for ping_timeout is closed 1011.
     ping_interval_seconds: float = Field(20.0, gt=0)
     ping_timeout_seconds: float = Field(20.0, gt=0)

@@ -120,6 +120,25 @@ class SessionDamaged(FailedPrecondition):
     reason = "SESSION_DAMAGED"
 
 
+class EventsExpired(FailedPrecondition):
+    """A ``StreamEvents`` watcher fell so far behind that events it had not read yet left the
+    retained log: resuming cannot give them back, so the stream ends instead of skipping them."""
+
+    reason = "EVENTS_EXPIRED"
+
+    def __init__(self, *, after_event_id: int, lost_event_id: int, oldest_event_id: int):
+        super().__init__(
+            f"this watcher fell behind by more than the retained events: event {lost_event_id} and "
+            f"others it had not read are no longer kept (the oldest kept is {oldest_event_id}); read "
+            f"the session again (ListMessages), then resume with after_event_id={after_event_id}",
+            metadata={
+                "after_event_id": str(after_event_id),
+                "lost_event_id": str(lost_event_id),
+                "oldest_event_id": str(oldest_event_id),
+            },
+        )
+
+
 class Conflict(ContextError):
     """A concurrent operation on the same session got there first."""
 

@@ -6,22 +6,31 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from contextsvc.clock import SystemClock
 from contextsvc.core.session import Principal
-from contextsvc.errors import EventIdAhead, Unavailable
+from contextsvc.errors import EventIdAhead, EventsExpired
 from contextsvc.ports import Clock, StoredEvent
 
-# Subscribers that fall this far behind are cut off rather than holding memory forever;
-# they reconnect with after_event_id and replay from the retained log.
-_SUBSCRIBER_QUEUE = 10_000
 
+@dataclass(eq=False, slots=True)
+class _Watcher:
+    """One subscriber: where it is in the shared log. It holds no events of its own, so a watcher
+    that stops reading costs nothing but this (its stream is held back by gRPC flow control)."""
 
-class SubscriberLagged(Unavailable):
-    """A subscriber fell behind the live stream; it must reconnect with after_event_id."""
-
-    reason = "SUBSCRIBER_LAGGED"
+    visible: Callable[[StoredEvent], bool]
+    #: the session it streams ("" = all of the caller's): maintenance spares those.
+    session_id: str
+    #: the id of the next event it looks at; every event before it was delivered or not visible.
+    pos: int
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: waiting for an event: ``publish`` moves ``pos`` past events it may not see and wakes it
+    #: for one it may.
+    idle: bool = False
+    #: a visible event that left the log before this watcher read it (0: none).
+    lost: int = 0
 
 
 class MemoryEventBus:
@@ -29,22 +38,23 @@ class MemoryEventBus:
 
     Ids start from the wall clock in microseconds so that they keep increasing across restarts
     of a single replica (a client resuming with an id from before a restart gets no duplicates).
+    Within a process they follow each other (+1), so an id is also a position in the log.
+
+    Every watcher reads the one retained log at its own pace (nothing is copied per watcher): one
+    that is behind catches up from the log, and one whose unread events left the log (more than
+    ``retention`` events of all sessions behind) ends with ``EVENTS_EXPIRED`` rather than skipping them.
     """
 
     def __init__(self, *, retention: int, clock: Clock | None = None):
         self._log: deque[StoredEvent] = deque(maxlen=retention)
-        # Each subscriber's queue with the filter of what it may see: only visible events are
-        # queued, so traffic of other sessions never makes a watcher fall behind.
-        self._subscribers: dict[asyncio.Queue[StoredEvent | None], Callable[[StoredEvent], bool]] = {}
+        self._watchers: list[_Watcher] = []
         self._next_id = time.time_ns() // 1000
         self._clock = clock or SystemClock()
         self._closed = False
-        #: the session each subscriber streams ("" = all of the caller's): maintenance spares them.
-        self._watching: dict[asyncio.Queue[StoredEvent | None], str] = {}
 
     def watched_sessions(self) -> set[str]:
         """Sessions with a stream open on them (store maintenance never removes those)."""
-        return {sid for sid in self._watching.values() if sid}
+        return {w.session_id for w in self._watchers if w.session_id}
 
     async def publish(self, *, session_id: str, user_id: str, kind: str, payload: Mapping[str, Any]) -> StoredEvent:
         self._next_id += 1
@@ -56,15 +66,18 @@ class MemoryEventBus:
             kind=kind,
             payload=dict(payload),
         )
+        evicted = self._log[0] if len(self._log) == self._log.maxlen else None
         self._log.append(event)
-        for queue, visible in list(self._subscribers.items()):
-            if not visible(event):
-                continue
-            if queue.qsize() >= _SUBSCRIBER_QUEUE:
-                del self._subscribers[queue]
-                queue.put_nowait(None)
-            else:
-                queue.put_nowait(event)
+        for w in self._watchers:
+            if w.idle:
+                # Only visible events wake a watcher: other sessions' traffic costs it no task switch.
+                if w.visible(event):
+                    w.idle = False
+                    w.wake.set()
+                else:
+                    w.pos = event.event_id + 1
+            elif evicted is not None and not w.lost and evicted.event_id >= w.pos and w.visible(evicted):
+                w.lost = evicted.event_id
         return event
 
     async def subscribe(
@@ -75,34 +88,37 @@ class MemoryEventBus:
 
         if after_event_id > self._next_id:
             raise EventIdAhead(after_event_id, self._next_id)
-        queue: asyncio.Queue[StoredEvent | None] = asyncio.Queue()
-        # Register before snapshotting the log: nothing published in between can be missed,
-        # and duplicates are removed by the id check below.
-        self._subscribers[queue] = visible
-        self._watching[queue] = session_id
+        # Positioned when the stream starts reading: after_event_id 0 means what comes from now on.
+        watcher = _Watcher(visible, session_id, after_event_id + 1 if after_event_id else self._next_id + 1)
+        self._watchers.append(watcher)
+        last = after_event_id
         try:
-            last = after_event_id
-            if after_event_id:
-                for event in list(self._log):
-                    if event.event_id > last and visible(event):
-                        last = event.event_id
-                        yield event
             while not self._closed:
-                item = await queue.get()
-                if item is None:
-                    if self._closed:
-                        return
-                    raise SubscriberLagged(f"this watcher fell behind; reconnect with after_event_id={last} to resume")
-                if item.event_id > last and visible(item):
-                    last = item.event_id
-                    yield item
+                if watcher.lost:
+                    raise EventsExpired(
+                        after_event_id=last,
+                        lost_event_id=watcher.lost,
+                        oldest_event_id=self._log[0].event_id if self._log else self._next_id + 1,
+                    )
+                if watcher.pos > self._next_id:
+                    watcher.idle = True
+                    watcher.wake.clear()
+                    await watcher.wake.wait()
+                    continue
+                oldest = self._log[0].event_id
+                if watcher.pos < oldest:
+                    # A resume from before the retained log starts at its oldest event (the README's
+                    # event_retention); a live watcher gets here only past events it may not see.
+                    watcher.pos = oldest
+                event = self._log[watcher.pos - oldest]
+                watcher.pos += 1
+                if visible(event):
+                    last = event.event_id
+                    yield event
         finally:
-            self._subscribers.pop(queue, None)
-            self._watching.pop(queue, None)
+            self._watchers.remove(watcher)
 
     async def close(self) -> None:
         self._closed = True
-        for queue in list(self._subscribers):
-            queue.put_nowait(None)
-        self._subscribers.clear()
-        self._watching.clear()
+        for watcher in self._watchers:
+            watcher.wake.set()

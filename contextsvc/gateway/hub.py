@@ -84,9 +84,12 @@ class SessionHub:
         self._ring: deque[Item] = deque()
         # The stream always starts from an event id, never "live only": a live-only stream misses
         # what is published before the service has registered it, and nothing would replay that.
-        # Without a resume point it starts from the service's whole retained log of the session
-        # (the ring keeps the newest part), which also lets it serve older resume points.
-        start = after_event_id if after_event_id > 0 else 1
+        # It starts from the service's whole retained log of the session (the ring keeps the newest
+        # part), which also lets it serve older resume points; never from the id of the socket that
+        # opened it: the hub is shared, and an id past the newest event (a client's guess) made the
+        # service refuse every reopening, leaving every socket of the session without live events.
+        del after_event_id
+        start = 1
         #: every event of the session with an id above ``floor`` is in the ring (None: not known).
         self.floor: int | None = start
         self.last_id = start

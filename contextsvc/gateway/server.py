@@ -268,6 +268,10 @@ class Gateway:
                 write_now=lambda data: _write_now(ws, data),
             )
             hub = await self.hubs.acquire(sock.token, sock.session_id, last_id)
+            # The hub has read the session up to its newest event: an id past it was never given on
+            # this session (a guess, an id from the future); events after the hub's newest are new to
+            # this socket, or it would wait, deaf, for ids above its guess.
+            last_id = min(last_id, hub.last_id)
             replay = hub.attach(sock.sub, last_id)
             await ws.send(frames.dumps({"type": "session_sync", "session": frames.to_json(session)}))
             after = 0
@@ -390,6 +394,14 @@ class Gateway:
 
     async def _read_loop(self, sock: _Socket) -> None:
         tasks: set[asyncio.Task[None]] = set()
+        # Frames served at once: past it the loop stops reading, and the client's further frames
+        # wait in its socket (TCP flow control), not as tasks each holding a call and its answer.
+        in_flight = asyncio.Semaphore(self.gs.frames_in_flight)
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            in_flight.release()
+
         try:
             async for raw in sock.ws:
                 if sock.sub is not None and sock.sub.closed:
@@ -402,9 +414,10 @@ class Gateway:
                 if frame["type"] == "ping":
                     self._reply(sock, {"type": "pong", **({"id": frame["id"]} if "id" in frame else {})})
                     continue
+                await in_flight.acquire()
                 task = asyncio.create_task(self._serve_frame(sock, frame))
                 tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                task.add_done_callback(done)
         finally:
             for task in list(tasks):
                 task.cancel()

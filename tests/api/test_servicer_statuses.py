@@ -218,6 +218,7 @@ DOMAIN_ERRORS: list[tuple[errors.ContextError, grpc.StatusCode]] = [
     (errors.NothingToCompact("none"), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.ContextTooLarge("big", metadata={"estimate": "9", "budget": "8"}), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.SessionDamaged("read-only until repaired"), grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.EventsExpired(after_event_id=5, lost_event_id=6, oldest_event_id=9), grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Conflict("raced", reason="COMPACTION_CONFLICT"), grpc.StatusCode.ABORTED),
     (errors.Unavailable("store down"), grpc.StatusCode.UNAVAILABLE),
     (

@@ -8,8 +8,7 @@ import pytest
 
 from contextsvc.config import Settings
 from contextsvc.core.session import ANONYMOUS
-from contextsvc.errors import Unavailable
-from contextsvc.events import memory_bus
+from contextsvc.errors import EventsExpired
 from contextsvc.events.memory_bus import MemoryEventBus
 from contextsvc.stores.memory import MemoryStore
 from tests.support.engines import make_engine
@@ -34,22 +33,49 @@ async def test_compaction_locks_are_dropped_once_nobody_holds_or_waits() -> None
     await engine.close()
 
 
-async def test_a_watcher_that_falls_behind_gets_unavailable_and_other_sessions_never_fill_its_queue(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(memory_bus, "_SUBSCRIBER_QUEUE", 5)
+async def test_a_watcher_that_falls_behind_catches_up_from_the_log_and_other_sessions_never_wake_it() -> None:
     bus = MemoryEventBus(retention=100)
     stream = bus.subscribe(caller=ANONYMOUS, session_id="watched")
     first = asyncio.ensure_future(stream.__anext__())
     await asyncio.sleep(0)
-    for i in range(50):  # traffic of another session: never queued for this watcher
+    for i in range(50):  # traffic of another session: the watcher stays asleep
+        await bus.publish(session_id="other", user_id="anonymous", kind="k", payload={"i": i})
+    assert not first.done()
+    await bus.publish(session_id="watched", user_id="anonymous", kind="k", payload={"i": 0})
+    assert (await first).payload == {"i": 0}
+    for i in range(1, 40):  # it lags on its own session's events, within retention: nothing is lost
+        await bus.publish(session_id="watched", user_id="anonymous", kind="k", payload={"i": i})
+        await bus.publish(session_id="other", user_id="anonymous", kind="k", payload={"i": i})
+    got = [(await stream.__anext__()).payload["i"] for _ in range(39)]
+    assert got == list(range(1, 40))
+    await bus.close()
+
+
+async def test_a_watcher_whose_unread_events_left_the_log_ends_with_events_expired() -> None:
+    bus = MemoryEventBus(retention=10)
+    stream = bus.subscribe(caller=ANONYMOUS, session_id="watched")
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)
+    await bus.publish(session_id="watched", user_id="anonymous", kind="k", payload={"i": 0})
+    delivered = await first
+    for i in range(1, 4):  # unread by the watcher...
+        await bus.publish(session_id="watched", user_id="anonymous", kind="k", payload={"i": i})
+    for i in range(20):  # ...and pushed out of the log by another session's traffic
+        await bus.publish(session_id="other", user_id="anonymous", kind="k", payload={"i": i})
+    with pytest.raises(EventsExpired) as err:
+        await stream.__anext__()  # never a silent skip to what is still kept
+    assert err.value.metadata["after_event_id"] == str(delivered.event_id)
+    assert int(err.value.metadata["lost_event_id"]) == delivered.event_id + 1
+    await bus.close()
+
+
+async def test_other_sessions_pushing_only_invisible_events_out_of_the_log_cost_a_watcher_nothing() -> None:
+    bus = MemoryEventBus(retention=10)
+    stream = bus.subscribe(caller=ANONYMOUS, session_id="watched")
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)
+    for i in range(50):
         await bus.publish(session_id="other", user_id="anonymous", kind="k", payload={"i": i})
     await bus.publish(session_id="watched", user_id="anonymous", kind="k", payload={"i": 0})
     assert (await first).payload == {"i": 0}
-    for i in range(10):  # now it lags on its own session's events
-        await bus.publish(session_id="watched", user_id="anonymous", kind="k", payload={"i": i})
-    with pytest.raises(Unavailable) as err:
-        for _ in range(20):
-            await stream.__anext__()
-    assert "after_event_id" in err.value.message
     await bus.close()
