@@ -680,6 +680,11 @@ class GatewaySettings(_Section):
     allow_query_token: bool = True
     #: largest client frame; bigger ones are closed 1009 by the WebSocket layer (base64 of 50 MB is ~67 MB).
     max_frame_bytes: int = Field(80 * MB, ge=1024)
+    #: largest first message of a socket that has to send an auth frame (no cookie or query token,
+    #: and the service refuses anonymous callers): it may only be ``{"type":"auth",...}``, and
+    #: ``max_frame_bytes`` there let a few unauthenticated sockets hold hundreds of MB for the
+    #: ``auth_timeout_seconds``. A bigger first message is closed 1009; later ones get ``max_frame_bytes``.
+    auth_frame_bytes: int = Field(256 * 1024, ge=1024)
     #: images per ``message`` frame and their decoded total.
     max_images: int = Field(8, ge=0)
     max_image_bytes: int = Field(50 * MB, ge=1)

@@ -14,6 +14,7 @@ import logging
 import mimetypes
 import os
 import re
+import weakref
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
 from importlib import resources
@@ -23,8 +24,9 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import State
+from websockets.protocol import Protocol, State
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2
@@ -143,6 +145,10 @@ class Gateway:
         self.hubs = HubRegistry(self.upstream, self.gs)
         self._server: Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the service's answer to an anonymous caller, asked before a tokenless socket's handshake.
+        self._anonymous: weakref.WeakKeyDictionary[ServerConnection, resources_pb2.Session | UpstreamError] = (
+            weakref.WeakKeyDictionary()
+        )
         self.port = 0
 
     async def start(self, listen: str) -> int:
@@ -189,7 +195,9 @@ class Gateway:
         if origin is not None and urlsplit(origin).netloc != request.headers.get("Host", ""):
             # Cookies ride along on cross-site sockets too: only pages served by this gateway may connect.
             return connection.respond(http.HTTPStatus.FORBIDDEN, "cross-origin requests are refused\n")
-        if _WS_PATH.match(url.path):
+        socket_path = _WS_PATH.match(url.path)
+        if socket_path:
+            await self._before_handshake(connection, request, socket_path.group(1), parse_qs(url.query))
             return None  # the WebSocket handshake proceeds
         if url.path == "/api/sessions":
             return await self._api_sessions(request, parse_qs(url.query))
@@ -249,6 +257,23 @@ class Gateway:
         )
 
     # ---- WebSocket ----------------------------------------------------------------------------------
+
+    async def _before_handshake(
+        self, connection: ServerConnection, request: Request, session_id: str, query: dict[str, list[str]]
+    ) -> None:
+        """For a socket that offers no token (no cookie, no ``api_token``): ask the service whether it
+        lets anonymous callers in, before the handshake, and keep the answer for ``_authenticate``.
+        Refused, the socket's first message can only be its auth frame, so it is held to
+        ``gateway.auth_frame_bytes`` rather than ``max_frame_bytes`` (decided here, before the client
+        can send a byte of it)."""
+        if "api_token" in query or _cookie_token(request.headers, self.gs.cookie_name):
+            return
+        try:
+            self._anonymous[connection] = await self.upstream.get_session("", session_id)
+        except UpstreamError as exc:
+            self._anonymous[connection] = exc
+            if exc.denied:
+                _cap_first_message(connection.protocol, self.gs.auth_frame_bytes)
 
     async def _handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None
@@ -322,8 +347,12 @@ class Gateway:
             sock.token = token
             return await self._get_session(sock)
         try:
-            # No token offered: maybe the service lets anonymous callers in (auth disabled).
-            return await self.upstream.get_session("", sock.session_id)
+            # No token offered: maybe the service lets anonymous callers in (auth disabled). Asked
+            # before the handshake (``_before_handshake``); again if that answer is not there.
+            asked = self._anonymous.pop(ws, None)
+            if isinstance(asked, UpstreamError):
+                raise asked
+            return asked if asked is not None else await self.upstream.get_session("", sock.session_id)
         except UpstreamError as exc:
             if not exc.denied:
                 raise _close_for(exc) from None
@@ -641,3 +670,26 @@ def announce(listen: str, port: int, scheme: str = "http") -> None:
     host = listen.rpartition(":")[0]
     # Tests and scripts read this line to learn the port when listening on port 0.
     print(f"contextsvc gateway listening on {scheme}://{host}:{port}/", flush=True)
+
+
+_DATA_OPCODES = frozenset((Opcode.TEXT, Opcode.BINARY, Opcode.CONT))
+
+
+def _cap_first_message(protocol: Protocol, cap: int) -> None:
+    """Refuse (1009) a first message over ``cap`` bytes on ``protocol``; every later one gets the
+    configured limit again. Restored when the parser has the first message whole, before it reads the
+    next frame's header (it reads the limit frame by frame), so frames pipelined right after the auth
+    frame are held to the full limit, not to this one."""
+    full = protocol.max_message_size
+    if full is not None and full <= cap:
+        return
+    protocol.max_message_size = cap
+    receive = protocol.recv_frame
+
+    def recv_frame(frame: Frame) -> None:
+        receive(frame)
+        if frame.opcode in _DATA_OPCODES and frame.fin:
+            protocol.max_message_size = full
+            del protocol.recv_frame  # the class's own method again
+
+    protocol.recv_frame = recv_frame  # type: ignore[method-assign]

@@ -115,6 +115,33 @@ async def test_auth_frame_then_pipelined_frames(world: dict[str, Any]) -> None:
         assert [(await recv(ws))["type"] for _ in range(3)] == ["auth_ok", "session_sync", "pong"]
 
 
+async def test_a_first_message_too_big_for_an_auth_frame_closes_1009_at_once(world: dict[str, Any]) -> None:
+    # Before its token is known a socket may only send an auth frame: a megabyte first message is
+    # refused on its header (it held max_frame_bytes, 80 MB, for the auth timeout before).
+    async with connect(world["proc"].ws_url(world["sid"]), max_size=None) as ws:
+        assert (await recv(ws))["type"] == "auth_required"
+        await ws.send(json.dumps({"type": "auth", "api_token": world["alice"], "pad": "x" * 1_000_000}))
+        assert await closed_with(ws) == 1009
+
+
+async def test_a_big_message_pipelined_right_after_the_auth_frame_is_served(world: dict[str, Any]) -> None:
+    # The small limit holds for the first message only: the next frame, already on its way, gets
+    # max_frame_bytes again.
+    content = "word " * 120_000  # 600 KB, over gateway.auth_frame_bytes
+    async with connect(world["proc"].ws_url(world["sid"])) as ws:
+        assert (await recv(ws))["type"] == "auth_required"
+        await ws.send(json.dumps({"type": "auth", "api_token": world["alice"]}))
+        await ws.send(json.dumps({"type": "message", "content": content, "id": "big"}))
+        seen = []
+        while not seen or seen[-1]["type"] != "message_ack":
+            seen.append(await recv(ws))
+            assert seen[-1]["type"] != "error", seen[-1]
+        assert [f["type"] for f in seen[:2]] == ["auth_ok", "session_sync"]
+    stub: ContextServiceStub = world["stub"]
+    page = stub.ListMessages(pb.ListMessagesRequest(session_id=world["sid"], page_size=1), metadata=world["meta"])
+    assert page.messages[0].content == content
+
+
 @pytest.mark.parametrize(
     "first",
     [
