@@ -100,6 +100,10 @@ class MemoryEventBus:
                         lost_event_id=watcher.lost,
                         oldest_event_id=self._log[0].event_id if self._log else self._next_id + 1,
                     )
+                if not self._log:
+                    # Nothing published in this process yet: an id it started from (the clock) or
+                    # below names no event it has, so the watcher waits for the first one.
+                    watcher.pos = self._next_id + 1
                 if watcher.pos > self._next_id:
                     watcher.idle = True
                     watcher.wake.clear()

@@ -79,3 +79,18 @@ async def test_other_sessions_pushing_only_invisible_events_out_of_the_log_cost_
     await bus.publish(session_id="watched", user_id="anonymous", kind="k", payload={"i": 0})
     assert (await first).payload == {"i": 0}
     await bus.close()
+
+
+@pytest.mark.parametrize("back", [0, 1, 12_345])
+async def test_a_resume_on_a_bus_that_has_published_nothing_waits_for_the_first_event(back: int) -> None:
+    # A restarted replica's bus holds no event yet, and ids below where its clock started name none
+    # of its own: the watcher waits (it raised IndexError, INTERNAL, from an empty log).
+    bus = MemoryEventBus(retention=10)
+    start = bus._next_id - back
+    stream = bus.subscribe(caller=ANONYMOUS, after_event_id=start)
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)
+    assert not first.done()
+    event = await bus.publish(session_id="s", user_id="anonymous", kind="k", payload={"i": 1})
+    assert (await asyncio.wait_for(first, 1)).event_id == event.event_id
+    await bus.close()
