@@ -65,6 +65,8 @@ class PostTurnWorker:
 
     async def drain(self, within: float) -> bool:
         """Wait until every scheduled check ran (tests and graceful shutdown)."""
+        if self._idle.is_set():  # asyncio.wait_for with no time left gives up before looking
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), within)
         except TimeoutError:

@@ -108,6 +108,11 @@ class HttpEndpoint:
         except SummarizerError as exc:
             raise self.redacted(exc) from None
 
+    def shown(self, text: str) -> str:
+        """``snippet`` of what the endpoint answered, its credentials taken out first: cut first, a
+        key echoed across the cut would be shown in part, which ``redacted`` no longer matches."""
+        return snippet(redact(text, self._secrets))
+
     def redacted(self, exc: SummarizerError) -> SummarizerError:
         """``exc`` without this endpoint's credentials: an endpoint may echo the key it was sent
         (``Incorrect API key provided: sk-…``), and the message is logged and shown."""
@@ -134,16 +139,16 @@ class HttpEndpoint:
                 raise SummarizerError(f"{self.who}: request failed ({type(exc).__name__}: {exc})") from None
             status = response.status_code
             if status >= 500:
-                last_problem = f"HTTP {status}: {snippet(response.text)}"
+                last_problem = f"HTTP {status}: {self.shown(response.text)}"
                 continue
             if status >= 400:
-                raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {snippet(response.text)}")
+                raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {self.shown(response.text)}")
             if status != 200:
-                raise SummarizerError(f"{self.who}: unexpected HTTP {status}: {snippet(response.text)}")
+                raise SummarizerError(f"{self.who}: unexpected HTTP {status}: {self.shown(response.text)}")
             try:
                 return response.json()
             except ValueError:  # JSONDecodeError and undecodable bytes alike
-                raise SummarizerError(f"{self.who}: the answer is not JSON: {snippet(response.text)}") from None
+                raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(response.text)}") from None
         attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
         raise SummarizerError(f"{self.who}: failed after {attempts}; last: {last_problem}")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contextsvc import telemetry
 from contextsvc.config import OllamaSummarizerConfig, redacted_url
 from contextsvc.ports import SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, SharedClient, require_text, snippet
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, require_text
 
 if TYPE_CHECKING:
     import httpx
@@ -69,12 +69,12 @@ class OllamaSummarizer:
     def _content(self, payload: Any) -> str:
         who = self._endpoint.who
         if not isinstance(payload, dict):
-            raise SummarizerError(f"{who}: the answer is not a JSON object: {snippet(repr(payload))}")
+            raise SummarizerError(f"{who}: the answer is not a JSON object: {self._endpoint.shown(repr(payload))}")
         if payload.get("error"):
-            raise SummarizerError(f"{who}: the server reported an error: {snippet(str(payload['error']))}")
+            raise SummarizerError(f"{who}: the server reported an error: {self._endpoint.shown(str(payload['error']))}")
         message = payload.get("message")
         if not isinstance(message, dict):
-            raise SummarizerError(f"{who}: the answer has no message: {snippet(repr(payload))}")
+            raise SummarizerError(f"{who}: the answer has no message: {self._endpoint.shown(repr(payload))}")
         reason = payload.get("done_reason")
         return require_text(who, message.get("content"), detail=f" (done_reason={reason})" if reason else "")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from contextsvc import telemetry
 from contextsvc.config import OpenAISummarizerConfig, redacted_url
 from contextsvc.ports import SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, SharedClient, data_url, require_text, snippet
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, data_url, require_text
 
 if TYPE_CHECKING:
     import httpx
@@ -75,17 +75,17 @@ class OpenAISummarizer:
     def _content(self, payload: Any) -> str:
         who = self._endpoint.who
         if not isinstance(payload, dict):
-            raise SummarizerError(f"{who}: the answer is not a JSON object: {snippet(repr(payload))}")
+            raise SummarizerError(f"{who}: the answer is not a JSON object: {self._endpoint.shown(repr(payload))}")
         choices = payload.get("choices")
         if not isinstance(choices, list) or not choices:
             error = payload.get("error")
             if error:
-                raise SummarizerError(f"{who}: the server reported an error: {snippet(repr(error))}")
-            raise SummarizerError(f"{who}: the answer has no choices: {snippet(repr(payload))}")
+                raise SummarizerError(f"{who}: the server reported an error: {self._endpoint.shown(repr(error))}")
+            raise SummarizerError(f"{who}: the answer has no choices: {self._endpoint.shown(repr(payload))}")
         first = choices[0]
         message = first.get("message") if isinstance(first, dict) else None
         if not isinstance(message, dict):
-            raise SummarizerError(f"{who}: choices[0] has no message: {snippet(repr(first))}")
+            raise SummarizerError(f"{who}: choices[0] has no message: {self._endpoint.shown(repr(first))}")
         reason = first.get("finish_reason") if isinstance(first, dict) else None
         return require_text(who, message.get("content"), detail=f" (finish_reason={reason})" if reason else "")
 
