@@ -26,8 +26,8 @@ def endpoint() -> HttpEndpoint:
 
 @pytest.mark.parametrize("lead", [0, 200, 230, 240])
 def test_a_key_echoed_where_the_snippet_is_cut_shows_none_of_it(lead: int) -> None:
-    # The snippet keeps 300 characters (leads 200-240 put the key across the cut): an echoed key across the cut was shown in part, which the
-    # redaction of the whole message (made after the cut) no longer matched.
+    # The snippet keeps 300 characters; leads 200-240 put the key across the cut. A key cut before
+    # it was redacted was shown in part, which the redaction of the whole message missed.
     body = '{"error": {"message": "' + "x" * lead + f' Incorrect API key provided: {KEY}"}}}}'
     shown = endpoint().shown(body)
     assert KEY[:12] not in shown
