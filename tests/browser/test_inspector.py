@@ -17,7 +17,7 @@ from google.protobuf import field_mask_pb2
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1 import resources_pb2 as r
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
-from tests.support.gateway import Process
+from tests.support.gateway import Process, bundled_gateway
 from tests.support.rpc import assistant, tool, user
 
 pytestmark = pytest.mark.e2e
@@ -28,11 +28,8 @@ TIMEOUT_MS = 30_000  # generous: CI machines may be shared and slow
 
 @pytest.fixture(scope="module")
 def bundled() -> Iterator[Process]:
-    proc = Process(["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"]).start()
-    try:
+    with bundled_gateway() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")

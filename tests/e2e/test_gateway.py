@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
-from tests.support.gateway import Process, recv, recv_type
+from tests.support.gateway import Process, bundled_gateway, recv, recv_type
 from tests.support.rawws import RawWebSocket
 from tests.support.rpc import all_messages, assistant, user
 
@@ -31,14 +31,9 @@ UNKNOWN = "00000000-0000-4000-8000-000000000000"
 
 @pytest.fixture(scope="module")
 def bundled() -> Iterator[Process]:
-    proc = Process(
-        ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"],
-        env={"CONTEXTSVC_GATEWAY__MAX_IMAGE_BYTES": "200000", "CONTEXTSVC_GATEWAY__HUB_LINGER_SECONDS": "30"},
-    ).start()
-    try:
+    env = {"CONTEXTSVC_GATEWAY__MAX_IMAGE_BYTES": "200000", "CONTEXTSVC_GATEWAY__HUB_LINGER_SECONDS": "30"}
+    with bundled_gateway(env) as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
-from tests.support.gateway import Process, recv, recv_type
+from tests.support.gateway import Process, bundled_gateway, recv, recv_type
 from tests.support.rpc import user
 
 pytestmark = pytest.mark.e2e
@@ -22,11 +22,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def bundled() -> Iterator[Process]:
-    proc = Process(["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"]).start()
-    try:
+    with bundled_gateway() as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.mark.parametrize("last_event_id", ["99999999999999999999", "9000000000000000000"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 from websockets.asyncio.client import ClientConnection
@@ -115,3 +116,15 @@ async def recv_type(ws: ClientConnection, kind: str, wait: float = 10.0) -> dict
         frame = await recv(ws, wait)
         if frame["type"] == kind:
             return frame
+
+
+@contextlib.contextmanager
+def bundled_gateway(env: dict[str, str] | None = None) -> Iterator[Process]:
+    """``serve`` on the memory store with its bundled gateway, both on free ports; killed after."""
+    proc = Process(
+        ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"], env=env
+    ).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
