@@ -692,6 +692,10 @@ class GatewaySettings(_Section):
     max_files: int = Field(32, ge=0)
     #: frames waiting for one socket; a browser that falls this far behind is closed 4008.
     send_queue_frames: int = Field(1024, ge=8)
+    #: bytes of frames waiting for one socket; past it the socket is closed 4008 as well. Frames can
+    #: be views of whole sessions, so a count of frames alone does not bound the gateway's memory.
+    #: A frame that finds nothing waiting is always sent, whatever its size.
+    send_queue_bytes: int = Field(64 * MB, ge=64 * 1024)
     #: client frames one socket may have in progress at once (waiting on the service); past it the
     #: gateway stops reading that socket until one is answered, so a client that floods frames is
     #: slowed down by TCP flow control instead of holding a call and its answer per frame.

@@ -33,16 +33,24 @@ Item = tuple[int, bytes]  # (event id or 0 for replies, the frame as UTF-8 JSON,
 
 @dataclass(eq=False, slots=True)
 class Subscriber:
-    """One socket's side of the fan-out: a bounded queue, and a pending list while it replays."""
+    """One socket's side of the fan-out: a bounded queue, and a pending list while it replays.
+
+    Bounded twice: in frames (``maxsize``) and in bytes (``max_bytes``). The frame count alone let a
+    socket that asks for big views and reads none of them hold ``maxsize`` of them, each up to the
+    size of a session's view. A frame that finds nothing waiting is always taken, however big."""
 
     maxsize: int
     on_close: Callable[[int, str], None]
     #: writes a frame at once when nothing is waiting (saves a task switch per socket per event);
     #: returns False when the frame must wait in the queue instead.
     write_now: Callable[[bytes], bool] | None = None
+    #: bytes of frames waiting (pending and queued) past which the socket is closed 4008; 0 = no bound.
+    max_bytes: int = 0
     queue: asyncio.Queue[Item | None] = field(init=False)
     pending: list[Item] | None = field(default_factory=list)
     closed: bool = False
+    #: bytes of the frames in ``pending`` and ``queue``.
+    waiting_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.queue = asyncio.Queue()
@@ -54,10 +62,24 @@ class Subscriber:
         if backlog >= self.maxsize:
             self.close(CLOSE_SLOW, f"too slow: {backlog} frames waiting")
             return
+        size = len(item[1])
+        if backlog and self.max_bytes and self.waiting_bytes + size > self.max_bytes:
+            self.close(CLOSE_SLOW, f"too slow: {self.waiting_bytes + size} bytes waiting")
+            return
         if self.pending is not None:
             self.pending.append(item)
-        elif not (self.queue.empty() and self.write_now is not None and self.write_now(item[1])):
+        elif self.queue.empty() and self.write_now is not None and self.write_now(item[1]):
+            return
+        else:
             self.queue.put_nowait(item)
+        self.waiting_bytes += size
+
+    async def next(self) -> Item | None:
+        """The next frame to write, in order; None once the socket is closed."""
+        item = await self.queue.get()
+        if item is not None:
+            self.waiting_bytes -= len(item[1])
+        return item
 
     def go_live(self, after_id: int) -> None:
         """Move the pending events newer than ``after_id`` to the queue; from now on events go there."""
@@ -65,6 +87,8 @@ class Subscriber:
         for event_id, text in pending:
             if event_id > after_id:
                 self.queue.put_nowait((event_id, text))
+            else:
+                self.waiting_bytes -= len(text)
 
     def close(self, code: int, reason: str) -> None:
         if not self.closed:

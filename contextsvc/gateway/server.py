@@ -291,6 +291,7 @@ class Gateway:
                 self.gs.send_queue_frames,
                 lambda code, reason: self._close_later(ws, code, reason),
                 write_now=lambda data: _write_now(ws, data),
+                max_bytes=self.gs.send_queue_bytes,
             )
             hub = await self.hubs.acquire(sock.token, sock.session_id, last_id)
             # The hub has read the session up to its newest event: an id past it was never given on
@@ -409,7 +410,7 @@ class Gateway:
     async def _send_loop(self, sock: _Socket) -> None:
         assert sock.sub is not None
         while True:
-            item = await sock.sub.queue.get()
+            item = await sock.sub.next()
             if item is None:
                 return
             try:

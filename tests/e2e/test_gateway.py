@@ -474,11 +474,20 @@ async def test_standalone_gateway_replays_from_the_service_after_a_gateway_resta
             fresh.kill()
 
 
-async def test_slow_browser_is_closed_4008() -> None:
+@pytest.mark.parametrize(
+    "bound",
+    [
+        {"CONTEXTSVC_GATEWAY__SEND_QUEUE_FRAMES": "8"},
+        # 40 frames are far from the default 1,024, but ~50 MB: the byte bound closes it.
+        {"CONTEXTSVC_GATEWAY__SEND_QUEUE_BYTES": str(4 * 1024 * 1024)},
+    ],
+    ids=["frames", "bytes"],
+)
+async def test_slow_browser_is_closed_4008(bound: dict[str, str]) -> None:
     proc = Process(
         ["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "127.0.0.1:0"],
         env={
-            "CONTEXTSVC_GATEWAY__SEND_QUEUE_FRAMES": "8",
+            **bound,
             # Long enough for this client to read its backlog and see the close code.
             "CONTEXTSVC_GATEWAY__CLOSE_TIMEOUT_SECONDS": "60",
         },

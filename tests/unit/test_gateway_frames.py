@@ -177,6 +177,36 @@ async def test_subscriber_queue_is_bounded_and_closes_4008() -> None:
     assert len(closed) == 1
 
 
+async def test_subscriber_queue_is_bounded_in_bytes_too() -> None:
+    closed: list[tuple[int, str]] = []
+    sub = Subscriber(100, lambda code, reason: closed.append((code, reason)), max_bytes=10)
+    sub.go_live(0)
+    sub.offer((0, b"x" * 25))  # nothing waits: a frame bigger than the bound still goes
+    assert not closed and sub.waiting_bytes == 25
+    assert await sub.next() == (0, b"x" * 25)
+    assert sub.waiting_bytes == 0
+    sub.offer((1, b"x" * 6))
+    sub.offer((2, b"x" * 4))
+    assert not closed and sub.waiting_bytes == 10
+    assert await sub.next() == (1, b"x" * 6)
+    sub.offer((3, b"x" * 6))  # 4 + 6 waiting: at the bound, not past it
+    assert not closed
+    sub.offer((4, b"x"))
+    assert closed == [(CLOSE_SLOW, "too slow: 11 bytes waiting")] and sub.closed
+
+
+async def test_subscriber_bytes_of_replayed_events_are_not_counted_once_live() -> None:
+    closed: list[tuple[int, str]] = []
+    sub = Subscriber(100, lambda code, reason: closed.append((code, reason)), max_bytes=10)
+    for n in (5, 6, 7):
+        sub.offer((n, b"e" * 3))
+    assert sub.waiting_bytes == 9
+    sub.go_live(6)  # 5 and 6 were in the replay: only 7 still waits
+    assert sub.waiting_bytes == 3
+    sub.offer((8, b"e" * 7))
+    assert not closed
+
+
 async def test_subscriber_pending_events_after_the_replay_go_live_once() -> None:
     sub = Subscriber(10, lambda code, reason: None)
     for n in (5, 6, 7):
