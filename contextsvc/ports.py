@@ -34,6 +34,21 @@ class StoreHealth:
     damaged_sessions: int = 0
 
 
+@dataclass(slots=True, frozen=True)
+class InitialContent:
+    """What ``create_session`` fills a new session with, in the same durable step as its creation
+    (a fork): a crash part-way must never leave a session that exists with only part of it.
+
+    ``messages`` are numbered from 1 in order (their ``sequence_number`` is ignored) with their
+    flags as given; ``context_tokens`` is the session's count of them; ``state`` the engine state;
+    ``history`` the raw history index's chunks of the rows that start demoted."""
+
+    messages: Sequence[Message] = ()
+    context_tokens: int = 0
+    state: Mapping[str, Any] | None = None
+    history: Sequence[HistoryChunk] = ()
+
+
 class SessionProfileChanged(Exception):
     """``append_messages`` with ``expected_profile_id``: the session has another profile (nothing
     was appended). Not a client error: the engine reads the session and prices again."""
@@ -126,8 +141,10 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         name: str = "",
         metadata: Mapping[str, Any] | None = None,
         session_id: str | None = None,
+        initial: InitialContent | None = None,
     ) -> SessionInfo:
-        """Create an empty session owned by ``caller.user_id``."""
+        """Create a session owned by ``caller.user_id``: empty, or holding ``initial``, all of it
+        durable in one step (after a crash the session exists whole or not at all)."""
         ...
 
     async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo: ...

@@ -281,7 +281,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             caller_of(context),
             request.session_id,
             at_sequence=request.at_sequence,
-            index=self._engine.compactor.index_history,
+            chunks_of=self._engine.compactor.history_chunks,
         )
         return mapping.session_to_pb(session)
 

@@ -1148,21 +1148,9 @@ class Compactor:
         )
         return report
 
-    async def index_history(self, session_id: str, demoted: Sequence[Message]) -> None:
-        """Write demoted originals to the raw history index (a fork's inherited demoted rows;
-        a compaction hands its chunks to ``commit_compaction`` instead). Never fails the caller:
-        the rows are already safe in the display history."""
-        chunks = self.history_chunks(demoted)
-        if not chunks:
-            return
-        try:
-            await self._store.add_history_chunks(session_id, chunks)
-        except Exception:
-            # DESIGN §5.6: an index failure never fails a compaction (the rows are safe anyway).
-            log.warning("history index write failed", extra={"session_id": session_id}, exc_info=True)
-
     def history_chunks(self, demoted: Sequence[Message]) -> list[HistoryChunk]:
-        """The raw history index's chunks of demoted originals: a chunk per turn, long turns cut
+        """The raw history index's chunks of demoted originals (a compaction's, handed to
+        ``commit_compaction``; a fork's inherited demoted rows): a chunk per turn, long turns cut
         by message and long messages by lines (``core/chunking.py``)."""
         originals = [m for m in demoted if not m.flags.is_summary and not is_placeholder(m)]
         if not originals:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +39,8 @@ from contextsvc.ports import (
     Clock,
     EventBus,
     EventPublishingStore,
+    HistoryChunk,
+    InitialContent,
     SessionProfileChanged,
     SessionStore,
     StoredEvent,
@@ -396,14 +397,16 @@ class SessionService:
         session_id: str,
         *,
         at_sequence: int,
-        index: Callable[[str, Sequence[Message]], Awaitable[None]] | None = None,
+        chunks_of: Callable[[Sequence[Message]], Sequence[HistoryChunk]] | None = None,
     ) -> SessionInfo:
         """A new session whose two buffers are the parent's as they stood right after ``at_sequence``.
 
         A point inside a compaction (its summary, before its compression record) is the state that
         compaction left: its rows and its record were committed together, and the buffers never
-        held the summary beside the originals it replaced. ``index`` (the compactor's raw history
-        index) gets the rows the fork inherits as demoted, so its searches and recall find them."""
+        held the summary beside the originals it replaced. ``chunks_of`` (the compactor's) makes
+        the raw history index's chunks of the rows the fork inherits as demoted, so its searches
+        and recall find them. The store creates the fork with its rows, state and chunks in one
+        step: a crash part-way never leaves a fork holding part of them."""
         sid = require_session_id(session_id)
         if at_sequence < 0:
             raise InvalidArgument.field("at_sequence", "must not be negative")
@@ -425,29 +428,22 @@ class SessionService:
                 for first_seq, last_seq in m.metadata.get(DEMOTED_RANGES_KEY, []):
                     restore.update(range(int(first_seq), int(last_seq) + 1))
         copied = [m.with_flags(is_context=True) if m.sequence_number in restore else m for m in rows]
-        child = await self._store.create_session(
+        demoted = [m for m in copied if not m.flags.is_context]
+        initial = InitialContent(
+            messages=copied,  # rows keep their numbers: the parent's are gap-free from 1
+            context_tokens=sum(m.token_count for m in copied if m.flags.is_context),
+            # The fork holds a compacted history: its builds recall from it, as the parent's do
+            # (recall skips sessions that never compacted, whose epoch is 0).
+            state=EngineState(epoch=1).to_dict() if demoted else None,
+            history=chunks_of(demoted) if chunks_of is not None and demoted else (),
+        )
+        return await self._store.create_session(
             caller=caller,
             profile_id=parent.profile_id,
             name=f"{parent.name or 'session'} (fork)",
             metadata={**parent.metadata, "forked_from": sid, "forked_at": last},
+            initial=initial,
         )
-        if copied:
-            tokens = sum(m.token_count for m in copied if m.flags.is_context)
-            # Rows keep their numbers: the parent's are gap-free from 1, so the fork's come out the same.
-            await self._store.append_messages(
-                child.id,
-                [dataclasses.replace(m, sequence_number=0) for m in copied],
-                caller=caller,
-                context_tokens_delta=tokens,
-            )
-            demoted = [m for m in copied if not m.flags.is_context]
-            if demoted:
-                # The fork holds a compacted history: its builds recall from it, as the parent's
-                # do (recall skips sessions that never compacted, whose epoch is 0).
-                await self._store.update_state(child.id, caller=caller, state=EngineState(epoch=1).to_dict())
-            if index is not None and demoted:
-                await index(child.id, demoted)
-        return await self._store.get_session(child.id, caller=caller)
 
     async def events(self, caller: Principal, *, session_id: str, after_event_id: int) -> AsyncIterator[StoredEvent]:
         if after_event_id < 0:

@@ -39,7 +39,7 @@ from contextsvc.core.session import (
     listing_key,
 )
 from contextsvc.errors import Conflict, InvalidArgument, NotFound, RequestIdReused, SessionDamaged
-from contextsvc.ports import Clock, HistoryChunk, ScoredChunk, SessionProfileChanged, ViewRecord
+from contextsvc.ports import Clock, HistoryChunk, InitialContent, ScoredChunk, SessionProfileChanged, ViewRecord
 from contextsvc.stores._session import (
     AppendRecord,
     CompactionRecord,
@@ -154,8 +154,9 @@ class RowStore:
 
     # -- hooks -----------------------------------------------------------------------------
 
-    async def _persist_create(self, st: SessionState) -> None:
-        """Make a new, empty session durable."""
+    async def _persist_create(self, st: SessionState, history: Sequence[HistoryChunk] = ()) -> None:
+        """Make a new session durable as ``st`` holds it (empty, or a fork's rows and state), with
+        its first ``history`` chunks, in one step: after a crash it exists whole or not at all."""
 
     async def _persist(self, st: SessionState, record: Record) -> None:
         """Make ``record`` durable before it is applied to memory."""
@@ -276,6 +277,7 @@ class RowStore:
         name: str = "",
         metadata: Mapping[str, Any] | None = None,
         session_id: str | None = None,
+        initial: InitialContent | None = None,
     ) -> SessionInfo:
         sid = session_id if session_id is not None else str(uuid.uuid4())
         if not is_session_id(sid):
@@ -293,12 +295,26 @@ class RowStore:
             )
         )
 
+        history = RecallIndex()
+        chunks: list[HistoryChunk] = []
+        if initial is not None:
+            # Applied to the state before anything is written: the new session is written whole.
+            if initial.messages:
+                rows = st.number(initial.messages, now)  # numbered from 1, flags as given
+                st.apply(AppendRecord(now, rows, "", initial.context_tokens, ""))
+            if initial.state is not None:
+                st.apply(StateRecord(now, None, None, copy_plain(dict(initial.state))))
+            chunks = history.fresh([_normalized(c) for c in initial.history])
+
         async def work() -> SessionInfo:
             async with self._create_lock:
                 if sid in self._sessions:
                     raise Conflict("session already exists", metadata={"session_id": sid})
-                await self._persist_create(st)
+                await self._persist_create(st, chunks)
                 self._sessions[sid] = st
+                if chunks:
+                    history.add(chunks)
+                    self._history[sid] = history
             return self._info(st)
 
         return await self._shielded(work)

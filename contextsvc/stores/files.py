@@ -105,7 +105,7 @@ from contextsvc.core.codec import message_to_dict
 from contextsvc.core.priors import current_features
 from contextsvc.core.recall import RecallIndex
 from contextsvc.core.session import ListPosition, Principal, SessionInfo, SessionPage, is_session_id
-from contextsvc.errors import Conflict, NotFound, Unavailable
+from contextsvc.errors import Conflict, ContextError, NotFound, Unavailable
 from contextsvc.ports import Clock, HistoryChunk, StoreHealth
 from contextsvc.stores._base import RowStore, _listed_page, check_blob, is_blob_id, session_not_found
 from contextsvc.stores._dirlock import DataDirLock
@@ -907,21 +907,39 @@ class FilesStore(RowStore):
 
     # -- hooks -----------------------------------------------------------------------------
 
-    async def _persist_create(self, st: SessionState) -> None:
+    async def _persist_create(self, st: SessionState, history: Sequence[HistoryChunk] = ()) -> None:
         path = self._log_path(st.id)
-        data = _dumps(_session_line(st))
+        # The header and a fork's rows, written whole (``_write_atomic``): a crash leaves the
+        # session as a whole or no log at all, never a fork holding part of its rows.
+        data = _log_image(st)
+        logged = False
         try:
             # A history file nobody owns (its session's log was set aside) must not be adopted.
             await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
+            if history:
+                # Before the log: a crash in between leaves a history file of no session (never
+                # adopted: sessions are found by their logs), never a fork whose demoted rows are
+                # unindexed.
+                await self._persist_history(st, history)
             await asyncio.to_thread(_create_file, path, data)
+            logged = True
             # After the log: a mark file never stands for a session that was not created.
-            await asyncio.to_thread(write_mark, mark_path(path), 0, _mark_meta(st))
-        except FileExistsError:
-            raise Conflict("session already exists", metadata={"session_id": st.id}) from None
-        except OSError as exc:
-            raise self._unavailable("create", st.id, exc) from exc
+            await asyncio.to_thread(write_mark, mark_path(path), st.last_sequence, _mark_meta(st))
+        except (OSError, ContextError) as exc:
+            self._forget(st.id)
+            if history and not logged:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(_remove_logs, self._history_dir, st.id)
+            if isinstance(exc, FileExistsError):
+                raise Conflict("session already exists", metadata={"session_id": st.id}) from None
+            if isinstance(exc, OSError):
+                raise self._unavailable("create", st.id, exc) from exc
+            raise
         self._logs[st.id] = _Log(path, len(data))
         self._index_dirty.add(st.id)
+        if st.rows:  # a fork's rows count toward files.cache_mb as appended ones do
+            self._count(st)
+            self._evict(keep=st.id)
 
     async def _persist(self, st: SessionState, record: Record) -> None:
         log = self._logs[st.id]
@@ -1649,15 +1667,20 @@ def _mark_meta(st: SessionState) -> dict[str, Any]:
     }
 
 
-def _rewrite_log(st: SessionState, path: Path) -> int:
-    if st.shed:  # never reached: a log is rewritten from memory only when every row is held
-        raise RuntimeError(f"session {st.id} let rows go; its log cannot be rewritten from memory")
+def _log_image(st: SessionState) -> bytes:
+    """A log holding ``st`` as it is in memory: its header, then a line per row."""
     parts = [_dumps(_session_line(st))]
     parts.extend(
         _dumps({"t": "append", "messages": [message_to_dict(row, raw_time=True)], "n": row.sequence_number})
         for row in st.rows
     )
-    data = b"".join(parts)
+    return b"".join(parts)
+
+
+def _rewrite_log(st: SessionState, path: Path) -> int:
+    if st.shed:  # never reached: a log is rewritten from memory only when every row is held
+        raise RuntimeError(f"session {st.id} let rows go; its log cannot be rewritten from memory")
+    data = _log_image(st)
     _write_atomic(path, data)
     return len(data)
 

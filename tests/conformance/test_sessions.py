@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -13,7 +14,7 @@ from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind
 from contextsvc.core.session import ListPosition
 from contextsvc.errors import Conflict, InvalidArgument, NotFound
-from contextsvc.ports import SessionStore
+from contextsvc.ports import HistoryChunk, InitialContent, SessionStore
 from tests.conformance.helpers import ADMIN, ALICE, BOB, Reopen, assistant, summary, user, view
 from tests.support.stores import Backing, TickingClock
 
@@ -42,6 +43,49 @@ async def test_create_with_an_explicit_id(store: SessionStore) -> None:
     with pytest.raises(Conflict):
         await store.create_session(caller=BOB, profile_id="p", session_id=sid)
     assert (await store.get_session(sid, caller=ALICE)).user_id == "alice"
+
+
+async def test_create_with_initial_content_holds_all_of_it(store: SessionStore, reopen: Reopen) -> None:
+    """A fork's session is created holding its rows (numbered from 1, flags as given), its count,
+    its state and its history chunks, in one step, and reads back the same after a restart."""
+    text = "m1 ran the zanzibar_migration"
+    initial = InitialContent(
+        messages=[
+            user("first", is_context=False).copy_with(sequence_number=7),
+            assistant("second").copy_with(sequence_number=9),
+            user("third"),
+        ],
+        context_tokens=42,
+        state={"epoch": 1},
+        history=[HistoryChunk(hashlib.sha256(text.encode()).hexdigest(), text, 1, 1, None, None)],
+    )
+    created = await store.create_session(
+        caller=ALICE, profile_id="p", name="f", metadata={"forked_from": "x"}, initial=initial
+    )
+    sid = created.id
+
+    async def check(s: SessionStore) -> None:
+        info = await s.get_session(sid, caller=ALICE)
+        assert (info.last_sequence, info.context_tokens, info.state, info.name) == (3, 42, {"epoch": 1}, "f")
+        assert (info.display_message_count, info.context_message_count) == (3, 2)
+        rows = await s.get_messages(sid, caller=ALICE, first=1, last=10)
+        assert [(m.sequence_number, m.content, m.flags.is_context) for m in rows] == [
+            (1, "first", False),
+            (2, "second", True),
+            (3, "third", True),
+        ]
+        assert [m.content for m in await s.load_context(sid, caller=ALICE)] == ["second", "third"]
+        assert [c.chunk.text for c in await s.search_history(sid, "zanzibar_migration", limit=5)] == [text]
+
+    await check(store)
+    assert created == await store.get_session(sid, caller=ALICE)
+    with pytest.raises(Conflict):  # the id is taken: nothing of the second one is written
+        await store.create_session(caller=ALICE, profile_id="p", session_id=sid, initial=InitialContent([user("x")]))
+    await check(store)
+    store = await reopen()
+    await check(store)
+    appended = await store.append_messages(sid, [user("fourth")], caller=ALICE)
+    assert appended.sequence_numbers == [4]
 
 
 @pytest.mark.parametrize("bad", ["../../etc/passwd", "x", "", "ABCDEF00-0000-4000-8000-000000000000", "a/b"])

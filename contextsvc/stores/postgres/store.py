@@ -47,6 +47,7 @@ from contextsvc.ports import (
     BaselineWrite,
     Clock,
     HistoryChunk,
+    InitialContent,
     ScoredChunk,
     SessionProfileChanged,
     StoreHealth,
@@ -393,11 +394,14 @@ class PostgresStore:
         name: str = "",
         metadata: Mapping[str, Any] | None = None,
         session_id: str | None = None,
+        initial: InitialContent | None = None,
     ) -> SessionInfo:
         sid = session_id if session_id is not None else str(uuid.uuid4())
         if not is_session_id(sid):
             raise InvalidArgument.field("session_id", "must be a lowercase hyphenated UUID")
         now = self._now()
+        if initial is not None:
+            return await self._create_filled(sid, caller, profile_id, name, dict(metadata or {}), now, initial)
 
         async def work(conn: Any) -> SessionInfo:
             row = await conn.fetchrow(
@@ -415,6 +419,49 @@ class PostgresStore:
             if row is None:
                 raise Conflict("session already exists", metadata={"session_id": sid})
             return self._info(row)
+
+        return await self._write("create_session", work)
+
+    async def _create_filled(
+        self,
+        sid: str,
+        caller: Principal,
+        profile_id: str,
+        name: str,
+        metadata: dict[str, Any],
+        now: datetime,
+        initial: InitialContent,
+    ) -> SessionInfo:
+        """A session created with its rows, state and history chunks in one transaction (a fork):
+        it exists whole or not at all."""
+        rows = list(initial.messages)  # numbered by the statement, from 1
+        append = _append_args(sid, rows, caller=caller, now=now, context_tokens_delta=initial.context_tokens)
+        chunks = chunk_columns(initial.history) if initial.history else None
+
+        async def work(conn: Any) -> SessionInfo:
+            created = await conn.fetchval(
+                """INSERT INTO sessions (session_id, user_id, profile_id, name, metadata, create_time, update_time)
+                   VALUES ($1, $2, $3, $4, $5, $6, $6)
+                   ON CONFLICT (session_id) DO NOTHING
+                   RETURNING 1""",
+                sid,
+                caller.user_id,
+                profile_id,
+                name,
+                metadata,
+                now,
+            )
+            if created is None:
+                raise Conflict("session already exists", metadata={"session_id": sid})
+            if rows:
+                await conn.fetchrow(_APPEND_SQL, *append)
+            if initial.state is not None:
+                await conn.execute(
+                    "UPDATE sessions SET state = $2::jsonb WHERE session_id = $1", sid, dict(initial.state)
+                )
+            if chunks is not None:
+                await self._insert_chunks(conn, sid, chunks)
+            return self._info(await conn.fetchrow("SELECT * FROM sessions WHERE session_id = $1", sid))
 
         return await self._write("create_session", work)
 
@@ -624,22 +671,15 @@ class PostgresStore:
         request is visible and is answered as a replay (what the lock-then-read used to give)."""
         if not isinstance(session_id, str):
             raise session_not_found(session_id)
-        now = self._now()
-        args: tuple[Any, ...] = (
+        args = _append_args(
             session_id,
-            request_id,
-            len(messages),
-            sum(m.flags.is_display for m in messages),
-            sum(m.flags.is_context for m in messages),
-            context_tokens_delta,
-            newest_preview(messages),
-            now,
-            caller.user_id,
-            caller.is_admin,
-            (request_fingerprint or None) if request_id else None,
-            sorted({image.blob_id for m in messages for image in m.images if image.blob_id}),
-            *append_columns(messages, now),
-            expected_profile_id,
+            messages,
+            caller=caller,
+            now=self._now(),
+            request_id=request_id,
+            context_tokens_delta=context_tokens_delta,
+            request_fingerprint=request_fingerprint,
+            expected_profile_id=expected_profile_id,
         )
         sql = _APPEND_SQL
         if event is not None:
@@ -1585,6 +1625,38 @@ SELECT s.*, NULL, NULL, true, NULL, NULL FROM sessions s
  WHERE $20::text IS NOT NULL AND s.session_id = $1 AND (s.user_id = $9 OR $10) AND s.profile_id <> $20
 """
 _APPEND_SQL = _APPEND_CTES + _APPEND_RESULT.format(event="NULL::bigint")
+
+
+def _append_args(
+    session_id: str,
+    messages: Sequence[Message],
+    *,
+    caller: Principal,
+    now: datetime,
+    request_id: str = "",
+    context_tokens_delta: int = 0,
+    request_fingerprint: str = "",
+    expected_profile_id: str | None = None,
+) -> tuple[Any, ...]:
+    """``_APPEND_SQL``'s arguments."""
+    return (
+        session_id,
+        request_id,
+        len(messages),
+        sum(m.flags.is_display for m in messages),
+        sum(m.flags.is_context for m in messages),
+        context_tokens_delta,
+        newest_preview(messages),
+        now,
+        caller.user_id,
+        caller.is_admin,
+        (request_fingerprint or None) if request_id else None,
+        sorted({image.blob_id for m in messages for image in m.images if image.blob_id}),
+        *append_columns(messages, now),
+        expected_profile_id,
+    )
+
+
 # The observations of model $1 past the newest {keep} (a parameter), deleted. Rows another trim
 # holds are skipped (that trim deletes them): two trims never wait on each other, so they cannot
 # deadlock whatever order their scans take.
