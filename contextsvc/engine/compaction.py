@@ -220,6 +220,9 @@ class Situation:
     #: the session's context tokens when ``context`` was read with it (at one moment): kept when
     #: ``session`` is read again later, so a commit keeps what appends added since that read.
     tokens_read: int = field(default=0, init=False)
+    #: the compaction's closing event went out (``context_compressed``): a run cancelled after
+    #: its commit landed must not close it a second time, as ``refused``.
+    closed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.state = EngineState.of(self.session)
@@ -652,8 +655,9 @@ class Compactor:
         try:
             report = await self._carry_out(s, plan)
         except BaseException as exc:
-            detail = f"compaction stopped: {type(exc).__name__}"
-            await self._close_refused(s, Refusal.FAILED, detail)
+            if not s.closed:
+                detail = f"compaction stopped: {type(exc).__name__}"
+                await self._close_refused(s, Refusal.FAILED, detail)
             raise
         if not report.compressed:
             refusal = report.refused or Refusal.NO_PROGRESS
@@ -1031,7 +1035,25 @@ class Compactor:
         )
         return merge_breadcrumbs(keys, extracted, cfg.breadcrumb_limit, max_chars=cfg.breadcrumb_max_chars)
 
-    async def _commit(
+    async def _commit(self, s: Situation, **commit: Any) -> CompressionReport:
+        """``_commit_now``, which a cancellation does not cut short: the store's write is shielded
+        from its caller, so a compaction cancelled mid-commit (a Compress whose deadline passed, a
+        drain) still lands. It waits for that write and its closing event, so watchers hear
+        ``context_compressed`` rather than ``refused`` for a committed compaction, then goes on
+        being cancelled."""
+        landing = asyncio.ensure_future(self._commit_now(s, **commit))
+        try:
+            return await asyncio.shield(landing)
+        except asyncio.CancelledError:
+            while not landing.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(landing)
+            if not landing.cancelled() and (exc := landing.exception()) is not None:
+                # the caller gets its cancellation; ``_run`` closes the start as failed
+                log.warning("a cancelled compaction's commit failed", extra={"session_id": s.session.id}, exc_info=exc)
+            raise
+
+    async def _commit_now(
         self,
         s: Situation,
         *,
@@ -1111,6 +1133,7 @@ class Compactor:
             plan=plan,
             stages=tuple(stages),
         )
+        s.closed = True
         await self._publish(
             s,
             "context_compressed",

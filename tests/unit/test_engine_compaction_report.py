@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -217,3 +218,47 @@ async def test_a_single_stage_compaction_reports_one_stage() -> None:
 
 def test_hard_truncation_may_follow_by_default() -> None:
     assert CompressionDefaults().hard_truncate_fallback is True
+
+
+class SlowCommitStore(MemoryStore):
+    """A commit that suspends (a disk sync, a database round trip), shielded from its caller's
+    cancellation like every store's writes: cancelled mid-commit, the commit still lands."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.committing = asyncio.Event()
+        self.commits: list[asyncio.Task[list[int]]] = []
+
+    async def commit_compaction(self, session_id: str, **kwargs: Any) -> list[int]:
+        async def slow() -> list[int]:
+            self.committing.set()
+            await asyncio.sleep(0.05)
+            return await MemoryStore.commit_compaction(self, session_id, **kwargs)
+
+        task = asyncio.ensure_future(slow())
+        self.commits.append(task)
+        return await asyncio.shield(task)
+
+
+async def test_a_compaction_cancelled_mid_commit_closes_with_what_the_commit_did() -> None:
+    """The caller goes away (a Compress whose deadline passed, a drain's cancel) while the store
+    commits: the commit lands, so watchers are told ``context_compressed``, never ``refused``."""
+    rig = await Rig.start(ScriptedSummarizer(), store=SlowCommitStore)
+    try:
+        sid = await rig.session()
+        await _turns(rig, sid, 6)
+        store = rig.store
+        assert isinstance(store, SlowCommitStore)
+        running = asyncio.create_task(
+            rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        )
+        await asyncio.wait_for(store.committing.wait(), 5)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await asyncio.gather(*store.commits)
+        assert any(m.flags.is_summary for m in await rig.context(sid))  # the commit landed
+        assert check_every_start_is_closed(rig, sid) == ["context_compressed"]
+        assert not rig.events(sid, "compression_refused")
+    finally:
+        await rig.close()
