@@ -1084,6 +1084,7 @@ class Compactor:
             tokens_after=tokens_after,
             messages_before=len(s.context),
             messages_after=len(new_context),
+            note=s.note,
         )
         state = s.state.after_compaction()
         state = dataclasses.replace(state, extra={**state.extra, _LAST_AFTER: tokens_after})
