@@ -27,6 +27,7 @@ from contextsvc.core.chunking import pieces
 from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool_results, is_placeholder
 from contextsvc.core.compression.formatting import (
     META_SUMMARY_PROMPT,
+    cut_summary_text,
     format_for_summary,
     format_meta_summary_input,
     is_refusal,
@@ -46,7 +47,15 @@ from contextsvc.core.view_budget import additive, budget_images, column_max, non
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
 from contextsvc.errors import Conflict, ContextError, NothingToCompact, SessionDamaged
-from contextsvc.ports import EventBus, SessionStore, StoredEvent, SummarizerError, Summarizers, SummaryRequest
+from contextsvc.ports import (
+    CutSummary,
+    EventBus,
+    SessionStore,
+    StoredEvent,
+    SummarizerError,
+    Summarizers,
+    SummaryRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -762,7 +771,7 @@ class Compactor:
         try:
             summarizer = self._summarizers.get(c.summarizer)
             merged = await self._meta_summary(s, plan, summarizer)
-            appendix = ""
+            appendix = block = ""
             if summarizer.name != "extractive":
                 # A model summary must not drop the concrete details silently: it gets the same fact
                 # lines the extractive summarizer keeps, and is asked to carry them. They count
@@ -800,6 +809,16 @@ class Compactor:
             )
             return None
         text, keys = summary_parts(raw)
+        if text and isinstance(raw, CutSummary):
+            # The output cap cut the answer before its end, where the facts it was asked to carry
+            # and its KEYS line go: stored as it came, they would be gone from every later view.
+            # The cut text is kept, marked, and the facts sent with it are added back (their
+            # breadcrumbs come from the dropped rows either way).
+            log.warning(
+                "summary cut at the summarizer's output limit; its facts are added back",
+                extra={"session_id": s.session.id, "summarizer": c.summarizer},
+            )
+            text = cut_summary_text(text, block)
         if not text:
             log.warning("summarizer returned an empty summary", extra={"session_id": s.session.id})
             return None
