@@ -1138,7 +1138,15 @@ class Compactor:
             )
             return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.CONFLICT)
         if s.session.context_truncated:
-            await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
+            try:
+                await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
+            except ContextError as exc:
+                # The commit landed: it is announced and reported whatever becomes of this flag
+                # (left set, it only makes the next post-turn check look again).
+                log.warning(
+                    "compaction committed; its session's truncation flag could not be cleared",
+                    extra={"session_id": s.session.id, "error_reason": exc.reason, "error": exc.message},
+                )
         summary_seq = seqs[0] if method is Method.SUMMARY and seqs else 0
         report = CompressionReport(
             compressed=True,

@@ -23,7 +23,7 @@ from contextsvc.config import CompressionDefaults
 from contextsvc.core.compression.cheap import is_placeholder
 from contextsvc.core.legal import is_legal
 from contextsvc.core.messages import Message, Role
-from contextsvc.core.session import Principal
+from contextsvc.core.session import ANONYMOUS, Principal
 from contextsvc.engine.compaction import Method, Refusal
 from contextsvc.errors import Unavailable
 from contextsvc.ports import HistoryChunk
@@ -260,5 +260,29 @@ async def test_a_compaction_cancelled_mid_commit_closes_with_what_the_commit_did
         assert any(m.flags.is_summary for m in await rig.context(sid))  # the commit landed
         assert check_every_start_is_closed(rig, sid) == ["context_compressed"]
         assert not rig.events(sid, "compression_refused")
+    finally:
+        await rig.close()
+
+
+class FlagFailsStore(MemoryStore):
+    """The store goes away right after a compaction's commit, as it clears the session's
+    ``context_truncated`` flag."""
+
+    async def update_state(self, session_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("context_truncated") is False:
+            raise Unavailable("store went away")
+        return await super().update_state(session_id, **kwargs)
+
+
+async def test_a_commit_that_landed_is_announced_though_clearing_the_truncation_flag_fails() -> None:
+    rig = await Rig.start(ScriptedSummarizer(), store=FlagFailsStore)
+    try:
+        sid = await rig.session()
+        await _turns(rig, sid, 6)
+        await rig.store.update_state(sid, caller=ANONYMOUS, context_truncated=True)
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        assert report.compressed
+        assert any(m.flags.is_summary for m in await rig.context(sid))
+        assert check_every_start_is_closed(rig, sid) == ["context_compressed"]
     finally:
         await rig.close()
