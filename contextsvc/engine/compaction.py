@@ -809,16 +809,6 @@ class Compactor:
             )
             return None
         text, keys = summary_parts(raw)
-        if text and isinstance(raw, CutSummary):
-            # The output cap cut the answer before its end, where the facts it was asked to carry
-            # and its KEYS line go: stored as it came, they would be gone from every later view.
-            # The cut text is kept, marked, and the facts sent with it are added back (their
-            # breadcrumbs come from the dropped rows either way).
-            log.warning(
-                "summary cut at the summarizer's output limit; its facts are added back",
-                extra={"session_id": s.session.id, "summarizer": c.summarizer},
-            )
-            text = cut_summary_text(text, block)
         if not text:
             log.warning("summarizer returned an empty summary", extra={"session_id": s.session.id})
             return None
@@ -830,6 +820,16 @@ class Compactor:
                 extra={"session_id": s.session.id, "summarizer": c.summarizer, "answer": text[:200]},
             )
             return None
+        if isinstance(raw, CutSummary):
+            # The output cap cut the answer before its end, where the facts it was asked to carry
+            # and its KEYS line go: stored as it came, they would be gone from every later view.
+            # The cut text is kept, marked, and the facts sent with it are added back (their
+            # breadcrumbs come from the dropped rows either way).
+            log.warning(
+                "summary cut at the summarizer's output limit; its facts are added back",
+                extra={"session_id": s.session.id, "summarizer": c.summarizer},
+            )
+            text = cut_summary_text(text, block)
         crumbs = self._breadcrumbs(keys, plan.drop)
         summary = summary_message(
             text,
