@@ -375,8 +375,16 @@ class SummarizerError(Exception):
     """The summarizer failed (down, timed out, garbage); the caller falls back, never fails the turn."""
 
 
+class CutSummary(str):
+    """A summary the summarizer's output cap cut short (``finish_reason``/``done_reason``
+    ``length``): its end, where the fact lines and the KEYS line it was asked for go, is missing."""
+
+    __slots__ = ()
+
+
 class Summarizer(Protocol):
-    """Turns dropped turns into a summary whose last line is ``KEYS: a; b; c``."""
+    """Turns dropped turns into a summary whose last line is ``KEYS: a; b; c``; a ``CutSummary``
+    when the answer was cut at the output cap."""
 
     name: str
     vision: bool

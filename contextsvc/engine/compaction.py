@@ -27,6 +27,7 @@ from contextsvc.core.chunking import pieces
 from contextsvc.core.compression.cheap import ClearedToolResults, clear_old_tool_results, is_placeholder
 from contextsvc.core.compression.formatting import (
     META_SUMMARY_PROMPT,
+    cut_summary_text,
     format_for_summary,
     format_meta_summary_input,
     is_refusal,
@@ -46,7 +47,15 @@ from contextsvc.core.view_budget import additive, budget_images, column_max, non
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.state import EngineState
 from contextsvc.errors import Conflict, ContextError, NothingToCompact, SessionDamaged
-from contextsvc.ports import EventBus, SessionStore, StoredEvent, SummarizerError, Summarizers, SummaryRequest
+from contextsvc.ports import (
+    CutSummary,
+    EventBus,
+    SessionStore,
+    StoredEvent,
+    SummarizerError,
+    Summarizers,
+    SummaryRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +229,9 @@ class Situation:
     #: the session's context tokens when ``context`` was read with it (at one moment): kept when
     #: ``session`` is read again later, so a commit keeps what appends added since that read.
     tokens_read: int = field(default=0, init=False)
+    #: the compaction's closing event went out (``context_compressed``): a run cancelled after
+    #: its commit landed must not close it a second time, as ``refused``.
+    closed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.state = EngineState.of(self.session)
@@ -652,8 +664,9 @@ class Compactor:
         try:
             report = await self._carry_out(s, plan)
         except BaseException as exc:
-            detail = f"compaction stopped: {type(exc).__name__}"
-            await self._close_refused(s, Refusal.FAILED, detail)
+            if not s.closed:
+                detail = f"compaction stopped: {type(exc).__name__}"
+                await self._close_refused(s, Refusal.FAILED, detail)
             raise
         if not report.compressed:
             refusal = report.refused or Refusal.NO_PROGRESS
@@ -758,7 +771,7 @@ class Compactor:
         try:
             summarizer = self._summarizers.get(c.summarizer)
             merged = await self._meta_summary(s, plan, summarizer)
-            appendix = ""
+            appendix = block = ""
             if summarizer.name != "extractive":
                 # A model summary must not drop the concrete details silently: it gets the same fact
                 # lines the extractive summarizer keeps, and is asked to carry them. They count
@@ -807,6 +820,16 @@ class Compactor:
                 extra={"session_id": s.session.id, "summarizer": c.summarizer, "answer": text[:200]},
             )
             return None
+        if isinstance(raw, CutSummary):
+            # The output cap cut the answer before its end, where the facts it was asked to carry
+            # and its KEYS line go: stored as it came, they would be gone from every later view.
+            # The cut text is kept, marked, and the facts sent with it are added back (their
+            # breadcrumbs come from the dropped rows either way).
+            log.warning(
+                "summary cut at the summarizer's output limit; its facts are added back",
+                extra={"session_id": s.session.id, "summarizer": c.summarizer},
+            )
+            text = cut_summary_text(text, block)
         crumbs = self._breadcrumbs(keys, plan.drop)
         summary = summary_message(
             text,
@@ -1031,7 +1054,25 @@ class Compactor:
         )
         return merge_breadcrumbs(keys, extracted, cfg.breadcrumb_limit, max_chars=cfg.breadcrumb_max_chars)
 
-    async def _commit(
+    async def _commit(self, s: Situation, **commit: Any) -> CompressionReport:
+        """``_commit_now``, which a cancellation does not cut short: the store's write is shielded
+        from its caller, so a compaction cancelled mid-commit (a Compress whose deadline passed, a
+        drain) still lands. It waits for that write and its closing event, so watchers hear
+        ``context_compressed`` rather than ``refused`` for a committed compaction, then goes on
+        being cancelled."""
+        landing = asyncio.ensure_future(self._commit_now(s, **commit))
+        try:
+            return await asyncio.shield(landing)
+        except asyncio.CancelledError:
+            while not landing.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(landing)
+            if not landing.cancelled() and (exc := landing.exception()) is not None:
+                # the caller gets its cancellation; ``_run`` closes the start as failed
+                log.warning("a cancelled compaction's commit failed", extra={"session_id": s.session.id}, exc_info=exc)
+            raise
+
+    async def _commit_now(
         self,
         s: Situation,
         *,
@@ -1062,6 +1103,7 @@ class Compactor:
             tokens_after=tokens_after,
             messages_before=len(s.context),
             messages_after=len(new_context),
+            note=s.note,
         )
         state = s.state.after_compaction()
         state = dataclasses.replace(state, extra={**state.extra, _LAST_AFTER: tokens_after})
@@ -1096,7 +1138,15 @@ class Compactor:
             )
             return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.CONFLICT)
         if s.session.context_truncated:
-            await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
+            try:
+                await self._store.update_state(s.session.id, caller=_SYSTEM, context_truncated=False)
+            except ContextError as exc:
+                # The commit landed: it is announced and reported whatever becomes of this flag
+                # (left set, it only makes the next post-turn check look again).
+                log.warning(
+                    "compaction committed; its session's truncation flag could not be cleared",
+                    extra={"session_id": s.session.id, "error_reason": exc.reason, "error": exc.message},
+                )
         summary_seq = seqs[0] if method is Method.SUMMARY and seqs else 0
         report = CompressionReport(
             compressed=True,
@@ -1111,6 +1161,7 @@ class Compactor:
             plan=plan,
             stages=tuple(stages),
         )
+        s.closed = True
         await self._publish(
             s,
             "context_compressed",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from contextsvc import telemetry
 from contextsvc.config import OllamaSummarizerConfig, redacted_url
-from contextsvc.ports import SummarizerError, SummaryRequest
+from contextsvc.ports import CutSummary, SummarizerError, SummaryRequest
 from contextsvc.summarizers._http import HttpEndpoint, SharedClient, require_text
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ class OllamaSummarizer:
         if not isinstance(message, dict):
             raise SummarizerError(f"{who}: the answer has no message: {self._endpoint.shown(repr(payload))}")
         reason = payload.get("done_reason")
-        return require_text(who, message.get("content"), detail=f" (done_reason={reason})" if reason else "")
+        text = require_text(who, message.get("content"), detail=f" (done_reason={reason})" if reason else "")
+        return CutSummary(text) if reason == "length" else text  # the output cap cut it
 
     async def close(self) -> None:
         """Nothing to release: the HTTP client belongs to the registry's ``SummarizerSet``."""

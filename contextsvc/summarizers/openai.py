@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from contextsvc import telemetry
 from contextsvc.config import OpenAISummarizerConfig, redacted_url
-from contextsvc.ports import SummarizerError, SummaryRequest
+from contextsvc.ports import CutSummary, SummarizerError, SummaryRequest
 from contextsvc.summarizers._http import HttpEndpoint, SharedClient, data_url, require_text
 
 if TYPE_CHECKING:
@@ -87,7 +87,8 @@ class OpenAISummarizer:
         if not isinstance(message, dict):
             raise SummarizerError(f"{who}: choices[0] has no message: {self._endpoint.shown(repr(first))}")
         reason = first.get("finish_reason") if isinstance(first, dict) else None
-        return require_text(who, message.get("content"), detail=f" (finish_reason={reason})" if reason else "")
+        text = require_text(who, message.get("content"), detail=f" (finish_reason={reason})" if reason else "")
+        return CutSummary(text) if reason == "length" else text  # the output cap cut it
 
     async def close(self) -> None:
         """Nothing to release: the HTTP client belongs to the registry's ``SummarizerSet``."""

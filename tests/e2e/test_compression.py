@@ -217,7 +217,29 @@ def test_llm_summarizer_up_gives_summary_with_breadcrumbs(
         assert any(req.get("path") == path for req in llm.requests())
 
 
-@pytest.mark.parametrize("mode", ["fail", "hang", "garbage"])
+@pytest.mark.parametrize("summarizer", ["openai", "ollama"])
+def test_a_summary_cut_at_the_output_limit_still_carries_its_facts(
+    llm_server: ServerProcess, llm: FakeLLM, summarizer: str
+) -> None:
+    """finish_reason / done_reason "length": the model's output cap cut the answer before the fact
+    lines it was asked to carry (and its KEYS line). The cut text is kept, marked as cut, and the
+    facts the service sent it are added back: stored as it came, the planted fact was gone from
+    the context."""
+    llm.control(mode="length")
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        _fill(stub, sid, 30, planted="invoice INV-2231")
+        done = stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile(summarizer)))
+        assert done.method == events_pb2.COMPRESSION_METHOD_SUMMARY
+        assert done.summary.startswith("- The conversation covered")  # the cut answer is kept
+        assert "cut" in done.summary and "Facts:" in done.summary and "INV-2231" in done.summary
+        assert "INV-2231" in done.breadcrumbs
+        summary = next(m for m in all_messages(stub, sid, pb.BUFFER_CONTEXT) if m.flags.is_summary)
+        assert summary.content == done.summary
+
+
+@pytest.mark.parametrize("mode", ["fail", "hang", "garbage", "rate_limited", "unknown_model"])
 def test_llm_summarizer_down_slow_or_garbage_falls_back_to_hard_truncate(
     llm_server: ServerProcess, llm: FakeLLM, mode: str
 ) -> None:

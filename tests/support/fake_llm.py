@@ -17,7 +17,10 @@ Endpoints:
   of terminal escapes and other control characters), ``fenced`` (the ok summary wrapped in a
   ```markdown code fence), ``refusal`` (200, "I'm sorry, but I can't help with that."),
   ``echo_key`` (HTTP 401 whose error message repeats the request's ``Authorization`` header, as
-  providers do with a wrong key), ``echo_key_ok`` (the same error in a 200 answer).
+  providers do with a wrong key), ``echo_key_ok`` (the same error in a 200 answer), ``length``
+  (the ok summary cut in the middle of its first half, without its KEYS line, finish_reason /
+  done_reason ``length``: the output cap ran out), ``rate_limited`` (HTTP 429 with
+  ``Retry-After: 1``), ``unknown_model`` (HTTP 404 naming the request's model as not found).
 * ``POST /_reset`` — mode ``ok``, no queued modes, no recorded requests.
 * ``GET /_requests`` — ``{"requests": [{"path", "headers", "body"}, ...]}`` of chat calls, oldest
   first (the newest ``MAX_RECORDED``).
@@ -61,6 +64,9 @@ MODES = (
     "refusal",
     "echo_key",
     "echo_key_ok",
+    "length",
+    "rate_limited",
+    "unknown_model",
 )
 MAX_HANG_SECONDS = 30.0
 MAX_RECORDED = 200
@@ -165,6 +171,15 @@ class _Handler(BaseHTTPRequestHandler):
             error = {"message": f"Incorrect API key provided: {token} (header {sent!r})", "type": "auth"}
             self._send_json(401 if mode == "echo_key" else 200, {"error": error})
             return
+        if mode == "rate_limited":
+            self._send_json(
+                429, {"error": {"message": "Rate limit reached", "type": "rate_limit"}}, {"Retry-After": "1"}
+            )
+            return
+        if mode == "unknown_model":
+            model = body.get("model", "") if isinstance(body, dict) else ""
+            self._send_json(404, {"error": f"model {model!r} not found, try pulling it first"})
+            return
         if mode == "garbage":
             self._send_raw(200, b"<html>this is not JSON {", "text/html")
             return
@@ -173,7 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if mode == "hang":
             time.sleep(hang_seconds)  # bounded by MAX_HANG_SECONDS; the client has usually left
-        content = "" if mode == "empty" else _summary(body, keys=mode != "no_keys")
+        content = "" if mode == "empty" else _summary(body, keys=mode not in ("no_keys", "length"))
+        finish = "stop"
+        if mode == "length":  # the output cap ran out mid-sentence
+            content, finish = content[: max(1, len(content) // 3)], "length"
         if mode == "fenced":
             content = f"```markdown\n{content}\n```"
         if mode == "refusal":
@@ -188,7 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "created_at": "2026-01-01T00:00:00Z",
                 "message": {"role": "assistant", "content": content},
                 "done": True,
-                "done_reason": "stop",
+                "done_reason": finish,
             }
         else:
             answer = {
@@ -196,7 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion",
                 "model": model,
                 "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
                 ],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
@@ -211,12 +229,14 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return self.rfile.read(length) if length else b""
 
-    def _send_json(self, status: int, payload: Any) -> None:
-        self._send_raw(status, json.dumps(payload).encode(), "application/json")
+    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        self._send_raw(status, json.dumps(payload).encode(), "application/json", headers)
 
-    def _send_raw(self, status: int, data: bytes, content_type: str) -> None:
+    def _send_raw(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         try:
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

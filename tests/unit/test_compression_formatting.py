@@ -22,7 +22,16 @@ from contextsvc.core.compression import (
     summary_parts,
     unfence,
 )
-from contextsvc.core.compression.formatting import cap_result, cap_text, head_tail, preview, preview_args
+from contextsvc.core.compression.formatting import (
+    CUT_MARKER,
+    cap_result,
+    cap_text,
+    cut_summary_text,
+    head_tail,
+    preview,
+    preview_args,
+)
+from contextsvc.core.facts import carried_facts, facts_block
 from contextsvc.core.messages import Flags, ImageRef, Message, Role, ToolCall
 from tests.support.message_strategies import assistant, numbered, record, summary, tool, user
 
@@ -326,3 +335,15 @@ def test_a_refusal_is_no_summary(answer: str) -> None:
 )
 def test_a_summary_is_not_taken_for_a_refusal(answer: str) -> None:
     assert not is_refusal(*summary_parts(answer))
+
+
+# --- an answer cut at the output cap ------------------------------------------------------------
+
+
+def test_a_cut_summary_is_marked_and_carries_the_facts_it_was_sent_once() -> None:
+    facts = facts_block(["ticket OPS-4411 is the incident", "config at /srv/app/prod.yaml"])
+    # cut inside its own Facts section: that part goes, the whole section sent comes instead
+    text = cut_summary_text("- We fixed the parser.\n\nFacts:\n- ticket OPS-44", facts)
+    assert text.startswith("- We fixed the parser. " + CUT_MARKER)
+    assert carried_facts(text) == ["ticket OPS-4411 is the incident", "config at /srv/app/prod.yaml"]
+    assert cut_summary_text("- We fixed the pa", "") == "- We fixed the pa " + CUT_MARKER

@@ -667,3 +667,20 @@ async def test_unknown_strategy_is_invalid_argument() -> None:
         assert [v.field for v in err.value.violations] == ["profile.compression.strategies"]
     finally:
         await rig.close()
+
+
+async def test_the_note_of_a_forced_compaction_is_recorded_with_it() -> None:
+    """``CompressRequest.reason`` is "free-text reason recorded with the compaction": the
+    compaction's service record carries it (``metadata.note``); without one, no note."""
+    rig = await Rig.start()
+    try:
+        sid = await rig.session()
+        for round_, note in enumerate(["nightly cleanup before the demo", ""]):
+            for k in range(12):
+                n = round_ * 100 + k
+                await rig.append(sid, u(f"ask {n}"), a("", (f"c{n}", "read_file")), t(f"c{n}", words(150)), a("ok"))
+            await rig.engine.compress(ANONYMOUS, sid, profile=overrides(), note=note, dry_run=False)
+        records = [m for m in await rig.rows(sid) if m.flags.is_compression]
+        assert [m.metadata.get("note") for m in records] == ["nightly cleanup before the demo", None]
+    finally:
+        await rig.close()

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from contextsvc.config import CompressionDefaults
 from contextsvc.core.compression.cheap import is_placeholder
 from contextsvc.core.legal import is_legal
 from contextsvc.core.messages import Message, Role
-from contextsvc.core.session import Principal
+from contextsvc.core.session import ANONYMOUS, Principal
 from contextsvc.engine.compaction import Method, Refusal
 from contextsvc.errors import Unavailable
 from contextsvc.ports import HistoryChunk
@@ -217,3 +218,71 @@ async def test_a_single_stage_compaction_reports_one_stage() -> None:
 
 def test_hard_truncation_may_follow_by_default() -> None:
     assert CompressionDefaults().hard_truncate_fallback is True
+
+
+class SlowCommitStore(MemoryStore):
+    """A commit that suspends (a disk sync, a database round trip), shielded from its caller's
+    cancellation like every store's writes: cancelled mid-commit, the commit still lands."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.committing = asyncio.Event()
+        self.commits: list[asyncio.Task[list[int]]] = []
+
+    async def commit_compaction(self, session_id: str, **kwargs: Any) -> list[int]:
+        async def slow() -> list[int]:
+            self.committing.set()
+            await asyncio.sleep(0.05)
+            return await MemoryStore.commit_compaction(self, session_id, **kwargs)
+
+        task = asyncio.ensure_future(slow())
+        self.commits.append(task)
+        return await asyncio.shield(task)
+
+
+async def test_a_compaction_cancelled_mid_commit_closes_with_what_the_commit_did() -> None:
+    """The caller goes away (a Compress whose deadline passed, a drain's cancel) while the store
+    commits: the commit lands, so watchers are told ``context_compressed``, never ``refused``."""
+    rig = await Rig.start(ScriptedSummarizer(), store=SlowCommitStore)
+    try:
+        sid = await rig.session()
+        await _turns(rig, sid, 6)
+        store = rig.store
+        assert isinstance(store, SlowCommitStore)
+        running = asyncio.create_task(
+            rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        )
+        await asyncio.wait_for(store.committing.wait(), 5)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await asyncio.gather(*store.commits)
+        assert any(m.flags.is_summary for m in await rig.context(sid))  # the commit landed
+        assert check_every_start_is_closed(rig, sid) == ["context_compressed"]
+        assert not rig.events(sid, "compression_refused")
+    finally:
+        await rig.close()
+
+
+class FlagFailsStore(MemoryStore):
+    """The store goes away right after a compaction's commit, as it clears the session's
+    ``context_truncated`` flag."""
+
+    async def update_state(self, session_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("context_truncated") is False:
+            raise Unavailable("store went away")
+        return await super().update_state(session_id, **kwargs)
+
+
+async def test_a_commit_that_landed_is_announced_though_clearing_the_truncation_flag_fails() -> None:
+    rig = await Rig.start(ScriptedSummarizer(), store=FlagFailsStore)
+    try:
+        sid = await rig.session()
+        await _turns(rig, sid, 6)
+        await rig.store.update_state(sid, caller=ANONYMOUS, context_truncated=True)
+        report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
+        assert report.compressed
+        assert any(m.flags.is_summary for m in await rig.context(sid))
+        assert check_every_start_is_closed(rig, sid) == ["context_compressed"]
+    finally:
+        await rig.close()

@@ -25,7 +25,8 @@ The summary prompt asks for a last ``KEYS:`` line; ``split_keys`` takes it off t
 returns its items, which become the summary's breadcrumbs. ``summary_parts`` reads a model's
 answer: a code fence wrapped around the whole answer goes, then the KEYS line is split off.
 ``is_refusal`` tells a model's refusal ("I'm sorry, but I can't help with that.") from a
-summary: it is not stored as one.
+summary: it is not stored as one. ``cut_summary_text`` completes an answer the output cap cut
+short: marked as cut, with the fact lines it was asked to carry added back.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from contextsvc.config import SummarizerSettings
 from contextsvc.core.breadcrumbs import split_keys_line
 from contextsvc.core.compression.importance import call_names, is_critical, tool_name
+from contextsvc.core.facts import strip_facts
 from contextsvc.core.images import DEFAULT_FALLBACK_TOKENS, ref_tokens
 from contextsvc.core.messages import Message, Role
 
@@ -255,6 +257,18 @@ def summary_parts(answer: str) -> tuple[str, list[str]]:
     answer (or around the text before its KEYS line) removed, the KEYS line split off."""
     text, keys = split_keys(unfence(answer))
     return unfence(text).strip(), keys
+
+
+#: where a summary the summarizer's output cap cut short ends (``cut_summary_text``).
+CUT_MARKER = "[summary cut short at the summarizer's output limit]"
+
+
+def cut_summary_text(text: str, facts: str) -> str:
+    """A summary the output cap cut short (``summary_parts`` of it), marked as cut, then ``facts``
+    (the ``Facts:`` section the summarizer was sent, ``facts_block``) in place of any part of it
+    the answer reached: the facts and the KEYS line come last, where the cap cuts."""
+    kept = " ".join(p for p in (strip_facts(text).rstrip(), CUT_MARKER) if p)
+    return f"{kept}\n\n{facts}" if facts else kept
 
 
 def is_refusal(text: str, keys: Sequence[str] = ()) -> bool:

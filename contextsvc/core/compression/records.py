@@ -114,12 +114,14 @@ def compression_record(
     tokens_after: int = 0,
     messages_before: int = 0,
     messages_after: int = 0,
+    note: str = "",
 ) -> Message:
     """The display-only service record of one compaction.
 
     ``method`` is ``summary``, ``hard_truncate`` or ``clear_tool_results``; ``reason`` the trigger
     (``preturn``, ``midturn``, ``postturn``, ``forced``). Its content is the summary, or a sentence
-    saying what was removed when there is none.
+    saying what was removed when there is none. ``note``: the caller's free-text reason
+    (``Compress``), kept as ``metadata.note`` when given.
     """
     rows = list(demoted)
     seqs = [m.sequence_number for m in rows]
@@ -138,6 +140,8 @@ def compression_record(
     }
     if covered is not None:
         metadata["replaces"] = list(covered)
+    if note:
+        metadata["note"] = note
     return Message(
         role=Role.SYSTEM,
         content=content,
