@@ -292,7 +292,8 @@ class OpenAISummarizerConfig(_Section):
     connect_timeout_seconds: float = Field(5.0, gt=0)
     #: the whole call, retries included: a pre-turn compression must not block a turn for minutes.
     total_timeout_seconds: float = Field(150.0, gt=0)
-    #: extra attempts after a connect error, a timeout or a 5xx (never after a 4xx or garbage).
+    #: extra attempts after a connect error, a timeout, a 5xx or a 429 (never after another 4xx or
+    #: garbage); a pause lasts at least what the answer's ``Retry-After`` asks.
     max_retries: int = Field(2, ge=0, le=10)
     #: first pause between attempts; doubled each retry.
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)

@@ -10,6 +10,8 @@ import asyncio
 import base64
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -66,9 +68,11 @@ class HttpEndpoint:
     """``POST url`` with a JSON body over a shared client; returns the decoded JSON answer.
 
     Retries (``max_retries`` extra attempts, backoff doubling from ``backoff_seconds``) follow a
-    connect error, a timeout, a dropped connection or a 5xx. A 4xx or an answer that is not JSON
-    is final: asking again would get the same answer. ``total_timeout_seconds`` bounds the whole
-    call, retries and pauses included.
+    connect error, a timeout, a dropped connection, a 5xx or a 429 (rate limited). A pause is at
+    least what the answer's ``Retry-After`` asks; one that would end past the whole call's bound
+    fails at once, saying so, rather than sleeping into the timeout. Any other 4xx or an answer
+    that is not JSON is final: asking again would get the same answer. ``total_timeout_seconds``
+    bounds the whole call, retries and pauses included.
     """
 
     def __init__(
@@ -122,10 +126,20 @@ class HttpEndpoint:
         import httpx
 
         timeout = httpx.Timeout(self._timeout_seconds, connect=self._connect_timeout_seconds)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._total_timeout_seconds
         last_problem = ""
+        asked = 0.0  # the pause the last answer's Retry-After asked for
         for attempt in range(self._attempts):
             if attempt:
-                await asyncio.sleep(self._backoff_seconds * 2 ** (attempt - 1))
+                pause = max(self._backoff_seconds * 2 ** (attempt - 1), asked)
+                if asked and loop.time() + pause >= deadline:
+                    raise SummarizerError(
+                        f"{self.who}: {last_problem}; Retry-After {asked:g}s runs past the call's "
+                        f"{self._total_timeout_seconds:g}s (total_timeout_seconds)"
+                    )
+                await asyncio.sleep(pause)
+            asked = 0.0
             try:
                 client = self._client.get()
                 response = await client.post(self.url, json=body, headers=self._headers, timeout=timeout)
@@ -138,8 +152,9 @@ class HttpEndpoint:
             except httpx.HTTPError as exc:  # bad URL, unsupported scheme, proxy trouble: final
                 raise SummarizerError(f"{self.who}: request failed ({type(exc).__name__}: {exc})") from None
             status = response.status_code
-            if status >= 500:
+            if status >= 500 or status == 429:
                 last_problem = f"HTTP {status}: {self.shown(response.text)}"
+                asked = retry_after(response.headers.get("retry-after", ""))
                 continue
             if status >= 400:
                 raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {self.shown(response.text)}")
@@ -151,6 +166,23 @@ class HttpEndpoint:
                 raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(response.text)}") from None
         attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
         raise SummarizerError(f"{self.who}: failed after {attempts}; last: {last_problem}")
+
+
+def retry_after(value: str, *, now: datetime | None = None) -> float:
+    """Seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP date); 0 when it is
+    missing or not understood."""
+    value = value.strip()
+    if not value:
+        return 0.0
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 0.0
+    if when.tzinfo is None:  # an HTTP date is GMT; a date without a zone is taken as such
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
 
 
 #: shorter values are not taken for credentials (replacing them would garble the message).

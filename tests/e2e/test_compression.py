@@ -239,7 +239,7 @@ def test_a_summary_cut_at_the_output_limit_still_carries_its_facts(
         assert summary.content == done.summary
 
 
-@pytest.mark.parametrize("mode", ["fail", "hang", "garbage", "rate_limited", "unknown_model"])
+@pytest.mark.parametrize("mode", ["fail", "hang", "garbage", "unknown_model"])
 def test_llm_summarizer_down_slow_or_garbage_falls_back_to_hard_truncate(
     llm_server: ServerProcess, llm: FakeLLM, mode: str
 ) -> None:

@@ -220,6 +220,29 @@ async def test_retries_are_bounded(fake: FakeLLM, make_set: Any, protocol: str) 
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_429_is_retried_after_the_pause_its_retry_after_asks(
+    fake: FakeLLM, make_set: Any, protocol: str
+) -> None:
+    fake.set_mode("rate_limited", then="ok")  # 429 with Retry-After: 1
+    started = time.monotonic()
+    summary = await make_set(max_retries=1, retry_backoff_seconds=0.01).get(protocol).summarize(_request())
+    assert "KEYS: src/app/calc.py" in summary
+    assert len(fake.requests()) == 2
+    assert time.monotonic() - started >= 0.95  # the endpoint's pause, not the 0.01 s backoff
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_retry_after_past_the_whole_call_fails_at_once(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("rate_limited")
+    summarizer = make_set(max_retries=3, total_timeout_seconds=0.8).get(protocol)
+    started = time.monotonic()
+    with pytest.raises(SummarizerError, match=r"HTTP 429: .*Retry-After 1s runs past the call's 0.8s"):
+        await summarizer.summarize(_request())
+    assert time.monotonic() - started < 0.7  # not slept into the timeout
+    assert len(fake.requests()) == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_a_4xx_is_not_retried(fake: FakeLLM, make_set: Any, protocol: str) -> None:
     fake.set_mode("bad_request")
     with pytest.raises(SummarizerError, match=r"HTTP 400 \(not retried\): .*scripted bad request"):
