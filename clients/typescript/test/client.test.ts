@@ -135,6 +135,28 @@ test("the deadline is enforced", async () => {
   }
 });
 
+test("a request over the server's size limit is RESOURCE_EXHAUSTED at once and the connection stays usable", async () => {
+  // 17 messages of 4 Mi characters, each within its own limit, are more than the server reads
+  // (limits.grpc_max_receive_bytes, 64 MiB). The Python and Go clients get the server's
+  // RESOURCE_EXHAUSTED at once; Node's HTTP/2 stream used to stall on flow control instead, until
+  // the deadline, holding up every later call on the connection.
+  const c = new ContextClient(server.address, { timeoutMs: 8_000, retry: FAST });
+  try {
+    const sid = (await c.createSession()).id;
+    const big = { role: "user", content: "y".repeat(4 * 1024 * 1024) };
+    const began = Date.now();
+    await assert.rejects(c.appendMessages(sid, Array(17).fill(big)), (e: unknown) => {
+      assert.ok(e instanceof ResourceExhaustedError, String(e));
+      assert.equal(e.code, "RESOURCE_EXHAUSTED");
+      return true;
+    });
+    assert.ok(Date.now() - began < 4_000, `took ${Date.now() - began} ms`);
+    assert.equal((await c.getSession(sid, { timeoutMs: 2_000 })).id, sid);
+  } finally {
+    c.close();
+  }
+});
+
 test("a bearer token is sent on every call", async () => {
   let seen = "";
   const c = new ContextClient(server.address, {
