@@ -202,6 +202,19 @@ async def test_calls_reach_a_server_soon_after_it_is_back_with_the_default_chann
         assert loop.time() - back < 2.0
 
 
+def test_a_client_made_before_the_event_loop_runs_works_in_it(server: ServerProcess) -> None:
+    # The README makes its client at module level, then runs `asyncio.run(main())`: grpc.aio binds a
+    # channel to the loop current when it is made, and that call failed "attached to a different loop".
+    client = ContextClient(server.address, timeout=10)
+
+    async def main() -> str:
+        async with client:
+            session = await client.create_session(name="made early")
+            return str((await client.get_session(session["id"]))["name"])
+
+    assert asyncio.run(main()) == "made early"
+
+
 async def test_request_ids_make_appends_idempotent(client: ContextClient) -> None:
     sid = (await client.create_session())["id"]
     events = asyncio.create_task(_collect(client.events(sid), 2))
