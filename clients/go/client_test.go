@@ -176,6 +176,19 @@ func TestTypedErrors(t *testing.T) {
 	if !errors.As(err, &typed) || !errors.Is(err, contextsvc.ErrInvalidArgument) || len(typed.Violations) == 0 {
 		t.Fatalf("want InvalidArgument with violations, got %v", err)
 	}
+	if errors.Is(err, contextsvc.ErrRequestIDReused) {
+		t.Fatalf("a bad message is not a reused request id: %v", err)
+	}
+	// The same request id with other messages: its own sentinel, as the Python client's RequestIdReused.
+	req := &pb.AppendMessagesRequest{SessionId: s.Id, RequestId: "turn-1", Messages: []*pb.Message{user("x")}}
+	if _, err := c.AppendMessages(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	req.Messages = []*pb.Message{user("y")}
+	_, err = c.AppendMessages(ctx, req)
+	if !errors.Is(err, contextsvc.ErrRequestIDReused) || !errors.Is(err, contextsvc.ErrInvalidArgument) {
+		t.Fatalf("want ErrRequestIDReused, got %v", err)
+	}
 }
 
 func TestDeadline(t *testing.T) {

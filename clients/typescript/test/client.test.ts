@@ -6,19 +6,25 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
-import { ConnectError } from "@connectrpc/connect";
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
 import {
   ContextClient,
   ContextTooLargeError,
+  EventsExpiredError,
   FailedPreconditionError,
   InternalError,
   InvalidArgumentError,
   NotFoundError,
   NothingToCompactError,
+  RequestIdReusedError,
   ResourceExhaustedError,
+  SessionDamagedError,
+  toContextError,
   UnavailableError,
   type Plain,
 } from "../src/index.js";
+import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
 import { startServer, TcpProxy, until, type Server } from "./support.js";
 
 const FAST = { maxAttempts: 8, initialBackoffMs: 50, maxBackoffMs: 500, maxReconnects: 20 };
@@ -110,6 +116,26 @@ test("typed errors carry the ErrorInfo reason", async () => {
     return true;
   });
   await assert.rejects(client.appendMessages(sid, [{ role: "robot" }]), /unknown value "robot"/);
+  // The same request id with other messages: its own class, as the Python client's RequestIdReused.
+  await client.appendMessages(sid, [{ role: "user", content: "x" }], { request_id: "turn-1" });
+  await assert.rejects(client.appendMessages(sid, [{ role: "user", content: "y" }], { request_id: "turn-1" }), (e: unknown) => {
+    assert.ok(e instanceof RequestIdReusedError && e instanceof InvalidArgumentError, String(e));
+    assert.equal(e.reason, "REQUEST_ID_REUSED");
+    return true;
+  });
+});
+
+test("every reason with a class of its own in the Python hierarchy has one here", () => {
+  const cases: [Code, string, Function, Function][] = [
+    [Code.InvalidArgument, "REQUEST_ID_REUSED", RequestIdReusedError, InvalidArgumentError],
+    [Code.FailedPrecondition, "SESSION_DAMAGED", SessionDamagedError, FailedPreconditionError],
+    [Code.FailedPrecondition, "EVENTS_EXPIRED", EventsExpiredError, FailedPreconditionError],
+  ];
+  for (const [code, reason, kind, family] of cases) {
+    const info = create(ErrorInfoSchema, { reason, domain: "contextsvc.dev" });
+    const err = toContextError(new ConnectError("m", code, undefined, [{ desc: ErrorInfoSchema, value: info }]));
+    assert.ok(err instanceof kind && err instanceof family, `${reason}: ${String(err)}`);
+  }
 });
 
 test("the deadline is enforced", async () => {
