@@ -369,6 +369,14 @@ class TLSOptions:
 # ------------------------------------------------------------------------------------------- client
 
 
+def _bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata sending ``token``. A token read from a file (a mounted secret) ends with a
+    newline, which gRPC refuses in a header with an untyped error: surrounding whitespace is
+    dropped, as Node's headers (the TypeScript client) drop it; a token holds none of its own."""
+    token = (token or "").strip()
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
 class _Connection:
     """The channel of a client and its ``with_token`` views, made on first use: grpc.aio binds a
     channel to the event loop current when it is made, so one made with the client, before
@@ -423,7 +431,7 @@ class ContextClient:
         self.target = target
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = _bearer(token)
         options = list(channel_options)
         given = {name for name, _ in options}
         defaults = (
@@ -456,7 +464,7 @@ class ContextClient:
         view = object.__new__(ContextClient)
         view.target, view.timeout, view.retry = self.target, self.timeout, self.retry
         view._conn, view._owner = self._conn, False
-        view._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        view._metadata = _bearer(token)
         return view
 
     async def close(self) -> None:

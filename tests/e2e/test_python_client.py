@@ -160,6 +160,15 @@ async def test_bearer_token_is_sent(server: ServerProcess) -> None:
         assert (await c.create_session())["id"]
 
 
+async def test_a_token_read_with_its_line_end_is_sent_without_it(server: ServerProcess) -> None:
+    # A token read from a file (a mounted secret) ends with a newline: gRPC refused the header with
+    # a bare ExecuteBatchError, not a typed error. Node's Headers trim it; so does every client now.
+    async with ContextClient(server.address, token="t0ken\n", timeout=10) as c:
+        assert c._metadata == (("authorization", "Bearer t0ken"),)
+        assert (await c.create_session())["id"]
+        assert (await c.with_token(" t0ken\r\n").create_session())["id"]
+
+
 async def test_unavailable_is_retried_until_the_server_is_reachable(proxy: TcpProxy) -> None:
     async with ContextClient(proxy.address, timeout=10, retry=FAST, channel_options=CHANNEL) as c:
         sid = (await c.create_session())["id"]
