@@ -369,6 +369,44 @@ class TLSOptions:
 # ------------------------------------------------------------------------------------------- client
 
 
+def _bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata sending ``token``. A token read from a file (a mounted secret) ends with a
+    newline, which gRPC refuses in a header with an untyped error: surrounding whitespace is
+    dropped, as Node's headers (the TypeScript client) drop it; a token holds none of its own."""
+    token = (token or "").strip()
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class _Connection:
+    """The channel of a client and its ``with_token`` views, made on first use: grpc.aio binds a
+    channel to the event loop current when it is made, so one made with the client, before
+    ``asyncio.run`` (at module level, as the README shows), failed in the loop that used it."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None, options: list[tuple[str, Any]]):
+        self._target, self._credentials, self._options = target, credentials, options
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self._target, options=self._options)
+            else:
+                self._channel = grpc.aio.secure_channel(self._target, self._credentials, options=self._options)
+        return self._channel
+
+    @property
+    def stub(self) -> Any:
+        if self._stub is None:
+            self._stub = pb_grpc.ContextServiceStub(self.channel)
+        return self._stub
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+
 class ContextClient:
     """One channel to a contextsvc server; one async method per RPC. Use as an async context
     manager or call :meth:`close`."""
@@ -393,7 +431,7 @@ class ContextClient:
         self.target = target
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata = _bearer(token)
         options = list(channel_options)
         given = {name for name, _ in options}
         defaults = (
@@ -402,16 +440,22 @@ class ContextClient:
             ("grpc.max_reconnect_backoff_ms", max(1, round(self.retry.max_reconnect_backoff * 1000))),
         )
         options += [(name, value) for name, value in defaults if name not in given]
+        creds = None
         if tls:
             opts = tls if isinstance(tls, TLSOptions) else TLSOptions()
             creds = grpc.ssl_channel_credentials(opts.root_certificates, opts.private_key, opts.certificate_chain)
             if opts.server_name:
                 options.append(("grpc.ssl_target_name_override", opts.server_name))
-            self._channel = grpc.aio.secure_channel(target, creds, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=options)
-        self._stub = pb_grpc.ContextServiceStub(self._channel)
+        self._conn = _Connection(target, creds, options)
         self._owner = True
+
+    @property
+    def _channel(self) -> grpc.aio.Channel:
+        return self._conn.channel
+
+    @property
+    def _stub(self) -> Any:
+        return self._conn.stub
 
     def with_token(self, token: str | None) -> ContextClient:
         """A view of this client sending ``token`` (None or empty: no token) instead of its own.
@@ -419,13 +463,13 @@ class ContextClient:
         client that made it). Cheap enough to make per call."""
         view = object.__new__(ContextClient)
         view.target, view.timeout, view.retry = self.target, self.timeout, self.retry
-        view._channel, view._stub, view._owner = self._channel, self._stub, False
-        view._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        view._conn, view._owner = self._conn, False
+        view._metadata = _bearer(token)
         return view
 
     async def close(self) -> None:
         if self._owner:
-            await self._channel.close()
+            await self._conn.close()
 
     async def __aenter__(self) -> ContextClient:
         return self

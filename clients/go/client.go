@@ -15,6 +15,7 @@ import (
 	"iter"
 	"math"
 	mrand "math/rand/v2"
+	"strings"
 	"time"
 
 	pb "github.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1"
@@ -90,6 +91,10 @@ type Client struct {
 // New connects to target ("host:port"); the connection is made lazily on the first call.
 func New(target string, opts Options) (*Client, error) {
 	c := &Client{opts: opts, retry: opts.Retry.withDefaults()}
+	// A token read from a file (a mounted secret) ends with a newline, which grpc-go refuses in a
+	// header (INTERNAL); Node's headers (the TypeScript client) drop it, and a token holds no
+	// whitespace of its own.
+	c.opts.Token = strings.TrimSpace(opts.Token)
 	if c.opts.Timeout == 0 {
 		c.opts.Timeout = 30 * time.Second
 	}

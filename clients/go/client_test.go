@@ -176,6 +176,19 @@ func TestTypedErrors(t *testing.T) {
 	if !errors.As(err, &typed) || !errors.Is(err, contextsvc.ErrInvalidArgument) || len(typed.Violations) == 0 {
 		t.Fatalf("want InvalidArgument with violations, got %v", err)
 	}
+	if errors.Is(err, contextsvc.ErrRequestIDReused) {
+		t.Fatalf("a bad message is not a reused request id: %v", err)
+	}
+	// The same request id with other messages: its own sentinel, as the Python client's RequestIdReused.
+	req := &pb.AppendMessagesRequest{SessionId: s.Id, RequestId: "turn-1", Messages: []*pb.Message{user("x")}}
+	if _, err := c.AppendMessages(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	req.Messages = []*pb.Message{user("y")}
+	_, err = c.AppendMessages(ctx, req)
+	if !errors.Is(err, contextsvc.ErrRequestIDReused) || !errors.Is(err, contextsvc.ErrInvalidArgument) {
+		t.Fatalf("want ErrRequestIDReused, got %v", err)
+	}
 }
 
 func TestDeadline(t *testing.T) {
@@ -197,6 +210,15 @@ func TestBearerToken(t *testing.T) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	})
 	c := newClient(t, serverAddr, contextsvc.Options{Token: "t0ken", DialOptions: []grpc.DialOption{spy}})
+	if _, err := c.CreateSession(context.Background(), &pb.CreateSessionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if seen != "Bearer t0ken" {
+		t.Fatalf("authorization header = %q", seen)
+	}
+	// A token read from a file (a mounted secret) ends with a newline: grpc-go refused the header
+	// as INTERNAL. Node's Headers trim it; so does every client.
+	c = newClient(t, serverAddr, contextsvc.Options{Token: "t0ken\n", DialOptions: []grpc.DialOption{spy}})
 	if _, err := c.CreateSession(context.Background(), &pb.CreateSessionRequest{}); err != nil {
 		t.Fatal(err)
 	}

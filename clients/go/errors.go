@@ -17,9 +17,12 @@ import (
 var (
 	ErrNotFound           = errors.New("contextsvc: not found")
 	ErrInvalidArgument    = errors.New("contextsvc: invalid argument")
+	ErrRequestIDReused    = errors.New("contextsvc: request id reused") // also ErrInvalidArgument
 	ErrFailedPrecondition = errors.New("contextsvc: failed precondition")
 	ErrNothingToCompact   = errors.New("contextsvc: nothing to compact")
 	ErrContextTooLarge    = errors.New("contextsvc: context too large")
+	ErrSessionDamaged     = errors.New("contextsvc: session damaged") // also ErrFailedPrecondition
+	ErrEventsExpired      = errors.New("contextsvc: events expired")  // also ErrFailedPrecondition
 	ErrConflict           = errors.New("contextsvc: conflict")
 	ErrUnavailable        = errors.New("contextsvc: unavailable")
 	ErrUnimplemented      = errors.New("contextsvc: unimplemented")
@@ -34,6 +37,9 @@ var (
 var byReason = map[string]error{
 	"NOTHING_TO_COMPACT": ErrNothingToCompact,
 	"CONTEXT_TOO_LARGE":  ErrContextTooLarge,
+	"REQUEST_ID_REUSED":  ErrRequestIDReused,
+	"SESSION_DAMAGED":    ErrSessionDamaged,
+	"EVENTS_EXPIRED":     ErrEventsExpired,
 }
 
 var byCode = map[codes.Code]error{

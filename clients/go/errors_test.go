@@ -8,7 +8,9 @@ import (
 
 	contextsvc "github.com/contextsvc/contextsvc/clients/go"
 	pb "github.com/contextsvc/contextsvc/clients/go/gen/contextsvc/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Without an ErrorInfo the reason is the canonical gRPC code name, as in the Python and
@@ -73,5 +75,29 @@ func TestResourceExhausted(t *testing.T) {
 	}
 	if len(typed.QuotaViolations) != 1 || typed.QuotaViolations[0].Subject != "user:anonymous" || typed.QuotaViolations[0].Description == "" {
 		t.Fatalf("quota violations: %+v", typed.QuotaViolations)
+	}
+}
+
+// Every reason with a class of its own in the Python hierarchy has a sentinel, which also matches
+// its family's.
+func TestReasonsOfThePythonHierarchyHaveSentinels(t *testing.T) {
+	for _, tc := range []struct {
+		code   codes.Code
+		reason string
+		want   error
+		family error
+	}{
+		{codes.InvalidArgument, "REQUEST_ID_REUSED", contextsvc.ErrRequestIDReused, contextsvc.ErrInvalidArgument},
+		{codes.FailedPrecondition, "SESSION_DAMAGED", contextsvc.ErrSessionDamaged, contextsvc.ErrFailedPrecondition},
+		{codes.FailedPrecondition, "EVENTS_EXPIRED", contextsvc.ErrEventsExpired, contextsvc.ErrFailedPrecondition},
+	} {
+		st, err := status.New(tc.code, "m").WithDetails(&errdetails.ErrorInfo{Reason: tc.reason, Domain: "contextsvc.dev"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := contextsvc.FromError(st.Err())
+		if !errors.Is(got, tc.want) || !errors.Is(got, tc.family) || errors.Is(got, contextsvc.ErrNothingToCompact) {
+			t.Fatalf("%s: want %v and %v, got %v", tc.reason, tc.want, tc.family, got)
+		}
 	}
 }

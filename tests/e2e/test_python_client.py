@@ -160,6 +160,15 @@ async def test_bearer_token_is_sent(server: ServerProcess) -> None:
         assert (await c.create_session())["id"]
 
 
+async def test_a_token_read_with_its_line_end_is_sent_without_it(server: ServerProcess) -> None:
+    # A token read from a file (a mounted secret) ends with a newline: gRPC refused the header with
+    # a bare ExecuteBatchError, not a typed error. Node's Headers trim it; so does every client now.
+    async with ContextClient(server.address, token="t0ken\n", timeout=10) as c:
+        assert c._metadata == (("authorization", "Bearer t0ken"),)
+        assert (await c.create_session())["id"]
+        assert (await c.with_token(" t0ken\r\n").create_session())["id"]
+
+
 async def test_unavailable_is_retried_until_the_server_is_reachable(proxy: TcpProxy) -> None:
     async with ContextClient(proxy.address, timeout=10, retry=FAST, channel_options=CHANNEL) as c:
         sid = (await c.create_session())["id"]
@@ -200,6 +209,19 @@ async def test_calls_reach_a_server_soon_after_it_is_back_with_the_default_chann
                 assert loop.time() - back < 8.0, "never reconnected"
                 await asyncio.sleep(0.05)
         assert loop.time() - back < 2.0
+
+
+def test_a_client_made_before_the_event_loop_runs_works_in_it(server: ServerProcess) -> None:
+    # The README makes its client at module level, then runs `asyncio.run(main())`: grpc.aio binds a
+    # channel to the loop current when it is made, and that call failed "attached to a different loop".
+    client = ContextClient(server.address, timeout=10)
+
+    async def main() -> str:
+        async with client:
+            session = await client.create_session(name="made early")
+            return str((await client.get_session(session["id"]))["name"])
+
+    assert asyncio.run(main()) == "made early"
 
 
 async def test_request_ids_make_appends_idempotent(client: ContextClient) -> None:

@@ -16,3 +16,16 @@ def test_every_public_error_is_a_context_error() -> None:
         value = getattr(contextsvc, name)
         if isinstance(value, type) and issubclass(value, Exception):
             assert issubclass(value, contextsvc.ContextError)
+
+
+def test_the_generated_modules_import_by_their_public_path() -> None:
+    # `from contextsvc.v1 import context_service_pb2` worked, but not the module path itself
+    # (`from contextsvc.v1.context_service_pb2 import GetSessionRequest`: ModuleNotFoundError).
+    import importlib
+
+    from contextsvc import v1
+
+    for name in v1.__all__:
+        module = importlib.import_module(f"contextsvc.v1.{name}")
+        assert module is getattr(v1, name)
+        assert module is importlib.import_module(f"contextsvc._gen.v1.{name}")

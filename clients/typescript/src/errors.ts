@@ -54,9 +54,15 @@ export class ContextError extends Error {
 
 export class NotFoundError extends ContextError {}
 export class InvalidArgumentError extends ContextError {}
+/** An appendMessages `request_id` used before with other messages (REQUEST_ID_REUSED): nothing was appended. */
+export class RequestIdReusedError extends InvalidArgumentError {}
 export class FailedPreconditionError extends ContextError {}
 export class NothingToCompactError extends FailedPreconditionError {}
 export class ContextTooLargeError extends FailedPreconditionError {}
+/** The session's stored history lost records: reads work, writes are refused until an operator repairs it. */
+export class SessionDamagedError extends FailedPreconditionError {}
+/** An events() watcher fell further behind than the server keeps events: read the session again, then resume. */
+export class EventsExpiredError extends FailedPreconditionError {}
 export class ConflictError extends ContextError {}
 export class UnavailableError extends ContextError {}
 export class UnimplementedError extends ContextError {}
@@ -95,6 +101,9 @@ const BY_REASON: Record<string, ErrorClass> = {
   FAILED_PRECONDITION: FailedPreconditionError,
   NOTHING_TO_COMPACT: NothingToCompactError,
   CONTEXT_TOO_LARGE: ContextTooLargeError,
+  REQUEST_ID_REUSED: RequestIdReusedError,
+  SESSION_DAMAGED: SessionDamagedError,
+  EVENTS_EXPIRED: EventsExpiredError,
   CONFLICT: ConflictError,
   UNAVAILABLE: UnavailableError,
   UNIMPLEMENTED: UnimplementedError,

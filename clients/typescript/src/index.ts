@@ -68,6 +68,14 @@ export interface TlsOptions {
   servername?: string;
 }
 
+/**
+ * Largest request sent unless `maxSendBytes` says otherwise: the server's default receive limit
+ * (`limits.grpc_max_receive_bytes`, 64 MiB). A larger one is refused here as RESOURCE_EXHAUSTED, as
+ * the server would: sent, Node's HTTP/2 stream stalls on the server's flow control after it
+ * refused the call, until the deadline, and holds up the connection's other calls meanwhile.
+ */
+export const MAX_SEND_BYTES = 64 * 1024 * 1024;
+
 export interface ClientOptions {
   /** Sent as `authorization: Bearer <token>` on every call. */
   token?: string;
@@ -76,6 +84,8 @@ export interface ClientOptions {
   /** Default deadline of one call in ms (retries included); 0 = none. Default 30000. */
   timeoutMs?: number;
   retry?: Partial<RetryPolicy>;
+  /** Largest request in bytes; set it to the server's `limits.grpc_max_receive_bytes`. Default MAX_SEND_BYTES. */
+  maxSendBytes?: number;
   /** Extra interceptors (logging, tracing). */
   interceptors?: Interceptor[];
 }
@@ -118,7 +128,13 @@ export class ContextClient {
     }
     const nodeOptions = typeof tls === "object" ? { ...tls } : {};
     this.sessions = new Http2SessionManager(baseUrl, {}, nodeOptions);
-    const transport = createGrpcTransport({ baseUrl, interceptors, nodeOptions, sessionManager: this.sessions });
+    const transport = createGrpcTransport({
+      baseUrl,
+      interceptors,
+      nodeOptions,
+      sessionManager: this.sessions,
+      writeMaxBytes: options.maxSendBytes ?? MAX_SEND_BYTES,
+    });
     this.rpc = createClient(ContextService, transport);
   }
 

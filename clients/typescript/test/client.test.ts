@@ -6,19 +6,25 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
-import { ConnectError } from "@connectrpc/connect";
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
 import {
   ContextClient,
   ContextTooLargeError,
+  EventsExpiredError,
   FailedPreconditionError,
   InternalError,
   InvalidArgumentError,
   NotFoundError,
   NothingToCompactError,
+  RequestIdReusedError,
   ResourceExhaustedError,
+  SessionDamagedError,
+  toContextError,
   UnavailableError,
   type Plain,
 } from "../src/index.js";
+import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
 import { startServer, TcpProxy, until, type Server } from "./support.js";
 
 const FAST = { maxAttempts: 8, initialBackoffMs: 50, maxBackoffMs: 500, maxReconnects: 20 };
@@ -110,6 +116,26 @@ test("typed errors carry the ErrorInfo reason", async () => {
     return true;
   });
   await assert.rejects(client.appendMessages(sid, [{ role: "robot" }]), /unknown value "robot"/);
+  // The same request id with other messages: its own class, as the Python client's RequestIdReused.
+  await client.appendMessages(sid, [{ role: "user", content: "x" }], { request_id: "turn-1" });
+  await assert.rejects(client.appendMessages(sid, [{ role: "user", content: "y" }], { request_id: "turn-1" }), (e: unknown) => {
+    assert.ok(e instanceof RequestIdReusedError && e instanceof InvalidArgumentError, String(e));
+    assert.equal(e.reason, "REQUEST_ID_REUSED");
+    return true;
+  });
+});
+
+test("every reason with a class of its own in the Python hierarchy has one here", () => {
+  const cases: [Code, string, Function, Function][] = [
+    [Code.InvalidArgument, "REQUEST_ID_REUSED", RequestIdReusedError, InvalidArgumentError],
+    [Code.FailedPrecondition, "SESSION_DAMAGED", SessionDamagedError, FailedPreconditionError],
+    [Code.FailedPrecondition, "EVENTS_EXPIRED", EventsExpiredError, FailedPreconditionError],
+  ];
+  for (const [code, reason, kind, family] of cases) {
+    const info = create(ErrorInfoSchema, { reason, domain: "contextsvc.dev" });
+    const err = toContextError(new ConnectError("m", code, undefined, [{ desc: ErrorInfoSchema, value: info }]));
+    assert.ok(err instanceof kind && err instanceof family, `${reason}: ${String(err)}`);
+  }
 });
 
 test("the deadline is enforced", async () => {
@@ -132,6 +158,28 @@ test("the deadline is enforced", async () => {
     c.close();
     for (const socket of accepted) socket.destroy();
     silent.close();
+  }
+});
+
+test("a request over the server's size limit is RESOURCE_EXHAUSTED at once and the connection stays usable", async () => {
+  // 17 messages of 4 Mi characters, each within its own limit, are more than the server reads
+  // (limits.grpc_max_receive_bytes, 64 MiB). The Python and Go clients get the server's
+  // RESOURCE_EXHAUSTED at once; Node's HTTP/2 stream used to stall on flow control instead, until
+  // the deadline, holding up every later call on the connection.
+  const c = new ContextClient(server.address, { timeoutMs: 8_000, retry: FAST });
+  try {
+    const sid = (await c.createSession()).id;
+    const big = { role: "user", content: "y".repeat(4 * 1024 * 1024) };
+    const began = Date.now();
+    await assert.rejects(c.appendMessages(sid, Array(17).fill(big)), (e: unknown) => {
+      assert.ok(e instanceof ResourceExhaustedError, String(e));
+      assert.equal(e.code, "RESOURCE_EXHAUSTED");
+      return true;
+    });
+    assert.ok(Date.now() - began < 4_000, `took ${Date.now() - began} ms`);
+    assert.equal((await c.getSession(sid, { timeoutMs: 2_000 })).id, sid);
+  } finally {
+    c.close();
   }
 });
 
