@@ -640,7 +640,7 @@ class Compactor:
     async def _run(self, s: Situation, *, dry_run: bool) -> CompressionReport:
         plan = self.plan(s)
         if dry_run:
-            return CompressionReport(compressed=False, reason=s.reason, plan=plan)
+            return self._predicted(s, plan)
         if not plan.would_compress:
             if s.reason is Reason.FORCED:
                 raise NothingToCompact(
@@ -696,6 +696,41 @@ class Compactor:
             return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.NO_PROGRESS)
         return await self._hard_truncate(s, plan, cleared=cleared)
 
+    def _predicted(self, s: Situation, plan: CompactionPlan) -> CompressionReport:
+        """A dry run's report: the plan, and what the run would commit first where that is known
+        without a summarizer (DESIGN §5.4: prediction and action never disagree). The profile's
+        strategies are walked as ``_carry_out`` walks them: clearing that reaches its target is
+        the outcome, with its counts and stage; a summary depends on the summarizer's answer, so
+        the method names it and the plan stands for the rest; past both, hard truncation (no
+        method when the profile turned that fallback off). Nothing is written or published."""
+        report = CompressionReport(compressed=False, reason=s.reason, plan=plan)
+        if not plan.would_compress:
+            return report
+        before = self.priced_before(s)
+        report = dataclasses.replace(report, messages_before=len(s.context), context_tokens_before=before)
+        for strategy in s.profile.compression.strategies:
+            if strategy == STRATEGY_CLEAR:
+                cleared = self._clearing(s, plan)
+                if self._clearing_suffices(s, cleared):
+                    after = self.counter(s.profile)(cleared.context) + s.fixed_tokens
+                    removed, added = len(cleared.demote), len(cleared.placeholders)
+                    return dataclasses.replace(
+                        report,
+                        method=Method.CLEAR_TOOL_RESULTS,
+                        messages_after=len(cleared.context),
+                        context_tokens_after=after,
+                        stages=(Stage(Method.CLEAR_TOOL_RESULTS, removed, added, before, after),),
+                    )
+            elif strategy == STRATEGY_SUMMARIZE:
+                return dataclasses.replace(report, method=Method.SUMMARY)
+        if not s.profile.compression.hard_truncate_fallback:
+            return report
+        return dataclasses.replace(report, method=Method.HARD_TRUNCATE)
+
+    def _clearing_suffices(self, s: Situation, cleared: ClearedToolResults) -> bool:
+        """Clearing alone reaches the target (else a summary, or hard truncation, follows it)."""
+        return bool(cleared.cleared) and cleared.tokens_after <= self._clearing_goal(s)
+
     async def _close_refused(self, s: Situation, refusal: Refusal, detail: str) -> None:
         await self._publish(
             s, "compression_refused", {"reason": refusal.value, "trigger": s.reason.value, "detail": detail}
@@ -729,7 +764,7 @@ class Compactor:
     ) -> tuple[CompressionReport | None, ClearedToolResults]:
         """Commit the clearing when it reaches the target; else hand back what it would clear."""
         cleared = self._clearing(s, plan)
-        if not cleared.cleared or cleared.tokens_after > self._clearing_goal(s):
+        if not self._clearing_suffices(s, cleared):
             return None, cleared  # clearing alone does not reach the target: summarize instead
         return await self._commit_clearing(s, plan, cleared), cleared
 

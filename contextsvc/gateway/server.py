@@ -540,8 +540,10 @@ class Gateway:
             raise frames.FrameError("INVALID_COMPACT", "dry_run must be a boolean and reason a string")
         sid = sock.session_id
         if dry_run:
-            plan = await self.upstream.compress(sock.token, sid, dry_run=True, reason=reason)
-            return {"type": "compact_preview", "plan": frames.to_json(plan.plan)}
+            preview = await self.upstream.compress(sock.token, sid, dry_run=True, reason=reason)
+            # compact_result's fields (compressed false): the plan, the method the run would commit
+            # first, and a clearing's counts.
+            return {"type": "compact_preview", **frames.to_json(preview)}
         if sid in self.hubs.compacting:
             raise frames.FrameError("COMPACTION_IN_PROGRESS", "a compaction of this session is already running")
         self.hubs.compacting.add(sid)

@@ -204,6 +204,8 @@ async def test_compact_dry_run_then_compact_streams_events_and_one_at_a_time(
         preview = await recv(ws)
         assert preview["type"] == "compact_preview" and preview["plan"]["would_compress"] is True
         assert preview["plan"]["messages_to_drop"] > 0
+        # It says which method the run commits: the one the result then names.
+        assert preview["compressed"] is False and preview["method"] in ("summary", "clear_tool_results")
         before = stub.GetSession(pb.GetSessionRequest(session_id=sid)).context_tokens
         # Two at once: the second is refused while the first runs.
         await ws.send(json.dumps({"type": "compact", "id": 2}))
@@ -228,6 +230,7 @@ async def test_compact_dry_run_then_compact_streams_events_and_one_at_a_time(
         assert done["context_tokens_after"] < done["context_tokens_before"] * 0.9
         assert done["method"] in ("summary", "clear_tool_results", "hard_truncate")
         assert result["id"] == 2 and result["compressed"] is True
+        assert result["method"] == done["method"] == preview["method"]
         assert started["event_id"] < done["event_id"]
         await ws.send(json.dumps({"type": "get_view", "id": "v"}))
         view = await recv_type(ws, "view")

@@ -640,6 +640,45 @@ async def test_default_strategies_try_clearing_tool_results_first() -> None:
         await rig.close()
 
 
+@pytest.mark.parametrize(
+    ("strategies", "output", "method"),
+    [
+        (["clear_tool_results", "summarize"], 500, "clear_tool_results"),  # clearing reaches the target
+        (["clear_tool_results", "summarize"], 20, "summary"),  # results too small: the summary follows
+        (["summarize", "clear_tool_results"], 500, "summary"),
+        (["clear_tool_results"], 20, "hard_truncate"),
+    ],
+)
+async def test_a_dry_run_names_what_the_run_then_does(strategies: list[str], output: int, method: str) -> None:
+    """DESIGN §5.4: prediction and action never disagree. A dry run under a profile that clears
+    tool results first used to show the summary's plan alone (drop 104, keep 16) while the run
+    cleared 26 results; it names the method the run commits, and a clearing's counts exactly."""
+    recorder = ScriptedSummarizer()
+    rig = await Rig.start(recorder)
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 12, output=output)
+        profile = overrides(summarizer="scripted", strategies=strategies)
+        before = await rig.context(sid)
+        dry = await rig.compress(sid, profile=profile, dry_run=True)
+        assert not dry.compressed and await rig.context(sid) == before and not recorder.calls
+        assert dry.method is not None and dry.method.value == method
+        report = await rig.compress(sid, profile=profile)
+        assert report.compressed and report.method is not None and report.method.value == method
+        assert (dry.messages_before, dry.context_tokens_before) == (
+            report.messages_before,
+            report.context_tokens_before,
+        )
+        if method == "clear_tool_results":
+            assert (dry.messages_after, dry.context_tokens_after) == (
+                report.messages_after,
+                report.context_tokens_after,
+            )
+            assert dry.stages == report.stages
+    finally:
+        await rig.close()
+
+
 async def test_strategy_order_summarize_first_then_clearing() -> None:
     """``["summarize", "clear_tool_results"]``: the summarizer is asked first; clearing is the
     fallback when it fails, before hard truncation."""

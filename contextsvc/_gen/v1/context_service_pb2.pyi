@@ -765,7 +765,10 @@ class CompressResponse(_message.Message):
 
     @_builtins.property
     def plan(self) -> _events_pb2.CompressionPlan:
-        """The plan (the only output of a dry run)."""
+        """The plan. A dry run (`compressed` false, nothing changed) also names the method the run
+        would commit first, and when that is clearing tool results, which needs no summarizer, the
+        counts after it and its stage; a summary's outcome depends on the summarizer's answer.
+        """
 
     @_builtins.property
     def stages(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.CompressionStage]:

@@ -1438,7 +1438,9 @@ type CompressResponse struct {
 	ContextTokensAfter int64 `protobuf:"varint,7,opt,name=context_tokens_after,json=contextTokensAfter,proto3" json:"context_tokens_after,omitempty"`
 	// Breadcrumbs kept from the dropped text.
 	Breadcrumbs []string `protobuf:"bytes,8,rep,name=breadcrumbs,proto3" json:"breadcrumbs,omitempty"`
-	// The plan (the only output of a dry run).
+	// The plan. A dry run (`compressed` false, nothing changed) also names the method the run
+	// would commit first, and when that is clearing tool results, which needs no summarizer, the
+	// counts after it and its stage; a summary's outcome depends on the summarizer's answer.
 	Plan *CompressionPlan `protobuf:"bytes,9,opt,name=plan,proto3" json:"plan,omitempty"`
 	// Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
 	// then hard_truncate when clearing alone could not reach the target.

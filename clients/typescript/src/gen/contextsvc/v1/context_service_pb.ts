@@ -819,7 +819,9 @@ export type CompressResponse = Message<"contextsvc.v1.CompressResponse"> & {
   breadcrumbs: string[];
 
   /**
-   * The plan (the only output of a dry run).
+   * The plan. A dry run (`compressed` false, nothing changed) also names the method the run
+   * would commit first, and when that is clearing tool results, which needs no summarizer, the
+   * counts after it and its stage; a summary's outcome depends on the summarizer's answer.
    *
    * @generated from field: contextsvc.v1.CompressionPlan plan = 9;
    */
