@@ -553,6 +553,10 @@ class AuthSettings(_Section):
     cache_seconds: float = Field(5.0, ge=0, le=3600)
     #: tokens (and unknown values) remembered by the cache at most.
     cache_entries: int = Field(10_000, ge=1)
+    #: an open ``StreamEvents`` call checks its token again this often (and before an event once
+    #: this long has passed), so a revoked or expired token's streams end with ``UNAUTHENTICATED``
+    #: within this plus ``cache_seconds``, not at the client's next reconnect.
+    stream_check_seconds: float = Field(5.0, gt=0, le=3600)
     #: ``last_used`` is written at most once per this interval per token, never on every call.
     last_used_interval_seconds: float = Field(60.0, ge=0)
     #: ``tokens create`` without ``--expires``: days until the token expires (0 = never).
