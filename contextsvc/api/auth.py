@@ -26,7 +26,7 @@ import grpc
 from contextsvc import errors
 from contextsvc.api.errors import to_status
 from contextsvc.core.session import ANONYMOUS, Principal
-from contextsvc.engine.authn import Authenticator
+from contextsvc.engine.authn import TOKEN_INVALID, Authenticator
 
 audit = logging.getLogger("contextsvc.audit")
 
@@ -49,11 +49,14 @@ def caller_of(context: Context) -> Principal:
 
 
 def authorization_of(metadata: Any) -> str | None:
-    """The ``authorization`` value of invocation metadata (keys arrive lower-case)."""
-    for key, value in metadata or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else None
-    return None
+    """The ``authorization`` value of invocation metadata (keys arrive lower-case).
+
+    Several values are refused rather than one picked: with a proxy adding its own credentials
+    beside a client's, whichever came first would silently decide whose call it is."""
+    values = [value for key, value in metadata or () if key == "authorization"]
+    if len(values) > 1:
+        raise errors.Unauthenticated("send one 'authorization' metadata value, not several", reason=TOKEN_INVALID)
+    return values[0] if values and isinstance(values[0], str) else None
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -127,7 +130,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if self._authenticator is None:
             return ANONYMOUS
         try:
-            principal = await self._authenticator.authenticate(authorization_of(context.invocation_metadata()))
+            authorization = authorization_of(context.invocation_metadata())
+            principal = await self._authenticator.authenticate(authorization)
         except errors.ContextError as exc:
             await context.abort_with_status(to_status(exc))
             raise AssertionError("abort_with_status returned") from None  # pragma: no cover

@@ -144,3 +144,21 @@ async def test_an_open_stream_ends_once_its_token_is_revoked(quiet: bool) -> Non
             assert _info(caught.value).reason == "TOKEN_REVOKED"
     finally:
         await stop(server, 0)
+
+
+async def test_several_authorization_values_are_refused_whatever_their_order(running: RunningServer) -> None:
+    # The first value used to win: a proxy adding its own credentials after a client's (or before
+    # them) decided silently whose call it was.
+    alice, bob = await _token(running, "alice"), await _token(running, "bob")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = ContextServiceStub(channel)
+        for first, second in ((alice, bob), (alice, alice), (alice, "ctx_" + "A" * 43)):
+            md = [("authorization", f"Bearer {first}"), ("authorization", f"Bearer {second}")]
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ListSessions(pb.ListSessionsRequest(), metadata=md)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert _info(caught.value).reason == "TOKEN_INVALID"
+            assert first not in (caught.value.details() or "")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.StreamEvents(pb.StreamEventsRequest(), metadata=md).read()
+            assert _info(caught.value).reason == "TOKEN_INVALID"
