@@ -86,9 +86,21 @@ def _cookie_token(headers: Headers, name: str) -> str:
     return morsel.value if morsel is not None else ""
 
 
+class _Repeated(Exception):
+    """A header that must come once came several times."""
+
+
+def _header(headers: Headers, name: str) -> str | None:
+    """The one value of ``name``; None when absent. ``Headers.get`` raises on repeated headers:
+    a request with two Authorization or Origin headers is ambiguous, and refused (_Repeated)."""
+    values = headers.get_all(name)
+    if len(values) > 1:
+        raise _Repeated(name)
+    return values[0] if values else None
+
+
 def _bearer(headers: Headers) -> str:
-    value = headers.get("Authorization", "")
-    scheme, _, token = value.partition(" ")
+    scheme, _, token = (_header(headers, "Authorization") or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
@@ -191,8 +203,11 @@ class Gateway:
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
-        origin = request.headers.get("Origin")
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("Host", ""):
+        try:
+            origin, host = _header(request.headers, "Origin"), _header(request.headers, "Host")
+        except _Repeated as exc:
+            return connection.respond(http.HTTPStatus.FORBIDDEN, f"several {exc} headers are refused\n")
+        if origin is not None and urlsplit(origin).netloc != (host or ""):
             # Cookies ride along on cross-site sockets too: only pages served by this gateway may connect.
             return connection.respond(http.HTTPStatus.FORBIDDEN, "cross-origin requests are refused\n")
         socket_path = _WS_PATH.match(url.path)
@@ -232,7 +247,13 @@ class Gateway:
         return Response(200, "OK", headers, data)
 
     async def _api_sessions(self, request: Request, query: dict[str, list[str]]) -> Response:
-        token = _bearer(request.headers) or _cookie_token(request.headers, self.gs.cookie_name)
+        try:
+            token = _bearer(request.headers) or _cookie_token(request.headers, self.gs.cookie_name)
+        except _Repeated:
+            body = frames.error_frame(
+                "UNAUTHENTICATED", "send one Authorization header, not several", reason="TOKEN_INVALID"
+            )
+            return _json_response(http.HTTPStatus.UNAUTHORIZED, body)
         try:
             page = await self.upstream.list_sessions(
                 token,

@@ -4,6 +4,7 @@ metadata and the service decides; cookie, first-frame auth, and the close codes 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import subprocess
 import sys
@@ -194,6 +195,34 @@ async def test_http_session_list_needs_a_token_and_shows_only_ones_own(world: di
     assert status == 200 and body["sessions"] == []
     status, body = await asyncio.to_thread(get, url, {"Authorization": "Bearer ctx_\u00e9"})
     assert status == 401 and body["reason"] == "TOKEN_INVALID"
+
+
+def raw_get(address: str, path: str, headers: list[tuple[str, str]]) -> tuple[int, str]:
+    """A GET with exactly these headers, repeated ones included (urllib merges them)."""
+    conn = http.client.HTTPConnection(address, timeout=10)
+    try:
+        conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+async def test_repeated_headers_are_a_clear_refusal_not_a_gateway_failure(world: dict[str, Any]) -> None:
+    # Two Authorization (or Origin) headers made the gateway fail with 500 and a logged traceback.
+    proc, alice, bob = world["proc"], world["alice"], world["bob"]
+    host = ("Host", proc.gateway_address)
+    two_tokens = [host, ("Authorization", f"Bearer {alice}"), ("Authorization", f"Bearer {bob}")]
+    status, body = await asyncio.to_thread(raw_get, proc.gateway_address, "/api/sessions", two_tokens)
+    assert status == 401 and json.loads(body)["reason"] == "TOKEN_INVALID"
+    assert alice not in body and bob not in body
+    two_origins = [host, ("Origin", f"http://{proc.gateway_address}"), ("Origin", "http://evil.example")]
+    status, _ = await asyncio.to_thread(raw_get, proc.gateway_address, "/api/sessions", two_origins)
+    assert status == 403
+    assert "Traceback" not in proc.stderr_text
 
 
 async def test_a_later_auth_frame_with_a_token_no_header_can_carry_closes_4003(world: dict[str, Any]) -> None:
