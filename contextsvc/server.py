@@ -187,6 +187,13 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
             await store.close()
             raise
         authenticator = Authenticator(tokens, settings.auth, SystemClock())
+        if not settings.auth.token_store and settings.store.strip() == "memory":
+            # Started with `serve`, such a server refuses every call and says nothing of why.
+            log.warning(
+                "API tokens are kept in the memory store, inside this process, where `contextsvc tokens` "
+                "cannot add any: every call will be refused; keep tokens in a file or a database with "
+                "auth.token_store (CONTEXTSVC_AUTH__TOKEN_STORE=files:PATH)"
+            )
     deferred: DeferredBus | None = None
     bus: EventBus
     if first_error is None:

@@ -162,3 +162,13 @@ async def test_several_authorization_values_are_refused_whatever_their_order(run
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.StreamEvents(pb.StreamEventsRequest(), metadata=md).read()
             assert _info(caught.value).reason == "TOKEN_INVALID"
+
+
+async def test_tokens_kept_in_a_memory_store_are_a_warning_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing outside the process can add a token there: every call would be refused, silently.
+    settings = Settings(store="memory", listen="127.0.0.1:0", auth={"mode": "tokens"})
+    with caplog.at_level(logging.WARNING, logger="contextsvc.server"):
+        server = await start(settings)
+        await stop(server, 0)
+    warned = [r.getMessage() for r in caplog.records if r.name == "contextsvc.server" and r.levelno == logging.WARNING]
+    assert any("auth.token_store" in m for m in warned), warned
