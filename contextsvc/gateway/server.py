@@ -99,6 +99,14 @@ def _header(headers: Headers, name: str) -> str | None:
     return values[0] if values else None
 
 
+def _netloc(url: str) -> str | None:
+    """The ``host:port`` of a URL; None for one that does not parse (it matches no Host)."""
+    try:
+        return urlsplit(url).netloc
+    except ValueError:  # "http://[::1": an unclosed IPv6 bracket
+        return None
+
+
 def _bearer(headers: Headers) -> str:
     scheme, _, token = (_header(headers, "Authorization") or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
@@ -207,7 +215,7 @@ class Gateway:
             origin, host = _header(request.headers, "Origin"), _header(request.headers, "Host")
         except _Repeated as exc:
             return connection.respond(http.HTTPStatus.FORBIDDEN, f"several {exc} headers are refused\n")
-        if origin is not None and urlsplit(origin).netloc != (host or ""):
+        if origin is not None and _netloc(origin) != (host or ""):
             # Cookies ride along on cross-site sockets too: only pages served by this gateway may connect.
             return connection.respond(http.HTTPStatus.FORBIDDEN, "cross-origin requests are refused\n")
         socket_path = _WS_PATH.match(url.path)

@@ -225,6 +225,21 @@ async def test_repeated_headers_are_a_clear_refusal_not_a_gateway_failure(world:
     assert "Traceback" not in proc.stderr_text
 
 
+async def test_a_foreign_or_unreadable_origin_is_refused_403(world: dict[str, Any]) -> None:
+    # An Origin urlsplit cannot read ("http://[::1") failed the gateway with 500 and a traceback.
+    proc, alice = world["proc"], world["alice"]
+    base = [("Host", proc.gateway_address), ("Authorization", f"Bearer {alice}")]
+    for origin, expected in (
+        (f"http://{proc.gateway_address}", 200),
+        ("http://evil.example", 403),
+        ("http://[::1", 403),
+        ("http://[not-an-address]:80", 403),
+    ):
+        status, _ = await asyncio.to_thread(raw_get, proc.gateway_address, "/api/sessions", [*base, ("Origin", origin)])
+        assert status == expected, origin
+    assert "Traceback" not in proc.stderr_text
+
+
 async def test_a_later_auth_frame_with_a_token_no_header_can_carry_closes_4003(world: dict[str, Any]) -> None:
     async with connect(world["proc"].ws_url(world["sid"]), additional_headers=cookie(world["alice"])) as ws:
         assert (await recv(ws))["type"] == "session_sync"
