@@ -53,6 +53,7 @@ _ws_log.setLevel(logging.WARNING)
 _WS_PATH = re.compile(r"^/ws/sessions/([^/]+)$")
 _PAGE_PATH = re.compile(r"^/(sessions/[^/]+)?$")
 _STATIC_PATH = re.compile(r"^/static/([A-Za-z0-9_\-]+\.(?:js|css|html|svg))$")
+_EVENT_ID = re.compile(r"[0-9]{1,20}")
 _BUFFERS = {"display": pb.BUFFER_DISPLAY, "context": pb.BUFFER_CONTEXT}
 
 
@@ -360,7 +361,9 @@ class Gateway:
 
     def _last_event_id(self, query: dict[str, list[str]]) -> int:
         raw = query.get("last_event_id", ["0"])[0] or "0"
-        if not raw.isdigit():
+        # ASCII digits only, and few enough for int(): str.isdigit() also passes "²" (which int()
+        # refuses) and "٣" (which it reads as 3). Event ids are 64-bit: 20 digits hold any.
+        if not _EVENT_ID.fullmatch(raw):
             raise _Closed(1008, "last_event_id must be a non-negative integer")
         return int(raw)
 

@@ -342,8 +342,12 @@ async def test_query_token_is_refused_when_turned_off() -> None:
 
 async def test_bad_last_event_id_closes_1008(bundled: Process, stub: ContextServiceStub) -> None:
     sid = new_session(stub)
-    async with connect(bundled.ws_url(sid, "last_event_id=abc")) as ws:
-        assert await close_code(ws) == 1008
+    # "²" passes str.isdigit() but not int(), and int() refuses more than 4,300 digits: both closed
+    # the socket 1011 with a logged traceback; "٣" (an Arabic-Indic three) was read as 3.
+    for value in ("abc", "%C2%B2", "%D9%A3", "1" * 5000, "-1", "1.5"):
+        async with connect(bundled.ws_url(sid, f"last_event_id={value}")) as ws:
+            assert await close_code(ws) == 1008, value
+    assert "Traceback" not in bundled.stderr_text
 
 
 async def test_cross_origin_handshake_is_refused(bundled: Process, stub: ContextServiceStub) -> None:
