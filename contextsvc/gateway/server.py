@@ -211,7 +211,10 @@ class Gateway:
     # ---- HTTP: the inspector page and its JSON reads -------------------------------------------------
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
+        try:
+            url = urlsplit(request.path)
+        except ValueError:  # "//[::1/…": an unclosed IPv6 bracket where a host would be
+            return connection.respond(http.HTTPStatus.BAD_REQUEST, "the request target does not parse\n")
         try:
             origin, host = _header(request.headers, "Origin"), _header(request.headers, "Host")
         except _Repeated as exc:

@@ -240,6 +240,15 @@ async def test_a_foreign_or_unreadable_origin_is_refused_403(world: dict[str, An
     assert "Traceback" not in proc.stderr_text
 
 
+async def test_a_request_target_that_does_not_parse_is_400(world: dict[str, Any]) -> None:
+    # urlsplit raised on these ("Invalid IPv6 URL"): 500 and a logged traceback.
+    proc = world["proc"]
+    for target in ("//[::1/api/sessions", "http://[::1/api/sessions"):
+        status, _ = await asyncio.to_thread(raw_get, proc.gateway_address, target, [("Host", proc.gateway_address)])
+        assert status == 400, target
+    assert "Traceback" not in proc.stderr_text
+
+
 async def test_a_later_auth_frame_with_a_token_no_header_can_carry_closes_4003(world: dict[str, Any]) -> None:
     async with connect(world["proc"].ws_url(world["sid"]), additional_headers=cookie(world["alice"])) as ws:
         assert (await recv(ws))["type"] == "session_sync"
