@@ -171,6 +171,8 @@ class Gateway:
             weakref.WeakKeyDictionary()
         )
         self.port = 0
+        self._loopback = False
+        self._allowed_hosts = {h.lower() for h in self.gs.allowed_hosts}
 
     async def start(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")
@@ -190,7 +192,16 @@ class Gateway:
         )
         sockets = list(self._server.sockets)
         self.port = sockets[0].getsockname()[1] if sockets else 0
+        self._loopback = is_loopback(listen_host(listen))
         return self.port
+
+    def _host_allowed(self, host: str) -> bool:
+        """Whether a loopback listener answers this Host header: a loopback name, or one listed."""
+        try:
+            name = urlsplit(f"//{host}").hostname or ""
+        except ValueError:  # an unclosed bracket: no name at all
+            return False
+        return is_loopback(name) or name in self._allowed_hosts
 
     @property
     def scheme(self) -> str:
@@ -219,6 +230,12 @@ class Gateway:
             origin, host = _header(request.headers, "Origin"), _header(request.headers, "Host")
         except _Repeated as exc:
             return connection.respond(http.HTTPStatus.FORBIDDEN, f"several {exc} headers are refused\n")
+        if host is not None and self._loopback and not self._host_allowed(host):
+            return connection.respond(
+                http.HTTPStatus.FORBIDDEN,
+                "this gateway listens on loopback and answers loopback host names only; "
+                "list another name in gateway.allowed_hosts\n",
+            )
         if origin is not None and _netloc(origin) != (host or ""):
             # Cookies ride along on cross-site sockets too: only pages served by this gateway may connect.
             return connection.respond(http.HTTPStatus.FORBIDDEN, "cross-origin requests are refused\n")

@@ -4,7 +4,6 @@ metadata and the service decides; cookie, first-frame auth, and the close codes 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
-from tests.support.gateway import Process
+from tests.support.gateway import Process, raw_get
 from tests.support.rpc import user
 
 pytestmark = pytest.mark.e2e
@@ -195,20 +194,6 @@ async def test_http_session_list_needs_a_token_and_shows_only_ones_own(world: di
     assert status == 200 and body["sessions"] == []
     status, body = await asyncio.to_thread(get, url, {"Authorization": "Bearer ctx_\u00e9"})
     assert status == 401 and body["reason"] == "TOKEN_INVALID"
-
-
-def raw_get(address: str, path: str, headers: list[tuple[str, str]]) -> tuple[int, str]:
-    """A GET with exactly these headers, repeated ones included (urllib merges them)."""
-    conn = http.client.HTTPConnection(address, timeout=10)
-    try:
-        conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
-        for name, value in headers:
-            conn.putheader(name, value)
-        conn.endheaders()
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode()
-    finally:
-        conn.close()
 
 
 async def test_repeated_headers_are_a_clear_refusal_not_a_gateway_failure(world: dict[str, Any]) -> None:
