@@ -554,6 +554,10 @@ class AuthSettings(_Section):
     cache_seconds: float = Field(5.0, ge=0, le=3600)
     #: tokens (and unknown values) remembered by the cache at most.
     cache_entries: int = Field(10_000, ge=1)
+    #: an open ``StreamEvents`` call checks its token again this often (and before an event once
+    #: this long has passed), so a revoked or expired token's streams end with ``UNAUTHENTICATED``
+    #: within this plus ``cache_seconds``, not at the client's next reconnect.
+    stream_check_seconds: float = Field(5.0, gt=0, le=3600)
     #: ``last_used`` is written at most once per this interval per token, never on every call.
     last_used_interval_seconds: float = Field(60.0, ge=0)
     #: ``tokens create`` without ``--expires``: days until the token expires (0 = never).
@@ -679,6 +683,11 @@ class GatewaySettings(_Section):
     #: accept ``?api_token=`` on the socket URL (DESIGN §5.9 lists it beside the cookie and the auth
     #: frame). The gateway never logs URLs, but proxies in front of it may: turn it off there.
     allow_query_token: bool = True
+    #: on a loopback listener, the Host names besides loopback ones (localhost, 127.0.0.0/8, ::1)
+    #: that the gateway answers, e.g. a reverse proxy's name; any other is refused 403. Otherwise a
+    #: page of another site whose name it rebinds to 127.0.0.1 (DNS rebinding) would be same-origin
+    #: with the gateway, and reach whatever the service shows every local caller.
+    allowed_hosts: list[str] = Field(default_factory=lambda: [])
     #: largest client frame; bigger ones are closed 1009 by the WebSocket layer (base64 of 50 MB is ~67 MB).
     max_frame_bytes: int = Field(80 * MB, ge=1024)
     #: largest first message of a socket that has to send an auth frame (no cookie or query token,

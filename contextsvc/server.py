@@ -93,6 +93,7 @@ def _interceptors(
     authenticator: Authenticator | None,
     quotas: Quotas,
     log_per_minute: int,
+    stream_check_seconds: float,
 ) -> list[grpc.aio.ServerInterceptor]:
     """Telemetry outermost, so refused calls are measured and traced too. The serving gate runs
     before authentication (a server whose store is not ready cannot check tokens); quotas after
@@ -105,7 +106,7 @@ def _interceptors(
         chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate, *after_auth]))
         return chain
     chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate]))
-    chain.append(AuthInterceptor(authenticator))
+    chain.append(AuthInterceptor(authenticator, stream_check_seconds=stream_check_seconds))
     if after_auth:
         chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=after_auth, decoding=False))
     return chain
@@ -186,6 +187,13 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
             await store.close()
             raise
         authenticator = Authenticator(tokens, settings.auth, SystemClock())
+        if not settings.auth.token_store and settings.store.strip() == "memory":
+            # Started with `serve`, such a server refuses every call and says nothing of why.
+            log.warning(
+                "API tokens are kept in the memory store, inside this process, where `contextsvc tokens` "
+                "cannot add any: every call will be refused; keep tokens in a file or a database with "
+                "auth.token_store (CONTEXTSVC_AUTH__TOKEN_STORE=files:PATH)"
+            )
     deferred: DeferredBus | None = None
     bus: EventBus
     if first_error is None:
@@ -209,7 +217,9 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
 
     quotas = Quotas(settings.quotas, count_sessions=owned_sessions)
     server = grpc.aio.server(
-        interceptors=_interceptors(tel, gate, authenticator, quotas, settings.refusal_log_per_minute),
+        interceptors=_interceptors(
+            tel, gate, authenticator, quotas, settings.refusal_log_per_minute, settings.auth.stream_check_seconds
+        ),
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
             ("grpc.max_send_message_length", limits.grpc_max_send_bytes),

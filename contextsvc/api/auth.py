@@ -13,9 +13,12 @@ the method and the session; listing sessions or streaming events across all user
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,7 +26,7 @@ import grpc
 from contextsvc import errors
 from contextsvc.api.errors import to_status
 from contextsvc.core.session import ANONYMOUS, Principal
-from contextsvc.engine.authn import Authenticator
+from contextsvc.engine.authn import TOKEN_INVALID, Authenticator
 
 audit = logging.getLogger("contextsvc.audit")
 
@@ -46,18 +49,22 @@ def caller_of(context: Context) -> Principal:
 
 
 def authorization_of(metadata: Any) -> str | None:
-    """The ``authorization`` value of invocation metadata (keys arrive lower-case)."""
-    for key, value in metadata or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else None
-    return None
+    """The ``authorization`` value of invocation metadata (keys arrive lower-case).
+
+    Several values are refused rather than one picked: with a proxy adding its own credentials
+    beside a client's, whichever came first would silently decide whose call it is."""
+    values = [value for key, value in metadata or () if key == "authorization"]
+    if len(values) > 1:
+        raise errors.Unauthenticated("send one 'authorization' metadata value, not several", reason=TOKEN_INVALID)
+    return values[0] if values and isinstance(values[0], str) else None
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Establishes the caller of every ContextService call; ``authenticator=None`` = auth off."""
 
-    def __init__(self, authenticator: Authenticator | None) -> None:
+    def __init__(self, authenticator: Authenticator | None, *, stream_check_seconds: float = 5.0) -> None:
         self._authenticator = authenticator
+        self._every = stream_check_seconds
 
     async def intercept_service(
         self,
@@ -100,16 +107,31 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
             principal = await self._principal(name, request, context)
             _CALLER.set(principal)  # the stream runs in this call's own task and context
-            async for item in behavior(request, context):
-                yield item
+            items = behavior(request, context)
+            if self._authenticator is not None:
+                # A stream outlives the check made when it opened: without checking again, a
+                # revoked or expired token would keep receiving events until the client reconnects.
+                authorization = authorization_of(context.invocation_metadata())
+                items = _while_valid(items, lambda: self._recheck(authorization, context), self._every)
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    yield item
 
         return wrapped
+
+    async def _recheck(self, authorization: str | None, context: Context) -> None:
+        assert self._authenticator is not None
+        try:
+            await self._authenticator.authenticate(authorization)
+        except errors.ContextError as exc:
+            await context.abort_with_status(to_status(exc))
 
     async def _principal(self, name: str, request: Any, context: Context) -> Principal:
         if self._authenticator is None:
             return ANONYMOUS
         try:
-            principal = await self._authenticator.authenticate(authorization_of(context.invocation_metadata()))
+            authorization = authorization_of(context.invocation_metadata())
+            principal = await self._authenticator.authenticate(authorization)
         except errors.ContextError as exc:
             await context.abort_with_status(to_status(exc))
             raise AssertionError("abort_with_status returned") from None  # pragma: no cover
@@ -126,6 +148,39 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             is_admin=True,
             on_foreign_read=_audit_foreign_read(principal.user_id, name, session_id),
         )
+
+
+async def _while_valid(
+    items: AsyncIterator[Any], check: Callable[[], Awaitable[None]], every: float
+) -> AsyncGenerator[Any, None]:
+    """Yield ``items`` while ``check()`` passes (it aborts the call when not): it runs every
+    ``every`` seconds while the stream waits, and before an item once that long has passed."""
+    iterator = aiter(items)
+    due = time.monotonic() + every
+    pending: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            pending = asyncio.ensure_future(anext(iterator))
+            while not pending.done():
+                await asyncio.wait((pending,), timeout=max(0.0, due - time.monotonic()))
+                if time.monotonic() >= due:
+                    await check()
+                    due = time.monotonic() + every
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield item
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await pending
+        closer = getattr(iterator, "aclose", None)
+        if closer is not None:
+            with contextlib.suppress(Exception):
+                await closer()
 
 
 def _audit_foreign_read(admin: str, method: str, session_id: str) -> Callable[[str], None]:

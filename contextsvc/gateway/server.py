@@ -53,6 +53,7 @@ _ws_log.setLevel(logging.WARNING)
 _WS_PATH = re.compile(r"^/ws/sessions/([^/]+)$")
 _PAGE_PATH = re.compile(r"^/(sessions/[^/]+)?$")
 _STATIC_PATH = re.compile(r"^/static/([A-Za-z0-9_\-]+\.(?:js|css|html|svg))$")
+_EVENT_ID = re.compile(r"[0-9]{1,20}")
 _BUFFERS = {"display": pb.BUFFER_DISPLAY, "context": pb.BUFFER_CONTEXT}
 
 
@@ -86,9 +87,29 @@ def _cookie_token(headers: Headers, name: str) -> str:
     return morsel.value if morsel is not None else ""
 
 
+class _Repeated(Exception):
+    """A header that must come once came several times."""
+
+
+def _header(headers: Headers, name: str) -> str | None:
+    """The one value of ``name``; None when absent. ``Headers.get`` raises on repeated headers:
+    a request with two Authorization or Origin headers is ambiguous, and refused (_Repeated)."""
+    values = headers.get_all(name)
+    if len(values) > 1:
+        raise _Repeated(name)
+    return values[0] if values else None
+
+
+def _netloc(url: str) -> str | None:
+    """The ``host:port`` of a URL; None for one that does not parse (it matches no Host)."""
+    try:
+        return urlsplit(url).netloc
+    except ValueError:  # "http://[::1": an unclosed IPv6 bracket
+        return None
+
+
 def _bearer(headers: Headers) -> str:
-    value = headers.get("Authorization", "")
-    scheme, _, token = value.partition(" ")
+    scheme, _, token = (_header(headers, "Authorization") or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
@@ -150,6 +171,8 @@ class Gateway:
             weakref.WeakKeyDictionary()
         )
         self.port = 0
+        self._loopback = False
+        self._allowed_hosts = {h.lower() for h in self.gs.allowed_hosts}
 
     async def start(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")
@@ -169,7 +192,16 @@ class Gateway:
         )
         sockets = list(self._server.sockets)
         self.port = sockets[0].getsockname()[1] if sockets else 0
+        self._loopback = is_loopback(listen_host(listen))
         return self.port
+
+    def _host_allowed(self, host: str) -> bool:
+        """Whether a loopback listener answers this Host header: a loopback name, or one listed."""
+        try:
+            name = urlsplit(f"//{host}").hostname or ""
+        except ValueError:  # an unclosed bracket: no name at all
+            return False
+        return is_loopback(name) or name in self._allowed_hosts
 
     @property
     def scheme(self) -> str:
@@ -190,9 +222,21 @@ class Gateway:
     # ---- HTTP: the inspector page and its JSON reads -------------------------------------------------
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
-        origin = request.headers.get("Origin")
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("Host", ""):
+        try:
+            url = urlsplit(request.path)
+        except ValueError:  # "//[::1/…": an unclosed IPv6 bracket where a host would be
+            return connection.respond(http.HTTPStatus.BAD_REQUEST, "the request target does not parse\n")
+        try:
+            origin, host = _header(request.headers, "Origin"), _header(request.headers, "Host")
+        except _Repeated as exc:
+            return connection.respond(http.HTTPStatus.FORBIDDEN, f"several {exc} headers are refused\n")
+        if host is not None and self._loopback and not self._host_allowed(host):
+            return connection.respond(
+                http.HTTPStatus.FORBIDDEN,
+                "this gateway listens on loopback and answers loopback host names only; "
+                "list another name in gateway.allowed_hosts\n",
+            )
+        if origin is not None and _netloc(origin) != (host or ""):
             # Cookies ride along on cross-site sockets too: only pages served by this gateway may connect.
             return connection.respond(http.HTTPStatus.FORBIDDEN, "cross-origin requests are refused\n")
         socket_path = _WS_PATH.match(url.path)
@@ -232,7 +276,13 @@ class Gateway:
         return Response(200, "OK", headers, data)
 
     async def _api_sessions(self, request: Request, query: dict[str, list[str]]) -> Response:
-        token = _bearer(request.headers) or _cookie_token(request.headers, self.gs.cookie_name)
+        try:
+            token = _bearer(request.headers) or _cookie_token(request.headers, self.gs.cookie_name)
+        except _Repeated:
+            body = frames.error_frame(
+                "UNAUTHENTICATED", "send one Authorization header, not several", reason="TOKEN_INVALID"
+            )
+            return _json_response(http.HTTPStatus.UNAUTHORIZED, body)
         try:
             page = await self.upstream.list_sessions(
                 token,
@@ -331,7 +381,9 @@ class Gateway:
 
     def _last_event_id(self, query: dict[str, list[str]]) -> int:
         raw = query.get("last_event_id", ["0"])[0] or "0"
-        if not raw.isdigit():
+        # ASCII digits only, and few enough for int(): str.isdigit() also passes "²" (which int()
+        # refuses) and "٣" (which it reads as 3). Event ids are 64-bit: 20 digits hold any.
+        if not _EVENT_ID.fullmatch(raw):
             raise _Closed(1008, "last_event_id must be a non-negative integer")
         return int(raw)
 

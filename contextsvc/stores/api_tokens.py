@@ -208,7 +208,19 @@ def _time(value: datetime | None) -> str | None:
 
 
 def _parse_time(value: Any) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
+    if not value:
+        return None
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:  # compared with an aware clock: refused here, not on every call
+        raise ValueError(f"time {value!r} has no time zone")
+    return parsed
+
+
+def _flag(value: Any) -> bool:
+    # Not bool(value): a hand-edited "false" must not read as true and make an admin.
+    if not isinstance(value, bool):
+        raise ValueError(f"admin must be true or false, not {value!r}")
+    return value
 
 
 def _to_dict(t: ApiToken) -> dict[str, Any]:
@@ -233,7 +245,7 @@ def _from_dict(d: dict[str, Any]) -> ApiToken:
         token_id=str(d["id"]),
         token_hash=str(d["sha256"]),
         user_id=str(d["user"]),
-        is_admin=bool(d["admin"]),
+        is_admin=_flag(d["admin"]),
         note=str(d.get("note", "")),
         create_time=created,
         expire_time=_parse_time(d.get("expires")),

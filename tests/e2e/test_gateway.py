@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
-from tests.support.gateway import Process, bundled_gateway, recv, recv_type
+from tests.support.gateway import Process, bundled_gateway, raw_get, recv, recv_type
 from tests.support.rawws import RawWebSocket
 from tests.support.rpc import all_messages, assistant, user
 
@@ -345,8 +345,12 @@ async def test_query_token_is_refused_when_turned_off() -> None:
 
 async def test_bad_last_event_id_closes_1008(bundled: Process, stub: ContextServiceStub) -> None:
     sid = new_session(stub)
-    async with connect(bundled.ws_url(sid, "last_event_id=abc")) as ws:
-        assert await close_code(ws) == 1008
+    # "²" passes str.isdigit() but not int(), and int() refuses more than 4,300 digits: both closed
+    # the socket 1011 with a logged traceback; "٣" (an Arabic-Indic three) was read as 3.
+    for value in ("abc", "%C2%B2", "%D9%A3", "1" * 5000, "-1", "1.5"):
+        async with connect(bundled.ws_url(sid, f"last_event_id={value}")) as ws:
+            assert await close_code(ws) == 1008, value
+    assert "Traceback" not in bundled.stderr_text
 
 
 async def test_cross_origin_handshake_is_refused(bundled: Process, stub: ContextServiceStub) -> None:
@@ -357,6 +361,33 @@ async def test_cross_origin_handshake_is_refused(bundled: Process, stub: Context
     assert caught.value.response.status_code == 403
     async with connect(bundled.ws_url(sid), origin=f"http://{bundled.gateway_address}") as ws:  # type: ignore[arg-type]
         assert (await recv(ws))["type"] == "session_sync"
+
+
+async def test_a_loopback_gateway_answers_only_loopback_host_names(bundled: Process, stub: ContextServiceStub) -> None:
+    # DNS rebinding: a page of rebind.example whose name later resolves to 127.0.0.1 is same-origin
+    # with the gateway for the browser (Origin and Host agree), and the service lets every local
+    # caller in. It read every session through /api/sessions and could open their sockets.
+    new_session(stub, "private")
+    port = bundled.gateway_address.rpartition(":")[2]
+    for host, expected in (
+        (bundled.gateway_address, 200),
+        (f"localhost:{port}", 200),
+        (f"[::1]:{port}", 200),
+        (f"rebind.example:{port}", 403),
+        ("rebind.example", 403),
+        (f"127.0.0.1.rebind.example:{port}", 403),
+    ):
+        headers = [("Host", host), ("Origin", f"http://{host}")]
+        status, body = await asyncio.to_thread(raw_get, bundled.gateway_address, "/api/sessions", headers)
+        assert status == expected, host
+        if status == 403:
+            assert "private" not in body and "gateway.allowed_hosts" in body
+            socket_path = f"/ws/sessions/{new_session(stub)}"  # refused before any handshake
+            assert (await asyncio.to_thread(raw_get, bundled.gateway_address, socket_path, headers))[0] == 403
+    with bundled_gateway(env={"CONTEXTSVC_GATEWAY__ALLOWED_HOSTS": '["proxy.example"]'}) as proxied:
+        host = f"proxy.example:{proxied.gateway_address.rpartition(':')[2]}"
+        status, _ = await asyncio.to_thread(raw_get, proxied.gateway_address, "/api/sessions", [("Host", host)])
+        assert status == 200
 
 
 def append(stub: ContextServiceStub, sid: str, text: str) -> None:

@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
-from tests.support.gateway import Process
+from tests.support.gateway import Process, raw_get
 from tests.support.rpc import user
 
 pytestmark = pytest.mark.e2e
@@ -194,6 +194,44 @@ async def test_http_session_list_needs_a_token_and_shows_only_ones_own(world: di
     assert status == 200 and body["sessions"] == []
     status, body = await asyncio.to_thread(get, url, {"Authorization": "Bearer ctx_\u00e9"})
     assert status == 401 and body["reason"] == "TOKEN_INVALID"
+
+
+async def test_repeated_headers_are_a_clear_refusal_not_a_gateway_failure(world: dict[str, Any]) -> None:
+    # Two Authorization (or Origin) headers made the gateway fail with 500 and a logged traceback.
+    proc, alice, bob = world["proc"], world["alice"], world["bob"]
+    host = ("Host", proc.gateway_address)
+    two_tokens = [host, ("Authorization", f"Bearer {alice}"), ("Authorization", f"Bearer {bob}")]
+    status, body = await asyncio.to_thread(raw_get, proc.gateway_address, "/api/sessions", two_tokens)
+    assert status == 401 and json.loads(body)["reason"] == "TOKEN_INVALID"
+    assert alice not in body and bob not in body
+    two_origins = [host, ("Origin", f"http://{proc.gateway_address}"), ("Origin", "http://evil.example")]
+    status, _ = await asyncio.to_thread(raw_get, proc.gateway_address, "/api/sessions", two_origins)
+    assert status == 403
+    assert "Traceback" not in proc.stderr_text
+
+
+async def test_a_foreign_or_unreadable_origin_is_refused_403(world: dict[str, Any]) -> None:
+    # An Origin urlsplit cannot read ("http://[::1") failed the gateway with 500 and a traceback.
+    proc, alice = world["proc"], world["alice"]
+    base = [("Host", proc.gateway_address), ("Authorization", f"Bearer {alice}")]
+    for origin, expected in (
+        (f"http://{proc.gateway_address}", 200),
+        ("http://evil.example", 403),
+        ("http://[::1", 403),
+        ("http://[not-an-address]:80", 403),
+    ):
+        status, _ = await asyncio.to_thread(raw_get, proc.gateway_address, "/api/sessions", [*base, ("Origin", origin)])
+        assert status == expected, origin
+    assert "Traceback" not in proc.stderr_text
+
+
+async def test_a_request_target_that_does_not_parse_is_400(world: dict[str, Any]) -> None:
+    # urlsplit raised on these ("Invalid IPv6 URL"): 500 and a logged traceback.
+    proc = world["proc"]
+    for target in ("//[::1/api/sessions", "http://[::1/api/sessions"):
+        status, _ = await asyncio.to_thread(raw_get, proc.gateway_address, target, [("Host", proc.gateway_address)])
+        assert status == 400, target
+    assert "Traceback" not in proc.stderr_text
 
 
 async def test_a_later_auth_frame_with_a_token_no_header_can_carry_closes_4003(world: dict[str, Any]) -> None:

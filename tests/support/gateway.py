@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -128,3 +129,17 @@ def bundled_gateway(env: dict[str, str] | None = None) -> Iterator[Process]:
         yield proc
     finally:
         proc.kill()
+
+
+def raw_get(address: str, path: str, headers: list[tuple[str, str]]) -> tuple[int, str]:
+    """A GET with exactly these headers, repeated ones included (urllib merges them)."""
+    conn = http.client.HTTPConnection(address, timeout=10)
+    try:
+        conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()

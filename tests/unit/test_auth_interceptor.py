@@ -3,6 +3,7 @@ status and ErrorInfo, the principal reaching the stores, and the audit lines of 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -108,3 +109,66 @@ async def test_admin_access_to_another_users_session_is_one_audit_line(
             sid,
         )
         assert [r.method for r in audit if r.getMessage() == "admin read across users"] == ["ListSessions"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["events-flowing", "idle"])
+async def test_an_open_stream_ends_once_its_token_is_revoked(quiet: bool) -> None:
+    # A token checked only when the stream opened kept delivering events after its revocation.
+    settings = Settings(
+        store="memory", listen="127.0.0.1:0", auth={"mode": "tokens", "cache_seconds": 0, "stream_check_seconds": 0.2}
+    )
+    server = await start(settings)
+    try:
+        now = datetime.now(UTC)
+        issued = issue(user="alice", is_admin=False, now=now, expire_time=None)
+        tokens = tokens_of(server.store)
+        await tokens.add_api_token(issued.record)
+        md = [("authorization", f"Bearer {issued.secret}")]
+        root = issue(user="root", is_admin=True, now=now, expire_time=None)
+        await tokens.add_api_token(root.record)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = ContextServiceStub(channel)
+            sid = (await stub.CreateSession(pb.CreateSessionRequest(), metadata=md)).id
+            append = pb.AppendMessagesRequest(session_id=sid, messages=[{"role": "ROLE_USER", "content": "hi"}])
+            await stub.AppendMessages(append, metadata=md)
+            request = pb.StreamEventsRequest(session_id=sid, after_event_id=1)  # from the retained log
+            stream = stub.StreamEvents(request, metadata=md, timeout=10)
+            assert (await stream.read()).WhichOneof("payload") == "messages_appended"
+            await tokens.revoke_api_token(issued.record.token_id, datetime.now(UTC))
+            if not quiet:
+                await asyncio.sleep(0.5)  # past the check interval: the next event finds the token revoked
+                await stub.AppendMessages(append, metadata=[("authorization", f"Bearer {root.secret}")])
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.read()
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert _info(caught.value).reason == "TOKEN_REVOKED"
+    finally:
+        await stop(server, 0)
+
+
+async def test_several_authorization_values_are_refused_whatever_their_order(running: RunningServer) -> None:
+    # The first value used to win: a proxy adding its own credentials after a client's (or before
+    # them) decided silently whose call it was.
+    alice, bob = await _token(running, "alice"), await _token(running, "bob")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = ContextServiceStub(channel)
+        for first, second in ((alice, bob), (alice, alice), (alice, "ctx_" + "A" * 43)):
+            md = [("authorization", f"Bearer {first}"), ("authorization", f"Bearer {second}")]
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ListSessions(pb.ListSessionsRequest(), metadata=md)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert _info(caught.value).reason == "TOKEN_INVALID"
+            assert first not in (caught.value.details() or "")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.StreamEvents(pb.StreamEventsRequest(), metadata=md).read()
+            assert _info(caught.value).reason == "TOKEN_INVALID"
+
+
+async def test_tokens_kept_in_a_memory_store_are_a_warning_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing outside the process can add a token there: every call would be refused, silently.
+    settings = Settings(store="memory", listen="127.0.0.1:0", auth={"mode": "tokens"})
+    with caplog.at_level(logging.WARNING, logger="contextsvc.server"):
+        server = await start(settings)
+        await stop(server, 0)
+    warned = [r.getMessage() for r in caplog.records if r.name == "contextsvc.server" and r.levelno == logging.WARNING]
+    assert any("auth.token_store" in m for m in warned), warned

@@ -993,3 +993,24 @@ async def test_rows_of_any_text_and_their_metadata_survive_a_restart_and_a_log_r
         if rewrite:
             await store.rewrite_log(sid)
         await store.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("admin", "false"), ("admin", 0), ("expires", "2020-01-01T00:00:00"), ("revoked", "2020-01-01T00:00:00")],
+)
+async def test_a_hand_edited_tokens_file_is_never_read_generously(tmp_path: Path, field: str, value: Any) -> None:
+    # "admin": "false" read as bool("false") made an admin; a time without a zone failed every
+    # call of that token with UNKNOWN (a TypeError comparing it with the clock). Either is a
+    # damaged file: it authenticates nobody until fixed (the token store is unavailable).
+    from contextsvc.core.credentials import issue
+    from contextsvc.stores.api_tokens import FilesTokenStore
+
+    issued = issue(user="gina", is_admin=False, now=datetime.now(UTC), expire_time=None)
+    await FilesTokenStore(tmp_path).add_api_token(issued.record)
+    path = tmp_path / "tokens.json"
+    data = json.loads(path.read_text())
+    data["tokens"][0][field] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(Unavailable):
+        await FilesTokenStore(tmp_path).find_api_token(issued.record.token_hash)

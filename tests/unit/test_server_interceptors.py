@@ -31,7 +31,7 @@ def _chain(*, auth: bool, quotas_on: bool) -> tuple[list[object], ServingGate, Q
     quotas = Quotas(QuotaSettings(calls_per_second=5.0 if quotas_on else 0.0), count_sessions=_no_sessions)
     settings = Settings()
     authenticator = Authenticator(MemoryStore(settings), settings.auth, SystemClock()) if auth else None
-    chain = _interceptors(telemetry.Telemetry(), gate, authenticator, quotas, 10)
+    chain = _interceptors(telemetry.Telemetry(), gate, authenticator, quotas, 10, settings.auth.stream_check_seconds)
     return list(chain), gate, quotas
 
 
