@@ -120,8 +120,13 @@ func New(target string, opts Options) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// withToken adds the client's token unless the call's context carries an authorization of its
+// own (one client, a token per call): the service refuses a call with two authorization values.
 func (c *Client) withToken(ctx context.Context) context.Context {
 	if c.opts.Token == "" {
+		return ctx
+	}
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get("authorization")) > 0 {
 		return ctx
 	}
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.Token)

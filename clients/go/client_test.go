@@ -202,10 +202,12 @@ func TestDeadline(t *testing.T) {
 
 func TestBearerToken(t *testing.T) {
 	var seen string
+	values := 0
 	spy := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		md, _ := metadata.FromOutgoingContext(ctx)
-		if v := md.Get("authorization"); len(v) > 0 {
-			seen = v[0]
+		values = len(md.Get("authorization"))
+		if values > 0 {
+			seen = md.Get("authorization")[0]
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	})
@@ -224,6 +226,15 @@ func TestBearerToken(t *testing.T) {
 	}
 	if seen != "Bearer t0ken" {
 		t.Fatalf("authorization header = %q", seen)
+	}
+	// A call whose context carries its own authorization sends that one alone: two values are
+	// refused by the service (TOKEN_INVALID).
+	own := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer per-call")
+	if _, err := c.ListSessions(own, &pb.ListSessionsRequest{}); err != nil && !errors.Is(err, contextsvc.ErrUnauthenticated) {
+		t.Fatal(err)
+	}
+	if seen != "Bearer per-call" || values != 1 {
+		t.Fatalf("authorization header = %q (%d values)", seen, values)
 	}
 }
 
