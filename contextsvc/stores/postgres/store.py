@@ -232,11 +232,11 @@ class PostgresStore:
         first, second = compaction_lock_keys(session_id)
         with pg_errors("compaction_lock"):
             try:
-                conn = await self._take_lock(pool, first, second, deadline)
+                conn = await self._take_lock(pool, first, second, deadline, session_id)
             except STALE_CONNECTION_ERRORS:
                 # A pooled connection that died with a server restart (nothing was locked on it):
                 # the pool was told to replace them all; once more on a fresh one.
-                conn = await self._take_lock(pool, first, second, deadline)
+                conn = await self._take_lock(pool, first, second, deadline, session_id)
         if conn is None:
             raise Conflict(
                 "another replica is compacting this session; retry later",
@@ -247,11 +247,25 @@ class PostgresStore:
         finally:
             await self._unlock(pool, conn, first, second, session_id)
 
-    async def _take_lock(self, pool: Any, first: int, second: int, deadline: float) -> Any:
+    async def _take_lock(self, pool: Any, first: int, second: int, deadline: float, session_id: str) -> Any:
         """A lock-pool connection holding the lock, or None when ``deadline`` passed first.
         Driver errors propagate untranslated (the caller retries a stale connection once)."""
-        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
-        conn = await pool.acquire(timeout=min(self._pg.acquire_timeout_seconds, remaining))
+        loop = asyncio.get_running_loop()
+        remaining = max(deadline - loop.time(), 0.001)
+        try:
+            # Every connection of the lock pool busy means this replica holds that many locks
+            # (compactions, summarizer calls included): waiting for one is waiting for a lock,
+            # bounded alike. Making a connection stays bounded by connect_timeout_seconds.
+            conn = await pool.acquire(timeout=remaining)
+        except TimeoutError:
+            if loop.time() < deadline:
+                raise  # the connect timed out: PostgreSQL does not answer
+            raise Conflict(
+                f"this replica already holds {pool.get_max_size()} compaction locks "
+                "(postgres.pool_max_size), none freed in time; retry later",
+                metadata={"session_id": session_id, "waited_seconds": f"{self._pg.compaction_lock_timeout_seconds:g}"},
+            ) from None
+        remaining = max(deadline - loop.time(), 0.001)
         try:
             # One round trip; the literals are our own integers. lock_timeout stays set on this
             # connection (the lock pool does not reset): the next lock taken on it sets its own.
