@@ -320,6 +320,12 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         the engine also serializes compactions in process)."""
         ...
 
+    def pinned_lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Held while an append of pinned messages checks the pinned cap against the context and
+        appends, so that no other process appends pinned messages to the session in between (a
+        store used by one process may return a no-op: the engine also serializes them in process)."""
+        ...
+
     async def put_blob(self, data: bytes, *, blob_id: str) -> None:
         """Store bytes under their content address (idempotent: stored once)."""
         ...

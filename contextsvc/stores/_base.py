@@ -131,6 +131,10 @@ class RowStore:
         compactions within the process."""
         return contextlib.nullcontext()
 
+    def pinned_lock(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """A no-op, as ``compaction_lock``: the engine serializes pinned appends within the process."""
+        return contextlib.nullcontext()
+
     def __init__(
         self,
         settings: Settings | None,

@@ -160,6 +160,23 @@ async def test_a_lock_pool_connection_not_free_in_time_is_a_conflict(postgres_db
         await store.close()
 
 
+async def test_the_pinned_lock_serializes_pinned_appends_and_never_waits_for_a_compaction(
+    replicas: list[PostgresStore], postgres_db: str
+) -> None:
+    a, b, _ = replicas
+    impatient = await make_postgres_store(postgres_db, pg_settings(acquire_timeout_seconds=0.3))
+    try:
+        async with a.compaction_lock(SID), b.pinned_lock(SID):  # a key space of its own
+            with pytest.raises(Conflict) as raised:
+                async with impatient.pinned_lock(SID):
+                    pytest.fail("entered a pinned lock another replica holds")
+            assert raised.value.metadata["session_id"] == SID
+        async with impatient.pinned_lock(SID):  # free again once released
+            pass
+    finally:
+        await impatient.close()
+
+
 async def test_cancelling_a_waiter_or_a_holder_leaves_nothing_locked(
     replicas: list[PostgresStore], postgres_db: str
 ) -> None:
