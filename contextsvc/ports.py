@@ -194,6 +194,14 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         """
         ...
 
+    async def replayed_append(
+        self, session_id: str, request_id: str, *, caller: Principal, request_fingerprint: str = ""
+    ) -> AppendResult | None:
+        """What ``append_messages`` would answer a repeat of the non-empty ``request_id`` with
+        (``replayed=True``; ``RequestIdReused`` when the fingerprints differ), or None when no
+        append of the session used it. Reads only."""
+        ...
+
     async def list_messages(
         self,
         session_id: str,

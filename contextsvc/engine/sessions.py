@@ -265,10 +265,23 @@ class SessionService:
             # The cap is checked against the context as read: no other pinned append of the
             # session may come between that read and this append (here or on another replica).
             async with self._pinned_lock(sid):
-                await self._check_pinned_cap(caller, sid, rows, profile.context_window)
-                result = await self._store_append(
-                    sid, rows, caller, request_id, delta, fingerprint, expected, turn_complete
-                )
+                try:
+                    await self._check_pinned_cap(caller, sid, rows, profile.context_window)
+                except FailedPrecondition:
+                    # A retry of a pinned append that was stored finds its own rows in the
+                    # context: it is answered as the first call was (DESIGN §4), not refused.
+                    replay = None
+                    if request_id:
+                        replay = await self._store.replayed_append(
+                            sid, request_id, caller=caller, request_fingerprint=fingerprint
+                        )
+                    if replay is None:
+                        raise
+                    result = replay
+                else:
+                    result = await self._store_append(
+                        sid, rows, caller, request_id, delta, fingerprint, expected, turn_complete
+                    )
         else:
             result = await self._store_append(
                 sid, rows, caller, request_id, delta, fingerprint, expected, turn_complete

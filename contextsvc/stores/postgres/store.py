@@ -458,6 +458,35 @@ class PostgresStore:
 
         return await self._write("create_session", work)
 
+    async def replayed_append(
+        self, session_id: str, request_id: str, *, caller: Principal, request_fingerprint: str = ""
+    ) -> AppendResult | None:
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+
+        async def work(conn: Any) -> Any:
+            return await conn.fetchrow(
+                """SELECT s.*, r.sequence_numbers AS prior_numbers, r.fingerprint AS prior_fingerprint,
+                          r.context_tokens AS prior_context_tokens
+                     FROM sessions s LEFT JOIN append_requests r
+                       ON r.session_id = s.session_id AND r.request_id = $2
+                    WHERE s.session_id = $1""",
+                session_id,
+                request_id,
+            )
+
+        row = await self._statement("replayed_append", work, read=True)
+        if row is None or not caller.may_read(row["user_id"]):
+            raise session_not_found(session_id)
+        if row["prior_numbers"] is None or not request_id:
+            return None
+        stored = row["prior_fingerprint"] or ""
+        if stored and request_fingerprint and stored != request_fingerprint:
+            raise RequestIdReused(request_id)
+        return AppendResult(
+            list(row["prior_numbers"]), self._info(row), replayed=True, first_context_tokens=row["prior_context_tokens"]
+        )
+
     async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo:
         async def work(conn: Any) -> SessionInfo:
             return self._info(await self._owned(conn, session_id, caller))
