@@ -490,7 +490,8 @@ class PostgresSettings(_Section):
     #: ``calibration_keep`` for later: a replica trims once it wrote this many such observations.
     calibration_trim_every: int = Field(16, ge=1)
     #: longest wait for another replica's compaction of the same session (it may be calling a
-    #: summarizer: keep this above ``summarizer.*.total_timeout_seconds``); then ABORTED.
+    #: summarizer: keep this above ``summarizer.*.total_timeout_seconds``); then ABORTED. Also
+    #: bounds the wait for a lock connection when this replica holds ``pool_max_size`` locks.
     compaction_lock_timeout_seconds: float = Field(180.0, gt=0)
     #: how often a replica looks for compactions announced (``compression_started``) and never
     #: closed, because the replica running them died or their closing event was lost, and closes

@@ -211,6 +211,14 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         """
         ...
 
+    async def replayed_append(
+        self, session_id: str, request_id: str, *, caller: Principal, request_fingerprint: str = ""
+    ) -> AppendResult | None:
+        """What ``append_messages`` would answer a repeat of the non-empty ``request_id`` with
+        (``replayed=True``; ``RequestIdReused`` when the fingerprints differ), or None when no
+        append of the session used it. Reads only."""
+        ...
+
     async def list_messages(
         self,
         session_id: str,
@@ -335,6 +343,12 @@ class SessionStore(TokenStore, HistoryStore, Protocol):
         """Held while one compaction of the session is planned and committed, so that no other
         process compacts it at the same time (a store used by one process may return a no-op:
         the engine also serializes compactions in process)."""
+        ...
+
+    def pinned_lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Held while an append of pinned messages checks the pinned cap against the context and
+        appends, so that no other process appends pinned messages to the session in between (a
+        store used by one process may return a no-op: the engine also serializes them in process)."""
         ...
 
     async def put_blob(self, data: bytes, *, blob_id: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ from typing import Any
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, ImageRef, Message, text_bytes
 from contextsvc.core.profile import EffectiveProfile, resolve_profile
-from contextsvc.core.session import ListPosition, Principal, SessionInfo
+from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo
 from contextsvc.core.tokens import carry_measures
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
@@ -131,6 +133,8 @@ class SessionService:
         #: the store, when its appends publish their event for this bus in the same statement
         #: (``ports.EventPublishingStore``: PostgreSQL with its own bus); else the engine publishes.
         self._publisher: EventPublishingStore | None = statement_publisher(store, bus)
+        #: session id -> the in-process lock of its pinned appends and its holders and waiters.
+        self._pinned_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     async def create(
         self, caller: Principal, *, profile_id: str, name: str, metadata: Mapping[str, Any]
@@ -256,33 +260,32 @@ class SessionService:
             tokens = self._accounting.message_tokens(profile.model, item.message, images=images)
             message = item.message.copy_with(images=images, create_time=now, sequence_number=0, token_count=tokens)
             rows.append(carry_measures(item.message, message))
-        if any(m.flags.is_pinned for m in rows):
-            await self._check_pinned_cap(caller, sid, rows, profile.context_window)
         delta = sum(m.token_count for m in rows if m.flags.is_context)
         fingerprint = append_fingerprint(incoming) if request_id else ""
-        if self._publisher is not None:
-            # The event is published by the append's own statement (the store adds the sequence
-            # numbers and the context tokens, as below).
-            event = AppendEvent("messages_appended", {"request_id": request_id, "turn_complete": turn_complete})
-            result = await self._publisher.append_messages(
-                sid,
-                rows,
-                caller=caller,
-                request_id=request_id,
-                context_tokens_delta=delta,
-                request_fingerprint=fingerprint,
-                expected_profile_id=expected,
-                event=event,
-            )
+        if any(m.flags.is_pinned for m in rows):
+            # The cap is checked against the context as read: no other pinned append of the
+            # session may come between that read and this append (here or on another replica).
+            async with self._pinned_lock(sid):
+                try:
+                    await self._check_pinned_cap(caller, sid, rows, profile.context_window)
+                except FailedPrecondition:
+                    # A retry of a pinned append that was stored finds its own rows in the
+                    # context: it is answered as the first call was (DESIGN §4), not refused.
+                    replay = None
+                    if request_id:
+                        replay = await self._store.replayed_append(
+                            sid, request_id, caller=caller, request_fingerprint=fingerprint
+                        )
+                    if replay is None:
+                        raise
+                    result = replay
+                else:
+                    result = await self._store_append(
+                        sid, rows, caller, request_id, delta, fingerprint, expected, turn_complete
+                    )
         else:
-            result = await self._store.append_messages(
-                sid,
-                rows,
-                caller=caller,
-                request_id=request_id,
-                context_tokens_delta=delta,
-                request_fingerprint=fingerprint,
-                expected_profile_id=expected,
+            result = await self._store_append(
+                sid, rows, caller, request_id, delta, fingerprint, expected, turn_complete
             )
         remembered = remembered_stored(result.session)
         if remembered != priced_for:
@@ -311,6 +314,55 @@ class SessionService:
             window_fraction=tokens / profile.context_window,
             replayed=result.replayed,
         )
+
+    async def _store_append(
+        self,
+        sid: str,
+        rows: Sequence[Message],
+        caller: Principal,
+        request_id: str,
+        delta: int,
+        fingerprint: str,
+        expected: str | None,
+        turn_complete: bool,
+    ) -> AppendResult:
+        if self._publisher is not None:
+            # The event is published by the append's own statement (the store adds the sequence
+            # numbers and the context tokens, as below).
+            event = AppendEvent("messages_appended", {"request_id": request_id, "turn_complete": turn_complete})
+            return await self._publisher.append_messages(
+                sid,
+                rows,
+                caller=caller,
+                request_id=request_id,
+                context_tokens_delta=delta,
+                request_fingerprint=fingerprint,
+                expected_profile_id=expected,
+                event=event,
+            )
+        return await self._store.append_messages(
+            sid,
+            rows,
+            caller=caller,
+            request_id=request_id,
+            context_tokens_delta=delta,
+            request_fingerprint=fingerprint,
+            expected_profile_id=expected,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _pinned_lock(self, sid: str) -> AsyncIterator[None]:
+        """Pinned appends of one session one at a time: in this process, then across processes
+        (the store's lock). The in-process entry lives only while someone holds or waits for it."""
+        entry = self._pinned_locks.setdefault(sid, (asyncio.Lock(), [0]))
+        entry[1][0] += 1
+        try:
+            async with entry[0], self._store.pinned_lock(sid):
+                yield
+        finally:
+            entry[1][0] -= 1
+            if not entry[1][0]:
+                del self._pinned_locks[sid]
 
     def _profile_of(self, session: SessionInfo) -> EffectiveProfile:
         """The profile an append to ``session`` prices with and caps pinned rows by: the one its

@@ -131,6 +131,10 @@ class RowStore:
         compactions within the process."""
         return contextlib.nullcontext()
 
+    def pinned_lock(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """A no-op, as ``compaction_lock``: the engine serializes pinned appends within the process."""
+        return contextlib.nullcontext()
+
     def __init__(
         self,
         settings: Settings | None,
@@ -416,14 +420,9 @@ class RowStore:
             raise SessionProfileChanged(session_id)
 
         async def work() -> AppendResult:
-            if request_id:
-                first = st.requests.get(request_id)
-                if first is not None:
-                    stored = st.request_fingerprints.get(request_id, "")
-                    if stored and request_fingerprint and stored != request_fingerprint:
-                        raise RequestIdReused(request_id)
-                    tokens = st.request_tokens.get(request_id)
-                    return AppendResult(list(first), self._info(st), replayed=True, first_context_tokens=tokens)
+            replay = self._replay(st, request_id, request_fingerprint)
+            if replay is not None:
+                return replay
             now = self._now()
             fingerprint = request_fingerprint if request_id else ""
             record = AppendRecord(now, st.number(messages, now), request_id, context_tokens_delta, fingerprint)
@@ -431,6 +430,27 @@ class RowStore:
             return AppendResult([m.sequence_number for m in record.messages], self._info(st))
 
         return await self._serialized(st, work, whole=False)
+
+    async def replayed_append(
+        self, session_id: str, request_id: str, *, caller: Principal, request_fingerprint: str = ""
+    ) -> AppendResult | None:
+        st = self._owned(session_id, caller)
+
+        async def work() -> AppendResult | None:  # as the append's (a session let go is read again)
+            return self._replay(st, request_id, request_fingerprint)
+
+        return await self._serialized(st, work, whole=False)
+
+    def _replay(self, st: SessionState, request_id: str, request_fingerprint: str) -> AppendResult | None:
+        """The first call's answer to a repeat of ``request_id`` (``append_messages``), or None."""
+        first = st.requests.get(request_id) if request_id else None
+        if first is None:
+            return None
+        stored = st.request_fingerprints.get(request_id, "")
+        if stored and request_fingerprint and stored != request_fingerprint:
+            raise RequestIdReused(request_id)
+        tokens = st.request_tokens.get(request_id)
+        return AppendResult(list(first), self._info(st), replayed=True, first_context_tokens=tokens)
 
     async def list_messages(
         self,

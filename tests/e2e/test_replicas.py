@@ -236,6 +236,42 @@ def test_thirty_clients_through_three_replicas_get_unique_contiguous_numbers(thr
         assert (session.display_message_count, session.context_message_count) == (total, total)
 
 
+def _pinned(text: str) -> r.Message:
+    return r.Message(role=r.ROLE_USER, content=text, flags=r.MessageFlags(is_pinned=True))
+
+
+def test_pinned_appends_racing_through_replicas_stay_within_the_pinned_cap(three: Replicas) -> None:
+    """Pinned rows may take at most ``pinned_max_fraction`` of the window. Each append checks the
+    cap against the context it reads: appends racing through replicas (or within one) must not
+    each pass the check on a context without the others' rows (all three got in, 3x the cap)."""
+    window = 4096
+    cap = window // 4  # pinned_max_fraction 0.25
+    text = " ".join(f"note{i}" for i in range(300))  # more than half the cap, within it
+    for attempt in range(3):
+        sid = three.stubs[0].CreateSession(pb.CreateSessionRequest(name=f"pinned {attempt}"), timeout=CALL_S).id
+        # The session's window: a build remembers the profile its appends are capped by.
+        three.stubs[0].BuildContext(
+            pb.BuildContextRequest(session_id=sid, profile=r.Profile(context_window=window)), timeout=CALL_S
+        )
+        start = threading.Barrier(3, timeout=WAIT_S)
+
+        def pin(n: int, sid: str = sid, start: threading.Barrier = start) -> str:
+            start.wait()
+            try:
+                append(three.stubs[n], sid, [_pinned(text)])
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc
+                return "refused"
+            return "appended"
+
+        with ThreadPoolExecutor(3) as pool:
+            outcomes = sorted(pool.map(pin, range(3)))
+        pinned = [m for m in all_messages(three.stubs[1], sid, pb.BUFFER_CONTEXT) if m.flags.is_pinned]
+        assert cap / 2 < pinned[0].token_count <= cap  # so one fits and no two do
+        assert outcomes == ["appended", "refused", "refused"]
+        assert len(pinned) == 1
+
+
 # -- 2. events across replicas --------------------------------------------------------------------
 
 

@@ -105,6 +105,78 @@ async def test_the_holder_can_work_on_a_one_connection_pool(postgres_db: str) ->
         await store.close()
 
 
+async def test_locks_of_more_sessions_than_the_pool_holds_wait_for_a_connection(postgres_db: str) -> None:
+    """Each held lock keeps a connection of the lock pool (``pool_max_size``) for its whole
+    compaction, summarizer call included. One more session's lock waits for one of them, as
+    long as a lock may be waited for, and is not refused after ``acquire_timeout_seconds`` as if
+    PostgreSQL had stopped answering (it was UNAVAILABLE with more sessions compacting at once on
+    one replica than its pool holds)."""
+    store = await make_postgres_store(
+        postgres_db, pg_settings(pool_max_size=2, acquire_timeout_seconds=0.3, compaction_lock_timeout_seconds=WAIT)
+    )
+    release = asyncio.Event()
+    held = 0
+
+    async def compaction(sid: str) -> None:
+        nonlocal held
+        async with store.compaction_lock(sid):
+            held += 1
+            await asyncio.wait_for(release.wait(), WAIT)
+
+    try:
+        sessions = [(await store.create_session(caller=ALICE, profile_id="p")).id for _ in range(3)]
+        running = [asyncio.ensure_future(compaction(sid)) for sid in sessions[:2]]
+        for _ in range(int(WAIT / 0.05)):  # bounded: both take their lock at once
+            if held == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert held == 2
+        third = asyncio.ensure_future(compaction(sessions[2]))
+        await asyncio.sleep(1.0)  # past acquire_timeout_seconds
+        assert not third.done()  # still waiting, not refused
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*running, third), WAIT)
+        assert held == 3
+    finally:
+        await store.close()
+
+
+async def test_a_lock_pool_connection_not_free_in_time_is_a_conflict(postgres_db: str) -> None:
+    """A session's lock that found no free connection within ``compaction_lock_timeout_seconds``
+    (this replica holds that many other locks) is ABORTED like any lock not had in time, saying
+    why, never UNAVAILABLE: PostgreSQL answers."""
+    store = await make_postgres_store(postgres_db, pg_settings(pool_max_size=1, compaction_lock_timeout_seconds=0.3))
+    try:
+        first, second = [(await store.create_session(caller=ALICE, profile_id="p")).id for _ in range(2)]
+        async with store.compaction_lock(first):
+            with pytest.raises(Conflict) as raised:
+                async with store.compaction_lock(second):
+                    pytest.fail("entered a lock without a connection to hold it")
+        assert raised.value.metadata["session_id"] == second
+        assert "pool_max_size" in str(raised.value)
+        async with store.compaction_lock(second):  # a connection is free again
+            pass
+    finally:
+        await store.close()
+
+
+async def test_the_pinned_lock_serializes_pinned_appends_and_never_waits_for_a_compaction(
+    replicas: list[PostgresStore], postgres_db: str
+) -> None:
+    a, b, _ = replicas
+    impatient = await make_postgres_store(postgres_db, pg_settings(acquire_timeout_seconds=0.3))
+    try:
+        async with a.compaction_lock(SID), b.pinned_lock(SID):  # a key space of its own
+            with pytest.raises(Conflict) as raised:
+                async with impatient.pinned_lock(SID):
+                    pytest.fail("entered a pinned lock another replica holds")
+            assert raised.value.metadata["session_id"] == SID
+        async with impatient.pinned_lock(SID):  # free again once released
+            pass
+    finally:
+        await impatient.close()
+
+
 async def test_cancelling_a_waiter_or_a_holder_leaves_nothing_locked(
     replicas: list[PostgresStore], postgres_db: str
 ) -> None:

@@ -475,6 +475,31 @@ async def test_pinning_past_the_cap_is_refused() -> None:
         await rig.close()
 
 
+async def test_a_retried_pinned_append_is_answered_as_its_first_call_not_refused() -> None:
+    """A runtime retries an append it saw fail (UNAVAILABLE while its replica died or PostgreSQL
+    restarted) although it was stored. Its pinned row is then in the context already: the cap
+    check must not count it twice and refuse the retry with PINNED_CAP_EXCEEDED."""
+    rig = await Rig.start()
+    try:
+        sid = await rig.session()
+        rule = u("rule one " + words(1500), pinned=True)  # ~ 1500 tokens of a 2048 cap: twice is over
+        first = await rig.engine.append(ANONYMOUS, sid, [rule], request_id="pin-1", turn_complete=False)
+        again = await rig.engine.append(ANONYMOUS, sid, [rule], request_id="pin-1", turn_complete=False)
+        assert again.sequence_numbers == first.sequence_numbers
+        assert again.context_tokens == first.context_tokens
+        assert (await rig.session_info(sid)).last_sequence == first.sequence_numbers[-1]  # nothing appended
+        with pytest.raises(FailedPrecondition) as err:  # another request over the cap is still refused
+            await rig.engine.append(ANONYMOUS, sid, [rule], request_id="pin-2", turn_complete=False)
+        assert err.value.reason == "PINNED_CAP_EXCEEDED"
+        with pytest.raises(InvalidArgument) as reused:  # the id with other messages, as any append
+            await rig.engine.append(
+                ANONYMOUS, sid, [u("rule two " + words(1500), pinned=True)], request_id="pin-1", turn_complete=False
+            )
+        assert reused.value.reason == "REQUEST_ID_REUSED"
+    finally:
+        await rig.close()
+
+
 async def test_the_pinned_cap_and_window_share_follow_the_window_the_builds_use() -> None:
     """A session whose builds send a smaller window inline than its named profile's: appends cap
     pinned rows by that window (which its builds and compactions use), and report their share of

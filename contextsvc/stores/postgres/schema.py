@@ -303,6 +303,16 @@ def compaction_lock_keys(session_id: str) -> tuple[int, int]:
     return COMPACTION_LOCK_SPACE, lock_key32(session_id)
 
 
+#: Pinned appends of one session (``PostgresStore.pinned_lock``): a space of their own, so they
+#: never wait for a compaction.
+PINNED_LOCK_SPACE = lock_key32("contextsvc:pinned")
+
+
+def pinned_lock_keys(session_id: str) -> tuple[int, int]:
+    """The two advisory-lock keys of ``session_id``'s pinned-append lock."""
+    return PINNED_LOCK_SPACE, lock_key32(session_id)
+
+
 @dataclass(slots=True)
 class MigrationReport:
     applied: list[int] = field(default_factory=list)

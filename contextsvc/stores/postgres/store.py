@@ -78,7 +78,7 @@ from contextsvc.stores.postgres.rows import (
     stamped,
     view_from_row,
 )
-from contextsvc.stores.postgres.schema import compaction_lock_keys
+from contextsvc.stores.postgres.schema import compaction_lock_keys, pinned_lock_keys
 from contextsvc.stores.postgres.tokens import PostgresTokenStore
 
 T = TypeVar("T")
@@ -223,36 +223,76 @@ class PostgresStore:
         cancelled while waiting or holding leaves nothing locked: a connection whose lock state
         is uncertain is terminated, never returned to the pool.
         """
+        async with self._session_lock(
+            session_id,
+            compaction_lock_keys,
+            self._pg.compaction_lock_timeout_seconds,
+            "another replica is compacting this session; retry later",
+        ):
+            yield
+
+    @asynccontextmanager
+    async def pinned_lock(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's pinned-append lock for the block (``SessionStore.pinned_lock``):
+        the same kind of lock as ``compaction_lock``, in a key space of its own. It is held for
+        a context read and an append, so its wait is bounded like a pooled connection's
+        (``postgres.acquire_timeout_seconds``), then ``Conflict``."""
+        async with self._session_lock(
+            session_id,
+            pinned_lock_keys,
+            self._pg.acquire_timeout_seconds,
+            "another append of pinned messages to this session is running; retry later",
+        ):
+            yield
+
+    @asynccontextmanager
+    async def _session_lock(
+        self, session_id: str, keys: Callable[[str], tuple[int, int]], wait: float, busy: str
+    ) -> AsyncIterator[None]:
+        """A session-level advisory lock on a lock-pool connection (``compaction_lock``), waited
+        for at most ``wait`` seconds, then ``Conflict`` saying ``busy``."""
         if not isinstance(session_id, str):
             raise session_not_found(session_id)
         pool = self._lock_pool
         if pool is None:
             raise Unavailable("PostgreSQL store is not open")
-        wait = self._pg.compaction_lock_timeout_seconds
         deadline = asyncio.get_running_loop().time() + wait
-        first, second = compaction_lock_keys(session_id)
+        first, second = keys(session_id)
         with pg_errors("compaction_lock"):
             try:
-                conn = await self._take_lock(pool, first, second, deadline)
+                conn = await self._take_lock(pool, first, second, deadline, session_id, wait)
             except STALE_CONNECTION_ERRORS:
                 # A pooled connection that died with a server restart (nothing was locked on it):
                 # the pool was told to replace them all; once more on a fresh one.
-                conn = await self._take_lock(pool, first, second, deadline)
+                conn = await self._take_lock(pool, first, second, deadline, session_id, wait)
         if conn is None:
-            raise Conflict(
-                "another replica is compacting this session; retry later",
-                metadata={"session_id": session_id, "waited_seconds": f"{wait:g}"},
-            )
+            raise Conflict(busy, metadata={"session_id": session_id, "waited_seconds": f"{wait:g}"})
         try:
             yield
         finally:
             await self._unlock(pool, conn, first, second, session_id)
 
-    async def _take_lock(self, pool: Any, first: int, second: int, deadline: float) -> Any:
+    async def _take_lock(
+        self, pool: Any, first: int, second: int, deadline: float, session_id: str, wait: float
+    ) -> Any:
         """A lock-pool connection holding the lock, or None when ``deadline`` passed first.
         Driver errors propagate untranslated (the caller retries a stale connection once)."""
-        remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
-        conn = await pool.acquire(timeout=min(self._pg.acquire_timeout_seconds, remaining))
+        loop = asyncio.get_running_loop()
+        remaining = max(deadline - loop.time(), 0.001)
+        try:
+            # Every connection of the lock pool busy means this replica holds that many locks
+            # (compactions, summarizer calls included): waiting for one is waiting for a lock,
+            # bounded alike. Making a connection stays bounded by connect_timeout_seconds.
+            conn = await pool.acquire(timeout=remaining)
+        except TimeoutError:
+            if loop.time() < deadline:
+                raise  # the connect timed out: PostgreSQL does not answer
+            raise Conflict(
+                f"this replica already holds {pool.get_max_size()} session locks "
+                "(postgres.pool_max_size, mostly compactions running), none freed in time; retry later",
+                metadata={"session_id": session_id, "waited_seconds": f"{wait:g}"},
+            ) from None
+        remaining = max(deadline - loop.time(), 0.001)
         try:
             # One round trip; the literals are our own integers. lock_timeout stays set on this
             # connection (the lock pool does not reset): the next lock taken on it sets its own.
@@ -464,6 +504,35 @@ class PostgresStore:
             return self._info(await conn.fetchrow("SELECT * FROM sessions WHERE session_id = $1", sid))
 
         return await self._write("create_session", work)
+
+    async def replayed_append(
+        self, session_id: str, request_id: str, *, caller: Principal, request_fingerprint: str = ""
+    ) -> AppendResult | None:
+        if not isinstance(session_id, str):
+            raise session_not_found(session_id)
+
+        async def work(conn: Any) -> Any:
+            return await conn.fetchrow(
+                """SELECT s.*, r.sequence_numbers AS prior_numbers, r.fingerprint AS prior_fingerprint,
+                          r.context_tokens AS prior_context_tokens
+                     FROM sessions s LEFT JOIN append_requests r
+                       ON r.session_id = s.session_id AND r.request_id = $2
+                    WHERE s.session_id = $1""",
+                session_id,
+                request_id,
+            )
+
+        row = await self._statement("replayed_append", work, read=True)
+        if row is None or not caller.may_read(row["user_id"]):
+            raise session_not_found(session_id)
+        if row["prior_numbers"] is None or not request_id:
+            return None
+        stored = row["prior_fingerprint"] or ""
+        if stored and request_fingerprint and stored != request_fingerprint:
+            raise RequestIdReused(request_id)
+        return AppendResult(
+            list(row["prior_numbers"]), self._info(row), replayed=True, first_context_tokens=row["prior_context_tokens"]
+        )
 
     async def get_session(self, session_id: str, *, caller: Principal) -> SessionInfo:
         async def work(conn: Any) -> SessionInfo:
