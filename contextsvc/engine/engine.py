@@ -18,7 +18,7 @@ from contextsvc.core.profile import NO_OVERRIDES, EffectiveProfile, ProfileOverr
 from contextsvc.core.recall import query_terms
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import TokenEstimate
-from contextsvc.core.view_budget import too_large
+from contextsvc.core.view_budget import AFTER_COMPRESSION, too_large
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.compaction import (
     STRATEGIES,
@@ -293,7 +293,9 @@ class Engine:
             )
         # Recall is layered on the final base view (after the size decision), as a copy.
         built, recalled = await self.recall.add_to_view(session, effective, built, message)
-        view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        view = await self.views.finish(
+            caller, session, effective, context, built, data, compression=report, after=_after(effective, auto_compress)
+        )
         if recalled:
             view = dataclasses.replace(view, injected_chunk_ids=recalled)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
@@ -627,6 +629,16 @@ def _log_unwaited(task: asyncio.Task[Any]) -> None:
     exc = task.exception()
     if exc is not None and not isinstance(exc, CompactionBusy | NotFound):
         log.warning("a compaction a build stopped waiting for failed", exc_info=exc)
+
+
+def _after(profile: EffectiveProfile, auto_compress: bool) -> str:
+    """How a CONTEXT_TOO_LARGE message of a build ends: a build that could not compress says why,
+    rather than claiming it compressed (the caller may enable compression or call Compress)."""
+    if not profile.compression.enabled:
+        return "and compression is disabled for this profile (compression.enabled = false)"
+    if not auto_compress:
+        return "and this build did not compress (auto_compress = false; Compress can shrink the context)"
+    return AFTER_COMPRESSION
 
 
 def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:

@@ -12,7 +12,7 @@ from PIL import Image
 
 from contextsvc.config import ProfileConfig, Settings
 from contextsvc.core.messages import Flags, Message, Role, ToolCall
-from contextsvc.core.profile import ProfileOverrides
+from contextsvc.core.profile import CompressionOverrides, ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import EstimateMethod
 from contextsvc.engine.engine import Engine
@@ -316,6 +316,27 @@ async def test_view_too_large_fails_with_the_numbers_it_compared() -> None:
     meta = err.value.metadata
     assert int(meta["estimate"]) > int(meta["budget"]) == 1024 - 100
     assert meta["estimate"] in err.value.message and meta["budget"] in err.value.message
+
+
+async def test_view_too_large_says_when_the_build_did_not_compress() -> None:
+    """A build that could not compress (the profile disables it, or ``auto_compress`` is false)
+    must not say "even after compression": its caller can enable compression or call Compress."""
+    engine, _ = await _engine(_settings(context_window=1024, output_reserve_tokens=100))
+    turns = [_msg(Role.USER if i % 2 == 0 else Role.ASSISTANT, f"turn {i} " + "word " * 120) for i in range(12)]
+    sid = await _session_with(engine, *turns)
+    off = ProfileOverrides(compression=CompressionOverrides(enabled=False))
+    with pytest.raises(ContextTooLarge) as disabled:
+        await engine.build_context(ANONYMOUS, sid, profile=off, incoming=None, mid_turn=False, auto_compress=True)
+    assert "compression is disabled" in disabled.value.message
+    assert "even after compression" not in disabled.value.message
+    with pytest.raises(ContextTooLarge) as manual:
+        await engine.build_context(
+            ANONYMOUS, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+        )
+    assert "auto_compress = false" in manual.value.message
+    assert "even after compression" not in manual.value.message
+    # The same session builds once the build may compress.
+    assert (await _build(engine, sid)).estimate.total <= 1024 - 100
 
 
 async def test_images_are_priced_by_size_and_left_out_over_budget_with_a_notice() -> None:
