@@ -12,6 +12,7 @@ from PIL import Image
 
 from contextsvc.config import ProfileConfig, Settings
 from contextsvc.core.messages import Flags, Message, Role, ToolCall
+from contextsvc.core.priors import MESSAGE, family_for, prior_for
 from contextsvc.core.profile import CompressionOverrides, ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import EstimateMethod
@@ -454,7 +455,35 @@ async def test_exact_tokenizer_counts_with_a_configured_tokenizer_file(tmp_path:
         session_id="",
         profile=ProfileOverrides(),
     )
-    assert est.method is EstimateMethod.EXACT and est.total == 4
+    # The text exactly (4 tokens), plus the chat template's framing of the two messages, which no
+    # tokenizer file holds: priced as the model's calibration prices it.
+    per_message = prior_for(family_for("exact-model", settings.tokens.model_families)).weights[MESSAGE]
+    assert est.method is EstimateMethod.EXACT and est.total == 4 + round(2 * per_message)
+
+
+async def test_exact_tokenizer_views_count_the_framing_of_every_message(tmp_path: Path) -> None:
+    """A view of many short messages with a tokenizer file: the framing of each message is part of
+    the prompt. Counted as nothing (the text alone, margin 0), 300 two-token messages on a
+    1,024-token window looked like ~600 tokens and were served with no compaction, while the
+    prompt sent was about three times that, well past the window."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "ok": 1, "done": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    settings = _settings(model="exact-model", context_window=1024, output_reserve_tokens=256)
+    settings.tokens.tokenizer_files["exact-model"] = str(path)
+    engine, _ = await _engine(settings)
+    turns = [_msg(Role.USER if i % 2 == 0 else Role.ASSISTANT, "ok done") for i in range(300)]
+    sid = await _session_with(engine, *turns)
+    view = await _build(engine, sid)
+    per_message = prior_for(family_for("exact-model", settings.tokens.model_families)).weights[MESSAGE]
+    # what the provider counts: the text (2 tokens a message) and the template's framing
+    sent = sum(2 + per_message for _ in view.messages)
+    assert view.estimate.method is EstimateMethod.EXACT
+    assert view.estimate.total >= sent - 1
+    assert sent <= view.estimate.budget + view.estimate.margin  # compacted to fit, framing included
 
 
 @pytest.mark.parametrize(
