@@ -142,11 +142,35 @@ class Engine:
                 if remembered_stored(fresh) == wanted:
                     return fresh
                 new_state = dataclasses.replace(state, extra={**state.extra, PROFILE_KEY: copy.deepcopy(wanted)})
-                written = await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+                tokens = await self._repriced_context(fresh, overrides)
+                written = await self.store.update_state(
+                    session.id,
+                    caller=_INTERNAL,
+                    state=new_state.to_dict(),
+                    context_tokens=tokens,
+                    context_tokens_as_of=None if tokens is None else fresh.context_tokens,
+                )
                 self.sessions.forget_profile(session.id)  # appends price with the new one
                 return written
         except CompactionBusy:
             return session  # a compaction's summarizer holds the lock: remembered by a later build
+
+    async def _repriced_context(self, session: SessionInfo, overrides: ProfileOverrides) -> int | None:
+        """The session's context rows priced for the model ``overrides`` name, when it is not the
+        model its count was priced for (None: unchanged). Appends add each row's price for the
+        remembered model to the session's context tokens; after a build with another model the
+        rows appended before must be priced for it too, or every later append's
+        ``context_tokens`` and ``window_fraction`` mix two models' prices."""
+        try:
+            before = resolve_profile(self.settings, session.profile_id, remembered_overrides(session)).model
+        except ContextError:  # remembered overrides the settings no longer accept (as appends do)
+            before = resolve_profile(self.settings, session.profile_id, None).model
+        after = resolve_profile(self.settings, session.profile_id, _or_remembered(overrides)).model
+        if after == before:
+            return None
+        context = await self.store.load_context(session.id, caller=_INTERNAL)
+        await self.accounting.ensure_loaded(after)
+        return self.accounting.messages_tokens(after, [m for m in context if m.flags.is_context])
 
     def _situation(
         self,

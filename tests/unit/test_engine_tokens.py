@@ -340,6 +340,38 @@ async def test_view_too_large_says_when_the_build_did_not_compress() -> None:
     assert (await _build(engine, sid)).estimate.total <= 1024 - 100
 
 
+async def test_a_build_with_another_model_reprices_the_session_context_tokens() -> None:
+    """The context tokens appends report (and the session shows) are the rows priced for the model
+    the session's builds use. A message appended before the first build was priced for the
+    session's named profile; once a build names another model, the running count must not keep
+    that price (a Russian message priced for the default family stayed ~50% over gpt-4o's price
+    in every later append's ``context_tokens`` and ``window_fraction``)."""
+    engine, _ = await _engine(_settings())
+    russian = "Привет, как дела? Развертывание сервера прошло успешно, миграция завершена. " * 30
+    sid = await _session_with(engine, _msg(Role.USER, russian))
+    await _build(engine, sid, model="gpt-4o")
+    outcome = await engine.append(ANONYMOUS, sid, [_msg(Role.ASSISTANT, russian)], request_id="", turn_complete=False)
+    rows = await engine.estimate_tokens(
+        ANONYMOUS,
+        model="gpt-4o",
+        messages=[_msg(Role.USER, russian), _msg(Role.ASSISTANT, russian)],
+        session_id="",
+        profile=ProfileOverrides(),
+    )
+    assert abs(outcome.context_tokens - rows.total) <= 2
+    # and back: the default model's price again
+    await _build(engine, sid)
+    session = await engine.sessions.get(ANONYMOUS, sid)
+    default = await engine.estimate_tokens(
+        ANONYMOUS,
+        model="",
+        messages=[_msg(Role.USER, russian), _msg(Role.ASSISTANT, russian)],
+        session_id="",
+        profile=ProfileOverrides(),
+    )
+    assert abs(session.context_tokens - default.total) <= 2
+
+
 async def test_images_are_priced_by_size_and_left_out_over_budget_with_a_notice() -> None:
     engine, _ = await _engine(_settings(context_window=8192, vision=True))
     big = IncomingImage(data=_png(2048, 2048))  # 4098 tokens each
