@@ -287,29 +287,48 @@ class CalibratedCounter:
 
 @dataclass(slots=True, frozen=True)
 class ExactCounter:
-    """Counts with a real tokenizer (``count`` maps text to its token count).
+    """Counts text with a real tokenizer (``count`` maps text to its token count).
 
-    Parts are encoded one by one, as a chat template separates them; the template's own
-    tokens are not known here and are given as ``overhead`` (default 0).
+    Parts are encoded one by one, as a chat template separates them. A tokenizer file holds no
+    chat template, so the template's framing (per message, per tool call, and the reply primer a
+    whole prompt adds once) is priced by ``framing``, the model's calibration: its framing
+    weights are what the baselines say the template costs (the family's prior before any). The
+    framing is real prompt tokens: counted as nothing, a view of many short messages looked far
+    smaller than the prompt sent (300 messages: ~1,200 tokens unseen), with no margin to warn.
+    Without ``framing`` only the text is counted.
     """
 
     count: Callable[[str], int]
-    overhead: int = 0
-    margin_rate: float = 0.0
+    framing: Calibration | None = None
 
     @property
     def method(self) -> EstimateMethod:
         return EstimateMethod.EXACT
 
+    @property
+    def overhead(self) -> int:
+        return round(self.framing.overhead) if self.framing is not None else 0
+
+    @property
+    def margin_rate(self) -> float:
+        # The text is counted exactly; the framing's margin is in ``count_and_margin``.
+        return 0.0
+
     def count_text(self, text: str) -> int:
         return self.count(text) if text else 0
 
     def count_messages(self, messages: Iterable[Message]) -> int:
-        return sum(self.count(p) for m in messages for p in message_parts(m))
+        return self.count_and_margin(list(messages))[0]
 
     def count_and_margin(self, messages: Sequence[Message]) -> tuple[int, float]:
-        count = self.count_messages(messages)
-        return count, self.margin_rate * count
+        text = sum(self.count(p) for m in messages for p in message_parts(m))
+        if self.framing is None or not messages:
+            return text, 0.0
+        x = [0.0] * N_FEATURES
+        x[MESSAGE] = float(len(messages))
+        x[TOOL_CALL] = float(sum(len(m.tool_calls) for m in messages))
+        framing = max(0.0, self.framing.price(x))
+        return text + round(framing), max(0.0, self.framing.margin_of(x))
 
 
 @functools.lru_cache(maxsize=16)
@@ -338,7 +357,7 @@ def counter_for(model: str, calibration: Calibration, settings: TokenSettings) -
     """The exact counter when the operator configured a tokenizer file for ``model``, else the calibrated one."""
     path = settings.tokenizer_files.get(model)
     if path:
-        return ExactCounter(load_tokenizer(path))
+        return ExactCounter(load_tokenizer(path), framing=calibration)
     return CalibratedCounter(calibration)
 
 

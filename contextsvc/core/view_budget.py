@@ -337,16 +337,23 @@ def _notice(sequence_number: int, left: Sequence[ImageSlot], reason: str) -> str
 # --- the size guard ------------------------------------------------------------------------
 
 
-def too_large(estimate_total: int, window: int, reserve: int) -> ContextTooLarge | None:
+#: How a CONTEXT_TOO_LARGE message ends when the build could compress (and did what it could).
+AFTER_COMPRESSION = "even after compression"
+
+
+def too_large(
+    estimate_total: int, window: int, reserve: int, *, after: str = AFTER_COMPRESSION
+) -> ContextTooLarge | None:
     """The CONTEXT_TOO_LARGE error when the view's estimate exceeds ``window - reserve``
     (reserve capped at window/4), else None. The error's metadata holds the very numbers
-    compared, so what it prints is what was decided."""
+    compared, so what it prints is what was decided; ``after`` ends the message with what the
+    build did about it (a build that did not compress must not say it did)."""
     budget = window - output_reserve(window, reserve)
     if estimate_total <= budget:
         return None
     return ContextTooLarge(
         f"the view needs ~{estimate_total} tokens but {budget} fit "
-        f"(window {window} minus {window - budget} reserved for the reply), even after compression",
+        f"(window {window} minus {window - budget} reserved for the reply), {after}",
         metadata={"estimate": str(estimate_total), "budget": str(budget), "window": str(window)},
     )
 

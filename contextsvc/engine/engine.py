@@ -18,7 +18,7 @@ from contextsvc.core.profile import NO_OVERRIDES, EffectiveProfile, ProfileOverr
 from contextsvc.core.recall import query_terms
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import TokenEstimate
-from contextsvc.core.view_budget import too_large
+from contextsvc.core.view_budget import AFTER_COMPRESSION, too_large
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.compaction import (
     STRATEGIES,
@@ -142,11 +142,35 @@ class Engine:
                 if remembered_stored(fresh) == wanted:
                     return fresh
                 new_state = dataclasses.replace(state, extra={**state.extra, PROFILE_KEY: copy.deepcopy(wanted)})
-                written = await self.store.update_state(session.id, caller=_INTERNAL, state=new_state.to_dict())
+                tokens = await self._repriced_context(fresh, overrides)
+                written = await self.store.update_state(
+                    session.id,
+                    caller=_INTERNAL,
+                    state=new_state.to_dict(),
+                    context_tokens=tokens,
+                    context_tokens_as_of=None if tokens is None else fresh.context_tokens,
+                )
                 self.sessions.forget_profile(session.id)  # appends price with the new one
                 return written
         except CompactionBusy:
             return session  # a compaction's summarizer holds the lock: remembered by a later build
+
+    async def _repriced_context(self, session: SessionInfo, overrides: ProfileOverrides) -> int | None:
+        """The session's context rows priced for the model ``overrides`` name, when it is not the
+        model its count was priced for (None: unchanged). Appends add each row's price for the
+        remembered model to the session's context tokens; after a build with another model the
+        rows appended before must be priced for it too, or every later append's
+        ``context_tokens`` and ``window_fraction`` mix two models' prices."""
+        try:
+            before = resolve_profile(self.settings, session.profile_id, remembered_overrides(session)).model
+        except ContextError:  # remembered overrides the settings no longer accept (as appends do)
+            before = resolve_profile(self.settings, session.profile_id, None).model
+        after = resolve_profile(self.settings, session.profile_id, _or_remembered(overrides)).model
+        if after == before:
+            return None
+        context = await self.store.load_context(session.id, caller=_INTERNAL)
+        await self.accounting.ensure_loaded(after)
+        return self.accounting.messages_tokens(after, [m for m in context if m.flags.is_context])
 
     def _situation(
         self,
@@ -293,7 +317,9 @@ class Engine:
             )
         # Recall is layered on the final base view (after the size decision), as a copy.
         built, recalled = await self.recall.add_to_view(session, effective, built, message)
-        view = await self.views.finish(caller, session, effective, context, built, data, compression=report)
+        view = await self.views.finish(
+            caller, session, effective, context, built, data, compression=report, after=_after(effective, auto_compress)
+        )
         if recalled:
             view = dataclasses.replace(view, injected_chunk_ids=recalled)
         telemetry.view_built(effective.model, len(view.messages), view.estimate.total, view.estimate.fraction)
@@ -627,6 +653,16 @@ def _log_unwaited(task: asyncio.Task[Any]) -> None:
     exc = task.exception()
     if exc is not None and not isinstance(exc, CompactionBusy | NotFound):
         log.warning("a compaction a build stopped waiting for failed", exc_info=exc)
+
+
+def _after(profile: EffectiveProfile, auto_compress: bool) -> str:
+    """How a CONTEXT_TOO_LARGE message of a build ends: a build that could not compress says why,
+    rather than claiming it compressed (the caller may enable compression or call Compress)."""
+    if not profile.compression.enabled:
+        return "and compression is disabled for this profile (compression.enabled = false)"
+    if not auto_compress:
+        return "and this build did not compress (auto_compress = false; Compress can shrink the context)"
+    return AFTER_COMPRESSION
 
 
 def _left(deadline: float, loop: asyncio.AbstractEventLoop) -> float:

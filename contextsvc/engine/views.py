@@ -35,7 +35,15 @@ from contextsvc.core.tokens import (
     messages_features,
 )
 from contextsvc.core.view import Segment, View, build_view
-from contextsvc.core.view_budget import additive, budget_images, column_max, none_cut, too_large, truncate_for_view
+from contextsvc.core.view_budget import (
+    AFTER_COMPRESSION,
+    additive,
+    budget_images,
+    column_max,
+    none_cut,
+    too_large,
+    truncate_for_view,
+)
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.state import EngineState
@@ -930,16 +938,18 @@ class ViewService:
         compression: Any = None,
         *,
         anchor: bool = True,
+        after: str = AFTER_COMPRESSION,
     ) -> BuiltView:
         """Size-check and remember an assembled view; load the bytes of the images it carries.
 
         ``anchor=False`` marks a view that is not the session's committed context (a fallback
         served while a compaction runs): its baseline still calibrates the model, but is never
-        kept as the session's anchor (it would price a context the session does not hold)."""
+        kept as the session's anchor (it would price a context the session does not hold).
+        ``after`` ends a CONTEXT_TOO_LARGE message with what the build did (``too_large``)."""
         # The compression trigger fires on estimate + margin, so a view reaches here over the budget
         # by its margin only when compression could not shrink it further. The turn fails only when
         # the estimate itself does not fit: a margin is a doubt, and a turn must never fail on one.
-        error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens)
+        error = too_large(built.estimate.total, profile.context_window, profile.output_reserve_tokens, after=after)
         if error is not None:
             raise error
         # A copy: ``built`` may be the session's reused view (engine.view_memo), shared by builds.

@@ -12,7 +12,8 @@ from PIL import Image
 
 from contextsvc.config import ProfileConfig, Settings
 from contextsvc.core.messages import Flags, Message, Role, ToolCall
-from contextsvc.core.profile import ProfileOverrides
+from contextsvc.core.priors import MESSAGE, family_for, prior_for
+from contextsvc.core.profile import CompressionOverrides, ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import EstimateMethod
 from contextsvc.engine.engine import Engine
@@ -318,6 +319,59 @@ async def test_view_too_large_fails_with_the_numbers_it_compared() -> None:
     assert meta["estimate"] in err.value.message and meta["budget"] in err.value.message
 
 
+async def test_view_too_large_says_when_the_build_did_not_compress() -> None:
+    """A build that could not compress (the profile disables it, or ``auto_compress`` is false)
+    must not say "even after compression": its caller can enable compression or call Compress."""
+    engine, _ = await _engine(_settings(context_window=1024, output_reserve_tokens=100))
+    turns = [_msg(Role.USER if i % 2 == 0 else Role.ASSISTANT, f"turn {i} " + "word " * 120) for i in range(12)]
+    sid = await _session_with(engine, *turns)
+    off = ProfileOverrides(compression=CompressionOverrides(enabled=False))
+    with pytest.raises(ContextTooLarge) as disabled:
+        await engine.build_context(ANONYMOUS, sid, profile=off, incoming=None, mid_turn=False, auto_compress=True)
+    assert "compression is disabled" in disabled.value.message
+    assert "even after compression" not in disabled.value.message
+    with pytest.raises(ContextTooLarge) as manual:
+        await engine.build_context(
+            ANONYMOUS, sid, profile=ProfileOverrides(), incoming=None, mid_turn=False, auto_compress=False
+        )
+    assert "auto_compress = false" in manual.value.message
+    assert "even after compression" not in manual.value.message
+    # The same session builds once the build may compress.
+    assert (await _build(engine, sid)).estimate.total <= 1024 - 100
+
+
+async def test_a_build_with_another_model_reprices_the_session_context_tokens() -> None:
+    """The context tokens appends report (and the session shows) are the rows priced for the model
+    the session's builds use. A message appended before the first build was priced for the
+    session's named profile; once a build names another model, the running count must not keep
+    that price (a Russian message priced for the default family stayed ~50% over gpt-4o's price
+    in every later append's ``context_tokens`` and ``window_fraction``)."""
+    engine, _ = await _engine(_settings())
+    russian = "Привет, как дела? Развертывание сервера прошло успешно, миграция завершена. " * 30
+    sid = await _session_with(engine, _msg(Role.USER, russian))
+    await _build(engine, sid, model="gpt-4o")
+    outcome = await engine.append(ANONYMOUS, sid, [_msg(Role.ASSISTANT, russian)], request_id="", turn_complete=False)
+    rows = await engine.estimate_tokens(
+        ANONYMOUS,
+        model="gpt-4o",
+        messages=[_msg(Role.USER, russian), _msg(Role.ASSISTANT, russian)],
+        session_id="",
+        profile=ProfileOverrides(),
+    )
+    assert abs(outcome.context_tokens - rows.total) <= 2
+    # and back: the default model's price again
+    await _build(engine, sid)
+    session = await engine.sessions.get(ANONYMOUS, sid)
+    default = await engine.estimate_tokens(
+        ANONYMOUS,
+        model="",
+        messages=[_msg(Role.USER, russian), _msg(Role.ASSISTANT, russian)],
+        session_id="",
+        profile=ProfileOverrides(),
+    )
+    assert abs(session.context_tokens - default.total) <= 2
+
+
 async def test_images_are_priced_by_size_and_left_out_over_budget_with_a_notice() -> None:
     engine, _ = await _engine(_settings(context_window=8192, vision=True))
     big = IncomingImage(data=_png(2048, 2048))  # 4098 tokens each
@@ -433,7 +487,35 @@ async def test_exact_tokenizer_counts_with_a_configured_tokenizer_file(tmp_path:
         session_id="",
         profile=ProfileOverrides(),
     )
-    assert est.method is EstimateMethod.EXACT and est.total == 4
+    # The text exactly (4 tokens), plus the chat template's framing of the two messages, which no
+    # tokenizer file holds: priced as the model's calibration prices it.
+    per_message = prior_for(family_for("exact-model", settings.tokens.model_families)).weights[MESSAGE]
+    assert est.method is EstimateMethod.EXACT and est.total == 4 + round(2 * per_message)
+
+
+async def test_exact_tokenizer_views_count_the_framing_of_every_message(tmp_path: Path) -> None:
+    """A view of many short messages with a tokenizer file: the framing of each message is part of
+    the prompt. Counted as nothing (the text alone, margin 0), 300 two-token messages on a
+    1,024-token window looked like ~600 tokens and were served with no compaction, while the
+    prompt sent was about three times that, well past the window."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "ok": 1, "done": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    settings = _settings(model="exact-model", context_window=1024, output_reserve_tokens=256)
+    settings.tokens.tokenizer_files["exact-model"] = str(path)
+    engine, _ = await _engine(settings)
+    turns = [_msg(Role.USER if i % 2 == 0 else Role.ASSISTANT, "ok done") for i in range(300)]
+    sid = await _session_with(engine, *turns)
+    view = await _build(engine, sid)
+    per_message = prior_for(family_for("exact-model", settings.tokens.model_families)).weights[MESSAGE]
+    # what the provider counts: the text (2 tokens a message) and the template's framing
+    sent = sum(2 + per_message for _ in view.messages)
+    assert view.estimate.method is EstimateMethod.EXACT
+    assert view.estimate.total >= sent - 1
+    assert sent <= view.estimate.budget + view.estimate.margin  # compacted to fit, framing included
 
 
 @pytest.mark.parametrize(
