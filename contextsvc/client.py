@@ -386,9 +386,14 @@ class _Connection:
         self._target, self._credentials, self._options = target, credentials, options
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
+        self._closed = False
 
     @property
     def channel(self) -> grpc.aio.Channel:
+        if self._closed:
+            # As httpx: a closed client is a programming error, never a channel opened again that
+            # nothing would close.
+            raise RuntimeError("the ContextClient is closed")
         if self._channel is None:
             if self._credentials is None:
                 self._channel = grpc.aio.insecure_channel(self._target, options=self._options)
@@ -398,11 +403,12 @@ class _Connection:
 
     @property
     def stub(self) -> Any:
-        if self._stub is None:
+        if self._stub is None or self._closed:
             self._stub = pb_grpc.ContextServiceStub(self.channel)
         return self._stub
 
     async def close(self) -> None:
+        self._closed = True
         if self._channel is not None:
             await self._channel.close()
 

@@ -27,8 +27,10 @@ from contextsvc import errors
 from contextsvc.api.errors import to_status
 from contextsvc.core.session import ANONYMOUS, Principal
 from contextsvc.engine.authn import TOKEN_INVALID, Authenticator
+from contextsvc.throttled_log import ThrottledLog
 
 audit = logging.getLogger("contextsvc.audit")
+log = logging.getLogger(__name__)
 
 SERVICE_PREFIX = "/contextsvc.v1.ContextService/"
 #: methods that, without a session id, reach every session the caller may read.
@@ -62,9 +64,11 @@ def authorization_of(metadata: Any) -> str | None:
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Establishes the caller of every ContextService call; ``authenticator=None`` = auth off."""
 
-    def __init__(self, authenticator: Authenticator | None, *, stream_check_seconds: float = 5.0) -> None:
+    def __init__(self, authenticator: Authenticator | None, *, stream_check_seconds: float) -> None:
         self._authenticator = authenticator
         self._every = stream_check_seconds
+        # Every open stream checks again while the token store is down: a few lines a minute.
+        self._unchecked = ThrottledLog(log, per_minute=6)
 
     async def intercept_service(
         self,
@@ -123,8 +127,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         assert self._authenticator is not None
         try:
             await self._authenticator.authenticate(authorization)
-        except errors.ContextError as exc:
+        except errors.Unauthenticated as exc:
             await context.abort_with_status(to_status(exc))
+        except errors.ContextError as exc:
+            # The token store could not answer (a failover, a file being replaced): the token is
+            # not known to be bad, and the stream goes on; the next check asks again.
+            self._unchecked.write("an open stream's token could not be checked again", error=str(exc))
 
     async def _principal(self, name: str, request: Any, context: Context) -> Principal:
         if self._authenticator is None:

@@ -164,7 +164,8 @@ class CompressionReport:
     context_tokens_after: int = 0
     breadcrumbs: tuple[str, ...] = ()
     plan: CompactionPlan | None = None
-    #: every stage that ran, in order (``method`` is the last one's); empty when not compressed.
+    #: every stage that ran, in order (``method`` is the last one's); empty when not compressed
+    #: (a dry run: the clearing stage the run would commit, when it would).
     stages: tuple[Stage, ...] = ()
     #: set when a compaction was carried out but committed nothing.
     refused: Refusal | None = None
@@ -708,22 +709,30 @@ class Compactor:
             return report
         before = self.priced_before(s)
         report = dataclasses.replace(report, messages_before=len(s.context), context_tokens_before=before)
+
+        def clearing(cleared: ClearedToolResults) -> CompressionReport:
+            after = self.counter(s.profile)(cleared.context) + s.fixed_tokens
+            removed, added = len(cleared.demote), len(cleared.placeholders)
+            return dataclasses.replace(
+                report,
+                method=Method.CLEAR_TOOL_RESULTS,
+                messages_after=len(cleared.context),
+                context_tokens_after=after,
+                stages=(Stage(Method.CLEAR_TOOL_RESULTS, removed, added, before, after),),
+            )
+
+        cleared: ClearedToolResults | None = None
         for strategy in s.profile.compression.strategies:
             if strategy == STRATEGY_CLEAR:
                 cleared = self._clearing(s, plan)
                 if self._clearing_suffices(s, cleared):
-                    after = self.counter(s.profile)(cleared.context) + s.fixed_tokens
-                    removed, added = len(cleared.demote), len(cleared.placeholders)
-                    return dataclasses.replace(
-                        report,
-                        method=Method.CLEAR_TOOL_RESULTS,
-                        messages_after=len(cleared.context),
-                        context_tokens_after=after,
-                        stages=(Stage(Method.CLEAR_TOOL_RESULTS, removed, added, before, after),),
-                    )
+                    return clearing(cleared)
             elif strategy == STRATEGY_SUMMARIZE:
                 return dataclasses.replace(report, method=Method.SUMMARY)
         if not s.profile.compression.hard_truncate_fallback:
+            # ``_carry_out`` commits a clearing that shrank the context short of its target.
+            if cleared is not None and cleared.cleared and cleared.tokens_after < cleared.tokens_before:
+                return clearing(cleared)
             return report
         return dataclasses.replace(report, method=Method.HARD_TRUNCATE)
 

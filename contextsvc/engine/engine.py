@@ -137,12 +137,14 @@ class Engine:
         # Both locks: the store's serializes with compactions on other replicas too.
         try:
             async with self.compactor.lock(session.id, wait=wait):
-                fresh = await self.store.get_session(session.id, caller=_INTERNAL)
+                # The session and its context at one moment: an append between two reads would be
+                # priced into the new count and added again through ``context_tokens_as_of``.
+                fresh, context = await self.store.context_and_session(session.id, caller=_INTERNAL)
                 state = EngineState.of(fresh)
                 if remembered_stored(fresh) == wanted:
                     return fresh
                 new_state = dataclasses.replace(state, extra={**state.extra, PROFILE_KEY: copy.deepcopy(wanted)})
-                tokens = await self._repriced_context(fresh, overrides)
+                tokens = await self._repriced_context(fresh, context, overrides)
                 written = await self.store.update_state(
                     session.id,
                     caller=_INTERNAL,
@@ -155,12 +157,16 @@ class Engine:
         except CompactionBusy:
             return session  # a compaction's summarizer holds the lock: remembered by a later build
 
-    async def _repriced_context(self, session: SessionInfo, overrides: ProfileOverrides) -> int | None:
-        """The session's context rows priced for the model ``overrides`` name, when it is not the
-        model its count was priced for (None: unchanged). Appends add each row's price for the
-        remembered model to the session's context tokens; after a build with another model the
-        rows appended before must be priced for it too, or every later append's
-        ``context_tokens`` and ``window_fraction`` mix two models' prices."""
+    async def _repriced_context(
+        self, session: SessionInfo, context: Sequence[Message], overrides: ProfileOverrides
+    ) -> int | None:
+        """The session's context tokens with its rows priced for the model ``overrides`` name, when
+        it is not the model its count was priced for (None: unchanged). Appends add each row's
+        price for the remembered model to the session's context tokens; after a build with another
+        model the rows appended before must be priced for it too, or every later append's
+        ``context_tokens`` and ``window_fraction`` mix two models' prices. Only the rows' price is
+        swapped: what the count holds beside them (a compaction's or a baseline's system prompt,
+        records and framing) stays."""
         try:
             before = resolve_profile(self.settings, session.profile_id, remembered_overrides(session)).model
         except ContextError:  # remembered overrides the settings no longer accept (as appends do)
@@ -168,9 +174,12 @@ class Engine:
         after = resolve_profile(self.settings, session.profile_id, _or_remembered(overrides)).model
         if after == before:
             return None
-        context = await self.store.load_context(session.id, caller=_INTERNAL)
+        rows = [m for m in context if m.flags.is_context]
+        await self.accounting.ensure_loaded(before)
         await self.accounting.ensure_loaded(after)
-        return self.accounting.messages_tokens(after, [m for m in context if m.flags.is_context])
+        priced_after = self.accounting.messages_tokens(after, rows)
+        beside = session.context_tokens - self.accounting.messages_tokens(before, rows)
+        return max(priced_after + beside, priced_after)
 
     def _situation(
         self,

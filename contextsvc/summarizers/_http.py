@@ -174,7 +174,7 @@ def retry_after(value: str, *, now: datetime | None = None) -> float:
     value = value.strip()
     if not value:
         return 0.0
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit takes "²" too, which float() refuses
         return float(value)
     try:
         when = parsedate_to_datetime(value)

@@ -224,6 +224,19 @@ def test_a_client_made_before_the_event_loop_runs_works_in_it(server: ServerProc
     assert asyncio.run(main()) == "made early"
 
 
+async def test_a_closed_client_refuses_calls_and_opens_no_channel(server: ServerProcess) -> None:
+    # Closed before its first call, a client opened a channel on the next one that nothing closed;
+    # closed after one, its calls failed with grpc's untyped UsageError.
+    for used_first in (False, True):
+        client = ContextClient(server.address, timeout=10)
+        if used_first:
+            await client.list_sessions()
+        await client.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await client.list_sessions()
+        assert client._conn._channel is None or used_first
+
+
 async def test_request_ids_make_appends_idempotent(client: ContextClient) -> None:
     sid = (await client.create_session())["id"]
     events = asyncio.create_task(_collect(client.events(sid), 2))

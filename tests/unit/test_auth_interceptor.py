@@ -7,12 +7,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from contextsvc import errors
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
 from contextsvc.api.errors import DOMAIN
@@ -142,6 +144,41 @@ async def test_an_open_stream_ends_once_its_token_is_revoked(quiet: bool) -> Non
                 await stream.read()
             assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert _info(caught.value).reason == "TOKEN_REVOKED"
+    finally:
+        await stop(server, 0)
+
+
+async def test_an_open_stream_outlives_a_token_store_that_cannot_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a token known to be bad ends a stream: one the store could not look up (a failover, a
+    # tokens file being replaced) is checked again at the next tick.
+    settings = Settings(
+        store="memory", listen="127.0.0.1:0", auth={"mode": "tokens", "cache_seconds": 0, "stream_check_seconds": 0.1}
+    )
+    server = await start(settings)
+    try:
+        issued = issue(user="alice", is_admin=False, now=datetime.now(UTC), expire_time=None)
+        tokens = tokens_of(server.store)
+        await tokens.add_api_token(issued.record)
+        md = [("authorization", f"Bearer {issued.secret}")]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = ContextServiceStub(channel)
+            sid = (await stub.CreateSession(pb.CreateSessionRequest(), metadata=md)).id
+            append = pb.AppendMessagesRequest(session_id=sid, messages=[{"role": "ROLE_USER", "content": "hi"}])
+            await stub.AppendMessages(append, metadata=md)
+            stream = stub.StreamEvents(
+                pb.StreamEventsRequest(session_id=sid, after_event_id=1), metadata=md, timeout=10
+            )
+            assert (await stream.read()).WhichOneof("payload") == "messages_appended"
+            with monkeypatch.context() as patched:
+
+                async def down(token_hash: str) -> Any:
+                    raise errors.Unavailable("token store unreachable")
+
+                patched.setattr(tokens, "find_api_token", down)
+                await asyncio.sleep(0.5)  # several checks while the store cannot answer
+            await stub.AppendMessages(append, metadata=md)
+            assert (await stream.read()).WhichOneof("payload") == "messages_appended"
+            stream.cancel()
     finally:
         await stop(server, 0)
 

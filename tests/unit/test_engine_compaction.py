@@ -666,15 +666,18 @@ async def test_default_strategies_try_clearing_tool_results_first() -> None:
 
 
 @pytest.mark.parametrize(
-    ("strategies", "output", "method"),
+    ("strategies", "output", "method", "fallback"),
     [
-        (["clear_tool_results", "summarize"], 500, "clear_tool_results"),  # clearing reaches the target
-        (["clear_tool_results", "summarize"], 20, "summary"),  # results too small: the summary follows
-        (["summarize", "clear_tool_results"], 500, "summary"),
-        (["clear_tool_results"], 20, "hard_truncate"),
+        (["clear_tool_results", "summarize"], 500, "clear_tool_results", True),  # clearing reaches the target
+        (["clear_tool_results", "summarize"], 20, "summary", True),  # results too small: the summary follows
+        (["summarize", "clear_tool_results"], 500, "summary", True),
+        (["clear_tool_results"], 20, "hard_truncate", True),
+        (["clear_tool_results"], 60, "clear_tool_results", False),  # no fallback: clearing alone
     ],
 )
-async def test_a_dry_run_names_what_the_run_then_does(strategies: list[str], output: int, method: str) -> None:
+async def test_a_dry_run_names_what_the_run_then_does(
+    strategies: list[str], output: int, method: str, fallback: bool
+) -> None:
     """DESIGN §5.4: prediction and action never disagree. A dry run under a profile that clears
     tool results first used to show the summary's plan alone (drop 104, keep 16) while the run
     cleared 26 results; it names the method the run commits, and a clearing's counts exactly."""
@@ -683,7 +686,7 @@ async def test_a_dry_run_names_what_the_run_then_does(strategies: list[str], out
     try:
         sid = await rig.session()
         await _fill(rig, sid, 12, output=output)
-        profile = overrides(summarizer="scripted", strategies=strategies)
+        profile = overrides(summarizer="scripted", strategies=strategies, hard_truncate_fallback=fallback)
         before = await rig.context(sid)
         dry = await rig.compress(sid, profile=profile, dry_run=True)
         assert not dry.compressed and await rig.context(sid) == before and not recorder.calls

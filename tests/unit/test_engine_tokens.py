@@ -372,6 +372,26 @@ async def test_a_build_with_another_model_reprices_the_session_context_tokens() 
     assert abs(session.context_tokens - default.total) <= 2
 
 
+async def test_a_model_switch_reprices_the_rows_and_keeps_what_the_count_holds_beside_them() -> None:
+    """An anchored count holds what the client sent beside the rows (its tool definitions, the
+    system prompt, the framing): a build with another model swaps the rows' price only."""
+    engine, _ = await _engine(_settings())
+    russian = "Привет, как дела? Развертывание сервера прошло успешно, миграция завершена. " * 30
+    sid = await _session_with(engine, _msg(Role.USER, russian), _msg(Role.ASSISTANT, russian))
+    view = await _build(engine, sid)
+    await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total + 500)
+    assert await engine.anchors_applied(5)
+    anchored = (await engine.sessions.get(ANONYMOUS, sid)).context_tokens
+    context = await engine.store.load_context(sid, caller=ANONYMOUS)
+    default_rows = engine.accounting.messages_tokens(ProfileConfig().model, context)
+    assert anchored == view.estimate.total + 500  # the real count, the tools' share in it
+    await _build(engine, sid, model="gpt-4o")
+    await engine.accounting.ensure_loaded("gpt-4o")
+    gpt_rows = engine.accounting.messages_tokens("gpt-4o", context)
+    assert gpt_rows != default_rows
+    assert (await engine.sessions.get(ANONYMOUS, sid)).context_tokens == anchored - default_rows + gpt_rows
+
+
 async def test_images_are_priced_by_size_and_left_out_over_budget_with_a_notice() -> None:
     engine, _ = await _engine(_settings(context_window=8192, vision=True))
     big = IncomingImage(data=_png(2048, 2048))  # 4098 tokens each

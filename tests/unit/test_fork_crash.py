@@ -46,7 +46,9 @@ async def _rows(rig: Rig, sid: str) -> list[tuple[str, bool]]:
     return [(m.content, m.flags.is_context) for m in rows]
 
 
-@pytest.mark.parametrize("step", [1, 2, 3, 4, 5])
+# The fork's durable writes: its history chunks, then its log (one file: header, rows and state).
+# Step 3 is past them: the fork completes.
+@pytest.mark.parametrize("step", [1, 2, 3])
 async def test_a_fork_cut_by_a_crash_is_whole_or_absent_after_a_restart(tmp_path: Path, step: int) -> None:
     backing = FilesBacking(tmp_path)
     rig = await Rig.over(backing)
@@ -70,6 +72,7 @@ async def test_a_fork_cut_by_a_crash_is_whole_or_absent_after_a_restart(tmp_path
         rig = await Rig.over(backing)  # the restart: a new store over the same directory
         page = await rig.store.list_sessions(caller=ANONYMOUS, limit=10)
         forks = [s.id for s in page.sessions if s.id != parent]
+        assert crashed == (step <= 2), made
         if crashed and not forks:
             return
         assert len(forks) == 1

@@ -23,6 +23,8 @@ NOW = datetime(2026, 12, 7, 20, 0, 0, tzinfo=UTC)
         ("soon", 0.0),
         ("-5", 0.0),
         ("1.5", 0.0),  # not delay-seconds (an integer) nor a date
+        ("²", 0.0),  # a digit to str.isdigit, not to float()
+        ("٣", 0.0),
     ],
 )
 def test_retry_after_is_delay_seconds_or_a_date(header: str, seconds: float) -> None:

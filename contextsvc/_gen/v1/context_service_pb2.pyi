@@ -708,7 +708,9 @@ class CompressRequest(_message.Message):
     reason: _builtins.str
     """Free-text reason recorded with the compaction."""
     dry_run: _builtins.bool
-    """Only plan; change nothing."""
+    """Only plan and predict (the response's `plan`, `method` and, for clearing, its counts); change
+    nothing.
+    """
     @_builtins.property
     def profile(self) -> _resources_pb2.Profile:
         """Profile overrides. Unset: the profile the session's last BuildContext used (as the post-turn check)."""
@@ -773,7 +775,8 @@ class CompressResponse(_message.Message):
     @_builtins.property
     def stages(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.CompressionStage]:
         """Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
-        then hard_truncate when clearing alone could not reach the target.
+        then hard_truncate when clearing alone could not reach the target. A dry run: the clearing
+        stage the run would commit, when it would.
         """
 
     def __init__(

@@ -314,16 +314,34 @@ function renderView(frame) {
   fill($("#notices"), ...frame.view.notices.map((n) => el("li", {}, n)));
 }
 
-function renderPreview(plan) {
+// How a compaction would run, as a dry run names it (CompressResponse.method).
+const PREVIEW_METHODS = {
+  summary: "a summary of the older turns",
+  clear_tool_results: "clearing old tool results",
+  hard_truncate: "dropping the older turns (no summary)",
+};
+
+function renderPreview(frame) {
   const body = $("#preview-body");
-  fill(body,
-    plan.would_compress
-      ? el("p", {},
-        `Would move ${fmt(plan.messages_to_drop)} rows out of the context (#${plan.first_sequence}–#${plan.last_sequence}), `,
-        `keep ${fmt(plan.messages_to_keep)} rows (${plan.turns_kept} turns, ${fmt(plan.tokens_kept)} tokens); `,
-        `context now ${fmt(plan.tokens_before)} tokens.`)
-      : el("p", {}, `Nothing to compress: ${plan.detail || "the context is already small"}.`),
-  );
+  const plan = frame.plan || {};
+  const how = PREVIEW_METHODS[frame.method];
+  let text;
+  if (!plan.would_compress) {
+    text = el("p", {}, `Nothing to compress: ${plan.detail || "the context is already small"}.`);
+  } else if (frame.method === "clear_tool_results") {
+    // Clearing needs no summarizer: the dry run gives its exact counts.
+    const stage = (frame.stages || [])[0] || {};
+    text = el("p", {},
+      `By ${how}: would clear ${fmt(stage.messages_removed)} tool results; `,
+      `context ${fmt(frame.context_tokens_before)} → ${fmt(frame.context_tokens_after)} tokens.`);
+  } else {
+    text = el("p", {},
+      how ? `By ${how}: ` : "",
+      `Would move ${fmt(plan.messages_to_drop)} rows out of the context (#${plan.first_sequence}–#${plan.last_sequence}), `,
+      `keep ${fmt(plan.messages_to_keep)} rows (${plan.turns_kept} turns, ${fmt(plan.tokens_kept)} tokens); `,
+      `context now ${fmt(plan.tokens_before)} tokens.`);
+  }
+  fill(body, text);
   $("#compress-confirm").disabled = !plan.would_compress;
   $("#preview").hidden = false;
 }
@@ -387,7 +405,7 @@ function onFrame(frame) {
       renderPage(frame);
       break;
     case "compact_preview":
-      renderPreview(frame.plan);
+      renderPreview(frame);
       break;
     case "compact_result":
     case "message_ack":

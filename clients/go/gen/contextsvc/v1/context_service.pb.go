@@ -1355,7 +1355,8 @@ type CompressRequest struct {
 	Profile *Profile `protobuf:"bytes,2,opt,name=profile,proto3" json:"profile,omitempty"`
 	// Free-text reason recorded with the compaction.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	// Only plan; change nothing.
+	// Only plan and predict (the response's `plan`, `method` and, for clearing, its counts); change
+	// nothing.
 	DryRun        bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1443,7 +1444,8 @@ type CompressResponse struct {
 	// counts after it and its stage; a summary's outcome depends on the summarizer's answer.
 	Plan *CompressionPlan `protobuf:"bytes,9,opt,name=plan,proto3" json:"plan,omitempty"`
 	// Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
-	// then hard_truncate when clearing alone could not reach the target.
+	// then hard_truncate when clearing alone could not reach the target. A dry run: the clearing
+	// stage the run would commit, when it would.
 	Stages        []*CompressionStage `protobuf:"bytes,10,rep,name=stages,proto3" json:"stages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -742,7 +742,8 @@ export type CompressRequest = Message<"contextsvc.v1.CompressRequest"> & {
   reason: string;
 
   /**
-   * Only plan; change nothing.
+   * Only plan and predict (the response's `plan`, `method` and, for clearing, its counts); change
+   * nothing.
    *
    * @generated from field: bool dry_run = 4;
    */
@@ -829,7 +830,8 @@ export type CompressResponse = Message<"contextsvc.v1.CompressResponse"> & {
 
   /**
    * Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
-   * then hard_truncate when clearing alone could not reach the target.
+   * then hard_truncate when clearing alone could not reach the target. A dry run: the clearing
+   * stage the run would commit, when it would.
    *
    * @generated from field: repeated contextsvc.v1.CompressionStage stages = 10;
    */
