@@ -217,6 +217,16 @@ class TokenSettings(_Section):
     #: past that ceiling cannot be the view's: RecordBaseline refuses it as INVALID_ARGUMENT
     #: rather than let one bad number anchor the session and price the model for every session.
     baseline_unseen_tokens: int = Field(131_072, ge=0)
+    #: what a client sends beside each view (tool definitions, above all) is learned per session
+    #: from its baselines: a count of a view that exceeds the view's price by more than
+    #: ``beside_share`` of that price and at least ``beside_min_tokens`` holds that excess beside
+    #: the view (no calibration misses by half: cold estimates are off by a third at worst). A view
+    #: priced whole (a session's first, every one after a compaction) adds it, and the compaction
+    #: counts it among the tokens it cannot drop; such counts teach the model's calibration
+    #: nothing (their residuals made every view's margin several times its price, and an agent
+    #: with 3,000 tokens of tools on an 8k window was compacted to one message every turn).
+    beside_min_tokens: int = Field(256, ge=0)
+    beside_share: float = Field(0.5, ge=0)
     view_image_budget_fraction: float = Field(0.8, gt=0, le=1)
     #: how long a replica trusts its cached calibration before re-reading the store's observations.
     calibration_refresh_seconds: float = Field(5.0, ge=0)

@@ -11,6 +11,7 @@ tokens. Where the DESIGN and the persisted observations say "chars", read size u
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -488,6 +489,7 @@ def estimate(
     margin_share: float = 0.0,
     since: Sequence[Message] | None = None,
     image_free: bool = False,
+    beside: int = 0,
 ) -> TokenEstimate:
     """Estimate the view made of ``system`` prompt, ``records``, ``context`` and ``incoming``.
 
@@ -511,6 +513,11 @@ def estimate(
     ``segment_features`` (a calibrated counter only): the ``messages_features`` of each of
     ``estimate_segments`` (None for an empty one), kept by a caller that re-prices the same view;
     the segments are then priced from them, without reading the messages again (the same sums).
+
+    ``beside``: tokens the client sends beside the view (tool definitions), counted in the system
+    segment and never priced (the margin does not scale with them). A view priced whole adds
+    them; a baseline's count already holds them, so with a baseline the other segments share
+    the rest of the total.
 
     ``since`` (with a baseline): the rows of ``records`` and ``context`` the baseline's view did
     not hold, in their order, when the caller knows them (a view extended by the rows appended
@@ -540,8 +547,10 @@ def estimate(
         images=0 if image_free else image_tokens_of([*records, *context, *incoming], fallback_tokens=image_fallback),
         incoming=incoming_tokens,
     )
-    segments, method = raw, counter.method
     priced = raw.total - raw.images
+    if beside > 0 and baseline is None and view:
+        raw = dataclasses.replace(raw, system=raw.system + beside)
+    segments, method = raw, counter.method
     margin_tokens = sum(m for _, m in priced_segments) + counter.margin_rate * max(0, overhead)
     if baseline is not None:
         # Rows newer than the baseline's view; an unnumbered row cannot be in it either.
@@ -554,6 +563,10 @@ def estimate(
         priced, margin_tokens = counter.count_and_margin(delta)
         total = baseline_delta(baseline.tokens, delta, counter, image_fallback=image_fallback, counted=priced)
         segments, method = _scaled(raw, total), EstimateMethod.BASELINE_DELTA
+        held = min(beside, total) if view else 0
+        if held > 0:  # what the count holds beside the view is system tokens, not a share of each
+            segments = _scaled(raw, total - held)
+            segments = dataclasses.replace(segments, system=segments.system + held)
         if isinstance(counter, CalibratedCounter):
             base = margin_base(priced, segments.total - segments.images, margin_share)
             margin_tokens += counter.calibration.margin_beyond(base - priced)

@@ -11,6 +11,8 @@ from contextsvc.core.session import SessionInfo
 #: whole when full (a few KB a session: the mappings are small and the store holds most anyway).
 _parsed: dict[int, tuple[dict[str, Any], EngineState]] = {}
 _PARSED_MAX = 4096
+#: key of ``EngineState.beside`` in the state mapping (kept across compactions, as ``extra`` is).
+BESIDE_KEY = "beside_tokens"
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +88,21 @@ class EngineState:
         if baseline is None or not baseline.shape or baseline.shape == shape:
             return self
         return replace(self, baseline=None)
+
+    @property
+    def beside(self) -> int:
+        """Tokens the session's client sends beside each view (tool definitions), learned from its
+        baselines (``ViewService``); 0 when none were seen."""
+        value = self.extra.get(BESIDE_KEY, 0)
+        return value if isinstance(value, int) and value > 0 else 0
+
+    def with_beside(self, tokens: int) -> EngineState:
+        if tokens == self.beside:
+            return self
+        extra = {k: v for k, v in self.extra.items() if k != BESIDE_KEY}
+        if tokens > 0:
+            extra[BESIDE_KEY] = tokens
+        return replace(self, extra=extra)
 
     def after_compaction(self) -> EngineState:
         return replace(self, baseline=None, epoch=self.epoch + 1)

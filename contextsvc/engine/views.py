@@ -114,6 +114,14 @@ class PendingAnchor:
     tokens: int
     #: the session as the baseline read it (``try_anchor`` writes only if it is still so)
     read: SessionInfo | None = None
+    #: tokens the count holds beside the view (``ViewService._beside``); None leaves the state's
+    beside: int | None = None
+
+    def applied_to(self, state: EngineState) -> EngineState:
+        """``state`` anchored on this baseline."""
+        view = self.view
+        anchored = state.with_baseline(self.tokens, view.last_sequence, self.view_id, view.shape)
+        return anchored if self.beside is None else anchored.with_beside(self.beside)
 
 
 def _anchorable(view: ViewRecord, session: SessionInfo) -> bool:
@@ -124,10 +132,12 @@ def _anchorable(view: ViewRecord, session: SessionInfo) -> bool:
     return not view.had_images and view.epoch == EngineState.of(session).epoch
 
 
-def _pending(view_id: str, view: ViewRecord, prompt_tokens: int, read: SessionInfo) -> PendingAnchor:
+def _pending(
+    view_id: str, view: ViewRecord, prompt_tokens: int, read: SessionInfo, beside: int | None = None
+) -> PendingAnchor:
     # The incoming message the view carried is appended later, newer than the view's last
     # sequence: the anchor holds the stored part only, or baseline + delta counts it twice.
-    return PendingAnchor(view_id, view, max(1, prompt_tokens - view.incoming_tokens), read)
+    return PendingAnchor(view_id, view, max(1, prompt_tokens - view.incoming_tokens), read, beside)
 
 
 @dataclass(slots=True)
@@ -794,6 +804,7 @@ class ViewService:
             since=since,
             image_free=image_free,
             margin_share=self._settings.tokens.margin_view_share,
+            beside=state.beside,
         )
 
     def forget(self, session_id: str) -> None:
@@ -1164,12 +1175,15 @@ class ViewService:
                 truncation_reason=reason,
                 lower_bound=bound,
             )
+        known = EngineState.of(session).beside
+        beside = self._beside(view, prompt_tokens, calibration, known)
+        observation = self._observation(view, prompt_tokens, beside=known, inert=bool(beside and not known))
         if self._publisher is not None:
             # The observation and the event in one statement, after the anchor (applied, or
             # deferred behind a compaction), as the quick way orders them.
             if _anchorable(view, session):
-                await anchor(_pending(view_id, view, prompt_tokens, session))
-            write = self._baseline_write(view_id, view, prompt_tokens, self._observation(view, prompt_tokens))
+                await anchor(_pending(view_id, view, prompt_tokens, session, beside))
+            write = self._baseline_write(view_id, view, prompt_tokens, observation)
             if not await self._publisher.observe_baseline(sid, caller=caller, write=write):
                 # Deleted since it was read: the answer of an unknown session (stores' too).
                 raise NotFound("session not found", metadata={"session_id": sid})
@@ -1179,9 +1193,9 @@ class ViewService:
             return BaselineResult(
                 recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
             )
-        calibration = await self._observe(sid, view, prompt_tokens, concurrent)
+        calibration = await self._accounting.observe(view.model, observation, source=sid, concurrent=concurrent)
         if _anchorable(view, session):  # the cycle is checked again where the anchor is applied
-            await anchor(_pending(view_id, view, prompt_tokens, session))
+            await anchor(_pending(view_id, view, prompt_tokens, session, beside))
         await self._recorded(sid, session.user_id, view_id, view, prompt_tokens)
         return BaselineResult(
             recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
@@ -1217,11 +1231,13 @@ class ViewService:
         reason, bound = self._truncation(prompt_tokens, view, calibration)
         if reason:
             return None
-        observation = self._observation(view, prompt_tokens)
+        known = EngineState.of(read).beside
+        beside = self._beside(view, prompt_tokens, calibration, known)
+        observation = self._observation(view, prompt_tokens, beside=known, inert=bool(beside and not known))
         write = None
         if self._publisher is not None:
             write = self._baseline_write(saved.view_id, view, prompt_tokens, observation)
-        pending = _pending(saved.view_id, view, prompt_tokens, read)
+        pending = _pending(saved.view_id, view, prompt_tokens, read, beside)
         written = await quick_anchor(pending, write)
         if written is None and write is not None and self._publisher is not None:
             if not await self._publisher.observe_baseline(sid, caller=caller, write=write, created=read.create_time):
@@ -1245,19 +1261,49 @@ class ViewService:
         payload = _recorded_payload(view_id, view, prompt_tokens)
         return BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
 
-    def _observation(self, view: ViewRecord, prompt_tokens: int) -> Observation:
+    def _observation(
+        self, view: ViewRecord, prompt_tokens: int, *, beside: int = 0, inert: bool = False
+    ) -> Observation:
+        """The calibration's observation of a baseline: of the count less ``beside``, what the
+        session was known to send beside its views when the view was built (``_beside``; the
+        view's estimate held it too). ``inert``: the count holds tokens sent beside the view
+        that were not known yet: kept without features or residual, so neither the fit nor the
+        margin reads it."""
+        if inert:
+            return Observation(chars=view.chars, tokens=prompt_tokens, had_images=view.had_images)
+        tokens = max(1, prompt_tokens - beside)
         return Observation(
             chars=view.chars,
-            tokens=prompt_tokens,
+            tokens=tokens,
             had_images=view.had_images,
             features=view.features,
             residual=_residual(prompt_tokens, view, self._settings.tokens.margin_view_share),
         )
 
-    async def _observe(self, sid: str, view: ViewRecord, prompt_tokens: int, concurrent: bool) -> Calibration:
-        return await self._accounting.observe(
-            view.model, self._observation(view, prompt_tokens), source=sid, concurrent=concurrent
-        )
+    def _beside(self, view: ViewRecord, prompt_tokens: int, calibration: Calibration, known: int) -> int:
+        """Tokens a count of ``view`` holds beside the view (tool definitions): its excess over
+        the view's price, when that is more than a calibration misses by (``tokens.beside_share``
+        of the price, and at least ``beside_min_tokens``); for a session already known to send
+        some (``known``), any excess past ``beside_min_tokens`` (their price moves with the
+        calibration). 0 when the count is the view's.
+
+        Judged on views priced whole only (a session's first, the first after a compaction):
+        those are small, and a calibration misses a small view by little; an anchored view is
+        as large as the session has grown, and its excess would carry the calibration's miss on
+        all of it. ``known`` stays for the others, and for a view the price cannot judge
+        (images, no features)."""
+        tokens = self._settings.tokens
+        if view.had_images or not view.features:
+            return known
+        # Priced whole: all of its estimate but what is known to be sent beside was priced.
+        if view.priced_tokens + view.image_tokens + known < view.estimated_tokens:
+            return known
+        price = calibration.price(view.features)
+        excess = prompt_tokens - math.ceil(price)
+        least = tokens.beside_min_tokens
+        if excess > max(least, tokens.beside_share * price) or (known and excess > least):
+            return excess
+        return 0
 
     async def _recorded(self, sid: str, user_id: str, view_id: str, view: ViewRecord, prompt_tokens: int) -> None:
         await self._bus.publish(
@@ -1279,8 +1325,7 @@ class ViewService:
         read, view = pending.read, pending.view
         if read is None or read.last_sequence != view.last_sequence or not _anchorable(view, read):
             return None
-        anchored = EngineState.of(read).with_baseline(pending.tokens, view.last_sequence, pending.view_id, view.shape)
-        state = anchored.to_dict()
+        state = pending.applied_to(EngineState.of(read)).to_dict()
         if write is not None and self._publisher is not None:
             return await self._publisher.anchor_baseline(
                 session_id, caller=caller, read=read, context_tokens=pending.tokens, state=state, write=write
@@ -1318,7 +1363,7 @@ class ViewService:
             caller=caller,
             context_tokens=context_tokens,
             context_truncated=False,
-            state=state.with_baseline(pending.tokens, view.last_sequence, pending.view_id, view.shape).to_dict(),
+            state=pending.applied_to(state).to_dict(),
             durable=False,
             # Appends take no compaction lock: one committed since the read keeps what it added
             # (an absolute write would lose it, and the session's count would stay short).

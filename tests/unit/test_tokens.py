@@ -310,3 +310,24 @@ def test_exact_method_is_reported(tmp_path: Path) -> None:
     exact = ExactCounter(load_tokenizer(_word_tokenizer(tmp_path)))
     est = estimate(counter=exact, window=1000, reserve=0, system="hello", context=[msg("hello world", 1)])
     assert (est.total, est.method) == (3, EstimateMethod.EXACT)
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_tokens_sent_beside_the_view_are_system_tokens_and_never_priced(anchored: bool) -> None:
+    context = [msg(PROSE * 100, 1), msg(JSON * 100, 2), msg(PROSE * 10, 3)]
+    common = {"counter": LINE, "window": 100_000, "reserve": 2048, "system": PROSE * 10, "context": context}
+    baseline = Baseline(tokens=7000, last_sequence=2) if anchored else None
+    plain = estimate(**common, baseline=baseline)
+    held = estimate(**common, baseline=baseline, beside=3000)
+    assert held.segments.total == held.total
+    assert held.priced == plain.priced and held.margin == plain.margin  # the margin does not scale with them
+    if anchored:
+        # The count already holds them: the same total, the system segment holds them whole.
+        assert held.total == plain.total
+        assert held.segments.system >= 3000
+    else:
+        assert held.total == plain.total + 3000
+        assert held.segments.system == plain.segments.system + 3000
+    # A standalone list is no view: nothing is sent beside it.
+    listed = estimate(**common, beside=3000, view=False)
+    assert listed.total == estimate(**common, view=False).total
