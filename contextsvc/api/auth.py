@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -161,34 +160,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 async def _while_valid(
     items: AsyncIterator[Any], check: Callable[[], Awaitable[None]], every: float
 ) -> AsyncGenerator[Any, None]:
-    """Yield ``items`` while ``check()`` passes (it aborts the call when not): it runs every
-    ``every`` seconds while the stream waits, and before an item once that long has passed."""
-    iterator = aiter(items)
-    due = time.monotonic() + every
-    pending: asyncio.Future[Any] | None = None
-    try:
+    """Yield ``items`` while ``check()`` passes. It runs every ``every`` seconds in a task of its
+    own beside the stream; when it aborts the call (the status goes to the client at once), the
+    stream's task is cancelled so the handler ends too. One task a stream: racing each item
+    against a timer took a task and a timer an event (~16 us, every watcher of every event)."""
+    stream = asyncio.current_task()
+    assert stream is not None
+
+    async def watch() -> None:
         while True:
-            pending = asyncio.ensure_future(anext(iterator))
-            while not pending.done():
-                await asyncio.wait((pending,), timeout=max(0.0, due - time.monotonic()))
-                if time.monotonic() >= due:
-                    await check()
-                    due = time.monotonic() + every
+            await asyncio.sleep(every)
             try:
-                item = pending.result()
-            except StopAsyncIteration:
+                await check()
+            except Exception:  # the call was aborted (AbortError): end the stream's task too
+                stream.cancel()
                 return
-            pending = None
+
+    watchdog = asyncio.create_task(watch(), name="stream-token-check")
+    try:
+        async for item in items:
             yield item
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
-                await pending
-        closer = getattr(iterator, "aclose", None)
-        if closer is not None:
-            with contextlib.suppress(Exception):
-                await closer()
+        watchdog.cancel()
 
 
 def _audit_foreign_read(admin: str, method: str, session_id: str) -> Callable[[str], None]:
