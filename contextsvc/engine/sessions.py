@@ -7,7 +7,7 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, ImageRef, Message, text_bytes
@@ -326,11 +326,18 @@ class SessionService:
         expected: str | None,
         turn_complete: bool,
     ) -> AppendResult:
+        target: Any = self._store
+        published: dict[str, AppendEvent] = {}
         if self._publisher is not None:
             # The event is published by the append's own statement (the store adds the sequence
             # numbers and the context tokens, as below).
-            event = AppendEvent("messages_appended", {"request_id": request_id, "turn_complete": turn_complete})
-            return await self._publisher.append_messages(
+            target = self._publisher
+            published["event"] = AppendEvent(
+                "messages_appended", {"request_id": request_id, "turn_complete": turn_complete}
+            )
+        return cast(
+            AppendResult,
+            await target.append_messages(
                 sid,
                 rows,
                 caller=caller,
@@ -338,16 +345,8 @@ class SessionService:
                 context_tokens_delta=delta,
                 request_fingerprint=fingerprint,
                 expected_profile_id=expected,
-                event=event,
-            )
-        return await self._store.append_messages(
-            sid,
-            rows,
-            caller=caller,
-            request_id=request_id,
-            context_tokens_delta=delta,
-            request_fingerprint=fingerprint,
-            expected_profile_id=expected,
+                **published,
+            ),
         )
 
     @contextlib.asynccontextmanager
