@@ -302,6 +302,13 @@ def test_inspector_over_https_and_wss_with_a_tls_server(browser: Any, tmp_path: 
         page.click("#composer button[type=submit]")
         page.wait_for_selector('#events li[data-type="messages_appended"]', timeout=TIMEOUT_MS)
         page.wait_for_selector("#display .row:has-text('sent over wss')", timeout=TIMEOUT_MS)
+        # A token given on an https page is kept in a Secure cookie: cookies are not scoped by
+        # scheme, and it would also go to a plain-http page of the same host.
+        page.once("dialog", lambda dialog: dialog.accept("tok-over-https"))
+        page.click("#token-button")
+        page.wait_for_selector("#status[data-state=live]", timeout=TIMEOUT_MS)
+        [cookie] = [c for c in context.cookies() if c["name"] == "contextsvc_token"]
+        assert cookie["value"] == "tok-over-https" and cookie["secure"] is True
     finally:
         context.close()
         proc.kill()

@@ -38,7 +38,10 @@ function setStatus(state, text) {
 function askToken() {
   const token = window.prompt("API token (stored in a cookie for this site):", "");
   if (token === null) return false;
-  document.cookie = `${COOKIE}=${encodeURIComponent(token.trim())}; path=/; SameSite=Strict`;
+  // Secure over https: cookies are not scoped by port or scheme, and without it the token would
+  // also go to a plain-http page of the same host. (Over http a Secure cookie would not be kept.)
+  const secure = location.protocol === "https:" ? "; Secure" : "";
+  document.cookie = `${COOKIE}=${encodeURIComponent(token.trim())}; path=/; SameSite=Strict${secure}`;
   return true;
 }
 
