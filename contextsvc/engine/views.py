@@ -526,6 +526,10 @@ class ViewService:
         #: builds and baselines this process served, of every session: a baseline that finds its
         #: view's count (``_SavedView.calls``) behind it was not the only request under way.
         self._calls = 0
+        #: (session, view) pairs whose baseline this process gave the calibration, newest last
+        #: (as many as the sessions whose views are kept): a client that retries a RecordBaseline
+        #: must not weigh one view as several in the model's fit.
+        self._observed: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     async def prepare_incoming(
         self, incoming: IncomingMessage | None, field: str
@@ -1177,7 +1181,8 @@ class ViewService:
             )
         known = EngineState.of(session).beside
         beside = self._beside(view, prompt_tokens, calibration, known)
-        observation = self._observation(view, prompt_tokens, beside=known, inert=bool(beside and not known))
+        inert = bool(beside and not known) or (sid, view_id) in self._observed
+        observation = self._observation(view, prompt_tokens, beside=known, inert=inert)
         if self._publisher is not None:
             # The observation and the event in one statement, after the anchor (applied, or
             # deferred behind a compaction), as the quick way orders them.
@@ -1190,10 +1195,12 @@ class ViewService:
             calibration = await self._accounting.observe(
                 view.model, write.observation, source=sid, concurrent=concurrent, written=True
             )
+            self._mark_observed(sid, view_id)
             return BaselineResult(
                 recorded=True, truncated=False, model=view.model, calibration=calibration, lower_bound=bound
             )
         calibration = await self._accounting.observe(view.model, observation, source=sid, concurrent=concurrent)
+        self._mark_observed(sid, view_id)
         if _anchorable(view, session):  # the cycle is checked again where the anchor is applied
             await anchor(_pending(view_id, view, prompt_tokens, session, beside))
         await self._recorded(sid, session.user_id, view_id, view, prompt_tokens)
@@ -1233,7 +1240,8 @@ class ViewService:
             return None
         known = EngineState.of(read).beside
         beside = self._beside(view, prompt_tokens, calibration, known)
-        observation = self._observation(view, prompt_tokens, beside=known, inert=bool(beside and not known))
+        inert = bool(beside and not known) or (sid, saved.view_id) in self._observed
+        observation = self._observation(view, prompt_tokens, beside=known, inert=inert)
         write = None
         if self._publisher is not None:
             write = self._baseline_write(saved.view_id, view, prompt_tokens, observation)
@@ -1248,6 +1256,7 @@ class ViewService:
         calibration = await self._accounting.observe(
             view.model, observation, source=sid, concurrent=concurrent, written=write is not None
         )
+        self._mark_observed(sid, saved.view_id)
         if write is None:
             await self._recorded(sid, read.user_id, saved.view_id, view, prompt_tokens)
         return BaselineResult(
@@ -1279,6 +1288,13 @@ class ViewService:
             features=view.features,
             residual=_residual(prompt_tokens, view, self._settings.tokens.margin_view_share),
         )
+
+    def _mark_observed(self, sid: str, view_id: str) -> None:
+        key = (sid, view_id)
+        self._observed[key] = None
+        self._observed.move_to_end(key)
+        while len(self._observed) > max(1, self._settings.hot_path.view_cache_sessions):
+            self._observed.popitem(last=False)
 
     def _beside(self, view: ViewRecord, prompt_tokens: int, calibration: Calibration, known: int) -> int:
         """Tokens a count of ``view`` holds beside the view (tool definitions): its excess over

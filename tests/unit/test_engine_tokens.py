@@ -392,6 +392,27 @@ async def test_a_model_switch_reprices_the_rows_and_keeps_what_the_count_holds_b
     assert (await engine.sessions.get(ANONYMOUS, sid)).context_tokens == anchored - default_rows + gpt_rows
 
 
+async def test_a_retried_baseline_teaches_the_calibration_once() -> None:
+    """A client that retries RecordBaseline (it is not idempotent in the clients) sends the same
+    view's count again: recorded each time, but one view weighs as one observation in the fit
+    (four copies filled half of the model's eight-observation window)."""
+    engine, _ = await _engine(_settings())
+    sid = await _session_with(engine, _msg(Role.USER, "deploy the payments service " * 20))
+    view = await _build(engine, sid)
+    model = ProfileConfig().model
+    for _ in range(4):
+        result = await engine.record_baseline(ANONYMOUS, sid, view_id=view.view_id, prompt_tokens=view.estimate.total)
+        assert result.recorded
+    observations = await engine.store.list_calibration_observations(model, limit=100)
+    assert sum(o.usable for o in observations) == 1
+    # Another view of the session is a new observation.
+    await engine.append(ANONYMOUS, sid, [_msg(Role.ASSISTANT, "done " * 40)], request_id="", turn_complete=False)
+    again = await _build(engine, sid)
+    await engine.record_baseline(ANONYMOUS, sid, view_id=again.view_id, prompt_tokens=again.estimate.total)
+    observations = await engine.store.list_calibration_observations(model, limit=100)
+    assert sum(o.usable for o in observations) == 2
+
+
 async def test_images_are_priced_by_size_and_left_out_over_budget_with_a_notice() -> None:
     engine, _ = await _engine(_settings(context_window=8192, vision=True))
     big = IncomingImage(data=_png(2048, 2048))  # 4098 tokens each
