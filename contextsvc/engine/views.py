@@ -1179,10 +1179,7 @@ class ViewService:
                 truncation_reason=reason,
                 lower_bound=bound,
             )
-        known = EngineState.of(session).beside
-        beside = self._beside(view, prompt_tokens, calibration, known)
-        inert = bool(beside and not known) or (sid, view_id) in self._observed
-        observation = self._observation(view, prompt_tokens, beside=known, inert=inert)
+        beside, observation = self._judged(sid, view_id, view, prompt_tokens, calibration, session)
         if self._publisher is not None:
             # The observation and the event in one statement, after the anchor (applied, or
             # deferred behind a compaction), as the quick way orders them.
@@ -1238,10 +1235,7 @@ class ViewService:
         reason, bound = self._truncation(prompt_tokens, view, calibration)
         if reason:
             return None
-        known = EngineState.of(read).beside
-        beside = self._beside(view, prompt_tokens, calibration, known)
-        inert = bool(beside and not known) or (sid, saved.view_id) in self._observed
-        observation = self._observation(view, prompt_tokens, beside=known, inert=inert)
+        beside, observation = self._judged(sid, saved.view_id, view, prompt_tokens, calibration, read)
         write = None
         if self._publisher is not None:
             write = self._baseline_write(saved.view_id, view, prompt_tokens, observation)
@@ -1269,6 +1263,23 @@ class ViewService:
         anchor: its ``observation`` and the ``BASELINE_RECORDED`` event."""
         payload = _recorded_payload(view_id, view, prompt_tokens)
         return BaselineWrite(view.model, observation, BASELINE_RECORDED, payload)
+
+    def _judged(
+        self,
+        sid: str,
+        view_id: str,
+        view: ViewRecord,
+        prompt_tokens: int,
+        calibration: Calibration,
+        session: SessionInfo,
+    ) -> tuple[int, Observation]:
+        """What a baseline's count holds beside its view (``_beside``, for the anchor) and its
+        observation for the calibration: inert when it is the first to show tokens sent beside
+        the view, or when this process already observed the view (a retried RecordBaseline)."""
+        known = EngineState.of(session).beside
+        beside = self._beside(view, prompt_tokens, calibration, known)
+        inert = bool(beside and not known) or (sid, view_id) in self._observed
+        return beside, self._observation(view, prompt_tokens, beside=known, inert=inert)
 
     def _observation(
         self, view: ViewRecord, prompt_tokens: int, *, beside: int = 0, inert: bool = False
