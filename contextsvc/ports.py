@@ -512,6 +512,11 @@ class EventBus(Protocol):
         order, without gaps or duplicates, filtered to what ``caller`` may read."""
         ...
 
+    async def retained_deletion(self, session_id: str) -> StoredEvent | None:
+        """The ``session_deleted`` event of ``session_id`` while the bus still retains it, else None:
+        a watcher of a session deleted while it was away resumes up to that event."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -46,6 +46,9 @@ class DeferredBus:
     ) -> AsyncIterator[StoredEvent]:
         return self._bus().subscribe(caller=caller, session_id=session_id, after_event_id=after_event_id)
 
+    async def retained_deletion(self, session_id: str) -> StoredEvent | None:
+        return await self._bus().retained_deletion(session_id)
+
     async def close(self) -> None:
         if self.target is not None:
             await self.target.close()

@@ -856,6 +856,9 @@ class _MeteredBus:
     def subscribe(self, **kwargs: Any) -> AsyncIterator[StoredEvent]:
         return self._follow(self._inner.subscribe(**kwargs))
 
+    async def retained_deletion(self, session_id: str) -> StoredEvent | None:
+        return await self._inner.retained_deletion(session_id)
+
     async def _follow(self, events: AsyncIterator[StoredEvent]) -> AsyncIterator[StoredEvent]:
         self._m.watchers.add(1)
         try:

@@ -502,7 +502,14 @@ class SessionService:
         sid = ""
         if session_id:
             sid = require_session_id(session_id)
-            await self._store.get_session(sid, caller=caller)
+            try:
+                await self._store.get_session(sid, caller=caller)
+            except NotFound:
+                # Deleted while the watcher was away: it may still read what it missed, up to the
+                # deletion, while the bus retains it (the stream ends after ``session_deleted``).
+                gone = await self._bus.retained_deletion(sid) if after_event_id else None
+                if gone is None or gone.event_id <= after_event_id or not caller.may_read(gone.user_id):
+                    raise
         async for event in self._bus.subscribe(caller=caller, session_id=sid, after_event_id=after_event_id):
             yield event
 

@@ -51,6 +51,8 @@ class MemoryEventBus:
         self._next_id = time.time_ns() // 1000
         self._clock = clock or SystemClock()
         self._closed = False
+        #: retained ``session_deleted`` events by session (``retained_deletion``), let go with the log's.
+        self._deletions: dict[str, StoredEvent] = {}
 
     def watched_sessions(self) -> set[str]:
         """Sessions with a stream open on them (store maintenance never removes those)."""
@@ -68,6 +70,14 @@ class MemoryEventBus:
         )
         evicted = self._log[0] if len(self._log) == self._log.maxlen else None
         self._log.append(event)
+        if kind == "session_deleted":
+            self._deletions[session_id] = event
+        if (
+            evicted is not None
+            and evicted.kind == "session_deleted"
+            and self._deletions.get(evicted.session_id) is evicted
+        ):
+            del self._deletions[evicted.session_id]
         for w in self._watchers:
             if w.idle:
                 # Only visible events wake a watcher: other sessions' traffic costs it no task switch.
@@ -121,6 +131,9 @@ class MemoryEventBus:
                     yield event
         finally:
             self._watchers.remove(watcher)
+
+    async def retained_deletion(self, session_id: str) -> StoredEvent | None:
+        return self._deletions.get(session_id)
 
     async def close(self) -> None:
         self._closed = True

@@ -333,6 +333,12 @@ def test_stream_on_one_replica_sees_the_others_and_resumes_without_gaps(three: R
     finally:
         resumed.close()
 
+    # A watcher of the second session alone resumes on A, though C deleted it meanwhile: what it
+    # missed, then the deletion, and its stream ends (OK).
+    own = a.StreamEvents(pb.StreamEventsRequest(session_id=second, after_event_id=last_seen), timeout=CALL_S)
+    assert delivered(list(own)) == [e for e in missed if e[2] == second]
+    assert own.code() == grpc.StatusCode.OK and missed[-1][1] == "session_deleted"
+
 
 # -- 3. PostgreSQL stopped under load -------------------------------------------------------------
 

@@ -468,6 +468,25 @@ def test_stream_events_of_unknown_session_is_not_found(stub: Any) -> None:
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_stream_of_a_session_deleted_while_away_resumes_to_the_deletion(stub: Any) -> None:
+    """A watcher that reconnects after its session was deleted reads what it missed and the
+    deletion, and its stream ends (OK); a resume past the deletion is NOT_FOUND."""
+    sid = stub.CreateSession(pb.CreateSessionRequest()).id
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("one")]))
+    stream = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, after_event_id=1))
+    seen = next(iter(stream)).event_id
+    stream.cancel()
+    stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("two")]))
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid))
+    resumed = stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, after_event_id=seen), timeout=10)
+    got = list(resumed)
+    assert [e.WhichOneof("payload") for e in got] == ["messages_appended", "session_deleted"]
+    assert resumed.code() == grpc.StatusCode.OK and seen < got[0].event_id < got[1].event_id
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.StreamEvents(pb.StreamEventsRequest(session_id=sid, after_event_id=got[1].event_id))))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_fork_copies_both_buffers_up_to_a_message(stub: Any) -> None:
     sid = stub.CreateSession(pb.CreateSessionRequest(name="parent")).id
     stub.AppendMessages(

@@ -421,6 +421,12 @@ class PostgresEventBus:
         rows = await self._read("newest compression", sql, session_id)
         return _stored(rows[0], rows[0]["time"]) if rows else None
 
+    async def retained_deletion(self, session_id: str) -> StoredEvent | None:
+        sql = f"""SELECT {EVENT_COLUMNS} FROM events WHERE session_id = $1 AND kind = 'session_deleted'
+                   ORDER BY event_id DESC LIMIT 1"""
+        rows = await self._read("retained deletion", sql, session_id)
+        return _stored(rows[0], rows[0]["time"]) if rows else None
+
     def _acquire(self) -> Any:
         if self._pool is None:
             raise Unavailable("PostgreSQL event bus is not open")

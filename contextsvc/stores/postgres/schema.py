@@ -255,6 +255,12 @@ _V11_REQUEST_TOKENS = """
 ALTER TABLE append_requests ADD COLUMN context_tokens bigint;
 """
 
+# A session's deletion by session: a watcher resuming the stream of a session deleted while it was
+# away finds it there (``PostgresEventBus.retained_deletion``), one row a deleted session.
+_V12_DELETION_EVENTS = """
+CREATE INDEX events_deletions ON events (session_id) WHERE kind = 'session_deleted';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
@@ -267,6 +273,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "view shape", _V9_VIEW_SHAPE),
     Migration(10, "compression events index", _V10_COMPRESSION_EVENTS),
     Migration(11, "append request context tokens", _V11_REQUEST_TOKENS),
+    Migration(12, "deletion events index", _V12_DELETION_EVENTS),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.
