@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from contextsvc.core.session import ANONYMOUS
+
 TOKEN_PREFIX = "ctx_"
 #: bytes of randomness in a token (256 bits; the issue asks for at least 128).
 TOKEN_BYTES = 32
@@ -83,6 +85,9 @@ def check_user(user: str) -> str:
     """A user name as given to ``tokens create``; ValueError naming the rule otherwise."""
     if not _USER_SHAPE.match(user):
         raise ValueError(f"user name {user!r} must be 1-128 characters: letters, digits and . _ @ + - (not first)")
+    if user == ANONYMOUS.user_id:
+        # Sessions made while authentication was off belong to it: a token acting as it would own them.
+        raise ValueError(f"user name {user!r} is reserved for callers without a token")
     return user
 
 

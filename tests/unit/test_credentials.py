@@ -58,7 +58,7 @@ def test_bad_expiry_is_refused_naming_the_forms(text: str) -> None:
         parse_expiry(text, T0)
 
 
-@pytest.mark.parametrize("name", ["", " alice", "a b", "-x", "x" * 129, "al\nice", "é"])
+@pytest.mark.parametrize("name", ["", " alice", "a b", "-x", "x" * 129, "al\nice", "é", "anonymous"])
 def test_bad_user_names_are_refused(name: str) -> None:
     with pytest.raises(ValueError):
         check_user(name)
