@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -199,6 +199,12 @@ class CompressionLog(Protocol):
 
     async def newest_compression(self, session_id: str) -> StoredEvent | None: ...
 
+    async def publish_close(
+        self, started: StoredEvent, *, kind: str, payload: Mapping[str, Any]
+    ) -> StoredEvent | None: ...
+
+    async def start_closed(self, started: StoredEvent) -> bool: ...
+
 
 class CompactionBusy(Exception):
     """The session's compaction lock was not free within the bound a caller gave."""
@@ -233,6 +239,8 @@ class Situation:
     #: the compaction's closing event went out (``context_compressed``): a run cancelled after
     #: its commit landed must not close it a second time, as ``refused``.
     closed: bool = field(default=False, init=False)
+    #: the compaction's ``compression_started`` event, once published (what its close names).
+    started: StoredEvent | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.state = EngineState.of(self.session)
@@ -650,7 +658,7 @@ class Compactor:
                 )
             return CompressionReport(compressed=False, reason=s.reason, plan=plan)
         await self._close_left_open(s.session.id)
-        await self._publish(
+        s.started = await self._publish(
             s,
             "compression_started",
             {
@@ -741,7 +749,7 @@ class Compactor:
         return bool(cleared.cleared) and cleared.tokens_after <= self._clearing_goal(s)
 
     async def _close_refused(self, s: Situation, refusal: Refusal, detail: str) -> None:
-        await self._publish(
+        await self._publish_close(
             s, "compression_refused", {"reason": refusal.value, "trigger": s.reason.value, "detail": detail}
         )
 
@@ -1151,6 +1159,12 @@ class Compactor:
         )
         state = s.state.after_compaction()
         state = dataclasses.replace(state, extra={**state.extra, _LAST_AFTER: tokens_after})
+        if await self._start_closed(s):
+            log.warning(
+                "compaction not committed: another replica closed its start as abandoned (its lock was lost)",
+                extra={"session_id": s.session.id, "reason": s.reason.value},
+            )
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.CONFLICT)
         try:
             seqs = await self._store.commit_compaction(
                 s.session.id,
@@ -1206,7 +1220,7 @@ class Compactor:
             stages=tuple(stages),
         )
         s.closed = True
-        await self._publish(
+        await self._publish_close(
             s,
             "context_compressed",
             {
@@ -1277,12 +1291,44 @@ class Compactor:
             )
         return chunks
 
-    async def _publish(self, s: Situation, kind: str, payload: dict[str, Any]) -> None:
+    async def _publish(self, s: Situation, kind: str, payload: dict[str, Any]) -> StoredEvent | None:
         """Events report what happened; a bus failure must not turn a done compaction into an error."""
         try:
-            await self._bus.publish(session_id=s.session.id, user_id=s.session.user_id, kind=kind, payload=payload)
+            return await self._bus.publish(
+                session_id=s.session.id, user_id=s.session.user_id, kind=kind, payload=payload
+            )
         except Exception:
             log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
+            return None
+
+    async def _publish_close(self, s: Situation, kind: str, payload: dict[str, Any]) -> None:
+        """The compaction's closing event. Where compression events are shared by replicas, it
+        names its start and is published only if nobody closed that start yet: a compaction whose
+        lock died with its connection (a PostgreSQL restart) may have been taken for abandoned and
+        closed by another replica meanwhile."""
+        if self.compression_log is None or s.started is None:
+            await self._publish(s, kind, payload)
+            return
+        try:
+            closed = await self.compression_log.publish_close(s.started, kind=kind, payload=payload)
+        except Exception:
+            log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
+            return
+        if closed is None:
+            log.warning(
+                "compaction's start was closed already by another replica; its own close not published",
+                extra={"session_id": s.session.id, "kind": kind, "started_event_id": s.started.event_id},
+            )
+
+    async def _start_closed(self, s: Situation) -> bool:
+        """Whether another replica closed this compaction's start (it took it for abandoned: the
+        lock died with its connection): such a compaction commits nothing."""
+        if self.compression_log is None or s.started is None:
+            return False
+        try:
+            return await self.compression_log.start_closed(s.started)
+        except ContextError:
+            return False  # the commit's own check in context still stops an overlapping one
 
     async def close_abandoned(self, *, older_than: float, limit: int = 100) -> int:
         """Close each compaction announced and never closed: ``compression_refused`` (reason
@@ -1302,25 +1348,28 @@ class Compactor:
                     now = await events.newest_compression(started.session_id)
                     if now is None or now.event_id != started.event_id:
                         continue  # closed meanwhile, or a newer compaction announced itself
-                    await self._close_abandoned_start(started)
-                    closed += 1
+                    if await self._close_abandoned_start(started):
+                        closed += 1
             except (CompactionBusy, Conflict):
                 continue  # a compaction of the session runs: it will close its own
         if closed:
             log.warning("closed compactions announced and never ended", extra={"closed": closed})
         return closed
 
-    async def _close_abandoned_start(self, started: StoredEvent) -> None:
-        await self._bus.publish(
-            session_id=started.session_id,
-            user_id=started.user_id,
-            kind="compression_refused",
-            payload={
-                "reason": Refusal.FAILED.value,
-                "trigger": str(started.payload.get("reason", "")),
-                "detail": _ABANDONED_DETAIL,
-            },
-        )
+    async def _close_abandoned_start(self, started: StoredEvent) -> bool:
+        """Close ``started`` as failed, unless it was closed meanwhile. Whether this closed it."""
+        payload = {
+            "reason": Refusal.FAILED.value,
+            "trigger": str(started.payload.get("reason", "")),
+            "detail": _ABANDONED_DETAIL,
+        }
+        if self.compression_log is None:
+            await self._bus.publish(
+                session_id=started.session_id, user_id=started.user_id, kind="compression_refused", payload=payload
+            )
+            return True
+        closed = await self.compression_log.publish_close(started, kind="compression_refused", payload=payload)
+        return closed is not None
 
     async def _close_left_open(self, session_id: str) -> None:
         """Before a compaction announces itself (under the session's compaction lock): a start

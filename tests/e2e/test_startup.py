@@ -133,6 +133,36 @@ def test_misconfigured_store_is_one_line_and_exit_1(tmp_path: Path, store: str, 
     assert "hunter2" not in done.stderr + done.stdout
 
 
+@pytest.mark.parametrize(
+    ("misplaced", "expected"),
+    [
+        # A file where the store keeps a folder: not "[Errno 17] File exists".
+        ("blobs", "blobs is a file where a directory is expected"),
+        ("sessions", "sessions is a file where a directory is expected"),
+        # A folder where the store keeps a file (a session's log, its mark, the lock).
+        ("sessions/0b6f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4.jsonl", ".jsonl is a directory where a file is expected"),
+        ("lock", "lock is a directory where a file is expected"),
+    ],
+)
+def test_a_data_directory_holding_the_wrong_kind_of_entry_names_it(
+    tmp_path: Path, misplaced: str, expected: str
+) -> None:
+    data = tmp_path / "data"
+    (data / "sessions").mkdir(parents=True)
+    path = data / misplaced
+    if path.exists():
+        path.rmdir()
+    if misplaced in ("blobs", "sessions"):
+        path.write_text("not a directory")
+    else:
+        path.mkdir()
+    done = _serve(f"files:{data}", tmp_path)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("contextsvc: cannot open the store") and expected in last, done.stderr
+    assert str(path) in last and "Traceback" not in done.stderr
+
+
 def test_a_mistyped_token_store_is_one_line_and_exit_1(tmp_path: Path) -> None:
     done = subprocess.run(
         [

@@ -20,9 +20,13 @@ from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
 from contextsvc.startup import DeferredBus
 from contextsvc.stores.postgres import PostgresStore, make_postgres_store
+from contextsvc.summarizers.extractive import ExtractiveSummarizer
+from contextsvc.summarizers.registry import SummarizerSet
 from tests.postgres.conftest import pg_settings
-from tests.support.compaction_harness import a, u, words
+from tests.support.compaction_harness import a, overrides, u, words
 from tests.support.engines import make_engine
+from tests.support.postgres import fetch_rows
+from tests.support.stores import TickingClock
 
 ALICE = Principal("alice")
 WAIT = 30.0
@@ -119,3 +123,137 @@ async def test_the_next_compaction_closes_a_start_left_open_before_announcing_it
     assert seen[0].payload["reason"] == "failed" and "never reported" in seen[0].payload["detail"]
     # Nothing left for the sweep: the old start is closed, the new one closed itself.
     assert await engine_b.compactor.close_abandoned(older_than=0) == 0
+
+
+class _GatedSummarizer:
+    """A summarizer whose answer waits for ``gate``: a summary call still running when something
+    else happens (``called`` is set once it was asked)."""
+
+    name = "gated"
+    vision = False
+
+    def __init__(self) -> None:
+        self.called = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def summarize(self, request: Any) -> str:
+        self.called.set()
+        await asyncio.wait_for(self.gate.wait(), WAIT)
+        return f"- summarized {len(request.messages)} messages\nKEYS: gated"
+
+    async def close(self) -> None:
+        return None
+
+
+async def _end_compaction_lock_connections(dsn: str) -> int:
+    """What a PostgreSQL restart does to a compaction's lock: ends the connection holding it
+    (the two-key advisory locks, ``compaction_lock_keys``)."""
+    rows = await fetch_rows(
+        dsn,
+        """SELECT pg_terminate_backend(pid) FROM pg_locks
+            WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND pid <> pg_backend_pid()""",
+    )
+    return len(rows)
+
+
+@pytest.fixture
+async def gated_fleet(postgres_db: str) -> AsyncIterator[tuple[_GatedSummarizer, list[Any]]]:
+    """Two replicas on one database; the first also has the ``gated`` summarizer."""
+    gated = _GatedSummarizer()
+    settings = pg_settings(compaction_lock_timeout_seconds=5)
+    made: list[tuple[PostgresStore, Any, Engine]] = []
+    try:
+        for extra in ({"gated": gated}, {}):
+            store = await make_postgres_store(postgres_db, settings)
+            bus = store.make_event_bus()
+            summarizers: dict[str, Any] = {"extractive": ExtractiveSummarizer.from_settings(settings), **extra}
+            engine = Engine(
+                store=store, bus=bus, settings=settings, clock=TickingClock(), summarizers=SummarizerSet(summarizers)
+            )
+            engine.compactor.compression_log = bus
+            made.append((store, bus, engine))
+        yield gated, made
+    finally:
+        for store, bus, engine in made:
+            await engine.close()
+            await bus.close()
+            await store.close()
+
+
+async def _compaction_waiting_for_its_summary(
+    postgres_db: str, gated: _GatedSummarizer, engine_a: Engine, engine_b: Engine, bus_b: Any
+) -> tuple[str, Any, asyncio.Task[Any]]:
+    """A session compacted by replica A, whose summarizer has been asked and waits; a watcher of
+    the session's events from before it; the compaction's task."""
+    sid = (await engine_b.sessions.create(ALICE, profile_id="", name="", metadata={})).id
+    for k in range(10):
+        turn = [u(f"question {k} " + words(120)), a(f"answer {k} " + words(120))]
+        await engine_b.append(ALICE, sid, turn, request_id="", turn_complete=False)
+    newest = (await fetch_rows(postgres_db, "SELECT max(event_id) FROM events"))[0][0]
+    watcher = bus_b.subscribe(caller=ALICE, session_id=sid, after_event_id=newest)
+    first = asyncio.create_task(
+        engine_a.compress(
+            ALICE, sid, profile=overrides(summarizer="gated", strategies=["summarize"]), note="", dry_run=False
+        )
+    )
+    await asyncio.wait_for(gated.called.wait(), WAIT)
+    return sid, watcher, first
+
+
+async def _compression_kinds(watcher: Any) -> list[str]:
+    """The kinds of the compression events a watcher gets until none comes for a while."""
+    kinds: list[str] = []
+    for _ in range(20):
+        try:
+            event = await asyncio.wait_for(anext(watcher), 2.0)
+        except TimeoutError:
+            break
+        if event.kind in ("compression_started", "context_compressed", "compression_refused"):
+            kinds.append(event.kind)
+    return kinds
+
+
+async def test_a_compaction_whose_lock_died_with_a_server_restart_is_closed_once(
+    postgres_db: str, gated_fleet: tuple[_GatedSummarizer, list[Any]]
+) -> None:
+    """PostgreSQL restarts while replica A's compaction waits for its summarizer: the lock dies
+    with its connection, replica B compacts the session (closing A's start, which looks abandoned,
+    before announcing its own), and then A's summarizer answers and A finds its rows gone. A must
+    not close its start a second time: every start gets exactly one closing event."""
+    gated, ((_, _, engine_a), (_, bus_b, engine_b)) = gated_fleet
+    sid, watcher, first = await _compaction_waiting_for_its_summary(postgres_db, gated, engine_a, engine_b, bus_b)
+    assert await _end_compaction_lock_connections(postgres_db) == 1
+
+    second = await engine_b.compress(ALICE, sid, profile=ProfileOverrides(), note="", dry_run=False)
+    assert second.compressed
+    gated.gate.set()
+    report = await asyncio.wait_for(first, WAIT)
+    assert not report.compressed  # B committed first: A's rows left the context
+
+    assert await _compression_kinds(watcher) == [
+        "compression_started",  # A
+        "compression_refused",  # A's start, closed by B as abandoned
+        "compression_started",  # B
+        "context_compressed",  # B
+    ]
+    assert await engine_b.compactor.close_abandoned(older_than=0) == 0
+
+
+async def test_a_compaction_the_sweep_closed_as_abandoned_commits_nothing(
+    postgres_db: str, gated_fleet: tuple[_GatedSummarizer, list[Any]]
+) -> None:
+    """The same lost lock, and the sweep of replica B closes A's start as failed while A still
+    waits for its summary: A then commits nothing (watchers were told it failed) and publishes
+    no second close; the session compacts on its next run."""
+    gated, ((_, _, engine_a), (_, bus_b, engine_b)) = gated_fleet
+    sid, watcher, first = await _compaction_waiting_for_its_summary(postgres_db, gated, engine_a, engine_b, bus_b)
+    assert await _end_compaction_lock_connections(postgres_db) == 1
+    assert await engine_b.compactor.close_abandoned(older_than=0) == 1
+
+    gated.gate.set()
+    report = await asyncio.wait_for(first, WAIT)
+    assert not report.compressed
+    assert await _compression_kinds(watcher) == ["compression_started", "compression_refused"]
+    # Nothing was written: the ten turns' rows only, every one still in the context.
+    rows = await fetch_rows(postgres_db, "SELECT last_sequence, context_count FROM sessions WHERE session_id = $1", sid)
+    assert tuple(rows[0]) == (20, 20)

@@ -92,6 +92,23 @@ WITH locked AS (SELECT pg_advisory_xact_lock($7)),
 SELECT event_id FROM added, pg_notify($6, {notice("added")})"""
 
 
+#: The payload key naming the ``compression_started`` a closing event closes (``publish_close``).
+CLOSES_KEY = "started_event_id"
+_CLOSES = f"""
+    SELECT 1 FROM events
+     WHERE session_id = $1 AND event_id > $2 AND kind IN ('context_compressed', 'compression_refused')
+       AND payload->>'{CLOSES_KEY}' = $2::text"""
+# A compaction's closing event, inserted only while its start has none. Its own statement after
+# the publish lock (taken by the transaction's first statement), so its snapshot sees every close
+# committed before the lock was granted.
+_CLOSE_SQL = f"""
+WITH added AS (
+    INSERT INTO events (session_id, user_id, kind, payload, time)
+    SELECT $1, $3, $4, $5, $6 WHERE NOT EXISTS ({_CLOSES})
+    RETURNING {EVENT_COLUMNS})
+SELECT event_id FROM added, pg_notify($7, {notice("added")})"""
+
+
 async def make_postgres_event_bus(
     dsn: str, settings: Settings | None = None, *, clock: Clock | None = None
 ) -> PostgresEventBus:
@@ -198,6 +215,53 @@ class PostgresEventBus:
         return StoredEvent(
             event_id=event_id, session_id=session_id, user_id=user_id, time=time, kind=kind, payload=body
         )
+
+    async def publish_close(self, started: StoredEvent, *, kind: str, payload: Mapping[str, Any]) -> StoredEvent | None:
+        """Publish the event that closes the compaction ``started`` announced
+        (``context_compressed`` or ``compression_refused``), naming it (``CLOSES_KEY``), unless
+        that start was closed already: None then. Whoever closes a start (the compaction itself,
+        the next compaction or a sweep that took it for abandoned, a compaction whose lock died
+        with a server restart) goes through here, so a start gets one close whatever the race."""
+        time = utc(self._clock.now())
+        body = {**payload, CLOSES_KEY: started.event_id}
+
+        async def run() -> int | None:
+            with pg_errors("publish"):
+                async with self._acquire() as conn, conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock($1)", PUBLISH_LOCK)
+                    event_id: int | None = await conn.fetchval(
+                        _CLOSE_SQL,
+                        started.session_id,
+                        started.event_id,
+                        started.user_id,
+                        kind,
+                        body,
+                        time,
+                        self._pg.event_channel,
+                    )
+                    return event_id
+
+        task = asyncio.ensure_future(run())  # shielded, as ``publish``
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        task.add_done_callback(_settle)
+        event_id = await asyncio.shield(task)
+        if event_id is None:
+            return None
+        self.committed(event_id)
+        return StoredEvent(
+            event_id=event_id,
+            session_id=started.session_id,
+            user_id=started.user_id,
+            time=time,
+            kind=kind,
+            payload=body,
+        )
+
+    async def start_closed(self, started: StoredEvent) -> bool:
+        """Whether the compaction ``started`` announced was closed already (``publish_close``)."""
+        rows = await self._read("start closed", f"SELECT EXISTS ({_CLOSES})", started.session_id, started.event_id)
+        return bool(rows[0][0])
 
     def committed(self, event_id: int | None = None) -> None:
         """An event of this bus was committed (by ``publish``, or by the store's append statement,
