@@ -58,6 +58,8 @@ class LogScan:
     bad: list[tuple[int, str]] = dataclasses.field(default_factory=list)
     #: sequence numbers acknowledged but unreadable (stand-ins were put in their place).
     lost: list[int] = dataclasses.field(default_factory=list)
+    #: how many of ``lost`` are the log's end lost unsynced in batch durability (``scan_log``).
+    unsynced: int = 0
     #: only the last line is bad: an interrupted write, when nothing acknowledged is lost.
     torn_tail: bool = False
     header_lost: bool = False
@@ -70,8 +72,8 @@ class LogScan:
         if self.st is not None and self.st.damage:
             return "damaged"
         if self.bad:
-            return "torn" if self.torn_tail else "recovered"
-        return "ok"
+            return "torn" if self.torn_tail and not self.lost else "recovered"
+        return "recovered" if self.lost else "ok"
 
     def describe(self) -> str:
         if self.outcome == "torn":
@@ -85,6 +87,8 @@ class LogScan:
             parts.append(f"{len(self.bad)} unreadable record(s) set aside: {shown}{more}")
         if self.lost:
             parts.append(f"{len(self.lost)} acknowledged message(s) lost: {_ranges(self.lost)}")
+            if self.unsynced == len(self.lost):
+                parts.append("the end of the log, unsynced in batch durability (the session stays writable)")
         if self.st is not None and self.st.damage and not self.lost and not self.header_lost:
             parts.append(f"read-only: {self.st.damage}")
         if self.st is not None:
@@ -92,7 +96,14 @@ class LogScan:
         return "; ".join(parts) or "ok"
 
 
-def scan_log(data: bytes, session_id: str, mark: tuple[int, dict[str, Any]] | None, default_profile: str) -> LogScan:
+def scan_log(
+    data: bytes,
+    session_id: str,
+    mark: tuple[int, dict[str, Any]] | None,
+    default_profile: str,
+    *,
+    batch: bool = False,
+) -> LogScan:
     """Replay a log's bytes into a session, setting bad records aside (pure: no I/O).
 
     Every line is checked on its own (its CRC32C, then its fit to the session), so one bad
@@ -101,6 +112,10 @@ def scan_log(data: bytes, session_id: str, mark: tuple[int, dict[str, Any]] | No
     records or the mark file recorded) get stand-in rows, so they are never handed out again,
     and the session is marked damaged (read-only). A lost header is rebuilt from the mark file
     (owner, profile, create time) and the first records; such a session is damaged too.
+
+    With ``batch`` (the log was written in batch durability), a tail lost below the mark is what
+    a machine crash leaves of appends acknowledged before their batched sync, a loss that mode
+    allows: its numbers still get stand-ins, but the session stays writable.
     """
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the data ends with a newline, as every complete log does
@@ -156,10 +171,13 @@ def scan_log(data: bytes, session_id: str, mark: tuple[int, dict[str, Any]] | No
         scan.header_lost = True
     st = scan.st
     if high > st.last_sequence:
-        scan.lost.extend(st.fill_lost(high, "the end of its log was lost", last_time))
+        note = "lost in a machine crash before its batched sync" if batch else "the end of its log was lost"
+        lost_tail = st.fill_lost(high, note, last_time)
+        scan.lost.extend(lost_tail)
+        scan.unsynced = len(lost_tail) if batch else 0
     if scan.header_lost:
         st.damage = st.damage or "the session header was lost and rebuilt"
-    elif scan.lost:
+    elif len(scan.lost) > scan.unsynced:
         st.damage = st.damage or f"{len(scan.lost)} acknowledged message(s) unreadable: {_ranges(scan.lost)}"
     return scan
 

@@ -52,7 +52,8 @@ Durability (``settings.durability``):
   background task fsyncs the written logs at most ``fsync_batch_ms`` (default 50 ms) later (one
   ``syncfs`` for them all, as above). A
   process crash (kill -9, out of memory) loses nothing that was acknowledged. A machine crash or
-  power loss may lose mutations acknowledged within that last interval.
+  power loss may lose mutations acknowledged within that last interval: appends lost at a log's
+  end get stand-in rows, as below, but leave the session writable.
 
 History chunks follow the same mode as session logs. In both modes, creating and deleting a
 session, creating its history file, rewriting a log and storing a blob are durable before the
@@ -327,6 +328,11 @@ class FilesStore(RowStore):
         self.on_evict: Callable[[str], None] | None = None
 
     @property
+    def _batch(self) -> bool:
+        """Logs are synced in batches: a machine crash may lose the end of one (``scan_log``'s ``batch``)."""
+        return self._settings.durability is Durability.BATCH
+
+    @property
     def pending_fsync(self) -> int:
         """Files written but not yet fsynced (batch mode; the calibration log in both modes)."""
         return len(self._dirty)
@@ -485,7 +491,8 @@ class FilesStore(RowStore):
                 data = path.read_bytes()
             except FileNotFoundError:
                 data = b""
-            scan = scan_log(data, path.name[: -len(_LOG_SUFFIX)], read_mark(mark_file), self._settings.default_profile)
+            sid = path.name[: -len(_LOG_SUFFIX)]
+            scan = scan_log(data, sid, read_mark(mark_file), self._settings.default_profile, batch=self._batch)
             return None if scan.st is None else (scan.st, _Log(path, len(data), scan.overhead))
         if path.exists():
             return self._load_log(path)
@@ -709,14 +716,14 @@ class FilesStore(RowStore):
             await self._rewrite(st)
             self.stats.compactions += 1
             return
-        default_profile = self._settings.default_profile
+        default_profile, batch = self._settings.default_profile, self._batch
         self._write_deferred(log)  # rewritten from what the disk holds: all of it
 
         def from_disk() -> int | None:
             data = log.path.read_bytes()
             if len(data) != log.size:
                 return None
-            scan = scan_log(data, st.id, read_mark(mark_path(log.path)), default_profile)
+            scan = scan_log(data, st.id, read_mark(mark_path(log.path)), default_profile, batch=batch)
             if scan.st is None or scan.outcome != "ok":
                 return None
             return _rewrite_log(scan.st, log.path)
@@ -786,7 +793,7 @@ class FilesStore(RowStore):
             text = data.decode("utf-8", errors="replace").lower()
             if plain and needle not in text and "\\u" not in text:
                 continue
-            scan = scan_log(data, sid, read_mark(mark_path(path)), self._settings.default_profile)
+            scan = scan_log(data, sid, read_mark(mark_path(path)), self._settings.default_profile, batch=self._batch)
             if scan.st is not None and scan.st.matches(needle):
                 hits.add(sid)
         return hits
@@ -1402,7 +1409,7 @@ class FilesStore(RowStore):
             for sid, path, exists in self._session_files():
                 mark = read_mark(mark_path(path))
                 data = path.read_bytes() if exists else b""
-                scan = scan_log(data, sid, mark, self._settings.default_profile)
+                scan = scan_log(data, sid, mark, self._settings.default_profile, batch=self._batch)
                 outcome = "unreadable" if scan.st is None else scan.outcome
                 if not exists and scan.st is not None:
                     outcome = "damaged"
@@ -1470,7 +1477,7 @@ class FilesStore(RowStore):
     def _load_log(self, path: Path) -> tuple[SessionState, _Log] | None:
         session_id = path.name[: -len(_LOG_SUFFIX)]
         mark = read_mark(mark_path(path))
-        scan = scan_log(path.read_bytes(), session_id, mark, self._settings.default_profile)
+        scan = scan_log(path.read_bytes(), session_id, mark, self._settings.default_profile, batch=self._batch)
         return self._adopt(path, scan, mark)
 
     def _load_orphan_mark(self, mark_file: Path) -> tuple[SessionState, _Log] | None:
@@ -1509,7 +1516,9 @@ class FilesStore(RowStore):
             logger.error("files store: session %s is read-only: %s; %s", session_id, scan.describe(), st.damage)
             return st, _Log(path, path.stat().st_size if path.exists() else 0, scan.overhead)
         self.stats.recovered_logs += 1
-        level = logging.WARNING if scan.outcome == "torn" else logging.ERROR
+        # An interrupted write, or the loss batch durability allows: nothing is read-only after either.
+        expected = scan.unsynced == len(scan.lost) and (scan.torn_tail or not scan.bad)
+        level = logging.WARNING if expected else logging.ERROR
         logger.log(
             level,
             "files store: session %s %s: %s; original kept at %s",

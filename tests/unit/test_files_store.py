@@ -249,6 +249,37 @@ async def test_a_log_cut_short_keeps_every_number_it_acknowledged(root: Path) ->
     await store.close()
 
 
+@pytest.mark.parametrize("torn", [False, True])
+async def test_in_batch_durability_a_log_end_lost_unsynced_keeps_its_numbers_and_the_session_writable(
+    root: Path, caplog: pytest.LogCaptureFixture, torn: bool
+) -> None:
+    """A machine crash in batch durability may lose appends acknowledged before their sync while
+    their mark reached the disk (README: "may lose"). That loss is allowed: the numbers get
+    stand-ins (never handed out again) and the session stays writable, where it was read-only
+    until ``fsck --repair`` (and still is in fsync durability, where no such loss is allowed)."""
+    store = await opened(root, durability=Durability.BATCH)
+    sid = await session_with(store, 5)
+    await store.close()
+    path = log_of(root, sid)
+    lines = path.read_bytes().split(b"\n")
+    cut = b"\n".join(lines[:4]) + b"\n"  # header, m1..m3: m4 and m5 never reached the disk
+    path.write_bytes(cut + (lines[4][:9] if torn else b""))  # and m4's line half written
+    with caplog.at_level(logging.WARNING, logger="contextsvc.stores.files"):
+        store = await opened(root, durability=Durability.BATCH)
+    rows = await store.get_messages(sid, caller=ALICE, first=1, last=5)
+    assert [m.content for m in rows[:3]] == ["m1", "m2", "m3"]
+    assert [bool(m.metadata.get(LOST_KEY)) for m in rows] == [False, False, False, True, True]
+    assert "batched sync" in rows[3].content
+    assert (await store.append_messages(sid, [user("m6")], caller=ALICE)).sequence_numbers == [6]
+    said = [r for r in caplog.records if sid in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "#4-5" in said[0].getMessage() and "stays writable" in said[0].getMessage()
+    await store.close()
+    store = await opened(root, durability=Durability.BATCH)  # the stand-ins were written: a clean log now
+    assert [m.content for m in await store.load_context(sid, caller=ALICE)] == ["m1", "m2", "m3", "m6"]
+    await store.close()
+
+
 async def test_a_lost_header_is_rebuilt_from_the_mark_and_the_first_records(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
