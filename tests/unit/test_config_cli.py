@@ -301,6 +301,12 @@ def test_model_families_from_a_file_come_before_the_built_in_ones(tmp_path: Path
         ("CONTEXTSVC_FILES__CACHE_MB", "nan", "files.cache_mb"),
         # Contradicting each other: a request without a page size would get more than the maximum.
         ("CONTEXTSVC_LIMITS__DEFAULT_PAGE_SIZE", "5000", "default_page_size 5000 exceeds max_page_size 1000"),
+        # Passed over in silence by pricing: the model priced by the default prior.
+        ("CONTEXTSVC_TOKENS__MODEL_FAMILIES", '{"my-deployment*": "o200K"}', "tokens.model_families: 'my-deployment*'"),
+        # Every summary of a profile naming it failed, and each compaction dropped turns instead.
+        ("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "127.0.0.1:8000", "summarizer.openai.base_url"),
+        ("CONTEXTSVC_SUMMARIZER__OLLAMA__BASE_URL", "ftp://127.0.0.1", "summarizer.ollama.base_url"),
+        ("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "http://127.0.0.1:80a", "summarizer.openai.base_url"),
     ],
 )
 def test_numbers_no_part_of_the_service_can_take_are_one_line_naming_the_setting(
