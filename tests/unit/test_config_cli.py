@@ -344,3 +344,32 @@ def test_a_reader_that_leaves_early_is_no_traceback() -> None:
 def test_a_maximum_page_size_lowered_alone_brings_the_default_down_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONTEXTSVC_LIMITS__MAX_PAGE_SIZE", "20")
     assert (load_settings().limits.default_page_size, load_settings().limits.max_page_size) == (20, 20)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["serve", "--store", "memory", "--gateway", "127.0.0.1"], "gateway.listen: must be HOST:PORT"),
+        (["gateway", "--listen", "127.0.0.1"], "gateway.listen: must be HOST:PORT"),
+        (["gateway", "--target", "service"], "gateway.target: must be HOST:PORT"),
+    ],
+)
+def test_a_bad_gateway_flag_names_the_gateway_setting(
+    capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    """``serve --gateway 127.0.0.1`` was refused as ``listen: must be HOST:PORT``: the name of the
+    server's own --listen, which the operator had given right."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("contextsvc: invalid settings: ") and named in err and err.count("\n") == 1, err
+
+
+def test_gateway_flags_win_over_the_gateway_table_of_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTEXTSVC_GATEWAY__TARGET", "127.0.0.1:1")
+    monkeypatch.setenv("CONTEXTSVC_GATEWAY__LISTEN", "127.0.0.1:2")
+    monkeypatch.setenv("CONTEXTSVC_GATEWAY__ALLOWED_HOSTS", '["proxy.internal"]')
+    settings = load_settings(gateway={"target": "127.0.0.1:3"})
+    assert (settings.gateway.target, settings.gateway.listen) == ("127.0.0.1:3", "127.0.0.1:2")
+    assert settings.gateway.allowed_hosts == ["proxy.internal"]
