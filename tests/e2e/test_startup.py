@@ -190,3 +190,57 @@ def test_a_bundled_gateway_port_in_use_is_one_line_before_the_server_says_it_lis
     assert "listening on" not in done.stdout, done.stdout
     lines = done.stderr.strip().splitlines()
     assert lines == [f"contextsvc: cannot listen on 127.0.0.1:{port} (gateway): Address already in use"], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # Taken for OTLP over HTTP to the default endpoint, in silence.
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER: unknown exporter 'jaeger'"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "gprc"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL: unknown protocol 'gprc'",
+        ),
+        # These three were a traceback.
+        (
+            {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "metrics"},
+            "OTEL_EXPORTER_PROMETHEUS_PORT: must be a port number, got 'metrics'",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "console", "OTEL_PROPAGATORS": "tracecontext,b3multi-typo"},
+            "OTEL_PROPAGATORS: Propagator b3multi-typo not found",
+        ),
+        # ... and this one "[Errno 98] Address already in use", naming nothing.
+        (
+            {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1"},
+            "cannot listen on 127.0.0.1:{port} for the Prometheus scrape endpoint",
+        ),
+    ],
+)
+def test_an_otel_variable_nothing_can_take_is_one_line_naming_it_and_exit_1(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**env, "OTEL_EXPORTER_PROMETHEUS_PORT": env.get("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))}
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contextsvc", "serve", "--listen", "127.0.0.1:0", "--store", "memory"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**clean, **env},
+        )
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the server started: {err[-1000:]}")
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: telemetry: "), err
+    assert expected.format(port=port) in lines[0], err
+    assert "listening on" not in out
