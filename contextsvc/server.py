@@ -135,8 +135,14 @@ def share_memory_budget(store: FilesStore, engine: Engine, wire_cache: WireCache
 
 
 def check_tokenizer_files(settings: Settings) -> None:
-    """Each configured tokenizer file can be read: one line at start, not a failure at the first
-    count of its model (the tokenizer itself is loaded then, lazily: it costs start-up time)."""
+    """Each configured tokenizer file can be read and loads as a tokenizer: one line at start, not
+    FAILED_PRECONDITION on every call of its model while health says SERVING. The tokenizer loaded
+    here is the one the first count uses (``load_tokenizer`` keeps it): the start pays what that
+    call would have; a start without tokenizer files imports nothing of it."""
+    if not settings.tokens.tokenizer_files:
+        return
+    from contextsvc.core.tokens import load_tokenizer
+
     for model, path in settings.tokens.tokenizer_files.items():
         try:
             with open(path, "rb"):
@@ -145,6 +151,11 @@ def check_tokenizer_files(settings: Settings) -> None:
             raise StartupError(
                 f"tokens.tokenizer_files[{model!r}]: {path} cannot be read: {exc.strerror or exc}"
             ) from None
+        try:
+            load_tokenizer(path)
+        except ValueError as exc:
+            why = " ".join(str(exc).split())[:300]
+            raise StartupError(f"tokens.tokenizer_files[{model!r}]: {path} is not a tokenizer.json: {why}") from None
 
 
 async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:

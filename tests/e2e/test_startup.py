@@ -244,3 +244,26 @@ def test_an_otel_variable_nothing_can_take_is_one_line_naming_it_and_exit_1(
     assert len(lines) == 1 and lines[0].startswith("contextsvc: telemetry: "), err
     assert expected.format(port=port) in lines[0], err
     assert "listening on" not in out
+
+
+def test_a_tokenizer_file_that_is_no_tokenizer_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """Readable but not a tokenizer.json: the server started SERVING and every call of the model
+    was FAILED_PRECONDITION (TOKENIZER_UNAVAILABLE) until an operator read the log."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    garbage = tmp_path / "tokenizer.json"
+    garbage.write_text('{"model": "not a tokenizer"}')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[tokens.tokenizer_files]\n"gpt-4o" = "{garbage}"\n')
+    done = _serve("memory", tmp_path, CONTEXTSVC_CONFIG=str(cfg))
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"contextsvc: tokens.tokenizer_files['gpt-4o']: {garbage} is not a tokenizer.json: ")
+    assert "listening on" not in done.stdout
+
+    # A real one still starts (and is the one the first count uses).
+    Tokenizer(WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]")).save(str(garbage))
+    proc = ServerProcess("memory", env={"CONTEXTSVC_CONFIG": str(cfg)}).start()
+    assert proc.terminate() == 0
