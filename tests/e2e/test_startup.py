@@ -20,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
-from tests.support.postgres import PgCluster
+from tests.support.postgres import PgCluster, postgres_dsn
 from tests.support.rpc import error_details
 from tests.support.server import ServerProcess
 
@@ -37,6 +37,8 @@ def _health(channel: grpc.Channel, service: str = "") -> int:
 
 
 LIVENESS = "contextsvc.liveness"
+
+__all__ = ["postgres_dsn"]
 
 
 def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() -> None:
@@ -267,3 +269,24 @@ def test_a_tokenizer_file_that_is_no_tokenizer_is_one_line_and_exit_1(tmp_path: 
     Tokenizer(WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]")).save(str(garbage))
     proc = ServerProcess("memory", env={"CONTEXTSVC_CONFIG": str(cfg)}).start()
     assert proc.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("bogus_param=1", 'unrecognized configuration parameter "bogus_param" (SQLSTATE 42704)'),
+        ("statement_timeout=soon", 'invalid value for parameter "statement_timeout": "soon" (SQLSTATE 22023)'),
+    ],
+)
+def test_a_postgres_url_the_server_refuses_is_one_line_saying_why(
+    tmp_path: Path, postgres_dsn: str, query: str, expected: str
+) -> None:
+    """A server parameter in the URL that PostgreSQL refuses at connect: the start stopped with a
+    log line carrying a traceback and "store error (42704)", which says nothing of the URL."""
+    url = postgres_dsn + ("&" if "?" in postgres_dsn else "?") + query
+    done = _serve(url, tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: cannot open the store "), done.stderr
+    assert f"PostgreSQL refused to open the store: {expected}" in lines[0], done.stderr
+    assert "listening on" not in done.stdout
