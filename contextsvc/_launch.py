@@ -26,6 +26,12 @@ def main() -> int:
 
     try:
         return run()
+    except KeyboardInterrupt:
+        # Ctrl-C on a command (``tokens list`` waiting for a database, a start not yet listening;
+        # a serving ``serve`` or ``gateway`` drains on SIGINT instead): no traceback, the shell's
+        # status for an interrupted command.
+        print("contextsvc: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader of stdout left (``contextsvc config | head``): not an error worth a traceback.
         # Python's advice: point stdout at devnull so the flush at exit does not fail again.

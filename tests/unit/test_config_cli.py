@@ -373,3 +373,30 @@ def test_gateway_flags_win_over_the_gateway_table_of_the_environment(
     settings = load_settings(gateway={"target": "127.0.0.1:3"})
     assert (settings.gateway.target, settings.gateway.listen) == ("127.0.0.1:3", "127.0.0.1:2")
     assert settings.gateway.allowed_hosts == ["proxy.internal"]
+
+
+def test_ctrl_c_on_a_command_is_no_traceback() -> None:
+    """``tokens list`` waiting for a database that does not answer, interrupted with Ctrl-C: the
+    shell's status for an interrupted command and one line, not a KeyboardInterrupt traceback."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contextsvc", "tokens", "list", "--store", f"postgres://u@127.0.0.1:{port}/x"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        silent.settimeout(30)
+        conn, _ = silent.accept()  # its connection waits for an answer that never comes
+        with conn:
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err == "contextsvc: interrupted\n", err
