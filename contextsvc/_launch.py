@@ -22,9 +22,9 @@ def main() -> int:
     # installed package at the first model built (~20 ms of a start). An operator who runs one
     # sets the variable (to empty, or to the names to leave out) and it is looked for again.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    from contextsvc.cli import main as run
-
     try:
+        from contextsvc.cli import main as run  # inside: a Ctrl-C may come while it loads
+
         return run()
     except KeyboardInterrupt:
         # Ctrl-C on a command (``tokens list`` waiting for a database, a start not yet listening;

@@ -455,13 +455,29 @@ async def serve(settings: Settings) -> None:
 
         bundled_upstream_tls(settings, target_host)
         listener_tls(settings, bundled=True)
-    running = await start(settings, freeze=True)
-    # Before anything says the server listens: a SIGTERM right after that line must drain and
-    # exit 0, not kill the process by the signal's default action.
+    # Before the start: a SIGTERM right after the listening line must drain and exit 0, and one
+    # (or a Ctrl-C) while the store opens must stop it cleanly too, not kill the process by the
+    # signal's default action or interrupt the start half-way (a KeyboardInterrupt, then grpc's
+    # finalizer on a closed loop).
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        # A Ctrl-C while this module loaded: asyncio.run's own handler cancelled this task, and the
+        # cancellation would land half-way through the start. It lands here instead, and is taken
+        # as the request to stop it is.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+        task.uncancel()
+        stopping.set()
+    running = await start(settings, freeze=True)
+    if stopping.is_set():  # asked to stop while it started: stop without saying it listens
+        log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
+        await stop(running, 0.0, settings.shutdown_close_seconds)
+        log.info("stopped")
+        return
     gateway = None
     if settings.gateway.listen:
         # The bundled gateway is still a gRPC client of this server, over loopback. It listens
