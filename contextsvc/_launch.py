@@ -22,10 +22,16 @@ def main() -> int:
     # installed package at the first model built (~20 ms of a start). An operator who runs one
     # sets the variable (to empty, or to the names to leave out) and it is looked for again.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    from contextsvc.cli import main as run
-
     try:
+        from contextsvc.cli import main as run  # inside: a Ctrl-C may come while it loads
+
         return run()
+    except KeyboardInterrupt:
+        # Ctrl-C on a command (``tokens list`` waiting for a database, a start not yet listening;
+        # a serving ``serve`` or ``gateway`` drains on SIGINT instead): no traceback, the shell's
+        # status for an interrupted command.
+        print("contextsvc: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader of stdout left (``contextsvc config | head``): not an error worth a traceback.
         # Python's advice: point stdout at devnull so the flush at exit does not fail again.

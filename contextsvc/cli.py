@@ -186,11 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             tls_client_ca=getattr(args, "tls_client_ca", None),
             insecure=getattr(args, "insecure", None),
             **_auth_override(getattr(args, "auth", None)),
+            # Merged into the [gateway] table and validated with the rest: a bad value is named
+            # ``gateway.listen``, not ``listen`` (the server's own --listen).
+            gateway=gateway_flags or None,
         )
-        if gateway_flags:
-            settings = settings.model_copy(
-                update={"gateway": settings.gateway.model_validate({**settings.gateway.model_dump(), **gateway_flags})}
-            )
     except ValueError as exc:  # pydantic's ValidationError included
         print(f"contextsvc: invalid settings: {_one_line(exc)}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES
+from contextsvc.core.priors import DEFAULT_MODEL_FAMILIES, PRIORS
 
 MB = 1024 * 1024
 #: the largest whole number any setting takes. Numbers end up in C (gRPC's channel options, the
@@ -279,8 +279,28 @@ class TokenSettings(_Section):
     def _given_families_first(cls, given: dict[str, str]) -> dict[str, str]:
         """Globs from a file or a variable come first (the first match wins) and the built-in ones
         stay after them: mapping one deployment name must not drop every known model's family. A
-        built-in glob named again takes the family given (``"claude*" = "default"`` unmaps it)."""
+        built-in glob named again takes the family given (``"claude*" = "default"`` unmaps it).
+        A family no prior exists for is refused: pricing would pass its glob over in silence."""
+        for glob, family in given.items():
+            if family not in PRIORS:
+                raise ValueError(f"{glob!r}: unknown family {family!r}; known: {', '.join(PRIORS)}")
         return {**given, **{glob: f for glob, f in DEFAULT_MODEL_FAMILIES.items() if glob not in given}}
+
+
+def _http_base_url(value: str) -> str:
+    """A summarizer's ``base_url``: ``http://`` or ``https://`` and a host. Anything else made every
+    summary of a profile naming it fail (each compaction falling back to dropping turns), the
+    server having started without a word."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a port that is no number or out of range
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL with a host, got {redacted_url(value)!r}")
+    return value
 
 
 class OpenAISummarizerConfig(_Section):
@@ -308,6 +328,8 @@ class OpenAISummarizerConfig(_Section):
     #: first pause between attempts; doubled each retry.
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
 
+    _base_url = field_validator("base_url")(_http_base_url)
+
 
 class OllamaSummarizerConfig(_Section):
     """Ollama's ``POST {base_url}/api/chat`` (``stream: false``, ``think: false``)."""
@@ -327,6 +349,8 @@ class OllamaSummarizerConfig(_Section):
     total_timeout_seconds: float = Field(150.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
+
+    _base_url = field_validator("base_url")(_http_base_url)
 
 
 class ExtractiveSummarizerConfig(_Section):

@@ -135,8 +135,14 @@ def share_memory_budget(store: FilesStore, engine: Engine, wire_cache: WireCache
 
 
 def check_tokenizer_files(settings: Settings) -> None:
-    """Each configured tokenizer file can be read: one line at start, not a failure at the first
-    count of its model (the tokenizer itself is loaded then, lazily: it costs start-up time)."""
+    """Each configured tokenizer file can be read and loads as a tokenizer: one line at start, not
+    FAILED_PRECONDITION on every call of its model while health says SERVING. The tokenizer loaded
+    here is the one the first count uses (``load_tokenizer`` keeps it): the start pays what that
+    call would have; a start without tokenizer files imports nothing of it."""
+    if not settings.tokens.tokenizer_files:
+        return
+    from contextsvc.core.tokens import load_tokenizer
+
     for model, path in settings.tokens.tokenizer_files.items():
         try:
             with open(path, "rb"):
@@ -145,6 +151,11 @@ def check_tokenizer_files(settings: Settings) -> None:
             raise StartupError(
                 f"tokens.tokenizer_files[{model!r}]: {path} cannot be read: {exc.strerror or exc}"
             ) from None
+        try:
+            load_tokenizer(path)
+        except ValueError as exc:
+            why = " ".join(str(exc).split())[:300]
+            raise StartupError(f"tokens.tokenizer_files[{model!r}]: {path} is not a tokenizer.json: {why}") from None
 
 
 async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
@@ -444,13 +455,29 @@ async def serve(settings: Settings) -> None:
 
         bundled_upstream_tls(settings, target_host)
         listener_tls(settings, bundled=True)
-    running = await start(settings, freeze=True)
-    # Before anything says the server listens: a SIGTERM right after that line must drain and
-    # exit 0, not kill the process by the signal's default action.
+    # Before the start: a SIGTERM right after the listening line must drain and exit 0, and one
+    # (or a Ctrl-C) while the store opens must stop it cleanly too, not kill the process by the
+    # signal's default action or interrupt the start half-way (a KeyboardInterrupt, then grpc's
+    # finalizer on a closed loop).
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        # A Ctrl-C while this module loaded: asyncio.run's own handler cancelled this task, and the
+        # cancellation would land half-way through the start. It lands here instead, and is taken
+        # as the request to stop it is.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+        task.uncancel()
+        stopping.set()
+    running = await start(settings, freeze=True)
+    if stopping.is_set():  # asked to stop while it started: stop without saying it listens
+        log.info("stopping", extra={"grace_seconds": settings.shutdown_grace_seconds})
+        await stop(running, 0.0, settings.shutdown_close_seconds)
+        log.info("stopped")
+        return
     gateway = None
     if settings.gateway.listen:
         # The bundled gateway is still a gRPC client of this server, over loopback. It listens

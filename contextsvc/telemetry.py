@@ -85,23 +85,37 @@ def _wanted(signal: str) -> str:
     """The exporter named for ``signal`` ('traces' or 'metrics'): 'otlp', 'console', 'prometheus' or ''."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return ""
-    named = os.environ.get(f"OTEL_{signal.upper()}_EXPORTER", "").strip().lower()
+    variable = f"OTEL_{signal.upper()}_EXPORTER"
+    named = os.environ.get(variable, "").strip().lower()
     if named:
-        first = named.split(",")[0].strip()
-        return "" if first == "none" else first
+        names = [name.strip() for name in named.split(",")]
+        known = _EXPORTERS[signal]
+        for name in names:
+            if name not in known:
+                # Not taken for OTLP over HTTP to the default endpoint, as it was, in silence.
+                raise ValueError(f"{variable}: unknown exporter {name!r}; known: {', '.join(known)}")
+        return "" if names[0] == "none" else names[0]
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
         f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
     )
     return "otlp" if endpoint else ""
 
 
+#: the exporters each signal can use (``OTEL_TRACES_EXPORTER``, ``OTEL_METRICS_EXPORTER``).
+_EXPORTERS = {"traces": ("otlp", "console", "none"), "metrics": ("otlp", "console", "prometheus", "none")}
+#: the OTLP protocols the SDK's exporters speak (``http/json`` has none in Python).
+_PROTOCOLS = ("http/protobuf", "grpc")
+
+
 def _protocol(signal: str) -> str:
     # The specification's default is http/protobuf; grpc when asked for.
-    return (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip()
+    for variable in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        given = os.environ.get(variable, "").strip()
+        if given:
+            if given not in _PROTOCOLS:
+                raise ValueError(f"{variable}: unknown protocol {given!r}; known: {', '.join(_PROTOCOLS)}")
+            return given
+    return "http/protobuf"
 
 
 @dataclass(slots=True)
@@ -188,8 +202,12 @@ def _load_api() -> None:
         return
     import opentelemetry.context
     import opentelemetry.metrics
-    import opentelemetry.propagate
     import opentelemetry.trace
+
+    try:
+        import opentelemetry.propagate  # reads OTEL_PROPAGATORS at import
+    except ValueError as exc:
+        raise ValueError(f"OTEL_PROPAGATORS: {exc}") from None
 
     api = opentelemetry.trace
     globals().update(
@@ -327,10 +345,15 @@ def configure(*, service_version: str = "", slow_store_ms: float = 10.0) -> Tele
     global _current
     if _current.enabled:
         return _current
-    traces, metrics_exporter = _wanted("traces"), _wanted("metrics")
-    if not traces and not metrics_exporter:
-        return _current
-    _current = build(traces, metrics_exporter, service_version=service_version, install=True)
+    try:
+        traces, metrics_exporter = _wanted("traces"), _wanted("metrics")
+        if not traces and not metrics_exporter:
+            return _current
+        _current = build(traces, metrics_exporter, service_version=service_version, install=True)
+    except ValueError as exc:  # an OTEL_* variable nothing can take: one line, no traceback
+        from contextsvc.startup import StartupError
+
+        raise StartupError(f"telemetry: {' '.join(str(exc).split())}") from None
     _current.slow_store_ms = slow_store_ms
     log.info("telemetry on", extra={"traces": traces or "off", "metrics": metrics_exporter or "off"})
     return _current
@@ -453,8 +476,17 @@ def _metering(exporter_name: str, resource: Any, shutdowns: list[Callable[[], An
 
         reader = with_histograms(PrometheusMetricReader)()
         host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
-        port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464"))
-        server, thread = start_http_server(port, addr=host)
+        given = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464").strip()
+        if not given.isdigit() or int(given) > 65535:
+            raise ValueError(f"OTEL_EXPORTER_PROMETHEUS_PORT: must be a port number, got {given!r}")
+        port = int(given)
+        try:
+            server, thread = start_http_server(port, addr=host)
+        except OSError as exc:
+            raise ValueError(
+                f"cannot listen on {host}:{port} for the Prometheus scrape endpoint "
+                f"(OTEL_EXPORTER_PROMETHEUS_HOST/PORT): {exc.strerror or exc}"
+            ) from None
         shutdowns.append(server.shutdown)
         log.info("prometheus metrics", extra={"listen": f"{host}:{port}"})
         del thread

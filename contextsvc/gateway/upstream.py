@@ -23,9 +23,14 @@ from contextsvc._gen.v1 import events_pb2, resources_pb2
 from contextsvc.client import ContextClient, RetryPolicy, TLSOptions
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False)
 class UpstreamError(Exception):
-    """A failed call: the gRPC status code name, its message and the ErrorInfo reason, if any."""
+    """A failed call: the gRPC status code name, its message and the ErrorInfo reason, if any.
+
+    Not a frozen dataclass: Python sets an exception's ``__traceback__`` as it passes through a
+    generator context manager (the tracer's span, with telemetry on), which a frozen one refuses
+    with a TypeError, so every refused call closed its socket 1011 with a traceback logged.
+    ``eq=False`` keeps an exception's identity equality and hash."""
 
     code: str
     message: str

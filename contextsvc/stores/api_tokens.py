@@ -257,4 +257,4 @@ def _from_dict(d: dict[str, Any]) -> ApiToken:
 def _unavailable(action: str, exc: OSError) -> Unavailable:
     # The path and the OS error are for the operator's log, not for a client.
     log.error("token store: cannot %s the tokens file: %s", action, exc)
-    return Unavailable("the token store cannot be read; try again later")
+    return Unavailable(f"the token store cannot be {'written' if action == 'write' else 'read'}; try again later")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,33 @@ def test_the_image_is_non_root_with_a_grpc_health_check() -> None:
     assert "USER 10001" in text
     assert f"-service={HEALTH_SERVICE}" in text
     assert "CONTEXTSVC_STORE=files:/data" in text
+
+
+def test_the_compose_gateway_is_health_checked_on_its_own_port(tmp_path: Path) -> None:
+    """The gateway container runs the image, whose HEALTHCHECK asks gRPC health on port 50051:
+    a gateway serves nothing there, so without a check of its own it was "unhealthy" for good.
+    Its check is run here against a real ``contextsvc gateway`` (the port put in its place), and
+    against nothing listening, where it must fail."""
+    from tests.support.gateway import Process
+    from tests.support.server import closed_port
+
+    gateway = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["gateway"]
+    listen = gateway["command"][gateway["command"].index("--listen") + 1]
+    test = gateway["healthcheck"]["test"]
+    assert test[0] == "CMD" and "grpc-health-probe" not in test, test
+    port = listen.rpartition(":")[2]
+
+    def check(address: str) -> int:
+        command = [sys.executable if word == "python3" else word for word in test[1:]]
+        command = [word.replace(f"127.0.0.1:{port}", address) for word in command]
+        return subprocess.run(command, capture_output=True, timeout=30, check=False, cwd=tmp_path).returncode
+
+    proc = Process(["gateway", "--listen", "127.0.0.1:0", "--target", f"127.0.0.1:{closed_port()}"]).start()
+    try:
+        assert check(proc.gateway_address) == 0
+    finally:
+        proc.kill()
+    assert check(f"127.0.0.1:{closed_port()}") != 0
 
 
 def test_the_compose_fleet_has_two_replicas_on_postgres_a_gateway_and_a_collector() -> None:

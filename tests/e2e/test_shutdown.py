@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -465,3 +467,26 @@ async def test_a_compaction_outliving_the_grace_closes_before_the_streams_end(
     assert watch.kinds[watch.kinds.index("compression_started") + 1 :] == ["compression_refused"], watch.kinds
     assert watch.end["code"] == grpc.StatusCode.UNAVAILABLE and watch.end["reason"] == "SHUTTING_DOWN"
     assert watch.end["metadata"]["after_event_id"] == str(watch.ids[-1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_server_starts_stops_it_and_exits_0(tmp_path: Path, sig: signal.Signals) -> None:
+    """A SIGTERM while the store opened (a pod deleted as it starts) killed the process by the
+    signal's default action; a Ctrl-C cancelled the start half-way and ended with tracebacks. The
+    handlers are in place before the start: it completes, stops, and exits 0 without saying it
+    listens."""
+    script = (
+        "import os, sys\n"
+        "from contextsvc import server\n"
+        "real = server.start\n"
+        "async def start(settings, **kw):\n"
+        f"    os.kill(os.getpid(), {int(sig)})  # as the store opens\n"
+        "    return await real(settings, **kw)\n"
+        "server.start = start\n"
+        "from contextsvc.cli import main\n"
+        f"sys.exit(main(['serve', '--listen', '127.0.0.1:0', '--store', 'files:{tmp_path / 'data'}']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "listening on" not in done.stdout
+    assert '"event": "stopped"' in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

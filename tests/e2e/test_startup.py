@@ -20,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
-from tests.support.postgres import PgCluster
+from tests.support.postgres import PgCluster, postgres_dsn
 from tests.support.rpc import error_details
 from tests.support.server import ServerProcess
 
@@ -37,6 +37,8 @@ def _health(channel: grpc.Channel, service: str = "") -> int:
 
 
 LIVENESS = "contextsvc.liveness"
+
+__all__ = ["postgres_dsn"]
 
 
 def test_unreachable_postgres_serves_not_serving_then_serving_when_it_answers() -> None:
@@ -220,3 +222,101 @@ def test_a_bundled_gateway_port_in_use_is_one_line_before_the_server_says_it_lis
     assert "listening on" not in done.stdout, done.stdout
     lines = done.stderr.strip().splitlines()
     assert lines == [f"contextsvc: cannot listen on 127.0.0.1:{port} (gateway): Address already in use"], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # Taken for OTLP over HTTP to the default endpoint, in silence.
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER: unknown exporter 'jaeger'"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "gprc"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL: unknown protocol 'gprc'",
+        ),
+        # These three were a traceback.
+        (
+            {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "metrics"},
+            "OTEL_EXPORTER_PROMETHEUS_PORT: must be a port number, got 'metrics'",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "console", "OTEL_PROPAGATORS": "tracecontext,b3multi-typo"},
+            "OTEL_PROPAGATORS: Propagator b3multi-typo not found",
+        ),
+        # ... and this one "[Errno 98] Address already in use", naming nothing.
+        (
+            {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1"},
+            "cannot listen on 127.0.0.1:{port} for the Prometheus scrape endpoint",
+        ),
+    ],
+)
+def test_an_otel_variable_nothing_can_take_is_one_line_naming_it_and_exit_1(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**env, "OTEL_EXPORTER_PROMETHEUS_PORT": env.get("OTEL_EXPORTER_PROMETHEUS_PORT", str(port))}
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contextsvc", "serve", "--listen", "127.0.0.1:0", "--store", "memory"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**clean, **env},
+        )
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the server started: {err[-1000:]}")
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: telemetry: "), err
+    assert expected.format(port=port) in lines[0], err
+    assert "listening on" not in out
+
+
+def test_a_tokenizer_file_that_is_no_tokenizer_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """Readable but not a tokenizer.json: the server started SERVING and every call of the model
+    was FAILED_PRECONDITION (TOKENIZER_UNAVAILABLE) until an operator read the log."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    garbage = tmp_path / "tokenizer.json"
+    garbage.write_text('{"model": "not a tokenizer"}')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[tokens.tokenizer_files]\n"gpt-4o" = "{garbage}"\n')
+    done = _serve("memory", tmp_path, CONTEXTSVC_CONFIG=str(cfg))
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"contextsvc: tokens.tokenizer_files['gpt-4o']: {garbage} is not a tokenizer.json: ")
+    assert "listening on" not in done.stdout
+
+    # A real one still starts (and is the one the first count uses).
+    Tokenizer(WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]")).save(str(garbage))
+    proc = ServerProcess("memory", env={"CONTEXTSVC_CONFIG": str(cfg)}).start()
+    assert proc.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("bogus_param=1", 'unrecognized configuration parameter "bogus_param" (SQLSTATE 42704)'),
+        ("statement_timeout=soon", 'invalid value for parameter "statement_timeout": "soon" (SQLSTATE 22023)'),
+    ],
+)
+def test_a_postgres_url_the_server_refuses_is_one_line_saying_why(
+    tmp_path: Path, postgres_dsn: str, query: str, expected: str
+) -> None:
+    """A server parameter in the URL that PostgreSQL refuses at connect: the start stopped with a
+    log line carrying a traceback and "store error (42704)", which says nothing of the URL."""
+    url = postgres_dsn + ("&" if "?" in postgres_dsn else "?") + query
+    done = _serve(url, tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("contextsvc: cannot open the store "), done.stderr
+    assert f"PostgreSQL refused to open the store: {expected}" in lines[0], done.stderr
+    assert "listening on" not in done.stdout

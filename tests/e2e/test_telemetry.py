@@ -515,3 +515,52 @@ def test_the_standalone_gateway_traces_its_calls_and_the_service_continues_them(
         assert gateway.terminate() == 0
         service.kill()
     assert "Traceback" not in gateway.stderr_text
+
+
+def test_with_tracing_on_a_gateway_refusal_closes_with_its_code_not_1011(
+    tmp_path: Path, receiver: tuple[Receiver, int]
+) -> None:
+    """A call the service refuses raises through the gateway's client span: with tracing on that
+    was a TypeError (the error could not take its traceback), every such socket closed 1011 and
+    the gateway logged a traceback. A wrong token closes 4003, an unknown session 4004."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
+    from tests.support.gateway import Process
+
+    _, port = receiver
+    store = f"files:{tmp_path / 'data'}"
+    token = subprocess.run(
+        [sys.executable, "-m", "contextsvc", "tokens", "create", "--user", "alice", "--store", store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    env = {**_clean_env(), **_otel_env(port)}
+    service = Process(["serve", "--listen", "127.0.0.1:0", "--store", store, "--auth", "tokens"], env=env).start()
+    gateway = Process(["gateway", "--listen", "127.0.0.1:0", "--target", service.grpc_address], env=env).start()
+
+    async def close_code(url: str) -> int | None:
+        async with connect(url) as ws:
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 10)
+            return ws.close_code
+
+    try:
+        with grpc.insecure_channel(service.grpc_address) as ch:
+            meta = (("authorization", f"Bearer {token}"),)
+            sid = ContextServiceStub(ch).CreateSession(pb.CreateSessionRequest(name="g"), metadata=meta).id
+        assert asyncio.run(close_code(gateway.ws_url(sid, f"api_token={token}x"))) == 4003
+        missing = "00000000-0000-4000-8000-000000000000"
+        assert asyncio.run(close_code(gateway.ws_url(missing, f"api_token={token}"))) == 4004
+    finally:
+        assert gateway.terminate() == 0
+        service.kill()
+    assert "Traceback" not in gateway.stderr_text, gateway.stderr_text[-2000:]

@@ -301,6 +301,12 @@ def test_model_families_from_a_file_come_before_the_built_in_ones(tmp_path: Path
         ("CONTEXTSVC_FILES__CACHE_MB", "nan", "files.cache_mb"),
         # Contradicting each other: a request without a page size would get more than the maximum.
         ("CONTEXTSVC_LIMITS__DEFAULT_PAGE_SIZE", "5000", "default_page_size 5000 exceeds max_page_size 1000"),
+        # Passed over in silence by pricing: the model priced by the default prior.
+        ("CONTEXTSVC_TOKENS__MODEL_FAMILIES", '{"my-deployment*": "o200K"}', "tokens.model_families: 'my-deployment*'"),
+        # Every summary of a profile naming it failed, and each compaction dropped turns instead.
+        ("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "127.0.0.1:8000", "summarizer.openai.base_url"),
+        ("CONTEXTSVC_SUMMARIZER__OLLAMA__BASE_URL", "ftp://127.0.0.1", "summarizer.ollama.base_url"),
+        ("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "http://127.0.0.1:80a", "summarizer.openai.base_url"),
     ],
 )
 def test_numbers_no_part_of_the_service_can_take_are_one_line_naming_the_setting(
@@ -338,3 +344,59 @@ def test_a_reader_that_leaves_early_is_no_traceback() -> None:
 def test_a_maximum_page_size_lowered_alone_brings_the_default_down_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONTEXTSVC_LIMITS__MAX_PAGE_SIZE", "20")
     assert (load_settings().limits.default_page_size, load_settings().limits.max_page_size) == (20, 20)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["serve", "--store", "memory", "--gateway", "127.0.0.1"], "gateway.listen: must be HOST:PORT"),
+        (["gateway", "--listen", "127.0.0.1"], "gateway.listen: must be HOST:PORT"),
+        (["gateway", "--target", "service"], "gateway.target: must be HOST:PORT"),
+    ],
+)
+def test_a_bad_gateway_flag_names_the_gateway_setting(
+    capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    """``serve --gateway 127.0.0.1`` was refused as ``listen: must be HOST:PORT``: the name of the
+    server's own --listen, which the operator had given right."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("contextsvc: invalid settings: ") and named in err and err.count("\n") == 1, err
+
+
+def test_gateway_flags_win_over_the_gateway_table_of_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTEXTSVC_GATEWAY__TARGET", "127.0.0.1:1")
+    monkeypatch.setenv("CONTEXTSVC_GATEWAY__LISTEN", "127.0.0.1:2")
+    monkeypatch.setenv("CONTEXTSVC_GATEWAY__ALLOWED_HOSTS", '["proxy.internal"]')
+    settings = load_settings(gateway={"target": "127.0.0.1:3"})
+    assert (settings.gateway.target, settings.gateway.listen) == ("127.0.0.1:3", "127.0.0.1:2")
+    assert settings.gateway.allowed_hosts == ["proxy.internal"]
+
+
+def test_ctrl_c_on_a_command_is_no_traceback() -> None:
+    """``tokens list`` waiting for a database that does not answer, interrupted with Ctrl-C: the
+    shell's status for an interrupted command and one line, not a KeyboardInterrupt traceback."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "contextsvc", "tokens", "list", "--store", f"postgres://u@127.0.0.1:{port}/x"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        silent.settimeout(30)
+        conn, _ = silent.accept()  # its connection waits for an answer that never comes
+        with conn:
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err == "contextsvc: interrupted\n", err

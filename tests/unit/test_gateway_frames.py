@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -233,3 +234,22 @@ async def test_subscriber_writes_directly_only_when_nothing_waits() -> None:
     accept = True
     sub.offer((3, b"c"))  # b is still queued: c waits behind it, order kept
     assert written == [b"a"] and [sub.queue.get_nowait() for _ in range(2)] == [(2, b"b"), (3, b"c")]
+
+
+def test_an_upstream_error_passes_through_a_generator_context_manager() -> None:
+    """The tracer's span (telemetry on) is a generator context manager, which sets the
+    ``__traceback__`` of an exception passing through it: a frozen dataclass refused that with a
+    TypeError, and a refused call closed its socket 1011 instead of 4003."""
+    import contextlib
+
+    from contextsvc.gateway.upstream import UpstreamError
+
+    @contextlib.contextmanager
+    def span() -> Iterator[None]:
+        yield
+
+    with pytest.raises(UpstreamError) as caught, span():
+        raise UpstreamError("UNAUTHENTICATED", "the API token is not valid", "TOKEN_INVALID")
+    assert caught.value.denied and caught.value.reason == "TOKEN_INVALID"
+    assert str(caught.value) == "UNAUTHENTICATED: the API token is not valid"
+    assert len({caught.value, UpstreamError("UNAUTHENTICATED", "the API token is not valid")}) == 2

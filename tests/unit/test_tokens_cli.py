@@ -79,3 +79,13 @@ def test_serve_refuses_beyond_loopback_in_one_line() -> None:
     assert done.stderr.count("\n") == 1 and "--insecure" in done.stderr and "TLS" in done.stderr
     missing = cli("serve", "--listen", "0.0.0.0:0", "--store", "memory", "--tls-cert", "/nope.pem", "--tls-key", "/k")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "/nope.pem" in missing.stderr
+
+
+def test_a_token_file_that_cannot_be_written_is_said_so(tmp_path: Path) -> None:
+    """``tokens create`` on a data directory that is a file said the token store "cannot be read"."""
+    (tmp_path / "a-file").write_text("not a directory")
+    made = cli("tokens", "create", "--user", "alice", "--store", f"files:{tmp_path / 'a-file'}")
+    assert made.returncode == 1 and not made.stdout
+    last = made.stderr.strip().splitlines()[-1]
+    assert last == "contextsvc: the token store is unavailable: the token store cannot be written; try again later"
+    assert "Traceback" not in made.stderr

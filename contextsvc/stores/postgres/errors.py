@@ -3,8 +3,9 @@
 Nothing raised by the driver leaves the PostgreSQL adapter: an unreachable, restarting,
 overloaded or read-only server is ``Unavailable`` (the client may retry), a serialization failure is
 ``Conflict``, a session deleted under a statement is ``NotFound``, text PostgreSQL cannot store
-is ``InvalidArgument``, a URL asyncpg refuses to use is ``ValueError`` (a misconfiguration),
-anything else is ``Internal`` with reason ``STORE_ERROR`` (logged with its SQLSTATE and traceback).
+is ``InvalidArgument``, a URL asyncpg refuses to use, or one the server refuses when the store
+opens, is ``ValueError`` (a misconfiguration), anything else is ``Internal`` with reason
+``STORE_ERROR`` (logged with its SQLSTATE and traceback).
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ def pg_errors(operation: str) -> Iterator[None]:
             "text contains a character PostgreSQL cannot store (NUL)", metadata={"operation": operation}
         ) from None
     except asyncpg.PostgresError as exc:
+        if operation == "open":
+            # Refused by the server when connecting or migrating, not for want of it (those are
+            # Unavailable above): a parameter of the URL it does not know, a role that may not
+            # create the schema. No retry mends it: ``serve`` stops in one line that says why.
+            raise ValueError(f"PostgreSQL refused to open the store: {_short(exc)} (SQLSTATE {exc.sqlstate})") from None
         log.error(
             "store error", extra={"operation": operation, "sqlstate": exc.sqlstate, "error": _short(exc)}, exc_info=exc
         )
