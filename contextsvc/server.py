@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -158,6 +159,18 @@ def check_tokenizer_files(settings: Settings) -> None:
             raise StartupError(f"tokens.tokenizer_files[{model!r}]: {path} is not a tokenizer.json: {why}") from None
 
 
+def _open_failure(exc: Exception) -> str:
+    """Why a store did not open, in one line. An entry of the data directory of the wrong kind (a
+    file where the store keeps a folder, or the other way round) is named as such: Python's own
+    words for it (``[Errno 17] File exists``) do not say what is wrong."""
+    path = getattr(exc, "filename", None)
+    if isinstance(exc, FileExistsError) and path and not os.path.isdir(path):
+        return f"{path} is a file where a directory is expected"
+    if isinstance(exc, IsADirectoryError) and path:
+        return f"{path} is a directory where a file is expected"
+    return " ".join(str(exc).split())
+
+
 async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     """Open the store and start listening. ``freeze`` (the ``serve`` process, which lives with
     what it made here): see ``_freeze_startup_objects``."""
@@ -183,7 +196,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         first_error = exc
     except Exception as exc:
         named = redacted_url(settings.store)
-        raise StartupError(f"cannot open the store {named}: {' '.join(str(exc).split())}") from None
+        raise StartupError(f"cannot open the store {named}: {_open_failure(exc)}") from None
     if freeze:
         _freeze_startup_objects(settings.hot_path.gc_young_threshold)
     auth_resources = AsyncExitStack()
