@@ -561,6 +561,13 @@ class QuotaSettings(_Section):
     #: users whose buckets are remembered (least recently seen ones are forgotten first).
     max_tracked_users: int = Field(100_000, ge=1)
 
+    @model_validator(mode="after")
+    def _burst_has_a_rate(self) -> Self:
+        if self.calls_burst and not self.calls_per_second:
+            # A burst of a bucket that never refills limits nothing: the operator meant a limit.
+            raise ValueError("calls_burst needs calls_per_second (the rate its bucket refills at)")
+        return self
+
 
 class AuthMode(StrEnum):
     """Whether callers must present an API token (DESIGN §5.10)."""

@@ -307,6 +307,8 @@ def test_model_families_from_a_file_come_before_the_built_in_ones(tmp_path: Path
         ("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "127.0.0.1:8000", "summarizer.openai.base_url"),
         ("CONTEXTSVC_SUMMARIZER__OLLAMA__BASE_URL", "ftp://127.0.0.1", "summarizer.ollama.base_url"),
         ("CONTEXTSVC_SUMMARIZER__OPENAI__BASE_URL", "http://127.0.0.1:80a", "summarizer.openai.base_url"),
+        # A burst without a rate: the bucket never refills, so it limited nothing, in silence.
+        ("CONTEXTSVC_QUOTAS__CALLS_BURST", "20", "calls_burst needs calls_per_second"),
     ],
 )
 def test_numbers_no_part_of_the_service_can_take_are_one_line_naming_the_setting(
