@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from contextsvc.config import Settings
@@ -63,6 +64,11 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     url = settings.auth.token_store or settings.store
     try:
         async with token_store_at(url, settings) as tokens:
+            folder = getattr(tokens, "root", None)
+            if args.tokens_command != "create" and isinstance(folder, Path) and not folder.is_dir():
+                # A mistyped path read as an empty store would say there are no tokens to revoke.
+                print(f"contextsvc tokens {args.tokens_command}: no data directory at {folder}", file=sys.stderr)
+                return 1
             now = datetime.now(UTC)
             if args.tokens_command == "create":
                 return await _create(args, settings, tokens, now)

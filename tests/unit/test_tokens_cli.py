@@ -60,6 +60,15 @@ def test_create_prints_the_token_once_and_stores_only_its_hash(tmp_path: Path) -
 
 def test_mistakes_are_one_line_errors(tmp_path: Path) -> None:
     store = f"files:{tmp_path / 'data'}"
+    # A data directory that is not there (a mistyped path) is said so, not listed as empty.
+    for command in (["list"], ["revoke", "nosuchid"]):
+        missing = cli("tokens", *command, "--store", store)
+        assert (
+            missing.returncode == 1
+            and missing.stderr == f"contextsvc tokens {command[0]}: no data directory at {tmp_path / 'data'}\n"
+        )
+    assert not (tmp_path / "data").exists()
+    (tmp_path / "data").mkdir()
     unknown = cli("tokens", "revoke", "nosuchid", "--store", store)
     assert unknown.returncode == 1 and "no such token" in unknown.stderr
     bad_user = cli("tokens", "create", "--user", "a b", "--store", store)
