@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from contextsvc.engine.paging import (
     encode_listing_token,
     encode_position_token,
 )
-from contextsvc.engine.remembered_profile import remembered_overrides, remembered_stored
+from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_overrides, remembered_stored
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
@@ -480,12 +481,17 @@ class SessionService:
                     restore.update(range(int(first_seq), int(last_seq) + 1))
         copied = [m.with_flags(is_context=True) if m.sequence_number in restore else m for m in rows]
         demoted = [m for m in copied if not m.flags.is_context]
+        # The rows carry the prices the parent's appends gave them, for the model of the profile
+        # the parent remembers: the fork remembers it too, or its first build with that profile
+        # would take it for a model change and reprice its count from the default model's prices.
+        remembered = remembered_stored(parent)
+        extra = {PROFILE_KEY: copy.deepcopy(remembered)} if remembered is not None else {}
         initial = InitialContent(
             messages=copied,  # rows keep their numbers: the parent's are gap-free from 1
             context_tokens=sum(m.token_count for m in copied if m.flags.is_context),
             # The fork holds a compacted history: its builds recall from it, as the parent's do
             # (recall skips sessions that never compacted, whose epoch is 0).
-            state=EngineState(epoch=1).to_dict() if demoted else None,
+            state=EngineState(epoch=1 if demoted else 0, extra=extra).to_dict() if demoted or extra else None,
             history=chunks_of(demoted) if chunks_of is not None and demoted else (),
         )
         return await self._store.create_session(
