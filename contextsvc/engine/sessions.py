@@ -25,7 +25,7 @@ from contextsvc.engine.paging import (
     encode_position_token,
 )
 from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_overrides, remembered_stored
-from contextsvc.engine.state import EngineState
+from contextsvc.engine.state import BESIDE_KEY, EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
     check_messages,
@@ -481,11 +481,12 @@ class SessionService:
                     restore.update(range(int(first_seq), int(last_seq) + 1))
         copied = [m.with_flags(is_context=True) if m.sequence_number in restore else m for m in rows]
         demoted = [m for m in copied if not m.flags.is_context]
-        # The rows carry the prices the parent's appends gave them, for the model of the profile
-        # the parent remembers: the fork remembers it too, or its first build with that profile
-        # would take it for a model change and reprice its count from the default model's prices.
-        remembered = remembered_stored(parent)
-        extra = {PROFILE_KEY: copy.deepcopy(remembered)} if remembered is not None else {}
+        # What the parent learned of its runtime is the fork's too: the profile it remembers (the
+        # rows carry the prices its appends gave them, for that profile's model: without it the
+        # fork's first build with that profile took it for a model change and repriced its count
+        # from the default model's prices) and the tokens its client sends beside each view (tool
+        # definitions: without them the fork's first view, priced whole, left them out).
+        extra = {key: copy.deepcopy(parent.state[key]) for key in _INHERITED_STATE if key in parent.state}
         initial = InitialContent(
             messages=copied,  # rows keep their numbers: the parent's are gap-free from 1
             context_tokens=sum(m.token_count for m in copied if m.flags.is_context),
@@ -512,6 +513,9 @@ class SessionService:
         async for event in self._bus.subscribe(caller=caller, session_id=sid, after_event_id=after_event_id):
             yield event
 
+
+#: engine-state keys a fork copies from its parent (``SessionService.fork``).
+_INHERITED_STATE = (PROFILE_KEY, BESIDE_KEY)
 
 #: ``get_messages``'s ``last`` for "through the newest row" (stores clamp it; PostgreSQL's bigint holds it).
 _THROUGH_NEWEST = 2**62
