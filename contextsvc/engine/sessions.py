@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from contextsvc.engine.paging import (
     encode_listing_token,
     encode_position_token,
 )
-from contextsvc.engine.remembered_profile import remembered_overrides, remembered_stored
-from contextsvc.engine.state import EngineState
+from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_overrides, remembered_stored
+from contextsvc.engine.state import BESIDE_KEY, EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
     check_messages,
@@ -480,12 +481,18 @@ class SessionService:
                     restore.update(range(int(first_seq), int(last_seq) + 1))
         copied = [m.with_flags(is_context=True) if m.sequence_number in restore else m for m in rows]
         demoted = [m for m in copied if not m.flags.is_context]
+        # What the parent learned of its runtime is the fork's too: the profile it remembers (the
+        # rows carry the prices its appends gave them, for that profile's model: without it the
+        # fork's first build with that profile took it for a model change and repriced its count
+        # from the default model's prices) and the tokens its client sends beside each view (tool
+        # definitions: without them the fork's first view, priced whole, left them out).
+        extra = {key: copy.deepcopy(parent.state[key]) for key in _INHERITED_STATE if key in parent.state}
         initial = InitialContent(
             messages=copied,  # rows keep their numbers: the parent's are gap-free from 1
             context_tokens=sum(m.token_count for m in copied if m.flags.is_context),
             # The fork holds a compacted history: its builds recall from it, as the parent's do
             # (recall skips sessions that never compacted, whose epoch is 0).
-            state=EngineState(epoch=1).to_dict() if demoted else None,
+            state=EngineState(epoch=1 if demoted else 0, extra=extra).to_dict() if demoted or extra else None,
             history=chunks_of(demoted) if chunks_of is not None and demoted else (),
         )
         return await self._store.create_session(
@@ -513,6 +520,9 @@ class SessionService:
         async for event in self._bus.subscribe(caller=caller, session_id=sid, after_event_id=after_event_id):
             yield event
 
+
+#: engine-state keys a fork copies from its parent (``SessionService.fork``).
+_INHERITED_STATE = (PROFILE_KEY, BESIDE_KEY)
 
 #: ``get_messages``'s ``last`` for "through the newest row" (stores clamp it; PostgreSQL's bigint holds it).
 _THROUGH_NEWEST = 2**62
