@@ -214,6 +214,16 @@ def image_tokens_of(messages: Iterable[Message], *, fallback_tokens: int = DEFAU
     return sum(ref_tokens(ref, fallback_tokens=fallback_tokens) for m in carrying for ref in m.images)
 
 
+def context_share(m: Message, budget: int, *, fallback_tokens: int = DEFAULT_FALLBACK_TOKENS) -> int:
+    """What ``m`` adds to its session's context tokens, from its price as stored (``token_count``):
+    a view cuts the text of a message over ``budget`` tokens to that budget (never a pinned one's;
+    ``truncate_for_view``), so its text counts at most ``budget``, its images in full."""
+    if m.token_count <= budget or m.flags.is_pinned:
+        return m.token_count
+    images = image_tokens_of((m,), fallback_tokens=fallback_tokens)
+    return min(m.token_count - images, budget) + images
+
+
 # --- text counters -------------------------------------------------------------------------
 
 

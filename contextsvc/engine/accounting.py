@@ -178,6 +178,17 @@ class TokenAccounting:
             ref_tokens(ref, fallback_tokens=fallback) for ref in images
         )
 
+    def context_tokens(self, model: str, messages: Iterable[Message], budget: int) -> int:
+        """``messages`` priced for ``model`` as a context's count holds them (``context_share``:
+        the text of each at most ``budget`` tokens, as a view cuts it)."""
+        rows = list(messages)
+        counter = self.counter(model)
+        # Priced together, as ``messages_tokens`` (a count of the whole is not the sum of rounded
+        # counts of each), less what each row over the budget is not sent of.
+        over = (counter.count_messages((m,)) for m in rows if not m.flags.is_pinned)
+        cut = sum(text - budget for text in over if text > budget)
+        return self.messages_tokens(model, rows) - cut
+
     def messages_tokens(self, model: str, messages: Iterable[Message]) -> int:
         rows = list(messages)
         return self.counter(model).count_messages(rows) + image_tokens_of(

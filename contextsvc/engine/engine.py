@@ -168,17 +168,19 @@ class Engine:
         swapped: what the count holds beside them (a compaction's or a baseline's system prompt,
         records and framing) stays."""
         try:
-            before = resolve_profile(self.settings, session.profile_id, remembered_overrides(session)).model
+            was = resolve_profile(self.settings, session.profile_id, remembered_overrides(session))
         except ContextError:  # remembered overrides the settings no longer accept (as appends do)
-            before = resolve_profile(self.settings, session.profile_id, None).model
-        after = resolve_profile(self.settings, session.profile_id, _or_remembered(overrides)).model
+            was = resolve_profile(self.settings, session.profile_id, None)
+        now = resolve_profile(self.settings, session.profile_id, _or_remembered(overrides))
+        before, after = was.model, now.model
         if after == before:
             return None
         rows = [m for m in context if m.flags.is_context]
         await self.accounting.ensure_loaded(before)
         await self.accounting.ensure_loaded(after)
-        priced_after = self.accounting.messages_tokens(after, rows)
-        beside = session.context_tokens - self.accounting.messages_tokens(before, rows)
+        # Each row as the views of either profile send it (cut to its per-message budget).
+        priced_after = self.accounting.context_tokens(after, rows, now.per_message_budget)
+        beside = session.context_tokens - self.accounting.context_tokens(before, rows, was.per_message_budget)
         return max(priced_after + beside, priced_after)
 
     def _situation(

@@ -9,11 +9,30 @@ import functools
 import json
 from typing import Any, cast
 
-from contextsvc.core.profile import NO_OVERRIDES, CompressionOverrides, ProfileOverrides, RecallOverrides
+from contextsvc.config import Settings
+from contextsvc.core.profile import (
+    NO_OVERRIDES,
+    CompressionOverrides,
+    EffectiveProfile,
+    ProfileOverrides,
+    RecallOverrides,
+    resolve_profile,
+)
 from contextsvc.core.session import SessionInfo
+from contextsvc.errors import ContextError
 
 #: engine-state key of the remembered overrides
 PROFILE_KEY = "profile"
+
+
+def session_profile(settings: Settings, session: SessionInfo) -> EffectiveProfile:
+    """The profile the session's appends price with: the one its builds use (its named profile
+    with the overrides it remembers), else the named one alone (remembered overrides the settings
+    no longer accept must not fail an append)."""
+    try:
+        return resolve_profile(settings, session.profile_id, remembered_overrides(session))
+    except ContextError:
+        return resolve_profile(settings, session.profile_id, None)
 
 
 def remembered_stored(session: SessionInfo) -> Any:

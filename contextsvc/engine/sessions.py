@@ -12,9 +12,9 @@ from typing import Any, cast
 
 from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, ImageRef, Message, text_bytes
-from contextsvc.core.profile import EffectiveProfile, resolve_profile
+from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo
-from contextsvc.core.tokens import carry_measures
+from contextsvc.core.tokens import carry_measures, context_share
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
@@ -24,7 +24,7 @@ from contextsvc.engine.paging import (
     encode_listing_token,
     encode_position_token,
 )
-from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_overrides, remembered_stored
+from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_stored, session_profile
 from contextsvc.engine.state import BESIDE_KEY, EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
@@ -36,7 +36,7 @@ from contextsvc.engine.validation import (
     metadata_size,
     require_session_id,
 )
-from contextsvc.errors import ContextError, FailedPrecondition, InvalidArgument, NotFound, quoted
+from contextsvc.errors import FailedPrecondition, InvalidArgument, NotFound, quoted
 from contextsvc.ports import (
     AppendEvent,
     Clock,
@@ -261,7 +261,9 @@ class SessionService:
             tokens = self._accounting.message_tokens(profile.model, item.message, images=images)
             message = item.message.copy_with(images=images, create_time=now, sequence_number=0, token_count=tokens)
             rows.append(carry_measures(item.message, message))
-        delta = sum(m.token_count for m in rows if m.flags.is_context)
+        # What the rows add to the context's count: a view sends a long one cut to the budget.
+        budget, fallback = profile.per_message_budget, self._settings.tokens.image_tokens_fallback
+        delta = sum(context_share(m, budget, fallback_tokens=fallback) for m in rows if m.flags.is_context)
         fingerprint = append_fingerprint(incoming) if request_id else ""
         if any(m.flags.is_pinned for m in rows):
             # The cap is checked against the context as read: no other pinned append of the
@@ -365,13 +367,8 @@ class SessionService:
                 del self._pinned_locks[sid]
 
     def _profile_of(self, session: SessionInfo) -> EffectiveProfile:
-        """The profile an append to ``session`` prices with and caps pinned rows by: the one its
-        builds use (its named profile with the overrides it remembers), else the named one alone
-        (remembered overrides the settings no longer accept must not fail an append)."""
-        try:
-            return resolve_profile(self._settings, session.profile_id, remembered_overrides(session))
-        except ContextError:
-            return resolve_profile(self._settings, session.profile_id, None)
+        """The profile an append to ``session`` prices with and caps pinned rows by (``session_profile``)."""
+        return session_profile(self._settings, session)
 
     def forget_profile(self, sid: str) -> None:
         """The session's next append reads the profile it prices with again."""
@@ -487,9 +484,14 @@ class SessionService:
         # from the default model's prices) and the tokens its client sends beside each view (tool
         # definitions: without them the fork's first view, priced whole, left them out).
         extra = {key: copy.deepcopy(parent.state[key]) for key in _INHERITED_STATE if key in parent.state}
+        budget = self._profile_of(parent).per_message_budget
         initial = InitialContent(
             messages=copied,  # rows keep their numbers: the parent's are gap-free from 1
-            context_tokens=sum(m.token_count for m in copied if m.flags.is_context),
+            context_tokens=sum(
+                context_share(m, budget, fallback_tokens=self._settings.tokens.image_tokens_fallback)
+                for m in copied
+                if m.flags.is_context
+            ),
             # The fork holds a compacted history: its builds recall from it, as the parent's do
             # (recall skips sessions that never compacted, whose epoch is 0).
             state=EngineState(epoch=1 if demoted else 0, extra=extra).to_dict() if demoted or extra else None,

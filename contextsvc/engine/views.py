@@ -46,6 +46,7 @@ from contextsvc.core.view_budget import (
 )
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
+from contextsvc.engine.remembered_profile import session_profile
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
 from contextsvc.engine.view_memo import ViewMemo
@@ -1381,7 +1382,11 @@ class ViewService:
             if state.epoch != view.epoch:
                 return None
             newer = [m for m in context if m.sequence_number > view.last_sequence]
-        context_tokens = pending.tokens + (self._accounting.messages_tokens(view.model, newer) if newer else 0)
+        if newer:  # priced as the next view sends them (a long row cut to the per-message budget)
+            budget = session_profile(self._settings, session).per_message_budget
+            context_tokens = pending.tokens + self._accounting.context_tokens(view.model, newer, budget)
+        else:
+            context_tokens = pending.tokens
         # Not durable on its own: a crash that loses the anchor leaves the previous one (or none),
         # and the next baseline anchors again; a files store in fsync mode answers without an
         # fsync of its own (issue #15: the second fsync of every turn).

@@ -17,6 +17,7 @@ from contextsvc.core.profile import CompressionOverrides, ProfileOverrides
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import EstimateMethod
 from contextsvc.engine.engine import Engine
+from contextsvc.engine.remembered_profile import session_profile
 from contextsvc.engine.validation import IncomingImage, IncomingMessage
 from contextsvc.errors import ContextTooLarge, InvalidArgument, NotFound
 from contextsvc.events.memory_bus import MemoryEventBus
@@ -383,11 +384,13 @@ async def test_a_model_switch_reprices_the_rows_and_keeps_what_the_count_holds_b
     assert await engine.anchors_applied(5)
     anchored = (await engine.sessions.get(ANONYMOUS, sid)).context_tokens
     context = await engine.store.load_context(sid, caller=ANONYMOUS)
-    default_rows = engine.accounting.messages_tokens(ProfileConfig().model, context)
+    # The rows as views send them (each cut to the per-message budget, were it over it).
+    budget = session_profile(engine.settings, await engine.sessions.get(ANONYMOUS, sid)).per_message_budget
+    default_rows = engine.accounting.context_tokens(ProfileConfig().model, context, budget)
     assert anchored == view.estimate.total + 500  # the real count, the tools' share in it
     await _build(engine, sid, model="gpt-4o")
     await engine.accounting.ensure_loaded("gpt-4o")
-    gpt_rows = engine.accounting.messages_tokens("gpt-4o", context)
+    gpt_rows = engine.accounting.context_tokens("gpt-4o", context, budget)
     assert gpt_rows != default_rows
     assert (await engine.sessions.get(ANONYMOUS, sid)).context_tokens == anchored - default_rows + gpt_rows
 
@@ -577,3 +580,30 @@ async def test_an_incoming_message_the_view_leaves_out_is_named_in_a_notice(
     # A message the view keeps carries no such notice.
     kept = await _build(engine, sid, incoming=_msg(Role.USER, "thanks"))
     assert not any("left out" in n for n in kept.notices)
+
+
+async def test_a_long_message_counts_in_the_context_as_the_view_sends_it() -> None:
+    """A view cuts a message over the per-message budget to that budget, so the session's count
+    holds it at that size: a 36,000-character tool result on an 8k window made an append's
+    ``window_fraction`` 1.94 while the next view's was 0.17 (and 5.82 against 0.50 after three),
+    and a fork's and a model switch's counts the same."""
+    engine, _ = await _engine(_settings(context_window=8192))
+    sid = await _session_with(engine, _msg(Role.USER, "Read the build log and tell me what failed."))
+    calls = (ToolCall(id="c1", name="read_log", arguments_json="{}"),)
+    log = "".join(f"[{i:05d}] step {i} compiled module_{i % 97}.o in {i % 13} ms, cache miss\n" for i in range(640))
+    assert len(log) > 36_000
+    outcome = await engine.append(
+        ANONYMOUS,
+        sid,
+        [_msg(Role.ASSISTANT, "", tool_calls=calls), _msg(Role.TOOL, log, tool_call_id="c1")],
+        request_id="",
+        turn_complete=False,
+    )
+    view = await _build(engine, sid)
+    assert any(vm.truncated for vm in view.messages)  # the log went out cut
+    budget = session_profile(engine.settings, await engine.sessions.get(ANONYMOUS, sid)).per_message_budget
+    assert outcome.context_tokens <= view.estimate.total + budget // 4
+    assert outcome.window_fraction < 0.5
+    # A fork counts its rows the same way.
+    fork = await engine.sessions.fork(ANONYMOUS, sid, at_sequence=0)
+    assert fork.context_tokens == outcome.context_tokens
