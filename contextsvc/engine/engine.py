@@ -17,7 +17,7 @@ from contextsvc.core.messages import Message
 from contextsvc.core.profile import NO_OVERRIDES, EffectiveProfile, ProfileOverrides, resolve_profile
 from contextsvc.core.recall import query_terms
 from contextsvc.core.session import Principal, SessionInfo
-from contextsvc.core.tokens import TokenEstimate
+from contextsvc.core.tokens import TokenEstimate, context_share
 from contextsvc.core.view_budget import AFTER_COMPRESSION, too_large
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.compaction import (
@@ -386,7 +386,8 @@ class Engine:
                 rows = await self.store.get_messages(
                     s.session.id, caller=_INTERNAL, first=s.session.last_sequence + 1, last=fresh.last_sequence
                 )
-                appended = sum(m.token_count for m in rows if m.flags.is_context)
+                budget, fallback = s.profile.per_message_budget, self.settings.tokens.image_tokens_fallback
+                appended = sum(context_share(m, budget, fallback_tokens=fallback) for m in rows if m.flags.is_context)
             s.tokens_read = fresh.context_tokens - appended
             s.session, s.state = fresh, EngineState.of(fresh)
             if self.compactor.loop_guarded(s):
