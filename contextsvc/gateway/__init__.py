@@ -19,12 +19,15 @@ async def run(settings: Settings) -> None:
     # The standard OTEL_* variables, as for the server: spans of the calls it makes to the service.
     telemetry.configure(service_version=__version__)
     listen = settings.gateway.listen or "127.0.0.1:8080"
-    gateway = await start_gateway(settings, listen, settings.gateway.target)
-    # Before the line that says it listens: a SIGTERM right after it closes the gateway, exit 0.
+    # Before the start: a SIGTERM or Ctrl-C while it binds closes the gateway once it is up, exit 0.
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    gateway = await start_gateway(settings, listen, settings.gateway.target)
+    if stopping.is_set():
+        await gateway.close()
+        return
     announce(listen, gateway.port, gateway.scheme)
     log.info(
         "gateway serving",

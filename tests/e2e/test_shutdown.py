@@ -490,3 +490,24 @@ def test_a_signal_while_the_server_starts_stops_it_and_exits_0(tmp_path: Path, s
     assert done.returncode == 0, done.stderr[-2000:]
     assert "listening on" not in done.stdout
     assert '"event": "stopped"' in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_gateway_starts_stops_it_and_exits_0(sig: signal.Signals) -> None:
+    """The standalone gateway took its signal handlers only once it listened: a SIGTERM while it
+    bound killed it by the signal's default action (-15). Now it closes once up, exit 0, without
+    saying it listens (no service needed: the gateway calls it only for sockets)."""
+    script = (
+        "import os, sys\n"
+        "from contextsvc.gateway import server\n"
+        "real = server.start_gateway\n"
+        "async def start_gateway(*args, **kw):\n"
+        f"    os.kill(os.getpid(), {int(sig)})  # as it binds\n"
+        "    return await real(*args, **kw)\n"
+        "server.start_gateway = start_gateway\n"
+        "from contextsvc.cli import main\n"
+        "sys.exit(main(['gateway', '--listen', '127.0.0.1:0', '--target', '127.0.0.1:9']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "listening on" not in done.stdout and "Traceback" not in done.stderr, done.stderr[-2000:]
