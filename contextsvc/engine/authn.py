@@ -20,7 +20,7 @@ from datetime import datetime
 
 from contextsvc.config import AuthSettings
 from contextsvc.core.credentials import ApiToken, TokenState, bearer_token, hash_token, looks_like_token
-from contextsvc.core.session import Principal
+from contextsvc.core.session import ANONYMOUS, Principal
 from contextsvc.errors import ContextError, Unauthenticated
 from contextsvc.ports import ApiTokenStore, Clock
 
@@ -65,6 +65,13 @@ class Authenticator:
             raise Unauthenticated("the API token was revoked", reason=TOKEN_REVOKED)
         if state is TokenState.EXPIRED:
             raise Unauthenticated("the API token has expired", reason=TOKEN_EXPIRED)
+        if record.user_id == ANONYMOUS.user_id:
+            # A token made before the name was reserved (or written by hand into a tokens file or
+            # table) would own every session made while authentication was off.
+            raise Unauthenticated(
+                f"the API token's user name {ANONYMOUS.user_id!r} is reserved: revoke it, create one for another",
+                reason=TOKEN_INVALID,
+            )
         self._note_use(record, now)
         return Principal(user_id=record.user_id, is_admin=record.is_admin)
 

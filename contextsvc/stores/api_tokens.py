@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from contextsvc.core.credentials import ApiToken, check_user
+from contextsvc.core.credentials import ApiToken
 from contextsvc.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ def _from_dict(d: dict[str, Any]) -> ApiToken:
     return ApiToken(
         token_id=str(d["id"]),
         token_hash=str(d["sha256"]),
-        user_id=check_user(str(d["user"])),
+        user_id=str(d["user"]),
         is_admin=_flag(d["admin"]),
         note=str(d.get("note", "")),
         create_time=created,

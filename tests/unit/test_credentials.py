@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -122,6 +123,11 @@ async def test_every_refusal_has_its_reason_and_never_echoes_the_value() -> None
     assert await _refusal(auth, f"Bearer {revoked.secret}") == "TOKEN_REVOKED"
     clock.current = T0 + timedelta(days=1)
     assert await _refusal(auth, f"Bearer {good.secret}") == "TOKEN_EXPIRED"
+    # A token of the reserved user name (made before it was reserved, or written by hand into a
+    # tokens file or table): it would own every session made while authentication was off.
+    legacy = issue(user="alice", is_admin=False, now=T0, expire_time=None)
+    await store.add_api_token(dataclasses.replace(legacy.record, user_id="anonymous"))
+    assert await _refusal(auth, f"Bearer {legacy.secret}") == "TOKEN_INVALID"
     for header in (f"Bearer {unknown}", f"Bearer {revoked.secret}", f"Bearer {good.secret}"):
         with pytest.raises(Unauthenticated) as caught:
             await auth.authenticate(header)

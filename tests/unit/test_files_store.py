@@ -1033,8 +1033,6 @@ async def test_rows_of_any_text_and_their_metadata_survive_a_restart_and_a_log_r
         ("admin", 0),
         ("expires", "2020-01-01T00:00:00"),
         ("revoked", "2020-01-01T00:00:00"),
-        # the owner of every session made while authentication was off
-        ("user", "anonymous"),
     ],
 )
 async def test_a_hand_edited_tokens_file_is_never_read_generously(tmp_path: Path, field: str, value: Any) -> None:
