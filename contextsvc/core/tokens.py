@@ -214,11 +214,18 @@ def image_tokens_of(messages: Iterable[Message], *, fallback_tokens: int = DEFAU
     return sum(ref_tokens(ref, fallback_tokens=fallback_tokens) for m in carrying for ref in m.images)
 
 
+def cut_to_budget(m: Message) -> bool:
+    """Whether a view sends ``m``'s text cut to the per-message budget when it is over it
+    (``truncate_for_view``): not a pinned message, nor one with tool calls, whose arguments are
+    never cut (counted whole: over, never under), nor a system row."""
+    return not (m.flags.is_pinned or m.tool_calls or m.role is Role.SYSTEM)
+
+
 def context_share(m: Message, budget: int, *, fallback_tokens: int = DEFAULT_FALLBACK_TOKENS) -> int:
     """What ``m`` adds to its session's context tokens, from its price as stored (``token_count``):
-    a view cuts the text of a message over ``budget`` tokens to that budget (never a pinned one's;
-    ``truncate_for_view``), so its text counts at most ``budget``, its images in full."""
-    if m.token_count <= budget or m.flags.is_pinned:
+    a view cuts the text of a message over ``budget`` tokens to that budget (``cut_to_budget``), so
+    its text counts at most ``budget``, its images in full."""
+    if m.token_count <= budget or not cut_to_budget(m):
         return m.token_count
     images = image_tokens_of((m,), fallback_tokens=fallback_tokens)
     return min(m.token_count - images, budget) + images

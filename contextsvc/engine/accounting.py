@@ -13,7 +13,7 @@ from contextsvc.core.arrivals import Arrivals
 from contextsvc.core.calibration import Calibration, CalibrationRegistry, Observation
 from contextsvc.core.images import ref_tokens
 from contextsvc.core.messages import ImageRef, Message
-from contextsvc.core.tokens import TextCounter, counter_for, image_tokens_of
+from contextsvc.core.tokens import TextCounter, counter_for, cut_to_budget, image_tokens_of
 from contextsvc.errors import FailedPrecondition
 from contextsvc.ports import SessionStore
 
@@ -185,7 +185,7 @@ class TokenAccounting:
         counter = self.counter(model)
         # Priced together, as ``messages_tokens`` (a count of the whole is not the sum of rounded
         # counts of each), less what each row over the budget is not sent of.
-        over = (counter.count_messages((m,)) for m in rows if not m.flags.is_pinned)
+        over = (counter.count_messages((m,)) for m in rows if cut_to_budget(m))
         cut = sum(text - budget for text in over if text > budget)
         return self.messages_tokens(model, rows) - cut
 

@@ -35,6 +35,7 @@ from contextsvc.engine.remembered_profile import (
     as_stored,
     remembered_overrides,
     remembered_stored,
+    session_profile,
     stored_none,
 )
 from contextsvc.engine.sessions import AppendOutcome, SessionService
@@ -161,7 +162,8 @@ class Engine:
         self, session: SessionInfo, context: Sequence[Message], overrides: ProfileOverrides
     ) -> int | None:
         """The session's context tokens with its rows priced for the model ``overrides`` name, when
-        it is not the model its count was priced for (None: unchanged). Appends add each row's
+        it is not the model its count was priced for, or their per-message budget is not the one
+        its long rows were counted at (``context_share``) (None: unchanged). Appends add each row's
         price for the remembered model to the session's context tokens; after a build with another
         model the rows appended before must be priced for it too, or every later append's
         ``context_tokens`` and ``window_fraction`` mix two models' prices. Only the rows' price is
@@ -173,7 +175,7 @@ class Engine:
             was = resolve_profile(self.settings, session.profile_id, None)
         now = resolve_profile(self.settings, session.profile_id, _or_remembered(overrides))
         before, after = was.model, now.model
-        if after == before:
+        if after == before and now.per_message_budget == was.per_message_budget:
             return None
         rows = [m for m in context if m.flags.is_context]
         await self.accounting.ensure_loaded(before)
@@ -386,7 +388,9 @@ class Engine:
                 rows = await self.store.get_messages(
                     s.session.id, caller=_INTERNAL, first=s.session.last_sequence + 1, last=fresh.last_sequence
                 )
-                budget, fallback = s.profile.per_message_budget, self.settings.tokens.image_tokens_fallback
+                # At the budget the appends counted them with (their session's profile).
+                budget = session_profile(self.settings, fresh).per_message_budget
+                fallback = self.settings.tokens.image_tokens_fallback
                 appended = sum(context_share(m, budget, fallback_tokens=fallback) for m in rows if m.flags.is_context)
             s.tokens_read = fresh.context_tokens - appended
             s.session, s.state = fresh, EngineState.of(fresh)

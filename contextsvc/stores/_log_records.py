@@ -87,7 +87,7 @@ class LogScan:
             parts.append(f"{len(self.bad)} unreadable record(s) set aside: {shown}{more}")
         if self.lost:
             parts.append(f"{len(self.lost)} acknowledged message(s) lost: {_ranges(self.lost)}")
-            if self.unsynced == len(self.lost):
+            if self.unsynced == len(self.lost) and not (self.st is not None and self.st.damage):
                 parts.append("the end of the log, unsynced in batch durability (the session stays writable)")
         if self.st is not None and self.st.damage and not self.lost and not self.header_lost:
             parts.append(f"read-only: {self.st.damage}")

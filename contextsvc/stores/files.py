@@ -1508,7 +1508,9 @@ class FilesStore(RowStore):
             if mark is None or mark[0] < st.last_sequence:
                 self._save_mark(path, st)  # a log written before marks existed
             return st, _Log(path, path.stat().st_size, scan.overhead)
-        problem = scan.outcome if scan.outcome == "torn" else "corrupt"
+        # An interrupted write, or the loss batch durability allows: nothing is read-only after either.
+        expected = not st.damage and scan.unsynced == len(scan.lost) and (scan.torn_tail or not scan.bad)
+        problem = "torn" if expected else "corrupt"
         try:
             kept: Path | str = self._set_aside(path, problem, copy=True) if path.exists() else "nowhere (no log left)"
         except OSError as exc:  # a read-only or full directory: serve what loaded, write nothing
@@ -1516,8 +1518,6 @@ class FilesStore(RowStore):
             logger.error("files store: session %s is read-only: %s; %s", session_id, scan.describe(), st.damage)
             return st, _Log(path, path.stat().st_size if path.exists() else 0, scan.overhead)
         self.stats.recovered_logs += 1
-        # An interrupted write, or the loss batch durability allows: nothing is read-only after either.
-        expected = scan.unsynced == len(scan.lost) and (scan.torn_tail or not scan.bad)
         level = logging.WARNING if expected else logging.ERROR
         logger.log(
             level,

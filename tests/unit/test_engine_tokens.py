@@ -607,3 +607,41 @@ async def test_a_long_message_counts_in_the_context_as_the_view_sends_it() -> No
     # A fork counts its rows the same way.
     fork = await engine.sessions.fork(ANONYMOUS, sid, at_sequence=0)
     assert fork.context_tokens == outcome.context_tokens
+
+
+async def test_what_a_view_cannot_cut_counts_whole() -> None:
+    """A view never cuts tool-call arguments (the runtime parses them), so a message carrying long
+    ones counts at its full price: counted at the budget, the session looked at a sixth of its
+    window while its next build could not fit."""
+    engine, _ = await _engine(_settings(context_window=32768))
+    sid = await _session_with(engine, _msg(Role.USER, "Write the generated fixtures to disk."))
+    body = json.dumps(
+        {"path": "fixtures.json", "content": "".join(f"row {i}: {i * 7919 % 10007}\n" for i in range(9000))}
+    )
+    calls = (ToolCall(id="w1", name="write_file", arguments_json=body),)
+    outcome = await engine.append(
+        ANONYMOUS, sid, [_msg(Role.ASSISTANT, "", tool_calls=calls)], request_id="", turn_complete=False
+    )
+    rows = await engine.store.load_context(sid, caller=ANONYMOUS)
+    assert rows[-1].token_count > 32768 // 6  # over the per-message budget
+    assert outcome.context_tokens >= sum(m.token_count for m in rows)
+
+
+async def test_a_build_with_another_window_counts_long_rows_at_its_budget() -> None:
+    """The same model with a larger window (a larger per-message budget): the rows counted at the
+    old budget are counted again at the new one, or the count stayed a tenth of the view's."""
+    engine, _ = await _engine(_settings(context_window=8192))
+    sid = await _session_with(engine, _msg(Role.USER, "Read the build log."))
+    calls = (ToolCall(id="c1", name="read_log", arguments_json="{}"),)
+    log = "".join(f"[{i:05d}] step {i} compiled module_{i % 97}.o in {i % 13} ms, cache miss\n" for i in range(640))
+    await engine.append(
+        ANONYMOUS,
+        sid,
+        [_msg(Role.ASSISTANT, "", tool_calls=calls), _msg(Role.TOOL, log, tool_call_id="c1")],
+        request_id="",
+        turn_complete=False,
+    )
+    view = await _build(engine, sid, context_window=131072)
+    assert not any(vm.truncated for vm in view.messages)  # the new budget holds the whole log
+    outcome = await engine.append(ANONYMOUS, sid, [_msg(Role.USER, "and?")], request_id="", turn_complete=False)
+    assert abs(outcome.context_tokens - view.estimate.total) <= view.estimate.total // 10
