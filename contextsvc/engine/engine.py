@@ -33,9 +33,9 @@ from contextsvc.engine.recall import RecallService
 from contextsvc.engine.remembered_profile import (
     PROFILE_KEY,
     as_stored,
+    counted_budget,
     remembered_overrides,
     remembered_stored,
-    session_profile,
     stored_none,
 )
 from contextsvc.engine.sessions import AppendOutcome, SessionService
@@ -389,7 +389,7 @@ class Engine:
                     s.session.id, caller=_INTERNAL, first=s.session.last_sequence + 1, last=fresh.last_sequence
                 )
                 # At the budget the appends counted them with (their session's profile).
-                budget = session_profile(self.settings, fresh).per_message_budget
+                budget = counted_budget(self.settings, fresh)
                 fallback = self.settings.tokens.image_tokens_fallback
                 appended = sum(context_share(m, budget, fallback_tokens=fallback) for m in rows if m.flags.is_context)
             s.tokens_read = fresh.context_tokens - appended

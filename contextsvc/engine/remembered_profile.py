@@ -35,6 +35,19 @@ def session_profile(settings: Settings, session: SessionInfo) -> EffectiveProfil
         return resolve_profile(settings, session.profile_id, None)
 
 
+def counted_budget(settings: Settings, session: SessionInfo) -> int:
+    """The per-message budget the session's appends count long rows at (``context_share``); a
+    session whose profile left the settings counts them whole (its appends are refused anyway)."""
+    try:
+        return session_profile(settings, session).per_message_budget
+    except ContextError:
+        return _WHOLE
+
+
+#: a budget no row exceeds: rows counted whole.
+_WHOLE = 2**62
+
+
 def remembered_stored(session: SessionInfo) -> Any:
     """The overrides ``session`` remembers, as its state stores them (None: none). Read from the
     state mapping itself: an append compares it on every call, without parsing the state."""

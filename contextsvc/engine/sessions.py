@@ -24,7 +24,7 @@ from contextsvc.engine.paging import (
     encode_listing_token,
     encode_position_token,
 )
-from contextsvc.engine.remembered_profile import PROFILE_KEY, remembered_stored, session_profile
+from contextsvc.engine.remembered_profile import PROFILE_KEY, counted_budget, remembered_stored, session_profile
 from contextsvc.engine.state import BESIDE_KEY, EngineState
 from contextsvc.engine.validation import (
     IncomingMessage,
@@ -484,7 +484,7 @@ class SessionService:
         # from the default model's prices) and the tokens its client sends beside each view (tool
         # definitions: without them the fork's first view, priced whole, left them out).
         extra = {key: copy.deepcopy(parent.state[key]) for key in _INHERITED_STATE if key in parent.state}
-        budget = self._profile_of(parent).per_message_budget
+        budget = counted_budget(self._settings, parent)
         initial = InitialContent(
             messages=copied,  # rows keep their numbers: the parent's are gap-free from 1
             context_tokens=sum(

@@ -46,7 +46,7 @@ from contextsvc.core.view_budget import (
 )
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
-from contextsvc.engine.remembered_profile import session_profile
+from contextsvc.engine.remembered_profile import counted_budget
 from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
 from contextsvc.engine.view_memo import ViewMemo
@@ -1383,7 +1383,7 @@ class ViewService:
                 return None
             newer = [m for m in context if m.sequence_number > view.last_sequence]
         if newer:  # priced as the next view sends them (a long row cut to the per-message budget)
-            budget = session_profile(self._settings, session).per_message_budget
+            budget = counted_budget(self._settings, session)
             context_tokens = pending.tokens + self._accounting.context_tokens(view.model, newer, budget)
         else:
             context_tokens = pending.tokens
