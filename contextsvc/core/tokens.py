@@ -231,6 +231,11 @@ def context_share(m: Message, budget: int, *, fallback_tokens: int = DEFAULT_FAL
     return min(m.token_count - images, budget) + images
 
 
+def context_total(messages: Iterable[Message], budget: int, *, fallback_tokens: int = DEFAULT_FALLBACK_TOKENS) -> int:
+    """What the context rows of ``messages`` add to their session's count (``context_share`` each)."""
+    return sum(context_share(m, budget, fallback_tokens=fallback_tokens) for m in messages if m.flags.is_context)
+
+
 # --- text counters -------------------------------------------------------------------------
 
 

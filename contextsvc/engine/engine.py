@@ -17,7 +17,7 @@ from contextsvc.core.messages import Message
 from contextsvc.core.profile import NO_OVERRIDES, EffectiveProfile, ProfileOverrides, resolve_profile
 from contextsvc.core.recall import query_terms
 from contextsvc.core.session import Principal, SessionInfo
-from contextsvc.core.tokens import TokenEstimate, context_share
+from contextsvc.core.tokens import TokenEstimate, context_total
 from contextsvc.core.view_budget import AFTER_COMPRESSION, too_large
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.compaction import (
@@ -36,6 +36,7 @@ from contextsvc.engine.remembered_profile import (
     counted_budget,
     remembered_overrides,
     remembered_stored,
+    session_profile,
     stored_none,
 )
 from contextsvc.engine.sessions import AppendOutcome, SessionService
@@ -169,10 +170,7 @@ class Engine:
         ``context_tokens`` and ``window_fraction`` mix two models' prices. Only the rows' price is
         swapped: what the count holds beside them (a compaction's or a baseline's system prompt,
         records and framing) stays."""
-        try:
-            was = resolve_profile(self.settings, session.profile_id, remembered_overrides(session))
-        except ContextError:  # remembered overrides the settings no longer accept (as appends do)
-            was = resolve_profile(self.settings, session.profile_id, None)
+        was = session_profile(self.settings, session)  # what its appends priced with
         now = resolve_profile(self.settings, session.profile_id, _or_remembered(overrides))
         before, after = was.model, now.model
         if after == before and now.per_message_budget == was.per_message_budget:
@@ -389,9 +387,11 @@ class Engine:
                     s.session.id, caller=_INTERNAL, first=s.session.last_sequence + 1, last=fresh.last_sequence
                 )
                 # At the budget the appends counted them with (their session's profile).
-                budget = counted_budget(self.settings, fresh)
-                fallback = self.settings.tokens.image_tokens_fallback
-                appended = sum(context_share(m, budget, fallback_tokens=fallback) for m in rows if m.flags.is_context)
+                appended = context_total(
+                    rows,
+                    counted_budget(self.settings, fresh),
+                    fallback_tokens=self.settings.tokens.image_tokens_fallback,
+                )
             s.tokens_read = fresh.context_tokens - appended
             s.session, s.state = fresh, EngineState.of(fresh)
             if self.compactor.loop_guarded(s):

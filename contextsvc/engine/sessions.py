@@ -14,7 +14,7 @@ from contextsvc.config import Settings
 from contextsvc.core.messages import BufferKind, ImageRef, Message, text_bytes
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import AppendResult, ListPosition, Principal, SessionInfo
-from contextsvc.core.tokens import carry_measures, context_share
+from contextsvc.core.tokens import carry_measures, context_total
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.idempotency import append_fingerprint
@@ -263,7 +263,7 @@ class SessionService:
             rows.append(carry_measures(item.message, message))
         # What the rows add to the context's count: a view sends a long one cut to the budget.
         budget, fallback = profile.per_message_budget, self._settings.tokens.image_tokens_fallback
-        delta = sum(context_share(m, budget, fallback_tokens=fallback) for m in rows if m.flags.is_context)
+        delta = context_total(rows, budget, fallback_tokens=fallback)
         fingerprint = append_fingerprint(incoming) if request_id else ""
         if any(m.flags.is_pinned for m in rows):
             # The cap is checked against the context as read: no other pinned append of the
@@ -487,11 +487,7 @@ class SessionService:
         budget = counted_budget(self._settings, parent)
         initial = InitialContent(
             messages=copied,  # rows keep their numbers: the parent's are gap-free from 1
-            context_tokens=sum(
-                context_share(m, budget, fallback_tokens=self._settings.tokens.image_tokens_fallback)
-                for m in copied
-                if m.flags.is_context
-            ),
+            context_tokens=context_total(copied, budget, fallback_tokens=self._settings.tokens.image_tokens_fallback),
             # The fork holds a compacted history: its builds recall from it, as the parent's do
             # (recall skips sessions that never compacted, whose epoch is 0).
             state=EngineState(epoch=1 if demoted else 0, extra=extra).to_dict() if demoted or extra else None,

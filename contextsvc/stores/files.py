@@ -327,10 +327,11 @@ class FilesStore(RowStore):
         #: otherwise keep the rows alive outside the budget.
         self.on_evict: Callable[[str], None] | None = None
 
-    @property
-    def _batch(self) -> bool:
-        """Logs are synced in batches: a machine crash may lose the end of one (``scan_log``'s ``batch``)."""
-        return self._settings.durability is Durability.BATCH
+    def _scan(self, data: bytes, session_id: str, mark: tuple[int, dict[str, Any]] | None) -> LogScan:
+        """``scan_log`` with this store's settings: its default profile, and whether its logs are
+        synced in batches (a machine crash may then lose the end of one: ``scan_log``'s ``batch``)."""
+        batch = self._settings.durability is Durability.BATCH
+        return scan_log(data, session_id, mark, self._settings.default_profile, batch=batch)
 
     @property
     def pending_fsync(self) -> int:
@@ -491,8 +492,7 @@ class FilesStore(RowStore):
                 data = path.read_bytes()
             except FileNotFoundError:
                 data = b""
-            sid = path.name[: -len(_LOG_SUFFIX)]
-            scan = scan_log(data, sid, read_mark(mark_file), self._settings.default_profile, batch=self._batch)
+            scan = self._scan(data, path.name[: -len(_LOG_SUFFIX)], read_mark(mark_file))
             return None if scan.st is None else (scan.st, _Log(path, len(data), scan.overhead))
         if path.exists():
             return self._load_log(path)
@@ -716,14 +716,13 @@ class FilesStore(RowStore):
             await self._rewrite(st)
             self.stats.compactions += 1
             return
-        default_profile, batch = self._settings.default_profile, self._batch
         self._write_deferred(log)  # rewritten from what the disk holds: all of it
 
         def from_disk() -> int | None:
             data = log.path.read_bytes()
             if len(data) != log.size:
                 return None
-            scan = scan_log(data, st.id, read_mark(mark_path(log.path)), default_profile, batch=batch)
+            scan = self._scan(data, st.id, read_mark(mark_path(log.path)))
             if scan.st is None or scan.outcome != "ok":
                 return None
             return _rewrite_log(scan.st, log.path)
@@ -793,7 +792,7 @@ class FilesStore(RowStore):
             text = data.decode("utf-8", errors="replace").lower()
             if plain and needle not in text and "\\u" not in text:
                 continue
-            scan = scan_log(data, sid, read_mark(mark_path(path)), self._settings.default_profile, batch=self._batch)
+            scan = self._scan(data, sid, read_mark(mark_path(path)))
             if scan.st is not None and scan.st.matches(needle):
                 hits.add(sid)
         return hits
@@ -1409,7 +1408,7 @@ class FilesStore(RowStore):
             for sid, path, exists in self._session_files():
                 mark = read_mark(mark_path(path))
                 data = path.read_bytes() if exists else b""
-                scan = scan_log(data, sid, mark, self._settings.default_profile, batch=self._batch)
+                scan = self._scan(data, sid, mark)
                 outcome = "unreadable" if scan.st is None else scan.outcome
                 if not exists and scan.st is not None:
                     outcome = "damaged"
@@ -1477,7 +1476,7 @@ class FilesStore(RowStore):
     def _load_log(self, path: Path) -> tuple[SessionState, _Log] | None:
         session_id = path.name[: -len(_LOG_SUFFIX)]
         mark = read_mark(mark_path(path))
-        scan = scan_log(path.read_bytes(), session_id, mark, self._settings.default_profile, batch=self._batch)
+        scan = self._scan(path.read_bytes(), session_id, mark)
         return self._adopt(path, scan, mark)
 
     def _load_orphan_mark(self, mark_file: Path) -> tuple[SessionState, _Log] | None:
@@ -1485,7 +1484,7 @@ class FilesStore(RowStore):
         acknowledged number kept (see ``scan_log``)."""
         path = mark_file.with_name(mark_file.name[: -len(".mark")])
         mark = read_mark(mark_file)
-        scan = scan_log(b"", path.name[: -len(_LOG_SUFFIX)], mark, self._settings.default_profile)
+        scan = self._scan(b"", path.name[: -len(_LOG_SUFFIX)], mark)
         if scan.st is None:
             return None
         return self._adopt(path, scan, mark)

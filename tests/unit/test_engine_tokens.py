@@ -352,25 +352,19 @@ async def test_a_build_with_another_model_reprices_the_session_context_tokens() 
     sid = await _session_with(engine, _msg(Role.USER, russian))
     await _build(engine, sid, model="gpt-4o")
     outcome = await engine.append(ANONYMOUS, sid, [_msg(Role.ASSISTANT, russian)], request_id="", turn_complete=False)
-    rows = await engine.estimate_tokens(
-        ANONYMOUS,
-        model="gpt-4o",
-        messages=[_msg(Role.USER, russian), _msg(Role.ASSISTANT, russian)],
-        session_id="",
-        profile=ProfileOverrides(),
-    )
-    assert abs(outcome.context_tokens - rows.total) <= 2
+    pair = [_msg(Role.USER, russian), _msg(Role.ASSISTANT, russian)]
+
+    async def priced(model: str) -> int:
+        found = await engine.estimate_tokens(
+            ANONYMOUS, model=model, messages=pair, session_id="", profile=ProfileOverrides()
+        )
+        return found.total
+
+    assert abs(outcome.context_tokens - await priced("gpt-4o")) <= 2
     # and back: the default model's price again
     await _build(engine, sid)
     session = await engine.sessions.get(ANONYMOUS, sid)
-    default = await engine.estimate_tokens(
-        ANONYMOUS,
-        model="",
-        messages=[_msg(Role.USER, russian), _msg(Role.ASSISTANT, russian)],
-        session_id="",
-        profile=ProfileOverrides(),
-    )
-    assert abs(session.context_tokens - default.total) <= 2
+    assert abs(session.context_tokens - await priced("")) <= 2
 
 
 async def test_a_model_switch_reprices_the_rows_and_keeps_what_the_count_holds_beside_them() -> None:
@@ -582,23 +576,23 @@ async def test_an_incoming_message_the_view_leaves_out_is_named_in_a_notice(
     assert not any("left out" in n for n in kept.notices)
 
 
+async def _session_with_a_long_tool_result(engine: Engine) -> tuple[str, Any]:
+    """A session whose tool call got a 36,000-character log back, and that append's outcome."""
+    sid = await _session_with(engine, _msg(Role.USER, "Read the build log and tell me what failed."))
+    calls = (ToolCall(id="c1", name="read_log", arguments_json="{}"),)
+    log = "".join(f"[{i:05d}] step {i} compiled module_{i % 97}.o in {i % 13} ms, cache miss\n" for i in range(640))
+    assert len(log) > 36_000
+    rows = [_msg(Role.ASSISTANT, "", tool_calls=calls), _msg(Role.TOOL, log, tool_call_id="c1")]
+    return sid, await engine.append(ANONYMOUS, sid, rows, request_id="", turn_complete=False)
+
+
 async def test_a_long_message_counts_in_the_context_as_the_view_sends_it() -> None:
     """A view cuts a message over the per-message budget to that budget, so the session's count
     holds it at that size: a 36,000-character tool result on an 8k window made an append's
     ``window_fraction`` 1.94 while the next view's was 0.17 (and 5.82 against 0.50 after three),
     and a fork's and a model switch's counts the same."""
     engine, _ = await _engine(_settings(context_window=8192))
-    sid = await _session_with(engine, _msg(Role.USER, "Read the build log and tell me what failed."))
-    calls = (ToolCall(id="c1", name="read_log", arguments_json="{}"),)
-    log = "".join(f"[{i:05d}] step {i} compiled module_{i % 97}.o in {i % 13} ms, cache miss\n" for i in range(640))
-    assert len(log) > 36_000
-    outcome = await engine.append(
-        ANONYMOUS,
-        sid,
-        [_msg(Role.ASSISTANT, "", tool_calls=calls), _msg(Role.TOOL, log, tool_call_id="c1")],
-        request_id="",
-        turn_complete=False,
-    )
+    sid, outcome = await _session_with_a_long_tool_result(engine)
     view = await _build(engine, sid)
     assert any(vm.truncated for vm in view.messages)  # the log went out cut
     budget = session_profile(engine.settings, await engine.sessions.get(ANONYMOUS, sid)).per_message_budget
@@ -631,16 +625,7 @@ async def test_a_build_with_another_window_counts_long_rows_at_its_budget() -> N
     """The same model with a larger window (a larger per-message budget): the rows counted at the
     old budget are counted again at the new one, or the count stayed a tenth of the view's."""
     engine, _ = await _engine(_settings(context_window=8192))
-    sid = await _session_with(engine, _msg(Role.USER, "Read the build log."))
-    calls = (ToolCall(id="c1", name="read_log", arguments_json="{}"),)
-    log = "".join(f"[{i:05d}] step {i} compiled module_{i % 97}.o in {i % 13} ms, cache miss\n" for i in range(640))
-    await engine.append(
-        ANONYMOUS,
-        sid,
-        [_msg(Role.ASSISTANT, "", tool_calls=calls), _msg(Role.TOOL, log, tool_call_id="c1")],
-        request_id="",
-        turn_complete=False,
-    )
+    sid, _ = await _session_with_a_long_tool_result(engine)
     view = await _build(engine, sid, context_window=131072)
     assert not any(vm.truncated for vm in view.messages)  # the new budget holds the whole log
     outcome = await engine.append(ANONYMOUS, sid, [_msg(Role.USER, "and?")], request_id="", turn_complete=False)
