@@ -82,6 +82,11 @@ class ViewRecord:
     #: ``core.profile.view_shape`` of the profile it was built with: a baseline of it anchors
     #: only views of the same shape. "" when recorded before this field (anchors any).
     shape: str = ""
+    #: the stored rows the view sent cut to the per-message budget, as (sequence number, the
+    #: features of the cut it sent): a baseline of it carries them into the session's anchor, so a
+    #: later view that cuts one of them elsewhere (another fit) prices the difference
+    #: (``engine.views``). () when none was cut (or recorded before this field).
+    cuts: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 class TokenStore(Protocol):

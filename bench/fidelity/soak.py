@@ -4,6 +4,8 @@ over ``window - reserve`` in true tokens (issue #14).
     python bench/fidelity/soak.py                               # memory, files, postgres; 40 agents, 120 s each
     python bench/fidelity/soak.py --stores postgres --seconds 360
     python bench/fidelity/soak.py --record                      # and write "## Fidelity: concurrent soak"
+    python bench/fidelity/soak.py --stores memory --window 8192 --reserve 1024 --long-every 4
+                                                                # long tool results, cut in the view
 
 One real ``contextsvc serve`` per store, over loopback. Each agent owns one session on a profile
 with a 16,384-token window and 2,048 tokens reserved for the reply (14,336 for the prompt), its
@@ -20,6 +22,11 @@ Counted per store: turns, ``CONTEXT_TOO_LARGE`` and every other error, views who
 over ``window - reserve``, baselines refused as truncated (every count here is honest), the
 largest true view, and the largest true view over the service's own estimate for it. The corpus
 is the fidelity bench's SCORE split; nothing is fitted here.
+
+``--long-every N``: every Nth step's tool results are long (~36,000 characters: the outputs of the
+conversation's other steps, joined), so views send them cut to the per-message budget and each
+refit may cut them elsewhere. Counted besides: views whose true size is over the estimate plus its
+margin.
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ MODELS = {"o200k": "gpt-4o", "cl100k": "gpt-4", "llama3": "llama-3-8b", "claude"
 LATE_EVERY = 3
 #: --diagnose: the server logs at INFO, and its lines about a failed session are printed.
 DIAGNOSE = False
+#: --long-every: every Nth step's tool results are made about this long (0: never)
+LONG_EVERY = 0
+LONG_CHARS = 36_000
 #: the load average (1 min) at the start of each store's run, for the record.
 LOADS = ""
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
@@ -175,6 +185,8 @@ class Tally:
     late: int = 0
     largest_true: int = 0
     worst_under: int = 0  # largest true - estimate (tokens the estimate missed)
+    over_margin: int = 0  # views whose true size is over the estimate plus its margin
+    cut_views: int = 0  # views that sent a row cut to the per-message budget
     compressions: int = 0
     #: the first few failures' messages, printed after the table.
     examples: list[str] = field(default_factory=list)
@@ -202,9 +214,12 @@ async def agent(
     )
     pending: tuple[str, int] | None = None  # a baseline held back until after the next append
     step = 0
+    outputs = [m.content for turn in convo.steps for m in turn if m.role is Role.TOOL and m.content]
     while time.monotonic() < deadline:
         messages = convo.steps[step % len(convo.steps)]
         step += 1
+        if LONG_EVERY and step % LONG_EVERY == 0 and outputs:
+            messages = [long_result(m, outputs, rng) if m.role is Role.TOOL else m for m in messages]
         try:
             await stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[to_pb(m) for m in messages]))
             if pending is not None:
@@ -232,6 +247,8 @@ async def agent(
         true = await counter.prompt(tokenizer, [from_pb(m) for m in built.messages])
         tally.largest_true = max(tally.largest_true, true)
         tally.worst_under = max(tally.worst_under, true - built.estimate.total)
+        tally.over_margin += true > built.estimate.total + built.estimate.margin
+        tally.cut_views += any(m.truncated for m in built.messages)
         if true > WINDOW - RESERVE:
             tally.over_window += 1
             est = built.estimate
@@ -247,6 +264,18 @@ async def agent(
         else:
             await baseline(stub, tally, sid, built.view_id, true)
         tally.turns += 1
+
+
+def long_result(m: Message, outputs: list[str], rng: random.Random) -> Message:
+    """``m`` with a ~``LONG_CHARS``-character result: its own, then the conversation's other
+    outputs in a random order, joined (each a different text: a file, a log, a listing)."""
+    parts = [m.content]
+    size = len(m.content)
+    while size < LONG_CHARS:
+        text = outputs[rng.randrange(len(outputs))]
+        parts.append(text)
+        size += len(text) + 1
+    return Message(role=m.role, content="\n".join(parts), tool_call_id=m.tool_call_id, name=m.name)
 
 
 async def baseline(stub: Any, tally: Tally, sid: str, view_id: str, count: int) -> None:
@@ -293,15 +322,16 @@ def row(store: str, t: Tally, seconds: float) -> str:
     errors = ", ".join(f"{k} {v}" for k, v in sorted(t.errors.items())) or "0"
     return (
         f"| {store} | {t.turns:,} ({t.turns / seconds:.1f}/s) | {t.compressions:,} | **{t.too_large}** | {errors} "
-        f"| **{t.over_window}** | {t.largest_true:,} | {t.worst_under:+,} | {t.refused} of {t.baselines:,} "
-        f"({t.late:,} late) |"
+        f"| **{t.over_window}** | {t.largest_true:,} | {t.worst_under:+,} | {t.over_margin:,} of {t.builds:,} "
+        f"({t.cut_views:,} with a cut row) | {t.refused} of {t.baselines:,} ({t.late:,} late) |"
     )
 
 
 HEADER = [
     "| store | turns | compactions a build reported | CONTEXT_TOO_LARGE | other errors "
-    "| views over window - reserve (true) | largest true view | most tokens over the estimate | baselines refused |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| views over window - reserve (true) | largest true view | most tokens over the estimate "
+    "| views over estimate + margin (true) | baselines refused |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -333,20 +363,25 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--window", type=int, default=WINDOW, help="the profiles' context window")
+    parser.add_argument("--reserve", type=int, default=RESERVE, help="tokens reserved for the reply")
+    parser.add_argument("--long-every", type=int, default=0, help="every Nth step's tool results ~36,000 chars")
     parser.add_argument(
         "--diagnose",
         action="store_true",
         help="server at INFO; print its lines about failed sessions and views over the budget",
     )
     args = parser.parse_args()
-    global DIAGNOSE
+    global DIAGNOSE, WINDOW, RESERVE, LONG_EVERY
     DIAGNOSE = args.diagnose
+    WINDOW, RESERVE, LONG_EVERY = args.window, args.reserve, args.long_every
     ensure_node_deps()
     by_category = sessions("score", count=8, steps=40)
     convos = [s for group in zip(*by_category.values(), strict=True) for s in group]  # categories interleaved
     lines = [
         f"{args.agents} agents, window {WINDOW:,} with {RESERVE:,} reserved ({WINDOW - RESERVE:,} for the prompt), "
-        f"{args.seconds:.0f} s per store; one baseline in {LATE_EVERY} reported after the next append.",
+        f"{args.seconds:.0f} s per store; one baseline in {LATE_EVERY} reported after the next append"
+        + (f"; every {LONG_EVERY}th step's tool results ~{LONG_CHARS:,} characters." if LONG_EVERY else "."),
         "",
         *HEADER,
     ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from contextsvc.core.sizing import (
     CJK_CLASSES,
@@ -71,6 +72,17 @@ CYRILLIC_FEATURES: tuple[str, ...] = (
     "tool_call",
     "view",
 )
+
+
+def current_cuts(stored: Any) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """A view's stored cuts (``ports.ViewRecord.cuts``: pairs of a sequence number and features)
+    as that field holds them, or ``()`` when they are not of the current ``FEATURES`` (or not
+    pairs at all): an anchor without its cuts prices every row as its baseline counted it."""
+    try:
+        cuts = tuple((int(seq), tuple(int(x) for x in features)) for seq, features in stored or ())
+    except (TypeError, ValueError):
+        return ()
+    return cuts if all(len(features) == N_FEATURES for _, features in cuts) else ()
 
 
 def current_features(stored: Sequence[float]) -> tuple[float, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from contextsvc.core.priors import current_cuts
 from contextsvc.core.session import SessionInfo
 
 #: id of a session's state mapping -> (that mapping, its parse), for ``EngineState.of``; cleared
@@ -25,6 +26,9 @@ class BaselineState:
     #: ``core.profile.view_shape`` of the counted view ("" when anchored before it was kept): a
     #: build of another shape (model, system prompt, vision, per-message budget) does not use it.
     shape: str = ""
+    #: ``ports.ViewRecord.cuts`` of the counted view: how it cut the rows it sent cut (a later view
+    #: that cuts them elsewhere prices the difference)
+    cuts: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,7 +61,11 @@ class EngineState:
         raw = d.get("baseline")
         baseline = (
             BaselineState(
-                int(raw["tokens"]), int(raw["last_sequence"]), str(raw.get("view_id", "")), str(raw.get("shape", ""))
+                int(raw["tokens"]),
+                int(raw["last_sequence"]),
+                str(raw.get("view_id", "")),
+                str(raw.get("shape", "")),
+                current_cuts(raw.get("cuts")),
             )
             if isinstance(raw, dict)
             else None
@@ -76,10 +84,19 @@ class EngineState:
             }
             if self.baseline.shape:
                 out["baseline"]["shape"] = self.baseline.shape
+            if self.baseline.cuts:
+                out["baseline"]["cuts"] = [[seq, list(features)] for seq, features in self.baseline.cuts]
         return out
 
-    def with_baseline(self, tokens: int, last_sequence: int, view_id: str, shape: str = "") -> EngineState:
-        return replace(self, baseline=BaselineState(tokens, last_sequence, view_id, shape))
+    def with_baseline(
+        self,
+        tokens: int,
+        last_sequence: int,
+        view_id: str,
+        shape: str = "",
+        cuts: tuple[tuple[int, tuple[int, ...]], ...] = (),
+    ) -> EngineState:
+        return replace(self, baseline=BaselineState(tokens, last_sequence, view_id, shape, cuts))
 
     def for_shape(self, shape: str) -> EngineState:
         """This state for a build of ``shape`` (``core.profile.view_shape``): without its baseline

@@ -47,7 +47,7 @@ from contextsvc.core.view_budget import (
 from contextsvc.engine.accounting import TokenAccounting
 from contextsvc.engine.attachments import describe_images
 from contextsvc.engine.remembered_profile import counted_budget
-from contextsvc.engine.state import EngineState
+from contextsvc.engine.state import BaselineState, EngineState
 from contextsvc.engine.validation import IncomingMessage, check_messages, require_session_id
 from contextsvc.engine.view_memo import ViewMemo
 from contextsvc.errors import InvalidArgument, NotFound, quoted
@@ -121,7 +121,7 @@ class PendingAnchor:
     def applied_to(self, state: EngineState) -> EngineState:
         """``state`` anchored on this baseline."""
         view = self.view
-        anchored = state.with_baseline(self.tokens, view.last_sequence, self.view_id, view.shape)
+        anchored = state.with_baseline(self.tokens, view.last_sequence, self.view_id, view.shape, view.cuts)
         return anchored if self.beside is None else anchored.with_beside(self.beside)
 
 
@@ -499,6 +499,68 @@ def _recut(kept: Assembled, counter: CalibratedCounter, budget: int) -> Assemble
     )
 
 
+def _cut_pairs(rows: Sequence[Message], over: Iterable[tuple[int, Message]]) -> list[tuple[Message, Message]]:
+    """(the stored message, the row sent) of each row of ``over`` (``Assembled.over``) the view
+    sends cut."""
+    return [(m, rows[i]) for i, m in over if rows[i] is not m]
+
+
+def _view_cuts(rows: Sequence[Message], truncated: Sequence[bool]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``ViewRecord.cuts`` of a view's ``rows``: each stored row it sends cut, with the features of
+    the cut it sends."""
+    if not any(truncated):
+        return ()
+    return tuple(
+        (r.sequence_number, message_features(r)) for r in itertools.compress(rows, truncated) if r.sequence_number
+    )
+
+
+def _recut_tokens(
+    baseline: BaselineState,
+    counter: TextCounter,
+    cut: Sequence[tuple[Message, Message]],
+    rows: Iterable[Message],
+) -> int:
+    """Tokens the rows ``baseline`` counted are sent with more (or fewer, negative) in a view that
+    cuts them as ``cut`` says ((stored message, row sent) pairs; ``rows``: the view's stored rows):
+    a fit after the baseline moves where a long row is cut (``_recut``), and the baseline's count
+    holds the cut its own view sent (``BaselineState.cuts``), so each row cut otherwise is priced
+    twice, as sent now and as sent then, and the difference added. A row the count held whole
+    and now cut, or cut then and whole now, likewise. Without that, one 36,000-character tool
+    result on an 8k window, re-cut after the first baseline, read 954 tokens for a prompt of
+    1,400. Features price only with a calibrated counter (an exact one moves a cut by its framing
+    alone: 0)."""
+    if not isinstance(counter, CalibratedCounter):
+        return 0
+    last = baseline.last_sequence
+    then = dict(baseline.cuts)
+    if not then and not cut:
+        return 0
+    sent: list[tuple[int, ...]] = []
+    counted: list[tuple[int, ...]] = []
+    for m, r in cut:
+        seq = m.sequence_number
+        if not 0 < seq <= last:
+            continue  # newer than the baseline's view: priced with the rows since
+        now = message_features(r)
+        was = then.pop(seq, None)
+        if was is None:
+            was = message_features(m)  # the baseline's view sent it whole
+        if now != was:
+            sent.append(now)
+            counted.append(was)
+    if then:  # cut in the baseline's view, sent whole now (a fit that prices it lower)
+        for m in rows:
+            was = then.pop(m.sequence_number, None)
+            if was is not None:
+                sent.append(message_features(m))
+                counted.append(was)
+    if not sent:
+        return 0
+    price = counter.calibration.price
+    return round(price(_column_sums(sent)) - price(_column_sums(counted)))
+
+
 class ViewService:
     def __init__(
         self,
@@ -578,7 +640,7 @@ class ViewService:
             profile.output_reserve_tokens,
             profile.message_token_budget,
             counter,
-            (baseline.tokens, baseline.last_sequence) if baseline is not None else None,
+            (baseline.tokens, baseline.last_sequence, baseline.view_id) if baseline is not None else None,
         )
         try:
             hash(key)
@@ -629,7 +691,8 @@ class ViewService:
         assert parts is not None
         since = _since(state, kept, ())
         # Kept parts hold no image (``_assemble``).
-        estimate = self._estimate(profile, parts, state, counter, sums, since, image_free=True)
+        cut = _cut_pairs(kept.rows, kept.over)
+        estimate = self._estimate(profile, parts, state, counter, sums, since, image_free=True, cut=cut)
         return dataclasses.replace(kept, estimate=estimate)
 
     def _extended(
@@ -694,11 +757,14 @@ class ViewService:
         since = _since(state, kept, shown)
         plain = kept.plain
         cut = [r is not m for m, r in zip(added, shown, strict=True)]
+        rows = [*kept.rows, *shown]
         return Assembled(
-            rows=[*kept.rows, *shown],
+            rows=rows,
             segments=[*kept.segments, *tail.segments],
             truncated=[*kept.truncated, *cut],
-            estimate=self._estimate(profile, new_parts, state, counter, sums, since, image_free=True),
+            estimate=self._estimate(
+                profile, new_parts, state, counter, sums, since, image_free=True, cut=_cut_pairs(rows, over)
+            ),
             notices=[*kept.notices, *(_cut_notice(m, budget) for m, c in zip(added, cut, strict=True) if c)],
             chars=kept.chars + messages_chars(shown),
             features=tuple(map(operator.add, kept.features, map(float, features))),  # a + float(b), as _as_view
@@ -767,7 +833,16 @@ class ViewService:
             rows=[*kept.rows, incoming],
             segments=[*kept.segments, Segment.INCOMING],
             truncated=[*kept.truncated, False],
-            estimate=self._estimate(profile, parts, state, counter, sums, _since(state, kept, ()), image_free=True),
+            estimate=self._estimate(
+                profile,
+                parts,
+                state,
+                counter,
+                sums,
+                _since(state, kept, ()),
+                image_free=True,
+                cut=_cut_pairs(kept.rows, kept.over),
+            ),
             notices=list(kept.notices),
             chars=kept.chars + messages_chars([incoming]),
             features=tuple(map(operator.add, kept.features, map(float, features))),  # a + float(b), as _as_view
@@ -790,11 +865,17 @@ class ViewService:
         since: Sequence[Message] | None = None,
         *,
         image_free: bool,
+        cut: Sequence[tuple[Message, Message]] = (),
     ) -> TokenEstimate:
         """``parts`` priced; ``sums``, ``since`` (``_since``) and ``image_free`` as ``estimate``'s
-        ``segment_features``, ``since`` and ``image_free``."""
+        ``segment_features``, ``since`` and ``image_free``; ``cut``: the (stored message, row sent)
+        pairs of the rows the view sends cut (``_recut_tokens``)."""
         system, records, context, incoming = parts
         baseline = state.baseline
+        anchor = None
+        if baseline is not None:
+            recut = _recut_tokens(baseline, counter, cut, itertools.chain(records, context))
+            anchor = Baseline(max(1, baseline.tokens + recut), baseline.last_sequence)
         return estimate(
             counter=counter,
             window=profile.context_window,
@@ -803,7 +884,7 @@ class ViewService:
             records=records,
             context=context,
             incoming=incoming,
-            baseline=Baseline(baseline.tokens, baseline.last_sequence) if baseline is not None else None,
+            baseline=anchor,
             image_fallback=self._settings.tokens.image_tokens_fallback,
             segment_features=sums.segments if sums is not None else None,
             since=since,
@@ -867,6 +948,7 @@ class ViewService:
         uncut = whole is not None and (whole <= budget or none_cut(counter, cap, budget))
         any_images = any(m.images for m in view.messages)
         over: tuple[tuple[int, Message], ...] = ()
+        cut_pairs: list[tuple[Message, Message]] = []
         if uncut:
             rows = list(view.messages)
             truncated = [False] * len(rows)
@@ -877,6 +959,7 @@ class ViewService:
                 truncated.append(cut is not m)
                 if cut is not m:
                     notices.append(_cut_notice(m, budget))
+                    cut_pairs.append((m, cut))
             if features is not None and whole is not None and not any_images:
                 over, cap = _over_of(view.messages, view.segments, features, truncated, counter, budget)
                 if over:  # the sums and the size are the rows', cut ones included
@@ -909,7 +992,7 @@ class ViewService:
         sums = None
         if repriceable and features is not None:
             sums = _Sums.of_rows(features, view.segments, total)
-        est = self._estimate(profile, parts, state, counter, sums, image_free=not any_images)
+        est = self._estimate(profile, parts, state, counter, sums, image_free=not any_images, cut=cut_pairs)
         had_images = any_images and any(m.images for m in rows)
         plain = None
         if not had_images:
@@ -1041,6 +1124,7 @@ class ViewService:
             priced_tokens=built.estimate.priced,
             image_tokens=built.image_tokens,
             shape=view_shape(profile),
+            cuts=_view_cuts(built.rows, built.truncated),
         )
         await self._store.save_view(session.id, record, keep=keep)
         # A view made for one build (not the session's reusable one) is kept apart, so the reusable

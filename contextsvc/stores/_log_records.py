@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from contextsvc.core.codec import message_from_dict, message_to_dict, session_from_dict, session_to_dict
-from contextsvc.core.priors import current_features
+from contextsvc.core.priors import current_cuts, current_features
 from contextsvc.core.session import SessionInfo
 from contextsvc.ports import HistoryChunk, ViewRecord
 from contextsvc.stores._frames import BadFrame, frame, unframe
@@ -314,7 +314,14 @@ def _view_to_dict(view: ViewRecord) -> dict[str, Any]:
 
 def _view_from_dict(d: dict[str, Any]) -> ViewRecord:
     features = current_features(d.get("features", ()))  # an older feature set: mapped or dropped
-    return ViewRecord(**{**d, "create_time": datetime.fromisoformat(d["create_time"]), "features": features})
+    return ViewRecord(
+        **{
+            **d,
+            "create_time": datetime.fromisoformat(d["create_time"]),
+            "features": features,
+            "cuts": current_cuts(d.get("cuts")),
+        }
+    )
 
 
 def _time(value: datetime | None) -> str | None:

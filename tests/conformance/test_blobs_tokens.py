@@ -129,3 +129,17 @@ async def test_residuals_and_priced_tokens_are_shared_through_the_store(store: S
     store = await reopen()
     assert await store.list_calibration_observations("gpt-res", limit=8) == written
     assert await store.get_view(sid, "vp") == priced
+
+
+async def test_a_view_keeps_how_it_cut_its_rows_across_a_restart(store: SessionStore, reopen: Reopen) -> None:
+    """A view's cuts (the rows it sent cut, with the features of each cut) come back as saved, on
+    every store and after a restart: a baseline of the view carries them into the anchor."""
+    sid = (await store.create_session(caller=ALICE, profile_id="p")).id
+    await store.append_messages(sid, [user("a"), user("b"), user("c")], caller=ALICE)
+    cuts = ((2, tuple(range(N_FEATURES))), (3, tuple(range(10, 10 + N_FEATURES))))
+    await store.save_view(sid, dataclasses.replace(view("cut", last_sequence=3), cuts=cuts), keep=3)
+    await store.save_view(sid, view("whole", last_sequence=3), keep=3)
+    assert (await store.get_view(sid, "cut")).cuts == cuts  # type: ignore[union-attr]
+    assert (await store.get_view(sid, "whole")).cuts == ()  # type: ignore[union-attr]
+    store = await reopen()
+    assert (await store.get_view(sid, "cut")).cuts == cuts  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ from typing import Any
 
 from contextsvc.core.codec import message_from_dict, message_to_dict
 from contextsvc.core.messages import Message
-from contextsvc.core.priors import current_features
+from contextsvc.core.priors import current_cuts, current_features
 from contextsvc.core.recall import document_terms
 from contextsvc.core.session import SessionInfo
 from contextsvc.ports import HistoryChunk, ViewRecord
@@ -132,6 +132,7 @@ def view_from_row(row: Any) -> ViewRecord:
         priced_tokens=row.get("priced_tokens", 0),
         image_tokens=row.get("image_tokens", 0),
         shape=row.get("shape", ""),
+        cuts=current_cuts(row.get("cuts")),
     )
 
 

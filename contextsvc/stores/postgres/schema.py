@@ -261,6 +261,12 @@ _V12_DELETION_EVENTS = """
 CREATE INDEX events_deletions ON events (session_id) WHERE kind = 'session_deleted';
 """
 
+# The rows a view sent cut, and how (``ports.ViewRecord.cuts``), which its baseline carries into
+# the session's anchor. '[]' for rows written before (their anchors price no cut anew).
+_V13_VIEW_CUTS = """
+ALTER TABLE views ADD COLUMN cuts jsonb NOT NULL DEFAULT '[]'::jsonb;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "api tokens", _V2_API_TOKENS),
@@ -274,6 +280,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "compression events index", _V10_COMPRESSION_EVENTS),
     Migration(11, "append request context tokens", _V11_REQUEST_TOKENS),
     Migration(12, "deletion events index", _V12_DELETION_EVENTS),
+    Migration(13, "view cuts", _V13_VIEW_CUTS),
 )
 
 #: Built when pg_trgm is installed: ILIKE '%q%' then uses an index instead of a full scan.

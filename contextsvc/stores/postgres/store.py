@@ -1401,6 +1401,7 @@ class PostgresStore:
             view.image_tokens,
             view.shape,
             max(keep, 1) - 1,
+            [[seq, list(features)] for seq, features in view.cuts],
         )
 
         async def work(conn: Any) -> Any:
@@ -1587,8 +1588,8 @@ _SAVE_VIEW_SQL = """
 WITH async_commit AS (SELECT set_config('synchronous_commit', 'off', true)),
 saved AS (
     INSERT INTO views (session_id, view_id, model, chars, estimated_tokens, had_images, last_sequence,
-                       create_time, epoch, features, incoming_tokens, priced_tokens, image_tokens, shape)
-    SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 FROM sessions, async_commit
+                       create_time, epoch, features, incoming_tokens, priced_tokens, image_tokens, shape, cuts)
+    SELECT session_id, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16 FROM sessions, async_commit
      WHERE session_id = $1
     ON CONFLICT (session_id, view_id) DO UPDATE
        SET saved = nextval('views_saved'), model = EXCLUDED.model, chars = EXCLUDED.chars,
@@ -1596,7 +1597,7 @@ saved AS (
            last_sequence = EXCLUDED.last_sequence, create_time = EXCLUDED.create_time,
            epoch = EXCLUDED.epoch, features = EXCLUDED.features,
            incoming_tokens = EXCLUDED.incoming_tokens, priced_tokens = EXCLUDED.priced_tokens,
-           image_tokens = EXCLUDED.image_tokens, shape = EXCLUDED.shape
+           image_tokens = EXCLUDED.image_tokens, shape = EXCLUDED.shape, cuts = EXCLUDED.cuts
     RETURNING saved
 ),
 pruned AS (
