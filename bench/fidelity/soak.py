@@ -248,7 +248,7 @@ async def agent(
         tally.largest_true = max(tally.largest_true, true)
         tally.worst_under = max(tally.worst_under, true - built.estimate.total)
         tally.over_margin += true > built.estimate.total + built.estimate.margin
-        tally.cut_views += any(m.truncated for m in built.messages)
+        tally.cut_views += any("chars cut …]" in m.content for m in built.messages)
         if true > WINDOW - RESERVE:
             tally.over_window += 1
             est = built.estimate
@@ -358,6 +358,7 @@ def record(lines: list[str], command: str) -> None:
 
 
 def main() -> None:
+    global DIAGNOSE, WINDOW, RESERVE, LONG_EVERY
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stores", default="memory,files,postgres")
     parser.add_argument("--agents", type=int, default=40)
@@ -372,7 +373,6 @@ def main() -> None:
         help="server at INFO; print its lines about failed sessions and views over the budget",
     )
     args = parser.parse_args()
-    global DIAGNOSE, WINDOW, RESERVE, LONG_EVERY
     DIAGNOSE = args.diagnose
     WINDOW, RESERVE, LONG_EVERY = args.window, args.reserve, args.long_every
     ensure_node_deps()
