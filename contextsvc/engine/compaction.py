@@ -1314,7 +1314,23 @@ class Compactor:
         except Exception:
             log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
             return
-        if closed is None:
+        if closed is None and kind == "context_compressed":
+            # The commit landed, but another replica closed the start as abandoned in the instant
+            # between ``_start_closed`` and the commit: watchers were told it failed. The commit is
+            # announced as a compaction of its own (a start, then its close), so every start still
+            # gets one close and the last word on the session is what happened.
+            log.warning(
+                "compaction committed after another replica closed its start as abandoned; announced anew",
+                extra={"session_id": s.session.id, "started_event_id": s.started.event_id},
+            )
+            again = await self._publish(s, "compression_started", dict(s.started.payload))
+            if again is not None:
+                s.started = again
+                try:  # once (a start the sweep closes again in between keeps its one close)
+                    await self.compression_log.publish_close(again, kind=kind, payload=payload)
+                except Exception:
+                    log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
+        elif closed is None:
             log.warning(
                 "compaction's start was closed already by another replica; its own close not published",
                 extra={"session_id": s.session.id, "kind": kind, "started_event_id": s.started.event_id},

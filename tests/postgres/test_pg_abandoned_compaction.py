@@ -257,3 +257,40 @@ async def test_a_compaction_the_sweep_closed_as_abandoned_commits_nothing(
     # Nothing was written: the ten turns' rows only, every one still in the context.
     rows = await fetch_rows(postgres_db, "SELECT last_sequence, context_count FROM sessions WHERE session_id = $1", sid)
     assert tuple(rows[0]) == (20, 20)
+
+
+async def test_a_commit_after_the_sweep_closed_its_start_in_between_is_announced_anew(
+    postgres_db: str, gated_fleet: tuple[_GatedSummarizer, list[Any]]
+) -> None:
+    """The narrowest case of a lost lock: replica B's sweep closes A's start as failed in the
+    instant between A's check (``start_closed``, which still said open) and A's commit. The commit
+    lands; watchers, told it failed, then get it as a compaction of its own (a start and its
+    close), so every start keeps exactly one close and the last word is what happened."""
+    gated, ((_, bus_a, engine_a), (_, bus_b, engine_b)) = gated_fleet
+
+    class _SweptAfterTheCheck:
+        """A's compression log: its check answers, then B's sweep runs before A goes on to commit."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(bus_a, name)
+
+        async def start_closed(self, started: Any) -> bool:
+            closed = await bus_a.start_closed(started)
+            assert await engine_b.compactor.close_abandoned(older_than=0) == 1
+            return closed
+
+    sid, watcher, first = await _compaction_waiting_for_its_summary(postgres_db, gated, engine_a, engine_b, bus_b)
+    assert await _end_compaction_lock_connections(postgres_db) == 1
+    engine_a.compactor.compression_log = _SweptAfterTheCheck()  # type: ignore[assignment]
+    gated.gate.set()
+    report = await asyncio.wait_for(first, WAIT)
+    assert report.compressed  # the commit landed
+    assert await _compression_kinds(watcher) == [
+        "compression_started",  # A
+        "compression_refused",  # A's start, closed by B's sweep as abandoned
+        "compression_started",  # A's commit, announced anew
+        "context_compressed",
+    ]
+    rows = await fetch_rows(postgres_db, "SELECT context_count FROM sessions WHERE session_id = $1", sid)
+    assert rows[0][0] < 20
+    assert await engine_b.compactor.close_abandoned(older_than=0) == 0
