@@ -54,6 +54,7 @@ from contextsvc.ports import (
     StoredEvent,
     SummarizerError,
     Summarizers,
+    SummarizerUnavailable,
     SummaryRequest,
 )
 
@@ -800,20 +801,26 @@ class Compactor:
         )
 
     async def _summarize(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
-        """Summarize; on failure retry once with a wider keep window. None when both failed."""
+        """Summarize; on failure retry once with a wider keep window. None when both failed, or
+        when the summarizer gave no answer at all (``SummarizerUnavailable``): its whole call is
+        already bounded by its own timeouts, and a second call at once would wait as long again,
+        holding the caller's turn (and the session's compaction lock) twice that long."""
         c = s.profile.compression
-        report = await self._try_summary(s, plan)
-        if report is not None:
-            return report
-        # Planned only now: the first attempt commits in nearly every compaction, and a plan
-        # prices the whole context again.
-        wider = self.plan(
-            s,
-            keep_recent=c.keep_recent * 2,
-            keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
-        )
-        if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
-            return await self._try_summary(s, wider)
+        try:
+            report = await self._try_summary(s, plan)
+            if report is not None:
+                return report
+            # Planned only now: the first attempt commits in nearly every compaction, and a plan
+            # prices the whole context again.
+            wider = self.plan(
+                s,
+                keep_recent=c.keep_recent * 2,
+                keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
+            )
+            if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
+                return await self._try_summary(s, wider)
+        except SummarizerUnavailable:
+            return None
         return None
 
     async def _try_summary(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
@@ -859,6 +866,8 @@ class Compactor:
                 "summarizer failed; falling back",
                 extra={"session_id": s.session.id, "summarizer": c.summarizer, "error": str(exc)},
             )
+            if isinstance(exc, SummarizerUnavailable):
+                raise  # no wider retry (``_summarize``)
             return None
         text, keys = summary_parts(raw)
         if not text:

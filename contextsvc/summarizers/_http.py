@@ -15,7 +15,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from contextsvc.ports import SummarizerError
+from contextsvc.ports import SummarizerError, SummarizerUnavailable
 
 if TYPE_CHECKING:
     # Imported when first used (``_with_retries``), not with this module: importing httpx is
@@ -106,7 +106,7 @@ class HttpEndpoint:
             async with asyncio.timeout(self._total_timeout_seconds):
                 return await self._with_retries(body)
         except TimeoutError:
-            raise SummarizerError(
+            raise SummarizerUnavailable(
                 f"{self.who}: no answer within {self._total_timeout_seconds:g}s (the whole call, retries included)"
             ) from None
         except SummarizerError as exc:
@@ -119,8 +119,9 @@ class HttpEndpoint:
 
     def redacted(self, exc: SummarizerError) -> SummarizerError:
         """``exc`` without this endpoint's credentials: an endpoint may echo the key it was sent
-        (``Incorrect API key provided: sk-…``), and the message is logged and shown."""
-        return SummarizerError(redact(str(exc), self._secrets))
+        (``Incorrect API key provided: sk-…``), and the message is logged and shown. Its class is
+        kept (``SummarizerUnavailable`` tells the engine not to ask again at once)."""
+        return type(exc)(redact(str(exc), self._secrets))
 
     async def _with_retries(self, body: dict[str, Any]) -> Any:
         import httpx
@@ -129,6 +130,7 @@ class HttpEndpoint:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._total_timeout_seconds
         last_problem = ""
+        unanswered = False  # the last attempt got no answer at all (a timeout, no connection)
         asked = 0.0  # the pause the last answer's Retry-After asked for
         for attempt in range(self._attempts):
             if attempt:
@@ -139,7 +141,7 @@ class HttpEndpoint:
                         f"{self._total_timeout_seconds:g}s (total_timeout_seconds)"
                     )
                 await asyncio.sleep(pause)
-            asked = 0.0
+            asked, unanswered = 0.0, True
             try:
                 client = self._client.get()
                 response = await client.post(self.url, json=body, headers=self._headers, timeout=timeout)
@@ -151,6 +153,7 @@ class HttpEndpoint:
                 continue
             except httpx.HTTPError as exc:  # bad URL, unsupported scheme, proxy trouble: final
                 raise SummarizerError(f"{self.who}: request failed ({type(exc).__name__}: {exc})") from None
+            unanswered = False
             status = response.status_code
             if status >= 500 or status == 429:
                 last_problem = f"HTTP {status}: {self.shown(response.text)}"
@@ -165,7 +168,11 @@ class HttpEndpoint:
             except ValueError:  # JSONDecodeError and undecodable bytes alike
                 raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(response.text)}") from None
         attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
-        raise SummarizerError(f"{self.who}: failed after {attempts}; last: {last_problem}")
+        # No answer at all (every retry timed out or found nobody listening) is the endpoint being
+        # unavailable: the engine then skips its second try with a wider keep window, which would
+        # wait as long again (a hung summarizer held a pre-turn build for twice the whole-call bound).
+        failed = SummarizerUnavailable if unanswered else SummarizerError
+        raise failed(f"{self.who}: failed after {attempts}; last: {last_problem}")
 
 
 def retry_after(value: str, *, now: datetime | None = None) -> float:

@@ -17,9 +17,10 @@ import pytest
 
 from contextsvc.config import OllamaSummarizerConfig, OpenAISummarizerConfig, Settings, SummarizerSettings
 from contextsvc.core.breadcrumbs import split_keys_line
-from contextsvc.ports import Summarizer, SummarizerError, SummaryRequest
+from contextsvc.ports import Summarizer, SummarizerError, SummarizerUnavailable, SummaryRequest
 from contextsvc.summarizers import SummarizerSet, build_summarizers
 from tests.support.fake_llm import FakeLLM
+from tests.support.server import closed_port
 
 pytestmark = pytest.mark.e2e
 
@@ -269,6 +270,24 @@ async def test_the_total_timeout_bounds_all_retries(fake: FakeLLM, make_set: Any
         await summarizer.summarize(_request())
     assert time.monotonic() - started < 5
     assert 2 <= len(fake.requests()) <= 4  # retried, but only inside the total budget
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_no_answer_at_all_is_unavailable_any_answer_is_not(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    """A hang (per attempt or the whole call) and nobody listening say the endpoint is unavailable,
+    so the engine does not call it again at once; an answer that was wrong (a 500 to the last
+    retry, a 400, garbage) is a plain failure, which a second try with another input may mend."""
+    fake.set_mode("hang", hang_seconds=10)
+    for bounds in ({"timeout_seconds": 0.3, "max_retries": 1}, {"timeout_seconds": 5, "total_timeout_seconds": 0.5}):
+        with pytest.raises(SummarizerUnavailable):
+            await make_set(**bounds).get(protocol).summarize(_request())
+    with pytest.raises(SummarizerUnavailable, match="connection failed"):
+        await make_set(base_url=f"http://127.0.0.1:{closed_port()}", max_retries=1).get(protocol).summarize(_request())
+    for mode in ("fail", "bad_request", "garbage"):
+        fake.set_mode(mode)
+        with pytest.raises(SummarizerError) as failed:
+            await make_set(max_retries=1).get(protocol).summarize(_request())
+        assert not isinstance(failed.value, SummarizerUnavailable), mode
 
 
 @pytest.mark.parametrize(

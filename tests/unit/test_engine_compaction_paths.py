@@ -239,6 +239,27 @@ async def test_summarizer_failure_retries_wider_then_hard_truncates_and_the_turn
         await rig.close()
 
 
+async def test_a_summarizer_that_gives_no_answer_is_called_once_then_hard_truncates() -> None:
+    """No answer at all (its own timeouts spent, or nobody listening): a second call with a wider
+    keep window would wait its whole bound again, holding the caller's turn twice as long (a hung
+    summarizer held a pre-turn build for 2 x total_timeout_seconds, past the compaction lock's
+    wait). One call, then the fallback, and the turn succeeds."""
+    hung = ScriptedSummarizer(default="unavailable")
+    rig = await Rig.start(hung)
+    profile = overrides(summarizer="scripted", strategies=["summarize"])
+    try:
+        sid = await rig.session()
+        await _fill_until(rig, sid, 0.95, output=150)
+        view = await rig.build(sid, incoming=u("zqnextx what next?"), profile=profile)
+        check_view(view)
+        assert view.compression is not None and view.compression.method.value == "hard_truncate"
+        assert len(hung.calls) == 1
+        kinds = [e.kind for e in rig.events(sid, "compression_started", "context_compressed", "compression_refused")]
+        assert kinds == ["compression_started", "context_compressed"]
+    finally:
+        await rig.close()
+
+
 async def test_forced_with_the_summarizer_down_under_the_hard_truncate_level_still_compacts() -> None:
     """A small context (under 0.5 x window) and a failing summarizer: the announced compaction is
     carried out (oldest turns dropped to the plan's kept part), never a started without an outcome."""
