@@ -327,6 +327,9 @@ class OpenAISummarizerConfig(_Section):
     max_retries: int = Field(2, ge=0, le=10)
     #: first pause between attempts; doubled each retry.
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
+    #: the longest answer body read; a longer one fails the call (read whole, an endless or
+    #: runaway body was held in memory until a timeout). A summary of 6000 tokens is ~30 KB.
+    max_answer_bytes: int = Field(8 * 1024 * 1024, ge=4096)
 
     _base_url = field_validator("base_url")(_http_base_url)
 
@@ -349,6 +352,7 @@ class OllamaSummarizerConfig(_Section):
     total_timeout_seconds: float = Field(150.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
+    max_answer_bytes: int = Field(8 * 1024 * 1024, ge=4096)
 
     _base_url = field_validator("base_url")(_http_base_url)
 

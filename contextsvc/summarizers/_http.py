@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -87,6 +88,7 @@ class HttpEndpoint:
         total_timeout_seconds: float,
         max_retries: int,
         backoff_seconds: float,
+        max_answer_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.who = who
         self.url = url
@@ -97,6 +99,7 @@ class HttpEndpoint:
         self._total_timeout_seconds = total_timeout_seconds
         self._attempts = max_retries + 1
         self._backoff_seconds = backoff_seconds
+        self._max_answer_bytes = max_answer_bytes
         self._secrets = credentials(url, headers)
 
     async def post_json(self, body: dict[str, Any]) -> Any:
@@ -123,6 +126,17 @@ class HttpEndpoint:
         kept (``SummarizerUnavailable`` tells the engine not to ask again at once)."""
         return type(exc)(redact(str(exc), self._secrets))
 
+    async def _read_capped(self, response: httpx.Response) -> bytes | None:
+        """The answer's body, or None once it passes ``max_answer_bytes`` (nothing more is read)."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self._max_answer_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def _with_retries(self, body: dict[str, Any]) -> Any:
         import httpx
 
@@ -144,7 +158,12 @@ class HttpEndpoint:
             asked, unanswered = 0.0, True
             try:
                 client = self._client.get()
-                response = await client.post(self.url, json=body, headers=self._headers, timeout=timeout)
+                request = client.build_request("POST", self.url, json=body, headers=self._headers, timeout=timeout)
+                response = await client.send(request, stream=True)
+                try:
+                    data = await self._read_capped(response)
+                finally:
+                    await response.aclose()
             except httpx.TimeoutException as exc:
                 last_problem = f"timed out ({type(exc).__name__}, {self._timeout_seconds:g}s per attempt)"
                 continue
@@ -155,24 +174,38 @@ class HttpEndpoint:
                 raise SummarizerError(f"{self.who}: request failed ({type(exc).__name__}: {exc})") from None
             unanswered = False
             status = response.status_code
+            if data is None:  # past the cap: the same request would get the same runaway answer
+                raise SummarizerError(
+                    f"{self.who}: HTTP {status}, the answer is longer than {self._max_answer_bytes} bytes "
+                    "(max_answer_bytes); not read further"
+                )
+            text = _decoded(data, response.charset_encoding)
             if status >= 500 or status == 429:
-                last_problem = f"HTTP {status}: {self.shown(response.text)}"
+                last_problem = f"HTTP {status}: {self.shown(text)}"
                 asked = retry_after(response.headers.get("retry-after", ""))
                 continue
             if status >= 400:
-                raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {self.shown(response.text)}")
+                raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {self.shown(text)}")
             if status != 200:
-                raise SummarizerError(f"{self.who}: unexpected HTTP {status}: {self.shown(response.text)}")
+                raise SummarizerError(f"{self.who}: unexpected HTTP {status}: {self.shown(text)}")
             try:
-                return response.json()
+                return json.loads(data)
             except ValueError:  # JSONDecodeError and undecodable bytes alike
-                raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(response.text)}") from None
+                raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(text)}") from None
         attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
         # No answer at all (every retry timed out or found nobody listening) is the endpoint being
         # unavailable: the engine then skips its second try with a wider keep window, which would
         # wait as long again (a hung summarizer held a pre-turn build for twice the whole-call bound).
         failed = SummarizerUnavailable if unanswered else SummarizerError
         raise failed(f"{self.who}: failed after {attempts}; last: {last_problem}")
+
+
+def _decoded(data: bytes, encoding: str | None) -> str:
+    """The body as text for an error message, as ``httpx.Response.text`` decodes it."""
+    try:
+        return data.decode(encoding or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know
+        return data.decode("utf-8", "replace")
 
 
 def retry_after(value: str, *, now: datetime | None = None) -> float:

@@ -41,6 +41,7 @@ class OllamaSummarizer:
             total_timeout_seconds=config.total_timeout_seconds,
             max_retries=config.max_retries,
             backoff_seconds=config.retry_backoff_seconds,
+            max_answer_bytes=config.max_answer_bytes,
         )
 
     def body(self, request: SummaryRequest) -> dict[str, Any]:

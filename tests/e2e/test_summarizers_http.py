@@ -290,6 +290,37 @@ async def test_no_answer_at_all_is_unavailable_any_answer_is_not(fake: FakeLLM, 
         assert not isinstance(failed.value, SummarizerUnavailable), mode
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_an_answer_past_max_answer_bytes_fails_without_being_read_whole(
+    fake: FakeLLM, make_set: Any, protocol: str
+) -> None:
+    """A runaway answer (4 MB here; an endless body alike) was read whole into memory before anything
+    looked at it. Past ``max_answer_bytes`` the call fails at once, and is not asked again."""
+    fake.set_mode("huge")
+    summarizer = make_set(max_answer_bytes=64 * 1024, max_retries=2).get(protocol)
+    with pytest.raises(SummarizerError, match=r"the answer is longer than 65536 bytes \(max_answer_bytes\)"):
+        await summarizer.summarize(_request())
+    assert len(fake.requests()) == 1
+    fake.set_mode("ok")  # an answer under the cap is read as before
+    assert "KEYS: src/app/calc.py" in await summarizer.summarize(_request())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("mode", ["chunked", "text_plain", "dribble"])
+async def test_an_answer_chunked_mislabelled_or_dribbled_is_read(
+    fake: FakeLLM, make_set: Any, protocol: str, mode: str
+) -> None:
+    fake.set_mode(mode, hang_seconds=0.5)
+    assert "KEYS: src/app/calc.py" in await make_set().get(protocol).summarize(_request())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_body_cut_off_by_a_closed_connection_is_retried(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("cut_body", then="ok")
+    assert "KEYS: src/app/calc.py" in await make_set(max_retries=1).get(protocol).summarize(_request())
+    assert len(fake.requests()) == 2
+
+
 @pytest.mark.parametrize(
     ("mode", "problem"),
     [
