@@ -398,6 +398,10 @@ class SummarizerSettings(_Section):
     #: a summary may use at most this share of the window (and never more than summary_max_tokens):
     #: the planner keeps that much room so the summary itself cannot push the context past target.
     summary_window_fraction: float = Field(0.10, gt=0, le=0.5)
+    #: a summary the summarizer made longer than this many times that room (it ignored the output
+    #: cap it was sent; our token count and the model's differ by less) is cut to the room, its
+    #: fact lines added back, rather than stored whole and cut in the middle by every later view.
+    summary_overrun_factor: float = Field(1.25, ge=1)
     #: the rows a compaction keeps must leave at least this share of the window for the summary and
     #: the prompt, however large those are: the planner's budget never drops below it.
     min_kept_fraction: float = Field(0.05, gt=0, lt=1)

@@ -11,11 +11,13 @@ import pytest
 from contextsvc.core.calibration import Observation
 from contextsvc.core.compression import DEFAULT_SUMMARY_PROMPT, META_SUMMARY_PROMPT
 from contextsvc.core.compression.cheap import is_placeholder
+from contextsvc.core.compression.formatting import CUT_MARKER
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import EstimateMethod
 from contextsvc.core.turns import analyze
 from contextsvc.engine.validation import IncomingMessage
+from contextsvc.ports import SummaryRequest
 from contextsvc.stores.memory import MemoryStore
 from tests.support.compaction_harness import (
     Rig,
@@ -305,6 +307,37 @@ async def test_a_summary_larger_than_what_it_replaces_is_discarded_even_when_the
         report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
         assert report.method.value == "hard_truncate"
         assert not any(m.flags.is_summary for m in await rig.rows(sid))
+    finally:
+        await rig.close()
+
+
+def _over_its_cap(request: SummaryRequest) -> str:
+    """A model that ignores ``max_tokens``: ~4x the cap of detail lines, then its KEYS line (still
+    far shorter than the turns it replaces)."""
+    lines = [f"- step {k}: zqdetail{k}x the handler kept its behaviour and its tests passed" for k in range(400)]
+    text = "\n".join(lines)[: request.max_tokens * 4 * 4]
+    return f"- zqheadx the session fixed many modules\n{text}\nKEYS: zqkeyx"
+
+
+async def test_a_summary_past_the_output_cap_it_was_sent_is_cut_to_it_with_its_facts() -> None:
+    """Stored whole, a summary 4x its cap took room the plan kept for the recent turns and every
+    later view cut its middle at the per-message budget. It is cut to the cap (its head kept, marked
+    as cut) and the facts sent with it added back; the view then shows it whole."""
+    rig = await Rig.start(ScriptedSummarizer(default=_over_its_cap))
+    profile = overrides(summarizer="scripted", strategies=["summarize"])
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 30, output=300)
+        report = await rig.compress(sid, profile=profile)
+        assert report.method.value == "summary"
+        (summary,) = [m for m in await rig.context(sid) if m.flags.is_summary]
+        cap = min(6000, int(0.1 * rig.window))
+        assert rig.engine.accounting.message_tokens("m", summary) <= cap
+        assert summary.content.startswith("- zqheadx")
+        assert CUT_MARKER in summary.content and "zqkeyx" in summary.metadata["breadcrumbs"]
+        view = await rig.build(sid, profile=profile)
+        shown = [vm for vm in view.messages if vm.message.flags.is_summary]
+        assert shown and shown[0].message.content == summary.content  # not cut again by the view
     finally:
         await rig.close()
 
