@@ -23,7 +23,17 @@ if TYPE_CHECKING:
     # ~0.15 s of every start, and most services never summarize over HTTP.
     import httpx
 
-__all__ = ["HttpEndpoint", "SharedClient", "data_url", "mime_type_of", "require_text", "snippet", "strip_thinking"]
+__all__ = [
+    "HttpEndpoint",
+    "SharedClient",
+    "Streamed",
+    "data_url",
+    "mime_type_of",
+    "require_text",
+    "snippet",
+    "streamed_events",
+    "strip_thinking",
+]
 
 _SNIPPET_CHARS = 300
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.S | re.I)
@@ -191,6 +201,9 @@ class HttpEndpoint:
             try:
                 return json.loads(data)
             except ValueError:  # JSONDecodeError and undecodable bytes alike
+                events = streamed_events(text)
+                if events is not None:
+                    return events
                 raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(text)}") from None
         attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
         # No answer at all (every retry timed out or found nobody listening) is the endpoint being
@@ -198,6 +211,36 @@ class HttpEndpoint:
         # wait as long again (a hung summarizer held a pre-turn build for twice the whole-call bound).
         failed = SummarizerUnavailable if unanswered else SummarizerError
         raise failed(f"{self.who}: failed after {attempts}; last: {last_problem}")
+
+
+class Streamed(list[Any]):
+    """An answer sent as a stream although ``stream: false`` was asked (some servers and proxies
+    always stream): the JSON object of each event, in order. Each summarizer assembles its own
+    protocol's events (``choices[0].delta`` pieces; Ollama's ``message`` pieces)."""
+
+    __slots__ = ()
+
+
+def streamed_events(text: str) -> Streamed | None:
+    """``text`` as a stream's events: server-sent events (``data: {…}`` lines, ``data: [DONE]``) or
+    JSON lines; None when it is neither (a line that is no JSON object), or holds no event."""
+    events = Streamed()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(":") or line.startswith(("event:", "id:", "retry:")):
+            continue  # blank separators, SSE comments and fields other than data
+        if line.startswith("data:"):
+            line = line[5:].strip()
+            if line == "[DONE]":
+                continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(event, dict):
+            return None
+        events.append(event)
+    return events or None
 
 
 def _decoded(data: bytes, encoding: str | None) -> str:

@@ -19,6 +19,7 @@ from contextsvc.config import OllamaSummarizerConfig, OpenAISummarizerConfig, Se
 from contextsvc.core.breadcrumbs import split_keys_line
 from contextsvc.ports import Summarizer, SummarizerError, SummarizerUnavailable, SummaryRequest
 from contextsvc.summarizers import SummarizerSet, build_summarizers
+from contextsvc.summarizers._http import streamed_events
 from tests.support.fake_llm import FakeLLM
 from tests.support.server import closed_port
 
@@ -312,6 +313,42 @@ async def test_an_answer_chunked_mislabelled_or_dribbled_is_read(
 ) -> None:
     fake.set_mode(mode, hang_seconds=0.5)
     assert "KEYS: src/app/calc.py" in await make_set().get(protocol).summarize(_request())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_an_answer_streamed_although_stream_false_was_asked_is_assembled(
+    fake: FakeLLM, make_set: Any, protocol: str
+) -> None:
+    """Some servers and proxies always stream (SSE chunks; Ollama's JSON lines): the answer was
+    refused as "not JSON" and every compaction fell back to dropping whole turns."""
+    fake.set_mode("sse")
+    summary = await make_set().get(protocol).summarize(_request())
+    assert summary.startswith("- The conversation covered ")
+    assert "KEYS: src/app/calc.py" in summary
+
+
+@pytest.mark.parametrize(
+    ("protocol", "events", "problem"),
+    [
+        ("openai", 'data: {"choices": [{"index": 0, "delta": {"content": "- half"}}]}\n\n', "without a finish_reason"),
+        ("ollama", '{"message": {"content": "- half"}, "done": false}\n', "ended before done: true"),
+        ("openai", 'data: {"error": {"message": "overloaded"}}\n\n', "reported an error: .*overloaded"),
+    ],
+)
+async def test_a_streamed_answer_cut_before_its_end_is_a_summarizer_error(
+    make_set: Any, protocol: str, events: str, problem: str
+) -> None:
+    summarizer = make_set().get(protocol)
+    streamed = streamed_events(events)
+    assert streamed is not None
+    with pytest.raises(SummarizerError, match=problem):
+        summarizer._content(summarizer._assembled(streamed))
+
+
+def test_what_is_no_stream_stays_no_json() -> None:
+    assert streamed_events("<html>this is not JSON {") is None
+    assert streamed_events("data: [DONE]\n\n") is None  # no event at all
+    assert streamed_events('[1, 2]\n{"a": 1}') is None  # a line that is no JSON object
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -319,6 +319,12 @@ class _Handler(BaseHTTPRequestHandler):
             end = {"model": model, "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop"}
             lines.append(json.dumps(end).encode() + b"\n")
         else:
+            last = {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            }
+            lines.append(b"data: " + json.dumps(last).encode() + b"\n\n")
             lines.append(b"data: [DONE]\n\n")
         self._send_chunked(b"".join(lines), "application/x-ndjson" if ollama else "text/event-stream")
 
