@@ -37,6 +37,8 @@ __all__ = [
 
 _SNIPPET_CHARS = 300
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.S | re.I)
+#: a leading ``<think>`` whose block never closes (``strip_thinking`` removes a closed one)
+_OPEN_THINK = re.compile(r"^\s*<think>(?!.*</think>)", re.S | re.I)
 _SPACES = re.compile(r"\s+")
 
 
@@ -358,6 +360,10 @@ def require_text(who: str, content: object, *, detail: str = "") -> str:
     if not isinstance(content, str):
         raise SummarizerError(f"{who}: the answer has no text content (got {type(content).__name__}){detail}")
     text = strip_thinking(storable(content))
+    if _OPEN_THINK.match(text):
+        # A reasoning model whose output cap ran out while it was still thinking: what came back
+        # is its unfinished reasoning, which stored as the summary would reach every later view.
+        raise SummarizerError(f"{who}: the answer is reasoning only (a <think> block never closed){detail}")
     if not text:
         raise SummarizerError(f"{who}: the answer's content is empty{detail}")
     return text

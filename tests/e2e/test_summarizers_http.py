@@ -352,6 +352,24 @@ def test_what_is_no_stream_stays_no_json() -> None:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_reasoning_before_the_summary_is_left_out_and_reasoning_alone_is_no_summary(
+    fake: FakeLLM, make_set: Any, protocol: str
+) -> None:
+    """A reasoning model served without a reasoning parser puts ``<think>…</think>`` before its
+    answer; when its output cap runs out while it still thinks, only the unclosed block comes
+    back, and was stored as the summary (sent in every later view)."""
+    summarizer = make_set().get(protocol)
+    fake.set_mode("think")
+    summary = await summarizer.summarize(_request())
+    assert summary.startswith("- The conversation covered ") and "<think>" not in summary
+    fake.set_mode("think_cut")
+    with pytest.raises(
+        SummarizerError, match=r"reasoning only \(a <think> block never closed\) \((finish|done)_reason"
+    ):
+        await summarizer.summarize(_request())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_a_body_cut_off_by_a_closed_connection_is_retried(fake: FakeLLM, make_set: Any, protocol: str) -> None:
     fake.set_mode("cut_body", then="ok")
     assert "KEYS: src/app/calc.py" in await make_set(max_retries=1).get(protocol).summarize(_request())

@@ -28,7 +28,10 @@ Endpoints:
   ``HUGE_CHARS``), ``foreign`` (the ok summary in Russian and Chinese, KEYS line included),
   ``dribble`` (the ok answer a few bytes at a time, ``hang_seconds`` spread over the body),
   ``long`` (the ok summary with ``LONG_CHARS`` of detail lines before its KEYS line: longer than
-  any output cap a test sets, shorter than what it replaces).
+  any output cap a test sets, shorter than what it replaces), ``think`` (the ok summary after a
+  ``<think>…</think>`` block, as reasoning models served without a reasoning parser answer),
+  ``think_cut`` (only an unclosed ``<think>`` block: the output cap ran out while the model was
+  still reasoning, finish_reason / done_reason ``length``).
 * ``POST /_reset`` — mode ``ok``, no queued modes, no recorded requests.
 * ``GET /_requests`` — ``{"requests": [{"path", "headers", "body"}, ...]}`` of chat calls, oldest
   first (the newest ``MAX_RECORDED``).
@@ -83,6 +86,8 @@ MODES = (
     "foreign",
     "dribble",
     "long",
+    "think",
+    "think_cut",
 )
 MAX_HANG_SECONDS = 30.0
 MAX_RECORDED = 200
@@ -221,6 +226,11 @@ class _Handler(BaseHTTPRequestHandler):
                 f"- detail {k}: the handler kept its behaviour and its tests passed.\n" for k in range(400)
             )
             content = content.replace("KEYS:", filler[:LONG_CHARS] + "KEYS:", 1)
+        if mode == "think":
+            content = "<think>\nThe user wants a summary. Let me list the facts first.\n</think>\n" + content
+        if mode == "think_cut":
+            reasoning = "Let me consider each turn in order. " * 40
+            content, finish = "<think>\nThe user wants a summary. " + reasoning, "length"
         if mode == "foreign":
             content = content.replace("- The conversation covered", "- Разговор охватил").replace(
                 "- It began with", "- 对话开始于"
