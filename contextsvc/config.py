@@ -327,6 +327,9 @@ class OpenAISummarizerConfig(_Section):
     max_retries: int = Field(2, ge=0, le=10)
     #: first pause between attempts; doubled each retry.
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
+    #: the longest answer body read; a longer one fails the call (read whole, an endless or
+    #: runaway body was held in memory until a timeout). A summary of 6000 tokens is ~30 KB.
+    max_answer_bytes: int = Field(8 * 1024 * 1024, ge=4096)
 
     _base_url = field_validator("base_url")(_http_base_url)
 
@@ -349,6 +352,7 @@ class OllamaSummarizerConfig(_Section):
     total_timeout_seconds: float = Field(150.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
     retry_backoff_seconds: float = Field(0.5, ge=0, le=30)
+    max_answer_bytes: int = Field(8 * 1024 * 1024, ge=4096)
 
     _base_url = field_validator("base_url")(_http_base_url)
 
@@ -394,6 +398,10 @@ class SummarizerSettings(_Section):
     #: a summary may use at most this share of the window (and never more than summary_max_tokens):
     #: the planner keeps that much room so the summary itself cannot push the context past target.
     summary_window_fraction: float = Field(0.10, gt=0, le=0.5)
+    #: a summary the summarizer made longer than this many times that room (it ignored the output
+    #: cap it was sent; our token count and the model's differ by less) is cut to the room, its
+    #: fact lines added back, rather than stored whole and cut in the middle by every later view.
+    summary_overrun_factor: float = Field(1.25, ge=1)
     #: the rows a compaction keeps must leave at least this share of the window for the summary and
     #: the prompt, however large those are: the planner's budget never drops below it.
     min_kept_fraction: float = Field(0.05, gt=0, lt=1)

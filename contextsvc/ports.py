@@ -394,6 +394,11 @@ class SummarizerError(Exception):
     """The summarizer failed (down, timed out, garbage); the caller falls back, never fails the turn."""
 
 
+class SummarizerUnavailable(SummarizerError):
+    """The summarizer gave no answer: it timed out or could not be reached, its retries and its
+    whole-call bound spent. Asking again at once, with another input, would wait as long again."""
+
+
 class CutSummary(str):
     """A summary the summarizer's output cap cut short (``finish_reason``/``done_reason``
     ``length``): its end, where the fact lines and the KEYS line it was asked for go, is missing."""

@@ -273,7 +273,28 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         messages = await self._engine.expand_summary(
             caller_of(context), request.session_id, sequence_number=request.sequence_number
         )
-        return pb.ExpandSummaryResponse(messages=[mapping.message_to_pb(m) for m in messages])
+        response = pb.ExpandSummaryResponse(messages=[mapping.message_to_pb(m) for m in messages])
+        limit = self._engine.settings.limits.grpc_max_send_bytes
+        size = response.ByteSize()
+        if size > limit:
+            # A summary of a long history stands for more than one response may carry: gRPC failed
+            # the call after the fact with a bare RESOURCE_EXHAUSTED ("Sent message larger than
+            # max"), no reason and no way on. Said here, with where the rows can be read instead.
+            first, last = messages[0].sequence_number, messages[-1].sequence_number
+            raise errors.FailedPrecondition(
+                f"summary #{request.sequence_number} stands for {len(messages)} messages (#{first}..#{last}, "
+                f"{size} bytes), past the {limit}-byte response limit (limits.grpc_max_send_bytes); page "
+                "through them with ListMessages (before_sequence) or find them with SearchHistory",
+                reason="SUMMARY_TOO_LARGE",
+                metadata={
+                    "first_sequence": str(first),
+                    "last_sequence": str(last),
+                    "messages": str(len(messages)),
+                    "bytes": str(size),
+                    "limit_bytes": str(limit),
+                },
+            )
+        return response
 
     @unary
     async def ForkSession(self, request: pb.ForkSessionRequest, context: Context) -> resources_pb2.Session:

@@ -39,7 +39,7 @@ from contextsvc.core.compression.plan import CompactionPlan, mid_turn_keep_messa
 from contextsvc.core.compression.records import compression_record, demoted_ranges, summary_message
 from contextsvc.core.facts import fact_lines, facts_block
 from contextsvc.core.history import HistoryChunk
-from contextsvc.core.messages import Message
+from contextsvc.core.messages import Message, Role
 from contextsvc.core.profile import EffectiveProfile
 from contextsvc.core.session import Principal, SessionInfo
 from contextsvc.core.tokens import CalibratedCounter, TextCounter, each_message_features, image_tokens_of
@@ -54,6 +54,7 @@ from contextsvc.ports import (
     StoredEvent,
     SummarizerError,
     Summarizers,
+    SummarizerUnavailable,
     SummaryRequest,
 )
 
@@ -800,20 +801,26 @@ class Compactor:
         )
 
     async def _summarize(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
-        """Summarize; on failure retry once with a wider keep window. None when both failed."""
+        """Summarize; on failure retry once with a wider keep window. None when both failed, or
+        when the summarizer gave no answer at all (``SummarizerUnavailable``): its whole call is
+        already bounded by its own timeouts, and a second call at once would wait as long again,
+        holding the caller's turn (and the session's compaction lock) twice that long."""
         c = s.profile.compression
-        report = await self._try_summary(s, plan)
-        if report is not None:
-            return report
-        # Planned only now: the first attempt commits in nearly every compaction, and a plan
-        # prices the whole context again.
-        wider = self.plan(
-            s,
-            keep_recent=c.keep_recent * 2,
-            keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
-        )
-        if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
-            return await self._try_summary(s, wider)
+        try:
+            report = await self._try_summary(s, plan)
+            if report is not None:
+                return report
+            # Planned only now: the first attempt commits in nearly every compaction, and a plan
+            # prices the whole context again.
+            wider = self.plan(
+                s,
+                keep_recent=c.keep_recent * 2,
+                keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
+            )
+            if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
+                return await self._try_summary(s, wider)
+        except SummarizerUnavailable:
+            return None
         return None
 
     async def _try_summary(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
@@ -859,6 +866,8 @@ class Compactor:
                 "summarizer failed; falling back",
                 extra={"session_id": s.session.id, "summarizer": c.summarizer, "error": str(exc)},
             )
+            if isinstance(exc, SummarizerUnavailable):
+                raise  # no wider retry (``_summarize``)
             return None
         text, keys = summary_parts(raw)
         if not text:
@@ -882,6 +891,19 @@ class Compactor:
                 extra={"session_id": s.session.id, "summarizer": c.summarizer},
             )
             text = cut_summary_text(text, block)
+        reserve = self._summary_reserve(p)
+        tokens = self._text_tokens(p, text)
+        # (One larger than what it replaces is no summary at all: discarded below, as before.)
+        if reserve * self._settings.summarizer.summary_overrun_factor < tokens < count(plan.drop):
+            # The summarizer ignored the output cap it was sent (``max_tokens``): stored whole, the
+            # summary takes room the plan kept for recent turns, and every later view cuts its
+            # middle at the per-message budget. It is cut to the cap as the cap would have cut it,
+            # and the facts sent with it are added back.
+            log.warning(
+                "summary longer than the output cap it was sent; cut to it, its facts added back",
+                extra={"session_id": s.session.id, "summarizer": c.summarizer, "max_tokens": reserve},
+            )
+            text = self._cut_to(p, text, block, reserve)
         crumbs = self._breadcrumbs(keys, plan.drop)
         summary = summary_message(
             text,
@@ -929,6 +951,27 @@ class Compactor:
             plan=plan,
             stages=stages,
         )
+
+    def _text_tokens(self, p: EffectiveProfile, text: str) -> int:
+        return self._accounting.message_tokens(p.model, Message(role=Role.USER, content=text))
+
+    def _cut_to(self, p: EffectiveProfile, text: str, facts: str, tokens: int) -> str:
+        """``cut_summary_text`` of the longest head of ``text`` (ended at a line break where one is
+        near) that fits in ``tokens``; the facts alone when no head does."""
+        low, high = 0, len(text)
+        for _ in range(64):  # a binary search over the head's length: ~log2(len) rounds
+            if low >= high:
+                break
+            middle = (low + high + 1) // 2
+            if self._text_tokens(p, cut_summary_text(text[:middle], facts)) <= tokens:
+                low = middle
+            else:
+                high = middle - 1
+        head = text[:low]
+        line_end = head.rfind("\n")
+        if line_end >= 0.8 * len(head):
+            head = head[:line_end]
+        return cut_summary_text(head, facts)
 
     async def _meta_summary(self, s: Situation, plan: CompactionPlan, summarizer: Any) -> str | None:
         """Several old summaries past the threshold are merged into one first."""

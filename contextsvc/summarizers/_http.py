@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,17 +16,29 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from contextsvc.ports import SummarizerError
+from contextsvc.ports import SummarizerError, SummarizerUnavailable
 
 if TYPE_CHECKING:
     # Imported when first used (``_with_retries``), not with this module: importing httpx is
     # ~0.15 s of every start, and most services never summarize over HTTP.
     import httpx
 
-__all__ = ["HttpEndpoint", "SharedClient", "data_url", "mime_type_of", "require_text", "snippet", "strip_thinking"]
+__all__ = [
+    "HttpEndpoint",
+    "SharedClient",
+    "Streamed",
+    "data_url",
+    "mime_type_of",
+    "require_text",
+    "snippet",
+    "streamed_events",
+    "strip_thinking",
+]
 
 _SNIPPET_CHARS = 300
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.S | re.I)
+#: a leading ``<think>`` whose block never closes (``strip_thinking`` removes a closed one)
+_OPEN_THINK = re.compile(r"^\s*<think>(?!.*</think>)", re.S | re.I)
 _SPACES = re.compile(r"\s+")
 
 
@@ -87,6 +100,7 @@ class HttpEndpoint:
         total_timeout_seconds: float,
         max_retries: int,
         backoff_seconds: float,
+        max_answer_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.who = who
         self.url = url
@@ -97,6 +111,7 @@ class HttpEndpoint:
         self._total_timeout_seconds = total_timeout_seconds
         self._attempts = max_retries + 1
         self._backoff_seconds = backoff_seconds
+        self._max_answer_bytes = max_answer_bytes
         self._secrets = credentials(url, headers)
 
     async def post_json(self, body: dict[str, Any]) -> Any:
@@ -106,7 +121,7 @@ class HttpEndpoint:
             async with asyncio.timeout(self._total_timeout_seconds):
                 return await self._with_retries(body)
         except TimeoutError:
-            raise SummarizerError(
+            raise SummarizerUnavailable(
                 f"{self.who}: no answer within {self._total_timeout_seconds:g}s (the whole call, retries included)"
             ) from None
         except SummarizerError as exc:
@@ -119,8 +134,20 @@ class HttpEndpoint:
 
     def redacted(self, exc: SummarizerError) -> SummarizerError:
         """``exc`` without this endpoint's credentials: an endpoint may echo the key it was sent
-        (``Incorrect API key provided: sk-…``), and the message is logged and shown."""
-        return SummarizerError(redact(str(exc), self._secrets))
+        (``Incorrect API key provided: sk-…``), and the message is logged and shown. Its class is
+        kept (``SummarizerUnavailable`` tells the engine not to ask again at once)."""
+        return type(exc)(redact(str(exc), self._secrets))
+
+    async def _read_capped(self, response: httpx.Response) -> bytes | None:
+        """The answer's body, or None once it passes ``max_answer_bytes`` (nothing more is read)."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self._max_answer_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def _with_retries(self, body: dict[str, Any]) -> Any:
         import httpx
@@ -129,6 +156,7 @@ class HttpEndpoint:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._total_timeout_seconds
         last_problem = ""
+        unanswered = False  # the last attempt got no answer at all (a timeout, no connection)
         asked = 0.0  # the pause the last answer's Retry-After asked for
         for attempt in range(self._attempts):
             if attempt:
@@ -139,10 +167,15 @@ class HttpEndpoint:
                         f"{self._total_timeout_seconds:g}s (total_timeout_seconds)"
                     )
                 await asyncio.sleep(pause)
-            asked = 0.0
+            asked, unanswered = 0.0, True
             try:
                 client = self._client.get()
-                response = await client.post(self.url, json=body, headers=self._headers, timeout=timeout)
+                request = client.build_request("POST", self.url, json=body, headers=self._headers, timeout=timeout)
+                response = await client.send(request, stream=True)
+                try:
+                    data = await self._read_capped(response)
+                finally:
+                    await response.aclose()
             except httpx.TimeoutException as exc:
                 last_problem = f"timed out ({type(exc).__name__}, {self._timeout_seconds:g}s per attempt)"
                 continue
@@ -151,21 +184,73 @@ class HttpEndpoint:
                 continue
             except httpx.HTTPError as exc:  # bad URL, unsupported scheme, proxy trouble: final
                 raise SummarizerError(f"{self.who}: request failed ({type(exc).__name__}: {exc})") from None
+            unanswered = False
             status = response.status_code
+            if data is None:  # past the cap: the same request would get the same runaway answer
+                raise SummarizerError(
+                    f"{self.who}: HTTP {status}, the answer is longer than {self._max_answer_bytes} bytes "
+                    "(max_answer_bytes); not read further"
+                )
+            text = _decoded(data, response.charset_encoding)
             if status >= 500 or status == 429:
-                last_problem = f"HTTP {status}: {self.shown(response.text)}"
+                last_problem = f"HTTP {status}: {self.shown(text)}"
                 asked = retry_after(response.headers.get("retry-after", ""))
                 continue
             if status >= 400:
-                raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {self.shown(response.text)}")
+                raise SummarizerError(f"{self.who}: HTTP {status} (not retried): {self.shown(text)}")
             if status != 200:
-                raise SummarizerError(f"{self.who}: unexpected HTTP {status}: {self.shown(response.text)}")
+                raise SummarizerError(f"{self.who}: unexpected HTTP {status}: {self.shown(text)}")
             try:
-                return response.json()
+                return json.loads(data)
             except ValueError:  # JSONDecodeError and undecodable bytes alike
-                raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(response.text)}") from None
+                events = streamed_events(text)
+                if events is not None:
+                    return events
+                raise SummarizerError(f"{self.who}: the answer is not JSON: {self.shown(text)}") from None
         attempts = f"{self._attempts} attempt{'s' if self._attempts != 1 else ''}"
-        raise SummarizerError(f"{self.who}: failed after {attempts}; last: {last_problem}")
+        # No answer at all (every retry timed out or found nobody listening) is the endpoint being
+        # unavailable: the engine then skips its second try with a wider keep window, which would
+        # wait as long again (a hung summarizer held a pre-turn build for twice the whole-call bound).
+        failed = SummarizerUnavailable if unanswered else SummarizerError
+        raise failed(f"{self.who}: failed after {attempts}; last: {last_problem}")
+
+
+class Streamed(list[Any]):
+    """An answer sent as a stream although ``stream: false`` was asked (some servers and proxies
+    always stream): the JSON object of each event, in order. Each summarizer assembles its own
+    protocol's events (``choices[0].delta`` pieces; Ollama's ``message`` pieces)."""
+
+    __slots__ = ()
+
+
+def streamed_events(text: str) -> Streamed | None:
+    """``text`` as a stream's events: server-sent events (``data: {…}`` lines, ``data: [DONE]``) or
+    JSON lines; None when it is neither (a line that is no JSON object), or holds no event."""
+    events = Streamed()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(":") or line.startswith(("event:", "id:", "retry:")):
+            continue  # blank separators, SSE comments and fields other than data
+        if line.startswith("data:"):
+            line = line[5:].strip()
+            if line == "[DONE]":
+                continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(event, dict):
+            return None
+        events.append(event)
+    return events or None
+
+
+def _decoded(data: bytes, encoding: str | None) -> str:
+    """The body as text for an error message, as ``httpx.Response.text`` decodes it."""
+    try:
+        return data.decode(encoding or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know
+        return data.decode("utf-8", "replace")
 
 
 def retry_after(value: str, *, now: datetime | None = None) -> float:
@@ -275,6 +360,10 @@ def require_text(who: str, content: object, *, detail: str = "") -> str:
     if not isinstance(content, str):
         raise SummarizerError(f"{who}: the answer has no text content (got {type(content).__name__}){detail}")
     text = strip_thinking(storable(content))
+    if _OPEN_THINK.match(text):
+        # A reasoning model whose output cap ran out while it was still thinking: what came back
+        # is its unfinished reasoning, which stored as the summary would reach every later view.
+        raise SummarizerError(f"{who}: the answer is reasoning only (a <think> block never closed){detail}")
     if not text:
         raise SummarizerError(f"{who}: the answer's content is empty{detail}")
     return text

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contextsvc import telemetry
 from contextsvc.config import OllamaSummarizerConfig, redacted_url
 from contextsvc.ports import CutSummary, SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, SharedClient, require_text
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, Streamed, require_text
 
 if TYPE_CHECKING:
     import httpx
@@ -41,6 +41,7 @@ class OllamaSummarizer:
             total_timeout_seconds=config.total_timeout_seconds,
             max_retries=config.max_retries,
             backoff_seconds=config.retry_backoff_seconds,
+            max_answer_bytes=config.max_answer_bytes,
         )
 
     def body(self, request: SummaryRequest) -> dict[str, Any]:
@@ -59,12 +60,29 @@ class OllamaSummarizer:
 
     async def summarize(self, request: SummaryRequest) -> str:
         payload = await self._endpoint.post_json(self.body(request))
+        if isinstance(payload, Streamed):
+            payload = self._assembled(payload)
         if isinstance(payload, dict):
             telemetry.note_genai_usage(_count(payload.get("prompt_eval_count")), _count(payload.get("eval_count")))
         try:
             return self._content(payload)
         except SummarizerError as exc:  # the payload may echo the credentials it was sent
             raise self._endpoint.redacted(exc) from None
+
+    def _assembled(self, events: Streamed) -> dict[str, Any]:
+        """A streamed answer (JSON lines, the last one ``done: true``) as the one answer it stands for."""
+        parts: list[str] = []
+        last: dict[str, Any] = {}
+        for event in events:
+            if event.get("error"):
+                return {"error": event["error"]}
+            message = event.get("message")
+            if isinstance(message, dict) and isinstance(message.get("content"), str):
+                parts.append(message["content"])
+            last = event
+        if last.get("done") is not True:  # the stream stopped before its last line
+            raise SummarizerError(f"{self._endpoint.who}: the streamed answer ended before done: true")
+        return {**last, "message": {"role": "assistant", "content": "".join(parts)}}
 
     def _content(self, payload: Any) -> str:
         who = self._endpoint.who

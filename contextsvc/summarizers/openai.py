@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from contextsvc import telemetry
 from contextsvc.config import OpenAISummarizerConfig, redacted_url
 from contextsvc.ports import CutSummary, SummarizerError, SummaryRequest
-from contextsvc.summarizers._http import HttpEndpoint, SharedClient, data_url, require_text
+from contextsvc.summarizers._http import HttpEndpoint, SharedClient, Streamed, data_url, require_text
 
 if TYPE_CHECKING:
     import httpx
@@ -42,6 +42,7 @@ class OpenAISummarizer:
             total_timeout_seconds=config.total_timeout_seconds,
             max_retries=config.max_retries,
             backoff_seconds=config.retry_backoff_seconds,
+            max_answer_bytes=config.max_answer_bytes,
         )
 
     def body(self, request: SummaryRequest) -> dict[str, Any]:
@@ -64,6 +65,8 @@ class OpenAISummarizer:
 
     async def summarize(self, request: SummaryRequest) -> str:
         payload = await self._endpoint.post_json(self.body(request))
+        if isinstance(payload, Streamed):
+            payload = self._assembled(payload)
         usage = payload.get("usage") if isinstance(payload, dict) else None
         if isinstance(usage, dict):
             telemetry.note_genai_usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
@@ -71,6 +74,28 @@ class OpenAISummarizer:
             return self._content(payload)
         except SummarizerError as exc:  # the payload may echo the credentials it was sent
             raise self._endpoint.redacted(exc) from None
+
+    def _assembled(self, events: Streamed) -> dict[str, Any]:
+        """A streamed answer (chat.completion.chunk events) as the one answer it stands for."""
+        parts: list[str] = []
+        reason: Any = None
+        usage: Any = None
+        for event in events:
+            if event.get("error"):
+                return {"error": event["error"]}
+            usage = event.get("usage") or usage
+            choices = event.get("choices")
+            for choice in choices if isinstance(choices, list) else []:
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or choice.get("message")
+                if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                    parts.append(delta["content"])
+                reason = choice.get("finish_reason") or reason
+        if reason is None:  # the stream stopped before its last chunk: the summary may be cut anywhere
+            raise SummarizerError(f"{self._endpoint.who}: the streamed answer ended without a finish_reason")
+        message = {"role": "assistant", "content": "".join(parts)}
+        return {"choices": [{"index": 0, "message": message, "finish_reason": reason}], "usage": usage}
 
     def _content(self, payload: Any) -> str:
         who = self._endpoint.who

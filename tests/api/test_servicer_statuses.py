@@ -24,7 +24,7 @@ from contextsvc.api.errors import DOMAIN
 from contextsvc.api.gate import ServingGate, ServingState
 from contextsvc.api.quotas import Quotas
 from contextsvc.api.servicer import ContextServicer
-from contextsvc.config import QuotaSettings, Settings, TokenSettings
+from contextsvc.config import Limits, QuotaSettings, Settings, TokenSettings
 from contextsvc.core.session import Principal
 from contextsvc.engine.engine import Engine
 from contextsvc.stores.memory import MemoryStore
@@ -37,9 +37,17 @@ MISSING = "00000000-0000-4000-8000-000000000000"
 class World:
     """A servicer on a fresh engine, behind a gate and quotas, under grpcio-testing."""
 
-    def __init__(self, loop: EventLoopThread, quotas: QuotaSettings | None = None, tokens: TokenSettings | None = None):
+    def __init__(
+        self,
+        loop: EventLoopThread,
+        quotas: QuotaSettings | None = None,
+        tokens: TokenSettings | None = None,
+        limits: Limits | None = None,
+    ):
         self.loop = loop
-        settings = Settings(quotas=quotas or QuotaSettings(), tokens=tokens or TokenSettings())
+        settings = Settings(
+            quotas=quotas or QuotaSettings(), tokens=tokens or TokenSettings(), limits=limits or Limits()
+        )
 
         async def build() -> tuple[Engine, asyncio.Event]:
             store = MemoryStore(settings)
@@ -171,6 +179,25 @@ def test_view_and_message_not_found(world: World) -> None:
         grpc.StatusCode.NOT_FOUND,
         "MESSAGE_NOT_FOUND",
     )
+
+
+def test_a_summary_standing_for_more_than_one_response_carries_says_so(loop: EventLoopThread) -> None:
+    """72 MB of history behind one summary: ExpandSummary failed in the transport with a bare
+    RESOURCE_EXHAUSTED ("Sent message larger than max"), no reason, no way on."""
+    world = World(loop, limits=Limits(grpc_max_send_bytes=1024 * 1024))
+    rows = [_user(f"ask {k} " + "x" * 20_000) for k in range(80)]  # ~1.6 MB
+    sid = world.session(*rows)
+    done = world.call("Compress", pb.CompressRequest(session_id=sid, profile=r.Profile(context_window=1_000_000)))
+    assert done.code == grpc.StatusCode.OK, done
+    context = world.call("ListMessages", pb.ListMessagesRequest(session_id=sid, buffer=pb.BUFFER_CONTEXT))
+    (summary,) = [m for m in context.response.messages if m.flags.is_summary]
+    out = _expect(
+        world.call("ExpandSummary", pb.ExpandSummaryRequest(session_id=sid, sequence_number=summary.sequence_number)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "SUMMARY_TOO_LARGE",
+    )
+    assert out.metadata["first_sequence"] == "1" and int(out.metadata["bytes"]) > 1024 * 1024
+    assert "ListMessages" in out.message
 
 
 # -- the edge: decode guard, serving gate, drain ----------------------------------------------------

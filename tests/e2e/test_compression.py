@@ -272,6 +272,27 @@ def test_llm_summarizer_down_slow_or_garbage_falls_back_to_hard_truncate(
         assert found.chunks
 
 
+def test_a_hung_summarizer_is_waited_for_once_per_compaction(llm_server: ServerProcess, llm: FakeLLM) -> None:
+    """A forced compaction whose summarizer hangs: one call (its own retry included, bounded by
+    total_timeout_seconds = 3 s here), then hard truncation. The second call with a wider keep
+    window waited the whole bound again (2 x 3 s here, 2 x 150 s by default)."""
+    llm.control(mode="hang", hang_seconds=10)
+    with llm_server.channel() as ch:
+        stub = llm_server.stub(ch)
+        sid = stub.CreateSession(pb.CreateSessionRequest()).id
+        for t in range(0, 40, 10):  # short turns: a wider keep window still leaves turns to summarize
+            batch = []
+            for k in range(t, t + 10):
+                batch += [user(f"ask {k}"), assistant("", [(f"c{k}", "grep")]), tool(f"c{k}", f"hit {k}\n" * 60)]
+                batch.append(assistant(f"answer {k}"))
+            stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=batch))
+        started = time.monotonic()
+        report = stub.Compress(pb.CompressRequest(session_id=sid, profile=_profile("openai")), timeout=30)
+        assert report.method == events_pb2.COMPRESSION_METHOD_HARD_TRUNCATE
+        assert len(llm.requests()) == 2  # max_retries = 1: two attempts of one call
+        assert time.monotonic() - started < 5
+
+
 def test_post_turn_worker_compresses_after_turn_complete(llm_server: ServerProcess) -> None:
     with llm_server.channel() as ch:
         stub = llm_server.stub(ch)

@@ -17,9 +17,11 @@ import pytest
 
 from contextsvc.config import OllamaSummarizerConfig, OpenAISummarizerConfig, Settings, SummarizerSettings
 from contextsvc.core.breadcrumbs import split_keys_line
-from contextsvc.ports import Summarizer, SummarizerError, SummaryRequest
+from contextsvc.ports import Summarizer, SummarizerError, SummarizerUnavailable, SummaryRequest
 from contextsvc.summarizers import SummarizerSet, build_summarizers
+from contextsvc.summarizers._http import streamed_events
 from tests.support.fake_llm import FakeLLM
+from tests.support.server import closed_port
 
 pytestmark = pytest.mark.e2e
 
@@ -269,6 +271,109 @@ async def test_the_total_timeout_bounds_all_retries(fake: FakeLLM, make_set: Any
         await summarizer.summarize(_request())
     assert time.monotonic() - started < 5
     assert 2 <= len(fake.requests()) <= 4  # retried, but only inside the total budget
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_no_answer_at_all_is_unavailable_any_answer_is_not(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    """A hang (per attempt or the whole call) and nobody listening say the endpoint is unavailable,
+    so the engine does not call it again at once; an answer that was wrong (a 500 to the last
+    retry, a 400, garbage) is a plain failure, which a second try with another input may mend."""
+    fake.set_mode("hang", hang_seconds=10)
+    for bounds in ({"timeout_seconds": 0.3, "max_retries": 1}, {"timeout_seconds": 5, "total_timeout_seconds": 0.5}):
+        with pytest.raises(SummarizerUnavailable):
+            await make_set(**bounds).get(protocol).summarize(_request())
+    with pytest.raises(SummarizerUnavailable, match="connection failed"):
+        await make_set(base_url=f"http://127.0.0.1:{closed_port()}", max_retries=1).get(protocol).summarize(_request())
+    for mode in ("fail", "bad_request", "garbage"):
+        fake.set_mode(mode)
+        with pytest.raises(SummarizerError) as failed:
+            await make_set(max_retries=1).get(protocol).summarize(_request())
+        assert not isinstance(failed.value, SummarizerUnavailable), mode
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_an_answer_past_max_answer_bytes_fails_without_being_read_whole(
+    fake: FakeLLM, make_set: Any, protocol: str
+) -> None:
+    """A runaway answer (4 MB here; an endless body alike) was read whole into memory before anything
+    looked at it. Past ``max_answer_bytes`` the call fails at once, and is not asked again."""
+    fake.set_mode("huge")
+    summarizer = make_set(max_answer_bytes=64 * 1024, max_retries=2).get(protocol)
+    with pytest.raises(SummarizerError, match=r"the answer is longer than 65536 bytes \(max_answer_bytes\)"):
+        await summarizer.summarize(_request())
+    assert len(fake.requests()) == 1
+    fake.set_mode("ok")  # an answer under the cap is read as before
+    assert "KEYS: src/app/calc.py" in await summarizer.summarize(_request())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("mode", ["chunked", "text_plain", "dribble"])
+async def test_an_answer_chunked_mislabelled_or_dribbled_is_read(
+    fake: FakeLLM, make_set: Any, protocol: str, mode: str
+) -> None:
+    fake.set_mode(mode, hang_seconds=0.5)
+    assert "KEYS: src/app/calc.py" in await make_set().get(protocol).summarize(_request())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_an_answer_streamed_although_stream_false_was_asked_is_assembled(
+    fake: FakeLLM, make_set: Any, protocol: str
+) -> None:
+    """Some servers and proxies always stream (SSE chunks; Ollama's JSON lines): the answer was
+    refused as "not JSON" and every compaction fell back to dropping whole turns."""
+    fake.set_mode("sse")
+    summary = await make_set().get(protocol).summarize(_request())
+    assert summary.startswith("- The conversation covered ")
+    assert "KEYS: src/app/calc.py" in summary
+
+
+@pytest.mark.parametrize(
+    ("protocol", "events", "problem"),
+    [
+        ("openai", 'data: {"choices": [{"index": 0, "delta": {"content": "- half"}}]}\n\n', "without a finish_reason"),
+        ("ollama", '{"message": {"content": "- half"}, "done": false}\n', "ended before done: true"),
+        ("openai", 'data: {"error": {"message": "overloaded"}}\n\n', "reported an error: .*overloaded"),
+    ],
+)
+async def test_a_streamed_answer_cut_before_its_end_is_a_summarizer_error(
+    make_set: Any, protocol: str, events: str, problem: str
+) -> None:
+    summarizer = make_set().get(protocol)
+    streamed = streamed_events(events)
+    assert streamed is not None
+    with pytest.raises(SummarizerError, match=problem):
+        summarizer._content(summarizer._assembled(streamed))
+
+
+def test_what_is_no_stream_stays_no_json() -> None:
+    assert streamed_events("<html>this is not JSON {") is None
+    assert streamed_events("data: [DONE]\n\n") is None  # no event at all
+    assert streamed_events('[1, 2]\n{"a": 1}') is None  # a line that is no JSON object
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_reasoning_before_the_summary_is_left_out_and_reasoning_alone_is_no_summary(
+    fake: FakeLLM, make_set: Any, protocol: str
+) -> None:
+    """A reasoning model served without a reasoning parser puts ``<think>…</think>`` before its
+    answer; when its output cap runs out while it still thinks, only the unclosed block comes
+    back, and was stored as the summary (sent in every later view)."""
+    summarizer = make_set().get(protocol)
+    fake.set_mode("think")
+    summary = await summarizer.summarize(_request())
+    assert summary.startswith("- The conversation covered ") and "<think>" not in summary
+    fake.set_mode("think_cut")
+    with pytest.raises(
+        SummarizerError, match=r"reasoning only \(a <think> block never closed\) \((finish|done)_reason"
+    ):
+        await summarizer.summarize(_request())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_body_cut_off_by_a_closed_connection_is_retried(fake: FakeLLM, make_set: Any, protocol: str) -> None:
+    fake.set_mode("cut_body", then="ok")
+    assert "KEYS: src/app/calc.py" in await make_set(max_retries=1).get(protocol).summarize(_request())
+    assert len(fake.requests()) == 2
 
 
 @pytest.mark.parametrize(

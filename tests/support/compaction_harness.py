@@ -36,7 +36,14 @@ from contextsvc.engine.engine import Engine
 from contextsvc.engine.validation import IncomingImage, IncomingMessage
 from contextsvc.engine.views import BuiltView
 from contextsvc.events.memory_bus import MemoryEventBus
-from contextsvc.ports import SessionStore, StoredEvent, Summarizer, SummarizerError, SummaryRequest
+from contextsvc.ports import (
+    SessionStore,
+    StoredEvent,
+    Summarizer,
+    SummarizerError,
+    SummarizerUnavailable,
+    SummaryRequest,
+)
 from contextsvc.stores.memory import MemoryStore
 from contextsvc.summarizers.extractive import ExtractiveSummarizer
 from contextsvc.summarizers.registry import SummarizerSet
@@ -107,7 +114,8 @@ def words(n: int, rng: random.Random | None = None) -> str:
 
 # --- a summarizer with a script ----------------------------------------------------------------
 
-#: ``ok`` a short summary, ``raise`` SummarizerError, ``empty`` a KEYS line and nothing else,
+#: ``ok`` a short summary, ``raise`` SummarizerError, ``unavailable`` SummarizerUnavailable (no
+#: answer at all), ``empty`` a KEYS line and nothing else,
 #: ``huge`` a summary larger than its whole input; or a function of the request.
 Reply = str | Callable[[SummaryRequest], str]
 
@@ -136,6 +144,8 @@ class ScriptedSummarizer:
             return reply(request)
         if reply == "raise":
             raise SummarizerError("scripted failure")
+        if reply == "unavailable":
+            raise SummarizerUnavailable("scripted: no answer within the whole call's bound")
         if reply == "empty":
             return "KEYS: nothing-else"
         if reply == "huge":

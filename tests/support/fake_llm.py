@@ -20,7 +20,18 @@ Endpoints:
   providers do with a wrong key), ``echo_key_ok`` (the same error in a 200 answer), ``length``
   (the ok summary cut in the middle of its first half, without its KEYS line, finish_reason /
   done_reason ``length``: the output cap ran out), ``rate_limited`` (HTTP 429 with
-  ``Retry-After: 1``), ``unknown_model`` (HTTP 404 naming the request's model as not found).
+  ``Retry-After: 1``), ``unknown_model`` (HTTP 404 naming the request's model as not found),
+  ``chunked`` (the ok answer with ``Transfer-Encoding: chunked``), ``sse`` (the ok summary as a
+  ``text/event-stream`` of chunks, as a server that ignores ``stream: false`` sends it; Ollama:
+  JSON lines), ``text_plain`` (the ok answer labelled ``text/plain``), ``cut_body`` (the answer's
+  first half, then the connection closes), ``huge`` (an ok answer whose summary is padded to
+  ``HUGE_CHARS``), ``foreign`` (the ok summary in Russian and Chinese, KEYS line included),
+  ``dribble`` (the ok answer a few bytes at a time, ``hang_seconds`` spread over the body),
+  ``long`` (the ok summary with ``LONG_CHARS`` of detail lines before its KEYS line: longer than
+  any output cap a test sets, shorter than what it replaces), ``think`` (the ok summary after a
+  ``<think>…</think>`` block, as reasoning models served without a reasoning parser answer),
+  ``think_cut`` (only an unclosed ``<think>`` block: the output cap ran out while the model was
+  still reasoning, finish_reason / done_reason ``length``).
 * ``POST /_reset`` — mode ``ok``, no queued modes, no recorded requests.
 * ``GET /_requests`` — ``{"requests": [{"path", "headers", "body"}, ...]}`` of chat calls, oldest
   first (the newest ``MAX_RECORDED``).
@@ -67,10 +78,22 @@ MODES = (
     "length",
     "rate_limited",
     "unknown_model",
+    "chunked",
+    "sse",
+    "text_plain",
+    "cut_body",
+    "huge",
+    "foreign",
+    "dribble",
+    "long",
+    "think",
+    "think_cut",
 )
 MAX_HANG_SECONDS = 30.0
 MAX_RECORDED = 200
 MAX_BODY_BYTES = 64 * 1024 * 1024
+HUGE_CHARS = 4 * 1024 * 1024
+LONG_CHARS = 12_000
 _FACT = re.compile(r"(?:[\w.-]+/)+[\w.-]+|\b[A-Z][A-Z0-9]{1,9}-\d+\b|\b[A-Z][a-z]+(?:[A-Z][a-z0-9]+)+\b")
 
 
@@ -196,6 +219,22 @@ class _Handler(BaseHTTPRequestHandler):
             content = f"```markdown\n{content}\n```"
         if mode == "refusal":
             content = "I'm sorry, but I can't help with that."
+        if mode == "huge":
+            content = content + "\n" + ("- padding line of a summary that never ends.\n" * (HUGE_CHARS // 45))
+        if mode == "long":  # past any output cap it was given, short of what it replaces
+            filler = "".join(
+                f"- detail {k}: the handler kept its behaviour and its tests passed.\n" for k in range(400)
+            )
+            content = content.replace("KEYS:", filler[:LONG_CHARS] + "KEYS:", 1)
+        if mode == "think":
+            content = "<think>\nThe user wants a summary. Let me list the facts first.\n</think>\n" + content
+        if mode == "think_cut":
+            reasoning = "Let me consider each turn in order. " * 40
+            content, finish = "<think>\nThe user wants a summary. " + reasoning, "length"
+        if mode == "foreign":
+            content = content.replace("- The conversation covered", "- Разговор охватил").replace(
+                "- It began with", "- 对话开始于"
+            )
         if mode == "surrogate":  # json.dumps writes it as the escape "\ud800": valid JSON
             odd = "- Odd \ud800 bytes\x00 here.\n- Tty \x1b[31mred\x1b[0m\x07 \ufffe\x01text\x9b.\n"
             content = content.replace("- It began", odd + "- It began", 1)
@@ -218,7 +257,18 @@ class _Handler(BaseHTTPRequestHandler):
                 ],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
-        self._send_json(200, answer)
+        if mode == "sse":
+            self._send_stream(content, ollama=ollama, model=model)
+        elif mode == "chunked":
+            self._send_chunked(json.dumps(answer).encode(), "application/json")
+        elif mode == "text_plain":
+            self._send_raw(200, json.dumps(answer).encode(), "text/plain; charset=utf-8")
+        elif mode == "cut_body":
+            self._send_cut(json.dumps(answer).encode())
+        elif mode == "dribble":
+            self._send_dribble(json.dumps(answer).encode(), hang_seconds)
+        else:
+            self._send_json(200, answer)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -243,6 +293,78 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a hang that outlived its timeout)
+
+    def _send_chunked(self, data: bytes, content_type: str, pieces: int = 5) -> None:
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            step = max(1, len(data) // pieces)
+            for i in range(0, len(data), step):
+                part = data[i : i + step]
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _send_stream(self, content: str, *, ollama: bool, model: str) -> None:
+        """The summary as a stream of deltas: SSE for OpenAI, JSON lines for Ollama."""
+        words = content.split(" ")
+        parts = [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
+        lines: list[bytes] = []
+        for part in parts:
+            if ollama:
+                piece = {"model": model, "message": {"role": "assistant", "content": part}, "done": False}
+                lines.append(json.dumps(piece).encode() + b"\n")
+            else:
+                chunk = {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"content": part}}],
+                }
+                lines.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        if ollama:
+            end = {"model": model, "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop"}
+            lines.append(json.dumps(end).encode() + b"\n")
+        else:
+            last = {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            }
+            lines.append(b"data: " + json.dumps(last).encode() + b"\n\n")
+            lines.append(b"data: [DONE]\n\n")
+        self._send_chunked(b"".join(lines), "application/x-ndjson" if ollama else "text/event-stream")
+
+    def _send_cut(self, data: bytes) -> None:
+        """Promise the whole body, send half, close the connection."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
+    def _send_dribble(self, data: bytes, seconds: float, pieces: int = 20) -> None:
+        """The whole body, a piece at a time over ``seconds`` (each pause well under a read timeout)."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            step = max(1, len(data) // pieces + 1)
+            for i in range(0, len(data), step):
+                self.wfile.write(data[i : i + step])
+                self.wfile.flush()
+                time.sleep(min(seconds, MAX_HANG_SECONDS) / pieces)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
 
 def _summary(body: Any, *, keys: bool) -> str:

@@ -187,6 +187,27 @@ def test_a_small_image_may_still_fit_after_a_big_one_did_not() -> None:
     assert list(out.image_blob_ids) == [f"{1:064x}"]
 
 
+def test_an_image_no_reader_recognized_is_only_noted_never_sent() -> None:
+    """Unreadable bytes (stored 0x0, application/octet-stream, priced at the fallback) were sent to
+    a vision summarizer as a PNG data URL; the endpoint refused the whole request (HTTP 400) and
+    the compaction fell back to dropping turns instead of summarizing them."""
+    unreadable = ImageRef(blob_id=f"{9:064x}", mime_type="application/octet-stream", token_count=1024)
+    rows = numbered([with_images(shot(1)), with_images(unreadable)])
+    out = format_for_summary(rows, window=1_000_000, vision=True)
+    assert list(out.image_blob_ids) == [f"{1:064x}"]
+    assert out.images_omitted == 1
+    assert out.text.count("[1 image(s) attached]") == 1 and out.text.count("[+1 image(s)]") == 1
+
+
+@pytest.mark.parametrize("mime", ["image/bmp", "image/tiff", "image/x-icon"])
+def test_an_image_of_a_type_vision_endpoints_refuse_is_only_noted(mime: str) -> None:
+    """A BMP (a Windows clipboard screenshot) was sent as a PNG data URL, and refused (HTTP 400)."""
+    other = ImageRef(blob_id=f"{8:064x}", mime_type=mime, width=64, height=48)
+    rows = numbered([with_images(shot(1)), with_images(other)])
+    out = format_for_summary(rows, window=1_000_000, vision=True)
+    assert list(out.image_blob_ids) == [f"{1:064x}"] and out.images_omitted == 1
+
+
 def test_without_vision_images_are_only_noted() -> None:
     rows = numbered([with_images(shot(1), shot(2), shot(3))])
     out = format_for_summary(rows, window=1_000_000, vision=False)

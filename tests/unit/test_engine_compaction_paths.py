@@ -11,11 +11,13 @@ import pytest
 from contextsvc.core.calibration import Observation
 from contextsvc.core.compression import DEFAULT_SUMMARY_PROMPT, META_SUMMARY_PROMPT
 from contextsvc.core.compression.cheap import is_placeholder
+from contextsvc.core.compression.formatting import CUT_MARKER
 from contextsvc.core.messages import Flags, Message, Role
 from contextsvc.core.session import ANONYMOUS
 from contextsvc.core.tokens import EstimateMethod
 from contextsvc.core.turns import analyze
 from contextsvc.engine.validation import IncomingMessage
+from contextsvc.ports import SummaryRequest
 from contextsvc.stores.memory import MemoryStore
 from tests.support.compaction_harness import (
     Rig,
@@ -239,6 +241,27 @@ async def test_summarizer_failure_retries_wider_then_hard_truncates_and_the_turn
         await rig.close()
 
 
+async def test_a_summarizer_that_gives_no_answer_is_called_once_then_hard_truncates() -> None:
+    """No answer at all (its own timeouts spent, or nobody listening): a second call with a wider
+    keep window would wait its whole bound again, holding the caller's turn twice as long (a hung
+    summarizer held a pre-turn build for 2 x total_timeout_seconds, past the compaction lock's
+    wait). One call, then the fallback, and the turn succeeds."""
+    hung = ScriptedSummarizer(default="unavailable")
+    rig = await Rig.start(hung)
+    profile = overrides(summarizer="scripted", strategies=["summarize"])
+    try:
+        sid = await rig.session()
+        await _fill_until(rig, sid, 0.95, output=150)
+        view = await rig.build(sid, incoming=u("zqnextx what next?"), profile=profile)
+        check_view(view)
+        assert view.compression is not None and view.compression.method.value == "hard_truncate"
+        assert len(hung.calls) == 1
+        kinds = [e.kind for e in rig.events(sid, "compression_started", "context_compressed", "compression_refused")]
+        assert kinds == ["compression_started", "context_compressed"]
+    finally:
+        await rig.close()
+
+
 async def test_forced_with_the_summarizer_down_under_the_hard_truncate_level_still_compacts() -> None:
     """A small context (under 0.5 x window) and a failing summarizer: the announced compaction is
     carried out (oldest turns dropped to the plan's kept part), never a started without an outcome."""
@@ -284,6 +307,37 @@ async def test_a_summary_larger_than_what_it_replaces_is_discarded_even_when_the
         report = await rig.compress(sid, profile=overrides(summarizer="scripted", strategies=["summarize"]))
         assert report.method.value == "hard_truncate"
         assert not any(m.flags.is_summary for m in await rig.rows(sid))
+    finally:
+        await rig.close()
+
+
+def _over_its_cap(request: SummaryRequest) -> str:
+    """A model that ignores ``max_tokens``: ~4x the cap of detail lines, then its KEYS line (still
+    far shorter than the turns it replaces)."""
+    lines = [f"- step {k}: zqdetail{k}x the handler kept its behaviour and its tests passed" for k in range(400)]
+    text = "\n".join(lines)[: request.max_tokens * 4 * 4]
+    return f"- zqheadx the session fixed many modules\n{text}\nKEYS: zqkeyx"
+
+
+async def test_a_summary_past_the_output_cap_it_was_sent_is_cut_to_it_with_its_facts() -> None:
+    """Stored whole, a summary 4x its cap took room the plan kept for the recent turns and every
+    later view cut its middle at the per-message budget. It is cut to the cap (its head kept, marked
+    as cut) and the facts sent with it added back; the view then shows it whole."""
+    rig = await Rig.start(ScriptedSummarizer(default=_over_its_cap))
+    profile = overrides(summarizer="scripted", strategies=["summarize"])
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 30, output=300)
+        report = await rig.compress(sid, profile=profile)
+        assert report.method.value == "summary"
+        (summary,) = [m for m in await rig.context(sid) if m.flags.is_summary]
+        cap = min(6000, int(0.1 * rig.window))
+        assert rig.engine.accounting.message_tokens("m", summary) <= cap
+        assert summary.content.startswith("- zqheadx")
+        assert CUT_MARKER in summary.content and "zqkeyx" in summary.metadata["breadcrumbs"]
+        view = await rig.build(sid, profile=profile)
+        shown = [vm for vm in view.messages if vm.message.flags.is_summary]
+        assert shown and shown[0].message.content == summary.content  # not cut again by the view
     finally:
         await rig.close()
 

@@ -319,13 +319,25 @@ def _range_label(m: Message) -> str:
     return f" of #{m.replaces[0]}-#{m.replaces[1]}" if m.replaces else ""
 
 
+#: image types a vision summarizer is sent (what OpenAI-compatible vision endpoints document);
+#: a row stored without a type (``""``) is sent as before, labelled by its magic bytes.
+SENDABLE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
 def _choose_images(rows: Sequence[Message], budget: int, fallback: int) -> set[tuple[int, int]]:
-    """``(row, image)`` positions to send: newest first, each taken while it fits the budget."""
+    """``(row, image)`` positions to send: newest first, each taken while it fits the budget.
+    Bytes no image reader recognized (stored 0x0, ``application/octet-stream``) and types vision
+    endpoints do not take (BMP, TIFF, icons: ``SENDABLE_IMAGE_TYPES``) are never sent: an endpoint
+    refuses the whole request for one image it cannot decode (HTTP 400), and the compaction fell
+    back to dropping the turns; they are noted as the images left out are."""
     chosen: set[tuple[int, int]] = set()
     left = budget
     for r in range(len(rows) - 1, -1, -1):
         for k in range(len(rows[r].images) - 1, -1, -1):
-            price = ref_tokens(rows[r].images[k], fallback_tokens=fallback)
+            ref = rows[r].images[k]
+            if ref.width <= 0 or ref.height <= 0 or (ref.mime_type and ref.mime_type not in SENDABLE_IMAGE_TYPES):
+                continue
+            price = ref_tokens(ref, fallback_tokens=fallback)
             if price <= left:
                 chosen.add((r, k))
                 left -= price
