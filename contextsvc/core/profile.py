@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from contextsvc.config import CompressionDefaults, ProfileConfig, RecallDefaults, Settings
-from contextsvc.errors import InvalidArgument, quoted
+from contextsvc.errors import FailedPrecondition, InvalidArgument, quoted
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,6 +101,15 @@ def resolve_profile(
         raise InvalidArgument.field("profile.model", f"exceeds {limit} characters")
     base = settings.profile(name)
     if base is None:
+        if not o.profile_id and session_profile_id:
+            # The request named no profile: the session's own is gone from the settings (an operator
+            # removed or renamed it). Not the request's fault: the session cannot be built as it was.
+            raise FailedPrecondition(
+                f"the session's profile {quoted(name)} is not in this server's settings (removed or renamed since "
+                "the session was created): restore it, or name a configured profile in profile.profile_id",
+                reason="UNKNOWN_PROFILE",
+                metadata={"profile_id": name},
+            )
         raise InvalidArgument.field("profile.profile_id", f"unknown profile {quoted(name)}", reason="UNKNOWN_PROFILE")
     # Every build resolves its profile: the merge (a pydantic dump and validation) is done once per
     # (profile, overrides) and reused while the named profile is the same object.

@@ -44,7 +44,7 @@ from contextsvc.engine.state import EngineState
 from contextsvc.engine.validation import IncomingMessage, check_no_nul, require_session_id
 from contextsvc.engine.views import Assembled, BaselineResult, BuiltView, PendingAnchor, ViewService
 from contextsvc.engine.worker import PostTurnWorker
-from contextsvc.errors import ContextError, InvalidArgument, NotFound, quoted
+from contextsvc.errors import ContextError, FailedPrecondition, InvalidArgument, NotFound, quoted
 from contextsvc.ports import BaselineWrite, Clock, EventBus, ScoredChunk, SessionStore, Summarizers
 
 log = logging.getLogger(__name__)
@@ -502,8 +502,15 @@ class Engine:
     async def _post_turn_profile(self, session: SessionInfo) -> EffectiveProfile | None:
         """The profile the post-turn check of ``session`` judges it with, or None when the check
         would stop before reading its context: compression is off for it, or it is not truncated
-        and ``Compactor.far_below``. Raises when the profile cannot be resolved."""
-        profile = await self._profile_for(session, None)
+        and ``Compactor.far_below``, or its named profile left the settings (its builds say so: a
+        check every turn would log the same failure). Raises when the profile cannot be resolved
+        otherwise."""
+        try:
+            profile = await self._profile_for(session, None)
+        except FailedPrecondition as exc:
+            if exc.reason != "UNKNOWN_PROFILE":
+                raise
+            return None
         if not profile.compression.enabled or (
             not session.context_truncated and self.compactor.far_below(profile, session.context_tokens)
         ):

@@ -28,24 +28,22 @@ PROFILE_KEY = "profile"
 def session_profile(settings: Settings, session: SessionInfo) -> EffectiveProfile:
     """The profile the session's appends price with: the one its builds use (its named profile
     with the overrides it remembers), else the named one alone (remembered overrides the settings
-    no longer accept must not fail an append)."""
+    no longer accept must not fail an append), else the default profile: a session whose named
+    profile left the settings still stores what its agent appends (its builds say what is wrong,
+    ``resolve_profile``); an append refused for it lost the agent's turn."""
     try:
         return resolve_profile(settings, session.profile_id, remembered_overrides(session))
     except ContextError:
+        pass
+    try:
         return resolve_profile(settings, session.profile_id, None)
+    except ContextError:
+        return resolve_profile(settings, "", None)
 
 
 def counted_budget(settings: Settings, session: SessionInfo) -> int:
-    """The per-message budget the session's appends count long rows at (``context_share``); a
-    session whose profile left the settings counts them whole (its appends are refused anyway)."""
-    try:
-        return session_profile(settings, session).per_message_budget
-    except ContextError:
-        return _WHOLE
-
-
-#: a budget no row exceeds: rows counted whole.
-_WHOLE = 2**62
+    """The per-message budget the session's appends count long rows at (``context_share``)."""
+    return session_profile(settings, session).per_message_budget
 
 
 def remembered_stored(session: SessionInfo) -> Any:
