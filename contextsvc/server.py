@@ -43,7 +43,7 @@ from contextsvc.store_health import StoreHealthWatcher
 from contextsvc.stores import FilesStore, open_store
 from contextsvc.stores.token_access import server_token_store
 from contextsvc.summarizers.registry import build_summarizers
-from contextsvc.transport import CertificateReloader, Transport, check_transport
+from contextsvc.transport import CertificateReloader, Transport, check_bindable, check_transport
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,8 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     """Open the store and start listening. ``freeze`` (the ``serve`` process, which lives with
     what it made here): see ``_freeze_startup_objects``."""
     transport = check_transport(settings)  # refuses before anything is opened
+    # A port in use is one line before the store opens (a files store may take seconds to load).
+    check_bindable(settings.listen)
     check_tokenizer_files(settings)
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
@@ -270,7 +272,9 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     except RuntimeError as exc:
         await auth_resources.aclose()
         await store.close()
-        raise OSError(f"cannot listen on {settings.listen}: {exc}") from None
+        # Taken between our check and gRPC's bind: gRPC's own words say only "Failed to bind".
+        why = " ".join(str(exc).split()).split(";")[0]
+        raise OSError(f"cannot listen on {settings.listen}: {why}") from None
     await _set_health(
         health,
         health_pb2.HealthCheckResponse.SERVING if first_error is None else health_pb2.HealthCheckResponse.NOT_SERVING,

@@ -320,3 +320,41 @@ def test_a_postgres_url_the_server_refuses_is_one_line_saying_why(
     assert len(lines) == 1 and lines[0].startswith("contextsvc: cannot open the store "), done.stderr
     assert f"PostgreSQL refused to open the store: {expected}" in lines[0], done.stderr
     assert "listening on" not in done.stdout
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_grpc_port_in_use_is_one_line_and_nothing_from_grpcs_core(tmp_path: Path, host: str) -> None:
+    """gRPC's C core printed its own line (``E1208 ... add_port.cc:83] Failed to add port ...``,
+    not one of our JSON lines) before ours, which said only "Failed to bind ...; set
+    GRPC_VERBOSITY=debug"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        listen = f"{host}:{port}"
+        done = subprocess.run(
+            [sys.executable, "-m", "contextsvc", "serve", "--listen", listen, "--store", "memory", "--insecure"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"},
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [f"contextsvc: cannot listen on {listen}: Address already in use"]
+    assert "listening on" not in done.stdout
+
+
+def test_an_address_that_is_not_this_hosts_is_one_line(tmp_path: Path) -> None:
+    listen = "nosuchhost.invalid:5000"
+    done = subprocess.run(
+        [sys.executable, "-m", "contextsvc", "serve", "--listen", listen, "--store", "memory", "--insecure"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"contextsvc: cannot listen on {listen}: "), done.stderr
+    assert "does not resolve" in lines[0]
