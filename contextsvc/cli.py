@@ -220,9 +220,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 2
     from contextsvc.startup import StartupError
+    from contextsvc.transport import TransportError
 
     try:
         asyncio.run(_gateway(settings) if args.command == "gateway" else _serve(settings))
+    except TransportError as exc:
+        # TLS files that do not load, an exposure the settings do not allow: a configuration
+        # error like any refused setting (exit 2), whether found by serve, its bundled gateway or
+        # a standalone gateway.
+        print(f"contextsvc: {exc}", file=sys.stderr)
+        return 2
     except (OSError, StartupError) as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1

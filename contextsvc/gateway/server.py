@@ -43,7 +43,7 @@ from contextsvc.gateway.hub import (
 )
 from contextsvc.gateway.tls import ListenerTLS, bundled_upstream_tls, listener_tls, standalone_upstream_tls
 from contextsvc.gateway.upstream import Upstream, UpstreamError, UpstreamTLS
-from contextsvc.transport import is_loopback, listen_host
+from contextsvc.transport import TransportError, is_loopback, listen_host
 
 log = logging.getLogger(__name__)
 # The library logs every connection at INFO (an object repr, nothing useful): keep warnings only.
@@ -666,7 +666,12 @@ class Gateway:
 
 
 class GatewayRefused(OSError):
-    """The gateway would expose an open service beyond loopback."""
+    """The gateway cannot check, beyond loopback, that the service it would expose wants tokens."""
+
+
+class GatewayExposed(TransportError):
+    """The gateway would expose an open service beyond loopback, or tokens without TLS: refused
+    as the server refuses the same settings (``transport.check_transport``, exit 2)."""
 
 
 async def check_exposure(upstream: Upstream, settings: Settings, listen: str, *, tls: bool) -> None:
@@ -681,7 +686,7 @@ async def check_exposure(upstream: Upstream, settings: Settings, listen: str, *,
     except UpstreamError as exc:
         if exc.code == "UNAUTHENTICATED":
             if not tls:
-                raise GatewayRefused(
+                raise GatewayExposed(
                     f"refusing to serve the gateway on {listen} without TLS: API tokens would cross the network "
                     "in clear; give it --tls-cert and --tls-key, or pass --insecure to allow it (e.g. behind a "
                     "TLS proxy)"
@@ -691,7 +696,7 @@ async def check_exposure(upstream: Upstream, settings: Settings, listen: str, *,
             f"refusing to serve the gateway on {listen}: cannot check that the service at {upstream.target} "
             f"requires tokens ({exc.code}); start the service first, or pass --insecure"
         ) from None
-    raise GatewayRefused(
+    raise GatewayExposed(
         f"refusing to serve the gateway on {listen}: the service at {upstream.target} lets anonymous callers "
         "in, and beyond loopback the gateway would hand that to the network; turn tokens on (--auth tokens) "
         "or pass --insecure"

@@ -260,12 +260,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_gateway_beyond_loopback_refuses_an_open_service(tmp_path: Path) -> None:
     # Refused before anything binds: the tests never open a socket beyond loopback.
     bundled = run_cli("serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "0.0.0.0:0")
-    assert bundled.returncode == 1 and "refusing to serve the gateway on 0.0.0.0:0" in bundled.stderr
+    # A configuration the settings do not allow: exit 2, as the server's own refusal beyond loopback.
+    assert bundled.returncode == 2 and "refusing to serve the gateway on 0.0.0.0:0" in bundled.stderr
     assert "lets anonymous callers in" in bundled.stderr
     service = Process(["serve", "--listen", "127.0.0.1:0", "--store", "memory"]).start()
     try:
         alone = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", service.grpc_address)
-        assert alone.returncode == 1 and "lets anonymous callers in" in alone.stderr
+        assert alone.returncode == 2 and "lets anonymous callers in" in alone.stderr
     finally:
         service.kill()
     unreachable = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", "127.0.0.1:1")
@@ -276,6 +277,6 @@ def test_gateway_beyond_loopback_in_front_of_tokens_needs_tls(world: dict[str, A
     # The service wants tokens, so the gateway may face the network, but only over TLS: browsers
     # send it their tokens. Refused before anything binds (no socket beyond loopback in tests).
     alone = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", world["proc"].grpc_address)
-    assert alone.returncode == 1, alone.stderr
+    assert alone.returncode == 2, alone.stderr
     assert "refusing to serve the gateway on 0.0.0.0:0 without TLS" in alone.stderr
     assert "--insecure" in alone.stderr
