@@ -847,8 +847,11 @@ class Settings(_Section):
     refusal_log_per_minute: int = Field(10, ge=0)
     #: a store that does not answer at start: serve NOT_SERVING and retry, pausing at most this long.
     store_retry_max_seconds: float = Field(5.0, gt=0)
-    #: ... and give up (one line, exit 1) after this long; 0 = keep trying for ever.
-    store_start_timeout_seconds: float = Field(0.0, ge=0)
+    #: ... and give up (one line naming the store and the last cause, exit 1) after this long; 0 =
+    #: keep trying for ever. Long enough for a database starting beside the server (a fresh
+    #: volume's initialisation, a crash recovery), short enough that a mistyped host or a
+    #: database that never comes ends the start where an operator sees it (it retried for ever).
+    store_start_timeout_seconds: float = Field(120.0, ge=0)
     #: how often the server probes its store (a write + fsync) for the health service.
     store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
     #: with tracing on, a store call at least this slow (ms) gets a ``store.<op>`` event of its own

@@ -316,6 +316,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     running.opener = asyncio.create_task(
         open_store_until_ready(
             store,
+            name=redacted_url(settings.store),
             first_error=first_error,
             retry_max_seconds=settings.store_retry_max_seconds,
             give_up_after_seconds=settings.store_start_timeout_seconds,

@@ -20,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
-from tests.support.postgres import PgCluster, postgres_dsn
+from tests.support.postgres import PgCluster, postgres_dsn, with_database
 from tests.support.rpc import error_details
 from tests.support.server import ServerProcess
 
@@ -110,7 +110,12 @@ def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("contextsvc: the store did not answer within 1 s:"), done.stderr
+    # One line naming the store (without its password), the setting and the last cause.
+    named = url.replace("s3cretPW", "***").replace("alsoSecret", "***")
+    assert last.startswith(
+        f"contextsvc: the store {named} did not answer within 1 s (store_start_timeout_seconds): "
+        "PostgreSQL unavailable: "
+    ), done.stderr
     assert "listening on" in done.stdout and "postgres:***@" in done.stdout + done.stderr
     assert "s3cretPW" not in done.stdout + done.stderr and "alsoSecret" not in done.stdout + done.stderr
 
@@ -358,3 +363,38 @@ def test_an_address_that_is_not_this_hosts_is_one_line(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"contextsvc: cannot listen on {listen}: "), done.stderr
     assert "does not resolve" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("database", "user", "expected"),
+    [
+        ("no_such_database", None, 'database "no_such_database" does not exist (SQLSTATE 3D000)'),
+        ("postgres", "no_such_role", 'role "no_such_role" does not exist (SQLSTATE 28000)'),
+    ],
+)
+def test_a_database_or_role_that_does_not_exist_is_one_line_at_once(
+    tmp_path: Path, postgres_dsn: str, database: str, user: str | None, expected: str
+) -> None:
+    """A running server that answers "no such database" (or role) was taken for an outage: the
+    start listened NOT_SERVING and retried for ever. No retry mends it: one line naming the URL
+    (without its password) and PostgreSQL's answer, exit 1, before listening."""
+    url = with_database(postgres_dsn, database, user=user)
+    parts = url.split("://", 1)
+    user_part, _, host = parts[1].partition("@")
+    url = f"{parts[0]}://{user_part.split(':')[0]}:pw-s3cret@{host}"
+    started = time.monotonic()
+    done = _serve(url, tmp_path, CONTEXTSVC_STORE_START_TIMEOUT_SECONDS="0")  # 0: it would wait for ever
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    named = url.replace("pw-s3cret", "***")
+    assert len(lines) == 1, done.stderr
+    assert lines[0] == f"contextsvc: cannot open the store {named}: PostgreSQL refused to open the store: {expected}"
+    assert "listening on" not in done.stdout and "pw-s3cret" not in done.stdout + done.stderr
+
+
+def test_a_store_that_never_answers_gives_up_by_default() -> None:
+    """The default bound: without store_start_timeout_seconds set, a start kept retrying for ever."""
+    from contextsvc.config import Settings
+
+    assert 0 < Settings().store_start_timeout_seconds <= 600
