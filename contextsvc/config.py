@@ -942,6 +942,31 @@ class Settings(_Section):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _lock_outlasts_summaries(self) -> Self:
+        """On PostgreSQL a compaction holds its session's lock while it waits for its summarizer,
+        up to that summarizer's ``total_timeout_seconds`` (its attempts, ``timeout_seconds x
+        (max_retries + 1)`` plus pauses, stop there, and so do all the calls of one compaction:
+        ``engine/compaction.py``). Another replica's compaction of the session waits at most
+        ``postgres.compaction_lock_timeout_seconds``: shorter than that, a working summarizer's
+        compaction gets the other ABORTED while it runs. Refused at load, naming both."""
+        if not self.store.strip().startswith(("postgres://", "postgresql://")):
+            return self  # the other stores' lock is in-process and waits without this bound
+        lock = self.postgres.compaction_lock_timeout_seconds
+        for name in SUMMARIZER_NAMES:
+            endpoint = getattr(self.summarizer, name)
+            total = getattr(endpoint, "total_timeout_seconds", None)
+            if total is None or total < lock:
+                continue
+            attempts = endpoint.max_retries + 1
+            raise ValueError(
+                f"postgres.compaction_lock_timeout_seconds ({lock:g} s) must be longer than "
+                f"summarizer.{name}.total_timeout_seconds ({total:g} s), the longest a compaction holds its "
+                f"session's lock waiting for that summarizer (its {attempts} attempts of timeout_seconds "
+                f"{endpoint.timeout_seconds:g} s end there): raise the one or lower the other"
+            )
+        return self
+
     def profile(self, profile_id: str) -> ProfileConfig | None:
         return self.profiles.get(profile_id or self.default_profile)
 
