@@ -604,6 +604,13 @@ class AuthSettings(_Section):
     last_used_interval_seconds: float = Field(60.0, ge=0)
     #: ``tokens create`` without ``--expires``: days until the token expires (0 = never).
     default_expiry_days: int = Field(0, ge=0, le=36_500)
+    #: failed authentications (no token, an unknown, revoked or expired one) one peer address may
+    #: make a minute (a bucket refilled continuously); past it, that peer's calls with a token this
+    #: server has not accepted lately get RESOURCE_EXHAUSTED, without a token lookup or a log line,
+    #: until the bucket refills. Tokens it accepted before keep working from there. 0 = no limit.
+    failures_per_peer_per_minute: int = Field(60, ge=0)
+    #: peer addresses whose failures are remembered (the least recently failing forgotten first).
+    max_tracked_peers: int = Field(10_000, ge=1)
 
 
 class FilesSettings(_Section):

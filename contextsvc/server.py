@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from contextsvc import __version__, telemetry
 from contextsvc._gen.v1 import context_service_pb2
 from contextsvc.api.auth import AuthInterceptor
+from contextsvc.api.auth_limit import FailedAuthLimiter
 from contextsvc.api.decoding import Admission, DecodeGuard
 from contextsvc.api.gate import ServingGate
 from contextsvc.api.health import HealthService
@@ -95,6 +96,7 @@ def _interceptors(
     quotas: Quotas,
     log_per_minute: int,
     stream_check_seconds: float,
+    failures: FailedAuthLimiter | None = None,
 ) -> list[grpc.aio.ServerInterceptor]:
     """Telemetry outermost, so refused calls are measured and traced too. The serving gate runs
     before authentication (a server whose store is not ready cannot check tokens); quotas after
@@ -107,10 +109,22 @@ def _interceptors(
         chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate, *after_auth]))
         return chain
     chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate]))
-    chain.append(AuthInterceptor(authenticator, stream_check_seconds=stream_check_seconds))
+    chain.append(AuthInterceptor(authenticator, stream_check_seconds=stream_check_seconds, failures=failures))
     if after_auth:
         chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=after_auth, decoding=False))
     return chain
+
+
+def _failure_limiter(settings: Settings) -> FailedAuthLimiter | None:
+    """Failed authentications per peer address (``api/auth_limit.py``); None when switched off."""
+    auth = settings.auth
+    if not auth.failures_per_peer_per_minute:
+        return None
+    return FailedAuthLimiter(
+        per_minute=auth.failures_per_peer_per_minute,
+        max_peers=auth.max_tracked_peers,
+        log_per_minute=settings.refusal_log_per_minute,
+    )
 
 
 def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
@@ -244,7 +258,13 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     quotas = Quotas(settings.quotas, count_sessions=owned_sessions)
     server = grpc.aio.server(
         interceptors=_interceptors(
-            tel, gate, authenticator, quotas, settings.refusal_log_per_minute, settings.auth.stream_check_seconds
+            tel,
+            gate,
+            authenticator,
+            quotas,
+            settings.refusal_log_per_minute,
+            settings.auth.stream_check_seconds,
+            _failure_limiter(settings),
         ),
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
