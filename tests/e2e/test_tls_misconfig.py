@@ -5,6 +5,7 @@ server exited 2 on them, a standalone or bundled gateway 1): exit 2, one line
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,31 @@ def test_tls_files_that_do_not_work_exit_2_in_one_line_in_serve_and_gateway(
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith("contextsvc: " + expected.format(**files)), done.stderr
     assert "listening on" not in done.stdout and "Traceback" not in done.stderr
+
+
+def test_a_standalone_gateway_ignores_the_servers_listen_and_tls_settings(tmp_path: Path) -> None:
+    """The image sets CONTEXTSVC_LISTEN=0.0.0.0:50051 for the server; ``contextsvc gateway`` run
+    from it (or beside a server sharing its environment, TLS files included) was refused with
+    "refusing to listen on 0.0.0.0:50051 without TLS", a line about a server it does not run."""
+    env = {
+        **os.environ,
+        "CONTEXTSVC_LISTEN": "0.0.0.0:50051",
+        "CONTEXTSVC_TLS_CERT": str(tmp_path / "server-only.crt"),
+        "CONTEXTSVC_TLS_KEY": str(tmp_path / "server-only.key"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "contextsvc", "gateway", "--listen", "127.0.0.1:0", "--target", "127.0.0.1:1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)  # bounded: a hung start fails here
+        line = proc.stdout.readline() if ready else ""  # the announcement, or "" when it exited
+        assert line.startswith("contextsvc gateway listening on http://127.0.0.1:"), proc.stderr.read()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
