@@ -295,6 +295,9 @@ class Gateway:
                 "UNAUTHENTICATED": http.HTTPStatus.UNAUTHORIZED,
                 "PERMISSION_DENIED": http.HTTPStatus.FORBIDDEN,
                 "INVALID_ARGUMENT": http.HTTPStatus.BAD_REQUEST,
+                # A quota, or too many failed authentications from the gateway's address
+                # (auth.failures_per_peer_per_minute): the caller should slow down, not a bad gateway.
+                "RESOURCE_EXHAUSTED": http.HTTPStatus.TOO_MANY_REQUESTS,
             }.get(exc.code, http.HTTPStatus.BAD_GATEWAY)
             return _json_response(status, frames.error_frame(exc.code, exc.message, reason=exc.reason))
         return _json_response(

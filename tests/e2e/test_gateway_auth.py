@@ -280,3 +280,33 @@ def test_gateway_beyond_loopback_in_front_of_tokens_needs_tls(world: dict[str, A
     assert alone.returncode == 2, alone.stderr
     assert "refusing to serve the gateway on 0.0.0.0:0 without TLS" in alone.stderr
     assert "--insecure" in alone.stderr
+
+
+def test_the_session_list_says_429_when_the_service_limits_failed_authentications(tmp_path: Path) -> None:
+    """Unknown tokens sent through the gateway count against the gateway's address; once the
+    service refuses them RESOURCE_EXHAUSTED (``auth.failures_per_peer_per_minute``) the inspector's
+    session list answered 502 Bad Gateway, as if the gateway were broken. A token the service
+    accepted before still lists its sessions."""
+    import secrets
+
+    store = f"files:{tmp_path / 'data'}"
+    alice = create_token(store, "alice")
+    proc = Process(
+        ["serve", "--listen", "127.0.0.1:0", "--store", store, "--auth", "tokens", "--gateway", "127.0.0.1:0"],
+        env={"CONTEXTSVC_AUTH__FAILURES_PER_PEER_PER_MINUTE": "2"},
+    ).start()
+    try:
+        address = proc.http_url.removeprefix("http://").rstrip("/")
+        assert raw_get(address, "/api/sessions", [("Host", address), ("Authorization", f"Bearer {alice}")])[0] == 200
+        statuses = [
+            raw_get(
+                address,
+                "/api/sessions",
+                [("Host", address), ("Authorization", "Bearer ctx_" + secrets.token_urlsafe(32))],
+            )[0]
+            for _ in range(4)
+        ]
+        assert statuses == [401, 401, 429, 429]
+        assert raw_get(address, "/api/sessions", [("Host", address), ("Authorization", f"Bearer {alice}")])[0] == 200
+    finally:
+        proc.kill()
