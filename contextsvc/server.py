@@ -324,7 +324,12 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         return running
     log.warning(
         "store not reachable; serving NOT_SERVING until it answers",
-        extra={"store": redacted_url(settings.store), "error": " ".join(str(first_error).split())},
+        extra={
+            "store": redacted_url(settings.store),
+            "error": " ".join(str(first_error).split()),
+            # When the start ends if it never answers (store_start_timeout_seconds; 0 = never).
+            "gives_up_after_seconds": settings.store_start_timeout_seconds,
+        },
     )
 
     async def ready() -> None:

@@ -8,6 +8,7 @@ exit 1. A store that is misconfigured is one line and exit 1 at once. Never a tr
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -118,6 +119,9 @@ def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_
     ), done.stderr
     assert "listening on" in done.stdout and "postgres:***@" in done.stdout + done.stderr
     assert "s3cretPW" not in done.stdout + done.stderr and "alsoSecret" not in done.stdout + done.stderr
+    # The first warning says when the start will end, so an operator reading it knows the wait is bounded.
+    first = next(json.loads(line) for line in done.stderr.splitlines() if "serving NOT_SERVING until" in line)
+    assert first["gives_up_after_seconds"] == 1
 
 
 @pytest.mark.parametrize(
