@@ -72,6 +72,10 @@ def _close_for(exc: UpstreamError) -> _Closed:
     if exc.not_found or exc.code == "INVALID_ARGUMENT":
         # A malformed id names no session either.
         return _Closed(CLOSE_NOT_FOUND, "session not found")
+    if exc.code == "RESOURCE_EXHAUSTED":
+        # A quota, or failed authentications limited at the gateway's address: "try again later",
+        # and no log line (the service wrote one; browsers retrying would add one each).
+        return _Closed(CLOSE_UNAVAILABLE, "too many requests; try again later")
     # The operator needs the cause (a refused connection, a TLS handshake or name mismatch): the
     # browser gets the code only. gRPC's message names the address, never a token.
     log.warning("service unreachable; closing the socket 1013", extra={"code": exc.code, "error": exc.message[:300]})

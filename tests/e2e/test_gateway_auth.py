@@ -282,7 +282,7 @@ def test_gateway_beyond_loopback_in_front_of_tokens_needs_tls(world: dict[str, A
     assert "--insecure" in alone.stderr
 
 
-def test_the_session_list_says_429_when_the_service_limits_failed_authentications(tmp_path: Path) -> None:
+def test_failed_authentications_limited_are_429_and_close_1013_without_a_log_line_each(tmp_path: Path) -> None:
     """Unknown tokens sent through the gateway count against the gateway's address; once the
     service refuses them RESOURCE_EXHAUSTED (``auth.failures_per_peer_per_minute``) the inspector's
     session list answered 502 Bad Gateway, as if the gateway were broken. A token the service
@@ -308,5 +308,15 @@ def test_the_session_list_says_429_when_the_service_limits_failed_authentication
         ]
         assert statuses == [401, 401, 429, 429]
         assert raw_get(address, "/api/sessions", [("Host", address), ("Authorization", f"Bearer {alice}")])[0] == 200
+
+        # A socket with an unknown token meanwhile: "try again later", not "service unreachable"
+        # and a warning line per browser attempt.
+        async def socket_close() -> int | None:
+            bad = cookie("ctx_" + secrets.token_urlsafe(32))
+            async with connect(proc.ws_url("0b6f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4"), additional_headers=bad) as ws:
+                return await closed_with(ws)
+
+        assert [asyncio.run(socket_close()) for _ in range(3)] == [1013] * 3
+        assert "service unreachable" not in proc.stderr_text
     finally:
         proc.kill()
