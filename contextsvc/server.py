@@ -173,6 +173,24 @@ def check_tokenizer_files(settings: Settings) -> None:
             raise StartupError(f"tokens.tokenizer_files[{model!r}]: {path} is not a tokenizer.json: {why}") from None
 
 
+#: settings only the files store reads.
+FILES_ONLY_SETTINGS = ("durability", "fsync_batch_ms", "files")
+
+
+def _warn_of_files_settings_unused(settings: Settings) -> None:
+    """One warning when settings of the files store were given (a flag, the environment, the file)
+    to a server on another store: ``serve --store postgres://… --durability batch`` said nothing,
+    and an operator took the durability for set."""
+    if settings.store.strip().startswith("files:"):
+        return
+    given = [name for name in FILES_ONLY_SETTINGS if name in settings.model_fields_set]
+    if given:
+        log.warning(
+            "settings of the files store given to a server on another store are ignored",
+            extra={"settings": given, "store": redacted_url(settings.store)},
+        )
+
+
 def _open_failure(exc: Exception) -> str:
     """Why a store did not open, in one line. An entry of the data directory of the wrong kind (a
     file where the store keeps a folder, or the other way round) is named as such: Python's own
@@ -192,6 +210,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     # A port in use is one line before the store opens (a files store may take seconds to load).
     check_bindable(settings.listen)
     check_tokenizer_files(settings)
+    _warn_of_files_settings_unused(settings)
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )

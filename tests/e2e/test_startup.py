@@ -402,3 +402,17 @@ def test_a_store_that_never_answers_gives_up_by_default() -> None:
     from contextsvc.config import Settings
 
     assert 0 < Settings().store_start_timeout_seconds <= 600
+
+
+def test_files_store_settings_given_to_another_store_are_one_warning(tmp_path: Path) -> None:
+    """``--durability batch`` (or ``[files]`` settings) on a memory or PostgreSQL store were ignored
+    in silence: an operator took the durability for set."""
+    proc = ServerProcess(
+        "memory", extra_args=["--durability", "batch"], env={"CONTEXTSVC_FILES__CACHE_MB": "10"}
+    ).start()
+    assert proc.terminate() == 0
+    lines = [json.loads(line) for line in proc.stderr_text.splitlines() if "files store given" in line]
+    assert len(lines) == 1 and lines[0]["settings"] == ["durability", "files"], proc.stderr_text
+    quiet = ServerProcess(f"files:{tmp_path / 'data'}", extra_args=["--durability", "batch"]).start()
+    assert quiet.terminate() == 0
+    assert "files store given" not in quiet.stderr_text
