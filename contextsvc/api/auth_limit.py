@@ -13,10 +13,12 @@ is not locked out). The peer crossing the limit is one warning line, at most
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from urllib.parse import unquote
 
 from contextsvc.throttled_log import ThrottledLog
 
@@ -25,13 +27,20 @@ log = logging.getLogger(__name__)
 
 def peer_address(peer: str) -> str:
     """The address of a gRPC peer string without its port: ``ipv4:10.0.0.7:5123`` -> ``10.0.0.7``,
-    ``ipv6:[::1]:5123`` -> ``::1``; anything else (``unix:…``) as it is."""
+    ``ipv6:%5B::1%5D:5123`` (gRPC escapes the brackets) -> ``::1``, an IPv4 client of a dual-stack
+    listener (``ipv6:[::ffff:10.0.0.7]:5123``) -> ``10.0.0.7``, so one client is one key however
+    the server listens; anything else (``unix:…``) as it is."""
     kind, _, rest = peer.partition(":")
     if kind == "ipv4":
         return rest.rpartition(":")[0] or rest
     if kind == "ipv6":
-        host = rest.rpartition(":")[0] or rest
-        return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        host = unquote(rest).rpartition(":")[0] or unquote(rest)
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            mapped = ipaddress.IPv6Address(host).ipv4_mapped
+        except ValueError:
+            return host
+        return str(mapped) if mapped is not None else host
     return peer
 
 

@@ -279,6 +279,8 @@ def test_the_failure_limiter_refills_and_forgets_the_oldest_peer() -> None:
 
     assert peer_address("ipv4:10.0.0.7:5123") == "10.0.0.7"
     assert peer_address("ipv6:[::1]:5123") == "::1"
+    assert peer_address("ipv6:%5B::1%5D:5123") == "::1"  # as grpc 1.85 writes it
+    assert peer_address("ipv6:%5B::ffff:10.0.0.7%5D:5123") == "10.0.0.7"  # dual-stack listener
     assert peer_address("unix:/run/x.sock") == "unix:/run/x.sock"
     now = [0.0]
     limiter = FailedAuthLimiter(per_minute=3, max_peers=2, log_per_minute=10, clock=lambda: now[0])
