@@ -1437,6 +1437,11 @@ class FilesStore(RowStore):
 
     def _repair(self, path: Path, scan: LogScan, mark: tuple[int, dict[str, Any]] | None) -> str:
         st = scan.st
+        if st is None and not path.exists():
+            # Only a mark file, holding nothing to rebuild from: the mark goes aside (setting the
+            # missing log aside stopped the whole run with "[Errno 2] No such file or directory").
+            aside = self._set_aside(mark_path(path), "corrupt", copy=False)
+            return f"no log and an unusable mark file: mark moved aside to {aside.name}"
         if st is None:
             aside = self._set_aside(path, "corrupt", copy=False)
             return f"moved aside to {aside.name}"
