@@ -43,6 +43,7 @@ from contextsvc.gateway.hub import (
 )
 from contextsvc.gateway.tls import ListenerTLS, bundled_upstream_tls, listener_tls, standalone_upstream_tls
 from contextsvc.gateway.upstream import Upstream, UpstreamError, UpstreamTLS
+from contextsvc.throttled_log import ThrottledLog
 from contextsvc.transport import TransportError, is_loopback, listen_host
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,9 @@ class _Closed(Exception):
         self.reason = reason
 
 
-def _close_for(exc: UpstreamError) -> _Closed:
+def _close_for(exc: UpstreamError, unreachable: ThrottledLog | None = None) -> _Closed:
+    """The close of a socket whose call to the service failed; a service it cannot reach is one
+    warning line, through ``unreachable`` (at most ``refusal_log_per_minute`` a minute)."""
     if exc.denied:
         return _Closed(CLOSE_DENIED, "access denied")
     if exc.not_found or exc.code == "INVALID_ARGUMENT":
@@ -78,7 +81,13 @@ def _close_for(exc: UpstreamError) -> _Closed:
         return _Closed(CLOSE_UNAVAILABLE, "too many requests; try again later")
     # The operator needs the cause (a refused connection, a TLS handshake or name mismatch): the
     # browser gets the code only. gRPC's message names the address, never a token.
-    log.warning("service unreachable; closing the socket 1013", extra={"code": exc.code, "error": exc.message[:300]})
+    # Every browser's (re)connect while the service is away comes here: without a bound, a line
+    # each, as many as sockets are opened.
+    fields = {"code": exc.code, "error": exc.message[:300]}
+    if unreachable is not None:
+        unreachable.write("service unreachable; closing the socket 1013", **fields)
+    else:
+        log.warning("service unreachable; closing the socket 1013", extra=fields)
     return _Closed(CLOSE_UNAVAILABLE, f"service unavailable: {exc.code}")
 
 
@@ -177,6 +186,8 @@ class Gateway:
         self.port = 0
         self._loopback = False
         self._allowed_hosts = {h.lower() for h in self.gs.allowed_hosts}
+        #: "service unreachable" lines, at most refusal_log_per_minute a minute (``_close_for``).
+        self._unreachable = ThrottledLog(log, per_minute=settings.refusal_log_per_minute)
 
     async def start(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")
@@ -415,7 +426,7 @@ class Gateway:
             return asked if asked is not None else await self.upstream.get_session("", sock.session_id)
         except UpstreamError as exc:
             if not exc.denied:
-                raise _close_for(exc) from None
+                raise _close_for(exc, self._unreachable) from None
         await ws.send(frames.dumps({"type": "auth_required", "timeout_seconds": self.gs.auth_timeout_seconds}))
         try:
             raw = await asyncio.wait_for(ws.recv(), self.gs.auth_timeout_seconds)
@@ -437,7 +448,7 @@ class Gateway:
         try:
             return await self.upstream.get_session(sock.token, sock.session_id)
         except UpstreamError as exc:
-            raise _close_for(exc) from None
+            raise _close_for(exc, self._unreachable) from None
 
     async def _replay_from_service(self, sock: _Socket, last_id: int) -> list[Item]:
         """The hub's ring does not reach back to ``last_id``: read the service's retained log until it
@@ -456,7 +467,7 @@ class Gateway:
                     break
                 out.append((event.event_id, frames.dumps(frames.event_frame(event)).encode()))
         except UpstreamError as exc:
-            raise _close_for(exc) from None
+            raise _close_for(exc, self._unreachable) from None
         finally:
             await stream.aclose()
         return out
