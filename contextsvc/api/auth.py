@@ -148,15 +148,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         peer = peer_address(context.peer() or "") if self._failures is not None else ""
         try:
             authorization = authorization_of(context.invocation_metadata())
-            if self._failures is not None and self._authenticator.unvouched_lookup(authorization):
-                wait = self._failures.wait(peer)
-                if wait:
-                    raise errors.ResourceExhausted(
-                        "too many failed authentications from this address; retry later",
-                        limit="auth.failures_per_peer_per_minute",
-                        subject=f"peer:{peer}",
-                        retry_after_seconds=wait,
-                    )
+            # The peer's allowance first (a dict lookup): the token is looked at only when it is spent.
+            wait = self._failures.wait(peer) if self._failures is not None else 0.0
+            if wait and self._authenticator.unvouched_lookup(authorization):
+                raise errors.ResourceExhausted(
+                    "too many failed authentications from this address; retry later",
+                    limit="auth.failures_per_peer_per_minute",
+                    subject=f"peer:{peer}",
+                    retry_after_seconds=wait,
+                )
             principal = await self._authenticator.authenticate(authorization)
         except errors.ContextError as exc:
             if self._failures is not None and isinstance(exc, errors.Unauthenticated):
