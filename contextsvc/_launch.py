@@ -22,6 +22,11 @@ def main() -> int:
     # installed package at the first model built (~20 ms of a start). An operator who runs one
     # sets the variable (to empty, or to the names to leave out) and it is looked for again.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    # Our logs are JSON lines on stderr. gRPC's C core writes lines of its own format there, among
+    # them one per failed TLS handshake (INFO: a plaintext client, a port scanner or a balancer's
+    # TCP check can add them without end). Its errors only, unless the operator asks for more
+    # (GRPC_VERBOSITY=info or debug); read by the core when grpc is first imported, below.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         from contextsvc.cli import main as run  # inside: a Ctrl-C may come while it loads
 

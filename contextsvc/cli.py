@@ -214,15 +214,26 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.log_level)
     if args.command == "tokens":
         return run_tokens(args, settings)
-    try:
-        _check_transport(settings)
-    except ValueError as exc:
-        print(f"contextsvc: {exc}", file=sys.stderr)
-        return 2
+    if args.command == "serve":
+        # The server's own listen address and TLS pair: not a standalone gateway's business (the
+        # image sets CONTEXTSVC_LISTEN=0.0.0.0:50051, and a gateway run from it was refused for
+        # the server's address; the gateway checks its own settings as it starts).
+        try:
+            _check_transport(settings)
+        except ValueError as exc:
+            print(f"contextsvc: {exc}", file=sys.stderr)
+            return 2
     from contextsvc.startup import StartupError
+    from contextsvc.transport import TransportError
 
     try:
         asyncio.run(_gateway(settings) if args.command == "gateway" else _serve(settings))
+    except TransportError as exc:
+        # TLS files that do not load, an exposure the settings do not allow: a configuration
+        # error like any refused setting (exit 2), whether found by serve, its bundled gateway or
+        # a standalone gateway.
+        print(f"contextsvc: {exc}", file=sys.stderr)
+        return 2
     except (OSError, StartupError) as exc:
         print(f"contextsvc: {exc}", file=sys.stderr)
         return 1

@@ -136,6 +136,14 @@ async def _revoke(which: str, tokens: Any, now: datetime) -> int:
     if revoked is None:
         print("contextsvc: no such token (see `contextsvc tokens list`)", file=sys.stderr)
         return 1
+    if revoked.revoke_time is not None and revoked.revoke_time != now:
+        # Revoked before (the store keeps the first revocation): nothing changed, so no audit line
+        # claiming a revocation now, and the message says when it happened.
+        print(
+            f"token {revoked.token_id} of user {revoked.user_id} was already revoked at {_show(revoked.revoke_time)}",
+            file=sys.stderr,
+        )
+        return 0
     audit.info("api token revoked", extra=_audit_fields(revoked))
     print(f"revoked token {revoked.token_id} of user {revoked.user_id}", file=sys.stderr)
     return 0

@@ -612,6 +612,13 @@ class AuthSettings(_Section):
     last_used_interval_seconds: float = Field(60.0, ge=0)
     #: ``tokens create`` without ``--expires``: days until the token expires (0 = never).
     default_expiry_days: int = Field(0, ge=0, le=36_500)
+    #: failed authentications (no token, an unknown, revoked or expired one) one peer address may
+    #: make a minute (a bucket refilled continuously); past it, that peer's calls with a token this
+    #: server has not accepted lately get RESOURCE_EXHAUSTED, without a token lookup or a log line,
+    #: until the bucket refills. Tokens it accepted before keep working from there. 0 = no limit.
+    failures_per_peer_per_minute: int = Field(60, ge=0)
+    #: peer addresses whose failures are remembered (the least recently failing forgotten first).
+    max_tracked_peers: int = Field(10_000, ge=1)
 
 
 class FilesSettings(_Section):
@@ -855,8 +862,11 @@ class Settings(_Section):
     refusal_log_per_minute: int = Field(10, ge=0)
     #: a store that does not answer at start: serve NOT_SERVING and retry, pausing at most this long.
     store_retry_max_seconds: float = Field(5.0, gt=0)
-    #: ... and give up (one line, exit 1) after this long; 0 = keep trying for ever.
-    store_start_timeout_seconds: float = Field(0.0, ge=0)
+    #: ... and give up (one line naming the store and the last cause, exit 1) after this long; 0 =
+    #: keep trying for ever. Long enough for a database starting beside the server (a fresh
+    #: volume's initialisation, a crash recovery), short enough that a mistyped host or a
+    #: database that never comes ends the start where an operator sees it (it retried for ever).
+    store_start_timeout_seconds: float = Field(120.0, ge=0)
     #: how often the server probes its store (a write + fsync) for the health service.
     store_health_interval_seconds: float = Field(2.0, gt=0, le=3600)
     #: with tracing on, a store call at least this slow (ms) gets a ``store.<op>`` event of its own
@@ -945,6 +955,31 @@ class Settings(_Section):
                     f"profiles.{name}.compression.strategies: unknown strategy {unknown[0]!r}; "
                     f"known: {', '.join(COMPACTION_STRATEGIES)}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _lock_outlasts_summaries(self) -> Self:
+        """On PostgreSQL a compaction holds its session's lock while it waits for its summarizer,
+        up to that summarizer's ``total_timeout_seconds`` (its attempts, ``timeout_seconds x
+        (max_retries + 1)`` plus pauses, stop there, and so do all the calls of one compaction:
+        ``engine/compaction.py``). Another replica's compaction of the session waits at most
+        ``postgres.compaction_lock_timeout_seconds``: shorter than that, a working summarizer's
+        compaction gets the other ABORTED while it runs. Refused at load, naming both."""
+        if not self.store.strip().startswith(("postgres://", "postgresql://")):
+            return self  # the other stores' lock is in-process and waits without this bound
+        lock = self.postgres.compaction_lock_timeout_seconds
+        for name in SUMMARIZER_NAMES:
+            endpoint = getattr(self.summarizer, name)
+            total = getattr(endpoint, "total_timeout_seconds", None)
+            if total is None or total < lock:
+                continue
+            attempts = endpoint.max_retries + 1
+            raise ValueError(
+                f"postgres.compaction_lock_timeout_seconds ({lock:g} s) must be longer than "
+                f"summarizer.{name}.total_timeout_seconds ({total:g} s), the longest a compaction holds its "
+                f"session's lock waiting for that summarizer (its {attempts} attempts of timeout_seconds "
+                f"{endpoint.timeout_seconds:g} s end there): raise the one or lower the other"
+            )
         return self
 
     def profile(self, profile_id: str) -> ProfileConfig | None:

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from contextsvc import __version__, telemetry
 from contextsvc._gen.v1 import context_service_pb2
 from contextsvc.api.auth import AuthInterceptor
+from contextsvc.api.auth_limit import FailedAuthLimiter
 from contextsvc.api.decoding import Admission, DecodeGuard
 from contextsvc.api.gate import ServingGate
 from contextsvc.api.health import HealthService
@@ -43,7 +44,7 @@ from contextsvc.store_health import StoreHealthWatcher
 from contextsvc.stores import FilesStore, open_store
 from contextsvc.stores.token_access import server_token_store
 from contextsvc.summarizers.registry import build_summarizers
-from contextsvc.transport import CertificateReloader, Transport, check_transport
+from contextsvc.transport import CertificateReloader, Transport, check_bindable, check_transport
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def _interceptors(
     quotas: Quotas,
     log_per_minute: int,
     stream_check_seconds: float,
+    failures: FailedAuthLimiter | None = None,
 ) -> list[grpc.aio.ServerInterceptor]:
     """Telemetry outermost, so refused calls are measured and traced too. The serving gate runs
     before authentication (a server whose store is not ready cannot check tokens); quotas after
@@ -107,10 +109,22 @@ def _interceptors(
         chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate, *after_auth]))
         return chain
     chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=[gate]))
-    chain.append(AuthInterceptor(authenticator, stream_check_seconds=stream_check_seconds))
+    chain.append(AuthInterceptor(authenticator, stream_check_seconds=stream_check_seconds, failures=failures))
     if after_auth:
         chain.append(DecodeGuard(log_per_minute=log_per_minute, admissions=after_auth, decoding=False))
     return chain
+
+
+def _failure_limiter(settings: Settings) -> FailedAuthLimiter | None:
+    """Failed authentications per peer address (``api/auth_limit.py``); None when switched off."""
+    auth = settings.auth
+    if not auth.failures_per_peer_per_minute:
+        return None
+    return FailedAuthLimiter(
+        per_minute=auth.failures_per_peer_per_minute,
+        max_peers=auth.max_tracked_peers,
+        log_per_minute=settings.refusal_log_per_minute,
+    )
 
 
 def _make_bus(settings: Settings, store: SessionStore) -> EventBus:
@@ -159,6 +173,24 @@ def check_tokenizer_files(settings: Settings) -> None:
             raise StartupError(f"tokens.tokenizer_files[{model!r}]: {path} is not a tokenizer.json: {why}") from None
 
 
+#: settings only the files store reads.
+FILES_ONLY_SETTINGS = ("durability", "fsync_batch_ms", "files")
+
+
+def _warn_of_files_settings_unused(settings: Settings) -> None:
+    """One warning when settings of the files store were given (a flag, the environment, the file)
+    to a server on another store: ``serve --store postgres://… --durability batch`` said nothing,
+    and an operator took the durability for set."""
+    if settings.store.strip().startswith("files:"):
+        return
+    given = [name for name in FILES_ONLY_SETTINGS if name in settings.model_fields_set]
+    if given:
+        log.warning(
+            "settings of the files store given to a server on another store are ignored",
+            extra={"settings": given, "store": redacted_url(settings.store)},
+        )
+
+
 def _open_failure(exc: Exception) -> str:
     """Why a store did not open, in one line. An entry of the data directory of the wrong kind (a
     file where the store keeps a folder, or the other way round) is named as such: Python's own
@@ -175,7 +207,10 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     """Open the store and start listening. ``freeze`` (the ``serve`` process, which lives with
     what it made here): see ``_freeze_startup_objects``."""
     transport = check_transport(settings)  # refuses before anything is opened
+    # A port in use is one line before the store opens (a files store may take seconds to load).
+    check_bindable(settings.listen)
     check_tokenizer_files(settings)
+    _warn_of_files_settings_unused(settings)
     certificates = (
         CertificateReloader(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if transport.tls else None
     )
@@ -242,7 +277,13 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     quotas = Quotas(settings.quotas, count_sessions=owned_sessions)
     server = grpc.aio.server(
         interceptors=_interceptors(
-            tel, gate, authenticator, quotas, settings.refusal_log_per_minute, settings.auth.stream_check_seconds
+            tel,
+            gate,
+            authenticator,
+            quotas,
+            settings.refusal_log_per_minute,
+            settings.auth.stream_check_seconds,
+            _failure_limiter(settings),
         ),
         options=[
             ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
@@ -270,7 +311,9 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     except RuntimeError as exc:
         await auth_resources.aclose()
         await store.close()
-        raise OSError(f"cannot listen on {settings.listen}: {exc}") from None
+        # Taken between our check and gRPC's bind: gRPC's own words say only "Failed to bind".
+        why = " ".join(str(exc).split()).split(";")[0]
+        raise OSError(f"cannot listen on {settings.listen}: {why}") from None
     await _set_health(
         health,
         health_pb2.HealthCheckResponse.SERVING if first_error is None else health_pb2.HealthCheckResponse.NOT_SERVING,
@@ -300,7 +343,12 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
         return running
     log.warning(
         "store not reachable; serving NOT_SERVING until it answers",
-        extra={"store": redacted_url(settings.store), "error": " ".join(str(first_error).split())},
+        extra={
+            "store": redacted_url(settings.store),
+            "error": " ".join(str(first_error).split()),
+            # When the start ends if it never answers (store_start_timeout_seconds; 0 = never).
+            "gives_up_after_seconds": settings.store_start_timeout_seconds,
+        },
     )
 
     async def ready() -> None:
@@ -312,6 +360,7 @@ async def start(settings: Settings, *, freeze: bool = False) -> RunningServer:
     running.opener = asyncio.create_task(
         open_store_until_ready(
             store,
+            name=redacted_url(settings.store),
             first_error=first_error,
             retry_max_seconds=settings.store_retry_max_seconds,
             give_up_after_seconds=settings.store_start_timeout_seconds,

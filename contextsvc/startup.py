@@ -57,6 +57,7 @@ class DeferredBus:
 async def open_store_until_ready(
     store: SessionStore,
     *,
+    name: str,
     first_error: Unavailable,
     retry_max_seconds: float,
     give_up_after_seconds: float,
@@ -64,7 +65,8 @@ async def open_store_until_ready(
 ) -> None:
     """Retry ``store.open()`` with doubling pauses (capped at ``retry_max_seconds``) until it
     works, then await ``on_ready``. With ``give_up_after_seconds`` > 0, raise ``StartupError``
-    once that long has passed. Each failed attempt is one warning line without a traceback."""
+    once that long has passed. Each failed attempt is one warning line without a traceback.
+    ``name`` is the store as the lines show it (its URL without the password)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     pause = min(0.25, retry_max_seconds)
@@ -73,7 +75,10 @@ async def open_store_until_ready(
     while True:
         waited = loop.time() - started
         if give_up_after_seconds > 0 and waited >= give_up_after_seconds:
-            raise StartupError(f"the store did not answer within {give_up_after_seconds:g} s: {_one_line(error)}")
+            raise StartupError(
+                f"the store {name} did not answer within {give_up_after_seconds:g} s "
+                f"(store_start_timeout_seconds): {_one_line(error)}"
+            )
         await asyncio.sleep(pause)
         pause = min(pause * 2, retry_max_seconds)
         attempt += 1
@@ -84,7 +89,7 @@ async def open_store_until_ready(
             log.warning("store not reachable; still NOT_SERVING", extra={"attempt": attempt, "error": _one_line(exc)})
             continue
         except Exception as exc:
-            raise StartupError(f"cannot open the store: {_one_line(exc)}") from None
+            raise StartupError(f"cannot open the store {name}: {_one_line(exc)}") from None
         log.info("store reachable; SERVING", extra={"attempt": attempt})
         await on_ready()
         return

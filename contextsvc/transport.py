@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -82,6 +83,40 @@ def check_transport(settings: Settings) -> Transport:
                 "clear; give --tls-cert and --tls-key, or pass --insecure to allow it (e.g. behind a TLS proxy)"
             )
     return Transport(loopback=loopback, auth_required=auth, tls=tls, mutual_tls=bool(settings.tls_client_ca))
+
+
+def check_bindable(listen: str) -> None:
+    """Bind the listen address ourselves, for a moment, before gRPC does: a port in use (or an
+    address that is not this host's, a name that does not resolve, a port below 1024 without the
+    right) is one line, ``OSError("cannot listen on HOST:PORT: <why>")``. gRPC's own refusal
+    comes after its C core printed a line of its own format on stderr (not one of our JSON
+    lines) and says only "Failed to bind ... set GRPC_VERBOSITY=debug". Like gRPC, a name that
+    resolves to several addresses is usable when one of them is; port 0 is always free."""
+    port = int(listen.rpartition(":")[2])
+    if port == 0:
+        return
+    name = listen_host(listen)
+    try:
+        found = socket.getaddrinfo(name or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {listen}: {name!r} does not resolve ({exc.strerror})") from None
+    problems: list[str] = []
+    for family, kind, proto, _, address in found:
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError as exc:  # an address family this host lacks (IPv6 off)
+            problems.append(exc.strerror or str(exc))
+            continue
+        with probe:
+            # As gRPC binds: SO_REUSEADDR (a port in TIME_WAIT is free), no SO_REUSEPORT.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                problems.append(exc.strerror or str(exc))
+                continue
+        return
+    raise OSError(f"cannot listen on {listen}: {problems[0] if problems else 'no address to bind'}")
 
 
 class CertificateReloader:

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from contextsvc import errors
+from contextsvc.api.auth_limit import FailedAuthLimiter, peer_address
 from contextsvc.api.errors import to_status
 from contextsvc.core.session import ANONYMOUS, Principal
 from contextsvc.engine.authn import TOKEN_INVALID, Authenticator
@@ -63,9 +64,17 @@ def authorization_of(metadata: Any) -> str | None:
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Establishes the caller of every ContextService call; ``authenticator=None`` = auth off."""
 
-    def __init__(self, authenticator: Authenticator | None, *, stream_check_seconds: float) -> None:
+    def __init__(
+        self,
+        authenticator: Authenticator | None,
+        *,
+        stream_check_seconds: float,
+        failures: FailedAuthLimiter | None = None,
+    ) -> None:
         self._authenticator = authenticator
         self._every = stream_check_seconds
+        #: failed authentications per peer address (None: not limited).
+        self._failures = failures
         # Every open stream checks again while the token store is down: a few lines a minute.
         self._unchecked = ThrottledLog(log, per_minute=6)
 
@@ -136,10 +145,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     async def _principal(self, name: str, request: Any, context: Context) -> Principal:
         if self._authenticator is None:
             return ANONYMOUS
+        peer = peer_address(context.peer() or "") if self._failures is not None else ""
         try:
             authorization = authorization_of(context.invocation_metadata())
+            # The peer's allowance first (a dict lookup): the token is looked at only when it is spent.
+            wait = self._failures.wait(peer) if self._failures is not None else 0.0
+            if wait and self._authenticator.unvouched_lookup(authorization):
+                raise errors.ResourceExhausted(
+                    "too many failed authentications from this address; retry later",
+                    limit="auth.failures_per_peer_per_minute",
+                    subject=f"peer:{peer}",
+                    retry_after_seconds=wait,
+                )
             principal = await self._authenticator.authenticate(authorization)
         except errors.ContextError as exc:
+            if self._failures is not None and isinstance(exc, errors.Unauthenticated):
+                self._failures.failed(peer)
             await context.abort_with_status(to_status(exc))
             raise AssertionError("abort_with_status returned") from None  # pragma: no cover
         if not principal.is_admin:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from datetime import datetime
 
 from contextsvc.config import AuthSettings
@@ -44,6 +45,18 @@ class Authenticator:
         #: token id -> wall time of the last use this process recorded (or saw recorded)
         self._touched: dict[str, datetime] = {}
         self._background: set[asyncio.Task[None]] = set()
+        #: hashes of tokens this process accepted (the newest ``cache_entries``): from a peer whose
+        #: failures are limited (``api/auth_limit.py``) these are still looked up.
+        self._accepted: OrderedDict[str, None] = OrderedDict()
+
+    def unvouched_lookup(self, authorization: str | None) -> bool:
+        """Whether checking ``authorization`` would look up a token this process has not accepted
+        lately: what a peer over its limit of failures is refused (a missing or malformed value
+        costs no lookup, and is refused UNAUTHENTICATED as ever)."""
+        secret = bearer_token(authorization) if authorization else None
+        if secret is None or not looks_like_token(secret):
+            return False
+        return hash_token(secret) not in self._accepted
 
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -56,7 +69,20 @@ class Authenticator:
             raise Unauthenticated("the authorization metadata must be 'Bearer <token>'", reason=TOKEN_INVALID)
         if not looks_like_token(secret):
             raise Unauthenticated("the API token is not valid", reason=TOKEN_INVALID)
-        record = await self._lookup(hash_token(secret))
+        token_hash = hash_token(secret)
+        try:
+            principal = await self._check(token_hash)
+        except Unauthenticated:
+            self._accepted.pop(token_hash, None)
+            raise
+        self._accepted[token_hash] = None
+        self._accepted.move_to_end(token_hash)
+        if len(self._accepted) > self._settings.cache_entries:
+            self._accepted.popitem(last=False)
+        return principal
+
+    async def _check(self, token_hash: str) -> Principal:
+        record = await self._lookup(token_hash)
         if record is None:
             raise Unauthenticated("the API token is not valid", reason=TOKEN_INVALID)
         now = self._clock.now()

@@ -248,6 +248,14 @@ class Situation:
         self.tokens_read = self.session.context_tokens
 
 
+def summarizer_budget(settings: Settings, name: str) -> float | None:
+    """How long one compaction's calls of summarizer ``name`` may take together: its
+    ``total_timeout_seconds`` (None: a summarizer without one, the extractive one, runs in-process)."""
+    section = getattr(settings.summarizer, name, None)
+    budget = getattr(section, "total_timeout_seconds", None)
+    return float(budget) if budget is not None else None
+
+
 class Compactor:
     def __init__(
         self,
@@ -803,13 +811,22 @@ class Compactor:
     async def _summarize(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
         """Summarize; on failure retry once with a wider keep window. None when both failed, or
         when the summarizer gave no answer at all (``SummarizerUnavailable``): its whole call is
-        already bounded by its own timeouts, and a second call at once would wait as long again,
-        holding the caller's turn (and the session's compaction lock) twice that long."""
+        already bounded by its own timeouts, and a second call at once would wait as long again.
+
+        Every summarizer call of the compaction (a merge of earlier summaries, the summary, and
+        both again for the wider window) shares one budget, the summarizer's
+        ``total_timeout_seconds``: a summarizer that hangs holds the session's compaction lock that
+        long, not four times that, so ``postgres.compaction_lock_timeout_seconds`` can be checked
+        against it at start (``Settings._lock_outlasts_summaries``)."""
         c = s.profile.compression
+        budget = summarizer_budget(self._settings, c.summarizer)
+        deadline = None if budget is None else asyncio.get_running_loop().time() + budget
         try:
-            report = await self._try_summary(s, plan)
+            report = await self._try_summary(s, plan, deadline)
             if report is not None:
                 return report
+            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                return None
             # Planned only now: the first attempt commits in nearly every compaction, and a plan
             # prices the whole context again.
             wider = self.plan(
@@ -818,18 +835,31 @@ class Compactor:
                 keep_messages=(plan.keep_recent_messages * 2) if plan.keep_recent_messages else None,
             )
             if wider.would_compress and wider.drop_sequences != plan.drop_sequences:
-                return await self._try_summary(s, wider)
+                return await self._try_summary(s, wider, deadline)
         except SummarizerUnavailable:
             return None
         return None
 
-    async def _try_summary(self, s: Situation, plan: CompactionPlan) -> CompressionReport | None:
+    async def _ask(self, summarizer: Any, request: SummaryRequest, deadline: float | None) -> Any:
+        """One summarizer call, within the compaction's budget (``_summarize``)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await summarizer.summarize(request)
+        except TimeoutError:
+            raise SummarizerError(
+                f"{summarizer.name}: the compaction's summarizer calls used their whole budget "
+                f"(summarizer.{summarizer.name}.total_timeout_seconds)"
+            ) from None
+
+    async def _try_summary(
+        self, s: Situation, plan: CompactionPlan, deadline: float | None = None
+    ) -> CompressionReport | None:
         p = s.profile
         c = p.compression
         count = self.counter(p)
         try:
             summarizer = self._summarizers.get(c.summarizer)
-            merged = await self._meta_summary(s, plan, summarizer)
+            merged = await self._meta_summary(s, plan, summarizer, deadline)
             appendix = block = ""
             if summarizer.name != "extractive":
                 # A model summary must not drop the concrete details silently: it gets the same fact
@@ -850,7 +880,8 @@ class Compactor:
                 appendix=appendix,
             )
             images = [await self._store.get_blob(b) or b"" for b in formatted.image_blob_ids]
-            raw = await summarizer.summarize(
+            raw = await self._ask(
+                summarizer,
                 SummaryRequest(
                     session_id=s.session.id,
                     messages=plan.drop,
@@ -859,7 +890,8 @@ class Compactor:
                     max_tokens=self._summary_reserve(p),
                     temperature=self._settings.summarizer.temperature,
                     images=[i for i in images if i],
-                )
+                ),
+                deadline,
             )
         except SummarizerError as exc:
             log.warning(
@@ -973,14 +1005,17 @@ class Compactor:
             head = head[:line_end]
         return cut_summary_text(head, facts)
 
-    async def _meta_summary(self, s: Situation, plan: CompactionPlan, summarizer: Any) -> str | None:
+    async def _meta_summary(
+        self, s: Situation, plan: CompactionPlan, summarizer: Any, deadline: float | None = None
+    ) -> str | None:
         """Several old summaries past the threshold are merged into one first."""
         old = [m for m in plan.drop if m.flags.is_summary]
         if len(old) < 2 or not needs_meta_summary(old, self._settings.summarizer.meta_summary_chars):
             return None
         text = format_meta_summary_input(old, settings=self._settings.summarizer)
         # The merge prompt, not the conversation prompt: its input is summaries, not turns.
-        answer: str = await summarizer.summarize(
+        answer: str = await self._ask(
+            summarizer,
             SummaryRequest(
                 session_id=s.session.id,
                 messages=old,
@@ -988,7 +1023,8 @@ class Compactor:
                 instructions=META_SUMMARY_PROMPT,
                 max_tokens=self._summary_reserve(s.profile),
                 temperature=self._settings.summarizer.temperature,
-            )
+            ),
+            deadline,
         )
         merged, keys = summary_parts(answer)
         if not merged or is_refusal(merged, keys):

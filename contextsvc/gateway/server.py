@@ -43,7 +43,8 @@ from contextsvc.gateway.hub import (
 )
 from contextsvc.gateway.tls import ListenerTLS, bundled_upstream_tls, listener_tls, standalone_upstream_tls
 from contextsvc.gateway.upstream import Upstream, UpstreamError, UpstreamTLS
-from contextsvc.transport import is_loopback, listen_host
+from contextsvc.throttled_log import ThrottledLog
+from contextsvc.transport import TransportError, is_loopback, listen_host
 
 log = logging.getLogger(__name__)
 # The library logs every connection at INFO (an object repr, nothing useful): keep warnings only.
@@ -66,15 +67,27 @@ class _Closed(Exception):
         self.reason = reason
 
 
-def _close_for(exc: UpstreamError) -> _Closed:
+def _close_for(exc: UpstreamError, unreachable: ThrottledLog | None = None) -> _Closed:
+    """The close of a socket whose call to the service failed; a service it cannot reach is one
+    warning line, through ``unreachable`` (at most ``refusal_log_per_minute`` a minute)."""
     if exc.denied:
         return _Closed(CLOSE_DENIED, "access denied")
     if exc.not_found or exc.code == "INVALID_ARGUMENT":
         # A malformed id names no session either.
         return _Closed(CLOSE_NOT_FOUND, "session not found")
+    if exc.code == "RESOURCE_EXHAUSTED":
+        # A quota, or failed authentications limited at the gateway's address: "try again later",
+        # and no log line (the service wrote one; browsers retrying would add one each).
+        return _Closed(CLOSE_UNAVAILABLE, "too many requests; try again later")
     # The operator needs the cause (a refused connection, a TLS handshake or name mismatch): the
     # browser gets the code only. gRPC's message names the address, never a token.
-    log.warning("service unreachable; closing the socket 1013", extra={"code": exc.code, "error": exc.message[:300]})
+    # Every browser's (re)connect while the service is away comes here: without a bound, a line
+    # each, as many as sockets are opened.
+    fields = {"code": exc.code, "error": exc.message[:300]}
+    if unreachable is not None:
+        unreachable.write("service unreachable; closing the socket 1013", **fields)
+    else:
+        log.warning("service unreachable; closing the socket 1013", extra=fields)
     return _Closed(CLOSE_UNAVAILABLE, f"service unavailable: {exc.code}")
 
 
@@ -173,6 +186,8 @@ class Gateway:
         self.port = 0
         self._loopback = False
         self._allowed_hosts = {h.lower() for h in self.gs.allowed_hosts}
+        #: "service unreachable" lines, at most refusal_log_per_minute a minute (``_close_for``).
+        self._unreachable = ThrottledLog(log, per_minute=settings.refusal_log_per_minute)
 
     async def start(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")
@@ -295,6 +310,9 @@ class Gateway:
                 "UNAUTHENTICATED": http.HTTPStatus.UNAUTHORIZED,
                 "PERMISSION_DENIED": http.HTTPStatus.FORBIDDEN,
                 "INVALID_ARGUMENT": http.HTTPStatus.BAD_REQUEST,
+                # A quota, or too many failed authentications from the gateway's address
+                # (auth.failures_per_peer_per_minute): the caller should slow down, not a bad gateway.
+                "RESOURCE_EXHAUSTED": http.HTTPStatus.TOO_MANY_REQUESTS,
             }.get(exc.code, http.HTTPStatus.BAD_GATEWAY)
             return _json_response(status, frames.error_frame(exc.code, exc.message, reason=exc.reason))
         return _json_response(
@@ -408,7 +426,7 @@ class Gateway:
             return asked if asked is not None else await self.upstream.get_session("", sock.session_id)
         except UpstreamError as exc:
             if not exc.denied:
-                raise _close_for(exc) from None
+                raise _close_for(exc, self._unreachable) from None
         await ws.send(frames.dumps({"type": "auth_required", "timeout_seconds": self.gs.auth_timeout_seconds}))
         try:
             raw = await asyncio.wait_for(ws.recv(), self.gs.auth_timeout_seconds)
@@ -430,7 +448,7 @@ class Gateway:
         try:
             return await self.upstream.get_session(sock.token, sock.session_id)
         except UpstreamError as exc:
-            raise _close_for(exc) from None
+            raise _close_for(exc, self._unreachable) from None
 
     async def _replay_from_service(self, sock: _Socket, last_id: int) -> list[Item]:
         """The hub's ring does not reach back to ``last_id``: read the service's retained log until it
@@ -449,7 +467,7 @@ class Gateway:
                     break
                 out.append((event.event_id, frames.dumps(frames.event_frame(event)).encode()))
         except UpstreamError as exc:
-            raise _close_for(exc) from None
+            raise _close_for(exc, self._unreachable) from None
         finally:
             await stream.aclose()
         return out
@@ -666,7 +684,12 @@ class Gateway:
 
 
 class GatewayRefused(OSError):
-    """The gateway would expose an open service beyond loopback."""
+    """The gateway cannot check, beyond loopback, that the service it would expose wants tokens."""
+
+
+class GatewayExposed(TransportError):
+    """The gateway would expose an open service beyond loopback, or tokens without TLS: refused
+    as the server refuses the same settings (``transport.check_transport``, exit 2)."""
 
 
 async def check_exposure(upstream: Upstream, settings: Settings, listen: str, *, tls: bool) -> None:
@@ -681,7 +704,7 @@ async def check_exposure(upstream: Upstream, settings: Settings, listen: str, *,
     except UpstreamError as exc:
         if exc.code == "UNAUTHENTICATED":
             if not tls:
-                raise GatewayRefused(
+                raise GatewayExposed(
                     f"refusing to serve the gateway on {listen} without TLS: API tokens would cross the network "
                     "in clear; give it --tls-cert and --tls-key, or pass --insecure to allow it (e.g. behind a "
                     "TLS proxy)"
@@ -691,7 +714,7 @@ async def check_exposure(upstream: Upstream, settings: Settings, listen: str, *,
             f"refusing to serve the gateway on {listen}: cannot check that the service at {upstream.target} "
             f"requires tokens ({exc.code}); start the service first, or pass --insecure"
         ) from None
-    raise GatewayRefused(
+    raise GatewayExposed(
         f"refusing to serve the gateway on {listen}: the service at {upstream.target} lets anonymous callers "
         "in, and beyond loopback the gateway would hand that to the network; turn tokens on (--auth tokens) "
         "or pass --insecure"

@@ -25,13 +25,15 @@ from pathlib import Path
 
 from contextsvc.config import Settings
 from contextsvc.gateway.upstream import UpstreamTLS
-from contextsvc.transport import ssl_problem
+from contextsvc.transport import TransportError, ssl_problem
 
 log = logging.getLogger(__name__)
 
 
-class GatewayTLSError(OSError):
-    """TLS settings of the gateway that cannot work; the message is one line, for the CLI."""
+class GatewayTLSError(TransportError):
+    """TLS settings of the gateway that cannot work; the message is one line, for the CLI. A
+    configuration error, as the server's own ``TransportError``: ``serve`` and ``gateway`` both
+    exit 2 on it, as on any other refused setting."""
 
 
 def certificate_names(pem: bytes) -> tuple[list[str], list[str]]:
@@ -144,19 +146,25 @@ class ListenerTLS:
     """The gateway listener's certificate: an ``ssl.SSLContext`` whose pair can be reread (SIGHUP);
     new handshakes use the new pair, open connections keep theirs."""
 
-    def __init__(self, cert: str, key: str):
+    def __init__(self, cert: str, key: str, *, settings: tuple[str, str] = ("gateway.tls_cert", "gateway.tls_key")):
         self.cert = cert
         self.key = key
+        #: the settings naming the pair, in messages: the gateway's own, or the server's it borrows.
+        self._names = settings
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._load()
 
     def _load(self) -> None:
+        # Worded as the server words its own pair (``transport.CertificateReloader``).
+        cert_name, key_name = self._names
+        _check_file(self.cert, cert_name)
+        _check_file(self.key, key_name)
         try:
             self.context.load_cert_chain(self.cert, self.key)
         except (ssl.SSLError, OSError) as exc:
             raise GatewayTLSError(
-                f"gateway certificate {self.cert} and key {self.key} do not load as a pair: {exc}"
+                f"{cert_name} {self.cert} and {key_name} {self.key} do not load as a pair: {exc}"
             ) from None
 
     def reload(self) -> bool:
@@ -174,5 +182,5 @@ def listener_tls(settings: Settings, *, bundled: bool) -> ListenerTLS | None:
     if gs.tls_cert:
         return ListenerTLS(gs.tls_cert, gs.tls_key)
     if bundled and settings.tls_cert:
-        return ListenerTLS(settings.tls_cert, settings.tls_key)
+        return ListenerTLS(settings.tls_cert, settings.tls_key, settings=("tls_cert", "tls_key"))
     return None

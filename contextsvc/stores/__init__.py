@@ -10,6 +10,7 @@ The store is returned unopened: the caller awaits ``open()`` before use and ``cl
 from __future__ import annotations
 
 import importlib
+import os
 from typing import cast
 
 from contextsvc.config import Settings, redacted_url
@@ -32,7 +33,9 @@ def open_store(url: str, settings: Settings) -> SessionStore:
         path = path.removeprefix("//")  # files:///abs -> /abs; files://rel -> rel
         if not path:
             raise ValueError(f"store URL {redacted_url(url)!r} names no directory; expected 'files:PATH'")
-        return FilesStore(path, settings)
+        # "files:~/data" (a config file, an environment variable: no shell expands it there) made
+        # a directory named "~" in the working directory.
+        return FilesStore(os.path.expanduser(path), settings)
     if url.startswith(("postgres://", "postgresql://")):
         return _postgres(url, settings)
     raise ValueError(f"unknown store URL {redacted_url(url)!r}; accepted: {ACCEPTED_FORMS}")

@@ -1407,7 +1407,20 @@ class FilesStore(RowStore):
             entries = []
             for sid, path, exists in self._session_files():
                 mark = read_mark(mark_path(path))
-                data = path.read_bytes() if exists else b""
+                try:
+                    data = path.read_bytes() if exists else b""
+                except OSError as exc:
+                    # A directory where the log should be, a file it may not read: reported as
+                    # this session's, and the others checked (it stopped the whole run, in
+                    # Python's words). Not repaired: what is there is not a log to rewrite.
+                    why = (
+                        "is a directory where a file is expected"
+                        if isinstance(exc, IsADirectoryError)
+                        else f"cannot be read: {exc.strerror or exc}"
+                    )
+                    detail = f"{path.name} {why}" + ("; not repaired: move it away by hand" if repair else "")
+                    entries.append(FsckEntry(sid, "unreadable", detail))
+                    continue
                 scan = self._scan(data, sid, mark)
                 outcome = "unreadable" if scan.st is None else scan.outcome
                 if not exists and scan.st is not None:
@@ -1424,6 +1437,11 @@ class FilesStore(RowStore):
 
     def _repair(self, path: Path, scan: LogScan, mark: tuple[int, dict[str, Any]] | None) -> str:
         st = scan.st
+        if st is None and not path.exists():
+            # Only a mark file, holding nothing to rebuild from: the mark goes aside (setting the
+            # missing log aside stopped the whole run with "[Errno 2] No such file or directory").
+            aside = self._set_aside(mark_path(path), "corrupt", copy=False)
+            return f"no log and an unusable mark file: mark moved aside to {aside.name}"
         if st is None:
             aside = self._set_aside(path, "corrupt", copy=False)
             return f"moved aside to {aside.name}"

@@ -4,6 +4,7 @@ compose fleet and the manifests agree with the service's own settings (ports, gr
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -204,3 +205,73 @@ def test_the_compose_fleet_has_two_replicas_on_postgres_a_gateway_and_a_collecto
     for service in services.values():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), port
+
+
+def _image_environment() -> dict[str, str]:
+    """The ``CONTEXTSVC_*`` variables the Dockerfile's runtime stage sets (``ENV A=1 \\ B=2``)."""
+    import re
+
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    return dict(re.findall(r"\b(CONTEXTSVC_\w+)=(\S+)", text))
+
+
+def _settings_of(args: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """What the CLI makes of a container's arguments and environment: every flag known, every
+    ``CONTEXTSVC_*`` variable a setting, and the settings valid together (one load, as ``main``)."""
+    from contextsvc.cli import _parser
+    from contextsvc.config import ignored_environment_names, load_settings
+
+    for name in [n for n in os.environ if n.startswith("CONTEXTSVC_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert ignored_environment_names(Settings) == [], "a variable that names no setting"
+    parsed = _parser().parse_args(args)
+    flags = {
+        k: getattr(parsed, k, None)
+        for k in ("listen", "store", "tls_cert", "tls_key", "insecure")
+        if parsed.command == "serve"
+    }
+    return load_settings(getattr(parsed, "config", None), **flags)
+
+
+def test_the_compose_services_arguments_and_environment_are_settings_the_cli_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    ours = {name: s for name, s in compose["services"].items() if str(s.get("image", "")).startswith("contextsvc:")}
+    assert set(ours) >= {"replica-a", "replica-b", "gateway"}
+    for name, service in ours.items():
+        env = {**_image_environment(), **{k: str(v) for k, v in service.get("environment", {}).items()}}
+        env = {k: v for k, v in env.items() if k.startswith("CONTEXTSVC_")}
+        settings = _settings_of(list(service.get("command", ["serve"])), env, monkeypatch)
+        assert settings.store.startswith("postgres://"), name
+        if name != "gateway":
+            assert settings.shutdown_grace_seconds < float(str(service["stop_grace_period"]).rstrip("s")), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_deployments_arguments_config_and_environment_are_settings_the_cli_takes(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered Deployment's args, its ConfigMap's TOML and its environment (the Secret's store
+    URL in place of the reference) load as the server would load them: a setting renamed or a
+    check across settings (the compaction lock against the summarizers, say) fails here, not in
+    every pod at start."""
+    docs = _render(overlay)
+    server = _server(docs)
+    (configmap,) = _by_kind(docs, "ConfigMap")
+    (secret,) = [s for s in _by_kind(docs, "Secret") if s["metadata"]["name"].startswith("contextsvc-secrets")]
+    args = list(server["container"]["args"])
+    path = args[args.index("--config") + 1]
+    local = tmp_path / Path(path).name
+    local.write_text(configmap["data"][Path(path).name])
+    args[args.index("--config") + 1] = str(local)
+    env = dict(_image_environment())
+    for item in server["container"]["env"]:
+        if not item["name"].startswith("CONTEXTSVC_"):
+            continue
+        ref = item.get("valueFrom", {}).get("secretKeyRef")
+        env[item["name"]] = secret["stringData"][ref["key"]] if ref else item["value"]
+    settings = _settings_of(args, env, monkeypatch)
+    assert settings.listen == "0.0.0.0:50051" and settings.tls_cert and settings.tls_key

@@ -260,12 +260,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_gateway_beyond_loopback_refuses_an_open_service(tmp_path: Path) -> None:
     # Refused before anything binds: the tests never open a socket beyond loopback.
     bundled = run_cli("serve", "--listen", "127.0.0.1:0", "--store", "memory", "--gateway", "0.0.0.0:0")
-    assert bundled.returncode == 1 and "refusing to serve the gateway on 0.0.0.0:0" in bundled.stderr
+    # A configuration the settings do not allow: exit 2, as the server's own refusal beyond loopback.
+    assert bundled.returncode == 2 and "refusing to serve the gateway on 0.0.0.0:0" in bundled.stderr
     assert "lets anonymous callers in" in bundled.stderr
     service = Process(["serve", "--listen", "127.0.0.1:0", "--store", "memory"]).start()
     try:
         alone = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", service.grpc_address)
-        assert alone.returncode == 1 and "lets anonymous callers in" in alone.stderr
+        assert alone.returncode == 2 and "lets anonymous callers in" in alone.stderr
     finally:
         service.kill()
     unreachable = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", "127.0.0.1:1")
@@ -276,6 +277,46 @@ def test_gateway_beyond_loopback_in_front_of_tokens_needs_tls(world: dict[str, A
     # The service wants tokens, so the gateway may face the network, but only over TLS: browsers
     # send it their tokens. Refused before anything binds (no socket beyond loopback in tests).
     alone = run_cli("gateway", "--listen", "0.0.0.0:0", "--target", world["proc"].grpc_address)
-    assert alone.returncode == 1, alone.stderr
+    assert alone.returncode == 2, alone.stderr
     assert "refusing to serve the gateway on 0.0.0.0:0 without TLS" in alone.stderr
     assert "--insecure" in alone.stderr
+
+
+def test_failed_authentications_limited_are_429_and_close_1013_without_a_log_line_each(tmp_path: Path) -> None:
+    """Unknown tokens sent through the gateway count against the gateway's address; once the
+    service refuses them RESOURCE_EXHAUSTED (``auth.failures_per_peer_per_minute``) the inspector's
+    session list answered 502 Bad Gateway, as if the gateway were broken. A token the service
+    accepted before still lists its sessions."""
+    import secrets
+
+    store = f"files:{tmp_path / 'data'}"
+    alice = create_token(store, "alice")
+    proc = Process(
+        ["serve", "--listen", "127.0.0.1:0", "--store", store, "--auth", "tokens", "--gateway", "127.0.0.1:0"],
+        env={"CONTEXTSVC_AUTH__FAILURES_PER_PEER_PER_MINUTE": "2"},
+    ).start()
+    try:
+        address = proc.http_url.removeprefix("http://").rstrip("/")
+        assert raw_get(address, "/api/sessions", [("Host", address), ("Authorization", f"Bearer {alice}")])[0] == 200
+        statuses = [
+            raw_get(
+                address,
+                "/api/sessions",
+                [("Host", address), ("Authorization", "Bearer ctx_" + secrets.token_urlsafe(32))],
+            )[0]
+            for _ in range(4)
+        ]
+        assert statuses == [401, 401, 429, 429]
+        assert raw_get(address, "/api/sessions", [("Host", address), ("Authorization", f"Bearer {alice}")])[0] == 200
+
+        # A socket with an unknown token meanwhile: "try again later", not "service unreachable"
+        # and a warning line per browser attempt.
+        async def socket_close() -> int | None:
+            bad = cookie("ctx_" + secrets.token_urlsafe(32))
+            async with connect(proc.ws_url("0b6f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4"), additional_headers=bad) as ws:
+                return await closed_with(ws)
+
+        assert [asyncio.run(socket_close()) for _ in range(3)] == [1013] * 3
+        assert "service unreachable" not in proc.stderr_text
+    finally:
+        proc.kill()

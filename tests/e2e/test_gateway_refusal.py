@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
 from contextsvc._gen.v1.context_service_pb2_grpc import ContextServiceStub
@@ -131,3 +132,28 @@ async def test_compact_that_the_service_refuses_reaches_the_browser_as_compressi
             replay = await frames_until(ws, "replay_end")
             kinds = [f["type"] for f in replay]
             assert kinds[:2] == ["session_sync", "replay_start"] and kinds.count("compression_refused") == 2
+
+
+async def test_sockets_closed_for_an_unreachable_service_are_logged_within_the_refusal_budget() -> None:
+    """Each browser (re)connect while the service was away wrote its own "service unreachable"
+    warning: a page retrying every second, or many browsers, filled the log. At most
+    ``refusal_log_per_minute`` lines a minute now, the next one saying how many were left out."""
+    proc = Process(
+        ["gateway", "--listen", "127.0.0.1:0", "--target", f"127.0.0.1:{closed_port()}"],
+        env={"CONTEXTSVC_REFUSAL_LOG_PER_MINUTE": "2", "CONTEXTSVC_GATEWAY__UPSTREAM_MAX_ATTEMPTS": "1"},
+    ).start()
+    try:
+        codes = []
+        for _ in range(6):
+            async with connect(proc.ws_url("0b6f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4")) as ws:
+                try:
+                    while True:
+                        await asyncio.wait_for(ws.recv(), 10)
+                except ConnectionClosed:
+                    codes.append(ws.close_code)
+        assert codes == [1013] * 6
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
+    lines = [json.loads(line) for line in proc.stderr_text.splitlines() if "service unreachable" in line]
+    assert len(lines) == 2, proc.stderr_text

@@ -192,7 +192,7 @@ def test_bundled_gateway_with_mutual_tls_presents_its_client_certificate(tmp_pat
     refused = subprocess.run(
         [sys.executable, "-m", "contextsvc", *args], capture_output=True, text=True, timeout=60, check=False
     )
-    assert refused.returncode == 1 and "gateway.target_client_cert" in refused.stderr
+    assert refused.returncode == 2 and "gateway.target_client_cert" in refused.stderr
     # Refused before the server listened: one line, no port announced, no shutdown.
     assert "listening on" not in refused.stdout and "grace period" not in refused.stderr
     assert refused.stderr.strip().count("\n") == 0, refused.stderr

@@ -8,6 +8,7 @@ exit 1. A store that is misconfigured is one line and exit 1 at once. Never a tr
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contextsvc._gen.v1 import context_service_pb2 as pb
-from tests.support.postgres import PgCluster, postgres_dsn
+from tests.support.postgres import PgCluster, postgres_dsn, with_database
 from tests.support.rpc import error_details
 from tests.support.server import ServerProcess
 
@@ -110,9 +111,17 @@ def test_store_that_never_answers_within_the_start_timeout_is_one_line_and_exit_
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("contextsvc: the store did not answer within 1 s:"), done.stderr
+    # One line naming the store (without its password), the setting and the last cause.
+    named = url.replace("s3cretPW", "***").replace("alsoSecret", "***")
+    assert last.startswith(
+        f"contextsvc: the store {named} did not answer within 1 s (store_start_timeout_seconds): "
+        "PostgreSQL unavailable: "
+    ), done.stderr
     assert "listening on" in done.stdout and "postgres:***@" in done.stdout + done.stderr
     assert "s3cretPW" not in done.stdout + done.stderr and "alsoSecret" not in done.stdout + done.stderr
+    # The first warning says when the start will end, so an operator reading it knows the wait is bounded.
+    first = next(json.loads(line) for line in done.stderr.splitlines() if "serving NOT_SERVING until" in line)
+    assert first["gives_up_after_seconds"] == 1
 
 
 @pytest.mark.parametrize(
@@ -320,3 +329,90 @@ def test_a_postgres_url_the_server_refuses_is_one_line_saying_why(
     assert len(lines) == 1 and lines[0].startswith("contextsvc: cannot open the store "), done.stderr
     assert f"PostgreSQL refused to open the store: {expected}" in lines[0], done.stderr
     assert "listening on" not in done.stdout
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_grpc_port_in_use_is_one_line_and_nothing_from_grpcs_core(tmp_path: Path, host: str) -> None:
+    """gRPC's C core printed its own line (``E1208 ... add_port.cc:83] Failed to add port ...``,
+    not one of our JSON lines) before ours, which said only "Failed to bind ...; set
+    GRPC_VERBOSITY=debug"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        listen = f"{host}:{port}"
+        done = subprocess.run(
+            [sys.executable, "-m", "contextsvc", "serve", "--listen", listen, "--store", "memory", "--insecure"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"},
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [f"contextsvc: cannot listen on {listen}: Address already in use"]
+    assert "listening on" not in done.stdout
+
+
+def test_an_address_that_is_not_this_hosts_is_one_line(tmp_path: Path) -> None:
+    listen = "nosuchhost.invalid:5000"
+    done = subprocess.run(
+        [sys.executable, "-m", "contextsvc", "serve", "--listen", listen, "--store", "memory", "--insecure"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"contextsvc: cannot listen on {listen}: "), done.stderr
+    assert "does not resolve" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("database", "user", "expected"),
+    [
+        ("no_such_database", None, 'database "no_such_database" does not exist (SQLSTATE 3D000)'),
+        ("postgres", "no_such_role", 'role "no_such_role" does not exist (SQLSTATE 28000)'),
+    ],
+)
+def test_a_database_or_role_that_does_not_exist_is_one_line_at_once(
+    tmp_path: Path, postgres_dsn: str, database: str, user: str | None, expected: str
+) -> None:
+    """A running server that answers "no such database" (or role) was taken for an outage: the
+    start listened NOT_SERVING and retried for ever. No retry mends it: one line naming the URL
+    (without its password) and PostgreSQL's answer, exit 1, before listening."""
+    url = with_database(postgres_dsn, database, user=user)
+    parts = url.split("://", 1)
+    user_part, _, host = parts[1].partition("@")
+    url = f"{parts[0]}://{user_part.split(':')[0]}:pw-s3cret@{host}"
+    started = time.monotonic()
+    done = _serve(url, tmp_path, CONTEXTSVC_STORE_START_TIMEOUT_SECONDS="0")  # 0: it would wait for ever
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    named = url.replace("pw-s3cret", "***")
+    assert len(lines) == 1, done.stderr
+    assert lines[0] == f"contextsvc: cannot open the store {named}: PostgreSQL refused to open the store: {expected}"
+    assert "listening on" not in done.stdout and "pw-s3cret" not in done.stdout + done.stderr
+
+
+def test_a_store_that_never_answers_gives_up_by_default() -> None:
+    """The default bound: without store_start_timeout_seconds set, a start kept retrying for ever."""
+    from contextsvc.config import Settings
+
+    assert 0 < Settings().store_start_timeout_seconds <= 600
+
+
+def test_files_store_settings_given_to_another_store_are_one_warning(tmp_path: Path) -> None:
+    """``--durability batch`` (or ``[files]`` settings) on a memory or PostgreSQL store were ignored
+    in silence: an operator took the durability for set."""
+    proc = ServerProcess(
+        "memory", extra_args=["--durability", "batch"], env={"CONTEXTSVC_FILES__CACHE_MB": "10"}
+    ).start()
+    assert proc.terminate() == 0
+    lines = [json.loads(line) for line in proc.stderr_text.splitlines() if "files store given" in line]
+    assert len(lines) == 1 and lines[0]["settings"] == ["durability", "files"], proc.stderr_text
+    quiet = ServerProcess(f"files:{tmp_path / 'data'}", extra_args=["--durability", "batch"]).start()
+    assert quiet.terminate() == 0
+    assert "files store given" not in quiet.stderr_text

@@ -255,3 +255,54 @@ def test_a_full_disk_reports_not_serving_and_loses_nothing(tmp_path: Path) -> No
                 assert [m.sequence_number for m in all_messages(again.stub(ch), sid)] == acked
         finally:
             again.terminate()
+
+
+def test_fsck_reports_a_log_it_cannot_read_and_checks_the_others(tmp_path: Path) -> None:
+    """A directory where a session's log should be stopped the whole run with
+    ``contextsvc fsck: [Errno 21] Is a directory: '…'``, the other sessions unchecked."""
+    data = tmp_path / "data"
+    store = f"files:{data}"
+    server = ServerProcess(store).start()
+    try:
+        with server.channel() as ch:
+            sid, _ = _fill(server.stub(ch), "fine")
+    finally:
+        assert server.terminate() == 0
+    blocked = "0b6f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4"
+    (data / "sessions" / f"{blocked}.jsonl").mkdir()
+    for extra in ((), ("--repair",)):
+        done = _fsck(store, *extra)
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr and done.stderr == "", done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].endswith(f"(2 sessions{', repair' if extra else ''})"), done.stdout
+        (entry,) = [line for line in lines if line.startswith(blocked)]
+        assert "unreadable" in entry and f"{blocked}.jsonl is a directory where a file is expected" in entry
+        assert lines[-1] == "1 ok, 0 torn, 0 recovered, 0 damaged, 1 unreadable", done.stdout
+        assert not any(line.startswith(sid) for line in lines)  # checked, and fine
+    assert (data / "sessions" / f"{blocked}.jsonl").is_dir()  # left where it was
+
+
+def test_fsck_repair_of_a_session_left_with_only_an_unusable_mark_file(tmp_path: Path) -> None:
+    """No log and a mark file holding nothing (a crash between creating the two, a log removed by
+    hand): ``--repair`` tried to set the missing log aside and stopped the whole run with
+    ``[Errno 2] No such file or directory``, printing no report."""
+    data = tmp_path / "data"
+    store = f"files:{data}"
+    server = ServerProcess(store).start()
+    try:
+        with server.channel() as ch:
+            _fill(server.stub(ch), "fine")
+    finally:
+        assert server.terminate() == 0
+    orphan = "3b6f1d2e-3c4a-4b5c-8d6e-7f8091a2b3c4"
+    (data / "sessions" / f"{orphan}.jsonl.mark").write_bytes(b"")
+    done = _fsck(store, "--repair")
+    assert done.stderr == "", done.stderr
+    assert done.returncode == 0, done.stdout
+    assert "mark moved aside to" in done.stdout and done.stdout.splitlines()[-1].startswith("1 ok, ")
+    assert not (data / "sessions" / f"{orphan}.jsonl.mark").exists()
+    again = _fsck(store)
+    assert (
+        again.returncode == 0 and again.stdout.splitlines()[-1] == "1 ok, 0 torn, 0 recovered, 0 damaged, 0 unreadable"
+    )

@@ -8,8 +8,11 @@ certificate, and a pair that does not load leaves the old one in place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -167,3 +170,26 @@ def test_an_expired_certificate_is_served_with_one_warning_naming_its_not_after(
     warnings = [line for line in server.stderr_text.splitlines() if '"level": "warning"' in line]
     assert len(warnings) == 1 and "server certificate expired" in warnings[0], server.stderr_text
     assert json.loads(warnings[0])["not_after"] == not_after
+
+
+def test_failed_handshakes_add_no_lines_of_grpcs_own_format_to_the_log(tmp_path: Path, pki: Pki) -> None:
+    """Every failed TLS handshake (a plaintext client, a port scanner, a balancer's TCP check) made
+    gRPC's C core write ``I1208 … ssl_transport_security.cc] Handshake failed …`` on stderr: lines
+    that are not our JSON, one per connection anyone could open."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    args = ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key)]
+    proc = ServerProcess("memory", extra_args=args)
+    proc.env = env  # the operator's environment, without a GRPC_VERBOSITY of its own
+    with proc.start():
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", proc.port), timeout=5) as raw:
+                raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                raw.settimeout(5)
+                with contextlib.suppress(OSError):
+                    raw.recv(100)
+        assert _health(proc.address, None) != grpc.StatusCode.OK  # a plaintext client, refused
+        assert proc.terminate() == 0
+    lines = proc.stderr_text.strip().splitlines()
+    assert lines and all(line.startswith("{") for line in lines), proc.stderr_text
+    for line in lines:
+        json.loads(line)

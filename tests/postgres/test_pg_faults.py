@@ -111,8 +111,10 @@ async def test_opening_without_a_server_is_unavailable() -> None:
         await make_postgres_event_bus(dsn, pg_settings())
 
 
-async def test_a_missing_database_is_unavailable(postgres_dsn: str) -> None:
-    with pytest.raises(Unavailable):
+async def test_a_missing_database_at_open_is_a_misconfiguration(postgres_dsn: str) -> None:
+    """A running server answering "no such database" is no outage a retry mends: ``serve`` stops in
+    one line (a ValueError at open) instead of waiting NOT_SERVING for ever."""
+    with pytest.raises(ValueError, match=r'database "no_such_database" does not exist \(SQLSTATE 3D000\)'):
         await make_postgres_store(postgres_dsn.rsplit("/", 1)[0] + "/no_such_database", pg_settings())
 
 

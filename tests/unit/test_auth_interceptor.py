@@ -209,3 +209,91 @@ async def test_tokens_kept_in_a_memory_store_are_a_warning_at_start(caplog: pyte
         await stop(server, 0)
     warned = [r.getMessage() for r in caplog.records if r.name == "contextsvc.server" and r.levelno == logging.WARNING]
     assert any("auth.token_store" in m for m in warned), warned
+
+
+async def test_a_flood_of_unknown_tokens_from_one_address_is_limited_and_known_tokens_keep_working(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every call with an unknown well-formed token cost a token lookup (a database round trip with
+    PostgreSQL), however many a peer sent. Past ``auth.failures_per_peer_per_minute`` the peer's
+    unknown tokens are refused RESOURCE_EXHAUSTED with RetryInfo, without a lookup, and with one
+    log line; a token the server accepted from it before keeps working, and a missing token is
+    still UNAUTHENTICATED (TOKEN_MISSING)."""
+    import secrets
+
+    settings = Settings(
+        store="memory",
+        listen="127.0.0.1:0",
+        auth={"mode": "tokens", "cache_seconds": 0, "failures_per_peer_per_minute": 5},
+    )
+    server = await start(settings)
+    try:
+        good = [("authorization", f"Bearer {await _token(server, 'alice')}")]
+        tokens = tokens_of(server.store)
+        lookups = 0
+        find = tokens.find_api_token
+
+        async def counted(token_hash: str) -> Any:
+            nonlocal lookups
+            lookups += 1
+            return await find(token_hash)
+
+        assert server.authenticator is not None
+        server.authenticator._tokens.find_api_token = counted  # type: ignore[method-assign]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = ContextServiceStub(channel)
+            await stub.ListSessions(pb.ListSessionsRequest(), metadata=good)
+            codes: list[grpc.StatusCode] = []
+            with caplog.at_level(logging.INFO):
+                for _ in range(40):
+                    bad = [("authorization", "Bearer ctx_" + secrets.token_urlsafe(32))]
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await stub.ListSessions(pb.ListSessionsRequest(), metadata=bad)
+                    codes.append(caught.value.code())
+                last = caught.value
+                assert codes[:5] == [grpc.StatusCode.UNAUTHENTICATED] * 5
+                assert codes[5:] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 35
+                assert lookups == 1 + 5  # the good token's and the five failures' only
+                status = rpc_status.from_call(last)  # type: ignore[arg-type]
+                assert status is not None
+                retry = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+                assert len(retry) == 1
+                info = error_details_pb2.RetryInfo()
+                retry[0].Unpack(info)
+                assert 1 <= info.retry_delay.ToTimedelta().total_seconds() <= 12  # one failure refills in 12 s
+                # The token accepted before still works from the same address, looked up as ever.
+                assert (await stub.ListSessions(pb.ListSessionsRequest(), metadata=good)) is not None
+                assert lookups == 1 + 5 + 1
+                with pytest.raises(grpc.aio.AioRpcError) as missing:
+                    await stub.ListSessions(pb.ListSessionsRequest())
+                assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert _info(missing.value).reason == "TOKEN_MISSING"
+            lines = [r for r in caplog.records if r.name == "contextsvc.api.auth_limit"]
+            assert len(lines) == 1 and lines[0].peer == "127.0.0.1"  # type: ignore[attr-defined]
+    finally:
+        await stop(server, 0)
+
+
+def test_the_failure_limiter_refills_and_forgets_the_oldest_peer() -> None:
+    from contextsvc.api.auth_limit import FailedAuthLimiter, peer_address
+
+    assert peer_address("ipv4:10.0.0.7:5123") == "10.0.0.7"
+    assert peer_address("ipv6:[::1]:5123") == "::1"
+    assert peer_address("ipv6:%5B::1%5D:5123") == "::1"  # as grpc 1.85 writes it
+    assert peer_address("ipv6:%5B::ffff:10.0.0.7%5D:5123") == "10.0.0.7"  # dual-stack listener
+    assert peer_address("unix:/run/x.sock") == "unix:/run/x.sock"
+    now = [0.0]
+    limiter = FailedAuthLimiter(per_minute=3, max_peers=2, log_per_minute=10, clock=lambda: now[0])
+    for _ in range(3):
+        assert limiter.wait("a") == 0.0
+        limiter.failed("a")
+    assert limiter.wait("a") == pytest.approx(20.0)  # 3 a minute: one every 20 s
+    assert limiter.wait("b") == 0.0  # another address is not affected
+    now[0] = 10.0
+    assert limiter.wait("a") == pytest.approx(10.0)
+    now[0] = 20.0
+    assert limiter.wait("a") == 0.0
+    limiter.failed("b")
+    limiter.failed("c")  # past max_peers: the least recently failing ("a") is forgotten
+    limiter.failed("a")
+    assert limiter.wait("a") == 0.0

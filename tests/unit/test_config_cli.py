@@ -402,3 +402,27 @@ def test_ctrl_c_on_a_command_is_no_traceback() -> None:
             _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err == "contextsvc: interrupted\n", err
+
+
+@pytest.mark.parametrize("summarizer", ["openai", "ollama"])
+def test_a_compaction_lock_timeout_shorter_than_a_summarizers_calls_is_refused(
+    summarizer: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On PostgreSQL a compaction holds its session's lock while it waits for its summarizer (up to
+    ``total_timeout_seconds``, 150 s by default); a lock wait shorter than that got a second
+    replica's compaction of the session ABORTED while a working summarizer answered."""
+    monkeypatch.setenv("CONTEXTSVC_STORE", "postgresql://app:pw@db.internal/contextsvc")
+    monkeypatch.setenv("CONTEXTSVC_POSTGRES__COMPACTION_LOCK_TIMEOUT_SECONDS", "120")
+    other = "ollama" if summarizer == "openai" else "openai"
+    monkeypatch.setenv(f"CONTEXTSVC_SUMMARIZER__{other.upper()}__TOTAL_TIMEOUT_SECONDS", "60")
+    assert main(["config"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("contextsvc: invalid settings: "), err
+    assert "postgres.compaction_lock_timeout_seconds (120 s)" in err
+    assert f"summarizer.{summarizer}.total_timeout_seconds (150 s)" in err
+    # Lowered below the lock wait, it starts; so does any other store (its lock waits unbounded).
+    monkeypatch.setenv(f"CONTEXTSVC_SUMMARIZER__{summarizer.upper()}__TOTAL_TIMEOUT_SECONDS", "100")
+    assert main(["config"]) == 0
+    monkeypatch.setenv(f"CONTEXTSVC_SUMMARIZER__{summarizer.upper()}__TOTAL_TIMEOUT_SECONDS", "300")
+    monkeypatch.setenv("CONTEXTSVC_STORE", "memory")
+    assert main(["config"]) == 0

@@ -642,3 +642,30 @@ async def test_a_fallback_view_is_not_priced_with_the_whole_contexts_baseline() 
         await running
     finally:
         await rig.close()
+
+
+async def test_one_compactions_summarizer_calls_share_the_summarizers_total_timeout() -> None:
+    """A summarizer that hangs held the session's compaction lock for each of a compaction's calls
+    (the summary, then again with a wider window), each up to ``total_timeout_seconds``: longer
+    than ``postgres.compaction_lock_timeout_seconds``, checked against one such timeout at start.
+    The calls share that one budget; past it the compaction falls back at once."""
+    from contextsvc.config import OpenAISummarizerConfig, SummarizerSettings
+
+    hanging = ScriptedSummarizer("openai", delay=30.0)
+    rig = await Rig.start(
+        hanging, summarizer=SummarizerSettings(openai=OpenAISummarizerConfig(total_timeout_seconds=0.5))
+    )
+    try:
+        sid = await rig.session()
+        await _fill(rig, sid, 30)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        report = await asyncio.wait_for(
+            rig.compress(sid, profile=overrides(summarizer="openai", strategies=["summarize"])), 20
+        )
+        took = loop.time() - started
+        assert report.compressed and report.method.value == "hard_truncate"
+        assert len(hanging.calls) == 1  # no wider attempt once the budget is spent
+        assert 0.5 <= took < 5.0
+    finally:
+        await rig.close()

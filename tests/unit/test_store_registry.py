@@ -30,6 +30,18 @@ def test_files(url: str, expected: Path) -> None:
     assert store.root == expected
 
 
+@pytest.mark.parametrize("url", ["files:~/ctx-data", "files://~/ctx-data"])
+def test_a_files_path_from_the_home_folder_is_expanded(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No shell expands "~" in "files:~/…" (a config file, an environment variable, even a flag):
+    the store made a directory named "~" in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = open_store(url, Settings())
+    assert isinstance(store, FilesStore)
+    assert store.root == tmp_path / "ctx-data"
+
+
 @pytest.mark.parametrize("url", ["", "sqlite:///x", "file:/tmp/x", "mem", "files:", "files://", "redis://h"])
 def test_anything_else_is_a_value_error_naming_the_accepted_forms(url: str) -> None:
     with pytest.raises(ValueError, match="files:PATH") as raised:

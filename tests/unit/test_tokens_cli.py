@@ -50,6 +50,11 @@ def test_create_prints_the_token_once_and_stores_only_its_hash(tmp_path: Path) -
     assert "api token revoked" in by_token.stderr and token not in by_token.stderr
     by_id = cli("tokens", "revoke", rows[1]["token_id"], "--store", store)
     assert by_id.returncode == 0
+    # Revoked again: it said "revoked token …" and wrote a second audit line of a revocation now.
+    again = cli("tokens", "revoke", rows[1]["token_id"], "--store", store)
+    assert again.returncode == 0
+    assert "api token revoked" not in again.stderr, again.stderr
+    assert again.stderr.strip().startswith(f"token {rows[1]['token_id']} of user root was already revoked at ")
     states = [
         json.loads(line)["state"] for line in cli("tokens", "list", "--json", "--store", store).stdout.splitlines()
     ]

@@ -50,6 +50,18 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+#: Answers of a running server to the store's first connection that no retry mends: the database
+#: the URL names does not exist, the role or its password is refused. At open (``serve``'s start,
+#: ``tokens``, ``fsck``) they are a misconfiguration, one line and a non-zero exit; a database
+#: still starting answers ``CannotConnectNowError`` (class 57), an outage, retried. Once open they
+#: stay ``Unavailable`` (a database dropped or a password rotated under a running server).
+_REFUSED_AT_OPEN: tuple[type[asyncpg.PostgresError], ...] = (
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidPasswordError,
+)
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:160]
@@ -72,6 +84,10 @@ def pg_errors(operation: str) -> Iterator[None]:
         yield
     except ContextError:
         raise
+    except _REFUSED_AT_OPEN as exc:
+        if operation == "open":
+            raise ValueError(f"PostgreSQL refused to open the store: {_short(exc)} (SQLSTATE {exc.sqlstate})") from None
+        raise Unavailable(_unavailable_message(exc), metadata={"operation": operation}) from None
     except _UNAVAILABLE as exc:
         raise Unavailable(_unavailable_message(exc), metadata={"operation": operation}) from None
     except _ClientDataError as exc:
