@@ -207,6 +207,17 @@ class CompressionLog(Protocol):
     async def start_closed(self, started: StoredEvent) -> bool: ...
 
 
+@dataclass(slots=True, frozen=True)
+class _Truncation:
+    """What a hard truncation commits (``Compactor._truncation_outcome``)."""
+
+    demote: list[Message]
+    placeholders: list[Message]
+    kept: list[Message]
+    cut: CompactionPlan
+    stages: list[Stage]
+
+
 class CompactionBusy(Exception):
     """The session's compaction lock was not free within the bound a caller gave."""
 
@@ -751,7 +762,22 @@ class Compactor:
             if cleared is not None and cleared.cleared and cleared.tokens_after < cleared.tokens_before:
                 return clearing(cleared)
             return report
-        return dataclasses.replace(report, method=Method.HARD_TRUNCATE)
+        # What ``_hard_truncate`` commits, from the same plan (after the clearing, when one ran).
+        outcome = self._truncation_outcome(s, plan, cleared)
+        if outcome is None:
+            return report
+        if isinstance(outcome, ClearedToolResults):
+            return clearing(outcome)
+        after = self.counter(s.profile)(outcome.kept) + s.fixed_tokens
+        stages = [*outcome.stages[:-1], dataclasses.replace(outcome.stages[-1], tokens_after=after)]
+        return dataclasses.replace(
+            report,
+            method=Method.HARD_TRUNCATE,
+            plan=outcome.cut,
+            messages_after=len(outcome.kept),
+            context_tokens_after=after,
+            stages=tuple(stages),
+        )
 
     def _clearing_suffices(self, s: Situation, cleared: ClearedToolResults) -> bool:
         """Clearing alone reaches the target (else a summary, or hard truncation, follows it)."""
@@ -1034,6 +1060,32 @@ class Compactor:
     async def _hard_truncate(
         self, s: Situation, plan: CompactionPlan, *, cleared: ClearedToolResults | None = None
     ) -> CompressionReport:
+        outcome = self._truncation_outcome(s, plan, cleared)
+        if outcome is None:
+            # The planner found rows to summarize but nothing can be dropped: keep the context.
+            return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.NO_PROGRESS)
+        if isinstance(outcome, ClearedToolResults):
+            # Nothing more can be dropped, but the clearing itself shrank the context.
+            return await self._commit_clearing(s, plan, outcome)
+        return await self._commit(
+            s,
+            method=Method.HARD_TRUNCATE,
+            demote=outcome.demote,
+            new_rows=outcome.placeholders,
+            new_context=outcome.kept,
+            summary="",
+            breadcrumbs=self._breadcrumbs([], outcome.demote),
+            plan=outcome.cut,
+            stages=outcome.stages,
+        )
+
+    def _truncation_outcome(
+        self, s: Situation, plan: CompactionPlan, cleared: ClearedToolResults | None
+    ) -> _Truncation | ClearedToolResults | None:
+        """What a hard truncation of ``s`` commits (after ``cleared``, a clearing that fell short of
+        its target, when there was one): the rows it demotes and appends and the context it keeps;
+        ``cleared`` alone when nothing more can be dropped; None when nothing can be. Pure: a dry
+        run reports the same (``_predicted``)."""
         p = s.profile
         first: list[Stage] = []
         original = s
@@ -1083,11 +1135,7 @@ class Compactor:
                 placeholders = list(last_resort.placeholders)
                 kept = list(last_resort.context)
         if not demote or count(kept) >= count(s.context):
-            if first and cleared is not None:
-                # Nothing more can be dropped, but the clearing itself shrank the context.
-                return await self._commit_clearing(original, plan, cleared)
-            # The planner found rows to summarize but nothing can be dropped: keep the context.
-            return CompressionReport(compressed=False, reason=s.reason, plan=plan, refused=Refusal.NO_PROGRESS)
+            return cleared if first and cleared is not None else None
         truncation = Stage(
             Method.HARD_TRUNCATE,
             messages_removed=len(demote),
@@ -1105,18 +1153,7 @@ class Compactor:
             demote = list(cleared.demote) + [m for m in demote if id(m) not in fresh]
         # The store demotes rows it holds: a row without a sequence number is never one of them.
         assert all(m.sequence_number > 0 for m in demote), "compaction would demote an unsaved row"
-        crumbs = self._breadcrumbs([], demote)
-        return await self._commit(
-            original,
-            method=Method.HARD_TRUNCATE,
-            demote=demote,
-            new_rows=placeholders,
-            new_context=kept,
-            summary="",
-            breadcrumbs=crumbs,
-            plan=cut,
-            stages=[*first, truncation],
-        )
+        return _Truncation(demote=demote, placeholders=placeholders, kept=kept, cut=cut, stages=[*first, truncation])
 
     def _clear_kept(self, s: Situation, kept: Sequence[Message], target: float) -> ClearedToolResults:
         """The oldest tool results of ``kept`` (the rows a compaction keeps) cleared until it fits

@@ -768,15 +768,16 @@ class CompressResponse(_message.Message):
     @_builtins.property
     def plan(self) -> _events_pb2.CompressionPlan:
         """The plan. A dry run (`compressed` false, nothing changed) also names the method the run
-        would commit first, and when that is clearing tool results, which needs no summarizer, the
-        counts after it and its stage; a summary's outcome depends on the summarizer's answer.
+        would commit first, and when that is clearing tool results or hard truncation, which need no
+        summarizer, the plan, the counts after it and its stages; a summary's outcome depends on the
+        summarizer's answer.
         """
 
     @_builtins.property
     def stages(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.CompressionStage]:
         """Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
-        then hard_truncate when clearing alone could not reach the target. A dry run: the clearing
-        stage the run would commit, when it would.
+        then hard_truncate when clearing alone could not reach the target. A dry run: the stages
+        the run would commit, when they need no summarizer.
         """
 
     def __init__(

@@ -1440,12 +1440,13 @@ type CompressResponse struct {
 	// Breadcrumbs kept from the dropped text.
 	Breadcrumbs []string `protobuf:"bytes,8,rep,name=breadcrumbs,proto3" json:"breadcrumbs,omitempty"`
 	// The plan. A dry run (`compressed` false, nothing changed) also names the method the run
-	// would commit first, and when that is clearing tool results, which needs no summarizer, the
-	// counts after it and its stage; a summary's outcome depends on the summarizer's answer.
+	// would commit first, and when that is clearing tool results or hard truncation, which need no
+	// summarizer, the plan, the counts after it and its stages; a summary's outcome depends on the
+	// summarizer's answer.
 	Plan *CompressionPlan `protobuf:"bytes,9,opt,name=plan,proto3" json:"plan,omitempty"`
 	// Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
-	// then hard_truncate when clearing alone could not reach the target. A dry run: the clearing
-	// stage the run would commit, when it would.
+	// then hard_truncate when clearing alone could not reach the target. A dry run: the stages
+	// the run would commit, when they need no summarizer.
 	Stages        []*CompressionStage `protobuf:"bytes,10,rep,name=stages,proto3" json:"stages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -821,8 +821,9 @@ export type CompressResponse = Message<"contextsvc.v1.CompressResponse"> & {
 
   /**
    * The plan. A dry run (`compressed` false, nothing changed) also names the method the run
-   * would commit first, and when that is clearing tool results, which needs no summarizer, the
-   * counts after it and its stage; a summary's outcome depends on the summarizer's answer.
+   * would commit first, and when that is clearing tool results or hard truncation, which need no
+   * summarizer, the plan, the counts after it and its stages; a summary's outcome depends on the
+   * summarizer's answer.
    *
    * @generated from field: contextsvc.v1.CompressionPlan plan = 9;
    */
@@ -830,8 +831,8 @@ export type CompressResponse = Message<"contextsvc.v1.CompressResponse"> & {
 
   /**
    * Every stage that ran, in order (`method` is the last one's): e.g. clear_tool_results
-   * then hard_truncate when clearing alone could not reach the target. A dry run: the clearing
-   * stage the run would commit, when it would.
+   * then hard_truncate when clearing alone could not reach the target. A dry run: the stages
+   * the run would commit, when they need no summarizer.
    *
    * @generated from field: repeated contextsvc.v1.CompressionStage stages = 10;
    */
