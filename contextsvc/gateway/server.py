@@ -336,7 +336,14 @@ class Gateway:
         sender: asyncio.Task[None] | None = None
         try:
             last_id = self._last_event_id(query)
-            session = await self._authenticate(sock, query)
+            try:
+                session = await self._authenticate(sock, query)
+            except _Closed as closed:
+                # Deleted while the client was away: it still gets what it missed, up to the
+                # deletion, as StreamEvents gives it, then the close a deletion always brings.
+                if closed.code == CLOSE_NOT_FOUND and last_id > 0 and await self._replay_deletion(sock, last_id):
+                    raise _Closed(CLOSE_NOT_FOUND, "the session was deleted") from None
+                raise
             sock.sub = Subscriber(
                 self.gs.send_queue_frames,
                 lambda code, reason: self._close_later(ws, code, reason),
@@ -431,6 +438,39 @@ class Gateway:
             return await self.upstream.get_session(sock.token, sock.session_id)
         except UpstreamError as exc:
             raise _close_for(exc) from None
+
+    async def _replay_deletion(self, sock: _Socket, last_id: int) -> bool:
+        """A session the service no longer has, resumed after ``last_id``: when it was deleted after
+        that event and the service still retains the deletion, send ``replay_start``, the events the
+        client missed ending with ``session_deleted``, and ``replay_end`` (no ``session_sync``: there is
+        no session to sync). False, with nothing sent, when the service has nothing to replay (never
+        existed, deleted before ``last_id``, not the caller's, or let go): the usual 4004."""
+        out: list[bytes] = []
+        held = 0
+        stream = self.upstream.events(sock.token, sock.session_id, last_id)
+        deleted = False
+        try:
+            # Bounded by time and bytes: the service replays its retained log and ends the stream
+            # at the deletion; held whole first, since replay_start names the count.
+            async with asyncio.timeout(self.gs.upstream_timeout_seconds):
+                while not deleted and held <= self.gs.send_queue_bytes:
+                    event = await anext(stream, None)
+                    if event is None:
+                        break
+                    out.append(frames.dumps(frames.event_frame(event)).encode())
+                    held += len(out[-1])
+                    deleted = event.WhichOneof("payload") == "session_deleted"
+        except (UpstreamError, TimeoutError):
+            return False
+        finally:
+            await stream.aclose()
+        if not deleted:
+            return False
+        await sock.ws.send(frames.dumps({"type": "replay_start", "count": len(out)}))
+        for data in out:
+            await sock.ws.send(data, text=True)
+        await sock.ws.send(frames.dumps({"type": "replay_end"}))
+        return True
 
     async def _replay_from_service(self, sock: _Socket, last_id: int) -> list[Item]:
         """The hub's ring does not reach back to ``last_id``: read the service's retained log until it
