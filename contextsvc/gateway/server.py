@@ -350,12 +350,22 @@ class Gateway:
                 write_now=lambda data: _write_now(ws, data),
                 max_bytes=self.gs.send_queue_bytes,
             )
-            hub = await self.hubs.acquire(sock.token, sock.session_id, last_id)
+            hub, arrived = await self.hubs.acquire(sock.token, sock.session_id, last_id)
+            if hub.failed is not None:  # refused or deleted while it started: nothing will come
+                raise _close_for(hub.failed)
             # The hub has read the session up to its newest event: an id past it was never given on
             # this session (a guess, an id from the future); events after the hub's newest are new to
             # this socket, or it would wait, deaf, for ids above its guess.
             last_id = min(last_id, hub.last_id)
-            replay = hub.attach(sock.sub, last_id)
+            replay = hub.attach(sock.sub, last_id if last_id > 0 else arrived)
+            if last_id <= 0:
+                # Live only: the events since the socket arrived (e.g. the turn its page started
+                # right after the handshake, while the hub was starting) are live, not lost.
+                sock.sub.backfill(replay or [])
+                replay = []
+                # Read after attaching, so session_sync and the events after it leave no gap (an
+                # event may show in both).
+                session = await self._get_session(sock)
             await ws.send(frames.dumps({"type": "session_sync", "session": frames.to_json(session)}))
             after = 0
             if last_id > 0:

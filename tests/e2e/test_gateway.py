@@ -451,6 +451,23 @@ async def test_a_resume_of_a_session_that_never_existed_is_a_plain_4004(bundled:
         assert await close_code(ws) == 4004
 
 
+async def test_an_append_right_after_the_handshake_reaches_the_socket(
+    bundled: Process, stub: ContextServiceStub
+) -> None:
+    """A page that opens its socket, then starts a turn, must see the turn's event even when it
+    lands while the gateway is still setting the socket up (reading the session, starting its
+    event stream): session_sync and the events after it leave no gap."""
+    sid = new_session(stub)
+    async with connect(bundled.ws_url(sid)) as ws:
+        append(stub, sid, "right after open")
+        sync = await recv(ws)
+        assert sync["type"] == "session_sync"
+        event = await recv_type(ws, "messages_appended")
+        assert event["sequence_numbers"] == [1]
+        append(stub, sid, "later")
+        assert (await recv_type(ws, "messages_appended"))["sequence_numbers"] == [2]
+
+
 async def test_many_sockets_on_one_session_each_get_every_event(bundled: Process, stub: ContextServiceStub) -> None:
     sid = new_session(stub)
     sockets = [await connect(bundled.ws_url(sid)) for _ in range(5)]
