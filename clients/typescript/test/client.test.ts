@@ -10,6 +10,7 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import {
   ContextClient,
+  ContextError,
   ContextTooLargeError,
   EventsExpiredError,
   FailedPreconditionError,
@@ -159,6 +160,12 @@ test("the deadline is enforced", async () => {
     for (const socket of accepted) socket.destroy();
     silent.close();
   }
+});
+
+test("a cancelled call's code is named CANCELLED, as in gRPC and the other clients", () => {
+  const e = toContextError(new ConnectError("cancelled", Code.Canceled, new Headers({ "grpc-status": "1" })));
+  assert.ok(e instanceof ContextError);
+  assert.equal(e.code, "CANCELLED");
 });
 
 test("a request over the server's size limit is RESOURCE_EXHAUSTED at once and the connection stays usable", async () => {
