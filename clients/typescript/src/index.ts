@@ -110,6 +110,7 @@ export class ContextClient {
   readonly timeoutMs: number;
   private readonly rpc: Client<typeof ContextService>;
   private readonly sessions: Http2SessionManager;
+  private closed = false;
 
   /** `target` is `host:port` (or a full `http://` / `https://` URL). */
   constructor(target: string, options: ClientOptions = {}) {
@@ -138,9 +139,18 @@ export class ContextClient {
     this.rpc = createClient(ContextService, transport);
   }
 
-  /** Closes the HTTP/2 connection (calls in flight fail); the process can then exit. */
+  /**
+   * Closes the HTTP/2 connection; the process can then exit. Calls in flight, open `events()`
+   * iterators and every later call fail with a ContextError, code "CANCELLED" (as the Go client's
+   * closed connection): a closed client never reconnects.
+   */
   close(): void {
+    this.closed = true;
     this.sessions.abort();
+  }
+
+  private closedError(): ContextError {
+    return new ContextError("the ContextClient is closed", { code: "CANCELLED" });
   }
 
   /**
@@ -155,11 +165,14 @@ export class ContextClient {
     const budget = opts.timeoutMs ?? this.timeoutMs;
     const deadline = budget > 0 ? Date.now() + budget : undefined;
     for (let attempt = 1; ; attempt++) {
+      // Connect's session manager would open a new connection for a call after close().
+      if (this.closed) throw this.closedError();
       const remaining = deadline === undefined ? undefined : Math.max(deadline - Date.now(), 1);
       try {
         return await fn({ timeoutMs: remaining, signal: opts.signal });
       } catch (raw) {
         if (opts.signal?.aborted) throw raw;
+        if (this.closed) throw this.closedError();
         const err = toContextError(raw);
         if (!(err instanceof UnavailableError) || err.code !== "UNAVAILABLE" || attempt >= this.retry.maxAttempts) {
           throw err;
@@ -342,6 +355,7 @@ export class ContextClient {
     let failures = 0;
     const outer = opts.signal;
     for (;;) {
+      if (this.closed) throw this.closedError();
       let hint: number | undefined;
       // One controller per call: aborted by the caller's signal, and by us when iteration ends.
       const call = new AbortController();
@@ -358,6 +372,7 @@ export class ContextClient {
         }
       } catch (raw) {
         if (opts.signal?.aborted) return;
+        if (this.closed) throw this.closedError();
         if (raw instanceof ConnectError && raw.code === Code.Canceled && opts.signal?.aborted) return;
         const err = toContextError(raw);
         if (!(err instanceof ContextError) || err.code !== "UNAVAILABLE") throw err;

@@ -162,6 +162,25 @@ test("the deadline is enforced", async () => {
   }
 });
 
+test("a closed client fails its calls and its event iterators with CANCELLED and never reconnects", async () => {
+  const c = new ContextClient(server.address, { timeoutMs: 10_000, retry: FAST });
+  const s = await c.createSession({ name: "closing" });
+  await c.appendMessages(s.id, [{ role: "user", content: "one" }]);
+  const events = c.events(s.id, { afterEventId: 1 }); // from the start of the retained log
+  assert.equal((await events.next()).value?.payload, "messages_appended"); // the stream is open
+  c.close();
+  const closedError = (e: unknown): boolean => {
+    assert.ok(e instanceof ContextError, String(e));
+    assert.equal(e.code, "CANCELLED");
+    assert.equal(e.reason, "CANCELLED");
+    return true;
+  };
+  await assert.rejects(events.next(), closedError);
+  // Before: the call opened a new connection and succeeded, so close() did not close the client.
+  await assert.rejects(c.getSession(s.id), closedError);
+  await assert.rejects(c.events(s.id).next(), closedError);
+});
+
 test("a cancelled call's code is named CANCELLED, as in gRPC and the other clients", () => {
   const e = toContextError(new ConnectError("cancelled", Code.Canceled, new Headers({ "grpc-status": "1" })));
   assert.ok(e instanceof ContextError);
