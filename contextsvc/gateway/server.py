@@ -140,6 +140,8 @@ class _Socket:
     session_id: str
     token: str
     sub: Subscriber | None = None
+    #: the token came in an auth frame, whose answer (``auth_ok``) is still owed.
+    auth_frame: bool = False
 
 
 class Gateway:
@@ -439,6 +441,7 @@ class Gateway:
         if frame["type"] != "auth" or not isinstance(offered, str) or not offered:
             raise _Closed(CLOSE_DENIED, "the first frame must be an auth frame with an api_token")
         sock.token = offered
+        sock.auth_frame = True
         session = await self._get_session(sock)
         await ws.send(frames.dumps({"type": "auth_ok"}))
         return session
@@ -476,6 +479,8 @@ class Gateway:
             await stream.aclose()
         if not deleted:
             return False
+        if sock.auth_frame:  # the service took the token (it let the stream open)
+            await sock.ws.send(frames.dumps({"type": "auth_ok"}))
         await sock.ws.send(frames.dumps({"type": "replay_start", "count": len(out)}))
         for data in out:
             await sock.ws.send(data, text=True)
