@@ -169,6 +169,23 @@ async def test_a_token_read_with_its_line_end_is_sent_without_it(server: ServerP
         assert (await c.with_token(" t0ken\r\n").create_session())["id"]
 
 
+@pytest.mark.parametrize("token", ["t\u00f6ken", "tok\x00en", "tok\ten"])
+async def test_a_token_no_header_can_carry_is_unauthenticated_token_invalid(server: ServerProcess, token: str) -> None:
+    # gRPC refused such a header with its untyped ExecuteBatchError; the service and the gateway
+    # call such a token TOKEN_INVALID, and so does the client, for calls and event streams alike.
+    async with ContextClient(server.address, timeout=10) as c:
+        sid = (await c.create_session())["id"]
+        for client in (ContextClient(server.address, token=token, timeout=10), c.with_token(token)):
+            async with client:
+                with pytest.raises(errors.Unauthenticated) as refused:
+                    await client.get_session(sid)
+                assert refused.value.reason == "TOKEN_INVALID"
+                assert refused.value.code.name == "UNAUTHENTICATED"  # type: ignore[attr-defined]
+                with pytest.raises(errors.Unauthenticated):
+                    await anext(client.events(sid))
+        assert (await c.get_session(sid))["id"] == sid  # the channel is fine
+
+
 async def test_unavailable_is_retried_until_the_server_is_reachable(proxy: TcpProxy) -> None:
     async with ContextClient(proxy.address, timeout=10, retry=FAST, channel_options=CHANNEL) as c:
         sid = (await c.create_session())["id"]
