@@ -16,7 +16,7 @@ import {
   UpdateSessionRequestSchema,
 } from "./gen/contextsvc/v1/context_service_pb.js";
 import { EventSchema } from "./gen/contextsvc/v1/events_pb.js";
-import { ContextError, toContextError, UnavailableError } from "./errors.js";
+import { ContextError, toContextError, UnauthenticatedError, UnavailableError } from "./errors.js";
 import { fromPlain, toPlain, type Plain } from "./plain.js";
 import type {
   AppendMessagesResponse,
@@ -111,6 +111,7 @@ export class ContextClient {
   private readonly rpc: Client<typeof ContextService>;
   private readonly sessions: Http2SessionManager;
   private closed = false;
+  private readonly badToken: boolean;
 
   /** `target` is `host:port` (or a full `http://` / `https://` URL). */
   constructor(target: string, options: ClientOptions = {}) {
@@ -120,6 +121,10 @@ export class ContextClient {
     const scheme = tls ? "https" : "http";
     const baseUrl = /^https?:\/\//.test(target) ? target : `${scheme}://${target}`;
     const interceptors: Interceptor[] = [...(options.interceptors ?? [])];
+    // A token no header can carry (anything but visible ASCII once trimmed, as Node's Headers trim
+    // it) failed as an untyped UNKNOWN "invalid header value" or "ByteString" error: it is a wrong
+    // token, TOKEN_INVALID as the service, the gateway and the other clients call it.
+    this.badToken = options.token !== undefined && !/^[\x20-\x7e]*$/.test(options.token.trim());
     if (options.token) {
       const header = `Bearer ${options.token}`;
       interceptors.unshift((next) => async (req) => {
@@ -153,6 +158,18 @@ export class ContextClient {
     return new ContextError("the ContextClient is closed", { code: "CANCELLED" });
   }
 
+  /** Why no call can be made now (closed, or a token no header can carry); undefined when one can. */
+  private refusal(): ContextError | undefined {
+    if (this.closed) return this.closedError();
+    if (this.badToken) {
+      return new UnauthenticatedError("the API token holds characters no token has", {
+        code: "UNAUTHENTICATED",
+        reason: "TOKEN_INVALID",
+      });
+    }
+    return undefined;
+  }
+
   /**
    * One unary call, its deadline spread over retries on UNAVAILABLE. A call that is not idempotent
    * (`idempotent` false) is retried only when the server says it never started it.
@@ -166,7 +183,8 @@ export class ContextClient {
     const deadline = budget > 0 ? Date.now() + budget : undefined;
     for (let attempt = 1; ; attempt++) {
       // Connect's session manager would open a new connection for a call after close().
-      if (this.closed) throw this.closedError();
+      const refused = this.refusal();
+      if (refused) throw refused;
       const remaining = deadline === undefined ? undefined : Math.max(deadline - Date.now(), 1);
       try {
         return await fn({ timeoutMs: remaining, signal: opts.signal });
@@ -355,7 +373,8 @@ export class ContextClient {
     let failures = 0;
     const outer = opts.signal;
     for (;;) {
-      if (this.closed) throw this.closedError();
+      const refused = this.refusal();
+      if (refused) throw refused;
       let hint: number | undefined;
       // One controller per call: aborted by the caller's signal, and by us when iteration ends.
       const call = new AbortController();

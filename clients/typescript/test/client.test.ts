@@ -22,6 +22,7 @@ import {
   ResourceExhaustedError,
   SessionDamagedError,
   toContextError,
+  UnauthenticatedError,
   UnavailableError,
   type Plain,
 } from "../src/index.js";
@@ -179,6 +180,25 @@ test("a closed client fails its calls and its event iterators with CANCELLED and
   // Before: the call opened a new connection and succeeded, so close() did not close the client.
   await assert.rejects(c.getSession(s.id), closedError);
   await assert.rejects(c.events(s.id).next(), closedError);
+});
+
+test("a token no header can carry is UNAUTHENTICATED, reason TOKEN_INVALID, for calls and events", async () => {
+  // Node refused such a header with an untyped error the client reported as UNKNOWN.
+  for (const token of ["tok\u0000en", "t\u4e2dken"]) {
+    const c = new ContextClient(server.address, { token, timeoutMs: 10_000, retry: FAST });
+    const invalid = (e: unknown): boolean => {
+      assert.ok(e instanceof UnauthenticatedError, String(e));
+      assert.equal(e.reason, "TOKEN_INVALID");
+      assert.equal(e.code, "UNAUTHENTICATED");
+      return true;
+    };
+    try {
+      await assert.rejects(c.listSessions(), invalid);
+      await assert.rejects(c.events("").next(), invalid);
+    } finally {
+      c.close();
+    }
+  }
 });
 
 test("a cancelled call's code is named CANCELLED, as in gRPC and the other clients", () => {
