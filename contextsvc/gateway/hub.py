@@ -27,6 +27,8 @@ CLOSE_DENIED = 4003
 CLOSE_NOT_FOUND = 4004
 CLOSE_SLOW = 4008
 CLOSE_UNAVAILABLE = 1013
+#: the close reason of a socket the service refused a stream or a call for a per-user quota.
+OVER_QUOTA = "over a quota of the service; try again later"
 
 Item = tuple[int, bytes]  # (event id or 0 for replies, the frame as UTF-8 JSON, encoded once)
 
@@ -186,7 +188,9 @@ class SessionHub:
                         self._fail(UpstreamError("NOT_FOUND", "the session was deleted"))
                         return
             except UpstreamError as exc:
-                if exc.denied or exc.not_found:
+                # Over a quota (streams_per_user): retrying in the background left the sockets
+                # open and deaf; closed 1013, a page reconnects later with its last event id.
+                if exc.denied or exc.not_found or exc.code == "RESOURCE_EXHAUSTED":
                     self._fail(exc)
                     return
                 log.warning("upstream event stream broke; reopening", extra={"code": exc.code})
@@ -195,9 +199,13 @@ class SessionHub:
 
     def _fail(self, exc: UpstreamError) -> None:
         self.failed = exc
-        code = CLOSE_DENIED if exc.denied else CLOSE_NOT_FOUND
+        code, reason = CLOSE_DENIED, exc.message[:100]
+        if exc.code == "RESOURCE_EXHAUSTED":
+            code, reason = CLOSE_UNAVAILABLE, OVER_QUOTA
+        elif not exc.denied:
+            code = CLOSE_NOT_FOUND
         for sub in list(self.subscribers):
-            sub.close(code, exc.message[:100])
+            sub.close(code, reason)
 
     async def close(self) -> None:
         self._task.cancel()

@@ -36,6 +36,7 @@ from contextsvc.gateway.hub import (
     CLOSE_DENIED,
     CLOSE_NOT_FOUND,
     CLOSE_UNAVAILABLE,
+    OVER_QUOTA,
     HubRegistry,
     Item,
     SessionHub,
@@ -72,6 +73,8 @@ def _close_for(exc: UpstreamError) -> _Closed:
     if exc.not_found or exc.code == "INVALID_ARGUMENT":
         # A malformed id names no session either.
         return _Closed(CLOSE_NOT_FOUND, "session not found")
+    if exc.code == "RESOURCE_EXHAUSTED":  # a per-user quota: nothing for the operator to mend
+        return _Closed(CLOSE_UNAVAILABLE, OVER_QUOTA)
     # The operator needs the cause (a refused connection, a TLS handshake or name mismatch): the
     # browser gets the code only. gRPC's message names the address, never a token.
     log.warning("service unreachable; closing the socket 1013", extra={"code": exc.code, "error": exc.message[:300]})
