@@ -105,6 +105,11 @@ function backoff(policy: RetryPolicy, attempt: number, hintMs?: number): number 
   return ceiling / 2 + Math.random() * (ceiling / 2);
 }
 
+/** The error of a call its caller's signal cancelled. */
+function abortedError(cause: unknown): ContextError {
+  return new ContextError("the call was cancelled by its signal", { code: "CANCELLED", cause });
+}
+
 export class ContextClient {
   readonly retry: RetryPolicy;
   readonly timeoutMs: number;
@@ -189,7 +194,9 @@ export class ContextClient {
       try {
         return await fn({ timeoutMs: remaining, signal: opts.signal });
       } catch (raw) {
-        if (opts.signal?.aborted) throw raw;
+        // Cancelled by the caller: Connect's own error stayed untranslated (a ConnectError, or the
+        // AbortError of a wait between retries), where the Go client says CANCELLED too.
+        if (opts.signal?.aborted) throw abortedError(raw);
         if (this.closed) throw this.closedError();
         const err = toContextError(raw);
         if (!(err instanceof UnavailableError) || err.code !== "UNAVAILABLE" || attempt >= this.retry.maxAttempts) {
@@ -199,7 +206,11 @@ export class ContextClient {
         if (!idempotent && !NOT_STARTED_REASONS.has(err.reason)) throw err;
         const wait = backoff(this.retry, attempt - 1, err.retryDelayMs);
         if (deadline !== undefined && Date.now() + wait >= deadline) throw err;
-        await sleep(wait, undefined, { signal: opts.signal });
+        try {
+          await sleep(wait, undefined, { signal: opts.signal });
+        } catch (aborted) {
+          throw abortedError(aborted);
+        }
       }
     }
   }

@@ -201,6 +201,32 @@ test("a token no header can carry is UNAUTHENTICATED, reason TOKEN_INVALID, for 
   }
 });
 
+test("a call its signal aborts fails with a ContextError CANCELLED, in the call or between retries", async () => {
+  const cancelled = (e: unknown): boolean => {
+    assert.ok(e instanceof ContextError, String(e)); // was Connect's own ConnectError / an AbortError
+    assert.equal(e.code, "CANCELLED");
+    return true;
+  };
+  const ac = new AbortController();
+  const pending = client.listSessions({}, { signal: ac.signal });
+  ac.abort();
+  await assert.rejects(pending, cancelled);
+  // Nothing listens there: the client waits between retries, and the abort ends the wait.
+  const silent = net.createServer();
+  await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+  const port = (silent.address() as net.AddressInfo).port;
+  await new Promise<void>((resolve) => silent.close(() => resolve()));
+  const down = new ContextClient(`127.0.0.1:${port}`, { retry: { ...FAST, initialBackoffMs: 5_000, maxBackoffMs: 5_000 } });
+  try {
+    const waiting = new AbortController();
+    const call = down.listSessions({}, { signal: waiting.signal, timeoutMs: 30_000 });
+    setTimeout(() => waiting.abort(), 300);
+    await assert.rejects(call, cancelled);
+  } finally {
+    down.close();
+  }
+});
+
 test("a cancelled call's code is named CANCELLED, as in gRPC and the other clients", () => {
   const e = toContextError(new ConnectError("cancelled", Code.Canceled, new Headers({ "grpc-status": "1" })));
   assert.ok(e instanceof ContextError);
