@@ -227,6 +227,26 @@ test("a call its signal aborts fails with a ContextError CANCELLED, in the call 
   }
 });
 
+test("text with a lone surrogate is refused, not sent with U+FFFD in its place", async () => {
+  const s = await client.createSession({ name: "surrogates" });
+  for (const message of [
+    { role: "user", content: "a\ud800b" },
+    { role: "user", content: "ok", metadata: { note: ["x", "\udc00"] } },
+    { role: "assistant", content: "", tool_calls: [{ id: "c\ud83d", name: "ls", arguments_json: "{}" }] },
+  ]) {
+    await assert.rejects(client.appendMessages(s.id, [message]), (e: unknown) => {
+      assert.ok(e instanceof TypeError, String(e));
+      assert.match(e.message, /lone surrogate/);
+      return true;
+    });
+  }
+  await assert.rejects(client.createSession({ name: "\ud800" }), TypeError);
+  // A well-formed pair (an emoji) is text like any other.
+  await client.appendMessages(s.id, [{ role: "user", content: "\ud83e\udd80" }]);
+  const page = await client.listMessages(s.id);
+  assert.deepEqual(page.messages.map((m) => m.content), ["\u{1f980}"]);
+});
+
 test("a cancelled call's code is named CANCELLED, as in gRPC and the other clients", () => {
   const e = toContextError(new ConnectError("cancelled", Code.Canceled, new Headers({ "grpc-status": "1" })));
   assert.ok(e instanceof ContextError);
