@@ -430,6 +430,12 @@ class _Connection:
         if self._channel is not None:
             await self._channel.close()
 
+    def cut_off(self) -> bool:
+        """Whether a call just ended by a CancelledError was cut off by :meth:`close` (grpc.aio
+        cancels the calls of a channel it closes) rather than by its own task's cancellation."""
+        task = asyncio.current_task()
+        return self._closed and (task is None or task.cancelling() == 0)
+
 
 class ContextClient:
     """One channel to a contextsvc server; one async method per RPC. Use as an async context
@@ -541,6 +547,12 @@ class ContextClient:
             remaining = None if deadline is None else max(deadline - loop.time(), 1e-6)
             try:
                 return await method(request, timeout=remaining, metadata=self._auth() + outgoing_metadata())
+            except asyncio.CancelledError:
+                # Closed under it: a CancelledError in a task nobody cancelled ended that task as
+                # cancelled (asyncio.gather, TaskGroup) and passed every ``except Exception``.
+                if self._conn.cut_off():
+                    raise RuntimeError("the ContextClient is closed") from None
+                raise
             except grpc.aio.AioRpcError as exc:
                 err = error_from_rpc(exc)
                 attempt += 1
@@ -754,6 +766,10 @@ class ContextClient:
                     yield event
                     if session_id and event.WhichOneof("payload") == "session_deleted":
                         return
+            except asyncio.CancelledError:
+                if self._conn.cut_off():  # closed under it, as a unary call (_call)
+                    raise RuntimeError("the ContextClient is closed") from None
+                raise
             except grpc.aio.AioRpcError as exc:
                 err = error_from_rpc(exc)
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:

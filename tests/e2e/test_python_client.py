@@ -254,6 +254,39 @@ async def test_a_closed_client_refuses_calls_and_opens_no_channel(server: Server
         assert client._conn._channel is None or used_first
 
 
+async def test_calls_and_streams_cut_off_by_close_raise_runtime_error_not_cancelled_error(
+    server: ServerProcess,
+) -> None:
+    # grpc.aio cancels the calls of a channel it closes: they raised asyncio.CancelledError in tasks
+    # nobody cancelled (which then ended as cancelled, past every ``except Exception``). A task that
+    # is itself cancelled still gets its CancelledError.
+    client = ContextClient(server.address, timeout=10)
+    sid = (await client.create_session())["id"]
+    await client.append_messages(sid, [{"role": "user", "content": "one"}])
+    events = client.events(sid, after_event_id=1)
+    assert (await anext(events))["payload"] == "messages_appended"  # the stream is open
+    waiting = asyncio.create_task(anext(events))
+    held: list[asyncio.StreamWriter] = []
+    silent = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)  # accepts, never answers
+    port = silent.sockets[0].getsockname()[1]
+    stuck = ContextClient(f"127.0.0.1:{port}", timeout=30)
+    calls = [asyncio.create_task(stuck.list_sessions()) for _ in range(2)]
+    try:
+        await asyncio.sleep(0.3)  # every call is in flight
+        assert not waiting.done() and not any(c.done() for c in calls)
+        calls[1].cancel()
+        await asyncio.gather(client.close(), stuck.close())
+        for task in (waiting, calls[0]):
+            with pytest.raises(RuntimeError, match="closed"):
+                await asyncio.wait_for(task, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await calls[1]
+    finally:
+        for writer in held:
+            writer.close()
+        silent.close()
+
+
 async def test_request_ids_make_appends_idempotent(client: ContextClient) -> None:
     sid = (await client.create_session())["id"]
     events = asyncio.create_task(_collect(client.events(sid), 2))
