@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -377,6 +378,23 @@ def _bearer(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
+#: what a header value can carry: visible ASCII and spaces.
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def _token_error(metadata: tuple[tuple[str, str], ...]) -> errors.Unauthenticated | None:
+    """A token no header can carry (``"tok\u00e9n"``, a control character) is a wrong token: the
+    ``UNAUTHENTICATED`` / ``TOKEN_INVALID`` the service and the gateway answer for one, not gRPC's
+    untyped ``ExecuteBatchError`` when the call sends its metadata."""
+    if all(_HEADER_VALUE.fullmatch(value) for _, value in metadata):
+        return None
+    err = errors.Unauthenticated("the API token holds characters no token has", reason="TOKEN_INVALID")
+    err.code = grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+    err.domain = ""  # type: ignore[attr-defined]
+    err.retry_delay = None  # type: ignore[attr-defined]
+    return err
+
+
 class _Connection:
     """The channel of a client and its ``with_token`` views, made on first use: grpc.aio binds a
     channel to the event loop current when it is made, so one made with the client, before
@@ -411,6 +429,12 @@ class _Connection:
         self._closed = True
         if self._channel is not None:
             await self._channel.close()
+
+    def cut_off(self) -> bool:
+        """Whether a call just ended by a CancelledError was cut off by :meth:`close` (grpc.aio
+        cancels the calls of a channel it closes) rather than by its own task's cancellation."""
+        task = asyncio.current_task()
+        return self._closed and (task is None or task.cancelling() == 0)
 
 
 class ContextClient:
@@ -477,6 +501,14 @@ class ContextClient:
         if self._owner:
             await self._conn.close()
 
+    def _auth(self) -> tuple[tuple[str, str], ...]:
+        """The token's metadata; raises :class:`~contextsvc.errors.Unauthenticated` for a token no
+        header can carry."""
+        err = _token_error(self._metadata)
+        if err is not None:
+            raise err
+        return self._metadata
+
     async def __aenter__(self) -> ContextClient:
         return self
 
@@ -514,7 +546,13 @@ class ContextClient:
             # never 0: grpc reads a zero timeout as "no deadline"
             remaining = None if deadline is None else max(deadline - loop.time(), 1e-6)
             try:
-                return await method(request, timeout=remaining, metadata=self._metadata + outgoing_metadata())
+                return await method(request, timeout=remaining, metadata=self._auth() + outgoing_metadata())
+            except asyncio.CancelledError:
+                # Closed under it: a CancelledError in a task nobody cancelled ended that task as
+                # cancelled (asyncio.gather, TaskGroup) and passed every ``except Exception``.
+                if self._conn.cut_off():
+                    raise RuntimeError("the ContextClient is closed") from None
+                raise
             except grpc.aio.AioRpcError as exc:
                 err = error_from_rpc(exc)
                 attempt += 1
@@ -718,7 +756,7 @@ class ContextClient:
         while True:
             call = self._stub.StreamEvents(
                 pb.StreamEventsRequest(session_id=session_id, after_event_id=last),
-                metadata=self._metadata + outgoing_metadata(),
+                metadata=self._auth() + outgoing_metadata(),
             )
             hint: float | None = None
             try:
@@ -728,6 +766,10 @@ class ContextClient:
                     yield event
                     if session_id and event.WhichOneof("payload") == "session_deleted":
                         return
+            except asyncio.CancelledError:
+                if self._conn.cut_off():  # closed under it, as a unary call (_call)
+                    raise RuntimeError("the ContextClient is closed") from None
+                raise
             except grpc.aio.AioRpcError as exc:
                 err = error_from_rpc(exc)
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:

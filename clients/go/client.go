@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -132,7 +133,27 @@ func (c *Client) withToken(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.Token)
 }
 
+// tokenError refuses a token no header can carry (anything but visible ASCII and spaces): it is a
+// wrong token, UNAUTHENTICATED with reason TOKEN_INVALID as the service and the gateway answer for
+// one, not grpc-go's INTERNAL "non-printable ASCII characters" refusal of the header.
+func (c *Client) tokenError(ctx context.Context) error {
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get("authorization")) > 0 {
+		return nil // the call's own token is sent, not the client's
+	}
+	for _, r := range c.opts.Token {
+		if r < 0x20 || r > 0x7e {
+			msg := "the API token holds characters no token has"
+			return &Error{Code: codes.Unauthenticated, Message: msg, Reason: "TOKEN_INVALID", Metadata: map[string]string{},
+				status: status.New(codes.Unauthenticated, msg)}
+		}
+	}
+	return nil
+}
+
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if err := c.tokenError(ctx); err != nil {
+		return err
+	}
 	ctx = c.withToken(ctx)
 	if _, ok := ctx.Deadline(); !ok && c.opts.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -192,6 +213,9 @@ func idempotent(method string, req any) bool {
 }
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if err := c.tokenError(ctx); err != nil {
+		return nil, err
+	}
 	s, err := streamer(c.withToken(ctx), desc, cc, method, opts...)
 	return s, FromError(err)
 }

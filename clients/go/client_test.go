@@ -238,6 +238,31 @@ func TestBearerToken(t *testing.T) {
 	}
 }
 
+// A token no header can carry is a wrong token, as the service and the gateway call it: grpc-go
+// refused the header as INTERNAL, blaming the service.
+func TestATokenNoHeaderCanCarryIsUnauthenticated(t *testing.T) {
+	ctx := context.Background()
+	for _, token := range []string{"t\u00f6ken", "tok\x00en"} {
+		c := newClient(t, serverAddr, contextsvc.Options{Token: token})
+		_, err := c.ListSessions(ctx, &pb.ListSessionsRequest{})
+		var typed *contextsvc.Error
+		if !errors.As(err, &typed) || !errors.Is(err, contextsvc.ErrUnauthenticated) || typed.Reason != "TOKEN_INVALID" {
+			t.Fatalf("%q: want ErrUnauthenticated TOKEN_INVALID, got %v", token, err)
+		}
+		for _, err := range c.Events(ctx, "", 0) {
+			if !errors.Is(err, contextsvc.ErrUnauthenticated) {
+				t.Fatalf("%q: events: want ErrUnauthenticated, got %v", token, err)
+			}
+			break
+		}
+		// A call carrying its own token sends that one, not the client's.
+		own := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer per-call")
+		if _, err := c.ListSessions(own, &pb.ListSessionsRequest{}); err != nil {
+			t.Fatalf("%q: a call with its own token: %v", token, err)
+		}
+	}
+}
+
 func TestRetriesUnavailableAndRequestIDs(t *testing.T) {
 	ctx := context.Background()
 	p := startProxy(t, serverAddr)

@@ -3,6 +3,7 @@ package contextsvc
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	rpccode "google.golang.org/genproto/googleapis/rpc/code"
@@ -111,6 +112,14 @@ func FromError(err error) error {
 	if !ok {
 		return err
 	}
+	if st.Code() == codes.Internal && strings.HasPrefix(st.Message(), marshalFailure) {
+		// grpc-go could not encode the request (a string that is not UTF-8): the caller's bad input,
+		// never sent, as the Python client's ValueError and the server's INVALID_ARGUMENT for such
+		// bytes; not a defect of the service.
+		msg := "the request cannot be encoded: " + strings.TrimPrefix(strings.TrimPrefix(st.Message(), marshalFailure), ": ")
+		bad := status.New(codes.InvalidArgument, msg)
+		return &Error{Code: codes.InvalidArgument, Message: msg, Reason: codeName(codes.InvalidArgument), Metadata: map[string]string{}, status: bad}
+	}
 	out := &Error{Code: st.Code(), Message: st.Message(), Reason: codeName(st.Code()), Metadata: map[string]string{}, status: st}
 	for _, d := range st.Details() {
 		switch v := d.(type) {
@@ -133,6 +142,9 @@ func FromError(err error) error {
 	}
 	return out
 }
+
+// marshalFailure starts the message of grpc-go's INTERNAL status for a request it could not encode.
+const marshalFailure = "grpc: error while marshaling"
 
 // codeName is the canonical name of a gRPC code (google.rpc.Code), e.g. DEADLINE_EXCEEDED, as the
 // Python and TypeScript clients name it; grpc-go's Code.String() is the Go name (DeadlineExceeded).

@@ -101,3 +101,26 @@ func TestReasonsOfThePythonHierarchyHaveSentinels(t *testing.T) {
 		}
 	}
 }
+
+// A string that is not UTF-8 cannot be encoded: grpc-go says INTERNAL, which the client reports as
+// the caller's INVALID_ARGUMENT (the service's answer to such bytes), never as the service's fault.
+func TestARequestThatCannotBeEncodedIsInvalidArgument(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, serverAddr, contextsvc.Options{})
+	s, err := c.CreateSession(ctx, &pb.CreateSessionRequest{Name: "utf-8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.AppendMessages(ctx, &pb.AppendMessagesRequest{SessionId: s.Id, Messages: []*pb.Message{{Role: pb.Role_ROLE_USER, Content: "a\xffb"}}})
+	var typed *contextsvc.Error
+	if !errors.As(err, &typed) || !errors.Is(err, contextsvc.ErrInvalidArgument) || errors.Is(err, contextsvc.ErrInternal) {
+		t.Fatalf("want ErrInvalidArgument, got %v", err)
+	}
+	if typed.Code != codes.InvalidArgument || typed.Reason != "INVALID_ARGUMENT" || status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("details: %+v", typed)
+	}
+	page, err := c.ListMessages(ctx, &pb.ListMessagesRequest{SessionId: s.Id})
+	if err != nil || len(page.Messages) != 0 {
+		t.Fatalf("nothing is appended: %v %v", page, err)
+	}
+}

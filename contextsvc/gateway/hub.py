@@ -27,6 +27,8 @@ CLOSE_DENIED = 4003
 CLOSE_NOT_FOUND = 4004
 CLOSE_SLOW = 4008
 CLOSE_UNAVAILABLE = 1013
+#: the close reason of a socket the service refused a stream or a call for a per-user quota.
+OVER_QUOTA = "over a quota of the service; try again later"
 
 Item = tuple[int, bytes]  # (event id or 0 for replies, the frame as UTF-8 JSON, encoded once)
 
@@ -81,6 +83,13 @@ class Subscriber:
             self.waiting_bytes -= len(item[1])
         return item
 
+    def backfill(self, items: list[Item]) -> None:
+        """Put events published before this socket attached ahead of those pending since."""
+        if self.pending is None or not items:
+            return
+        self.pending[:0] = items
+        self.waiting_bytes += sum(len(text) for _, text in items)
+
     def go_live(self, after_id: int) -> None:
         """Move the pending events newer than ``after_id`` to the queue; from now on events go there."""
         pending, self.pending = self.pending or [], None
@@ -117,6 +126,9 @@ class SessionHub:
         #: every event of the session with an id above ``floor`` is in the ring (None: not known).
         self.floor: int | None = start
         self.last_id = start
+        #: the newest event of the backlog replayed at start, once settled: what came after it is
+        #: live, also for the sockets that were waiting for the hub to settle.
+        self.live_from = start
         self.subscribers: set[Subscriber] = set()
         self.refs = 0
         self.linger: asyncio.TimerHandle | None = None
@@ -132,8 +144,9 @@ class SessionHub:
         while not self._settled and self.failed is None:
             seen = self._received
             await asyncio.sleep(self._settings.replay_settle_seconds)
-            if self._received == seen:
+            if self._received == seen and not self._settled:
                 self._settled = True
+                self.live_from = self.last_id
 
     def attach(self, sub: Subscriber, last_id: int) -> list[Item] | None:
         """Attach a socket (synchronously: nothing can slip in between). Returns the events after
@@ -164,15 +177,20 @@ class SessionHub:
                     if event.event_id <= self.last_id:
                         continue
                     self._received += 1
-                    if not self._settled and event.time.ToSeconds() >= self._started_at:
+                    # To the microsecond: ToSeconds() drops the fraction, so an event in the hub's
+                    # first second counted as backlog, and the sockets waiting for the hub lost it.
+                    if not self._settled and event.time.ToMicroseconds() >= self._started_at * 1e6:
                         self._settled = True
+                        self.live_from = self.last_id
                     frame = frames.event_frame(event)
                     self._publish(event.event_id, frames.dumps(frame).encode())
                     if frame["type"] == "session_deleted":
                         self._fail(UpstreamError("NOT_FOUND", "the session was deleted"))
                         return
             except UpstreamError as exc:
-                if exc.denied or exc.not_found:
+                # Over a quota (streams_per_user): retrying in the background left the sockets
+                # open and deaf; closed 1013, a page reconnects later with its last event id.
+                if exc.denied or exc.not_found or exc.code == "RESOURCE_EXHAUSTED":
                     self._fail(exc)
                     return
                 log.warning("upstream event stream broke; reopening", extra={"code": exc.code})
@@ -181,9 +199,13 @@ class SessionHub:
 
     def _fail(self, exc: UpstreamError) -> None:
         self.failed = exc
-        code = CLOSE_DENIED if exc.denied else CLOSE_NOT_FOUND
+        code, reason = CLOSE_DENIED, exc.message[:100]
+        if exc.code == "RESOURCE_EXHAUSTED":
+            code, reason = CLOSE_UNAVAILABLE, OVER_QUOTA
+        elif not exc.denied:
+            code = CLOSE_NOT_FOUND
         for sub in list(self.subscribers):
-            sub.close(code, exc.message[:100])
+            sub.close(code, reason)
 
     async def close(self) -> None:
         self._task.cancel()
@@ -204,7 +226,9 @@ class HubRegistry:
     def __len__(self) -> int:
         return len(self._hubs)
 
-    async def acquire(self, token: str, session_id: str, last_id: int) -> SessionHub:
+    async def acquire(self, token: str, session_id: str, last_id: int) -> tuple[SessionHub, int]:
+        """The hub of (token, session), settled, and the id of the newest event that came before
+        this call: the events after it are new to the socket asking (``attach`` gives them)."""
         key = (token, session_id)
         hub = self._hubs.get(key)
         if hub is None or hub.failed is not None:
@@ -214,8 +238,11 @@ class HubRegistry:
         if hub.linger is not None:
             hub.linger.cancel()
             hub.linger = None
+        # A hub still settling publishes live events before this returns: they count from where
+        # its backlog ended, not from its newest event once settled.
+        settled_before = hub._settled
         await hub.settled()
-        return hub
+        return hub, hub.last_id if settled_before else min(hub.live_from, hub.last_id)
 
     def release(self, hub: SessionHub) -> None:
         hub.refs -= 1

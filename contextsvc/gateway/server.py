@@ -36,6 +36,7 @@ from contextsvc.gateway.hub import (
     CLOSE_DENIED,
     CLOSE_NOT_FOUND,
     CLOSE_UNAVAILABLE,
+    OVER_QUOTA,
     HubRegistry,
     Item,
     SessionHub,
@@ -76,9 +77,9 @@ def _close_for(exc: UpstreamError, unreachable: ThrottledLog | None = None) -> _
         # A malformed id names no session either.
         return _Closed(CLOSE_NOT_FOUND, "session not found")
     if exc.code == "RESOURCE_EXHAUSTED":
-        # A quota, or failed authentications limited at the gateway's address: "try again later",
-        # and no log line (the service wrote one; browsers retrying would add one each).
-        return _Closed(CLOSE_UNAVAILABLE, "too many requests; try again later")
+        # A per-user quota, or failed authentications limited at the gateway's address: "try again
+        # later", and no log line (the service wrote one; browsers retrying would add one each).
+        return _Closed(CLOSE_UNAVAILABLE, OVER_QUOTA)
     # The operator needs the cause (a refused connection, a TLS handshake or name mismatch): the
     # browser gets the code only. gRPC's message names the address, never a token.
     # Every browser's (re)connect while the service is away comes here: without a bound, a line
@@ -153,6 +154,8 @@ class _Socket:
     session_id: str
     token: str
     sub: Subscriber | None = None
+    #: the token came in an auth frame, whose answer (``auth_ok``) is still owed.
+    auth_frame: bool = False
 
 
 class Gateway:
@@ -354,19 +357,36 @@ class Gateway:
         sender: asyncio.Task[None] | None = None
         try:
             last_id = self._last_event_id(query)
-            session = await self._authenticate(sock, query)
+            try:
+                session = await self._authenticate(sock, query)
+            except _Closed as closed:
+                # Deleted while the client was away: it still gets what it missed, up to the
+                # deletion, as StreamEvents gives it, then the close a deletion always brings.
+                if closed.code == CLOSE_NOT_FOUND and last_id > 0 and await self._replay_deletion(sock, last_id):
+                    raise _Closed(CLOSE_NOT_FOUND, "the session was deleted") from None
+                raise
             sock.sub = Subscriber(
                 self.gs.send_queue_frames,
                 lambda code, reason: self._close_later(ws, code, reason),
                 write_now=lambda data: _write_now(ws, data),
                 max_bytes=self.gs.send_queue_bytes,
             )
-            hub = await self.hubs.acquire(sock.token, sock.session_id, last_id)
+            hub, arrived = await self.hubs.acquire(sock.token, sock.session_id, last_id)
+            if hub.failed is not None:  # refused or deleted while it started: nothing will come
+                raise _close_for(hub.failed)
             # The hub has read the session up to its newest event: an id past it was never given on
             # this session (a guess, an id from the future); events after the hub's newest are new to
             # this socket, or it would wait, deaf, for ids above its guess.
             last_id = min(last_id, hub.last_id)
-            replay = hub.attach(sock.sub, last_id)
+            replay = hub.attach(sock.sub, last_id if last_id > 0 else arrived)
+            if last_id <= 0:
+                # Live only: the events since the socket arrived (e.g. the turn its page started
+                # right after the handshake, while the hub was starting) are live, not lost.
+                sock.sub.backfill(replay or [])
+                replay = []
+                # Read after attaching, so session_sync and the events after it leave no gap (an
+                # event may show in both).
+                session = await self._get_session(sock)
             await ws.send(frames.dumps({"type": "session_sync", "session": frames.to_json(session)}))
             after = 0
             if last_id > 0:
@@ -440,6 +460,7 @@ class Gateway:
         if frame["type"] != "auth" or not isinstance(offered, str) or not offered:
             raise _Closed(CLOSE_DENIED, "the first frame must be an auth frame with an api_token")
         sock.token = offered
+        sock.auth_frame = True
         session = await self._get_session(sock)
         await ws.send(frames.dumps({"type": "auth_ok"}))
         return session
@@ -449,6 +470,41 @@ class Gateway:
             return await self.upstream.get_session(sock.token, sock.session_id)
         except UpstreamError as exc:
             raise _close_for(exc, self._unreachable) from None
+
+    async def _replay_deletion(self, sock: _Socket, last_id: int) -> bool:
+        """A session the service no longer has, resumed after ``last_id``: when it was deleted after
+        that event and the service still retains the deletion, send ``replay_start``, the events the
+        client missed ending with ``session_deleted``, and ``replay_end`` (no ``session_sync``: there is
+        no session to sync). False, with nothing sent, when the service has nothing to replay (never
+        existed, deleted before ``last_id``, not the caller's, or let go): the usual 4004."""
+        out: list[bytes] = []
+        held = 0
+        stream = self.upstream.events(sock.token, sock.session_id, last_id)
+        deleted = False
+        try:
+            # Bounded by time and bytes: the service replays its retained log and ends the stream
+            # at the deletion; held whole first, since replay_start names the count.
+            async with asyncio.timeout(self.gs.upstream_timeout_seconds):
+                while not deleted and held <= self.gs.send_queue_bytes:
+                    event = await anext(stream, None)
+                    if event is None:
+                        break
+                    out.append(frames.dumps(frames.event_frame(event)).encode())
+                    held += len(out[-1])
+                    deleted = event.WhichOneof("payload") == "session_deleted"
+        except (UpstreamError, TimeoutError):
+            return False
+        finally:
+            await stream.aclose()
+        if not deleted:
+            return False
+        if sock.auth_frame:  # the service took the token (it let the stream open)
+            await sock.ws.send(frames.dumps({"type": "auth_ok"}))
+        await sock.ws.send(frames.dumps({"type": "replay_start", "count": len(out)}))
+        for data in out:
+            await sock.ws.send(data, text=True)
+        await sock.ws.send(frames.dumps({"type": "replay_end"}))
+        return True
 
     async def _replay_from_service(self, sock: _Socket, last_id: int) -> list[Item]:
         """The hub's ring does not reach back to ``last_id``: read the service's retained log until it

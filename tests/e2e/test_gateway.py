@@ -422,6 +422,52 @@ async def test_reconnect_replays_exactly_the_missed_events_then_live(
         assert [f["type"] for f in await quiet(ws)] == ["session_sync", "replay_start", "replay_end"]
 
 
+async def test_reconnect_to_a_session_deleted_while_away_replays_up_to_the_deletion_then_closes_4004(
+    bundled: Process, stub: ContextServiceStub
+) -> None:
+    """As StreamEvents does: what the socket missed, ``session_deleted`` last, then the close a
+    deletion brings (4004). Once the client has seen the deletion, a resume is a plain 4004."""
+    sid = new_session(stub)
+    async with connect(bundled.ws_url(sid)) as ws:
+        await recv(ws)
+        append(stub, sid, "one")
+        last = (await recv_type(ws, "messages_appended"))["event_id"]
+    append(stub, sid, "missed")
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid))
+    async with connect(bundled.ws_url(sid, f"last_event_id={last}")) as ws:
+        got = [await recv(ws) for _ in range(4)]
+        assert [f["type"] for f in got] == ["replay_start", "messages_appended", "session_deleted", "replay_end"]
+        assert got[0]["count"] == 2 and got[1]["sequence_numbers"] == [2]
+        assert last < got[1]["event_id"] < got[2]["event_id"] and got[2]["session_id"] == sid
+        assert await close_code(ws) == 4004
+        deletion = got[2]["event_id"]
+    for seen in (deletion, 0):
+        async with connect(bundled.ws_url(sid, f"last_event_id={seen}")) as ws:
+            assert await close_code(ws) == 4004
+
+
+async def test_a_resume_of_a_session_that_never_existed_is_a_plain_4004(bundled: Process) -> None:
+    async with connect(bundled.ws_url(UNKNOWN, "last_event_id=1")) as ws:
+        assert await close_code(ws) == 4004
+
+
+async def test_an_append_right_after_the_handshake_reaches_the_socket(
+    bundled: Process, stub: ContextServiceStub
+) -> None:
+    """A page that opens its socket, then starts a turn, must see the turn's event even when it
+    lands while the gateway is still setting the socket up (reading the session, starting its
+    event stream): session_sync and the events after it leave no gap."""
+    sid = new_session(stub)
+    async with connect(bundled.ws_url(sid)) as ws:
+        append(stub, sid, "right after open")
+        sync = await recv(ws)
+        assert sync["type"] == "session_sync"
+        event = await recv_type(ws, "messages_appended")
+        assert event["sequence_numbers"] == [1]
+        append(stub, sid, "later")
+        assert (await recv_type(ws, "messages_appended"))["sequence_numbers"] == [2]
+
+
 async def test_many_sockets_on_one_session_each_get_every_event(bundled: Process, stub: ContextServiceStub) -> None:
     sid = new_session(stub)
     sockets = [await connect(bundled.ws_url(sid)) for _ in range(5)]

@@ -184,6 +184,28 @@ def get(url: str, headers: dict[str, str]) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read())
 
 
+async def test_an_auth_frame_resume_of_a_session_deleted_meanwhile_is_answered_auth_ok_then_replayed(
+    world: dict[str, Any],
+) -> None:
+    """The auth frame's answer comes before the replay of a deletion, as before any replay; another
+    user's token gets the plain 4004 (the service does not replay another user's session)."""
+    proc, stub, meta = world["proc"], world["stub"], world["meta"]
+    sid = stub.CreateSession(pb.CreateSessionRequest(name="to delete"), metadata=meta).id
+    async with connect(proc.ws_url(sid), additional_headers=cookie(world["alice"])) as ws:
+        assert (await recv(ws))["type"] == "session_sync"
+        stub.AppendMessages(pb.AppendMessagesRequest(session_id=sid, messages=[user("seen")]), metadata=meta)
+        last = (await recv(ws))["event_id"]
+    stub.DeleteSession(pb.DeleteSessionRequest(session_id=sid), metadata=meta)
+    async with connect(proc.ws_url(sid, f"last_event_id={last}")) as ws:
+        assert (await recv(ws))["type"] == "auth_required"
+        await ws.send(json.dumps({"type": "auth", "api_token": world["alice"]}))
+        kinds = [(await recv(ws))["type"] for _ in range(4)]
+        assert kinds == ["auth_ok", "replay_start", "session_deleted", "replay_end"]
+        assert await closed_with(ws) == 4004
+    async with connect(proc.ws_url(sid, f"last_event_id={last}"), additional_headers=cookie(world["bob"])) as ws:
+        assert await closed_with(ws) == 4004
+
+
 async def test_http_session_list_needs_a_token_and_shows_only_ones_own(world: dict[str, Any]) -> None:
     url = f"{world['proc'].http_url}/api/sessions"
     status, body = await asyncio.to_thread(get, url, {})

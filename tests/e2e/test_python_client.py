@@ -169,6 +169,23 @@ async def test_a_token_read_with_its_line_end_is_sent_without_it(server: ServerP
         assert (await c.with_token(" t0ken\r\n").create_session())["id"]
 
 
+@pytest.mark.parametrize("token", ["t\u00f6ken", "tok\x00en", "tok\ten"])
+async def test_a_token_no_header_can_carry_is_unauthenticated_token_invalid(server: ServerProcess, token: str) -> None:
+    # gRPC refused such a header with its untyped ExecuteBatchError; the service and the gateway
+    # call such a token TOKEN_INVALID, and so does the client, for calls and event streams alike.
+    async with ContextClient(server.address, timeout=10) as c:
+        sid = (await c.create_session())["id"]
+        for client in (ContextClient(server.address, token=token, timeout=10), c.with_token(token)):
+            async with client:
+                with pytest.raises(errors.Unauthenticated) as refused:
+                    await client.get_session(sid)
+                assert refused.value.reason == "TOKEN_INVALID"
+                assert refused.value.code.name == "UNAUTHENTICATED"  # type: ignore[attr-defined]
+                with pytest.raises(errors.Unauthenticated):
+                    await anext(client.events(sid))
+        assert (await c.get_session(sid))["id"] == sid  # the channel is fine
+
+
 async def test_unavailable_is_retried_until_the_server_is_reachable(proxy: TcpProxy) -> None:
     async with ContextClient(proxy.address, timeout=10, retry=FAST, channel_options=CHANNEL) as c:
         sid = (await c.create_session())["id"]
@@ -235,6 +252,39 @@ async def test_a_closed_client_refuses_calls_and_opens_no_channel(server: Server
         with pytest.raises(RuntimeError, match="closed"):
             await client.list_sessions()
         assert client._conn._channel is None or used_first
+
+
+async def test_calls_and_streams_cut_off_by_close_raise_runtime_error_not_cancelled_error(
+    server: ServerProcess,
+) -> None:
+    # grpc.aio cancels the calls of a channel it closes: they raised asyncio.CancelledError in tasks
+    # nobody cancelled (which then ended as cancelled, past every ``except Exception``). A task that
+    # is itself cancelled still gets its CancelledError.
+    client = ContextClient(server.address, timeout=10)
+    sid = (await client.create_session())["id"]
+    await client.append_messages(sid, [{"role": "user", "content": "one"}])
+    events = client.events(sid, after_event_id=1)
+    assert (await anext(events))["payload"] == "messages_appended"  # the stream is open
+    waiting = asyncio.create_task(anext(events))
+    held: list[asyncio.StreamWriter] = []
+    silent = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)  # accepts, never answers
+    port = silent.sockets[0].getsockname()[1]
+    stuck = ContextClient(f"127.0.0.1:{port}", timeout=30)
+    calls = [asyncio.create_task(stuck.list_sessions()) for _ in range(2)]
+    try:
+        await asyncio.sleep(0.3)  # every call is in flight
+        assert not waiting.done() and not any(c.done() for c in calls)
+        calls[1].cancel()
+        await asyncio.gather(client.close(), stuck.close())
+        for task in (waiting, calls[0]):
+            with pytest.raises(RuntimeError, match="closed"):
+                await asyncio.wait_for(task, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await calls[1]
+    finally:
+        for writer in held:
+            writer.close()
+        silent.close()
 
 
 async def test_request_ids_make_appends_idempotent(client: ContextClient) -> None:

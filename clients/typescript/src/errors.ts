@@ -128,8 +128,10 @@ const BY_CODE: Partial<Record<Code, ErrorClass>> = {
   [Code.ResourceExhausted]: ResourceExhaustedError,
 };
 
-/** "FailedPrecondition" -> "FAILED_PRECONDITION", the name every other client uses. */
+/** "FailedPrecondition" -> "FAILED_PRECONDITION", the name every other client uses (google.rpc.Code's). */
 export function codeName(code: Code): string {
+  // Connect spells code 1 "Canceled"; gRPC, google.rpc.Code and the Go and Python clients "CANCELLED".
+  if (code === Code.Canceled) return "CANCELLED";
   return (Code[code] ?? "Unknown").replace(/(?<!^)([A-Z])/g, "_$1").toUpperCase();
 }
 

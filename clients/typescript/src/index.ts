@@ -16,7 +16,7 @@ import {
   UpdateSessionRequestSchema,
 } from "./gen/contextsvc/v1/context_service_pb.js";
 import { EventSchema } from "./gen/contextsvc/v1/events_pb.js";
-import { ContextError, toContextError, UnavailableError } from "./errors.js";
+import { ContextError, toContextError, UnauthenticatedError, UnavailableError } from "./errors.js";
 import { fromPlain, toPlain, type Plain } from "./plain.js";
 import type {
   AppendMessagesResponse,
@@ -105,11 +105,18 @@ function backoff(policy: RetryPolicy, attempt: number, hintMs?: number): number 
   return ceiling / 2 + Math.random() * (ceiling / 2);
 }
 
+/** The error of a call its caller's signal cancelled. */
+function abortedError(cause: unknown): ContextError {
+  return new ContextError("the call was cancelled by its signal", { code: "CANCELLED", cause });
+}
+
 export class ContextClient {
   readonly retry: RetryPolicy;
   readonly timeoutMs: number;
   private readonly rpc: Client<typeof ContextService>;
   private readonly sessions: Http2SessionManager;
+  private closed = false;
+  private readonly badToken: boolean;
 
   /** `target` is `host:port` (or a full `http://` / `https://` URL). */
   constructor(target: string, options: ClientOptions = {}) {
@@ -119,6 +126,10 @@ export class ContextClient {
     const scheme = tls ? "https" : "http";
     const baseUrl = /^https?:\/\//.test(target) ? target : `${scheme}://${target}`;
     const interceptors: Interceptor[] = [...(options.interceptors ?? [])];
+    // A token no header can carry (anything but visible ASCII once trimmed, as Node's Headers trim
+    // it) failed as an untyped UNKNOWN "invalid header value" or "ByteString" error: it is a wrong
+    // token, TOKEN_INVALID as the service, the gateway and the other clients call it.
+    this.badToken = options.token !== undefined && !/^[\x20-\x7e]*$/.test(options.token.trim());
     if (options.token) {
       const header = `Bearer ${options.token}`;
       interceptors.unshift((next) => async (req) => {
@@ -138,9 +149,30 @@ export class ContextClient {
     this.rpc = createClient(ContextService, transport);
   }
 
-  /** Closes the HTTP/2 connection (calls in flight fail); the process can then exit. */
+  /**
+   * Closes the HTTP/2 connection; the process can then exit. Calls in flight, open `events()`
+   * iterators and every later call fail with a ContextError, code "CANCELLED" (as the Go client's
+   * closed connection): a closed client never reconnects.
+   */
   close(): void {
+    this.closed = true;
     this.sessions.abort();
+  }
+
+  private closedError(): ContextError {
+    return new ContextError("the ContextClient is closed", { code: "CANCELLED" });
+  }
+
+  /** Why no call can be made now (closed, or a token no header can carry); undefined when one can. */
+  private refusal(): ContextError | undefined {
+    if (this.closed) return this.closedError();
+    if (this.badToken) {
+      return new UnauthenticatedError("the API token holds characters no token has", {
+        code: "UNAUTHENTICATED",
+        reason: "TOKEN_INVALID",
+      });
+    }
+    return undefined;
   }
 
   /**
@@ -155,11 +187,17 @@ export class ContextClient {
     const budget = opts.timeoutMs ?? this.timeoutMs;
     const deadline = budget > 0 ? Date.now() + budget : undefined;
     for (let attempt = 1; ; attempt++) {
+      // Connect's session manager would open a new connection for a call after close().
+      const refused = this.refusal();
+      if (refused) throw refused;
       const remaining = deadline === undefined ? undefined : Math.max(deadline - Date.now(), 1);
       try {
         return await fn({ timeoutMs: remaining, signal: opts.signal });
       } catch (raw) {
-        if (opts.signal?.aborted) throw raw;
+        // Cancelled by the caller: Connect's own error stayed untranslated (a ConnectError, or the
+        // AbortError of a wait between retries), where the Go client says CANCELLED too.
+        if (opts.signal?.aborted) throw abortedError(raw);
+        if (this.closed) throw this.closedError();
         const err = toContextError(raw);
         if (!(err instanceof UnavailableError) || err.code !== "UNAVAILABLE" || attempt >= this.retry.maxAttempts) {
           throw err;
@@ -168,7 +206,11 @@ export class ContextClient {
         if (!idempotent && !NOT_STARTED_REASONS.has(err.reason)) throw err;
         const wait = backoff(this.retry, attempt - 1, err.retryDelayMs);
         if (deadline !== undefined && Date.now() + wait >= deadline) throw err;
-        await sleep(wait, undefined, { signal: opts.signal });
+        try {
+          await sleep(wait, undefined, { signal: opts.signal });
+        } catch (aborted) {
+          throw abortedError(aborted);
+        }
       }
     }
   }
@@ -342,6 +384,8 @@ export class ContextClient {
     let failures = 0;
     const outer = opts.signal;
     for (;;) {
+      const refused = this.refusal();
+      if (refused) throw refused;
       let hint: number | undefined;
       // One controller per call: aborted by the caller's signal, and by us when iteration ends.
       const call = new AbortController();
@@ -358,6 +402,7 @@ export class ContextClient {
         }
       } catch (raw) {
         if (opts.signal?.aborted) return;
+        if (this.closed) throw this.closedError();
         if (raw instanceof ConnectError && raw.code === Code.Canceled && opts.signal?.aborted) return;
         const err = toContextError(raw);
         if (!(err instanceof ContextError) || err.code !== "UNAVAILABLE") throw err;

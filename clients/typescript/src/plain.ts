@@ -45,7 +45,35 @@ function scalarToPlain(t: ScalarType, v: unknown): unknown {
   return LONG.has(t) ? Number(v as bigint) : v;
 }
 
-function scalarFromPlain(t: ScalarType, v: unknown): unknown {
+// A lone UTF-16 surrogate ("\ud800"): no UTF-8 text holds one, and protobuf-es's encoder would
+// silently send U+FFFD in its place, changing the caller's text where the Python client refuses it
+// and the Go client's INVALID_ARGUMENT does.
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+function checkText(where: string, v: unknown): void {
+  if (typeof v === "string" && LONE_SURROGATE.test(v)) {
+    throw new TypeError(`${where}: a string holds a lone surrogate: not UTF-8 text`);
+  }
+}
+
+/** Every string inside a Struct's JSON value (metadata), bounded by the value's own size. */
+function checkJsonText(where: string, v: unknown): void {
+  const stack: unknown[] = [v];
+  while (stack.length > 0) {
+    const x = stack.pop();
+    if (typeof x === "string") checkText(where, x);
+    else if (Array.isArray(x)) stack.push(...x);
+    else if (x !== null && typeof x === "object") {
+      for (const [k, y] of Object.entries(x)) {
+        checkText(where, k);
+        stack.push(y);
+      }
+    }
+  }
+}
+
+function scalarFromPlain(t: ScalarType, v: unknown, where = "string"): unknown {
+  if (t === ScalarType.STRING) checkText(where, v);
   return LONG.has(t) ? BigInt(v as number | bigint | string) : v;
 }
 
@@ -104,30 +132,35 @@ export function toPlain(desc: DescMessage, msg: any): Plain {
   return out;
 }
 
-function messageFromPlain(desc: DescMessage, v: any): unknown {
+function messageFromPlain(desc: DescMessage, v: any, where: string = desc.typeName): unknown {
   if (desc.typeName === "google.protobuf.Timestamp") return timestampFromDate(v instanceof Date ? v : new Date(v));
-  if (desc.typeName === "google.protobuf.Struct") return v;
+  if (desc.typeName === "google.protobuf.Struct") {
+    checkJsonText(where, v);
+    return v;
+  }
   if (desc.typeName === "contextsvc.v1.Image" && v instanceof Uint8Array) return fromPlain(desc, { data: v });
   return fromPlain(desc, v);
 }
 
 function fieldFromPlain(f: DescField, v: any): unknown {
+  const where = `${f.parent.name}.${f.name}`;
   switch (f.fieldKind) {
     case "scalar":
-      return scalarFromPlain(f.scalar, v);
+      return scalarFromPlain(f.scalar, v, where);
     case "enum":
       return enumFromPlain(f.enum, v);
     case "message":
-      return messageFromPlain(f.message, v);
+      return messageFromPlain(f.message, v, where);
     case "list":
       return (v as unknown[]).map((x) =>
         f.listKind === "message"
           ? messageFromPlain(f.message, x)
           : f.listKind === "enum"
             ? enumFromPlain(f.enum, x as string)
-            : scalarFromPlain(f.scalar, x),
+            : scalarFromPlain(f.scalar, x, where),
       );
     case "map":
+      checkJsonText(where, v);
       return v;
   }
 }

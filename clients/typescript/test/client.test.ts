@@ -10,6 +10,7 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import {
   ContextClient,
+  ContextError,
   ContextTooLargeError,
   EventsExpiredError,
   FailedPreconditionError,
@@ -21,6 +22,7 @@ import {
   ResourceExhaustedError,
   SessionDamagedError,
   toContextError,
+  UnauthenticatedError,
   UnavailableError,
   type Plain,
 } from "../src/index.js";
@@ -159,6 +161,96 @@ test("the deadline is enforced", async () => {
     for (const socket of accepted) socket.destroy();
     silent.close();
   }
+});
+
+test("a closed client fails its calls and its event iterators with CANCELLED and never reconnects", async () => {
+  const c = new ContextClient(server.address, { timeoutMs: 10_000, retry: FAST });
+  const s = await c.createSession({ name: "closing" });
+  await c.appendMessages(s.id, [{ role: "user", content: "one" }]);
+  const events = c.events(s.id, { afterEventId: 1 }); // from the start of the retained log
+  assert.equal((await events.next()).value?.payload, "messages_appended"); // the stream is open
+  c.close();
+  const closedError = (e: unknown): boolean => {
+    assert.ok(e instanceof ContextError, String(e));
+    assert.equal(e.code, "CANCELLED");
+    assert.equal(e.reason, "CANCELLED");
+    return true;
+  };
+  await assert.rejects(events.next(), closedError);
+  // Before: the call opened a new connection and succeeded, so close() did not close the client.
+  await assert.rejects(c.getSession(s.id), closedError);
+  await assert.rejects(c.events(s.id).next(), closedError);
+});
+
+test("a token no header can carry is UNAUTHENTICATED, reason TOKEN_INVALID, for calls and events", async () => {
+  // Node refused such a header with an untyped error the client reported as UNKNOWN.
+  for (const token of ["tok\u0000en", "t\u4e2dken"]) {
+    const c = new ContextClient(server.address, { token, timeoutMs: 10_000, retry: FAST });
+    const invalid = (e: unknown): boolean => {
+      assert.ok(e instanceof UnauthenticatedError, String(e));
+      assert.equal(e.reason, "TOKEN_INVALID");
+      assert.equal(e.code, "UNAUTHENTICATED");
+      return true;
+    };
+    try {
+      await assert.rejects(c.listSessions(), invalid);
+      await assert.rejects(c.events("").next(), invalid);
+    } finally {
+      c.close();
+    }
+  }
+});
+
+test("a call its signal aborts fails with a ContextError CANCELLED, in the call or between retries", async () => {
+  const cancelled = (e: unknown): boolean => {
+    assert.ok(e instanceof ContextError, String(e)); // was Connect's own ConnectError / an AbortError
+    assert.equal(e.code, "CANCELLED");
+    return true;
+  };
+  const ac = new AbortController();
+  const pending = client.listSessions({}, { signal: ac.signal });
+  ac.abort();
+  await assert.rejects(pending, cancelled);
+  // Nothing listens there: the client waits between retries, and the abort ends the wait.
+  const silent = net.createServer();
+  await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+  const port = (silent.address() as net.AddressInfo).port;
+  await new Promise<void>((resolve) => silent.close(() => resolve()));
+  const down = new ContextClient(`127.0.0.1:${port}`, { retry: { ...FAST, initialBackoffMs: 5_000, maxBackoffMs: 5_000 } });
+  try {
+    const waiting = new AbortController();
+    const call = down.listSessions({}, { signal: waiting.signal, timeoutMs: 30_000 });
+    setTimeout(() => waiting.abort(), 300);
+    await assert.rejects(call, cancelled);
+  } finally {
+    down.close();
+  }
+});
+
+test("text with a lone surrogate is refused, not sent with U+FFFD in its place", async () => {
+  const s = await client.createSession({ name: "surrogates" });
+  for (const message of [
+    { role: "user", content: "a\ud800b" },
+    { role: "user", content: "ok", metadata: { note: ["x", "\udc00"] } },
+    { role: "assistant", content: "", tool_calls: [{ id: "c\ud83d", name: "ls", arguments_json: "{}" }] },
+  ]) {
+    await assert.rejects(client.appendMessages(s.id, [message]), (e: unknown) => {
+      assert.ok(e instanceof TypeError, String(e));
+      assert.match(e.message, /lone surrogate/);
+      return true;
+    });
+  }
+  await assert.rejects(client.createSession({ name: "\ud800" }), TypeError);
+  // A well-formed pair (an emoji) is text like any other.
+  await client.appendMessages(s.id, [{ role: "user", content: "\ud83e\udd80" }]);
+  const page = await client.listMessages(s.id);
+  assert.deepEqual(page.messages.map((m) => m.content), ["\u{1f980}"]);
+});
+
+test("a cancelled call's code is named CANCELLED, as in gRPC and the other clients", () => {
+  const e = toContextError(new ConnectError("cancelled", Code.Canceled, new Headers({ "grpc-status": "1" })));
+  assert.ok(e instanceof ContextError);
+  assert.equal(e.code, "CANCELLED");
 });
 
 test("a request over the server's size limit is RESOURCE_EXHAUSTED at once and the connection stays usable", async () => {
