@@ -91,9 +91,11 @@ NO_OVERRIDES = ProfileOverrides()
 
 
 def resolve_profile(
-    settings: Settings, session_profile_id: str, overrides: ProfileOverrides | None
+    settings: Settings, session_profile_id: str, overrides: ProfileOverrides | None, *, remembered: bool = False
 ) -> EffectiveProfile:
-    """Merge a request's overrides onto the named profile (request's, else the session's)."""
+    """Merge a request's overrides onto the named profile (request's, else the session's).
+    ``remembered``: the overrides are the ones the session remembers from earlier builds, not the
+    request's own (an unknown name in them is the session's state, not the request's error)."""
     o = overrides or NO_OVERRIDES
     name = o.profile_id or session_profile_id or settings.default_profile
     limit = settings.limits.max_model_chars
@@ -101,9 +103,10 @@ def resolve_profile(
         raise InvalidArgument.field("profile.model", f"exceeds {limit} characters")
     base = settings.profile(name)
     if base is None:
-        if not o.profile_id and session_profile_id:
-            # The request named no profile: the session's own is gone from the settings (an operator
-            # removed or renamed it). Not the request's fault: the session cannot be built as it was.
+        if remembered or (not o.profile_id and session_profile_id):
+            # The request named no profile: the session's own (or the one its builds named before)
+            # is gone from the settings (an operator removed or renamed it). Not the request's
+            # fault: the session cannot be built as it was.
             raise FailedPrecondition(
                 f"the session's profile {quoted(name)} is not in this server's settings (removed or renamed since "
                 "the session was created): restore it, or name a configured profile in profile.profile_id",

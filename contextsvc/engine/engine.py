@@ -103,9 +103,10 @@ class Engine:
     # -- views ----------------------------------------------------------------------------------
 
     async def _profile_for(self, session: SessionInfo, overrides: ProfileOverrides | None) -> EffectiveProfile:
-        if overrides is None:
+        remembered = overrides is None
+        if remembered:
             overrides = remembered_overrides(session)
-        profile = resolve_profile(self.settings, session.profile_id, overrides)
+        profile = resolve_profile(self.settings, session.profile_id, overrides, remembered=remembered)
         if profile is not self._checked_profile:  # (resolved profiles are shared objects)
             if profile.compression.summarizer not in self.summarizers:
                 self.summarizers.get(profile.compression.summarizer)  # raises InvalidArgument naming the field

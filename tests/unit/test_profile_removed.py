@@ -48,7 +48,9 @@ async def test_a_session_whose_profile_was_removed_keeps_its_appends_and_says_wh
     before = await _engine(data, "default", "research")
     sid = (await before.sessions.create(ANONYMOUS, profile_id="research", name="", metadata={})).id
     await before.append(ANONYMOUS, sid, _turn("first"), request_id="", turn_complete=True)
-    await _build(before, sid)
+    # The agent names the profile in its builds: the session remembers that, and Compress and the
+    # post-turn check (no profile of their own) use what it remembers.
+    await _build(before, sid, profile_id="research")
 
     after = await _engine(data, "default")  # restarted without [profiles.research]
     outcome = await after.append(ANONYMOUS, sid, _turn("second"), request_id="", turn_complete=True)
@@ -61,6 +63,10 @@ async def test_a_session_whose_profile_was_removed_keeps_its_appends_and_says_wh
     assert failed.value.reason == "UNKNOWN_PROFILE"
     assert failed.value.metadata == {"profile_id": "research"}
     assert "research" in failed.value.message and "profile.profile_id" in failed.value.message
+    # So does a Compress that names no profile (it uses the remembered one).
+    with pytest.raises(FailedPrecondition) as failed:
+        await after.compress(ANONYMOUS, sid, profile=ProfileOverrides(), note="", dry_run=True)
+    assert failed.value.reason == "UNKNOWN_PROFILE"
     # Naming a configured profile builds the session, every row kept.
     view = await _build(after, sid, profile_id="default")
     assert [vm.message.content for vm in view.messages] == ["first", "re: first", "second", "re: second"]
