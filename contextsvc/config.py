@@ -273,6 +273,10 @@ class TokenSettings(_Section):
     #: counts miss by a share of the whole view does not turn a small delta's miss into a huge
     #: rate that a compaction then applies to a whole context (issue #14, round 8).
     margin_view_share: float = Field(0.25, ge=0, le=1)
+    #: most rows a view records how it cut (``ports.ViewRecord.cuts``, carried into a baseline's
+    #: anchor in the session's state, ~18 integers a row): a view cutting more records none, and an
+    #: anchor of it prices every row as its count held it (the state stays small).
+    anchor_cuts_max: int = Field(64, ge=0)
 
     @field_validator("model_families")
     @classmethod

@@ -85,8 +85,9 @@ class ViewRecord:
     #: the stored rows the view sent cut to the per-message budget, as (sequence number, the
     #: features of the cut it sent): a baseline of it carries them into the session's anchor, so a
     #: later view that cuts one of them elsewhere (another fit) prices the difference
-    #: (``engine.views``). () when none was cut (or recorded before this field).
-    cuts: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    #: (``engine.views``). () when none was cut; None when not known (recorded before this field,
+    #: features of another set, or more cut rows than ``tokens.anchor_cuts_max``).
+    cuts: tuple[tuple[int, tuple[int, ...]], ...] | None = None
 
 
 class TokenStore(Protocol):

@@ -74,15 +74,18 @@ CYRILLIC_FEATURES: tuple[str, ...] = (
 )
 
 
-def current_cuts(stored: Any) -> tuple[tuple[int, tuple[int, ...]], ...]:
+def current_cuts(stored: Any) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
     """A view's stored cuts (``ports.ViewRecord.cuts``: pairs of a sequence number and features)
-    as that field holds them, or ``()`` when they are not of the current ``FEATURES`` (or not
-    pairs at all): an anchor without its cuts prices every row as its baseline counted it."""
+    as that field holds them, or None (not known) when none were stored (``None``: written before
+    cuts were kept), when they are not of the current ``FEATURES``, or not pairs at all: an anchor
+    whose cuts are not known prices every row as its baseline counted it."""
+    if stored is None:
+        return None
     try:
-        cuts = tuple((int(seq), tuple(int(x) for x in features)) for seq, features in stored or ())
+        cuts = tuple((int(seq), tuple(int(x) for x in features)) for seq, features in stored)
     except (TypeError, ValueError):
-        return ()
-    return cuts if all(len(features) == N_FEATURES for _, features in cuts) else ()
+        return None
+    return cuts if all(len(features) == N_FEATURES for _, features in cuts) else None
 
 
 def current_features(stored: Sequence[float]) -> tuple[float, ...]:

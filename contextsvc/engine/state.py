@@ -27,8 +27,9 @@ class BaselineState:
     #: build of another shape (model, system prompt, vision, per-message budget) does not use it.
     shape: str = ""
     #: ``ports.ViewRecord.cuts`` of the counted view: how it cut the rows it sent cut (a later view
-    #: that cuts them elsewhere prices the difference)
-    cuts: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    #: that cuts them elsewhere prices the difference); None when not known (anchored before cuts
+    #: were kept): every row is then priced as the count held it
+    cuts: tuple[tuple[int, tuple[int, ...]], ...] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,7 +85,7 @@ class EngineState:
             }
             if self.baseline.shape:
                 out["baseline"]["shape"] = self.baseline.shape
-            if self.baseline.cuts:
+            if self.baseline.cuts is not None:
                 out["baseline"]["cuts"] = [[seq, list(features)] for seq, features in self.baseline.cuts]
         return out
 
@@ -94,7 +95,7 @@ class EngineState:
         last_sequence: int,
         view_id: str,
         shape: str = "",
-        cuts: tuple[tuple[int, tuple[int, ...]], ...] = (),
+        cuts: tuple[tuple[int, tuple[int, ...]], ...] | None = None,
     ) -> EngineState:
         return replace(self, baseline=BaselineState(tokens, last_sequence, view_id, shape, cuts))
 

@@ -505,14 +505,17 @@ def _cut_pairs(rows: Sequence[Message], over: Iterable[tuple[int, Message]]) -> 
     return [(m, rows[i]) for i, m in over if rows[i] is not m]
 
 
-def _view_cuts(rows: Sequence[Message], truncated: Sequence[bool]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+def _view_cuts(
+    rows: Sequence[Message], truncated: Sequence[bool], most: int
+) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
     """``ViewRecord.cuts`` of a view's ``rows``: each stored row it sends cut, with the features of
-    the cut it sends."""
+    the cut it sends; None (not known) past ``most`` of them (``tokens.anchor_cuts_max``)."""
     if not any(truncated):
         return ()
-    return tuple(
+    cuts = tuple(
         (r.sequence_number, message_features(r)) for r in itertools.compress(rows, truncated) if r.sequence_number
     )
+    return cuts if len(cuts) <= most else None
 
 
 def _recut_tokens(
@@ -529,8 +532,9 @@ def _recut_tokens(
     and now cut, or cut then and whole now, likewise. Without that, one 36,000-character tool
     result on an 8k window, re-cut after the first baseline, read 954 tokens for a prompt of
     1,400. Features price only with a calibrated counter (an exact one moves a cut by its framing
-    alone: 0)."""
-    if not isinstance(counter, CalibratedCounter):
+    alone: 0). An anchor whose cuts are not known (``BaselineState.cuts`` None) gets 0: every row
+    priced as its count held it."""
+    if baseline.cuts is None or not isinstance(counter, CalibratedCounter):
         return 0
     last = baseline.last_sequence
     then = dict(baseline.cuts)
@@ -874,8 +878,9 @@ class ViewService:
         baseline = state.baseline
         anchor = None
         if baseline is not None:
-            recut = _recut_tokens(baseline, counter, cut, itertools.chain(records, context))
-            anchor = Baseline(max(1, baseline.tokens + recut), baseline.last_sequence)
+            tokens = baseline.tokens + _recut_tokens(baseline, counter, cut, itertools.chain(records, context))
+            # (an anchor a re-cut would take to nothing says nothing of this view: priced fresh)
+            anchor = Baseline(tokens, baseline.last_sequence) if tokens > 0 else None
         return estimate(
             counter=counter,
             window=profile.context_window,
@@ -959,7 +964,6 @@ class ViewService:
                 truncated.append(cut is not m)
                 if cut is not m:
                     notices.append(_cut_notice(m, budget))
-                    cut_pairs.append((m, cut))
             if features is not None and whole is not None and not any_images:
                 over, cap = _over_of(view.messages, view.segments, features, truncated, counter, budget)
                 if over:  # the sums and the size are the rows', cut ones included
@@ -983,6 +987,10 @@ class ViewService:
         )
         rows = plan.messages
         notices.extend(plan.notices)
+        if not uncut and any(truncated):
+            # The rows as sent (a cut row that lost an image carries its notice too), as the view's
+            # record keeps them (``_view_cuts``).
+            cut_pairs = [(view.messages[i], rows[i]) for i in itertools.compress(range(len(rows)), truncated)]
         segments = list(view.segments)
         parts = _parts_of(rows, segments)
         # Re-priceable (``_repriced``): no row was cut to the per-message budget but ``over``'s,
@@ -1124,7 +1132,7 @@ class ViewService:
             priced_tokens=built.estimate.priced,
             image_tokens=built.image_tokens,
             shape=view_shape(profile),
-            cuts=_view_cuts(built.rows, built.truncated),
+            cuts=_view_cuts(built.rows, built.truncated, self._settings.tokens.anchor_cuts_max),
         )
         await self._store.save_view(session.id, record, keep=keep)
         # A view made for one build (not the session's reusable one) is kept apart, so the reusable

@@ -138,8 +138,12 @@ async def test_a_view_keeps_how_it_cut_its_rows_across_a_restart(store: SessionS
     await store.append_messages(sid, [user("a"), user("b"), user("c")], caller=ALICE)
     cuts = ((2, tuple(range(N_FEATURES))), (3, tuple(range(10, 10 + N_FEATURES))))
     await store.save_view(sid, dataclasses.replace(view("cut", last_sequence=3), cuts=cuts), keep=3)
-    await store.save_view(sid, view("whole", last_sequence=3), keep=3)
-    assert (await store.get_view(sid, "cut")).cuts == cuts  # type: ignore[union-attr]
-    assert (await store.get_view(sid, "whole")).cuts == ()  # type: ignore[union-attr]
-    store = await reopen()
-    assert (await store.get_view(sid, "cut")).cuts == cuts  # type: ignore[union-attr]
+    await store.save_view(sid, dataclasses.replace(view("whole", last_sequence=3), cuts=()), keep=3)
+    await store.save_view(sid, view("unknown", last_sequence=3), keep=3)  # as written before cuts were kept
+    for reopened in (False, True):
+        if reopened:
+            store = await reopen()
+        assert (await store.get_view(sid, "cut")).cuts == cuts  # type: ignore[union-attr]
+        assert (await store.get_view(sid, "whole")).cuts == ()  # type: ignore[union-attr]
+        # Not known is not "none cut": an anchor of it prices no row anew.
+        assert (await store.get_view(sid, "unknown")).cuts is None  # type: ignore[union-attr]

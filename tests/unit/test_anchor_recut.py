@@ -19,7 +19,7 @@ from contextsvc.core.tokens import CalibratedCounter, message_features
 from contextsvc.core.view_budget import truncate_for_view
 from contextsvc.engine.engine import Engine
 from contextsvc.engine.state import BaselineState, EngineState
-from contextsvc.engine.views import _recut_tokens
+from contextsvc.engine.views import _recut_tokens, _view_cuts
 from contextsvc.stores.memory import MemoryData
 from tests.unit.test_engine_tokens import _build, _engine, _msg, _session_with_a_long_tool_result, _settings
 
@@ -101,7 +101,7 @@ def test_the_difference_of_each_row_cut_otherwise_whole_or_alike() -> None:
     assert short is not log and longer is not log and len(longer.content) > len(short.content)
 
     def anchor(*cuts: tuple[int, tuple[int, ...]]) -> BaselineState:
-        return BaselineState(tokens=1000, last_sequence=6, view_id="v", cuts=cuts)
+        return BaselineState(tokens=1000, last_sequence=6, view_id="v", cuts=tuple(cuts))
 
     gained = round(price(message_features(longer)) - price(message_features(short)))
     assert gained > 0
@@ -117,6 +117,9 @@ def test_the_difference_of_each_row_cut_otherwise_whole_or_alike() -> None:
     # A row newer than the anchor's view is the delta's, not the anchor's.
     newer = dataclasses.replace(log, sequence_number=9)
     assert _recut_tokens(anchor(), counter, [(newer, short)], [short]) == 0
+    # An anchor whose cuts are not known (made before they were kept): every row as its count held it.
+    unknown = BaselineState(tokens=1000, last_sequence=6, view_id="v")
+    assert unknown.cuts is None and _recut_tokens(unknown, counter, [(log, short)], [short]) == 0
 
 
 def test_an_anchor_reads_no_cuts_it_cannot_price() -> None:
@@ -125,10 +128,38 @@ def test_an_anchor_reads_no_cuts_it_cannot_price() -> None:
     good = [[3, list(range(N_FEATURES))]]
     for raw, expect in (
         (good, ((3, tuple(range(N_FEATURES))),)),
-        ([[3, [1, 2, 3]]], ()),
-        ("nonsense", ()),
-        ([[3]], ()),
-        (None, ()),
+        ([], ()),
+        ([[3, [1, 2, 3]]], None),
+        ("nonsense", None),
+        ([[3]], None),
+        (None, None),
     ):
         state = EngineState.from_dict({"baseline": {"tokens": 10, "last_sequence": 3, "cuts": raw}})
         assert state.baseline is not None and state.baseline.cuts == expect
+
+
+async def test_an_anchor_made_before_cuts_were_kept_prices_its_rows_as_its_count_held_them() -> None:
+    """A session anchored by an older release (no cuts in its state): the rows it counted are priced
+    as that count held them, as before. Taken as "nothing was cut", the whole log was taken off the
+    count and the view read 1 token for a prompt of 1,386."""
+    data = MemoryData()
+    engine, _ = await _engine(_settings(context_window=8192), data)
+    sid, _, _ = await _anchored_after_a_cheaper_count(engine)
+    session = await engine.store.get_session(sid, caller=ANONYMOUS)
+    older = EngineState.of(session).to_dict()
+    del older["baseline"]["cuts"]
+    await engine.store.update_state(sid, caller=ANONYMOUS, state=older)
+    restarted, _ = await _engine(_settings(context_window=8192), data)
+    again = await _build(restarted, sid)
+    assert again.estimate.method.value == "baseline_delta"
+    assert again.estimate.total == older["baseline"]["tokens"]  # no row since: the count as it was
+
+
+def test_a_view_cutting_more_rows_than_kept_records_its_cuts_as_not_known() -> None:
+    rows = [
+        dataclasses.replace(Message(Role.TOOL, f"cut {k}", tool_call_id=f"c{k}"), sequence_number=k + 1)
+        for k in range(3)
+    ]
+    assert _view_cuts(rows, [True, False, True], 2) == ((1, message_features(rows[0])), (3, message_features(rows[2])))
+    assert _view_cuts(rows, [True, True, True], 2) is None
+    assert _view_cuts(rows, [False, False, False], 2) == ()

@@ -262,9 +262,9 @@ CREATE INDEX events_deletions ON events (session_id) WHERE kind = 'session_delet
 """
 
 # The rows a view sent cut, and how (``ports.ViewRecord.cuts``), which its baseline carries into
-# the session's anchor. '[]' for rows written before (their anchors price no cut anew).
+# the session's anchor. NULL (not known) for rows written before: their anchors price no cut anew.
 _V13_VIEW_CUTS = """
-ALTER TABLE views ADD COLUMN cuts jsonb NOT NULL DEFAULT '[]'::jsonb;
+ALTER TABLE views ADD COLUMN cuts jsonb;
 """
 
 MIGRATIONS: tuple[Migration, ...] = (

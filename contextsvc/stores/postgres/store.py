@@ -1401,7 +1401,7 @@ class PostgresStore:
             view.image_tokens,
             view.shape,
             max(keep, 1) - 1,
-            [[seq, list(features)] for seq, features in view.cuts],
+            None if view.cuts is None else [[seq, list(features)] for seq, features in view.cuts],
         )
 
         async def work(conn: Any) -> Any:
