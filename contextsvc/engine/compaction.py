@@ -1443,7 +1443,11 @@ class Compactor:
             if again is not None:
                 s.started = again
                 try:  # once (a start the sweep closes again in between keeps its one close)
-                    await self.compression_log.publish_close(again, kind=kind, payload=payload)
+                    if await self.compression_log.publish_close(again, kind=kind, payload=payload) is None:
+                        log.warning(
+                            "committed compaction's second start was closed by another replica too",
+                            extra={"session_id": s.session.id, "started_event_id": again.event_id},
+                        )
                 except Exception:
                     log.warning("event publish failed", extra={"session_id": s.session.id, "kind": kind}, exc_info=True)
         elif closed is None:
