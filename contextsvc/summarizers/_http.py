@@ -100,7 +100,7 @@ class HttpEndpoint:
         total_timeout_seconds: float,
         max_retries: int,
         backoff_seconds: float,
-        max_answer_bytes: int = 8 * 1024 * 1024,
+        max_answer_bytes: int,
     ) -> None:
         self.who = who
         self.url = url

@@ -21,6 +21,7 @@ def endpoint() -> HttpEndpoint:
         total_timeout_seconds=1,
         max_retries=0,
         backoff_seconds=0,
+        max_answer_bytes=1 << 20,
     )
 
 
