@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,7 +67,7 @@ class EngineState:
                 int(raw["last_sequence"]),
                 str(raw.get("view_id", "")),
                 str(raw.get("shape", "")),
-                current_cuts(raw.get("cuts")),
+                _cuts_of(raw.get("cuts")),
             )
             if isinstance(raw, dict)
             else None
@@ -86,7 +87,7 @@ class EngineState:
             if self.baseline.shape:
                 out["baseline"]["shape"] = self.baseline.shape
             if self.baseline.cuts is not None:
-                out["baseline"]["cuts"] = [[seq, list(features)] for seq, features in self.baseline.cuts]
+                out["baseline"]["cuts"] = _cuts_text(self.baseline.cuts)
         return out
 
     def with_baseline(
@@ -124,3 +125,30 @@ class EngineState:
 
     def after_compaction(self) -> EngineState:
         return replace(self, baseline=None, epoch=self.epoch + 1)
+
+
+#: One anchor's cuts as its state keeps them: one string ("seq:f,f,...;seq:..."; "" for none), not
+#: nested lists. Stores copy a session's state on every write, and ~18 integers a cut row as lists
+#: made those copies a tenth of a long-tool-result turn (``bench/load/turns_inproc.py --long-every 4``).
+_CUTS_CACHED = 1024
+
+
+@functools.lru_cache(maxsize=_CUTS_CACHED)
+def _cuts_text(cuts: tuple[tuple[int, tuple[int, ...]], ...]) -> str:
+    return ";".join(f"{seq}:{','.join(map(str, features))}" for seq, features in cuts)
+
+
+@functools.lru_cache(maxsize=_CUTS_CACHED)
+def _cuts_from_text(text: str) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
+    try:
+        pairs = [part.split(":", 1) for part in text.split(";")] if text else []
+        return current_cuts([(seq, features.split(",")) for seq, features in pairs])
+    except ValueError:  # a part without its ':'
+        return None
+
+
+def _cuts_of(raw: Any) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
+    """``BaselineState.cuts`` of the state's ``cuts`` (None, not known, when absent or unreadable)."""
+    if isinstance(raw, str):
+        return _cuts_from_text(raw)
+    return current_cuts(raw) if isinstance(raw, list) else None

@@ -129,6 +129,10 @@ def test_an_anchor_reads_no_cuts_it_cannot_price() -> None:
     for raw, expect in (
         (good, ((3, tuple(range(N_FEATURES))),)),
         ([], ()),
+        ("3:" + ",".join(map(str, range(N_FEATURES))), ((3, tuple(range(N_FEATURES))),)),  # as state keeps them
+        ("", ()),
+        ("3:1,2,3", None),
+        ("3;4", None),
         ([[3, [1, 2, 3]]], None),
         ("nonsense", None),
         ([[3]], None),
