@@ -13,17 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.certs import self_signed
+from tests.unit.test_tokens_cli import cli
 
-
-def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "contextsvc", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+_run = cli  # ``contextsvc`` as a subprocess, its output captured
 
 
 SERVE = ("serve", "--listen", "127.0.0.1:0", "--store", "memory")
