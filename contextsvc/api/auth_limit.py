@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import unquote
 
+from contextsvc.api.token_bucket import TokenBucket
 from contextsvc.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,6 @@ def peer_address(peer: str) -> str:
     return peer
 
 
-class _Bucket:
-    __slots__ = ("stamp", "tokens")
-
-    def __init__(self, tokens: float, stamp: float) -> None:
-        self.tokens = tokens
-        self.stamp = stamp
-
-
 class FailedAuthLimiter:
     """Failed authentications per peer address: a token bucket each, ``per_minute`` deep."""
 
@@ -69,36 +62,25 @@ class FailedAuthLimiter:
         self._rate = per_minute / 60.0
         self._max_peers = max_peers
         self._clock = clock
-        self._peers: OrderedDict[str, _Bucket] = OrderedDict()
+        self._peers: OrderedDict[str, TokenBucket] = OrderedDict()
         self._log = ThrottledLog(log, per_minute=log_per_minute)
-
-    def _refilled(self, peer: str, now: float) -> _Bucket | None:
-        bucket = self._peers.get(peer)
-        if bucket is not None:
-            bucket.tokens = min(self._capacity, bucket.tokens + (now - bucket.stamp) * self._rate)
-            bucket.stamp = now
-        return bucket
 
     def wait(self, peer: str) -> float:
         """0.0 when ``peer`` may try a token now; else the seconds until it may."""
-        bucket = self._refilled(peer, self._clock())
-        if bucket is None or bucket.tokens >= 1.0:
-            return 0.0
-        return (1.0 - bucket.tokens) / self._rate
+        bucket = self._peers.get(peer)
+        return 0.0 if bucket is None else bucket.wait(1.0, self._clock())
 
     def failed(self, peer: str) -> None:
         """Count one failed authentication of ``peer``."""
         now = self._clock()
-        bucket = self._refilled(peer, now)
+        bucket = self._peers.get(peer)
         if bucket is None:
-            bucket = self._peers[peer] = _Bucket(self._capacity, now)
+            bucket = self._peers[peer] = TokenBucket(self._capacity, self._rate, now)
             if len(self._peers) > self._max_peers:
                 self._peers.popitem(last=False)  # the least recently failed peer
         else:
             self._peers.move_to_end(peer)
-        was_open = bucket.tokens >= 1.0
-        bucket.tokens = max(bucket.tokens - 1.0, 0.0)
-        if was_open and bucket.tokens < 1.0:
+        if bucket.take(1.0, now) == 0.0 and bucket.tokens < 1.0:
             self._log.write(
                 "authentication failures over the limit: refusing this peer's unknown tokens for a while",
                 peer=peer,

@@ -16,6 +16,7 @@ from typing import Any
 
 from contextsvc.api.auth import caller_of
 from contextsvc.api.gate import SERVICE_PREFIX
+from contextsvc.api.token_bucket import TokenBucket
 from contextsvc.config import QuotaSettings
 from contextsvc.core.session import Principal
 from contextsvc.errors import ResourceExhausted
@@ -30,30 +31,6 @@ CAP_RETRY_SECONDS = 1.0
 
 #: counts the sessions a user owns (the engine's ListSessions total).
 SessionCounter = Callable[[Principal], Awaitable[int]]
-
-
-class TokenBucket:
-    """``capacity`` tokens, refilled at ``rate`` per second. A request for more than the capacity
-    passes when the bucket is full and leaves it in debt, so an oversized request is slowed down
-    rather than refused for ever."""
-
-    __slots__ = ("capacity", "rate", "stamp", "tokens")
-
-    def __init__(self, capacity: float, rate: float, now: float):
-        self.capacity = capacity
-        self.rate = rate
-        self.tokens = capacity
-        self.stamp = now
-
-    def take(self, amount: float, now: float) -> float:
-        """Take ``amount``; 0.0 when taken, else the seconds until it could be."""
-        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        needed = min(amount, self.capacity)
-        if self.tokens >= needed:
-            self.tokens -= amount
-            return 0.0
-        return (needed - self.tokens) / self.rate
 
 
 class _User:

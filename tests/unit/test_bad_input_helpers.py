@@ -104,7 +104,7 @@ def test_append_fingerprint_changes_with_anything_that_would_be_appended() -> No
 
 
 def test_token_bucket_refills_and_lets_an_oversized_request_through_into_debt() -> None:
-    from contextsvc.api.quotas import TokenBucket
+    from contextsvc.api.token_bucket import TokenBucket
 
     bucket = TokenBucket(capacity=10, rate=2, now=0.0)
     assert bucket.take(6, 0.0) == 0.0
