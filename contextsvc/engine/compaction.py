@@ -9,6 +9,7 @@ hard-truncate without a summarizer. The plan comes from the one planning functio
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import hashlib
@@ -1016,16 +1017,11 @@ class Compactor:
     def _cut_to(self, p: EffectiveProfile, text: str, facts: str, tokens: int) -> str:
         """``cut_summary_text`` of the longest head of ``text`` (ended at a line break where one is
         near) that fits in ``tokens``; the facts alone when no head does."""
-        low, high = 0, len(text)
-        for _ in range(64):  # a binary search over the head's length: ~log2(len) rounds
-            if low >= high:
-                break
-            middle = (low + high + 1) // 2
-            if self._text_tokens(p, cut_summary_text(text[:middle], facts)) <= tokens:
-                low = middle
-            else:
-                high = middle - 1
-        head = text[:low]
+        # The first head length that no longer fits (longer heads price no lower), less one.
+        over = bisect.bisect_left(
+            range(len(text) + 1), True, key=lambda n: self._text_tokens(p, cut_summary_text(text[:n], facts)) > tokens
+        )
+        head = text[: max(0, over - 1)]
         line_end = head.rfind("\n")
         if line_end >= 0.8 * len(head):
             head = head[:line_end]
